@@ -1,0 +1,49 @@
+# Two commands on a fresh Debian machine with Python 3.11 (as root):
+#   make run    set up, then launch sockherd (for now: print its help)
+#   make test   set up, then run the whole suite (C sanitizer tests included)
+# "Set up" installs only what is missing: Debian packages (libcap-dev for
+# python-prctl, a C compiler and Python headers for the cffi core, systemd for
+# systemd-socket-activate), then .venv and `pip install -e '.[test]'`.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEBS   := libcap-dev gcc make python3-dev python3-venv systemd
+
+.PHONY: setup run test clean debs
+
+setup: $(STAMP)
+
+debs:
+	@missing=""; \
+	for p in $(DEBS); do \
+	  case $$p in \
+	    python3-dev)  $(PYTHON) -c 'import sysconfig,os,sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"],"Python.h")))' || missing="$$missing $$p";; \
+	    python3-venv) $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing $$p";; \
+	    gcc)          command -v gcc >/dev/null || missing="$$missing $$p";; \
+	    make)         ;; \
+	    systemd)      command -v systemd-socket-activate >/dev/null || missing="$$missing $$p";; \
+	    *)            dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p";; \
+	  esac; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h)
+	@$(MAKE) --no-print-directory debs
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+run: setup
+	$(BIN)/sockherd --help
+
+test: setup
+	$(BIN)/python -m pytest -n auto
+
+clean:
+	rm -rf $(VENV) build *.egg-info fdcore/_fdcore*.so fdcore/_fdcore.c tests/c/build

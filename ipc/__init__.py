@@ -1,0 +1,2 @@
+"""sockherd.ipc: framed messages and fd passing over socketpairs, listener
+inheritance formats, control protocol."""

@@ -1,0 +1,5 @@
+import sys
+
+from sockherd.master.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Shared fixtures. Every process a test spawns is reaped here whatever happens."""

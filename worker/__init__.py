@@ -1,0 +1,2 @@
+"""sockherd.worker: worker bootstrap, thread groups, per-thread event loop,
+connection API and app adapters."""
