@@ -1,0 +1,130 @@
+"""The typed messages exchanged by master and workers (and by two masters during a
+listener hand-off), and their msgpack encoding.
+
+One tagged union, decoded strictly: an unknown `type`, a missing or extra field or a wrong
+type becomes a MessageError naming the field (msgspec's own path, e.g. "Expected `int`,
+got `str` - at `$.generation`"). Times are CLOCK_MONOTONIC seconds (time.monotonic()),
+which on Linux is one clock for every process of the machine.
+"""
+
+import re
+from typing import Any, Union
+
+import msgspec
+
+from .errors import MessageError
+from .listeners import ListenerDescriptor
+
+
+class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
+    pass
+
+
+class Assignment(_Message, tag="assignment"):
+    """Master -> worker, first message: who the worker is and what it serves. The listener
+    fds ride along in descriptor order."""
+
+    generation: int
+    worker_index: int
+    config: dict[str, Any]
+    app: str
+    listeners: list[ListenerDescriptor] = []
+
+
+class Ready(_Message, tag="ready"):
+    """Worker -> master: listeners are polled, the worker accepts connections."""
+
+    pid: int
+
+
+class FailedBeforeReady(_Message, tag="failed_before_ready"):
+    """Worker -> master: the worker gives up before READY (import error, bad listener...)."""
+
+    reason: str
+
+
+class Heartbeat(_Message, tag="heartbeat"):
+    """Master -> worker liveness probe; the worker echoes it back unchanged."""
+
+    seq: int
+    sent_at: float
+
+
+class Drain(_Message, tag="drain"):
+    """Master -> worker: stop accepting, finish in-flight work, exit by `deadline`
+    (time.monotonic() value) at the latest."""
+
+    deadline: float
+
+
+class Stop(_Message, tag="stop"):
+    """Master -> worker: exit now, without draining."""
+
+
+class StatsRequest(_Message, tag="stats_request"):
+    request_id: int
+
+
+class StatsReply(_Message, tag="stats_reply"):
+    request_id: int
+    stats: dict[str, int | float]
+
+
+class Error(_Message, tag="error"):
+    """Either side: the last message could not be handled, and why."""
+
+    message: str
+
+
+class HandoffRequest(_Message, tag="handoff_request"):
+    """New instance -> running instance: send me your listeners."""
+
+    pid: int
+
+
+class HandoffListeners(_Message, tag="handoff_listeners"):
+    """Running instance -> new instance: the listeners, fds in descriptor order."""
+
+    listeners: list[ListenerDescriptor]
+
+
+class HandoffConfirm(_Message, tag="handoff_confirm"):
+    """New instance -> running instance: every listener was received and checked."""
+
+    names: list[str]
+
+
+Message = Union[Assignment, Ready, FailedBeforeReady, Heartbeat, Drain, Stop, StatsRequest,
+                StatsReply, Error, HandoffRequest, HandoffListeners, HandoffConfirm]
+
+MESSAGE_TYPES = Message.__args__
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+_UNKNOWN_TAG = re.compile(r"Invalid value (.*) - at `\$\.type`$")
+
+
+def encode(msg) -> bytes:
+    if not isinstance(msg, MESSAGE_TYPES):
+        raise TypeError(f"not a sockherd.ipc message: {type(msg).__name__}")
+    return _encoder.encode(msg)
+
+
+def decode(payload: bytes):
+    """Payload bytes -> message, or MessageError with msgspec's precise reason."""
+    try:
+        return _decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        unknown = _UNKNOWN_TAG.match(str(exc))
+        if unknown:
+            raise MessageError(f"unknown message type {unknown.group(1)}") from None
+        raise MessageError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise MessageError(str(exc)) from None
+
+
+def expected_fds(msg) -> int:
+    """How many fds must accompany msg: one per listener descriptor, none otherwise."""
+    if isinstance(msg, (Assignment, HandoffListeners)):
+        return len(msg.listeners)
+    return 0
