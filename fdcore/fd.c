@@ -1,2 +1,640 @@
-#include "fd.h"
-const char *fdc_version(void) { return "0"; }
+/* sockherd fdcore: the fd table, its lifecycle and the running protocol.
+ *
+ * Who may touch an fd entry is decided by two things only (fd-t.h):
+ *  - a reference on refc_tgid whose tgid matches the caller's group pins the
+ *    tgid, hence the meaning of every mask (I1); references last a few
+ *    instructions and the final close waits for them to drain;
+ *  - a running bit pins the incarnation: nobody closes an fd or takes it
+ *    over while another thread is inside. The last thread to drop a running
+ *    bit of an fd that lost its owners (thread_mask == 0) closes it.
+ *
+ * Life of an incarnation:
+ *
+ *   insert --> owned (thread_mask != 0) --takeover--> owned by the taker
+ *                  |                                     |
+ *                delete: thread_mask = 0, MUST_CLOSE     |
+ *                  v                                     |
+ *              orphan --last running bit dropped--> final close --> close()
+ *
+ * Differences from HAProxy worth knowing:
+ *  - the final close DELs a CLONED fd from other threads' epoll instances
+ *    *after* the references drained, not before: a poller holding a
+ *    reference may be adding the fd to its instance right now, and only once
+ *    references are gone is the set of instances final;
+ *  - delete takes a reference first and moves thread_mask to 0 by CAS, so a
+ *    second delete of the same incarnation cannot re-arm MUST_CLOSE after a
+ *    closer consumed it (which would close the number twice);
+ *  - takeover stores the new thread_mask by CAS, so a delete racing it wins
+ *    instead of being overwritten (HAProxy relies on its idle-list lock).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fd-int.h"
+
+const char *fdc_version(void)
+{
+	return "1";
+}
+
+/* ---- table ---- */
+
+void fdc_table_free(struct fdc_table *t)
+{
+	if (!t)
+		return;
+	if (t->threads) {
+		for (int i = 0; i < t->nbthread; i++) {
+			struct fdc_thread *th = &t->threads[i];
+
+			if (th->epfd >= 0)
+				close(th->epfd);
+			if (th->evfd >= 0)
+				close(th->evfd);
+			free(th->updt);
+		}
+		free(t->threads);
+	}
+	free(t->fdtab);
+	free(t->polled);
+	free(t);
+}
+
+static int thread_init(struct fdc_table *t, struct fdc_thread *th)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = FDC_WAKE_TOKEN };
+
+	th->updt = malloc(sizeof(*th->updt) * (size_t)t->maxfd);
+	if (!th->updt)
+		return -ENOMEM;
+	th->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (th->epfd < 0)
+		return -errno;
+	th->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (th->evfd < 0)
+		return -errno;
+	if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, th->evfd, &ev) < 0)
+		return -errno;
+	return 0;
+}
+
+struct fdc_table *fdc_table_new(int maxfd, int nbthread, int nbgroup, int *err)
+{
+	struct fdc_table *t;
+	int per, rem, base = 0, rc;
+
+	if (maxfd <= 0 || nbthread <= 0 || nbgroup <= 0 || nbgroup > FDC_MAX_GROUPS ||
+	    nbgroup > nbthread || maxfd > (1 << 30)) {
+		*err = -EINVAL;
+		return NULL;
+	}
+	per = nbthread / nbgroup;
+	rem = nbthread % nbgroup;
+	if (per + (rem ? 1 : 0) > FDC_MAX_GROUP_THREADS) {
+		*err = -EINVAL;
+		return NULL;
+	}
+
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	t->maxfd = maxfd;
+	t->nbthread = nbthread;
+	t->nbgroup = nbgroup;
+	t->fdtab = aligned_alloc(64, sizeof(*t->fdtab) * (size_t)maxfd);
+	t->polled = calloc((size_t)maxfd, sizeof(*t->polled));
+	t->threads = calloc((size_t)nbthread, sizeof(*t->threads));
+	if (!t->fdtab || !t->polled || !t->threads) {
+		fdc_table_free(t);
+		*err = -ENOMEM;
+		return NULL;
+	}
+	memset(t->fdtab, 0, sizeof(*t->fdtab) * (size_t)maxfd);
+	for (int fd = 0; fd < maxfd; fd++)
+		atomic_init(&t->fdtab[fd].links, fdc_lmk(FDC_LIST_OUT, FDC_LIST_END));
+	for (int i = 0; i < nbthread; i++)
+		t->threads[i].epfd = t->threads[i].evfd = -1;
+
+	for (int g = 1; g <= nbgroup; g++) {
+		struct fdc_group *grp = &t->groups[g];
+
+		grp->tgid = g;
+		grp->base = base;
+		grp->count = per + (g <= rem ? 1 : 0);
+		grp->enabled_mask = grp->count == 64 ? ~0ULL : (1ULL << grp->count) - 1;
+		atomic_init(&grp->first, FDC_LIST_END);
+		atomic_init(&grp->last, FDC_LIST_END);
+		for (int l = 0; l < grp->count; l++) {
+			struct fdc_thread *th = &t->threads[base + l];
+
+			th->t = t;
+			th->tid = base + l;
+			th->tgid = g;
+			th->ltid = l;
+			th->ltid_bit = 1ULL << l;
+		}
+		base += grp->count;
+	}
+	for (int i = 0; i < nbthread; i++) {
+		rc = thread_init(t, &t->threads[i]);
+		if (rc < 0) {
+			fdc_table_free(t);
+			*err = rc;
+			return NULL;
+		}
+	}
+	*err = 0;
+	return t;
+}
+
+struct fdc_thread *fdc_thread(struct fdc_table *t, int tid)
+{
+	if (tid < 0 || tid >= t->nbthread)
+		return NULL;
+	return &t->threads[tid];
+}
+
+void fdc_thread_info(const struct fdc_thread *th, int *tgid, int *ltid, int *epfd)
+{
+	*tgid = th->tgid;
+	*ltid = th->ltid;
+	*epfd = th->epfd;
+}
+
+void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg)
+{
+	atomic_store(&t->hook_arg, arg);
+	atomic_store_explicit(&t->hook, fn, memory_order_release);
+}
+
+/* ---- insert ---- */
+
+int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
+               int tgid, uint64_t thread_mask, uint32_t flags)
+{
+	struct fdc_entry *e;
+	uint32_t old;
+
+	if (!fdc_fd_ok(t, fd))
+		return -EBADF;
+	if (tgid < 1 || tgid > t->nbgroup || !owner || (flags & ~FDC_INSERT_FLAGS))
+		return -EINVAL;
+	thread_mask &= t->groups[tgid].enabled_mask;
+	if (!thread_mask)
+		return -EINVAL;
+	e = &t->fdtab[fd];
+
+	/* claim the tgid: only from "closed, nobody holding a reference". Late
+	 * visitors of the previous incarnation hold references for a few
+	 * instructions: wait for them. A set tgid means the fd is still in the
+	 * table (I2).
+	 */
+	old = atomic_load(&e->refc_tgid);
+	for (;;) {
+		if (old & (FDC_TGID_MASK | FDC_TGID_LOCK))
+			return -EEXIST;
+		if (old & FDC_REF_MASK) {
+			fdc_relax();
+			old = atomic_load(&e->refc_tgid);
+			continue;
+		}
+		if (atomic_compare_exchange_weak(&e->refc_tgid, &old, FDC_REF_ONE | (uint32_t)tgid))
+			break;
+	}
+
+	/* I2: a clean entry, else a close did not finish or the caller lies */
+	if (atomic_load(&e->owner) || atomic_load(&e->state) ||
+	    atomic_load(&e->running_mask) || atomic_load(&e->thread_mask)) {
+		atomic_fetch_and(&e->refc_tgid, ~(FDC_TGID_MASK | FDC_TGID_LOCK));
+		fdc_drop(e);
+		return -EEXIST;
+	}
+
+	/* update_mask and polled masks are not reset: a clean close left them
+	 * zero, and clearing a bit someone else set would break I6.
+	 */
+	atomic_store(&e->kind, kind);
+	atomic_store(&e->nb_takeover, 0);
+	atomic_store(&e->state, FDC_READY_R | FDC_READY_W | flags);
+	atomic_store(&e->thread_mask, thread_mask);
+	atomic_store(&e->owner, owner);
+	fdc_drop(e);
+	return 0;
+}
+
+/* ---- final close ---- */
+
+/* Performs the close of an orphaned fd. Caller: the unique thread that won
+ * MUST_CLOSE as last runner (I4), holding no reference on the fd (we wait
+ * for references to drain). th is the caller's context (counters, local
+ * list). Keeps I5: the entry is clean before close().
+ */
+static void close_orphan(struct fdc_thread *th, int fd)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e = &t->fdtab[fd];
+	struct fdc_polled *pol = &t->polled[fd];
+	uint32_t gen = atomic_load(&e->generation);
+	uint32_t st = atomic_load(&e->state);
+	int tgid = atomic_load(&e->refc_tgid) & FDC_TGID_MASK;
+	struct fdc_group *g = &t->groups[tgid];
+
+	fdc_hook(t, FDC_HK_CLOSE_BEGIN, th->tid, fd, gen);
+	if (st & FDC_LINGER_RISK) {
+		struct linger nolinger = { .l_onoff = 1, .l_linger = 0 };
+
+		setsockopt(fd, SOL_SOCKET, SO_LINGER, &nolinger, sizeof(nolinger));
+	}
+
+	/* reset the tgid: grabs fail from now on; then wait for the transient
+	 * holders to leave. Past this point we are alone with the masks. We keep
+	 * a reference of our own (tgid 0) until the end so that an insert of this
+	 * number cannot claim the entry while we are still cleaning it.
+	 */
+	atomic_fetch_and(&e->refc_tgid, ~(FDC_TGID_MASK | FDC_TGID_LOCK));
+	while (atomic_load(&e->refc_tgid) & FDC_REF_MASK)
+		fdc_relax();
+	atomic_fetch_add(&e->refc_tgid, FDC_REF_ONE);
+	fdc_hook(t, FDC_HK_CLOSE_DRAINED, th->tid, fd, gen);
+
+	/* a cloned file description outlives our close(), and so would its
+	 * registrations in our epoll instances: remove them from every instance
+	 * that has it (polled bits, which no poller can change any more).
+	 */
+	if (st & FDC_CLONED) {
+		uint64_t m = atomic_load(&pol->recv) | atomic_load(&pol->send);
+
+		while (m) {
+			int ltid = __builtin_ctzll(m);
+
+			m &= m - 1;
+			epoll_ctl(t->threads[g->base + ltid].epfd, EPOLL_CTL_DEL, fd, NULL);
+			fdc_count(th, CTR_CTL_DEL);
+		}
+	}
+
+	fdc_list_remove(t, g, fd);
+	atomic_store(&e->update_mask, 0);
+	atomic_store(&pol->recv, 0);
+	atomic_store(&pol->send, 0);
+	atomic_store(&e->running_mask, 0);
+	atomic_store(&e->thread_mask, 0);
+	/* "update then close" is common: drop our own now-useless entry */
+	if (th->nbupdt && th->updt[th->nbupdt - 1] == fd)
+		th->nbupdt--;
+	atomic_store(&e->owner, 0);
+	atomic_store(&e->kind, 0);
+	atomic_store(&e->nb_takeover, 0);
+	atomic_store(&e->state, 0);
+	atomic_fetch_add(&e->generation, 1);
+	fdc_hook(t, FDC_HK_CLOSE_END, th->tid, fd, gen);
+	fdc_drop(e);
+
+	/* last: the number may be handed to another thread as soon as this
+	 * returns (I5) */
+	if (!(st & FDC_DISOWN))
+		close(fd);
+}
+
+/* ---- running protocol ---- */
+
+/* Drops th's running bit on fd. Caller: th, holding a running bit and a
+ * reference on the fd's tgid, which this consumes. If th was the last runner
+ * and is no longer an owner, it performs the deferred close if it wins the
+ * MUST_CLOSE token (FDC_CLOSED); otherwise, no longer an owner, it programs
+ * its own update so its poller drops the registration (FDC_MIGRATED).
+ * Reading thread_mask *after* dropping the bit is what makes the decision
+ * safe: a delete that ran before our drop is seen, one that runs after sees
+ * no runner and closes itself; MUST_CLOSE settles the overlap (I4).
+ */
+static int release_running(struct fdc_thread *th, int fd)
+{
+	struct fdc_entry *e = &th->t->fdtab[fd];
+	uint64_t bit = th->ltid_bit;
+	uint64_t prev = atomic_fetch_and(&e->running_mask, ~bit);
+	uint64_t tmask = atomic_load(&e->thread_mask);
+
+	if (tmask & bit) {
+		fdc_drop(e);
+		return FDC_DONE;
+	}
+	if (prev == bit && (atomic_fetch_and(&e->state, ~FDC_MUST_CLOSE) & FDC_MUST_CLOSE)) {
+		fdc_drop(e);
+		close_orphan(th, fd);
+		return FDC_CLOSED;
+	}
+	fdc_program_own_update(th, fd);
+	fdc_drop(e);
+	return FDC_MIGRATED;
+}
+
+int fdc_enter(struct fdc_thread *th, int fd, uint32_t *gen)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e;
+	uint64_t bit = th->ltid_bit;
+	uint64_t run, tmask;
+
+	if (!fdc_fd_ok(t, fd))
+		return FDC_CLOSED;
+	e = &t->fdtab[fd];
+	if (!fdc_grab(e, th->tgid)) {
+		fdc_count(th, CTR_POLL_DROP_FD);
+		return FDC_CLOSED;
+	}
+
+	/* not an owner (any more): never set a running bit, just have our
+	 * poller drop the registration */
+	if (!(atomic_load(&e->thread_mask) & bit)) {
+		fdc_count(th, CTR_POLL_SKIP_FD);
+		fdc_program_own_update(th, fd);
+		fdc_drop(e);
+		return FDC_MIGRATED;
+	}
+
+	/* OR our bit first, unconditionally: from now on a takeover's CAS
+	 * 0 -> bit fails. Validating before setting was the ABA of HAProxy's
+	 * seed 003 (cd8914bc5).
+	 */
+	atomic_fetch_or(&e->running_mask, bit);
+	fdc_hook(t, FDC_HK_ENTER_RUNNING, th->tid, fd, 0);
+
+	/* consistency loop: a running bit outside thread_mask is a takeover or
+	 * delete in progress; wait until it resolves, or leave if it resolved
+	 * against us (exiting then is what avoids HAProxy's f98a8c317 livelock).
+	 */
+	for (;;) {
+		run = atomic_load(&e->running_mask) & ~bit;
+		tmask = atomic_load(&e->thread_mask);
+		if (!(tmask & bit)) {
+			fdc_count(th, CTR_POLL_SKIP_FD);
+			return release_running(th, fd);
+		}
+		if (!(run & ~tmask))
+			break;
+		fdc_hook(t, FDC_HK_ENTER_RETRY, th->tid, fd, 0);
+		fdc_relax();
+	}
+	if (gen)
+		*gen = atomic_load(&e->generation);
+	/* the running bit now pins the incarnation */
+	fdc_drop(e);
+	return FDC_DONE;
+}
+
+int fdc_leave(struct fdc_thread *th, int fd, uint32_t gen)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e;
+	struct fdc_polled *pol;
+	uint64_t bit = th->ltid_bit;
+	uint32_t st;
+
+	if (!fdc_fd_ok(t, fd))
+		return FDC_CLOSED;
+	e = &t->fdtab[fd];
+	pol = &t->polled[fd];
+	/* the handler may have deleted the fd: then it is closed (grab fails),
+	 * or re-inserted (another generation), or still waiting for another
+	 * runner, and our own delete already dropped our running bit.
+	 */
+	if (!fdc_grab(e, th->tgid))
+		return FDC_CLOSED;
+	if (atomic_load(&e->generation) != gen || !(atomic_load(&e->running_mask) & bit)) {
+		fdc_drop(e);
+		return FDC_CLOSED;
+	}
+
+	/* still registered in a direction nobody wants (the handler stopped it,
+	 * or the report came for an inactive direction): have our poller fix it
+	 */
+	st = atomic_load(&e->state);
+	if (((atomic_load(&pol->recv) & bit) && !(st & FDC_ACTIVE_R)) ||
+	    ((atomic_load(&pol->send) & bit) && !(st & FDC_ACTIVE_W)))
+		fdc_program_own_update(th, fd);
+
+	fdc_hook(t, FDC_HK_LEAVE, th->tid, fd, gen);
+	return release_running(th, fd);
+}
+
+/* ---- delete ---- */
+
+/* Moves thread_mask to 0 and arms MUST_CLOSE, once per incarnation: only
+ * the caller that performs the transition arms the token. Caller holds a
+ * reference. Returns 1 if it did, 0 if the fd was already orphaned.
+ */
+static int orphan(struct fdc_entry *e)
+{
+	uint64_t tmask = atomic_load(&e->thread_mask);
+
+	do {
+		if (!tmask)
+			return 0;
+	} while (!atomic_compare_exchange_weak(&e->thread_mask, &tmask, 0));
+	atomic_fetch_or(&e->state, FDC_MUST_CLOSE);
+	return 1;
+}
+
+int fdc_delete(struct fdc_thread *th, int fd)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e;
+	int tgid;
+
+	if (!fdc_fd_ok(t, fd))
+		return -EBADF;
+	e = &t->fdtab[fd];
+	tgid = fdc_take(e);
+	if (!tgid)
+		return -EBADF;
+
+	if (tgid != th->tgid) {
+		/* another group's fd: we have no running bit to vote with. Orphan
+		 * it, then close only if nobody of its group is inside; a runner
+		 * seeing thread_mask 0 closes otherwise. Either order of our
+		 * running read and its running drop ends with one MUST_CLOSE win.
+		 */
+		orphan(e);
+		if (!atomic_load(&e->running_mask) &&
+		    (atomic_fetch_and(&e->state, ~FDC_MUST_CLOSE) & FDC_MUST_CLOSE)) {
+			fdc_drop(e);
+			close_orphan(th, fd);
+			return 1;
+		}
+		fdc_drop(e);
+		return 0;
+	}
+
+	/* count ourselves as a user, orphan the fd so nobody new enters, then
+	 * leave like any runner: never wait for the others (seed 002).
+	 */
+	atomic_fetch_or(&e->running_mask, th->ltid_bit);
+	orphan(e);
+	fdc_hook(t, FDC_HK_DELETE_ORPHANED, th->tid, fd, 0);
+	return release_running(th, fd) == FDC_CLOSED;
+}
+
+/* ---- takeover ---- */
+
+int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e;
+	uint64_t bit = th->ltid_bit;
+	uint64_t zero = 0, tmask;
+	int moved = 0, r;
+
+	if (!fdc_fd_ok(t, fd))
+		return -EBADF;
+	e = &t->fdtab[fd];
+	if (atomic_load(&e->owner) != expected_owner || !fdc_grab(e, th->tgid))
+		return -ESTALE;
+	/* owner again under the reference: the fd may have been closed and
+	 * reused between the first look and the grab (ABA guard) */
+	if (atomic_load(&e->owner) != expected_owner) {
+		fdc_drop(e);
+		return -ESTALE;
+	}
+	/* be alone inside: if its poller is handling it now, give up */
+	if (!atomic_compare_exchange_strong(&e->running_mask, &zero, bit)) {
+		fdc_drop(e);
+		return -EBUSY;
+	}
+	fdc_hook(t, FDC_HK_TAKEOVER_OWNED, th->tid, fd, 0);
+
+	/* ours from here, unless a delete orphaned it first: a CAS, so the
+	 * delete is never overwritten */
+	tmask = atomic_load(&e->thread_mask);
+	if (tmask && atomic_compare_exchange_strong(&e->thread_mask, &tmask, bit)) {
+		moved = 1;
+		atomic_fetch_add(&e->nb_takeover, 1);
+		fdc_count(th, CTR_FD_TAKEOVER);
+		/* the old owner may still poll it; we subscribe again later, and
+		 * its poller DELs when it sees its bit gone (never stop an fd we
+		 * failed to take: HAProxy 8d7b51782) */
+		if (atomic_fetch_and(&e->state, ~FDC_ACTIVE_R) & FDC_ACTIVE_R)
+			fdc_updt_polling(th, fd, th->tgid);
+	}
+	r = release_running(th, fd);
+	if (r == FDC_CLOSED)
+		return -ESTALE;
+	return moved ? 0 : -EBUSY;
+}
+
+/* ---- direction verbs ---- */
+
+/* Sets `set` and clears `clr` in the state of fd; programs a poller update
+ * if an ACTIVE bit flipped. Any thread; takes its own reference.
+ */
+static int change_state(struct fdc_thread *th, int fd, uint32_t set, uint32_t clr)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e;
+	uint32_t old, new;
+	int tgid;
+
+	if (!fdc_fd_ok(t, fd))
+		return -EBADF;
+	e = &t->fdtab[fd];
+	tgid = fdc_take(e);
+	if (!tgid)
+		return -EBADF;
+	old = atomic_load(&e->state);
+	do {
+		new = (old | set) & ~clr;
+		if (new == old)
+			break;
+	} while (!atomic_compare_exchange_weak(&e->state, &old, new));
+	if ((old ^ new) & FDC_ACTIVE_RW)
+		fdc_updt_polling(th, fd, tgid);
+	fdc_drop(e);
+	return 0;
+}
+
+int fdc_want_recv(struct fdc_thread *th, int fd) { return change_state(th, fd, FDC_ACTIVE_R, 0); }
+int fdc_stop_recv(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_ACTIVE_R); }
+int fdc_want_send(struct fdc_thread *th, int fd) { return change_state(th, fd, FDC_ACTIVE_W, 0); }
+int fdc_stop_send(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_ACTIVE_W); }
+int fdc_may_recv(struct fdc_thread *th, int fd)  { return change_state(th, fd, FDC_READY_R, 0); }
+int fdc_cant_recv(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_READY_R); }
+int fdc_may_send(struct fdc_thread *th, int fd)  { return change_state(th, fd, FDC_READY_W, 0); }
+int fdc_cant_send(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_READY_W); }
+
+/* ---- listeners across groups ---- */
+
+int fdc_listener_fds(struct fdc_table *t, int fd, uint64_t tgids, int *out)
+{
+	uint64_t valid = ((1ULL << t->nbgroup) - 1) << 1;
+	int n = 0;
+
+	for (int g = 0; g <= FDC_MAX_GROUPS; g++)
+		out[g] = -1;
+	if (fd < 0 || !tgids || (tgids & ~valid))
+		return -EINVAL;
+	for (int g = 1; g <= t->nbgroup; g++) {
+		if (!(tgids & (1ULL << g)))
+			continue;
+		if (!n) {
+			out[g] = fd;
+		}
+		else {
+			out[g] = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+			if (out[g] < 0) {
+				int err = -errno;
+
+				for (int h = 1; h < g; h++)
+					if (out[h] >= 0 && out[h] != fd)
+						close(out[h]);
+				for (int h = 0; h <= FDC_MAX_GROUPS; h++)
+					out[h] = -1;
+				return err;
+			}
+		}
+		n++;
+	}
+	return n;
+}
+
+/* ---- inspection ---- */
+
+int fdc_dump(struct fdc_table *t, int fd, struct fdc_fdinfo *out)
+{
+	struct fdc_entry *e;
+	uint32_t rt;
+
+	if (!fdc_fd_ok(t, fd))
+		return -EBADF;
+	e = &t->fdtab[fd];
+	rt = atomic_load(&e->refc_tgid);
+	out->fd = fd;
+	out->tgid = rt & FDC_TGID_MASK;
+	out->refcount = rt >> 16;
+	out->state = atomic_load(&e->state);
+	out->generation = atomic_load(&e->generation);
+	out->nb_takeover = atomic_load(&e->nb_takeover);
+	out->kind = atomic_load(&e->kind);
+	out->in_shared_list = fdc_in_shared_list(t, fd);
+	out->running_mask = atomic_load(&e->running_mask);
+	out->thread_mask = atomic_load(&e->thread_mask);
+	out->update_mask = atomic_load(&e->update_mask);
+	out->polled_recv = atomic_load(&t->polled[fd].recv);
+	out->polled_send = atomic_load(&t->polled[fd].send);
+	out->owner = atomic_load(&e->owner);
+	return 0;
+}
+
+int fdc_in_shared_list(struct fdc_table *t, int fd)
+{
+	if (!fdc_fd_ok(t, fd))
+		return 0;
+	return fdc_lnext(atomic_load(&t->fdtab[fd].links)) >= FDC_LIST_END;
+}

@@ -1,5 +1,170 @@
+/* sockherd fdcore: operations on the fd table and the per-thread pollers.
+ *
+ * Conventions: functions return >= 0 on success and a negative errno on
+ * failure (the Python wrapper turns those into OSError in one place). A
+ * `struct fdc_thread *th` argument is the calling thread's own context: the
+ * caller must be the one OS thread currently using that context.
+ *
+ * The invariants every function below keeps (numbers used in comments):
+ *  I1 the tgid changes only while the refcount is 0; masks are read or
+ *     written only under a tgid reference matching the caller's group, or
+ *     while holding a running bit.
+ *  I2 insert requires a clean entry (refcount 0, state 0, owner 0).
+ *  I3 a running bit is only kept by a thread whose bit is in thread_mask;
+ *     running bits outside thread_mask mean a takeover/delete in progress.
+ *  I4 exactly one thread performs the final close of an incarnation: the
+ *     last one to drop its running bit while thread_mask lacks it, and only
+ *     if it wins the one-shot FDC_MUST_CLOSE token.
+ *  I5 close() is the very last step: the number may be reused the instant
+ *     it returns, so the entry is clean before.
+ *  I6 an update bit set in update_mask is always consumable (the fd is or
+ *     will be on that thread's local list or its group's shared list), and
+ *     nobody clears a bit it did not consume.
+ *  I7 only the owning thread ADDs/MODs its epoll instance; another thread
+ *     DELs from it only in the final close of a CLONED fd.
+ */
 #ifndef SOCKHERD_FD_H
 #define SOCKHERD_FD_H
+
 #include "fd-t.h"
+
+/* results of enter / leave */
+enum fdc_outcome {
+	FDC_DONE = 0,      /* entered (enter) / left normally (leave) */
+	FDC_CLOSED = 1,    /* fd closed: dropped (enter) / we closed it (leave) */
+	FDC_MIGRATED = 2,  /* our bit is no longer in thread_mask */
+};
+
+/* One event handed to the caller by fdc_poll(): the thread holds a running
+ * bit on fd and must call fdc_leave(th, fd, gen) after handling it.
+ */
+struct fdc_event {
+	int32_t fd;
+	uint32_t events;      /* FDC_POLL_* bits of this report */
+	uint32_t gen;         /* incarnation the report is about */
+	uint32_t kind;
+	uint64_t owner;
+};
+
+/* Snapshot of one entry, for `show fd` and tests. */
+struct fdc_fdinfo {
+	int32_t fd;
+	uint32_t tgid;
+	uint32_t refcount;
+	uint32_t state;
+	uint32_t generation;
+	uint32_t nb_takeover;
+	uint32_t kind;
+	int32_t in_shared_list;
+	uint64_t running_mask;
+	uint64_t thread_mask;
+	uint64_t update_mask;
+	uint64_t polled_recv;
+	uint64_t polled_send;
+	uint64_t owner;
+};
+
 const char *fdc_version(void);
-#endif
+
+/* ---- table and threads (fd.c) ---- */
+
+/* Creates a table for fds 0 .. maxfd-1 and nbthread thread contexts split
+ * over nbgroup groups (the first groups take the remainder; at most 64
+ * threads a group), each with its own epoll instance and wake-up eventfd.
+ * Returns NULL with *err = -errno on failure. Single-threaded use only.
+ */
+struct fdc_table *fdc_table_new(int maxfd, int nbthread, int nbgroup, int *err);
+
+/* Frees the table, closing the pollers' epoll and eventfds. fds still in the
+ * table are left open (their owners decide). No thread may use it any more.
+ */
+void fdc_table_free(struct fdc_table *t);
+
+struct fdc_thread *fdc_thread(struct fdc_table *t, int tid);
+/* th's group, local thread id and epoll fd (for show/tests). */
+void fdc_thread_info(const struct fdc_thread *th, int *tgid, int *ltid, int *epfd);
+void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
+
+/* ---- fd lifecycle (fd.c) ---- */
+
+/* Registers an open fd owned by `owner` (non-zero cookie) for the threads of
+ * `thread_mask` (local bits) in group `tgid`. flags: FDC_INSERT_FLAGS.
+ * Any thread; the fd must not be in the table (I2: -EEXIST otherwise).
+ * The fd starts READY both ways and ACTIVE in none: call want_*.
+ */
+int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
+               int tgid, uint64_t thread_mask, uint32_t flags);
+
+/* Deletes fd and closes it, never waiting for other threads: if another
+ * thread still holds a running bit, the last one to leave closes (I4).
+ * Returns 1 if closed now, 0 if deferred, -EBADF if not in the table.
+ * Any thread, including one of another group.
+ */
+int fdc_delete(struct fdc_thread *th, int fd);
+
+/* Takes an idle fd of th's group for th alone: owner must equal
+ * expected_owner (-ESTALE), no thread may be inside it (-EBUSY). On success
+ * thread_mask = own bit and recv is stopped (the new owner re-arms it); the
+ * old owner's poller drops its registration when it next sees the fd.
+ */
+int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner);
+
+/* The two halves around a handler. enter: take a running bit for th on fd,
+ * or report why not (FDC_CLOSED: not ours / closed; FDC_MIGRATED: th is no
+ * longer an owner, a DEL is programmed). On FDC_DONE *gen receives the
+ * incarnation held. leave: drop it; FDC_CLOSED if this call performed the
+ * deferred close (or the incarnation was already gone).
+ */
+int fdc_enter(struct fdc_thread *th, int fd, uint32_t *gen);
+int fdc_leave(struct fdc_thread *th, int fd, uint32_t gen);
+
+/* Direction verbs. want/stop flip ACTIVE and program a poller update when
+ * it changes; may/cant flip READY (no update: polled == active). Any thread
+ * of any group; -EBADF if the fd is not in the table.
+ */
+int fdc_want_recv(struct fdc_thread *th, int fd);
+int fdc_stop_recv(struct fdc_thread *th, int fd);
+int fdc_want_send(struct fdc_thread *th, int fd);
+int fdc_stop_send(struct fdc_thread *th, int fd);
+int fdc_may_recv(struct fdc_thread *th, int fd);
+int fdc_cant_recv(struct fdc_thread *th, int fd);
+int fdc_may_send(struct fdc_thread *th, int fd);
+int fdc_cant_send(struct fdc_thread *th, int fd);
+
+/* Gives a listener one fd number per group in `tgids` (bit g = group g):
+ * the original for the lowest group, F_DUPFD_CLOEXEC copies for the others
+ * (an fd number carries one tgid). out[g] receives the fd of group g, -1
+ * for groups not asked. All of them must be inserted with FDC_CLONED.
+ */
+int fdc_listener_fds(struct fdc_table *t, int fd, uint64_t tgids, int *out);
+
+int fdc_dump(struct fdc_table *t, int fd, struct fdc_fdinfo *out);
+/* Whether fd is on its group's shared update list (tests, show fd). */
+int fdc_in_shared_list(struct fdc_table *t, int fd);
+
+/* ---- poller (poller.c) ---- */
+
+/* Applies th's pending updates (local list, then the group's shared list)
+ * to its own epoll instance. Returns the number of epoll_ctl calls.
+ */
+int fdc_update_pass(struct fdc_thread *th);
+
+/* One loop turn: update pass, epoll_wait(timeout_ms) (the Python wrapper
+ * calls it with the GIL released), then the enter step for each report.
+ * Returns how many events were written to out (th holds each), or -errno.
+ */
+int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
+
+/* Wakes thread tid out of epoll_wait (any thread). */
+int fdc_wake(struct fdc_table *t, int tid);
+
+/* Accepts up to max connections on listener lfd (non-blocking, CLOEXEC) into
+ * out. Counts accepted; an EAGAIN on the first try counts accept_empty and
+ * clears READY_R. Returns the count, or -errno if the first accept failed
+ * with something else than EAGAIN.
+ */
+int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max);
+
+void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out);
+
+#endif /* SOCKHERD_FD_H */

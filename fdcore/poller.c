@@ -1,1 +1,367 @@
-#include "fd.h"
+/* sockherd fdcore: one epoll poller per thread.
+ *
+ * Some facts about epoll (2026-11-22, Linux 6.x; epoll(7), epoll_ctl(2)):
+ *  - An interest-list entry is keyed by (open file description, fd number),
+ *    not by the number alone. close(fd) removes it only when it was the last
+ *    reference to the file description. A file also open in another process
+ *    (fork, SCM_RIGHTS) or under another number (dup) stays registered after
+ *    our close, and keeps waking us for a number we no longer own.
+ *  - One epoll instance shared by threads wakes every thread for every fd
+ *    it holds (HAProxy's seed 004: 4 threads spinning for a listener bound
+ *    to one of them).
+ *  - Level-triggered reports repeat until the condition is consumed, so an
+ *    fd registered in a direction nobody wants spins its poller.
+ *  - EPOLLEXCLUSIVE (4.5+) wakes one (or a few) of the instances that hold a
+ *    file instead of all of them; it is accepted by ADD only (MOD fails with
+ *    EINVAL) and only with EPOLLIN/EPOLLOUT/EPOLLWAKEUP/EPOLLET.
+ *  - epoll_ctl on an instance is safe from any thread.
+ * What this means for us:
+ *  - each thread owns one epoll instance and is the only one to ADD/MOD it
+ *    (I7); it keeps polled_mask as its cache of what the kernel has;
+ *  - the desired state (ACTIVE bits, thread_mask) is authoritative and is
+ *    converged to by each owner's update pass right before it sleeps;
+ *  - a CLONED fd is DEL'ed from every instance that has it before close
+ *    (fd.c, close_orphan), which is why epoll fds live in a shared array;
+ *  - epoll data carries (generation << 32 | fd), so a report about an older
+ *    incarnation of a reused number is recognised and dropped;
+ *  - a shared listener may be registered EXCLUSIVE: changing its directions
+ *    then means DEL + ADD.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fd-int.h"
+
+/* epoll_ctl on th's own instance, repairing the two benign mismatches
+ * between polled_mask and the kernel: ADD of a number already registered
+ * from an earlier life (EEXIST: DEL then ADD, HAProxy 752c5cba5), and MOD or
+ * DEL of an entry the kernel already dropped with its last reference.
+ * Returns the number of syscalls made.
+ */
+static int ctl(struct fdc_thread *th, int op, int fd, struct epoll_event *ev)
+{
+	static const int idx[4] = { 0, CTR_CTL_ADD, CTR_CTL_DEL, CTR_CTL_MOD };
+	int n = 1;
+
+	fdc_count(th, idx[op]);
+	if (epoll_ctl(th->epfd, op, fd, ev) == 0)
+		return n;
+	if (op == EPOLL_CTL_ADD && errno == EEXIST) {
+		epoll_ctl(th->epfd, EPOLL_CTL_DEL, fd, NULL);
+		fdc_count(th, CTR_CTL_DEL);
+		fdc_count(th, CTR_CTL_ADD);
+		n += 2;
+		if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, fd, ev) == 0)
+			return n;
+	}
+	else if (op == EPOLL_CTL_MOD && errno == ENOENT) {
+		fdc_count(th, CTR_CTL_ADD);
+		n++;
+		if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, fd, ev) == 0)
+			return n;
+	}
+	else if (op == EPOLL_CTL_DEL && (errno == ENOENT || errno == EBADF)) {
+		return n;
+	}
+	fdc_count(th, CTR_CTL_ERR);
+	return n;
+}
+
+/* Converges th's own registration of fd to the desired state (I8 of the
+ * design): ADD when th owns it and a direction is ACTIVE, MOD when the polled
+ * directions differ, DEL when nothing is wanted or th is no longer an owner.
+ * th's thread, holding a reference on the fd's tgid. Returns syscalls made.
+ */
+static int update_fd(struct fdc_thread *th, int fd)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e = &t->fdtab[fd];
+	struct fdc_polled *pol = &t->polled[fd];
+	uint64_t bit = th->ltid_bit;
+	uint32_t st = atomic_load(&e->state);
+	int owner = !!(atomic_load(&e->thread_mask) & bit);
+	int wr = owner && (st & FDC_ACTIVE_R);
+	int ww = owner && (st & FDC_ACTIVE_W);
+	int pr = !!(atomic_load(&pol->recv) & bit);
+	int ps = !!(atomic_load(&pol->send) & bit);
+	int excl = !!(st & FDC_EXCLUSIVE);
+	struct epoll_event ev;
+
+	if (wr == pr && ww == ps)
+		return 0;
+
+	/* polled bits first: the final close reads them once references have
+	 * drained, and we hold one */
+	if (wr)
+		atomic_fetch_or(&pol->recv, bit);
+	else if (pr)
+		atomic_fetch_and(&pol->recv, ~bit);
+	if (ww)
+		atomic_fetch_or(&pol->send, bit);
+	else if (ps)
+		atomic_fetch_and(&pol->send, ~bit);
+
+	if (!wr && !ww)
+		return ctl(th, EPOLL_CTL_DEL, fd, NULL);
+
+	ev.events = (wr ? EPOLLIN | (excl ? 0 : EPOLLRDHUP) : 0) |
+	            (ww ? EPOLLOUT : 0) | (excl ? EPOLLEXCLUSIVE : 0);
+	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
+	if (!pr && !ps)
+		return ctl(th, EPOLL_CTL_ADD, fd, &ev);
+	if (excl)
+		return ctl(th, EPOLL_CTL_DEL, fd, NULL) + ctl(th, EPOLL_CTL_ADD, fd, &ev);
+	return ctl(th, EPOLL_CTL_MOD, fd, &ev);
+}
+
+/* One walk of the group's shared list, consuming th's bits. */
+static int walk_shared(struct fdc_thread *th, struct fdc_group *g)
+{
+	struct fdc_table *t = th->t;
+	int32_t cur = atomic_load(&g->first);
+	int n = 0;
+
+	while (cur >= 0) {
+		struct fdc_entry *e = &t->fdtab[cur];
+		int32_t next;
+
+		if (fdc_grab(e, th->tgid)) {
+			uint64_t um = atomic_load(&e->update_mask);
+
+			if (um & th->ltid_bit) {
+				um = atomic_fetch_and(&e->update_mask, ~th->ltid_bit) & ~th->ltid_bit;
+				fdc_hook(t, FDC_HK_UPDATE_CONSUMED, th->tid, cur, 0);
+				fdc_done_update(th, g, cur, um);
+				if (atomic_load(&e->owner))
+					n += update_fd(th, cur);
+				else
+					fdc_count(th, CTR_POLL_DROP_FD);
+			}
+			else if (!(um & g->enabled_mask)) {
+				/* nobody's update any more (a local pass consumed the
+				 * bit): take it off the list, re-checking for a re-arm */
+				fdc_done_update(th, g, cur, um);
+			}
+			fdc_drop(e);
+		}
+
+		/* step on: wait out a link being changed; a removed entry tells
+		 * which successor it had */
+		for (;;) {
+			next = fdc_lnext(atomic_load(&e->links));
+			if (next != FDC_LIST_LOCKED)
+				break;
+			fdc_relax();
+		}
+		if (next <= FDC_LIST_OUT)
+			next = -next - 4;
+		cur = next;
+	}
+	return n;
+}
+
+int fdc_update_pass(struct fdc_thread *th)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_group *g = &t->groups[th->tgid];
+	int n = 0;
+
+	th->in_pass = 1;
+	/* local list: fds th owns alone; the list may grow while we walk it */
+	for (int i = 0; i < th->nbupdt; i++) {
+		int fd = th->updt[i];
+		struct fdc_entry *e = &t->fdtab[fd];
+
+		if (!fdc_grab(e, th->tgid)) {
+			fdc_count(th, CTR_POLL_DROP_FD);
+			continue;
+		}
+		atomic_fetch_and(&e->update_mask, ~th->ltid_bit);
+		fdc_hook(t, FDC_HK_UPDATE_CONSUMED, th->tid, fd, 0);
+		if (atomic_load(&e->owner))
+			n += update_fd(th, fd);
+		else
+			fdc_count(th, CTR_POLL_DROP_FD);
+		fdc_drop(e);
+	}
+	th->nbupdt = 0;
+
+	/* shared list: a removal while we walk may carry us past entries (we
+	 * stood on one that was removed and re-added at the tail), so walk
+	 * again while removals happen; if the list never settles, wake
+	 * ourselves so the next wait returns at once and we look again.
+	 */
+	for (int round = 0; ; round++) {
+		uint32_t epoch = atomic_load(&g->epoch);
+
+		n += walk_shared(th, g);
+		if (atomic_load(&g->epoch) == epoch)
+			break;
+		if (round == 3) {
+			fdc_wake(t, th->tid);
+			break;
+		}
+	}
+	th->in_pass = 0;
+	return n;
+}
+
+/* Translates an epoll report into FDC_POLL_* bits. */
+static uint32_t poll_flags(uint32_t ev)
+{
+	return (ev & EPOLLIN ? FDC_POLL_IN : 0) | (ev & EPOLLPRI ? FDC_POLL_PRI : 0) |
+	       (ev & EPOLLOUT ? FDC_POLL_OUT : 0) | (ev & EPOLLERR ? FDC_POLL_ERR : 0) |
+	       (ev & EPOLLHUP ? FDC_POLL_HUP : 0) | (ev & EPOLLRDHUP ? FDC_POLL_RDHUP : 0);
+}
+
+/* Records a report in the fd's state: last poll flags (IN/PRI/OUT replaced,
+ * the rest sticky), READY for the directions it unblocks, SHUT and ERR.
+ * Caller holds a running bit. Returns the new state.
+ */
+static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
+{
+	uint32_t old = atomic_load(&e->state), new;
+
+	do {
+		new = (old & ~(FDC_POLL_IN | FDC_POLL_PRI | FDC_POLL_OUT)) | flags;
+		if (flags & (FDC_POLL_IN | FDC_POLL_PRI | FDC_POLL_HUP | FDC_POLL_ERR | FDC_POLL_RDHUP))
+			new |= FDC_READY_R;
+		if (flags & (FDC_POLL_OUT | FDC_POLL_ERR))
+			new |= FDC_READY_W;
+		if (flags & FDC_POLL_RDHUP)
+			new |= FDC_SHUT_R;
+		if (flags & FDC_POLL_HUP)
+			new |= FDC_SHUT_R | FDC_SHUT_W;
+		if (flags & FDC_POLL_ERR)
+			new |= FDC_ERR;
+	} while (new != old && !atomic_compare_exchange_weak(&e->state, &old, new));
+	return new;
+}
+
+int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max)
+{
+	struct fdc_table *t = th->t;
+	struct epoll_event evs[FDC_EVBATCH];
+	int n, cnt = 0, fdev = 0;
+
+	if (max <= 0)
+		return -EINVAL;
+	if (max > FDC_EVBATCH)
+		max = FDC_EVBATCH;
+
+	fdc_count(th, CTR_LOOPS);
+	fdc_update_pass(th);
+	fdc_hook(t, FDC_HK_BEFORE_WAIT, th->tid, -1, 0);
+	n = epoll_wait(th->epfd, evs, max, timeout_ms);
+	if (n < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (n == 0)
+		return 0;
+	fdc_count(th, CTR_POLL_IO);
+
+	for (int i = 0; i < n; i++) {
+		uint64_t data = evs[i].data.u64;
+		int fd = (int)(uint32_t)data;
+		uint32_t gen = (uint32_t)(data >> 32), held;
+		struct fdc_entry *e;
+		uint32_t flags, st;
+
+		if (data == FDC_WAKE_TOKEN) {
+			uint64_t v;
+
+			if (read(th->evfd, &v, sizeof(v)) < 0) {
+				/* EAGAIN: another report of the same wake-up */
+			}
+			fdc_count(th, CTR_WAKEUPS);
+			continue;
+		}
+		fdev++;
+		if (!fdc_fd_ok(t, fd)) {
+			fdc_count(th, CTR_POLL_DROP_FD);
+			continue;
+		}
+		e = &t->fdtab[fd];
+		/* cheap filter first; the generation read under the running bit
+		 * below is the one that counts */
+		if (atomic_load(&e->generation) != gen) {
+			fdc_count(th, CTR_POLL_STALE);
+			continue;
+		}
+		if (fdc_enter(th, fd, &held) != FDC_DONE)
+			continue;
+		if (held != gen) {
+			fdc_count(th, CTR_POLL_STALE);
+			fdc_leave(th, fd, held);
+			continue;
+		}
+		flags = poll_flags(evs[i].events);
+		st = apply_report(e, flags);
+		if (!(st & FDC_ACTIVE_RW)) {
+			/* nobody wants it: leave programs the DEL */
+			fdc_leave(th, fd, gen);
+			continue;
+		}
+		out[cnt].fd = fd;
+		out[cnt].events = flags;
+		out[cnt].gen = gen;
+		out[cnt].kind = atomic_load(&e->kind);
+		out[cnt].owner = atomic_load(&e->owner);
+		cnt++;
+	}
+	if (fdev && !cnt)
+		fdc_count(th, CTR_WAKE_NOWORK);
+	return cnt;
+}
+
+int fdc_wake(struct fdc_table *t, int tid)
+{
+	uint64_t one = 1;
+
+	if (tid < 0 || tid >= t->nbthread)
+		return -EINVAL;
+	/* EAGAIN means the counter is saturated: a wake-up is pending anyway */
+	if (write(t->threads[tid].evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		return -errno;
+	return 0;
+}
+
+int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max)
+{
+	int n = 0;
+
+	while (n < max) {
+		int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (c >= 0) {
+			out[n++] = c;
+			continue;
+		}
+		if (errno == EINTR || errno == ECONNABORTED)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+			if (!n) {
+				/* woken for a connection another thread got */
+				fdc_count(th, CTR_ACCEPT_EMPTY);
+				fdc_cant_recv(th, lfd);
+			}
+			break;
+		}
+		if (!n)
+			return -errno;
+		break;
+	}
+	fdc_count_n(th, CTR_ACCEPTED, (uint64_t)n);
+	return n;
+}
+
+void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out)
+{
+	uint64_t *dst = (uint64_t *)out;
+
+	for (int i = 0; i < FDC_NCOUNTERS; i++)
+		dst[i] = atomic_load_explicit(&((struct fdc_thread *)th)->ctr.v[i],
+		                              memory_order_relaxed);
+}
