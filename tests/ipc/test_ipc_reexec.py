@@ -1,0 +1,134 @@
+"""Re-exec state: strict decoding, and survival of a real exec() with exactly the fds it
+names."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sockherd.ipc import reexec
+from sockherd.ipc.errors import ReexecStateError
+from sockherd.ipc.listeners import ListenerDescriptor, describe
+
+from ipc_fdcount import is_open
+
+HERE = Path(__file__).resolve().parent
+
+
+def connect_to(family: str, address: str) -> socket.socket:
+    if family == "inet":
+        host, port = address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10)
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect("\0" + address[1:] if address.startswith("@") else address)
+    return sock
+
+
+def test_state_survives_a_real_exec():
+    pairs = [socket.socketpair() for _ in range(2)]
+    master_ends = [a.fileno() for a, _ in pairs]
+    proc = subprocess.Popen([sys.executable, str(HERE / "ipc_reexec_old.py"), *map(str, master_ends)],
+                            pass_fds=master_ends, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for a, _ in pairs:
+            a.close()                    # the child holds them now
+        report = json.loads(proc.stdout.readline())
+        assert report["open"] == sorted([0, 1, 2] + report["named"])
+        assert not set(report["decoys"]) & set(report["open"])
+        assert report["env_left"] is False
+        assert report["inheritable"] == [False] * 4       # private again after take()
+        assert report["master_pid_kept"] is True          # exec keeps the pid
+        assert report["workers"] == [[1000, 5, 0], [1001, 5, 1]]
+        for i, (_, worker_end) in enumerate(pairs):
+            worker_end.settimeout(10)
+            assert worker_end.recv(100) == f"hello 5.{i}\n".encode()
+        for name, family, address in report["listeners"]:
+            with connect_to(family, address) as conn:
+                assert conn.makefile("rb").readline() == name.encode() + b"\n"
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+        for _, worker_end in pairs:
+            worker_end.close()
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(f"\0sockherd-test-{uuid.uuid4().hex}")
+    sock.listen()
+    yield sock
+    sock.close()
+
+
+def state_with(listener_fd, desc, worker_fd=None):
+    workers = [] if worker_fd is None else [reexec.InheritedWorker(9, 1, 0, worker_fd)]
+    return reexec.ReexecState(version=1, master_pid=os.getpid(), generation=1,
+                              listeners=[reexec.InheritedListener(listener_fd, desc)],
+                              workers=workers)
+
+
+def test_prepare_and_abort_exec_flip_only_named_fds(listener):
+    other = socket.socket()
+    with other:
+        state = state_with(listener.fileno(), describe(listener, "web"))
+        env = reexec.prepare_exec(state, environ={"PATH": "/bin"})
+        assert env["PATH"] == "/bin" and reexec.decode(env[reexec.ENV_VAR]) == state
+        assert listener.get_inheritable() and not other.get_inheritable()
+        reexec.abort_exec(state)                       # exec failed: back to private
+        assert not listener.get_inheritable()
+
+
+def test_take_checks_fds_and_closes_them_all_on_mismatch(listener):
+    fd = os.dup(listener.fileno())
+    a, b = socket.socketpair()
+    worker_fd = a.detach()
+    with b:
+        wrong = ListenerDescriptor("web", "unix", "@somewhere-else")
+        environ = {reexec.ENV_VAR: reexec.encode(state_with(fd, wrong, worker_fd))}
+        with pytest.raises(ReexecStateError, match="is bound to @sockherd-test-"):
+            reexec.take(environ)
+        assert environ == {}
+        assert not is_open(fd) and not is_open(worker_fd)
+
+
+def test_take_refuses_a_worker_fd_that_is_not_a_socketpair(listener):
+    fd = os.dup(listener.fileno())
+    r, w = os.pipe()
+    os.close(w)
+    environ = {reexec.ENV_VAR: reexec.encode(state_with(fd, describe(listener, "web"), r))}
+    with pytest.raises(ReexecStateError, match=rf"worker 1.0 \(pid 9\) fd {r} is not a socket"):
+        reexec.take(environ)
+    assert not is_open(fd) and not is_open(r)
+
+
+def test_take_without_state():
+    assert reexec.take({}) is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "Input data was truncated"),
+    ('{"version": 1, "master_pid": "1", "generation": 1}',
+     "Expected `int`, got `str` - at `$.master_pid`"),
+    ('{"version": 1, "master_pid": 1, "generation": 1, "extra": 0}',
+     "Object contains unknown field `extra`"),
+    ('{"version": 2, "master_pid": 1, "generation": 1}', "state version 2, expected 1"),
+    ('{"version": 1, "master_pid": 1, "generation": 1, "workers": '
+     '[{"pid": 1, "generation": 1, "index": 0, "fd": 1}]}', "fd numbers below 3"),
+    ('{"version": 1, "master_pid": 1, "generation": 1, "workers": '
+     '[{"pid": 1, "generation": 1, "index": 0, "fd": 7}, '
+     '{"pid": 2, "generation": 1, "index": 1, "fd": 7}]}', "an fd is named twice"),
+])
+def test_decode_is_strict(text, message):
+    with pytest.raises(ReexecStateError, match=re.escape(message)):
+        reexec.decode(text)
