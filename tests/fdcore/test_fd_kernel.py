@@ -1,0 +1,567 @@
+"""Kernel truth of the per-thread epoll pollers (notes E/T4, A.10, A.11).
+
+After every thread of a table ran its update pass, what each thread believes
+its epoll instance holds (the fd's polled_recv/polled_send bits for the
+thread) must be exactly what the kernel lists in /proc/self/fdinfo/<epfd>:
+
+    tfd: <fd> events: <hex mask> data: <hex>
+
+(the thread's own wake-up eventfd, data 0xffffffffffffffff, is ignored).
+Every fd with a polled bit is listed once, with EPOLLIN iff polled_recv and
+EPOLLOUT iff polled_send, data == generation << 32 | fd, and nothing else is
+listed. On top of that, the desired state converges: an owner thread polls
+exactly the ACTIVE directions, a non-owner polls nothing unless the fd was
+taken over from it (the old owner drops its registration lazily, when it
+next sees a report for the fd).
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import socket
+from dataclasses import dataclass, field
+
+import pytest
+
+from sockherd.fdcore.table import Outcome, State, Table
+
+pytestmark = pytest.mark.timeout(90)
+
+EPOLLIN = 0x1
+EPOLLOUT = 0x4
+EPOLLRDHUP = 0x2000
+EPOLLEXCLUSIVE = 0x10000000
+WAKE_TOKEN = 0xFFFFFFFFFFFFFFFF
+
+_TFD = re.compile(r"^tfd:\s*(\d+)\s+events:\s*([0-9a-fA-F]+)\s+data:\s*([0-9a-fA-F]+)", re.M)
+
+
+@dataclass(frozen=True)
+class Reg:
+    fd: int
+    events: int
+    data: int
+
+
+def kernel_regs(epfd: int) -> list[Reg]:
+    """What the kernel has in epoll instance epfd, minus the wake-up eventfd."""
+    with open(f"/proc/self/fdinfo/{epfd}") as f:
+        text = f.read()
+    regs = [Reg(int(m[1]), int(m[2], 16), int(m[3], 16)) for m in _TFD.finditer(text)]
+    return [r for r in regs if r.data != WAKE_TOKEN]
+
+
+def converge(t: Table, max_rounds: int = 10) -> None:
+    """Runs update passes on every thread until a round makes no syscall."""
+    for _ in range(max_rounds):
+        if sum(th.update_pass() for th in t.threads) == 0:
+            return
+    pytest.fail(f"update passes still issue epoll_ctl calls after {max_rounds} rounds")
+
+
+def assert_kernel_truth(t: Table, *, where: str = "") -> None:
+    """polled bits == /proc fdinfo for every thread, plus convergence."""
+    infos = {i.fd: i for i in t.show_fd()}
+    problems: list[str] = []
+    for th in t.threads:
+        regs = kernel_regs(th.epfd)
+        listed: dict[int, Reg] = {}
+        for r in regs:
+            if r.fd in listed:
+                problems.append(f"thread {th.tid}: fd {r.fd} listed twice: {listed[r.fd]} {r}")
+            listed[r.fd] = r
+        expected = {
+            fd: i for fd, i in infos.items()
+            if i.tgid == th.tgid and ((i.polled_recv | i.polled_send) & th.bit)
+        }
+        for fd in sorted(set(listed) - set(expected)):
+            problems.append(f"thread {th.tid}: kernel lists fd {fd} ({listed[fd]}) "
+                            f"but no polled bit says so ({infos.get(fd)})")
+        for fd in sorted(set(expected) - set(listed)):
+            problems.append(f"thread {th.tid}: polled bits claim fd {fd} but the kernel "
+                            f"does not list it ({expected[fd]})")
+        for fd in sorted(set(expected) & set(listed)):
+            i, r = expected[fd], listed[fd]
+            want_in = bool(i.polled_recv & th.bit)
+            want_out = bool(i.polled_send & th.bit)
+            excl = bool(i.state & State.EXCLUSIVE)
+            if bool(r.events & EPOLLIN) != want_in or bool(r.events & EPOLLOUT) != want_out:
+                problems.append(f"thread {th.tid}: fd {fd} events {r.events:#x} vs "
+                                f"polled recv={want_in} send={want_out}")
+            if bool(r.events & EPOLLEXCLUSIVE) != excl:
+                problems.append(f"thread {th.tid}: fd {fd} events {r.events:#x}, EXCLUSIVE={excl}")
+            if want_in and not excl and not r.events & EPOLLRDHUP:
+                problems.append(f"thread {th.tid}: fd {fd} polled for recv without RDHUP "
+                                f"({r.events:#x})")
+            if r.data != (i.generation << 32 | fd):
+                problems.append(f"thread {th.tid}: fd {fd} data {r.data:#x} != "
+                                f"gen {i.generation} << 32 | fd")
+    # convergence of the desired state, and no update left behind (I6)
+    for fd, i in infos.items():
+        if i.update_mask or i.in_shared_list:
+            problems.append(f"fd {fd}: updates left after convergence: {i}")
+        if i.running_mask:
+            continue  # a handler is inside: its leave programs what is missing
+        for th in t.threads:
+            if th.tgid != i.tgid:
+                continue
+            pr, ps = bool(i.polled_recv & th.bit), bool(i.polled_send & th.bit)
+            if i.thread_mask & th.bit:
+                wr, ws = bool(i.state & State.ACTIVE_R), bool(i.state & State.ACTIVE_W)
+                if (pr, ps) != (wr, ws):
+                    problems.append(f"thread {th.tid} owns fd {fd} and polls recv={pr} "
+                                    f"send={ps} instead of {wr}/{ws}: {i}")
+            elif (pr or ps) and not i.nb_takeover:
+                problems.append(f"thread {th.tid} is not an owner of fd {fd} yet polls it "
+                                f"(no takeover explains it): {i}")
+    # the other groups' and threads' instances never hold fds of the wrong group
+    assert not problems, f"{where}\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture
+def tables():
+    """Table factory; at teardown every fd still in a table is deleted (the
+    table closes it) and the table is freed."""
+    made: list[Table] = []
+
+    def make(threads: int, groups: int = 1) -> Table:
+        t = Table(threads, groups)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        try:
+            for info in t.show_fd():
+                try:
+                    t.threads[t.group_base(info.tgid)].delete(info.fd)
+                except OSError:
+                    pass
+        finally:
+            t.close()
+
+
+@pytest.fixture
+def peers():
+    """The far ends of the socketpairs given to tables (closed at teardown)."""
+    socks: list[socket.socket] = []
+    yield socks
+    for s in socks:
+        s.close()
+
+
+def pair(peers: list[socket.socket]) -> int:
+    """A socketpair: returns the fd for the table (ownership transferred),
+    keeps the peer."""
+    a, b = socket.socketpair()
+    peers.append(b)
+    return a.detach()
+
+
+def listener(backlog: int = 64) -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(backlog)
+    s.setblocking(False)
+    return s.detach()
+
+
+def listed_in(t: Table, fd: int) -> list[int]:
+    """tids whose epoll instance lists fd number `fd`."""
+    return [th.tid for th in t.threads if any(r.fd == fd for r in kernel_regs(th.epfd))]
+
+
+# ---------------------------------------------------------------------------
+# deterministic scenarios
+
+
+def test_single_owner_pairs_want_stop_both_directions(tables, peers):
+    """Socketpairs owned by single threads of 2 groups; every want/stop of
+    both directions, issued by the owner or by a thread of the other group."""
+    t = tables(4, 2)
+    fds = {}
+    for th in t.threads:
+        fd = pair(peers)
+        t.insert(fd, 100 + th.tid, tgid=th.tgid, thread_mask=th.bit)
+        fds[th.tid] = fd
+    converge(t)
+    assert_kernel_truth(t, where="nothing wanted")
+    for th in t.threads:
+        assert kernel_regs(th.epfd) == []
+
+    steps = ["want_recv", "want_send", "stop_recv", "want_recv", "stop_send", "stop_recv",
+             "want_send", "want_recv", "stop_send", "stop_recv"]
+    for n, verb in enumerate(steps):
+        for tid, fd in fds.items():
+            # alternate the caller: the owner, then a thread of the other group
+            caller = t.threads[tid] if n % 2 == 0 else t.threads[(tid + 2) % 4]
+            getattr(caller, verb)(fd)
+        converge(t)
+        assert_kernel_truth(t, where=f"after {verb}")
+        for tid, fd in fds.items():
+            regs = {r.fd: r for r in kernel_regs(t.threads[tid].epfd)}
+            st = t.dump(fd).state
+            if st & (State.ACTIVE_R | State.ACTIVE_W):
+                assert fd in regs
+            else:
+                assert fd not in regs
+    for tid, fd in fds.items():
+        assert t.threads[tid].delete(fd)
+    converge(t)
+    assert_kernel_truth(t, where="after deletes")
+    for th in t.threads:
+        assert kernel_regs(th.epfd) == [], th.tid
+
+
+def test_shared_listener_converges_on_every_owner(tables):
+    """A listener on 3 of 4 threads: want/stop from a non-owner of its group
+    and from a thread of a foreign group reach every owner's instance."""
+    t = tables(6, 2)  # group 1: tids 0-2, group 2: tids 3-5
+    lfd = listener()
+    t.insert(lfd, 7, tgid=1, thread_mask=0b101)
+    t.threads[1].want_recv(lfd)           # non-owner of the same group
+    converge(t)
+    assert_kernel_truth(t, where="want_recv by non-owner")
+    assert listed_in(t, lfd) == [0, 2]
+    t.threads[4].stop_recv(lfd)           # a thread of group 2
+    converge(t)
+    assert_kernel_truth(t, where="stop_recv from foreign group")
+    assert listed_in(t, lfd) == []
+    t.threads[5].want_recv(lfd)
+    t.threads[5].want_send(lfd)
+    converge(t)
+    assert_kernel_truth(t, where="want both from foreign group")
+    assert listed_in(t, lfd) == [0, 2]
+    t.threads[1].stop_send(lfd)
+    converge(t)
+    assert_kernel_truth(t, where="stop_send")
+    assert t.threads[3].delete(lfd)       # delete from the foreign group
+    converge(t)
+    assert_kernel_truth(t, where="after delete")
+    assert listed_in(t, lfd) == []
+
+
+def test_listener_in_two_groups_and_group_local_delete(tables):
+    """insert_listener gives each group its own number (a dup), all CLONED;
+    each group's instances list only their own number; deleting one group's
+    number DELs it from that group's instances only."""
+    t = tables(4, 2)  # group 1: tids 0, 1; group 2: tids 2, 3
+    lfd = listener()
+    fds = t.insert_listener(lfd, 9, {1: 0b11, 2: 0b11})
+    assert fds[1] == lfd and fds[2] != lfd
+    for tgid, fd in fds.items():
+        assert t.dump(fd).state & State.CLONED
+        t.threads[t.group_base(tgid)].want_recv(fd)
+    converge(t)
+    assert_kernel_truth(t, where="listener in 2 groups")
+    assert listed_in(t, fds[1]) == [0, 1]
+    assert listed_in(t, fds[2]) == [2, 3]
+    # a cloned fd is still open elsewhere (the other group's dup): its close
+    # alone would not remove the registrations
+    assert t.threads[0].delete(fds[1])
+    converge(t)
+    assert_kernel_truth(t, where="group 1 number deleted")
+    assert listed_in(t, fds[1]) == []
+    assert listed_in(t, fds[2]) == [2, 3]
+    assert t.threads[0].delete(fds[2])    # cross-group delete
+    converge(t)
+    assert_kernel_truth(t, where="both deleted")
+    assert listed_in(t, fds[2]) == []
+
+
+def test_exclusive_listener_registered_with_epollexclusive(tables):
+    t = tables(4, 1)
+    lfd = listener()
+    t.insert(lfd, 5, tgid=1, thread_mask=0b1111, exclusive=True)
+    t.threads[0].want_recv(lfd)
+    converge(t)
+    assert_kernel_truth(t, where="exclusive listener")
+    for th in t.threads:
+        (reg,) = [r for r in kernel_regs(th.epfd) if r.fd == lfd]
+        assert reg.events & EPOLLEXCLUSIVE, f"{reg.events:#x}"
+        assert reg.events & EPOLLIN
+        assert not reg.events & (EPOLLOUT | EPOLLRDHUP)
+    # a change of directions on an EXCLUSIVE registration is DEL + ADD (MOD
+    # fails with EINVAL): no ctl error, and the kernel follows
+    t.threads[2].want_send(lfd)
+    converge(t)
+    assert_kernel_truth(t, where="exclusive, want_send")
+    t.threads[1].stop_recv(lfd)
+    converge(t)
+    assert_kernel_truth(t, where="exclusive, send only")
+    for th in t.threads:
+        (reg,) = [r for r in kernel_regs(th.epfd) if r.fd == lfd]
+        assert reg.events & (EPOLLEXCLUSIVE | EPOLLOUT) == EPOLLEXCLUSIVE | EPOLLOUT
+        assert not reg.events & EPOLLIN
+        assert th.counters()["ctl_err"] == 0
+    t.threads[3].stop_send(lfd)
+    converge(t)
+    assert listed_in(t, lfd) == []
+    assert_kernel_truth(t, where="exclusive, nothing wanted")
+
+
+def test_non_exclusive_listener_has_no_exclusive_bit(tables):
+    t = tables(2, 1)
+    lfd = listener()
+    t.insert(lfd, 5, tgid=1, thread_mask=0b11)
+    t.threads[0].want_recv(lfd)
+    converge(t)
+    for th in t.threads:
+        (reg,) = [r for r in kernel_regs(th.epfd) if r.fd == lfd]
+        assert reg.events & (EPOLLIN | EPOLLRDHUP) == EPOLLIN | EPOLLRDHUP
+        assert not reg.events & EPOLLEXCLUSIVE
+    assert_kernel_truth(t)
+
+
+def test_takeover_old_owner_drops_registration_on_next_report(tables, peers):
+    t = tables(2, 1)
+    t0, t1 = t.threads
+    fd = pair(peers)
+    peer = peers[-1]
+    t.insert(fd, 42, tgid=1, thread_mask=t0.bit)
+    t0.want_recv(fd)
+    converge(t)
+    assert listed_in(t, fd) == [0]
+    assert t1.takeover(fd, 42)
+    t1.want_recv(fd)                       # the new owner re-arms recv
+    converge(t)
+    assert_kernel_truth(t, where="after takeover")
+    # the old owner keeps its registration until it sees a report for it
+    assert listed_in(t, fd) == [0, 1]
+    peer.send(b"x")
+    before = t0.counters()
+    assert t0.poll(0) == []                # not ours any more: no event
+    after = t0.counters()
+    assert after["poll_skip_fd"] == before["poll_skip_fd"] + 1
+    converge(t)
+    assert_kernel_truth(t, where="after the old owner saw a report")
+    assert listed_in(t, fd) == [1]
+    evs = t1.poll(0)
+    assert [e.fd for e in evs] == [fd]
+    for e in evs:
+        assert t1.leave(e.fd, e.gen) == Outcome.DONE
+    assert t1.delete(fd)
+    converge(t)
+    assert listed_in(t, fd) == []
+    assert_kernel_truth(t)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fdc_takeover only clears ACTIVE_R and programs an update for the taker "
+    "when ACTIVE_R was set; an fd taken over with ACTIVE_W alone keeps "
+    "ACTIVE_W in its state but the new owner's poller is never told, and "
+    "want_send() by the new owner is a no-op (ACTIVE_W does not flip, so no "
+    "update is programmed): the fd is wanted for send by its only owner and "
+    "polled by nobody (polled_send ends 0 once the old owner dropped it)"))
+def test_takeover_with_send_active_new_owner_polls_send(tables, peers):
+    t = tables(2, 1)
+    t0, t1 = t.threads
+    fd = pair(peers)
+    t.insert(fd, 43, tgid=1, thread_mask=t0.bit)
+    t0.want_send(fd)
+    converge(t)
+    assert listed_in(t, fd) == [0]
+    assert t1.takeover(fd, 43)
+    t1.want_send(fd)                       # the new owner subscribes to send
+    converge(t)
+    # the old owner drops its registration at its next report (writable)
+    for th in (t0, t1):
+        for e in th.poll(0):
+            th.leave(e.fd, e.gen)
+    converge(t)
+    info = t.dump(fd)
+    assert info.state & State.ACTIVE_W and info.thread_mask == t1.bit
+    assert info.polled_send & t1.bit, info
+    assert listed_in(t, fd) == [1]
+
+
+def test_deferred_delete_keeps_registration_until_last_leave(tables, peers):
+    t = tables(3, 1)
+    fd = pair(peers)
+    t.insert(fd, 11, tgid=1, thread_mask=0b011)
+    t.threads[0].want_recv(fd)
+    t.threads[0].want_send(fd)
+    converge(t)
+    assert listed_in(t, fd) == [0, 1]
+    out, gen = t.threads[1].enter(fd)
+    assert out == Outcome.DONE
+    assert t.threads[2].delete(fd) is False      # deferred: thread 1 is inside
+    converge(t)
+    assert_kernel_truth(t, where="deferred delete")
+    assert t.threads[1].leave(fd, gen) == Outcome.CLOSED
+    converge(t)
+    assert_kernel_truth(t, where="after the last leave closed it")
+    assert listed_in(t, fd) == []
+
+
+def test_number_reuse_registers_new_generation(tables, peers):
+    t = tables(2, 1)
+    fd = pair(peers)
+    t.insert(fd, 1, tgid=1, thread_mask=0b11)
+    t.threads[0].want_recv(fd)
+    converge(t)
+    gen0 = t.dump(fd).generation
+    assert t.threads[0].delete(fd)
+    # reuse the very number for a new socket
+    new = pair(peers)
+    if new != fd:
+        os.dup2(new, fd)
+        os.close(new)
+    t.insert(fd, 2, tgid=1, thread_mask=0b11)
+    t.threads[1].want_recv(fd)
+    t.threads[1].want_send(fd)
+    converge(t)
+    info = t.dump(fd)
+    assert info.generation == gen0 + 1
+    assert_kernel_truth(t, where="reused number")
+    for th in t.threads:
+        (reg,) = [r for r in kernel_regs(th.epfd) if r.fd == fd]
+        assert reg.data >> 32 == gen0 + 1
+
+
+# ---------------------------------------------------------------------------
+# randomized sequence
+
+
+@dataclass
+class Model:
+    kind: str                      # "pair" | "listener"
+    tgid: int
+    mask: int
+    recv: bool = False
+    send: bool = False
+    owner: int = 0
+    peer: socket.socket | None = field(default=None, repr=False)
+
+
+@pytest.mark.parametrize("seed", [20261122, 4, 1004])
+def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
+    rng = random.Random(seed)
+    t = tables(6, 2)  # group 1: tids 0-2, group 2: tids 3-5
+    groups = {g: [th for th in t.threads if th.tgid == g] for g in (1, 2)}
+    live: dict[int, Model] = {}
+    next_owner = 1000
+    ops_done: dict[str, int] = {}
+
+    def any_thread():
+        return rng.choice(t.threads)
+
+    def do_insert_pair():
+        nonlocal next_owner
+        g = rng.choice((1, 2))
+        n = len(groups[g])
+        mask = 1 << rng.randrange(n) if rng.random() < 0.7 else rng.randrange(1, 1 << n)
+        fd = pair(peers)
+        next_owner += 1
+        t.insert(fd, next_owner, tgid=g, thread_mask=mask, cloned=rng.random() < 0.2)
+        live[fd] = Model("pair", g, mask, owner=next_owner, peer=peers[-1])
+
+    def do_insert_listener():
+        nonlocal next_owner
+        lfd = listener()
+        next_owner += 1
+        excl = rng.random() < 0.5
+        masks = {g: rng.randrange(1, 1 << len(groups[g])) for g in (1, 2)
+                 if rng.random() < 0.7} or {1: 0b111}
+        fds = t.insert_listener(lfd, next_owner, masks, exclusive=excl)
+        for g, fd in fds.items():
+            live[fd] = Model("listener", g, masks[g], owner=next_owner)
+
+    def do_verb():
+        fd = rng.choice(list(live))
+        m = live[fd]
+        verb = rng.choice(("want_recv", "stop_recv", "want_send", "stop_send"))
+        getattr(any_thread(), verb)(fd)
+        if verb.endswith("recv"):
+            m.recv = verb.startswith("want")
+        else:
+            m.send = verb.startswith("want")
+
+    def do_takeover():
+        cands = [fd for fd, m in live.items() if m.kind == "pair"]
+        if not cands:
+            return
+        fd = rng.choice(cands)
+        m = live[fd]
+        th = rng.choice(groups[m.tgid])
+        assert th.takeover(fd, m.owner), t.dump(fd)
+        m.mask = th.bit
+        m.recv = False
+        # the documented contract: the new owner re-arms recv
+        if rng.random() < 0.8 or m.send:
+            th.want_recv(fd)
+            m.recv = True
+
+    def do_delete():
+        fd = rng.choice(list(live))
+        m = live.pop(fd)
+        assert any_thread().delete(fd) is True
+        if m.peer is not None and rng.random() < 0.5:
+            m.peer.close()
+
+    def do_deferred_delete():
+        fd = rng.choice(list(live))
+        m = live.pop(fd)
+        th = rng.choice([x for x in groups[m.tgid] if x.bit & m.mask])
+        out, gen = th.enter(fd)
+        assert out == Outcome.DONE
+        deleter = rng.choice([x for x in t.threads if x is not th])
+        assert deleter.delete(fd) is False
+        converge(t)
+        assert_kernel_truth(t, where=f"seed {seed}: deferred delete of fd {fd} pending")
+        assert th.leave(fd, gen) == Outcome.CLOSED
+
+    def do_traffic():
+        for m in live.values():
+            if m.peer is not None and m.peer.fileno() >= 0 and rng.random() < 0.3:
+                try:
+                    m.peer.send(b"y")
+                except OSError:
+                    pass
+
+    def do_poll():
+        th = any_thread()
+        for e in th.poll(0):
+            if e.events & State.POLL_IN and e.fd in live and live[e.fd].kind == "pair":
+                try:
+                    os.read(e.fd, 4096)
+                except OSError:
+                    pass
+            th.leave(e.fd, e.gen)
+
+    ops = [(do_insert_pair, 4), (do_insert_listener, 1), (do_verb, 10), (do_takeover, 2),
+           (do_delete, 2), (do_deferred_delete, 1), (do_traffic, 1), (do_poll, 3)]
+    funcs = [f for f, _ in ops]
+    weights = [w for _, w in ops]
+    for n in range(300):
+        f = do_insert_pair if len(live) < 3 else rng.choices(funcs, weights)[0]
+        if f in (do_delete, do_deferred_delete) and not live:
+            f = do_insert_pair
+        f()
+        ops_done[f.__name__] = ops_done.get(f.__name__, 0) + 1
+        converge(t)
+        assert_kernel_truth(t, where=f"seed {seed}, op {n} ({f.__name__})")
+        # the table agrees with the model
+        infos = {i.fd: i for i in t.show_fd()}
+        assert set(infos) == set(live), (n, f.__name__)
+        for fd, m in live.items():
+            i = infos[fd]
+            assert (i.tgid, i.thread_mask) == (m.tgid, m.mask), (n, fd, i, m)
+            assert bool(i.state & State.ACTIVE_R) == m.recv, (n, fd, i, m)
+            assert bool(i.state & State.ACTIVE_W) == m.send, (n, fd, i, m)
+    for th in t.threads:
+        assert th.counters()["ctl_err"] == 0, (th.tid, th.counters())
+    for fd in list(live):
+        assert t.threads[0].delete(fd)
+        live.pop(fd)
+    converge(t)
+    assert_kernel_truth(t, where="all deleted")
+    for th in t.threads:
+        assert kernel_regs(th.epfd) == [], th.tid
+    assert ops_done.get("do_takeover", 0) > 0 and ops_done.get("do_poll", 0) > 0, ops_done
