@@ -12,8 +12,9 @@ The socket is switched to O_NONBLOCK in both cases: the blocking calls are built
 non-blocking ones, so a large fd set can wait for an ACK while the peer's own messages keep
 arriving (they are kept in the inbox for recv()/next_message()).
 
-Ownership: fds of a received message belong to the caller. post() duplicates the fds it is
-given (the caller may close its copies at once); send() borrows them until it returns.
+Ownership: fds of a received message belong to the caller. post() and send() queue
+duplicates of the fds they are given: the caller keeps its own copies and may close them
+at once.
 """
 
 import os
@@ -91,14 +92,17 @@ class Channel:
 
     def post(self, msg, fds=()) -> None:
         """Queue msg with duplicates of fds and write what the socket takes now."""
+        self._queue(msg, fds)
+        self.flush()
+
+    def _queue(self, msg, fds) -> None:
         payload = messages.encode(msg)
         dups = dup_all(fds)
         try:
-            self._outbox.push(payload, dups, owned=True, max_frame=self._max_frame)
+            self._outbox.push(payload, dups, max_frame=self._max_frame)
         except BaseException:
             close_all(dups)
             raise
-        self.flush()
 
     def flush(self) -> bool:
         """Write pending output; True when none of our messages is left unsent."""
@@ -142,9 +146,10 @@ class Channel:
     # -- blocking side -----------------------------------------------------------------
 
     def send(self, msg, fds=(), timeout: float | None = None) -> None:
-        """Send msg and its fds, waiting for the peer's ACKs between fd batches."""
-        payload = messages.encode(msg)
-        self._outbox.push(payload, list(fds), owned=False, max_frame=self._max_frame)
+        """Send msg and its fds, waiting for the peer's ACKs between fd batches. On
+        ChannelTimeout the message stays queued (with its own fd duplicates) and goes out
+        with the next send() or flush()."""
+        self._queue(msg, fds)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._outbox.write(self._sock)
@@ -214,9 +219,8 @@ class Channel:
         fds = _fds_from(ancdata)
         if flags & socket.MSG_CTRUNC:
             close_all(fds)
-            self._decoder.close()
-            raise ProtocolError(f"ancillary data truncated (MSG_CTRUNC): peer sent more "
-                                f"than {FD_BATCH} fds in one sendmsg")
+            raise self._decoder.fail(f"ancillary data truncated (MSG_CTRUNC): peer sent "
+                                     f"more than {FD_BATCH} fds in one sendmsg")
         if not data:
             close_all(fds)   # cannot happen on a stream socket; never leak anyway
             self._eof = True
@@ -231,12 +235,11 @@ class Channel:
                     self._outbox.push_ack()
                 elif isinstance(event, GotAck):
                     self._outbox.got_ack()
-            except BaseException:
+            except ProtocolError as exc:
                 for later in events[i + 1:]:
                     if isinstance(later, Delivered):
                         close_all(later.fds)
-                self._decoder.close()
-                raise
+                raise self._decoder.fail(str(exc)) from None
         return True
 
 

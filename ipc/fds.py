@@ -1,11 +1,13 @@
 """Ownership of received and queued fds.
 
 Whoever holds an fd number in sockherd.ipc owns it and must close it on every path,
-including the error ones; these are the only two moves needed for that.
+including the error ones; these are the moves needed for that.
 """
 
 import fcntl
 import os
+import socket
+from contextlib import contextmanager
 
 
 def close_all(fds) -> None:
@@ -29,3 +31,15 @@ def dup_all(fds) -> list[int]:
         close_all(dups)
         raise
     return dups
+
+
+@contextmanager
+def borrowed_socket(fd: int):
+    """A socket object over an fd someone else owns, for probing it (family, type,
+    getsockname...). socket(fileno=) asks the kernel for family and type and raises OSError
+    if fd is no open socket; detach() on exit so this object never closes the fd."""
+    sock = socket.socket(fileno=fd)
+    try:
+        yield sock
+    finally:
+        sock.detach()

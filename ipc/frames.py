@@ -128,6 +128,13 @@ class FrameDecoder:
         self._broken = "peer closed mid-frame"
         raise ProtocolError(f"peer closed the channel mid-frame: {problem}")
 
+    def fail(self, reason: str) -> ProtocolError:
+        """The channel found a violation the decoder could not see (MSG_CTRUNC, an
+        unexpected ACK): refuse further input as if the decoder had found it itself."""
+        self._broken = reason
+        self.close()
+        return ProtocolError(reason)
+
     def close(self) -> None:
         """Close every fd still held; called on errors and when the channel closes."""
         held, self._fds = self._fds, []

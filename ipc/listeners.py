@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from .errors import ListenerMismatch
-from .fds import close_all
+from .fds import borrowed_socket, close_all
 
 Family = Literal["unix", "inet", "inet6"]
 SockType = Literal["stream", "dgram", "seqpacket"]
@@ -68,10 +68,7 @@ def check(fd: int, desc: ListenerDescriptor) -> None:
         raise ListenerMismatch(f"{where} is not open ({exc.strerror})") from None
     if not stat.S_ISSOCK(mode):
         raise ListenerMismatch(f"{where} is not a socket")
-    # socket(fileno=) asks the kernel for family and type; detach() so that this
-    # temporary object never closes an fd it does not own.
-    sock = socket.socket(fileno=fd)
-    try:
+    with borrowed_socket(fd) as sock:
         family = _FAMILIES.get(sock.family, str(sock.family))
         if family != desc.family:
             raise ListenerMismatch(f"{where} is an {family} socket, descriptor says {desc.family}")
@@ -83,8 +80,6 @@ def check(fd: int, desc: ListenerDescriptor) -> None:
         address = format_address(sock.family, sock.getsockname())
         if address != desc.address:
             raise ListenerMismatch(f"{where} is bound to {address}, descriptor says {desc.address}")
-    finally:
-        sock.detach()
 
 
 def adopt(descs, fds) -> list[socket.socket]:

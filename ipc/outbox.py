@@ -19,13 +19,11 @@ from .frames import ACK_FRAME, encode_frames
 class _Unit:
     """One sendmsg() worth of frame bytes with the fds riding on its first byte."""
 
-    __slots__ = ("data", "fds", "owned", "sent", "ack_after", "is_ack")
+    __slots__ = ("data", "fds", "sent", "ack_after", "is_ack")
 
-    def __init__(self, data: bytes, fds: list[int], owned: bool, ack_after: bool,
-                 is_ack: bool = False):
+    def __init__(self, data: bytes, fds: list[int], ack_after: bool, is_ack: bool = False):
         self.data = memoryview(data)
-        self.fds = fds
-        self.owned = owned          # fds are our duplicates: close once the kernel has them
+        self.fds = fds              # ours (duplicates): closed once the kernel has them
         self.sent = 0
         self.ack_after = ack_after  # another batch of the same message follows
         self.is_ack = is_ack
@@ -38,12 +36,14 @@ class Outbox:
         self._acks = 0
         self._awaiting_ack = False
 
-    def push(self, payload: bytes, fds: list[int], owned: bool, max_frame: int) -> None:
-        """Queue one message. With owned=True the outbox closes the fds once sent (or
-        dropped); otherwise the caller keeps them open until units_left reaches 0."""
+    def push(self, payload: bytes, fds: list[int], max_frame: int) -> None:
+        """Queue one message; the outbox owns fds from now on and closes them once sent
+        or dropped. (Owning them, rather than borrowing the caller's numbers, is what
+        makes a send that timed out safe: a number the caller closed and the kernel
+        reused would otherwise go out as the wrong file.)"""
         units = encode_frames(payload, fds, max_frame)
         for i, (data, batch) in enumerate(units):
-            self._units.append(_Unit(data, batch, owned, ack_after=i < len(units) - 1))
+            self._units.append(_Unit(data, batch, ack_after=i < len(units) - 1))
 
     def push_ack(self) -> None:
         self._acks += 1
@@ -74,7 +74,7 @@ class Outbox:
             if self._current is None:
                 if self._acks:
                     self._acks -= 1
-                    self._current = _Unit(ACK_FRAME, [], False, False, is_ack=True)
+                    self._current = _Unit(ACK_FRAME, [], False, is_ack=True)
                 elif self._units and not self._awaiting_ack:
                     self._current = self._units.popleft()
                 else:
@@ -90,7 +90,7 @@ class Outbox:
                 return
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise PeerClosed(f"peer closed the channel while we were sending ({exc.strerror})") from None
-            if unit.sent == 0 and unit.owned:
+            if unit.sent == 0:
                 # The kernel holds its own references from here on.
                 close_all(unit.fds)
                 unit.fds = []
@@ -106,5 +106,4 @@ class Outbox:
         self._units.clear()
         self._current = None
         for unit in units:
-            if unit.owned and unit.sent == 0:
-                close_all(unit.fds)
+            close_all(unit.fds)

@@ -18,7 +18,7 @@ import socket
 import msgspec
 
 from .errors import ListenerMismatch, ReexecStateError
-from .fds import close_all
+from .fds import borrowed_socket, close_all
 from .listeners import ListenerDescriptor, check
 
 ENV_VAR = "SOCKHERD_REEXEC_STATE"
@@ -120,15 +120,12 @@ def take(environ=None) -> ReexecState | None:
 def _check_worker_fd(worker: InheritedWorker) -> None:
     where = f"{ENV_VAR}: worker {worker.generation}.{worker.index} (pid {worker.pid}) fd {worker.fd}"
     try:
-        sock = socket.socket(fileno=worker.fd)
+        with borrowed_socket(worker.fd) as sock:
+            if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+                raise ReexecStateError(f"{where} is not a unix stream socket")
+            try:
+                sock.getpeername()
+            except OSError:
+                raise ReexecStateError(f"{where} is not connected") from None
     except OSError as exc:
         raise ReexecStateError(f"{where} is not a socket ({exc.strerror})") from None
-    try:
-        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-            raise ReexecStateError(f"{where} is not a unix stream socket")
-        try:
-            sock.getpeername()
-        except OSError:
-            raise ReexecStateError(f"{where} is not connected") from None
-    finally:
-        sock.detach()

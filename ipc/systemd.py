@@ -24,7 +24,7 @@ import socket
 from typing import NamedTuple
 
 from .errors import ActivationError
-from .fds import close_all
+from .fds import borrowed_socket, close_all
 from .listeners import ListenerDescriptor, describe
 
 SD_LISTEN_FDS_START = 3
@@ -106,18 +106,12 @@ def adopt(activated: list[ActivatedFd]) -> list[tuple[ListenerDescriptor, socket
 def _describe(item: ActivatedFd) -> ListenerDescriptor:
     where = f"activated fd {item.fd} ({item.name!r})"
     try:
-        # detach(): this probe must not own (and later close) the fd.
-        sock = socket.socket(fileno=item.fd)
+        with borrowed_socket(item.fd) as sock:
+            if sock.type != socket.SOCK_DGRAM and not sock.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                raise ActivationError(f"{where} is not listening")
+            return describe(sock, item.name)
     except OSError as exc:
         raise ActivationError(f"{where} is not a socket ({exc.strerror})") from None
-    try:
-        if sock.type != socket.SOCK_DGRAM and not sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-            raise ActivationError(f"{where} is not listening")
-        try:
-            return describe(sock, item.name)
-        except KeyError:
-            raise ActivationError(f"{where} has unsupported family {sock.family!r} "
-                                  f"or type {sock.type!r}") from None
-    finally:
-        sock.detach()
+    except KeyError:
+        raise ActivationError(f"{where} is a socket of an unsupported family or type") from None

@@ -17,7 +17,7 @@ from sockherd.ipc import messages as m
 from sockherd.ipc.channel import Channel
 from sockherd.ipc.errors import (ChannelTimeout, ListenerMismatch, MessageError, PeerClosed,
                                  ProtocolError)
-from sockherd.ipc.frames import FD_BATCH, HEADER, KIND_MSG, MAGIC, VERSION
+from sockherd.ipc.frames import ACK_FRAME, FD_BATCH, HEADER, KIND_MSG, MAGIC, VERSION
 from sockherd.ipc.listeners import ListenerDescriptor, adopt, describe
 
 from ipc_fdcount import devnull_fds, is_open, open_fd_count, raise_nofile_limit
@@ -369,3 +369,27 @@ def test_descriptor_of_tcp_listener():
         assert desc.family == "inet6" and desc.options == {"backlog": 128, "reuseport": False}
         got, = adopt([desc], [os.dup(sock.fileno())])
         got.close()
+
+
+def test_unexpected_ack_is_a_protocol_error(pair):
+    a, b = pair
+    a.socket.sendall(ACK_FRAME)
+    with pytest.raises(ProtocolError, match="unexpected ack frame"):
+        b.recv(timeout=10)
+    with pytest.raises(ProtocolError, match="channel already failed: unexpected ack"):
+        a.socket.sendall(b"more")
+        b.recv(timeout=10)
+
+
+def test_send_that_timed_out_completes_later_with_its_own_fd_copies(pair, listeners):
+    a, b = pair
+    socks = listeners(FD_BATCH + 3)
+    msg = with_listeners("assignment", [describe(s, f"l{i}") for i, s in enumerate(socks)])
+    with pytest.raises(ChannelTimeout):
+        a.send(msg, [s.fileno() for s in socks], timeout=0.05)   # nobody reads: no ACK
+    for sock in socks:
+        sock.close()                       # the caller's copies: the queued message has its own
+    got = []
+    pump([a, b], until=lambda: got.append(b.next_message()) or got[-1] is not None)
+    for sock in adopt(got[-1].msg.listeners, got[-1].fds):
+        sock.close()
