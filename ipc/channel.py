@@ -66,6 +66,18 @@ class Channel:
         return cls(a, **kwargs), cls(b, **kwargs)
 
     @classmethod
+    def from_fd(cls, fd: int, **kwargs) -> "Channel":
+        """Channel over an inherited socketpair end (the worker's, passed with pass_fds);
+        takes ownership of fd and makes it close-on-exec again."""
+        sock = socket.socket(fileno=fd)
+        sock.set_inheritable(False)
+        try:
+            return cls(sock, **kwargs)
+        except BaseException:
+            sock.close()
+            raise
+
+    @classmethod
     def connect(cls, path: str, timeout: float | None = None, **kwargs) -> "Channel":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -117,11 +129,16 @@ class Channel:
     def read_available(self) -> int:
         """Read what the socket holds without blocking; return how many messages wait in
         the inbox. Raises ProtocolError (channel dead) or PeerClosed (EOF, inbox empty)."""
+        self._decoder.raise_if_failed()
         for _ in range(_READS_PER_CALL):
             if not self._read_once():
                 break
         if self._outbox.wants_write:
-            self._outbox.write(self._sock)   # acks we owe, batches the peer just acked
+            try:
+                self._outbox.write(self._sock)   # acks we owe, batches the peer just acked
+            except PeerClosed:
+                if not self._inbox:
+                    raise    # else: deliver what the peer said before leaving first
         if self._eof and not self._inbox:
             raise PeerClosed("peer closed the channel")
         return len(self._inbox)
@@ -168,6 +185,7 @@ class Channel:
         while True:
             if self._inbox:
                 return self.next_message()
+            self._decoder.raise_if_failed()
             if self._eof:
                 raise PeerClosed("peer closed the channel")
             self._wait(deadline, "receive")

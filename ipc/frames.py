@@ -98,7 +98,7 @@ class FrameDecoder:
         self._fds.extend(fds)
         if self._broken:
             self.close()
-            raise ProtocolError(f"channel already failed: {self._broken}")
+            self.raise_if_failed()
         self._buf += data
         events: list = []
         try:
@@ -127,6 +127,11 @@ class FrameDecoder:
         self.close()
         self._broken = "peer closed mid-frame"
         raise ProtocolError(f"peer closed the channel mid-frame: {problem}")
+
+    def raise_if_failed(self) -> None:
+        """Refuse to go on after a violation, before waiting for input that cannot help."""
+        if self._broken:
+            raise ProtocolError(f"channel already failed: {self._broken}")
 
     def fail(self, reason: str) -> ProtocolError:
         """The channel found a violation the decoder could not see (MSG_CTRUNC, an
