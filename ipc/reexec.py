@@ -5,6 +5,9 @@ systemd its MAINPID). Across exec() survive exactly the fds without FD_CLOEXEC; 
 opens every fd close-on-exec, so the rule is: mark inheritable exactly the fds the state
 names, right before exec, and nothing else. The state itself travels in one environment
 variable as JSON (text, because the environment is text; msgspec decodes it strictly).
+Linux refuses any single environment string longer than MAX_ARG_STRLEN (32 pages, 128 KiB)
+with E2BIG at execve(), which would abort the upgrade; so a large state (thousands of
+workers) goes into an inherited memfd instead and the variable only says "memfd:<fd>".
 
 The new image calls take(): the variable is removed (our workers must never see it), every
 named fd is made close-on-exec again and checked to still be what the state says. A state
@@ -14,6 +17,7 @@ which is safer than serving on a socket it cannot vouch for.
 
 import os
 import socket
+from typing import NamedTuple
 
 import msgspec
 
@@ -23,6 +27,8 @@ from .listeners import ListenerDescriptor, check
 
 ENV_VAR = "SOCKHERD_REEXEC_STATE"
 STATE_VERSION = 1
+INLINE_LIMIT = 64 * 1024       # half of MAX_ARG_STRLEN: the rest of the env has room
+_MEMFD = "memfd:"
 
 
 class InheritedListener(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,22 +78,63 @@ def decode(text: str) -> ReexecState:
     return state
 
 
-def prepare_exec(state: ReexecState, environ=None) -> dict[str, str]:
-    """Mark the state's fds inheritable and return the environment for execve(). If the
-    exec fails, call abort_exec() so the old master goes on with its fds private again."""
+class ExecPlan(NamedTuple):
+    """What prepare_exec() did: the environment to exec with, and the fds it made
+    inheritable (the state's, plus the memfd carrying the state if it is large)."""
+
+    env: dict[str, str]
+    inherited: list[int]
+    memfd: int | None
+
+
+def prepare_exec(state: ReexecState, environ=None, inline_limit: int = INLINE_LIMIT) -> ExecPlan:
+    """Mark the state's fds inheritable and build the environment for execve(). If the
+    exec fails, call abort_exec(plan) so the old master goes on with its fds private."""
     env = dict(os.environ if environ is None else environ)
-    env[ENV_VAR] = encode(state)
-    for fd in state.fds:
+    text = encode(state)
+    memfd = None
+    if len(text) > inline_limit:
+        memfd = os.memfd_create("sockherd-reexec-state", os.MFD_CLOEXEC)
+        data = text.encode()
+        written = 0
+        while written < len(data):
+            written += os.write(memfd, data[written:])
+        text = f"{_MEMFD}{memfd}"
+    env[ENV_VAR] = text
+    inherited = state.fds + ([memfd] if memfd is not None else [])
+    for fd in inherited:
         os.set_inheritable(fd, True)
-    return env
+    return ExecPlan(env, inherited, memfd)
 
 
-def abort_exec(state: ReexecState) -> None:
-    for fd in state.fds:
+def abort_exec(plan: ExecPlan) -> None:
+    for fd in plan.inherited:
         try:
             os.set_inheritable(fd, False)
         except OSError:
             pass
+    if plan.memfd is not None:
+        os.close(plan.memfd)
+
+
+def _read_memfd(text: str) -> str:
+    number = text[len(_MEMFD):]
+    if not number.isdigit() or int(number) < 3:
+        raise ReexecStateError(f"{ENV_VAR}: bad memfd reference {text!r}")
+    fd = int(number)
+    try:
+        chunks, offset = [], 0
+        while chunk := os.pread(fd, 1 << 20, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+    except OSError as exc:
+        raise ReexecStateError(f"{ENV_VAR}: cannot read state from fd {fd} ({exc.strerror})") from None
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def take(environ=None) -> ReexecState | None:
@@ -97,6 +144,8 @@ def take(environ=None) -> ReexecState | None:
     text = env.pop(ENV_VAR, None)
     if text is None:
         return None
+    if text.startswith(_MEMFD):
+        text = _read_memfd(text)
     state = decode(text)
     try:
         for fd in state.fds:

@@ -26,9 +26,13 @@ def open_fds() -> list[int]:
 
 def main() -> int:
     fds_at_start = open_fds()
+    carrier = os.environ[reexec.ENV_VAR]
+    memfd = int(carrier.split(":")[1]) if carrier.startswith("memfd:") else None
     state = reexec.take()
     report = {
         "open": fds_at_start,
+        "memfd": memfd,
+        "memfd_closed": memfd is None or memfd not in open_fds(),
         "decoys": [int(arg) for arg in sys.argv[1:]],
         "named": state.fds,
         "env_left": reexec.ENV_VAR in os.environ,

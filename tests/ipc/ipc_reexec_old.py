@@ -1,6 +1,6 @@
 """The "old master image" of test_ipc_reexec.py: holds listeners, worker socketpair ends
 (received from the test through pass_fds) and two decoys, then execs the new image with the
-re-exec state, exactly as an upgrade does. argv: worker fds..."""
+re-exec state, exactly as an upgrade does. argv: inline|memfd, worker fds..."""
 
 import os
 import socket
@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    worker_fds = [int(arg) for arg in sys.argv[1:]]
+    carrier, worker_fds = sys.argv[1], [int(arg) for arg in sys.argv[2:]]
     for fd in worker_fds:
         os.set_inheritable(fd, False)            # as a master holds them: private
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -32,10 +32,10 @@ def main() -> None:
                    reexec.InheritedListener(unix.fileno(), describe(unix, "admin"))],
         workers=[reexec.InheritedWorker(pid=1000 + i, generation=5, index=i, fd=fd)
                  for i, fd in enumerate(worker_fds)])
-    env = reexec.prepare_exec(state)
+    plan = reexec.prepare_exec(state, inline_limit=0 if carrier == "memfd" else reexec.INLINE_LIMIT)
     new_image = HERE / "ipc_reexec_new.py"
     os.execve(sys.executable, [sys.executable, str(new_image),
-                               str(decoy_socket.fileno()), str(decoy_file)], env)
+                               str(decoy_socket.fileno()), str(decoy_file)], plan.env)
 
 
 if __name__ == "__main__":

@@ -32,16 +32,20 @@ def connect_to(family: str, address: str) -> socket.socket:
     return sock
 
 
-def test_state_survives_a_real_exec():
+@pytest.mark.parametrize("carrier", ["inline", "memfd"])
+def test_state_survives_a_real_exec(carrier):
     pairs = [socket.socketpair() for _ in range(2)]
     master_ends = [a.fileno() for a, _ in pairs]
-    proc = subprocess.Popen([sys.executable, str(HERE / "ipc_reexec_old.py"), *map(str, master_ends)],
+    proc = subprocess.Popen([sys.executable, str(HERE / "ipc_reexec_old.py"), carrier, *map(str, master_ends)],
                             pass_fds=master_ends, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         for a, _ in pairs:
             a.close()                    # the child holds them now
         report = json.loads(proc.stdout.readline())
-        assert report["open"] == sorted([0, 1, 2] + report["named"])
+        memfd = [report["memfd"]] if carrier == "memfd" else []
+        assert (report["memfd"] is not None) == (carrier == "memfd")
+        assert report["open"] == sorted([0, 1, 2] + report["named"] + memfd)
+        assert report["memfd_closed"]
         assert not set(report["decoys"]) & set(report["open"])
         assert report["env_left"] is False
         assert report["inheritable"] == [False] * 4       # private again after take()
@@ -82,11 +86,30 @@ def test_prepare_and_abort_exec_flip_only_named_fds(listener):
     other = socket.socket()
     with other:
         state = state_with(listener.fileno(), describe(listener, "web"))
-        env = reexec.prepare_exec(state, environ={"PATH": "/bin"})
+        plan = reexec.prepare_exec(state, environ={"PATH": "/bin"})
+        env = plan.env
         assert env["PATH"] == "/bin" and reexec.decode(env[reexec.ENV_VAR]) == state
         assert listener.get_inheritable() and not other.get_inheritable()
-        reexec.abort_exec(state)                       # exec failed: back to private
+        reexec.abort_exec(plan)                        # exec failed: back to private
         assert not listener.get_inheritable()
+
+
+def test_large_state_goes_through_a_memfd(listener):
+    fd = os.dup(listener.fileno())
+    state = state_with(fd, describe(listener, "web"))
+    plan = reexec.prepare_exec(state, environ={}, inline_limit=10)
+    assert plan.env[reexec.ENV_VAR] == f"memfd:{plan.memfd}"
+    assert plan.inherited == [fd, plan.memfd] and os.get_inheritable(plan.memfd)
+    environ = dict(plan.env)
+    taken = reexec.take(environ)                     # as the new image would
+    assert taken == state and environ == {}
+    assert not is_open(plan.memfd) and not os.get_inheritable(fd)
+    os.close(fd)
+
+
+def test_bad_memfd_reference():
+    with pytest.raises(ReexecStateError, match="bad memfd reference 'memfd:x'"):
+        reexec.take({reexec.ENV_VAR: "memfd:x"})
 
 
 def test_take_checks_fds_and_closes_them_all_on_mismatch(listener):
