@@ -1,0 +1,484 @@
+/* Shared scaffolding of the fdcore stress programs: see common.h. */
+#define _GNU_SOURCE
+#include "common.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+struct opts g_opt;
+struct run g_run;
+struct fdrec *g_rec;
+_Thread_local uint64_t tl_closes;
+/* non-zero start: the hook may run on a thread that never called seed_thread */
+_Thread_local uint64_t tl_rng = 0x9E3779B97F4A7C15ULL;
+
+static int g_base_fds;
+static pthread_t g_wd;
+static _Atomic int g_wd_stop;
+
+double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void seed_thread(int idx)
+{
+	tl_rng = g_opt.seed * 0x9E3779B97F4A7C15ULL + (uint64_t)idx * 0xBF58476D1CE4E5B9ULL + 1;
+	if (!tl_rng)
+		tl_rng = 1;
+}
+
+/* Raw atomic loads of the entry, not fdc_dump(): failures are also reported
+ * from inside the close path, where taking a reference could block.
+ */
+static void print_entry(int fd)
+{
+	struct fdc_table *t = g_run.t;
+	if (!t || fd < 0 || fd >= g_run.maxfd)
+		return;
+	struct fdc_entry *e = &t->fdtab[fd];
+	fprintf(stderr,
+	        "  fd %d: refc_tgid=%#x state=%#x gen=%u running=%#llx thread=%#llx update=%#llx"
+	        " polled r=%#llx w=%#llx owner=%#llx links=%#llx\n"
+	        "  test record: live=%u gen=%u cookie=%#llx kind=%u\n",
+	        fd, atomic_load(&e->refc_tgid), atomic_load(&e->state), atomic_load(&e->generation),
+	        (unsigned long long)atomic_load(&e->running_mask),
+	        (unsigned long long)atomic_load(&e->thread_mask),
+	        (unsigned long long)atomic_load(&e->update_mask),
+	        (unsigned long long)atomic_load(&t->polled[fd].recv),
+	        (unsigned long long)atomic_load(&t->polled[fd].send),
+	        (unsigned long long)atomic_load(&e->owner),
+	        (unsigned long long)atomic_load(&e->links),
+	        atomic_load(&g_rec[fd].live), atomic_load(&g_rec[fd].gen),
+	        (unsigned long long)atomic_load(&g_rec[fd].cookie), atomic_load(&g_rec[fd].kind));
+}
+
+void fail_at(const char *file, int line, int fd, const char *fmt, ...)
+{
+	static _Atomic int failing;
+	va_list ap;
+
+	/* the first failure reports, concurrent ones wait for its abort */
+	if (atomic_exchange(&failing, 1))
+		for (;;)
+			pause();
+	fprintf(stderr, "FAIL: %s:%d: [mode=%s seed=%llu] ", file, line,
+	        g_opt.mode ? g_opt.mode : "?", (unsigned long long)g_opt.seed);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	print_entry(fd);
+	fflush(stderr);
+	abort();
+}
+
+/* The hook: CLOSE_END is the exactly-once accounting; elsewhere it widens
+ * the race windows (HAProxy's trick, notes E) by yielding now and then.
+ */
+static void hook(void *arg, int point, int tid, int fd, uint32_t gen)
+{
+	(void)arg;
+	(void)tid;
+	if (point != FDC_HK_CLOSE_END) {
+		if (g_opt.widen && chance((unsigned)g_opt.widen))
+			sched_yield();
+		return;
+	}
+	CHECKFD(fd, fd >= 0 && fd < g_run.maxfd, "close hook for fd %d out of range", fd);
+	struct fdrec *r = &g_rec[fd];
+	uint32_t one = 1;
+	if (!atomic_compare_exchange_strong(&r->live, &one, 0))
+		FAILFD(fd, "second close of fd %d (hook gen %u): incarnation not live", fd, gen);
+	uint32_t want = atomic_load(&r->gen);
+	/* The core passes the generation the closed incarnation had. */
+	CHECKFD(fd, gen == want, "close of fd %d reports gen %u, inserted gen %u", fd, gen, want);
+	CHECKFD(fd, atomic_load(&g_run.t->fdtab[fd].running_mask) == 0,
+	        "final close of fd %d while a running bit is held", fd);
+	/* I5: close() comes last, so the number must still be open here */
+	CHECKFD(fd, fcntl(fd, F_GETFD) >= 0, "fd %d already closed before the final close: %s",
+	        fd, strerror(errno));
+	tl_closes++;
+	atomic_fetch_add(&g_run.closes, 1);
+}
+
+int count_open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		FAIL("opendir /proc/self/fd: %s", strerror(errno));
+	int n = 0;
+	struct dirent *de;
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1;   /* the directory's own fd */
+}
+
+void set_nonblock_cloexec(int fd)
+{
+	int fl = (int)SYS(fcntl(fd, F_GETFL));
+	SYS(fcntl(fd, F_SETFL, fl | O_NONBLOCK));
+	SYS(fcntl(fd, F_SETFD, FD_CLOEXEC));
+}
+
+void run_init(void)
+{
+	struct rlimit rl;
+	int err = 0;
+
+	SYS(getrlimit(RLIMIT_NOFILE, &rl));
+	g_run.maxfd = 4096;
+	if (rl.rlim_cur < (rlim_t)g_run.maxfd) {
+		/* numbers stay low anyway (every scenario bounds what it keeps open) */
+		g_run.maxfd = (int)rl.rlim_cur;
+	}
+	g_rec = calloc((size_t)g_run.maxfd, sizeof(*g_rec));
+	CHECK(g_rec != NULL, "calloc");
+	g_run.t = fdc_table_new(g_run.maxfd, g_opt.nthreads, g_opt.ngroups, &err);
+	if (!g_run.t)
+		FAIL("fdc_table_new(%d, %d, %d): %s", g_run.maxfd, g_opt.nthreads, g_opt.ngroups,
+		     strerror(-err));
+	fdc_set_hook(g_run.t, hook, NULL);
+	CHECK(pthread_barrier_init(&g_run.bar, NULL, (unsigned)g_opt.nthreads) == 0, "barrier");
+	for (int i = 0; i < g_opt.nthreads; i++)
+		atomic_store(&g_run.busy[i], 1);
+	/* after the table: its epoll and eventfds are part of the baseline */
+	g_base_fds = count_open_fds();
+}
+
+void run_fini(void)
+{
+	uint64_t ins = atomic_load(&g_run.inserts), clo = atomic_load(&g_run.closes);
+
+	CHECK(ins == clo, "%llu incarnations inserted but %llu closed",
+	      (unsigned long long)ins, (unsigned long long)clo);
+	check_quiescent(0);     /* now: every entry clean, nothing registered */
+	int n = count_open_fds();
+	CHECK(n == g_base_fds, "%d fds open at the end, %d at the start (leak or extra close)",
+	      n, g_base_fds);
+	fdc_table_free(g_run.t);
+	g_run.t = NULL;
+	pthread_barrier_destroy(&g_run.bar);
+	free(g_rec);
+	g_rec = NULL;
+}
+
+uint64_t tst_insert(int fd, uint32_t kind, int tgid, uint64_t mask, uint32_t flags)
+{
+	struct fdc_table *t = g_run.t;
+	struct fdrec *r;
+
+	CHECK(fd >= 0 && fd < g_run.maxfd, "fd %d beyond the table (%d)", fd, g_run.maxfd);
+	r = &g_rec[fd];
+	/* The number came from socket()/accept(): the previous incarnation must
+	 * have gone through the close hook, else the core closed it behind it.
+	 */
+	CHECKFD(fd, atomic_load(&r->live) == 0, "fd %d reused while its incarnation is live", fd);
+	uint64_t cookie = (atomic_fetch_add(&g_run.serial, 1) + 1) << COOKIE_FDBITS | (uint64_t)fd;
+	uint32_t gen = atomic_load(&t->fdtab[fd].generation);
+	/* published before the insert: a poller may see the fd at once */
+	atomic_store(&r->cookie, cookie);
+	atomic_store(&r->gen, gen);
+	atomic_store(&r->kind, kind);
+	atomic_store(&r->live, 1);
+	int rc = fdc_insert(t, fd, cookie, kind, tgid, mask, flags);
+	CHECKFD(fd, rc >= 0, "fdc_insert(fd %d, tgid %d, mask %#llx): %s", fd, tgid,
+	        (unsigned long long)mask, strerror(-rc));
+	atomic_fetch_add(&g_run.inserts, 1);
+
+	struct fdc_fdinfo fi;
+	rc = fdc_dump(t, fd, &fi);
+	CHECKFD(fd, rc >= 0, "fdc_dump: %s", strerror(-rc));
+	CHECKFD(fd, fi.owner == cookie && fi.generation == gen && fi.tgid == (uint32_t)tgid &&
+	            fi.thread_mask == mask && fi.kind == kind,
+	        "after insert: owner %#llx gen %u tgid %u mask %#llx kind %u",
+	        (unsigned long long)fi.owner, fi.generation, fi.tgid,
+	        (unsigned long long)fi.thread_mask, fi.kind);
+	return cookie;
+}
+
+int tst_delete(struct fdc_thread *th, int fd, uint64_t cookie)
+{
+	struct fdrec *r = &g_rec[fd];
+
+	/* the test deletes each incarnation once: it must still be the one */
+	CHECKFD(fd, atomic_load(&r->live) && atomic_load(&r->cookie) == cookie,
+	        "deleting fd %d (cookie %#llx) but that incarnation is gone", fd,
+	        (unsigned long long)cookie);
+	uint64_t before = tl_closes;
+	int rc = fdc_delete(th, fd);
+	CHECKFD(fd, rc == 0 || rc == 1, "fdc_delete(fd %d) = %d", fd, rc);
+	if (rc == 1)
+		CHECKFD(fd, tl_closes == before + 1, "fdc_delete returned 1 but closed %llu times",
+		        (unsigned long long)(tl_closes - before));
+	else {
+		CHECKFD(fd, tl_closes == before, "fdc_delete returned 0 but this thread closed it");
+		atomic_fetch_add(&g_run.deferred, 1);
+	}
+	return rc;
+}
+
+int tst_leave(struct fdc_thread *th, const struct fdc_event *ev)
+{
+	uint64_t before = tl_closes;
+	int rc = fdc_leave(th, ev->fd, ev->gen);
+	CHECKFD(ev->fd, rc == FDC_DONE || rc == FDC_CLOSED || rc == FDC_MIGRATED,
+	        "fdc_leave(fd %d gen %u) = %d", ev->fd, ev->gen, rc);
+	CHECKFD(ev->fd, tl_closes - before <= 1, "one leave, several closes");
+	if (tl_closes != before)
+		CHECKFD(ev->fd, rc == FDC_CLOSED, "fdc_leave closed fd %d but returned %d", ev->fd, rc);
+	return rc;
+}
+
+/* The handler-side checks, before the handler deletes anything. */
+void check_event(struct fdc_thread *th, const struct fdc_event *ev)
+{
+	int fd = ev->fd;
+	atomic_fetch_add_explicit(&g_run.events, 1, memory_order_relaxed);
+	CHECK(fd >= 0 && fd < g_run.maxfd, "event for fd %d", fd);
+	struct fdrec *r = &g_rec[fd];
+	/* while we hold the running bit the incarnation cannot be closed, so
+	 * the number cannot have been reused: the record is still ours.
+	 */
+	CHECKFD(fd, (ev->owner & COOKIE_FDMASK) == (uint64_t)fd,
+	        "event fd %d carries owner %#llx of another fd", fd, (unsigned long long)ev->owner);
+	CHECKFD(fd, atomic_load(&r->live), "event on fd %d after its close", fd);
+	CHECKFD(fd, atomic_load(&r->cookie) == ev->owner && atomic_load(&r->gen) == ev->gen,
+	        "event (owner %#llx gen %u) is not the inserted incarnation", (unsigned long long)ev->owner,
+	        ev->gen);
+	CHECKFD(fd, ev->kind == atomic_load(&r->kind), "event kind %u", ev->kind);
+	CHECKFD(fd, (ev->events & ~FDC_POLL_ANY) == 0, "event bits %#x", ev->events);
+
+	struct fdc_fdinfo fi;
+	int rc = fdc_dump(g_run.t, fd, &fi);
+	CHECKFD(fd, rc >= 0, "fdc_dump in handler: %s", strerror(-rc));
+	CHECKFD(fd, fi.running_mask & th->ltid_bit, "handler on tid %d without its running bit",
+	        th->tid);
+	/* thread_mask only changes under us through a delete (-> 0): a takeover
+	 * needs running == 0 first.
+	 */
+	CHECKFD(fd, (fi.thread_mask & th->ltid_bit) || fi.thread_mask == 0,
+	        "handler on tid %d which is not in thread_mask %#llx", th->tid,
+	        (unsigned long long)fi.thread_mask);
+	CHECKFD(fd, fi.generation == ev->gen && fi.owner == ev->owner && fi.tgid == (uint32_t)th->tgid,
+	        "handler: entry gen %u owner %#llx tgid %u", fi.generation,
+	        (unsigned long long)fi.owner, fi.tgid);
+}
+
+/* /proc/self/fdinfo/<epfd>: one "tfd: N events: X data: Y" line per
+ * registration. reg[fd] = events | 1 << 31 when registered.
+ */
+static void read_epoll_interest(int epfd, uint32_t *reg, uint64_t *data)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", epfd);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		FAIL("fopen %s: %s", path, strerror(errno));
+	while (fgets(line, sizeof(line), f)) {
+		int tfd;
+		unsigned ev;
+		unsigned long long d;
+		if (sscanf(line, "tfd: %d events: %x data: %llx", &tfd, &ev, &d) != 3)
+			continue;
+		if (tfd < 0 || tfd >= g_run.maxfd)
+			FAIL("epfd %d watches fd %d beyond the table", epfd, tfd);
+		reg[tfd] = ev | 0x80000000u;
+		data[tfd] = d;
+	}
+	fclose(f);
+}
+
+static void check_dir(int fd, const char *dir, int active, uint64_t polled, uint64_t tm,
+                      int allow_stale)
+{
+	if (active)
+		CHECKFD(fd, (polled & tm) == tm, "%s ACTIVE but some owner does not poll it (update lost)",
+		        dir);
+	else
+		CHECKFD(fd, (polled & tm) == 0, "%s inactive but still polled by an owner", dir);
+	if (!allow_stale)
+		CHECKFD(fd, (polled & ~tm) == 0, "%s polled by a thread outside thread_mask", dir);
+}
+
+void check_quiescent(int allow_stale)
+{
+	struct fdc_table *t = g_run.t;
+	int maxfd = g_run.maxfd;
+
+	for (int fd = 0; fd < maxfd; fd++) {
+		struct fdc_entry *e = &t->fdtab[fd];
+		uint32_t rt = atomic_load(&e->refc_tgid);
+		uint32_t tgid = rt & FDC_TGID_MASK;
+		uint64_t pr = atomic_load(&t->polled[fd].recv), pw = atomic_load(&t->polled[fd].send);
+		uint64_t tm = atomic_load(&e->thread_mask);
+		CHECKFD(fd, (rt & FDC_REF_MASK) == 0, "quiescent: reference leaked");
+		CHECKFD(fd, atomic_load(&e->running_mask) == 0, "quiescent: running bit left");
+		if (tgid == 0) {
+			CHECKFD(fd, atomic_load(&g_rec[fd].live) == 0,
+			        "inserted incarnation vanished from the table without a close");
+			CHECKFD(fd, atomic_load(&e->owner) == 0 && tm == 0 && atomic_load(&e->update_mask) == 0 &&
+			            atomic_load(&e->state) == 0 && pr == 0 && pw == 0,
+			        "closed entry not clean");
+			continue;
+		}
+		CHECKFD(fd, tgid <= (uint32_t)t->nbgroup, "tgid");
+		uint64_t enabled = t->groups[tgid].enabled_mask;
+		uint32_t st = atomic_load(&e->state);
+		CHECKFD(fd, atomic_load(&g_rec[fd].live) && atomic_load(&e->owner) == atomic_load(&g_rec[fd].cookie) &&
+		            atomic_load(&e->generation) == atomic_load(&g_rec[fd].gen),
+		        "table entry is not the incarnation the test inserted");
+		CHECKFD(fd, tm != 0, "orphan left in the table: deleted but never closed");
+		CHECKFD(fd, (tm & ~enabled) == 0, "thread_mask outside the group");
+		CHECKFD(fd, atomic_load(&e->update_mask) == 0,
+		        "update bit left after every thread's update pass");
+		CHECKFD(fd, fdc_in_shared_list(t, fd) == 0, "still on the shared update list");
+		CHECKFD(fd, (st & FDC_MUST_CLOSE) == 0, "MUST_CLOSE set on a live fd");
+		check_dir(fd, "recv", !!(st & FDC_ACTIVE_R), pr, tm, allow_stale);
+		check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+	}
+
+	/* the kernel's view must match polled_mask, thread by thread (T4) */
+	uint32_t *reg = malloc(sizeof(*reg) * (size_t)maxfd);
+	uint64_t *data = malloc(sizeof(*data) * (size_t)maxfd);
+	CHECK(reg && data, "malloc");
+	for (int tid = 0; tid < t->nbthread; tid++) {
+		struct fdc_thread *th = fdc_thread(t, tid);
+		int tgid, ltid, epfd;
+		fdc_thread_info(th, &tgid, &ltid, &epfd);
+		memset(reg, 0, sizeof(*reg) * (size_t)maxfd);
+		read_epoll_interest(epfd, reg, data);
+		for (int fd = 0; fd < maxfd; fd++) {
+			if (fd == th->evfd)
+				continue;
+			struct fdc_entry *e = &t->fdtab[fd];
+			uint32_t tgid = atomic_load(&e->refc_tgid) & FDC_TGID_MASK;
+			int mine = tgid == (uint32_t)th->tgid;
+			int pr = mine && (atomic_load(&t->polled[fd].recv) & th->ltid_bit);
+			int pw = mine && (atomic_load(&t->polled[fd].send) & th->ltid_bit);
+			int r = !!reg[fd];
+			CHECKFD(fd, r == (pr || pw),
+			        "tid %d: kernel registration %s but polled bits r=%d w=%d (events %#x)",
+			        tid, r ? "present" : "absent", pr, pw, reg[fd] & 0x7fffffffu);
+			if (!r)
+				continue;
+			CHECKFD(fd, !!(reg[fd] & EPOLLIN) == pr && !!(reg[fd] & EPOLLOUT) == pw,
+			        "tid %d: kernel events %#x vs polled r=%d w=%d", tid, reg[fd] & 0x7fffffffu,
+			        pr, pw);
+			uint64_t want = (uint64_t)atomic_load(&e->generation) << 32 | (uint32_t)fd;
+			CHECKFD(fd, data[fd] == want, "tid %d: epoll data %#llx, want %#llx", tid,
+			        (unsigned long long)data[fd], (unsigned long long)want);
+		}
+	}
+	free(reg);
+	free(data);
+}
+
+void quiescent_point(struct fdc_thread *th, int allow_stale)
+{
+	bar_wait(th->tid);
+	fdc_update_pass(th);
+	bar_wait(th->tid);
+	if (th->tid == 0)
+		check_quiescent(allow_stale);
+	bar_wait(th->tid);
+}
+
+void bar_wait(int tid)
+{
+	atomic_store(&g_run.busy[tid], 0);
+	int rc = pthread_barrier_wait(&g_run.bar);
+	CHECK(rc == 0 || rc == PTHREAD_BARRIER_SERIAL_THREAD, "barrier: %d", rc);
+	atomic_store(&g_run.busy[tid], 1);
+	tick(tid);
+}
+
+int should_stop(long iter)
+{
+	return atomic_load_explicit(&g_run.stop, memory_order_relaxed) || iter >= g_opt.iters;
+}
+
+/* Aborts when a busy worker's progress counter stays still: a deadlock
+ * (seed 002) or a livelock (A.13 R7) turns into a failure, not a hang.
+ */
+static void *watchdog(void *arg)
+{
+	(void)arg;
+	uint64_t last[MAX_THREADS] = {0};
+	double since[MAX_THREADS];
+	double t0 = now_s();
+	for (int i = 0; i < MAX_THREADS; i++)
+		since[i] = t0;
+	while (!atomic_load(&g_wd_stop)) {
+		usleep(100 * 1000);
+		double now = now_s();
+		for (int i = 0; i < g_opt.nthreads; i++) {
+			uint64_t p = atomic_load(&g_run.progress[i]);
+			if (p != last[i] || !atomic_load(&g_run.busy[i])) {
+				last[i] = p;
+				since[i] = now;
+			} else if (now - since[i] > g_opt.watchdog) {
+				fprintf(stderr, "FAIL: watchdog: thread %d stuck for %.1fs (progress %llu)\n", i,
+				        now - since[i], (unsigned long long)p);
+				for (int fd = 0; fd < g_run.maxfd; fd++)
+					if (atomic_load(&g_run.t->fdtab[fd].running_mask))
+						print_entry(fd);
+				fflush(stderr);
+				abort();
+			}
+		}
+	}
+	return NULL;
+}
+
+void watchdog_start(void)
+{
+	atomic_store(&g_wd_stop, 0);
+	CHECK(pthread_create(&g_wd, NULL, watchdog, NULL) == 0, "pthread_create");
+}
+
+void watchdog_stop(void)
+{
+	atomic_store(&g_wd_stop, 1);
+	CHECK(pthread_join(g_wd, NULL) == 0, "pthread_join");
+}
+
+void print_counters(const char *mode, double elapsed, const char *extra)
+{
+	/* struct fdc_counters is FDC_NCOUNTERS uint64_t in a row (fdc_counters
+	 * fills it the same way): sum it as an array */
+	uint64_t sum[FDC_NCOUNTERS] = {0};
+	struct fdc_counters s, c;
+	for (int i = 0; i < g_opt.nthreads; i++) {
+		fdc_counters(fdc_thread(g_run.t, i), &c);
+		const uint64_t *v = (const uint64_t *)&c;
+		for (int k = 0; k < FDC_NCOUNTERS; k++)
+			sum[k] += v[k];
+	}
+	memcpy(&s, sum, sizeof(s));
+	printf("SUMMARY mode=%s seed=%llu threads=%d groups=%d elapsed=%.2fs inserts=%llu closes=%llu"
+	       " events=%llu deferred=%llu loops=%llu poll_io=%llu drop=%llu skip=%llu stale=%llu"
+	       " takeover=%llu accepted=%llu accept_empty=%llu wakeups=%llu ctl=%llu/%llu/%llu"
+	       " ctl_err=%llu %s\n",
+	       mode, (unsigned long long)g_opt.seed, g_opt.nthreads, g_opt.ngroups, elapsed,
+	       (unsigned long long)g_run.inserts, (unsigned long long)g_run.closes,
+	       (unsigned long long)g_run.events, (unsigned long long)g_run.deferred,
+	       (unsigned long long)s.loops, (unsigned long long)s.poll_io,
+	       (unsigned long long)s.poll_drop_fd, (unsigned long long)s.poll_skip_fd,
+	       (unsigned long long)s.poll_stale, (unsigned long long)s.fd_takeover,
+	       (unsigned long long)s.accepted, (unsigned long long)s.accept_empty,
+	       (unsigned long long)s.wakeups, (unsigned long long)s.ctl_add,
+	       (unsigned long long)s.ctl_mod, (unsigned long long)s.ctl_del,
+	       (unsigned long long)s.ctl_err, extra ? extra : "");
+	fflush(stdout);
+}
