@@ -60,10 +60,6 @@ class Outbox:
             self._current is not None and not self._current.is_ack)
 
     @property
-    def awaiting_ack(self) -> bool:
-        return self._awaiting_ack
-
-    @property
     def wants_write(self) -> bool:
         return bool(self._current is not None or self._acks
                     or (self._units and not self._awaiting_ack))
