@@ -45,8 +45,9 @@ def announcing(msg_and_count) -> bytes:
 
 piece = st.one_of(
     valid_message.map(lambda msg: encode_frames(m.encode(msg), [])[0][0]),
-    st.tuples(valid_message, st.sampled_from([1, 2, 3, FD_BATCH + 2])).map(announcing),
+    st.tuples(valid_message, st.sampled_from([1, 2, 3, FD_BATCH + 2, 3 * FD_BATCH])).map(announcing),
     st.just(HEADER.pack(MAGIC, VERSION, KIND_FDS, 2, 0)),
+    st.just(HEADER.pack(MAGIC, VERSION, KIND_FDS, FD_BATCH, 0)),
     st.just(HEADER.pack(MAGIC, VERSION, KIND_ACK, 0, 0)),
     header,
     st.tuples(header, st.binary(max_size=40)).map(b"".join),
@@ -60,7 +61,9 @@ def stream(draw):
     data = b"".join(draw(st.lists(piece, min_size=1, max_size=8)))
     cuts = sorted(draw(st.sets(st.integers(1, max(1, len(data) - 1)), max_size=6)))
     chunks = [data[i:j] for i, j in zip([0] + cuts, cuts + [len(data)]) if data[i:j]]
-    return [(chunk, draw(st.sampled_from([0, 0, 0, 1, 2, 3]))) for chunk in chunks]
+    # A full batch now and then reaches the large-message path (ACKs, FDS frames).
+    counts = st.sampled_from([0, 0, 0, 1, 2, 3, FD_BATCH])
+    return [(chunk, draw(counts)) for chunk in chunks]
 
 
 @FUZZ

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,13 +46,21 @@ def read_line(sock: socket.socket) -> bytes:
 
 
 @pytest.fixture
-def activate(tmp_path):
+def short_dir():
+    # AF_UNIX paths are limited to 108 bytes; pytest's tmp_path can be longer.
+    path = tempfile.mkdtemp(prefix="sh-")
+    yield Path(path)
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def activate(short_dir):
     """Start systemd-socket-activate with the given arguments; reaped whatever happens."""
     procs = []
 
     def start(args):
         proc = subprocess.Popen([ACTIVATE, *args, sys.executable, str(HERE / "ipc_activated_child.py")],
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                cwd=short_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(proc)
         return proc
 
@@ -64,8 +73,8 @@ def activate(tmp_path):
 
 @pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate missing (Debian package systemd)")
 @pytest.mark.parametrize("fdnames", [True, False])
-def test_real_socket_activation(activate, tmp_path, fdnames):
-    web, admin = str(tmp_path / "web.sock"), str(tmp_path / "admin.sock")
+def test_real_socket_activation(activate, short_dir, fdnames):
+    web, admin = str(short_dir / "web.sock"), str(short_dir / "admin.sock")
     args = ["-l", web, "-l", admin, "-E", "SOCKHERD_TEST_MARK=activated"]
     if fdnames:
         args.append("--fdname=web:admin")
