@@ -19,6 +19,7 @@ from sockherd.ipc.handoff import HandoffServer, fetch_listeners
 from sockherd.ipc.listeners import ListenerDescriptor, describe
 
 from ipc_fdcount import open_fd_count, raise_nofile_limit
+from ipc_waiting import wait_until
 
 
 @pytest.fixture
@@ -105,18 +106,9 @@ def test_fetch_listeners_end_to_end(serving, listeners):
         for _, sock in got:
             sock.close()
     names = [desc.name for desc, _ in listeners]
-    deadline_wait(lambda: calls)
+    wait_until(lambda: calls, what="the hand-off callback")
     assert calls == [names]
     assert server.handed_over == set(names)
-
-
-def deadline_wait(predicate, timeout=30.0):
-    event = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        event.wait(0.01)
-    raise AssertionError("condition not reached before the deadline")
 
 
 def test_client_that_leaves_midway_hands_nothing_over(serving, listeners):
@@ -125,12 +117,12 @@ def test_client_that_leaves_midway_hands_nothing_over(serving, listeners):
     channel = Channel.connect(server.path, timeout=10)
     channel.send(m.HandoffRequest(pid=os.getpid()), timeout=10)
     channel.close()                                  # gone before receiving everything
-    deadline_wait(lambda: open_fd_count() == before)
+    wait_until(lambda: open_fd_count() == before, what="the server to drop its session")
     # The server shrugs it off and serves the next client completely.
     got = fetch_listeners(server.path, timeout=30)
     for _, sock in got:
         sock.close()
-    deadline_wait(lambda: calls)
+    wait_until(lambda: calls, what="the hand-off callback")
     assert len(calls) == 1
 
 
@@ -155,7 +147,7 @@ def test_lying_server_is_refused_and_nothing_leaks(serving, listeners):
     with pytest.raises(HandoffError, match="is bound to 127.0.0.1:.*descriptor says 127.0.0.1:1"):
         fetch_listeners(server.path, timeout=30)
     # The server thread drops its session (and its fd copies) once it sees us gone.
-    deadline_wait(lambda: open_fd_count() == before)
+    wait_until(lambda: open_fd_count() == before, what="the server to drop its session")
     assert calls == [] and server.handed_over == set()
 
 

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,10 @@ import pytest
 from sockherd.ipc import systemd
 from sockherd.ipc.errors import ActivationError
 
+from ipc_waiting import wait_until
+
 HERE = Path(__file__).resolve().parent
 ACTIVATE = shutil.which("systemd-socket-activate")
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def connect(path: str, timeout: float = 10) -> socket.socket:
@@ -79,7 +72,7 @@ def test_real_socket_activation(activate, short_dir, fdnames):
     if fdnames:
         args.append("--fdname=web:admin")
     proc = activate(args)
-    wait_for(lambda: os.path.exists(admin) or proc.poll() is not None, 30, "the listening sockets")
+    wait_until(lambda: os.path.exists(admin) or proc.poll() is not None, 30, "the listening sockets")
     assert proc.poll() is None, proc.communicate()
     # Our connection makes systemd-socket-activate exec the child with the listeners.
     with connect(web) as conn:
