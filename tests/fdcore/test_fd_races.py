@@ -1,0 +1,879 @@
+"""The races named by HAProxy's fd seeds, each as a deterministic interleaving
+of thread contexts of the native core (plus a few real-thread variants).
+
+A context is not an OS thread: the test drives contexts 0, 1, 2 step by step,
+and the table's hooks run another context's step exactly in the middle of a
+protocol (e.g. inside an enter, right after its running bit was OR'ed). A hook
+never triggers the final close of the fd its caller holds a reference on.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from sockherd.fdcore import Hook, Outcome, State, Table
+from sockherd.fdcore._fdcore import lib
+
+pytestmark = pytest.mark.timeout(60)
+
+MAXFD = 1 << 16
+OWNER = 0x5EED
+EPOLLIN, EPOLLOUT, EPOLLRDHUP, EPOLLEXCLUSIVE = 0x1, 0x4, 0x2000, 1 << 28
+WAKE_DATA = (1 << 64) - 1
+
+
+# ---- harness (kept in this module on purpose: no conftest) -------------------
+
+
+class Harness:
+    """A Table whose hook records every point and runs scripted steps there."""
+
+    def __init__(self, threads: int, groups: int):
+        self.t = Table(threads, groups, maxfd=MAXFD)
+        self.th = self.t.threads
+        self.log: list[tuple[Hook, int, int, int]] = []
+        self._actions: list[dict] = []
+        self._alock = threading.Lock()
+        self._peers: list[socket.socket] = []
+        self._extra_fds: list[int] = []
+        self.t.set_hook(self._hook)
+
+    def _hook(self, point: Hook, tid: int, fd: int, gen: int) -> None:
+        self.log.append((point, tid, fd, gen))
+        run = []
+        with self._alock:
+            for act in list(self._actions):
+                if act["point"] == point and act["tid"] in (None, tid) and act["fd"] in (None, fd):
+                    if act["once"]:
+                        self._actions.remove(act)
+                    run.append(act["fn"])
+        for fn in run:
+            fn(tid, fd, gen)
+
+    def at(self, point: Hook, fn, *, tid: int | None = None, fd: int | None = None,
+           once: bool = True) -> None:
+        """Runs fn(tid, fd, gen) when `point` is reached (by tid, for fd)."""
+        with self._alock:
+            self._actions.append(dict(point=point, fn=fn, tid=tid, fd=fd, once=once))
+
+    def count(self, point: Hook, *, fd: int | None = None, gen: int | None = None,
+              tid: int | None = None) -> int:
+        return sum(1 for p, t_, f, g in list(self.log)
+                   if p == point and fd in (None, f) and gen in (None, g) and tid in (None, t_))
+
+    def closes(self, fd: int, gen: int) -> int:
+        return self.count(Hook.CLOSE_END, fd=fd, gen=gen)
+
+    def pair(self) -> tuple[int, socket.socket]:
+        """A connected socketpair: (detached fd for the table, peer socket)."""
+        a, b = socket.socketpair()
+        self._peers.append(b)
+        fd = a.detach()
+        assert fd < MAXFD
+        return fd, b
+
+    def reuse(self, fd: int) -> socket.socket:
+        """Makes the (closed) number fd a fresh socketpair end again, as the
+        next socket() of the process would; returns its peer."""
+        a, b = socket.socketpair()
+        if b.fileno() == fd:
+            a, b = b, a
+        self._peers.append(b)
+        if a.fileno() == fd:
+            a.detach()
+        else:
+            os.dup2(a.fileno(), fd)
+            a.close()
+        return b
+
+    def keep(self, sock: socket.socket) -> socket.socket:
+        self._peers.append(sock)
+        return sock
+
+    def keep_fd(self, fd: int) -> int:
+        self._extra_fds.append(fd)
+        return fd
+
+    def insert(self, fd: int, *, owner: int = OWNER, tgid: int = 1, mask: int = 1, **kw) -> None:
+        self.t.insert(fd, owner, tgid=tgid, thread_mask=mask, **kw)
+
+    def finish(self) -> None:
+        self.t.set_hook(None)
+        for info in self.t.show_fd():
+            try:
+                self.th[self.t.group_base(info.tgid)].delete(info.fd)
+            except OSError:
+                pass
+        self.t.close()
+        for s in self._peers:
+            s.close()
+        for fd in self._extra_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def make():
+    made: list[Harness] = []
+
+    def factory(threads: int = 2, groups: int = 1) -> Harness:
+        h = Harness(threads, groups)
+        made.append(h)
+        return h
+
+    yield factory
+    errors = []
+    for h in made:
+        errors.extend(h.t.hook_errors)
+        h.finish()
+    assert not errors, errors
+
+
+def is_closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        assert exc.errno == errno.EBADF
+        return True
+    return False
+
+
+def epoll_regs(epfd: int) -> list[tuple[int, int, int]]:
+    """(tfd, events, data) of every registration of an epoll instance, from
+    /proc/self/fdinfo (the kernel's view)."""
+    out = []
+    with open(f"/proc/self/fdinfo/{epfd}") as f:
+        for line in f:
+            if line.startswith("tfd:"):
+                p = line.split()
+                out.append((int(p[1]), int(p[3], 16), int(p[5], 16)))
+    return [r for r in out if r[2] != WAKE_DATA]
+
+
+def kernel_events(epfd: int, fd: int) -> int | None:
+    regs = [r for r in epoll_regs(epfd) if r[0] == fd]
+    assert len(regs) <= 1, regs
+    return regs[0][1] if regs else None
+
+
+def assert_clean(info, fd: int) -> None:
+    assert info.fd == fd
+    assert (info.tgid, info.refcount, int(info.state), info.owner, info.kind) == (0, 0, 0, 0, 0)
+    assert (info.running_mask, info.thread_mask, info.update_mask) == (0, 0, 0)
+    assert (info.polled_recv, info.polled_send) == (0, 0)
+    assert not info.in_shared_list
+    assert info.nb_takeover == 0
+
+
+def assert_closed_once(h: Harness, fd: int, gen: int) -> None:
+    assert h.closes(fd, gen) == 1
+    assert h.count(Hook.CLOSE_BEGIN, fd=fd, gen=gen) == 1
+    assert h.count(Hook.CLOSE_DRAINED, fd=fd, gen=gen) == 1
+    info = h.t.dump(fd)
+    assert info.generation == gen + 1
+    assert_clean(info, fd)
+    assert is_closed(fd)
+
+
+# ---- helpers -----------------------------------------------------------------
+
+
+def listener(h: Harness) -> tuple[int, tuple]:
+    srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+    srv.setblocking(False)
+    name = srv.getsockname()
+    return srv.detach(), name
+
+
+def run_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    """Runs fn in an OS thread; result or exception in the returned dict."""
+    box: dict = {}
+
+    def body():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # reported by the test
+            box["error"] = exc
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, box
+
+
+def joined(t: threading.Thread, box: dict, timeout: float = 10.0):
+    t.join(timeout)
+    assert not t.is_alive(), "thread stuck (deadlock or livelock)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+# ---- 1. seed 002: delete never waits for runners ---------------------------------
+
+
+def test_seed002_delete_under_lock_while_handler_inside(make):
+    h = make(2, 1)
+    lfd, name = listener(h)
+    h.insert(lfd, mask=0b11)
+    h.th[0].want_recv(lfd)
+    for th in h.th:
+        th.update_pass()
+    out, gen = h.th[1].enter(lfd)              # context 1 is inside its accept handler
+    assert out == Outcome.DONE
+    listener_lock = threading.Lock()
+    with listener_lock:                        # unbind_listener(): lock(listener)
+        t0 = time.monotonic()
+        assert h.th[0].delete(lfd) is False    # deferred, never waits on running_mask
+        assert time.monotonic() - t0 < 1.0
+        i = h.t.dump(lfd)
+        assert i.thread_mask == 0 and i.running_mask == 0b10 and i.tgid == 1
+        assert i.state & State.MUST_CLOSE
+        assert not is_closed(lfd) and h.closes(lfd, gen) == 0
+        # nobody new gets in: an orphan only programs DELs
+        assert h.th[0].enter(lfd)[0] == Outcome.MIGRATED
+    # the handler now gets the listener lock and finishes
+    assert listener_lock.acquire(blocking=False)
+    listener_lock.release()
+    assert h.th[1].leave(lfd, gen) == Outcome.CLOSED
+    assert_closed_once(h, lfd, gen)
+    assert h.count(Hook.CLOSE_END, tid=1) == 1
+    for th in h.th:
+        assert kernel_events(th.epfd, lfd) is None
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(name, timeout=2).close()
+
+
+def test_seed002_foreign_group_delete_while_inside(make):
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, tgid=1, mask=0b11)
+    out, gen = h.th[0].enter(fd)
+    assert h.th[3].delete(fd) is False         # another group: no running bit to vote with
+    i = h.t.dump(fd)
+    assert i.thread_mask == 0 and i.running_mask == 0b01 and i.state & State.MUST_CLOSE
+    assert h.th[1].enter(fd)[0] == Outcome.MIGRATED
+    assert h.th[0].leave(fd, gen) == Outcome.CLOSED
+    assert_closed_once(h, fd, gen)
+
+
+def test_seed002_handler_deletes_while_another_handler_inside(make):
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    _, g0 = h.th[0].enter(fd)
+    _, g1 = h.th[1].enter(fd)
+    assert h.th[0].delete(fd) is False         # drops context 0's running bit too
+    assert h.t.dump(fd).running_mask == 0b10
+    assert h.th[0].leave(fd, g0) == Outcome.CLOSED   # "our own delete already dropped it"
+    assert h.closes(fd, g0) == 0 and not is_closed(fd)
+    assert h.th[1].leave(fd, g1) == Outcome.CLOSED
+    assert_closed_once(h, fd, g1)
+
+
+def test_seed002_real_threads_no_deadlock(make):
+    """Thread A polls the listener, takes the event (running bit) and then
+    needs the listener lock; thread B holds that lock and deletes the fd."""
+    h = make(2, 1)
+    lfd, name = listener(h)
+    h.insert(lfd, mask=0b11)
+    h.th[0].want_recv(lfd)
+    h.th[0].update_pass()
+    listener_lock = threading.Lock()
+    entered = threading.Event()
+    cli = h.keep(socket.create_connection(name))
+
+    def thread_a():
+        th = h.th[1]
+        deadline = time.monotonic() + 10
+        evs = []
+        while not evs and time.monotonic() < deadline:
+            evs = th.poll(100)
+        assert [e.fd for e in evs] == [lfd]
+        entered.set()
+        with listener_lock:                    # listener_accept(): lock(listener)
+            conns = th.accept(lfd)
+        for c in conns:
+            os.close(c)
+        return len(conns), th.leave(lfd, evs[0].gen)
+
+    def thread_b():
+        with listener_lock:                    # unbind_listener(): lock(listener)
+            locked.set()
+            assert entered.wait(10)
+            time.sleep(0.05)                   # A is (about to be) blocked on the lock
+            return h.th[0].delete(lfd)
+
+    locked = threading.Event()
+    tb, boxb = run_thread(thread_b)
+    assert locked.wait(10)
+    ta, boxa = run_thread(thread_a)
+    assert joined(tb, boxb) is False
+    assert joined(ta, boxa) == (1, Outcome.CLOSED)
+    assert_closed_once(h, lfd, 0)
+    assert h.count(Hook.CLOSE_END, tid=1) == 1
+    del cli
+
+
+# ---- 2. seed 003: takeover against the poller ------------------------------------
+
+
+@pytest.mark.parametrize("via", ["enter", "poll"])
+def test_seed003_takeover_before_old_owner_enters(make, via):
+    h = make(3, 1)
+    fd, peer = h.pair()
+    h.insert(fd, mask=0b001)
+    h.th[0].want_recv(fd)
+    h.th[0].update_pass()
+    peer.send(b"x")                      # the kernel has a report for thread 0 now
+    assert h.th[2].takeover(fd, OWNER) is True
+    skip0 = h.th[0].counters()["poll_skip_fd"]
+    if via == "enter":
+        assert h.th[0].enter(fd)[0] == Outcome.MIGRATED
+    else:
+        assert h.th[0].poll(1000) == []  # the late report is not delivered
+        assert h.th[0].counters()["poll_io"] == 1
+    assert h.th[0].counters()["poll_skip_fd"] == skip0 + 1
+    assert h.count(Hook.ENTER_RUNNING, tid=0) == 0
+    i = h.t.dump(fd)
+    assert i.running_mask == 0 and i.update_mask & 0b001 and i.thread_mask == 0b100
+    assert h.th[0].update_pass() == 1    # the DEL
+    assert h.t.dump(fd).polled_recv == 0
+    assert kernel_events(h.th[0].epfd, fd) is None
+    assert h.th[0].poll(0) == []
+    # the new owner re-arms and gets the data
+    h.th[2].want_recv(fd)
+    evs = h.th[2].poll(1000)
+    assert [e.fd for e in evs] == [fd]
+    assert h.th[2].leave(fd, evs[0].gen) == Outcome.DONE
+
+
+def test_seed003_aba_takeover_right_after_running_bit(make):
+    """cd8914bc5: the poller ORs its running bit *before* validating, so a
+    takeover attempted right then fails its CAS 0 -> bit."""
+    h = make(3, 1)
+    fd, peer = h.pair()
+    h.insert(fd, mask=0b001)
+    h.th[0].want_recv(fd)
+    h.th[0].update_pass()
+    peer.send(b"x")
+    tried = []
+
+    def steal(tid, f, gen):
+        assert h.t.dump(fd).running_mask == 0b001
+        tried.append(h.th[2].takeover(fd, OWNER))
+
+    h.at(Hook.ENTER_RUNNING, steal, tid=0, fd=fd)
+    evs = h.th[0].poll(1000)
+    assert tried == [False]
+    assert [(e.fd, e.gen) for e in evs] == [(fd, 0)]
+    i = h.t.dump(fd)
+    assert i.thread_mask == 0b001 and i.running_mask == 0b001 and i.nb_takeover == 0
+    assert i.state & State.ACTIVE_R                   # a failed takeover stops nothing
+    assert h.th[2].counters()["fd_takeover"] == 0
+    assert h.count(Hook.TAKEOVER_OWNED) == 0 and h.count(Hook.ENTER_RETRY) == 0
+    assert h.th[0].leave(fd, 0) == Outcome.DONE
+    assert h.th[2].takeover(fd, OWNER) is True       # once idle it works
+
+
+def test_seed003_enter_during_takeover_retries_then_migrated(make):
+    """The old owner's poller reaches the fd while the taker holds it (running
+    == taker bit, thread_mask not yet moved): its running bit lies outside
+    thread_mask, it spins in the consistency loop, and leaves MIGRATED once
+    the takeover stored the new thread_mask."""
+    h = make(3, 1)
+    fd, peer = h.pair()
+    h.insert(fd, mask=0b001)
+    h.th[0].want_recv(fd)
+    h.th[0].update_pass()
+    retrying = threading.Event()
+    h.at(Hook.ENTER_RETRY, lambda *a: retrying.set(), tid=0, fd=fd, once=False)
+    box: dict = {}
+
+    def in_takeover(tid, f, gen):
+        assert h.t.dump(fd).running_mask == 0b100
+        box["t"] = run_thread(h.th[0].enter, fd)
+        assert retrying.wait(10), "old owner never reached the consistency loop"
+        i = h.t.dump(fd)
+        assert i.running_mask == 0b101 and i.thread_mask == 0b001
+
+    h.at(Hook.TAKEOVER_OWNED, in_takeover, tid=2, fd=fd)
+    assert h.th[2].takeover(fd, OWNER) is True
+    out, _ = joined(*box["t"])
+    assert out == Outcome.MIGRATED
+    i = h.t.dump(fd)
+    assert i.thread_mask == 0b100 and i.running_mask == 0 and i.nb_takeover == 1
+    assert i.update_mask & 0b001                 # old owner programmed its DEL
+    assert h.th[0].update_pass() == 1
+    assert kernel_events(h.th[0].epfd, fd) is None and h.t.dump(fd).polled_recv == 0
+    assert h.closes(fd, 0) == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fd.c fdc_takeover/fdc_enter: a takeover by a thread that is already in thread_mask "
+    "(co-owner of a shared fd) is invisible to the consistency loop: its CAS'ed running bit "
+    "is inside thread_mask, so another owner entering between the running CAS (fd.c "
+    "fdc_takeover, 'atomic_compare_exchange_strong(&e->running_mask, &zero, bit)') and the "
+    "thread_mask CAS passes the loop ('if (!(run & ~tmask)) break;' in fdc_enter) with "
+    "FDC_DONE; the takeover then succeeds anyway and stores thread_mask = taker bit while "
+    "the other thread is inside: running_mask 0b10 with thread_mask 0b01 (I3 broken, and "
+    "the taker believes it is alone although a handler runs)."))
+def test_takeover_by_co_owner_vs_entering_owner(make):
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    seen = []
+    h.at(Hook.TAKEOVER_OWNED, lambda *a: seen.append(h.th[1].enter(fd)), tid=0, fd=fd)
+    took = h.th[0].takeover(fd, OWNER)
+    assert len(seen) == 1
+    inside = seen[0][0] == Outcome.DONE
+    # the two may not both succeed: either the takeover failed (EBUSY) or the
+    # entering thread was turned away
+    assert not (took and inside), (took, seen, h.t.dump(fd))
+    i = h.t.dump(fd)
+    assert i.running_mask & ~i.thread_mask == 0, i     # I3
+
+
+def test_takeover_vs_delete_in_takeover_owned(make):
+    """A delete while the taker holds the fd: the takeover's thread_mask CAS
+    loses against the orphan, and the taker, last runner, closes."""
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b01)
+    res = []
+    h.at(Hook.TAKEOVER_OWNED, lambda *a: res.append(h.th[0].delete(fd)), tid=1, fd=fd)
+    assert h.th[1].takeover(fd, OWNER) is False
+    assert res == [False]
+    assert_closed_once(h, fd, 0)
+    assert h.count(Hook.CLOSE_END, tid=1) == 1
+    assert h.th[1].counters()["fd_takeover"] == 0
+
+
+def test_takeover_vs_foreign_delete_in_takeover_owned(make):
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b01)
+    res = []
+    h.at(Hook.TAKEOVER_OWNED, lambda *a: res.append(h.th[2].delete(fd)), tid=1, fd=fd)
+    assert h.th[1].takeover(fd, OWNER) is False
+    assert res == [False]
+    assert_closed_once(h, fd, 0)
+    assert h.count(Hook.CLOSE_END, tid=1) == 1
+
+
+# ---- 3. two threads both believing they are last -----------------------------------
+
+
+@pytest.mark.parametrize("late", [0, 1, 2], ids=["closer-itself", "same-group", "other-group"])
+def test_both_last_must_close_is_one_shot(make, late):
+    """Context 0 leaves last and wins MUST_CLOSE; right when its close starts
+    (CLOSE_BEGIN: tgid not yet reset) another delete of the same incarnation
+    also sees no runner left. The one-shot token makes it back off."""
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    out, gen = h.th[0].enter(fd)
+    assert h.th[3].delete(fd) is False              # orphaned by another group, deferred
+    res = []
+
+    def late_delete(tid, f, g):
+        assert h.t.dump(fd).running_mask == 0      # nobody left inside
+        res.append(h.th[late].delete(fd))
+
+    h.at(Hook.CLOSE_BEGIN, late_delete, fd=fd)
+    assert h.th[0].leave(fd, gen) == Outcome.CLOSED
+    assert res == [False]
+    assert_closed_once(h, fd, gen)
+    assert h.count(Hook.CLOSE_END, tid=0) == 1
+    # a stale local-list entry may remain with the late deleter: harmless
+    for th in h.th:
+        th.update_pass()
+    assert_closed_once(h, fd, gen)
+
+
+def test_enter_in_close_begin_turned_away(make):
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    res = []
+    h.at(Hook.CLOSE_BEGIN, lambda *a: res.append(h.th[1].enter(fd)[0]), fd=fd)
+    h.at(Hook.CLOSE_DRAINED, lambda *a: res.append(h.th[1].enter(fd)[0]), fd=fd)
+    assert h.th[0].delete(fd) is True
+    assert res == [Outcome.MIGRATED, Outcome.CLOSED]
+    assert_closed_once(h, fd, 0)
+
+
+@pytest.mark.parametrize("a,b,expect", [
+    (0, 0, (False, False)),      # the same context twice
+    (0, 2, (False, False)),      # same group, then another group
+    (2, 3, (False, False)),      # two contexts of another group
+    (0, 1, (False, True)),       # then the runner itself deletes: its bit goes, it closes
+    (1, 0, (True, "EBADF")),     # the runner deletes first: closes now
+], ids=["same-context", "mixed", "other-group", "runner-second", "runner-first"])
+def test_double_delete_with_runner_one_close(make, a, b, expect):
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    out, gen = h.th[1].enter(fd)             # context 1 is inside
+    first = h.th[a].delete(fd)
+    try:
+        second = h.th[b].delete(fd)
+    except OSError as exc:
+        assert exc.errno == errno.EBADF
+        second = "EBADF"
+    assert (first, second) == expect
+    assert h.closes(fd, gen) == (1 if True in expect else 0)
+    assert h.th[1].leave(fd, gen) == Outcome.CLOSED
+    assert_closed_once(h, fd, gen)
+
+
+@pytest.mark.parametrize("inner", [1, 2, 3])
+def test_delete_nested_in_delete_orphaned(make, inner):
+    """A second delete of the same incarnation inside the first one's window
+    (thread_mask already 0, first deleter's running bit held)."""
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    res = []
+    h.at(Hook.DELETE_ORPHANED, lambda *a: res.append(h.th[inner].delete(fd)), tid=0, fd=fd)
+    assert h.th[0].delete(fd) is True
+    assert res == [False]
+    assert_closed_once(h, fd, 0)
+    assert h.count(Hook.CLOSE_END, tid=0) == 1
+
+
+def test_concurrent_deletes_and_runner_real_threads(make):
+    """OS threads: one context enters/leaves in a loop while two others (one
+    of another group) delete the same incarnation. One close, always."""
+    h = make(4, 2)
+    for _ in range(60):
+        fd, _peer = h.pair()
+        h.insert(fd, mask=0b11)
+        gen = h.t.dump(fd).generation
+        barrier = threading.Barrier(3)
+
+        def runner():
+            barrier.wait()
+            for _ in range(20):
+                out, g = h.th[1].enter(fd)
+                if out != Outcome.DONE:
+                    return out
+                if h.th[1].leave(fd, g) != Outcome.DONE:
+                    return "left-closed"
+            return "done"
+
+        def deleter(tid):
+            barrier.wait()
+            try:
+                return h.th[tid].delete(fd)
+            except OSError as exc:
+                assert exc.errno == errno.EBADF
+                return None
+
+        ts = [run_thread(runner), run_thread(deleter, 0), run_thread(deleter, 2)]
+        results = [joined(*t) for t in ts]
+        assert results[1] is not True or results[2] is not True, results
+        assert h.closes(fd, gen) == 1, (results, h.t.dump(fd))
+        assert is_closed(fd)
+        assert_clean(h.t.dump(fd), fd)
+
+
+# ---- 4. a stale update bit after close ---------------------------------------------
+
+
+@pytest.mark.parametrize("changer", [1, 2], ids=["same-group", "other-group"])
+def test_stale_update_bit_cleared_by_close(make, changer):
+    h = make(4, 2)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b01)
+    h.th[changer].want_recv(fd)               # a non-owner: shared list of group 1
+    i = h.t.dump(fd)
+    assert i.update_mask == 0b01 and i.in_shared_list
+    assert h.th[0].delete(fd) is True         # before any update pass
+    assert_closed_once(h, fd, 0)              # update_mask 0, off the shared list
+    # the owner's (woken) pass finds nothing
+    assert h.th[0].poll(0) == []
+    peer = h.reuse(fd)
+    h.insert(fd, mask=0b01)
+    h.th[changer].want_recv(fd)
+    i = h.t.dump(fd)
+    assert i.update_mask == 0b01 and i.in_shared_list and i.generation == 1
+    assert h.th[0].update_pass() == 1         # ADD: the update was not swallowed
+    assert kernel_events(h.th[0].epfd, fd) & EPOLLIN
+    peer.send(b"new")
+    evs = h.th[0].poll(1000)
+    assert [(e.fd, e.gen) for e in evs] == [(fd, 1)]
+    assert h.th[0].leave(fd, 1) == Outcome.DONE
+    assert h.th[0].counters()["ctl_err"] == 0
+
+
+def test_stale_local_list_entry_after_close(make):
+    h = make(1, 1)
+    th = h.th[0]
+    fa, _ = h.pair()
+    fb, _ = h.pair()
+    h.insert(fa)
+    h.insert(fb)
+    th.want_recv(fa)                          # local list: [fa, fb]
+    th.want_recv(fb)
+    assert th.delete(fa) is True              # fa stays listed (not the last entry)
+    assert_closed_once(h, fa, 0)
+    d0 = th.counters()["poll_drop_fd"]
+    assert th.update_pass() == 1              # only fb's ADD
+    assert th.counters()["poll_drop_fd"] == d0 + 1
+    # same again, but the number is reused before the pass
+    th.want_recv(fb)
+    th.stop_recv(fb)                          # fb listed again
+    peer = h.reuse(fa)
+    h.insert(fa)
+    th.want_recv(fa)
+    th.update_pass()
+    assert [r[2] for r in epoll_regs(th.epfd) if r[0] == fa] == [(1 << 32) | fa]
+    peer.send(b"x")
+    assert [(e.fd, e.gen) for e in th.poll(1000)] == [(fa, 1)]
+    assert th.leave(fa, 1) == Outcome.DONE
+    assert th.counters()["ctl_err"] == 0
+
+
+def test_update_programmed_during_close(make):
+    """A late visitor during the final close: before the tgid reset its
+    change programs nothing (thread_mask is 0), after it the fd is gone."""
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b01)
+    errs = []
+
+    def verb(tid, f, g):
+        try:
+            h.th[1].want_recv(fd)
+        except OSError as exc:
+            errs.append(exc.errno)
+
+    h.at(Hook.CLOSE_BEGIN, verb, fd=fd)
+    h.at(Hook.CLOSE_DRAINED, verb, fd=fd)
+    assert h.th[0].delete(fd) is True
+    assert errs == [errno.EBADF]
+    assert_closed_once(h, fd, 0)
+    h.reuse(fd)
+    h.insert(fd, mask=0b01)
+    h.th[0].want_recv(fd)
+    assert h.th[0].update_pass() == 1
+
+
+def test_close_while_update_pass_holds_the_fd(make):
+    """The owners' shared-list pass is consuming the fd when it is orphaned
+    (a runner keeps the close deferred): the pass still converges, and the
+    final close removes every registration and list entry."""
+    h = make(3, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b111)
+    h.th[0].want_recv(fd)
+    for tid in (0, 1):
+        h.th[tid].update_pass()
+    box = {}
+
+    def in_pass(tid, f, g):
+        box["gen"] = h.th[1].enter(fd)[1]
+        box["del"] = h.th[0].delete(fd)
+
+    h.at(Hook.UPDATE_CONSUMED, in_pass, tid=2, fd=fd)
+    h.th[2].update_pass()
+    assert box["del"] is False
+    i = h.t.dump(fd)
+    assert i.thread_mask == 0 and i.running_mask == 0b010
+    assert i.polled_recv == 0b011               # 2 saw itself no longer an owner: no ADD
+    assert h.th[1].leave(fd, box["gen"]) == Outcome.CLOSED
+    assert_closed_once(h, fd, 0)
+    for th in h.th:
+        th.update_pass()
+        assert kernel_events(th.epfd, fd) is None
+
+
+# ---- 5. the consistency loop when the own bit leaves thread_mask --------------------
+
+
+def test_enter_inside_delete_orphaned_does_not_spin(make):
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    res = []
+    h.at(Hook.DELETE_ORPHANED, lambda *a: res.append(h.th[0].enter(fd)[0]), tid=1, fd=fd)
+    assert h.th[1].delete(fd) is True
+    assert res == [Outcome.MIGRATED]
+    assert h.count(Hook.ENTER_RETRY) == 0
+    assert h.th[0].counters()["poll_skip_fd"] == 1
+    assert_closed_once(h, fd, 0)
+    assert h.th[0].update_pass() == 0
+
+
+def test_delete_inside_enter_running_enter_closes(make):
+    """The runner already OR'ed its bit when the delete orphans the fd: the
+    loop sees its bit gone from thread_mask and leaves at once; being the last
+    runner, it performs the close."""
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    res = []
+    h.at(Hook.ENTER_RUNNING, lambda *a: res.append(h.th[1].delete(fd)), tid=0, fd=fd)
+    out, _ = h.th[0].enter(fd)
+    assert res == [False]
+    assert out == Outcome.CLOSED
+    assert h.count(Hook.ENTER_RETRY) == 0
+    assert_closed_once(h, fd, 0)
+    assert h.count(Hook.CLOSE_END, tid=0) == 1
+
+
+def test_two_runners_plus_delete_no_livelock(make):
+    """f98a8c317: context 2 is inside, context 0 enters and a delete lands
+    right after its running bit: context 0 must leave (MIGRATED) instead of
+    waiting for context 2's bit, now outside thread_mask, to go away."""
+    h = make(3, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b111)
+    _, g2 = h.th[2].enter(fd)
+    res = []
+    h.at(Hook.ENTER_RUNNING, lambda *a: res.append(h.th[1].delete(fd)), tid=0, fd=fd)
+    out, _ = h.th[0].enter(fd)
+    assert res == [False]
+    assert out == Outcome.MIGRATED
+    assert h.count(Hook.ENTER_RETRY) == 0
+    assert h.t.dump(fd).running_mask == 0b100
+    assert h.th[2].leave(fd, g2) == Outcome.CLOSED
+    assert_closed_once(h, fd, 0)
+
+
+def test_enter_retry_then_delete_resolves_against_us(make):
+    """A takeover is in progress (taker bit outside thread_mask) when the
+    owner enters: it retries; the fd is then deleted under both: the owner
+    exits the loop and the last one out closes, exactly once."""
+    h = make(3, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b001)
+    retrying = threading.Event()
+    h.at(Hook.ENTER_RETRY, lambda *a: retrying.set(), tid=0, fd=fd, once=False)
+    box: dict = {}
+
+    def in_takeover(tid, f, gen):
+        box["t"] = run_thread(h.th[0].enter, fd)
+        assert retrying.wait(10)
+        box["del"] = h.th[1].delete(fd)           # orphan while both hold running bits
+
+    h.at(Hook.TAKEOVER_OWNED, in_takeover, tid=2, fd=fd)
+    took = h.th[2].takeover(fd, OWNER)
+    out, _ = joined(*box["t"])
+    assert box["del"] is False and took is False
+    assert out in (Outcome.MIGRATED, Outcome.CLOSED)
+    assert_closed_once(h, fd, 0)
+    closer = [tid for p, tid, f, g in h.log if p == Hook.CLOSE_END and f == fd]
+    assert closer in ([0], [2])
+    assert (out == Outcome.CLOSED) == (closer == [0])
+
+
+# ---- 6. seed 001: a shared fd changed by a non-owner converges everywhere -----------
+
+
+@pytest.mark.parametrize("layout", ["same-group", "other-group"])
+def test_seed001_shared_fd_converges_on_every_owner(make, layout):
+    # same-group: 4 threads in 1 group, owners 0,1,2, changer 3 (not an owner)
+    # other-group: group 1 = tids 0,1,2, group 2 = tids 3,4; changer 3
+    h = make(4, 1) if layout == "same-group" else make(5, 2)
+    owners = [0, 1, 2]
+    fd, peer = h.pair()
+    h.insert(fd, mask=0b111, kind=9)
+    ch = h.th[3]
+
+    def converge(expect_in: bool, expect_out: bool = False):
+        w0 = [h.th[t].counters()["wakeups"] for t in owners]
+        for n, t in enumerate(owners):
+            for e in h.th[t].poll(0):                  # woken, pass applied
+                assert e.fd == fd
+                assert h.th[t].leave(fd, e.gen) == Outcome.DONE
+            assert h.th[t].counters()["wakeups"] == w0[n] + 1
+        i = h.t.dump(fd)
+        assert i.update_mask == 0 and not i.in_shared_list
+        assert i.polled_recv == (i.thread_mask if expect_in else 0)
+        assert i.polled_send == (i.thread_mask if expect_out else 0)
+        for t in owners:
+            ev = kernel_events(h.th[t].epfd, fd)
+            if not (expect_in or expect_out):
+                assert ev is None
+            else:
+                assert ev is not None
+                assert bool(ev & EPOLLIN) == expect_in and bool(ev & EPOLLOUT) == expect_out
+                (data,) = [r[2] for r in epoll_regs(h.th[t].epfd) if r[0] == fd]
+                assert data == fd
+        for th in h.th[3:]:
+            assert kernel_events(th.epfd, fd) is None
+
+    ch.want_recv(fd)
+    i = h.t.dump(fd)
+    assert i.update_mask == i.thread_mask == 0b111 and i.in_shared_list
+    converge(True)
+    ch.want_send(fd)
+    converge(True, True)
+    ch.stop_send(fd)
+    converge(True)
+    # a change landing while the owners are half-way through a pass
+    ch.stop_recv(fd)
+    assert h.th[0].update_pass() == 1
+    ch.want_recv(fd)                       # re-arms thread 0's bit too
+    assert h.t.dump(fd).update_mask == 0b111
+    converge(True)
+    # every owner gets the report (not exclusive)
+    peer.send(b"x")
+    for t in owners:
+        evs = h.th[t].poll(1000)
+        assert [(e.fd, e.kind) for e in evs] == [(fd, 9)]
+        assert h.th[t].leave(fd, evs[0].gen) == Outcome.DONE
+    peer.recv(0)
+    ch.stop_recv(fd)
+    converge(False)
+    assert all(h.th[t].counters()["ctl_err"] == 0 for t in owners)
+
+
+def test_seed001_converges_with_real_poller_threads(make):
+    """Three OS threads run their poll loops; a non-owner flips the shared fd
+    many times; every owner's epoll must end where the last change put it."""
+    h = make(4, 1)
+    owners = [0, 1, 2]
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b111)
+    stop = threading.Event()
+
+    def loop(tid):
+        th = h.th[tid]
+        while not stop.is_set():
+            for e in th.poll(20):
+                th.leave(e.fd, e.gen)
+        th.update_pass()
+
+    ts = [run_thread(loop, t) for t in owners]
+    ch = h.th[3]
+    for n in range(200):
+        if n % 2:
+            ch.stop_recv(fd)
+        else:
+            ch.want_recv(fd)
+        if n % 7 == 0:
+            time.sleep(0.001)
+    ch.want_recv(fd)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        i = h.t.dump(fd)
+        if i.polled_recv == 0b111 and i.update_mask == 0 and not i.in_shared_list:
+            break
+        time.sleep(0.01)
+    stop.set()
+    for t in ts:
+        joined(*t)
+    i = h.t.dump(fd)
+    assert i.polled_recv == 0b111 and i.update_mask == 0 and not i.in_shared_list, i
+    for t in owners:
+        assert kernel_events(h.th[t].epfd, fd) & EPOLLIN
+        assert h.th[t].counters()["ctl_err"] == 0
