@@ -163,6 +163,14 @@ void run_fini(void)
 	CHECK(ins == clo, "%llu incarnations inserted but %llu closed",
 	      (unsigned long long)ins, (unsigned long long)clo);
 	check_quiescent(0);     /* now: every entry clean, nothing registered */
+	/* ctl() repairs the benign mismatches itself: any other epoll_ctl
+	 * failure means polled_mask and the kernel disagreed */
+	struct fdc_counters c;
+	for (int i = 0; i < g_opt.nthreads; i++) {
+		fdc_counters(fdc_thread(g_run.t, i), &c);
+		CHECK(c.ctl_err == 0, "tid %d: %llu failed epoll_ctl calls", i,
+		      (unsigned long long)c.ctl_err);
+	}
 	int n = count_open_fds();
 	CHECK(n == g_base_fds, "%d fds open at the end, %d at the start (leak or extra close)",
 	      n, g_base_fds);
