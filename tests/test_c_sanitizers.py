@@ -56,6 +56,21 @@ REPORTS = (
 )
 SCENARIOS = [(mode, groups) for mode in ("churn", "takeover", "listener") for groups in (1, 2)]
 
+# Takeover paths with core bugs known when this was written (also pinned by
+# deterministic strict xfails in tests/fdcore): -x bits, the FAIL line the
+# bug produces, and the diagnosis. The stress finds them most of the time,
+# not always: such a run xfails only with exactly that signature and no
+# sanitizer report; a clean run passes (proving nothing either way).
+KNOWN_BUGS = {
+    "coowned": ("1", "which is not in thread_mask",
+                "fd.c fdc_takeover/fdc_enter: a takeover by a co-owner (taker already in "
+                "thread_mask) is invisible to the consistency loop, so another owner enters "
+                "meanwhile and its handler runs while thread_mask = taker only (I3)"),
+    "send": ("2", "send ACTIVE but some owner does not poll it",
+             "fd.c fdc_takeover: only ACTIVE_R is cleared and re-programmed; a taker "
+             "inheriting ACTIVE_W is never told to poll it and want_send() is then a no-op"),
+}
+
 
 def _sources():
     # _fdcore.c is cffi's generated wrapper (Python.h), not part of the core
@@ -94,23 +109,43 @@ def _run(argv, env):
     return argv, res
 
 
-@pytest.mark.sanitizer
-@pytest.mark.timeout(RUN_TIMEOUT + 300)
-@pytest.mark.parametrize("san", sorted(SANITIZERS))
-@pytest.mark.parametrize("mode,groups", SCENARIOS, ids=[f"{m}-g{g}" for m, g in SCENARIOS])
-def test_stress_under_sanitizer(stress_binary, san, mode, groups):
-    binary = stress_binary(san)
+def _stress(binary, san, mode, groups, extra=()):
+    """Runs one scenario: (description, CompletedProcess, sanitizer reports)."""
     seed = int(os.environ.get("FDC_STRESS_SEED") or random.randrange(1, 2**32))
     env = dict(os.environ)
     env.update(SANITIZERS[san][1])
     env["FDC_STRESS_SEED"] = str(seed)
     argv = [str(binary), mode, "-t", "4", "-g", str(groups), "-s", str(SECONDS),
-            "-r", str(seed), "-d", "20"]
+            "-r", str(seed), "-d", "20", *extra]
     argv, res = _run(argv, env)
     where = f"{' '.join(argv)} (seed {seed}) exited {res.returncode}"
-    found = [r for r in REPORTS if r in res.stderr]
+    return where, res, [r for r in REPORTS if r in res.stderr]
+
+
+def _assert_clean(where, res, found, mode):
     assert res.returncode == 0 and not found, (
         f"{where}, sanitizer reports {found}\n--- stdout\n{res.stdout[-4000:]}"
         f"\n--- stderr\n{res.stderr[-20000:]}"
     )
     assert f"SUMMARY mode={mode}" in res.stdout, f"{where}: no summary\n{res.stdout}\n{res.stderr}"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(RUN_TIMEOUT + 300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+@pytest.mark.parametrize("mode,groups", SCENARIOS, ids=[f"{m}-g{g}" for m, g in SCENARIOS])
+def test_stress_under_sanitizer(stress_binary, san, mode, groups):
+    _assert_clean(*_stress(stress_binary(san), san, mode, groups), mode)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(RUN_TIMEOUT + 300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+@pytest.mark.parametrize("bug", sorted(KNOWN_BUGS))
+def test_takeover_known_bug_paths(stress_binary, san, bug):
+    bits, signature, diagnosis = KNOWN_BUGS[bug]
+    where, res, found = _stress(stress_binary(san), san, "takeover", 2, ("-x", bits))
+    fails = [line for line in res.stderr.splitlines() if line.startswith("FAIL:")]
+    if res.returncode != 0 and not found and fails and signature in fails[0]:
+        pytest.xfail(f"known core bug: {diagnosis}\n{where}: {fails[0]}")
+    _assert_clean(where, res, found, "takeover")

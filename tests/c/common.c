@@ -411,9 +411,22 @@ void bar_wait(int tid)
 	tick(tid);
 }
 
-int should_stop(long iter)
+int worker_continue(struct fdc_thread *th, int allow_stale)
 {
-	return atomic_load_explicit(&g_run.stop, memory_order_relaxed) || iter >= g_opt.iters;
+	int tid = th->tid;
+	static _Thread_local int seen;
+
+	tick(tid);
+	atomic_fetch_add_explicit(&g_run.iters_done[tid], 1, memory_order_relaxed);
+	/* main never sets stop while a quiescent point is pending, so every
+	 * worker takes the same sequence of barriers */
+	int req = atomic_load(&g_run.pause_req);
+	if (req != seen) {
+		seen = req;
+		quiescent_point(th, allow_stale);
+		atomic_fetch_add(&g_run.pause_ack, 1);
+	}
+	return !atomic_load_explicit(&g_run.stop, memory_order_relaxed);
 }
 
 /* Aborts when a busy worker's progress counter stays still: a deadlock

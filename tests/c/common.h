@@ -33,6 +33,7 @@ _Static_assert(sizeof(struct fdc_counters) == FDC_NCOUNTERS * sizeof(uint64_t), 
 #define COOKIE_FDMASK ((1u << COOKIE_FDBITS) - 1)
 
 enum { KIND_CONN = 1, KIND_LISTENER = 2 };
+enum { X_COOWNED = 1, X_SEND = 2 };
 
 /* ---- failing loudly ---- */
 void fail_at(const char *file, int line, int fd, const char *fmt, ...)
@@ -58,6 +59,9 @@ struct opts {
 	uint64_t seed;
 	int widen;               /* 1 in `widen` hook calls yields (0: never) */
 	double watchdog;         /* seconds without progress before abort */
+	double pause;            /* seconds between mid-run quiescent points */
+	int extended;            /* -x bits, takeover scenario: X_COOWNED, X_SEND
+	                            (paths with known core bugs, see stress_takeover.c) */
 };
 extern struct opts g_opt;
 
@@ -67,6 +71,8 @@ struct run {
 	int maxfd;
 	pthread_barrier_t bar;
 	_Atomic int stop;                       /* main phase over */
+	_Atomic int pause_req, pause_ack;       /* mid-run quiescent points */
+	_Atomic long iters_done[MAX_THREADS];
 	_Atomic uint64_t progress[MAX_THREADS]; /* bumped by workers */
 	_Atomic int busy[MAX_THREADS];          /* 0 while legitimately waiting */
 	_Atomic uint64_t inserts, closes, serial;
@@ -129,7 +135,10 @@ void quiescent_point(struct fdc_thread *th, int allow_stale);
 /* the worker bookkeeping around barriers (the watchdog skips idle ones) */
 void bar_wait(int tid);
 static inline void tick(int tid) { atomic_fetch_add_explicit(&g_run.progress[tid], 1, memory_order_relaxed); }
-int should_stop(long iter);
+/* At the top of each worker loop iteration: counts it, joins a mid-run
+ * quiescent point if main asked for one, returns 0 once the run is over.
+ */
+int worker_continue(struct fdc_thread *th, int allow_stale);
 
 void watchdog_start(void);
 void watchdog_stop(void);
@@ -140,7 +149,6 @@ void set_nonblock_cloexec(int fd);
 
 /* stress_fd.c: run the workers until their iterations or the deadline */
 double run_threads(void *(*fn)(void *), void *(*extra)(void *));
-void loop_done(void);   /* a worker left its main loop */
 
 int run_churn(void);
 int run_takeover(void);

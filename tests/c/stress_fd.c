@@ -2,7 +2,7 @@
  *
  * usage: stress_fd churn|takeover|listener [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
- *                  [-d watchdog_seconds]
+ *                  [-d watchdog_seconds] [-p pause_seconds] [-x bits]
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED.
  * Prints one "SUMMARY ..." line on success, exits 0; any failed check
@@ -48,7 +48,6 @@ struct handoff {
 	uint64_t cookie[QCAP];
 };
 static struct handoff g_q[MAX_THREADS];
-static _Atomic int g_loops_done;
 
 static void drain_queue(int tid, struct fdc_thread *th)
 {
@@ -241,8 +240,7 @@ static void *churn_worker(void *arg)
 	int n = 0;
 
 	seed_thread(tid);
-	for (long it = 0; !should_stop(it); it++) {
-		tick(tid);
+	while (worker_continue(th, 0)) {
 		drain_queue(tid, th);
 		if (n < MAXLIVE && chance(2))
 			create_conn(th, &live[n++]);
@@ -255,7 +253,6 @@ static void *churn_worker(void *arg)
 			}
 		poll_once(th, chance(64) ? 1 : 0, live, &n);
 	}
-	loop_done();
 
 	quiescent_point(th, 0);
 	/* nobody holds a running bit now: every delete must close at once */
@@ -272,21 +269,38 @@ static void *churn_worker(void *arg)
 	return NULL;
 }
 
-/* Starts the workers (plus `extra` non-context threads), stops them at the
- * deadline, joins everything.
+static int iterations_done(void)
+{
+	for (int i = 0; i < g_opt.nthreads; i++)
+		if (atomic_load(&g_run.iters_done[i]) < g_opt.iters)
+			return 0;
+	return 1;
+}
+
+/* Starts the workers (plus `extra`, a thread without a context), asks for a
+ * quiescent point every g_opt.pause seconds, and stops them once every
+ * worker did its iterations or at the deadline; joins everything.
  */
 double run_threads(void *(*fn)(void *), void *(*extra)(void *))
 {
 	pthread_t th[MAX_THREADS], ex;
-	double t0 = now_s();
+	double t0 = now_s(), next = t0 + g_opt.pause;
 
 	watchdog_start();
 	for (int i = 0; i < g_opt.nthreads; i++)
 		CHECK(pthread_create(&th[i], NULL, fn, (void *)(intptr_t)i) == 0, "pthread_create");
 	if (extra)
 		CHECK(pthread_create(&ex, NULL, extra, NULL) == 0, "pthread_create");
-	while (atomic_load(&g_loops_done) < g_opt.nthreads && now_s() - t0 < g_opt.seconds)
+	while (!iterations_done() && now_s() - t0 < g_opt.seconds) {
 		usleep(10 * 1000);
+		if (g_opt.pause > 0 && now_s() >= next) {
+			int req = atomic_fetch_add(&g_run.pause_req, 1) + 1;
+			/* the watchdog covers a worker that never arrives */
+			while (atomic_load(&g_run.pause_ack) < req * g_opt.nthreads)
+				usleep(1000);
+			next = now_s() + g_opt.pause;
+		}
+	}
 	atomic_store(&g_run.stop, 1);
 	for (int i = 0; i < g_opt.nthreads; i++)
 		CHECK(pthread_join(th[i], NULL) == 0, "pthread_join");
@@ -294,11 +308,6 @@ double run_threads(void *(*fn)(void *), void *(*extra)(void *))
 		CHECK(pthread_join(ex, NULL) == 0, "pthread_join");
 	watchdog_stop();
 	return now_s() - t0;
-}
-
-void loop_done(void)
-{
-	atomic_fetch_add(&g_loops_done, 1);
 }
 
 int run_churn(void)
@@ -320,7 +329,7 @@ int run_churn(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: stress_fd churn|takeover|listener [-t threads] [-g groups] "
-	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog]\n");
+	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-x bits]\n");
 	exit(2);
 }
 
@@ -332,10 +341,10 @@ int main(int argc, char **argv)
 	if (argc < 2)
 		usage();
 	g_opt = (struct opts){ .mode = argv[1], .nthreads = 4, .ngroups = 1, .seconds = 3,
-	                       .iters = 1000000, .seed = (uint64_t)time(NULL), .widen = 64,
-	                       .watchdog = 10 };
+	                       .iters = 1L << 40, .seed = (uint64_t)time(NULL), .widen = 64,
+	                       .watchdog = 10, .pause = 0.5 };
 	optind = 2;
-	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:")) != -1) {
+	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:")) != -1) {
 		switch (c) {
 		case 't': g_opt.nthreads = atoi(optarg); break;
 		case 'g': g_opt.ngroups = atoi(optarg); break;
@@ -344,6 +353,8 @@ int main(int argc, char **argv)
 		case 'r': g_opt.seed = strtoull(optarg, NULL, 0); break;
 		case 'w': g_opt.widen = atoi(optarg); break;
 		case 'd': g_opt.watchdog = atof(optarg); break;
+		case 'p': g_opt.pause = atof(optarg); break;
+		case 'x': g_opt.extended = atoi(optarg); break;
 		default: usage();
 		}
 	}

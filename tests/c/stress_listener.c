@@ -201,8 +201,7 @@ static void *listener_worker(void *arg)
 	struct fdc_thread *th = fdc_thread(g_run.t, tid);
 
 	seed_thread(tid);
-	for (long it = 0; !should_stop(it); it++) {
-		tick(tid);
+	while (worker_continue(th, 0)) {
 		poll_once(th, chance(8) ? 1 : 0);
 		if (chance(16))
 			toggle(th);
@@ -218,7 +217,6 @@ static void *listener_worker(void *arg)
 			atomic_fetch_add(&g_resets, 1);
 		}
 	}
-	loop_done();
 	bar_wait(tid);
 	if (tid == 0) {
 		/* a last replacement leaving a straggler for the kernel check,

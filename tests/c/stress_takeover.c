@@ -20,6 +20,11 @@
  * At the end: successful takeovers == sum of the fd_takeover counters, the
  * quiescent checks (stale registrations of former owners tolerated), and
  * exactly one close per incarnation.
+ * Extensions (-x bits), paths where the core had known bugs when this was
+ * written (see the pytest module):
+ *   X_COOWNED  a third of the connections are inserted for several threads
+ *              of the group: the taker may be a co-owner;
+ *   X_SEND     send is wanted/stopped too: a taker may inherit ACTIVE_W.
  */
 #define _GNU_SOURCE
 #include "common.h"
@@ -59,8 +64,12 @@ static void slot_fill(struct fdc_thread *th, struct slot *s)
 	int sv[2];
 
 	SYS(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv));
-	int owner_ltid = (int)rndn((unsigned)t->groups[s->tgid].count);
-	uint64_t ck = tst_insert(sv[0], KIND_CONN, s->tgid, 1ull << owner_ltid, 0);
+	uint64_t en = t->groups[s->tgid].enabled_mask;
+	uint64_t mask = 1ull << rndn((unsigned)t->groups[s->tgid].count);
+	uint64_t shared = rnd() & en;
+	if ((g_opt.extended & X_COOWNED) && chance(3) && shared)
+		mask = shared;   /* co-owned */
+	uint64_t ck = tst_insert(sv[0], KIND_CONN, s->tgid, mask, 0);
 	int rc = fdc_want_recv(th, sv[0]);
 	CHECKFD(sv[0], rc >= 0, "want_recv: %s", strerror(-rc));
 	lock(s);
@@ -136,8 +145,11 @@ static void try_takeover(struct fdc_thread *th)
 		CHECKFD(fd, fi.thread_mask && !(fi.thread_mask & (fi.thread_mask - 1)),
 		        "after takeover thread_mask %#llx is not a single thread",
 		        (unsigned long long)fi.thread_mask);
-		rc = fdc_want_recv(th, fd);
-		CHECKFD(fd, rc >= 0, "want_recv after takeover: %s", strerror(-rc));
+		/* re-arm: recv, or with X_SEND sometimes send alone (a reused
+		 * backend connection writes its request first) */
+		int send_first = (g_opt.extended & X_SEND) && chance(2);
+		rc = send_first ? fdc_want_send(th, fd) : fdc_want_recv(th, fd);
+		CHECKFD(fd, rc >= 0, "want_recv/send after takeover: %s", strerror(-rc));
 	}
 	unlock(s);
 }
@@ -160,6 +172,15 @@ static void handle(struct fdc_thread *th, struct fdc_event *ev)
 		CHECKFD(ev->fd, rc >= 0, "stop_recv: %s", strerror(-rc));
 	} else if (k < 0 && errno != ECONNRESET)
 		FAILFD(ev->fd, "recv: %s", strerror(errno));
+	if (ev->events & FDC_POLL_OUT) {
+		/* write a little, then stop: a wanted send on a socketpair
+		 * reports at every loop */
+		if (send(ev->fd, "o", 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN && errno != EPIPE &&
+		    errno != ECONNRESET)
+			FAILFD(ev->fd, "send: %s", strerror(errno));
+		int rc = chance(2) ? fdc_stop_send(th, ev->fd) : fdc_cant_send(th, ev->fd);
+		CHECKFD(ev->fd, rc >= 0, "stop/cant_send: %s", strerror(-rc));
+	}
 	check_event(th, ev);   /* still ours after the I/O */
 	tst_leave(th, ev);
 }
@@ -171,23 +192,28 @@ static void *takeover_worker(void *arg)
 	struct fdc_event evs[64];
 
 	seed_thread(tid);
-	for (long it = 0; !should_stop(it); it++) {
-		tick(tid);
+	while (worker_continue(th, 1)) {
 		unsigned r = rndn(100);
 		struct slot *s = &g_slots[rndn((unsigned)g_nslots)];
 		if (r < 40) {
 			try_takeover(th);
 		} else if (r < 65) {
+			char b[256];
 			lock(s);
 			/* the test closes neither end of a live slot: EPIPE means
 			 * the core closed our end behind the test's back */
 			if (s->live && send(s->peer, "d", 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN)
 				FAILFD(s->fd, "send to the peer of live fd %d: %s", s->fd, strerror(errno));
+			while (s->live && recv(s->peer, b, sizeof(b), 0) > 0)
+				;   /* what handlers sent */
 			unlock(s);
 		} else if (r < 72) {
 			lock(s);
 			if (s->live) {
-				int rc = chance(3) ? fdc_stop_recv(th, s->fd) : fdc_want_recv(th, s->fd);
+				int (*verb)(struct fdc_thread *, int) = chance(3) ? fdc_stop_recv : fdc_want_recv;
+				if ((g_opt.extended & X_SEND) && chance(2))
+					verb = chance(2) ? fdc_stop_send : fdc_want_send;
+				int rc = verb(th, s->fd);
 				CHECKFD(s->fd, rc >= 0, "want/stop_recv: %s", strerror(-rc));
 			}
 			unlock(s);
@@ -211,7 +237,6 @@ static void *takeover_worker(void *arg)
 		for (int i = 0; i < k; i++)
 			handle(th, &evs[i]);
 	}
-	loop_done();
 	quiescent_point(th, 1);
 	return NULL;
 }
