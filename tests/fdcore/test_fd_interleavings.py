@@ -8,7 +8,7 @@ replayed from a prefix, depth-first):
   - at each hook point reached inside a top-level step (ENTER_RUNNING, LEAVE,
     TAKEOVER_OWNED, DELETE_ORPHANED, UPDATE_CONSUMED, CLOSE_BEGIN) it may
     preempt it and run another actor's next step right there (at most one
-    preemption per top-level step). The preempting step runs in a helper OS
+    preemption per top-level step, two in the scenarios marked preempt=2). The preempting step runs in a helper OS
     thread: if it has to wait for the preempted one (the consistency loop, or
     a final close draining references) the preempted step resumes and the
     helper finishes after it, which is an interleaving too.
@@ -106,7 +106,7 @@ class Schedule:
         self.gen0 = self.t.dump(self.fd).generation
         self.actors = [Actor(tid, list(ops)) for tid, ops in scenario["actors"]]
         self.current: Actor | None = None
-        self.preempted = False
+        self.preempted = 0
         self.helper_retry = threading.Event()
         self.helper_closing = threading.Event()
         self.helpers: list[threading.Thread] = []
@@ -201,14 +201,15 @@ class Schedule:
             elif point == Hook.CLOSE_BEGIN:
                 self.helper_closing.set()
             return
-        if point not in BRANCH_POINTS or fd != self.fd or self.preempted or self.current is None:
+        if (point not in BRANCH_POINTS or fd != self.fd or self.current is None
+                or self.preempted >= self.scenario.get("preempt", 1)):
             return
         cands = [a for a in self.actors if not a.done and not a.busy and a is not self.current]
         if not cands:
             return
         c = self.choose(len(cands) + 1)
         if c:
-            self.preempted = True
+            self.preempted += 1
             self.run_helper(cands[c - 1])
 
     def join_helpers(self) -> None:
@@ -276,7 +277,7 @@ class Schedule:
                 if not ready:
                     break
                 a = ready[self.choose(len(ready))]
-                self.current, self.preempted = a, False
+                self.current, self.preempted = a, 0
                 self.step(a)
                 self.current = None
                 self.join_helpers()
@@ -352,6 +353,13 @@ SCENARIOS = {
     # two takers from outside thread_mask racing a runner
     "two-takers-runner": dict(threads=3, groups=1, mask=0b001, actors=[
         (0, ["enter", "leave"]), (1, ["takeover"]), (2, ["takeover", "update_pass"])]),
+    # a takeover racing the old owner's handler and a delete, two preemptions a step
+    "takeover-runner-delete-2": dict(threads=3, groups=1, mask=0b001, preempt=2, actors=[
+        (0, ["want_recv", "enter", "leave"]), (2, ["takeover", "want_recv", "update_pass"]),
+        (1, ["delete"])]),
+    # two runners and deletes from both groups, two preemptions a step
+    "runners-deletes-2": dict(threads=4, groups=2, mask=0b11, preempt=2, actors=[
+        (0, ["enter", "leave"]), (1, ["enter", "delete", "leave"]), (2, ["delete"])]),
     # a shared fd: updates from an owner and a non-owner of its group, a delete
     "shared-updates-delete": dict(threads=3, groups=1, mask=0b011, actors=[
         (0, ["want_recv", "update_pass"]), (2, ["stop_recv", "want_send"]),
