@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,9 +47,13 @@ static int opt_fds = 1;
 static int opt_clients = 2;
 static int opt_excl = 0;
 static int opt_pin = 1;
+static int opt_pace_us = 0;   /* listener: client pause after each connect */
 static const char *opt_variant = "core";
 static uint64_t opt_stress_ops = 100000000ULL;
 static double opt_stress_secs = 3000.0;
+static int opt_blind = 1;     /* stress: verbs on random numbers, not only held fds */
+static int opt_shared = 1;    /* stress: multi-thread masks (shared update lists) */
+static double opt_hang_secs = 15.0;
 
 static _Atomic int stop_flag;
 static pthread_barrier_t start_bar;
@@ -149,7 +154,20 @@ static void run_workers(struct worker *w, int n, void *(*fn)(void *), double sec
 static uint64_t sum_ops(struct worker *w, int n) { uint64_t s = 0; for (int i = 0; i < n; i++) s += w[i].ops; return s; }
 static double max_el(struct worker *w, int n) { double m = 0; for (int i = 0; i < n; i++) if (w[i].el > m) m = w[i].el; return m; }
 
-/* one JSON row: name, threads, ops, seconds, then extra "k":v pairs */
+static double cpu_secs(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+	       ru.ru_stime.tv_usec * 1e-6;
+}
+
+static double cpu0;   /* CPU time at the start of the mode */
+
+/* one JSON row: name, threads, ops, seconds, then extra "k":v pairs; cpu is
+ * the process CPU time used by the mode / wall time (2.0 = both cores busy;
+ * less means the threads did not get the CPUs: other load on the machine) */
 static void row(const char *mode, const char *name, int threads, uint64_t ops, double secs,
                 const char *extra_fmt, ...)
 {
@@ -162,8 +180,9 @@ static void row(const char *mode, const char *name, int threads, uint64_t ops, d
 		va_end(ap);
 	}
 	printf("{\"mode\":\"%s\",\"name\":\"%s\",\"threads\":%d,\"ops\":%llu,\"secs\":%.4f,"
-	       "\"rate\":%.1f%s%s}\n", mode, name, threads, (unsigned long long)ops, secs,
-	       secs > 0 ? ops / secs : 0.0, extra[0] ? "," : "", extra);
+	       "\"rate\":%.1f,\"cpu\":%.3f%s%s}\n", mode, name, threads, (unsigned long long)ops, secs,
+	       secs > 0 ? ops / secs : 0.0, secs > 0 ? (cpu_secs() - cpu0) / secs : 0.0,
+	       extra[0] ? "," : "", extra);
 	fflush(stdout);
 }
 
@@ -249,6 +268,8 @@ static void *takeover_fn(void *p)
 {
 	struct worker *w = p;
 	int priv = !strcmp(opt_variant, "private");
+	int steal = !strcmp(opt_variant, "steal");
+	uint64_t bit = 1ULL << w->idx;
 	int P = opt_pool;
 	int base = priv ? w->idx * P : 0;
 	unsigned i = priv ? 0 : (unsigned)w->idx;
@@ -259,7 +280,16 @@ static void *takeover_fn(void *p)
 	while (!stopped()) {
 		for (int k = 0; k < 1024; k++) {
 			int j = base + (int)(i++ % (unsigned)P);
-			int rc = fdc_takeover(w->th, tk_fds[j], tk_owner[j]);
+			int rc;
+
+			/* steal: only take fds another thread owns, so that every
+			 * success is a real hand-off between threads */
+			if (steal && atomic_load_explicit(&w->t->fdtab[tk_fds[j]].thread_mask,
+			                                  memory_order_relaxed) == bit) {
+				w->bytes++;
+				continue;
+			}
+			rc = fdc_takeover(w->th, tk_fds[j], tk_owner[j]);
 
 			if (rc == 0)
 				w->ok++;
@@ -283,7 +313,7 @@ static void mode_takeover(void)
 	int nfd = priv ? P * n : P;
 	struct fdc_table *t = table(1 << 16, n, 1);
 	struct worker w[64];
-	uint64_t ok = 0, busy = 0, stale = 0, other = 0, bad = 0;
+	uint64_t ok = 0, busy = 0, stale = 0, other = 0, bad = 0, skipped = 0;
 	int src = sock_one();
 	double el;
 
@@ -307,6 +337,7 @@ static void mode_takeover(void)
 		busy += w[i].busy;
 		stale += w[i].stale;
 		other += w[i].other;
+		skipped += w[i].bytes;
 	}
 	/* after the run: each fd has exactly one owner bit and nobody inside */
 	for (int j = 0; j < nfd; j++) {
@@ -320,11 +351,11 @@ static void mode_takeover(void)
 	el = max_el(w, n);
 	row("takeover", opt_variant, n, ok, el,
 	    "\"pool\":%d,\"attempts\":%llu,\"attempt_rate\":%.1f,\"busy\":%llu,\"stale\":%llu,"
-	    "\"other\":%llu,\"fail_ratio\":%.4f,\"bad_entries\":%llu",
+	    "\"other\":%llu,\"fail_ratio\":%.4f,\"bad_entries\":%llu,\"skipped_own\":%llu",
 	    P, (unsigned long long)(ok + busy + stale + other), (ok + busy + stale + other) / el,
 	    (unsigned long long)busy, (unsigned long long)stale, (unsigned long long)other,
 	    (ok + busy + stale + other) ? (double)(busy + stale + other) / (ok + busy + stale + other) : 0.0,
-	    (unsigned long long)bad);
+	    (unsigned long long)bad, (unsigned long long)skipped);
 	free(tk_fds);
 	free(tk_owner);
 	close(src);
@@ -690,8 +721,13 @@ static void *lst_server(void *p)
 			if (ev[i].fd == lst_fd) {
 				int k = fdc_accept(w->th, lst_fd, conns, 64);
 
-				for (int j = 0; j < k; j++)
+				for (int j = 0; j < k; j++) {
+					/* RST: no TIME_WAIT piling up on either side */
+					static const struct linger lg = { 1, 0 };
+
+					setsockopt(conns[j], SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 					close(conns[j]);
+				}
 			}
 			fdc_leave(w->th, ev[i].fd, ev[i].gen);
 		}
@@ -719,6 +755,8 @@ static void *lst_client(void *p)
 			w->other++;
 		setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 		close(s);
+		if (opt_pace_us)
+			usleep((useconds_t)opt_pace_us);
 	}
 	return NULL;
 }
@@ -784,10 +822,10 @@ static void mode_listener(void)
 	}
 	pthread_barrier_destroy(&start_bar);
 	row("listener", opt_excl ? "exclusive" : "shared", M, accepted, el,
-	    "\"clients\":%d,\"connects\":%llu,\"connect_errors\":%llu,\"accept_empty\":%llu,"
+	    "\"pace_us\":%d,\"clients\":%d,\"connects\":%llu,\"connect_errors\":%llu,\"accept_empty\":%llu,"
 	    "\"empty_per_accepted\":%.4f,\"loops\":%llu,\"poll_io\":%llu,\"wake_nowork\":%llu,"
 	    "\"loops_per_accepted\":%.4f",
-	    C, (unsigned long long)conn, (unsigned long long)cerr, (unsigned long long)empty,
+	    opt_pace_us, C, (unsigned long long)conn, (unsigned long long)cerr, (unsigned long long)empty,
 	    accepted ? (double)empty / accepted : 0.0, (unsigned long long)loops,
 	    (unsigned long long)polls_io, (unsigned long long)nowork,
 	    accepted ? (double)loops / accepted : 0.0);
@@ -810,10 +848,53 @@ static _Atomic uint64_t st_violations, st_ops_total;
 static struct { _Atomic uint64_t v; char pad[56]; } st_closed_by[256], st_inserted_by[256];
 static _Atomic uint64_t st_cookie_seq = 1;
 
+/* violation kinds, for the summary */
+static const char *const vk_name[] = { "close", "insert_unclean", "mask", "running", "incarnation",
+                                       "update", "epoll", "hang", "other" };
+#define VK_N 9
+static _Atomic uint64_t vk_count[VK_N];
+
+static int vk_of(const char *fmt)
+{
+	if (strstr(fmt, "close of fd") || strstr(fmt, "closes seen") || strstr(fmt, "inserts but") ||
+	    strstr(fmt, "still open"))
+		return 0;
+	if (strstr(fmt, "insert of fresh"))
+		return 1;
+	if (strstr(fmt, "missing from thread_mask") || strstr(fmt, "succeeded while"))
+		return 2;
+	if (strstr(fmt, "running bit"))
+		return 3;
+	if (strstr(fmt, "changed"))
+		return 4;
+	if (strstr(fmt, "update"))
+		return 5;
+	if (strstr(fmt, "epoll"))
+		return 6;
+	if (strstr(fmt, "HANG"))
+		return 7;
+	return 8;
+}
+
+static const char *vk_json(void)
+{
+	static char buf[512];
+	int o = 0;
+
+	o += snprintf(buf + o, sizeof(buf) - (size_t)o, "{");
+	for (int i = 0; i < VK_N; i++)
+		o += snprintf(buf + o, sizeof(buf) - (size_t)o, "%s\"%s\":%llu", i ? "," : "", vk_name[i],
+		              (unsigned long long)atomic_load(&vk_count[i]));
+	snprintf(buf + o, sizeof(buf) - (size_t)o, "}");
+	return buf;
+}
+
 static void violation(const char *fmt, ...)
 {
 	va_list ap;
 	uint64_t n = atomic_fetch_add(&st_violations, 1);
+
+	atomic_fetch_add(&vk_count[vk_of(fmt)], 1);
 
 	if (n < 30) {
 		va_start(ap, fmt);
@@ -903,7 +984,7 @@ static void st_insert(struct worker *w, uint64_t r)
 	/* mostly our own group, sometimes another one */
 	g = ((r >> 24) % 8 == 0) ? 1 + (int)((r >> 28) % (uint64_t)ngr) : tgid;
 	cnt = st_t->groups[g].count;
-	mask = (r >> 32) & ((cnt == 64) ? ~0ULL : (1ULL << cnt) - 1);
+	mask = opt_shared ? (r >> 32) & ((cnt == 64) ? ~0ULL : (1ULL << cnt) - 1) : 0;
 	if (!mask)
 		mask = 1ULL << ((r >> 40) % (uint64_t)cnt);
 	cookie = atomic_fetch_add(&st_cookie_seq, 1);
@@ -1007,7 +1088,20 @@ static void *stress_fn(void *p)
 				st_inside(w, fd, gen, r);
 		}
 		else if (op < 88) {
-			st_dirverb(w, fd, r >> 16);
+			if (opt_blind) {
+				st_dirverb(w, fd, r >> 16);
+			}
+			else if (fdc_enter(w->th, fd, &gen) == FDC_DONE) {
+				/* verb on a held fd only */
+				w->ops++;
+				st_dirverb(w, fd, r >> 16);
+				if (fdc_leave(w->th, fd, gen) != FDC_DONE)
+					violation("leave of held fd %d after a verb: not DONE", fd);
+				w->ops++;
+			}
+			else {
+				w->ops++;
+			}
 		}
 		else {
 			int m = fdc_poll(w->th, 0, ev, 64);
@@ -1083,8 +1177,52 @@ static void mode_stress(void)
 		pthread_create(&w[i].pt, NULL, stress_fn, &w[i]);
 	pthread_barrier_wait(&start_bar);
 	t0 = lastp = now();
+	uint64_t wd_ops = 0;
+	double wd_t = t0;
+
 	while (!stopped()) {
 		usleep(100000);
+		if (atomic_load(&st_ops_total) != wd_ops) {
+			wd_ops = atomic_load(&st_ops_total);
+			wd_t = now();
+		}
+		else if (now() - wd_t >= opt_hang_secs) {
+			atomic_fetch_add(&st_violations, 1);
+			atomic_fetch_add(&vk_count[7], 1);
+			fprintf(stderr, "VIOLATION: HANG: no progress for %.0f s at %llu ops\n",
+			        opt_hang_secs, (unsigned long long)wd_ops);
+			for (int g = 1; g <= ngr; g++)
+				fprintf(stderr, "  group %d shared list: first %d last %d epoch %u\n", g,
+				        atomic_load(&st_t->groups[g].first), atomic_load(&st_t->groups[g].last),
+				        atomic_load(&st_t->groups[g].epoch));
+			for (int fd = st_lo; fd < st_lo + st_range; fd++) {
+				struct fdc_entry *e = &st_t->fdtab[fd];
+				uint64_t lk = atomic_load(&e->links);
+				int32_t nx = (int32_t)(uint32_t)lk, pv = (int32_t)(uint32_t)(lk >> 32);
+
+				if (nx >= -2)
+					fprintf(stderr, "  fd %d links next %d prev %d refc_tgid %#x update %#llx\n",
+					        fd, nx, pv, atomic_load(&e->refc_tgid),
+					        (unsigned long long)atomic_load(&e->update_mask));
+			}
+			for (int g = 1; g <= ngr; g++) {
+				int l = atomic_load(&st_t->groups[g].last);
+
+				if (l >= 0) {
+					uint64_t lk = atomic_load(&st_t->fdtab[l].links);
+
+					fprintf(stderr, "  group %d tail fd %d: links next %d prev %d%s\n", g, l,
+					        (int32_t)(uint32_t)lk, (int32_t)(uint32_t)(lk >> 32),
+					        (int32_t)(uint32_t)lk <= -3 ? "  <-- tail is NOT in the list" : "");
+				}
+			}
+			row("stress", "random", n, wd_ops, now() - t0,
+			    "\"groups\":%d,\"pool\":%d,\"blind_verbs\":%d,\"shared\":%d,\"hang\":1,"
+			    "\"violations\":%llu,\"by_kind\":%s", ngr, st_pool, opt_blind, opt_shared,
+			    (unsigned long long)atomic_load(&st_violations), vk_json());
+			fflush(stderr);
+			_exit(3);
+		}
 		if (now() - lastp >= 10.0) {
 			lastp = now();
 			fprintf(stderr, "stress: %.0fs %llu ops %.2fM ops/s violations %llu\n",
@@ -1173,11 +1311,11 @@ static void mode_stress(void)
 	if (open_in_range() != st_base)
 		violation("end: %d fds still open in the pool range (lost closes)", open_in_range() - st_base);
 	row("stress", "random", n, atomic_load(&st_ops_total), el,
-	    "\"groups\":%d,\"pool\":%d,\"inserts\":%llu,\"closes\":%llu,\"takeovers\":%llu,"
-	    "\"events\":%llu,\"left_at_end\":%llu,\"violations\":%llu",
-	    ngr, st_pool, (unsigned long long)inserted, (unsigned long long)closed,
+	    "\"groups\":%d,\"pool\":%d,\"blind_verbs\":%d,\"shared\":%d,\"hang\":0,\"inserts\":%llu,\"closes\":%llu,\"takeovers\":%llu,"
+	    "\"events\":%llu,\"left_at_end\":%llu,\"violations\":%llu,\"by_kind\":%s",
+	    ngr, st_pool, opt_blind, opt_shared, (unsigned long long)inserted, (unsigned long long)closed,
 	    (unsigned long long)takeovers, (unsigned long long)events, (unsigned long long)left,
-	    (unsigned long long)atomic_load(&st_violations));
+	    (unsigned long long)atomic_load(&st_violations), vk_json());
 	fdc_set_hook(st_t, NULL, NULL);
 	fdc_table_free(st_t);
 	close(sv[0]);
@@ -1208,13 +1346,18 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--fds")) opt_fds = atoi(v);
 		else if (!strcmp(a, "--clients")) opt_clients = atoi(v);
 		else if (!strcmp(a, "--excl")) opt_excl = atoi(v);
+		else if (!strcmp(a, "--pace-us")) opt_pace_us = atoi(v);
 		else if (!strcmp(a, "--variant")) opt_variant = v;
 		else if (!strcmp(a, "--stress-ops")) opt_stress_ops = strtoull(v, NULL, 10);
 		else if (!strcmp(a, "--stress-secs")) opt_stress_secs = atof(v);
+		else if (!strcmp(a, "--blind-verbs")) opt_blind = atoi(v);
+		else if (!strcmp(a, "--shared")) opt_shared = atoi(v);
+		else if (!strcmp(a, "--hang-secs")) opt_hang_secs = atof(v);
 		else die("unknown option %s", a);
 	}
 	if (opt_threads < 1 || opt_threads > 64)
 		die("--threads 1..64");
+	cpu0 = cpu_secs();
 	if (!strcmp(mode, "insdel")) mode_insdel();
 	else if (!strcmp(mode, "takeover")) mode_takeover();
 	else if (!strcmp(mode, "atomic")) mode_atomic();
