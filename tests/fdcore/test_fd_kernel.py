@@ -20,6 +20,7 @@ import os
 import random
 import re
 import socket
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -159,6 +160,8 @@ def pair(peers: list[socket.socket]) -> int:
     """A socketpair: returns the fd for the table (ownership transferred),
     keeps the peer."""
     a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
     peers.append(b)
     return a.detach()
 
@@ -565,3 +568,131 @@ def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
     for th in t.threads:
         assert kernel_regs(th.epfd) == [], th.tid
     assert ops_done.get("do_takeover", 0) > 0 and ops_done.get("do_poll", 0) > 0, ops_done
+
+
+# ---------------------------------------------------------------------------
+# concurrent operations, checked at quiescent points
+
+
+def test_concurrent_operations_converge_to_kernel_truth(tables, peers):
+    """6 real OS threads (2 groups), each driving its own context: inserts
+    and deletes of its own fds, want/stop on anybody's fds (other groups'
+    included), takeovers, traffic, poll + leave. At the end of each round all
+    of them park on a barrier; the main thread then runs update passes on
+    every context and checks the kernel truth."""
+    t = tables(6, 2)
+    rounds, ops = 12, 60
+    lock = threading.Lock()
+    shared: list[int] = []                       # fds in the table, any worker's
+    barrier = threading.Barrier(len(t.threads) + 1, timeout=60)
+    errors: list[BaseException] = []
+    stats = {"deferred": 0, "takeover": 0, "events": 0, "ebadf": 0}
+
+    def worker(th, seed: int) -> None:
+        rng = random.Random(seed)
+        mine: dict[int, socket.socket] = {}
+        group = [x for x in t.threads if x.tgid == th.tgid]
+        owner_base = (th.tid + 1) << 32
+        try:
+            for _r in range(rounds):
+                for n in range(ops):
+                    x = rng.random()
+                    with lock:
+                        snapshot = list(shared)
+                    if x < 0.15 and len(mine) < 6:
+                        a, b = socket.socketpair()
+                        a.setblocking(False)
+                        b.setblocking(False)
+                        fd = a.detach()
+                        mask = th.bit | (rng.randrange(1 << len(group)) if rng.random() < 0.3 else 0)
+                        t.insert(fd, owner_base + n + 1, tgid=th.tgid, thread_mask=mask, kind=1,
+                                 cloned=rng.random() < 0.3)
+                        mine[fd] = b
+                        with lock:
+                            shared.append(fd)
+                    elif x < 0.25 and mine:
+                        fd = rng.choice(list(mine))
+                        with lock:
+                            shared.remove(fd)
+                        if not th.delete(fd):
+                            stats["deferred"] += 1
+                        peer = mine.pop(fd)
+                        with lock:
+                            peers.append(peer)       # closed at teardown
+                    elif x < 0.60 and snapshot:
+                        fd = rng.choice(snapshot)
+                        verb = rng.choice(("want_recv", "stop_recv", "want_send", "stop_send"))
+                        try:
+                            getattr(th, verb)(fd)
+                        except OSError:
+                            stats["ebadf"] += 1     # deleted meanwhile
+                    elif x < 0.68 and snapshot:
+                        fd = rng.choice(snapshot)
+                        try:
+                            owner = t.dump(fd).owner
+                        except OSError:
+                            continue
+                        if owner and th.takeover(fd, owner):
+                            stats["takeover"] += 1
+                            try:
+                                th.want_recv(fd)
+                            except OSError:
+                                stats["ebadf"] += 1  # its inserter deleted it
+                    elif x < 0.78 and mine:
+                        try:
+                            rng.choice(list(mine.values())).send(b"z")
+                        except OSError:
+                            pass
+                    else:
+                        for e in th.poll(0):
+                            stats["events"] += 1
+                            if e.kind == 1 and e.events & State.POLL_IN:
+                                try:
+                                    os.read(e.fd, 4096)
+                                except OSError:
+                                    pass
+                            th.leave(e.fd, e.gen)
+                barrier.wait()        # quiescent: the main thread checks
+                barrier.wait()        # checked: go on
+            for fd in list(mine):
+                with lock:
+                    shared.remove(fd)
+                assert th.delete(fd)
+                with lock:
+                    peers.append(mine.pop(fd))
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as exc:
+            exc.add_note(f"in worker of thread {th.tid}")
+            errors.append(exc)
+            barrier.abort()
+
+    workers = [threading.Thread(target=worker, args=(th, 7919 * (th.tid + 1)), daemon=True)
+               for th in t.threads]
+    for w in workers:
+        w.start()
+    done = False
+    try:
+        for r in range(rounds):
+            barrier.wait()
+            converge(t)
+            assert_kernel_truth(t, where=f"after concurrent round {r}")
+            barrier.wait()
+        done = True
+    except threading.BrokenBarrierError:
+        assert errors, "barrier broken without a worker error"
+    finally:
+        if not done:
+            barrier.abort()
+        for w in workers:
+            w.join(timeout=30)
+    if errors:
+        raise errors[0]
+    assert not any(w.is_alive() for w in workers)
+    converge(t)
+    assert_kernel_truth(t, where="all deleted")
+    assert t.show_fd() == []
+    for th in t.threads:
+        assert kernel_regs(th.epfd) == [], th.tid
+        assert th.counters()["ctl_err"] == 0, th.counters()
+    print(f"\nconcurrent rounds: {stats}")
