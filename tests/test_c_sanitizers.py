@@ -13,6 +13,8 @@ Knobs (environment):
   FDC_STRESS_SECONDS  main-phase duration of each scenario (default 3)
   FDC_STRESS_ITERS    per-thread iteration bound (default: unbounded)
   FDC_STRESS_SEED     seed (default: random, printed on failure)
+Other options of the program (threads, watchdog, quiescent-point period, ...)
+are listed at the top of tests/c/stress_fd.c.
 A long stress of one scenario, outside pytest:
   gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -I fdcore \
       fdcore/fd.c fdcore/updlist.c fdcore/poller.c tests/c/*.c -o /tmp/stress_fd

@@ -3,6 +3,15 @@
  * usage: stress_fd churn|takeover|listener [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
  *                  [-d watchdog_seconds] [-p pause_seconds] [-x bits]
+ *   -t/-g   threads (4) and thread groups (1)
+ *   -s/-n   wall-clock bound of the main phase (3 s) and per-thread
+ *           iteration bound (none): whichever comes first
+ *   -r      seed (printed in every FAIL and SUMMARY line)
+ *   -w      the test hook yields in 1 of `widen` calls (64; 0 = never)
+ *   -d      watchdog: abort if a busy worker is stuck that long (10 s)
+ *   -p      every `pause` seconds all workers stop at a quiescent point and
+ *           the table is checked against the kernel (0.5 s; 0 = only at end)
+ *   -x      takeover scenario only: extra paths (see stress_takeover.c)
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED.
  * Prints one "SUMMARY ..." line on success, exits 0; any failed check
@@ -18,8 +27,9 @@
  * bit. Numbers are reused at once (socketpair takes the lowest free ones).
  * Asserts (see common.c): exactly one close per incarnation, no close while
  * a running bit is held, every event belongs to the inserted incarnation
- * and reaches a thread holding running and in thread_mask, and at the
- * quiescent point polled == active for every owner, matching the kernel.
+ * and reaches a thread holding running and in thread_mask, and at each
+ * quiescent point polled == active for every owner, matching the kernel,
+ * with no reference, running bit, update bit or orphan left behind.
  */
 #define _GNU_SOURCE
 #include "common.h"
