@@ -42,7 +42,7 @@ MAXFD = 4096
 OWNER = 0xA11CE
 WAKE_DATA = (1 << 64) - 1
 BRANCH_POINTS = {Hook.ENTER_RUNNING, Hook.LEAVE, Hook.TAKEOVER_OWNED, Hook.DELETE_ORPHANED,
-                 Hook.UPDATE_CONSUMED, Hook.CLOSE_BEGIN}
+                 Hook.UPDATE_CONSUMED, Hook.CLOSE_BEGIN, Hook.BEFORE_WAIT}
 MAX_SCHEDULES = 20000
 
 
@@ -87,7 +87,8 @@ class Actor:
 def may_close(op: str, result) -> bool:
     """Whether a step's result allows it to have performed the final close."""
     return ((op == "delete" and result is True) or (op == "leave" and result == Outcome.CLOSED)
-            or (op == "enter" and result == Outcome.CLOSED) or (op == "takeover" and result is False))
+            or (op == "enter" and result == Outcome.CLOSED) or (op == "takeover" and result is False)
+            or (op == "poll" and result == ()))    # its enter (or leave) closed, nothing delivered
 
 
 class Schedule:
@@ -104,6 +105,8 @@ class Schedule:
         self.fd = a.detach()
         self.t.insert(self.fd, OWNER, tgid=scenario.get("tgid", 1), thread_mask=scenario["mask"])
         self.gen0 = self.t.dump(self.fd).generation
+        if scenario.get("readable"):
+            self.peer.send(b"data")   # level-triggered: reported at every poll
         self.actors = [Actor(tid, list(ops)) for tid, ops in scenario["actors"]]
         self.current: Actor | None = None
         self.preempted = 0
@@ -157,6 +160,13 @@ class Schedule:
                 res = "EBADF"
         elif op == "update_pass":
             res = th.update_pass()
+        elif op == "poll":
+            evs = [e for e in th.poll(0) if e.fd == fd]
+            assert len(evs) <= 1
+            res = tuple((e.gen, int(e.events)) for e in evs)
+            if evs:
+                assert evs[0].gen == self.gen0
+                a.inside, a.gen = True, evs[0].gen
         else:
             raise AssertionError(op)
         closed_here = [e for e in self.log[n0:] if e[0] == Hook.CLOSE_END and e[1] == a.tid]
@@ -201,6 +211,8 @@ class Schedule:
             elif point == Hook.CLOSE_BEGIN:
                 self.helper_closing.set()
             return
+        if point == Hook.BEFORE_WAIT and tid == getattr(self.current, "tid", None):
+            fd = self.fd      # poll: its pass is done, epoll_wait comes next
         if (point not in BRANCH_POINTS or fd != self.fd or self.current is None
                 or self.preempted >= self.scenario.get("preempt", 1)):
             return
@@ -360,6 +372,14 @@ SCENARIOS = {
     # two runners and deletes from both groups, two preemptions a step
     "runners-deletes-2": dict(threads=4, groups=2, mask=0b11, preempt=2, actors=[
         (0, ["enter", "leave"]), (1, ["enter", "delete", "leave"]), (2, ["delete"])]),
+    # real poll loops: a readable fd, its owner polling, a taker polling, a delete
+    "poll-takeover-delete": dict(threads=3, groups=1, mask=0b001, readable=True, actors=[
+        (0, ["want_recv", "poll", "leave"]), (2, ["takeover", "poll", "leave"]),
+        (1, ["delete"])]),
+    # a shared readable fd polled by both owners while a non-owner stops it and deletes it
+    "shared-poll-stop-delete": dict(threads=3, groups=1, mask=0b011, readable=True, actors=[
+        (0, ["want_recv", "poll", "leave"]), (1, ["poll", "leave"]),
+        (2, ["stop_recv", "delete"])]),
     # a shared fd: updates from an owner and a non-owner of its group, a delete
     "shared-updates-delete": dict(threads=3, groups=1, mask=0b011, actors=[
         (0, ["want_recv", "update_pass"]), (2, ["stop_recv", "want_send"]),

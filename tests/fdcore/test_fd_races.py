@@ -416,14 +416,13 @@ def test_seed003_enter_during_takeover_retries_then_migrated(make):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "fd.c fdc_takeover/fdc_enter: a takeover by a thread that is already in thread_mask "
-    "(co-owner of a shared fd) is invisible to the consistency loop: its CAS'ed running bit "
-    "is inside thread_mask, so another owner entering between the running CAS (fd.c "
-    "fdc_takeover, 'atomic_compare_exchange_strong(&e->running_mask, &zero, bit)') and the "
-    "thread_mask CAS passes the loop ('if (!(run & ~tmask)) break;' in fdc_enter) with "
-    "FDC_DONE; the takeover then succeeds anyway and stores thread_mask = taker bit while "
-    "the other thread is inside: running_mask 0b10 with thread_mask 0b01 (I3 broken, and "
-    "the taker believes it is alone although a handler runs)."))
+    "fd.c fdc_takeover/fdc_enter: a takeover by a thread already in thread_mask (co-owner of "
+    "a shared fd) is invisible to the consistency loop. The taker's running bit, CAS'ed at "
+    "fd.c:508, lies inside thread_mask, so an owner entering before the thread_mask CAS "
+    "(fd.c:517) passes the loop at fd.c:376-383 ('if (!(run & ~tmask)) break;') with "
+    "FDC_DONE; the takeover then still succeeds and stores thread_mask = taker bit while that "
+    "owner is inside: running_mask 0b10 with thread_mask 0b01 (I3 broken, and the taker "
+    "believes it holds the fd alone while a handler of another thread runs on it)."))
 def test_takeover_by_co_owner_vs_entering_owner(make):
     h = make(2, 1)
     fd, _ = h.pair()
