@@ -511,18 +511,36 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 	}
 	fdc_hook(t, FDC_HK_TAKEOVER_OWNED, th->tid, fd, 0);
 
+	/* A taker that is already one owner among several cannot take over:
+	 * its running bit lies inside thread_mask, so an owner entering now
+	 * passes the consistency loop as if nothing were in progress, and
+	 * narrowing thread_mask would strand it inside (I3). Takeover moves an
+	 * fd *to* a thread; HAProxy only ever takes single-owner idle fds.
+	 */
+	tmask = atomic_load(&e->thread_mask);
+	if ((tmask & bit) && tmask != bit)
+		return release_running(th, fd) == FDC_CLOSED ? -ESTALE : -EINVAL;
+
 	/* ours from here, unless a delete orphaned it first: a CAS, so the
 	 * delete is never overwritten */
-	tmask = atomic_load(&e->thread_mask);
-	if (tmask && atomic_compare_exchange_strong(&e->thread_mask, &tmask, bit)) {
+	if (tmask == bit) {
+		moved = 1;   /* already ours alone: nothing moves */
+	}
+	else if (tmask && atomic_compare_exchange_strong(&e->thread_mask, &tmask, bit)) {
+		uint32_t st;
+
 		moved = 1;
 		atomic_fetch_add(&e->nb_takeover, 1);
 		fdc_count(th, CTR_FD_TAKEOVER);
-		/* the old owner may still poll it; we subscribe again later, and
-		 * its poller DELs when it sees its bit gone (never stop an fd we
-		 * failed to take: HAProxy 8d7b51782) */
-		if (atomic_fetch_and(&e->state, ~FDC_ACTIVE_R) & FDC_ACTIVE_R)
-			fdc_updt_polling(th, fd, th->tgid);
+		/* the new owner subscribes to recv again itself (never stop an
+		 * fd we failed to take: HAProxy 8d7b51782); the old owner's
+		 * poller DELs when it next sees its bit gone. A direction still
+		 * wanted (send) must be registered by our poller now: nobody
+		 * else will tell it, and want_send would not flip anything.
+		 */
+		st = atomic_fetch_and(&e->state, ~FDC_ACTIVE_R) & ~FDC_ACTIVE_R;
+		if (st & FDC_ACTIVE_RW)
+			fdc_program_own_update(th, fd);
 	}
 	r = release_running(th, fd);
 	if (r == FDC_CLOSED)

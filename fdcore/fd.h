@@ -103,9 +103,13 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 int fdc_delete(struct fdc_thread *th, int fd);
 
 /* Takes an idle fd of th's group for th alone: owner must equal
- * expected_owner (-ESTALE), no thread may be inside it (-EBUSY). On success
- * thread_mask = own bit and recv is stopped (the new owner re-arms it); the
- * old owner's poller drops its registration when it next sees the fd.
+ * expected_owner (-ESTALE), no thread may be inside it (-EBUSY), and th
+ * must not be one owner among several (-EINVAL: a co-owner's running bit
+ * would look like an ordinary runner's). On success thread_mask = own bit
+ * and recv is stopped (the new owner re-arms it), while a send still wanted
+ * is registered by th's poller; the old owner's poller drops its
+ * registration when it next sees the fd. Taking an fd th owns alone
+ * succeeds and changes nothing.
  */
 int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner);
 

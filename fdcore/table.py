@@ -12,6 +12,7 @@ poll path.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import resource
 from dataclasses import dataclass
@@ -266,8 +267,14 @@ class Thread:
 
     def takeover(self, fd: int, expected_owner: int) -> bool:
         """Takes fd for this thread alone; False if it is in use or is no
-        longer the expected incarnation."""
-        return lib.fdc_takeover(self._th, fd, expected_owner) == 0
+        longer the expected incarnation (normal outcomes of a race). Raises
+        OSError for misuse: EBADF (fd out of range), EINVAL (this thread is
+        one owner among several of a shared fd)."""
+        rc = lib.fdc_takeover(self._th, fd, expected_owner)
+        if rc in (-errno.EBUSY, -errno.ESTALE):
+            return False
+        check(rc, f"takeover fd {fd}")
+        return True
 
     # direction verbs ----------------------------------------------------------
     def want_recv(self, fd: int) -> None:
