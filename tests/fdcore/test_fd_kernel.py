@@ -428,6 +428,91 @@ def test_number_reuse_registers_new_generation(tables, peers):
         assert reg.data >> 32 == gen0 + 1
 
 
+DISOWN_BUG = (
+    "close_orphan (fd.c) DELs an fd from the epoll instances that poll it only "
+    "when it is CLONED; for the other fds it relies on close() dropping the "
+    "last reference. A DISOWN fd is never close()d, so its registrations stay "
+    "in every instance that polled it while close_orphan zeroes its polled "
+    "bits: the kernel lists an fd the table no longer knows, the fd (now the "
+    "caller's) wakes those threads on every poll while it is ready "
+    "(poll_stale + wake_nowork, seed 004's spin), and after a re-insert for "
+    "fewer threads the others keep the old registration for good. Fix: DEL "
+    "from the polled instances when the state has FDC_CLONED or FDC_DISOWN.")
+
+
+@pytest.mark.xfail(strict=True, reason=DISOWN_BUG)
+def test_disown_delete_removes_registrations(tables, peers):
+    t = tables(2, 1)
+    fd = pair(peers)
+    try:
+        t.insert(fd, 3, tgid=1, thread_mask=0b11, disown=True)
+        t.threads[0].want_recv(fd)
+        converge(t)
+        assert listed_in(t, fd) == [0, 1]
+        assert t.threads[0].delete(fd)
+        converge(t)
+        assert t.dump(fd).tgid == 0
+        assert listed_in(t, fd) == []
+    finally:
+        os.close(fd)          # disowned: the fd is ours again
+
+
+@pytest.mark.xfail(strict=True, reason=DISOWN_BUG)
+def test_disowned_fd_does_not_wake_the_pollers(tables, peers):
+    t = tables(2, 1)
+    fd = pair(peers)
+    peer = peers[-1]
+    try:
+        t.insert(fd, 3, tgid=1, thread_mask=0b11, disown=True)
+        t.threads[0].want_recv(fd)
+        converge(t)
+        assert t.threads[1].delete(fd)
+        converge(t)
+        peer.send(b"ready to read")
+        before = [th.counters() for th in t.threads]
+        for _ in range(3):
+            for th in t.threads:
+                assert th.poll(0) == []
+        after = [th.counters() for th in t.threads]
+        for b, a in zip(before, after):
+            assert (a["poll_stale"], a["wake_nowork"]) == (b["poll_stale"], b["wake_nowork"])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.xfail(strict=True, reason=DISOWN_BUG)
+def test_disowned_fd_reinserted_for_fewer_threads_keeps_kernel_truth(tables, peers):
+    t = tables(2, 1)
+    fd = pair(peers)
+    t.insert(fd, 3, tgid=1, thread_mask=0b11, disown=True)
+    t.threads[0].want_recv(fd)
+    converge(t)
+    assert t.threads[0].delete(fd)
+    t.insert(fd, 4, tgid=1, thread_mask=0b01)       # the table owns it again
+    t.threads[0].want_recv(fd)
+    converge(t)
+    assert_kernel_truth(t, where="re-inserted after a DISOWN delete")
+
+
+def test_disown_cloned_delete_removes_registrations(tables, peers):
+    """The workaround, and what a DISOWN delete should do: with CLONED too
+    the final close DELs the fd from every instance that polled it."""
+    t = tables(2, 1)
+    fd = pair(peers)
+    try:
+        t.insert(fd, 3, tgid=1, thread_mask=0b11, disown=True, cloned=True)
+        t.threads[0].want_recv(fd)
+        converge(t)
+        assert listed_in(t, fd) == [0, 1]
+        assert t.threads[0].delete(fd)
+        converge(t)
+        assert listed_in(t, fd) == []
+        assert_kernel_truth(t)
+        os.fstat(fd)          # still open: disowned, not closed
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------------------
 # randomized sequence
 
