@@ -523,10 +523,7 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 
 	/* ours from here, unless a delete orphaned it first: a CAS, so the
 	 * delete is never overwritten */
-	if (tmask == bit) {
-		moved = 1;   /* already ours alone: nothing moves */
-	}
-	else if (tmask && atomic_compare_exchange_strong(&e->thread_mask, &tmask, bit)) {
+	if (tmask && atomic_compare_exchange_strong(&e->thread_mask, &tmask, bit)) {
 		uint32_t st;
 
 		moved = 1;

@@ -108,8 +108,8 @@ int fdc_delete(struct fdc_thread *th, int fd);
  * would look like an ordinary runner's). On success thread_mask = own bit
  * and recv is stopped (the new owner re-arms it), while a send still wanted
  * is registered by th's poller; the old owner's poller drops its
- * registration when it next sees the fd. Taking an fd th owns alone
- * succeeds and changes nothing.
+ * registration when it next sees the fd. Taking an fd th already owns
+ * alone is a takeover too (counted, recv stopped), as in HAProxy.
  */
 int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner);
 
