@@ -124,6 +124,28 @@ static void create_conn(struct fdc_thread *th, struct conn *c)
 		verb(c->fd, fdc_want_send, th, "want_send");
 }
 
+/* fdc_enter/fdc_leave outside a poll (a task using its connection): only
+ * the creator deletes and takeovers do not happen here, so the outcome is
+ * known: DONE for an owner, MIGRATED for a non-owner of the group, CLOSED
+ * for another group's thread.
+ */
+static void enter_directly(struct fdc_thread *th, struct conn *c)
+{
+	uint32_t gen = 0;
+	int want = c->tgid != th->tgid ? FDC_CLOSED :
+	           (c->mask & th->ltid_bit) ? FDC_DONE : FDC_MIGRATED;
+	int rc = fdc_enter(th, c->fd, &gen);
+
+	CHECKFD(c->fd, rc == want, "fdc_enter(fd %d) = %d, expected %d", c->fd, rc, want);
+	if (rc != FDC_DONE)
+		return;
+	struct fdc_event ev = { .fd = c->fd, .gen = gen, .kind = KIND_CONN, .owner = c->cookie };
+	check_event(th, &ev);
+	if (chance(4))
+		sched_yield();   /* pollers of co-owners enter meanwhile */
+	tst_leave(th, &ev);
+}
+
 /* one random operation by the creator, who alone may name the fd outside
  * a handler until it deletes or hands it off.
  */
@@ -132,7 +154,7 @@ static void conn_op(int tid, struct fdc_thread *th, struct conn *live, int *n, i
 	struct conn *c = &live[i];
 	char b[64];
 
-	switch (rndn(12)) {
+	switch (rndn(13)) {
 	case 0: verb(c->fd, fdc_want_recv, th, "want_recv"); break;
 	case 1: verb(c->fd, fdc_stop_recv, th, "stop_recv"); break;
 	case 2: verb(c->fd, fdc_want_send, th, "want_send"); break;
@@ -153,6 +175,9 @@ static void conn_op(int tid, struct fdc_thread *th, struct conn *live, int *n, i
 	case 9:
 		if (c->peer >= 0 && chance(4))
 			SYS(shutdown(c->peer, SHUT_WR));   /* RDHUP on our end */
+		break;
+	case 10:
+		enter_directly(th, c);
 		break;
 	default:
 		if (c->hdel)
