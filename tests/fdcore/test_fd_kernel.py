@@ -21,6 +21,7 @@ import random
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -426,6 +427,76 @@ def test_number_reuse_registers_new_generation(tables, peers):
     for th in t.threads:
         (reg,) = [r for r in kernel_regs(th.epfd) if r.fd == fd]
         assert reg.data >> 32 == gen0 + 1
+
+
+def test_foreign_group_want_stop_reaches_sleeping_owners(tables):
+    """T6 with real threads: 3 owners of a listener sleep in poll(30 s); a
+    thread of the other group flips recv on and off. Each flip must reach
+    every owner's epoll instance through the wake-up, long before any poll
+    timeout, and a connection made while wanted is accepted once."""
+    t = tables(5, 2)                     # group 1: tids 0-2, group 2: tids 3-4
+    lfd = listener()
+    t.insert(lfd, 21, tgid=1, thread_mask=0b111)
+    stop = threading.Event()
+    accepted: list[int] = []
+    errors: list[BaseException] = []
+
+    def run(th):
+        try:
+            while not stop.is_set():
+                for e in th.poll(30000):
+                    try:
+                        for c in th.accept(e.fd):
+                            accepted.append(th.tid)
+                            os.close(c)
+                    finally:
+                        th.leave(e.fd, e.gen)
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(t.threads[i],), daemon=True) for i in range(3)]
+    for w in workers:
+        w.start()
+    foreign = t.threads[3]
+    clients: list[socket.socket] = []
+    try:
+        deadline_s = 10
+        waiter = threading.Event()
+        for flip in range(10):
+            foreign.want_recv(lfd)
+            end = time.monotonic() + deadline_s
+            while listed_in(t, lfd) != [0, 1, 2]:
+                assert time.monotonic() < end, f"flip {flip}: want_recv not applied by all owners"
+                waiter.wait(0.002)
+            if flip == 5:
+                with socket.socket(fileno=os.dup(lfd)) as probe:
+                    addr = probe.getsockname()
+                clients.append(socket.create_connection(addr, timeout=10))
+                end = time.monotonic() + deadline_s
+                while not accepted:
+                    assert time.monotonic() < end, "connection not accepted"
+                    waiter.wait(0.002)
+            foreign.stop_recv(lfd)
+            end = time.monotonic() + deadline_s
+            while listed_in(t, lfd) != []:
+                assert time.monotonic() < end, f"flip {flip}: stop_recv not applied by all owners"
+                waiter.wait(0.002)
+    finally:
+        stop.set()
+        for i in range(3):
+            t.wake(i)
+        for w in workers:
+            w.join(timeout=30)
+        for c in clients:
+            c.close()
+    assert not any(w.is_alive() for w in workers)
+    assert not errors, errors
+    assert len(accepted) == 1
+    converge(t)
+    assert_kernel_truth(t, where="after the flips")
+    for i in range(3):
+        c = t.threads[i].counters()
+        assert c["ctl_err"] == 0 and c["poll_stale"] == 0, c
 
 
 DISOWN_BUG = (
