@@ -1325,6 +1325,113 @@ static void mode_stress(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Deterministic / short reproductions of the core bugs the stress run found
+ * (see bench/README.md). They print one JSON row each.
+ */
+
+/* repro-takeover: fd shared by ltid 0 and 1 (thread_mask 0x3). Thread
+ * context 1 takes it over; at FDC_HK_TAKEOVER_OWNED (running CAS'ed, new
+ * thread_mask not stored yet) context 0 enters. enter sees no running bit
+ * outside thread_mask (the taker is an owner too) and returns DONE; then the
+ * takeover stores thread_mask = 0x2: ltid 0 runs on an fd it no longer owns.
+ */
+static struct fdc_table *rp_t;
+static int rp_fd, rp_enter_rc = -1;
+static uint32_t rp_gen;
+
+static void rp_hook(void *arg, int point, int tid, int fd, uint32_t gen)
+{
+	(void)arg;
+	(void)gen;
+	if (point == FDC_HK_TAKEOVER_OWNED && tid == 1 && fd == rp_fd && rp_enter_rc < 0)
+		rp_enter_rc = fdc_enter(fdc_thread(rp_t, 0), rp_fd, &rp_gen);
+}
+
+static void mode_repro_takeover(void)
+{
+	struct fdc_fdinfo fi;
+	int tk;
+
+	rp_t = table(1024, 2, 1);
+	rp_fd = sock_one();
+	if (fdc_insert(rp_t, rp_fd, 0x42, 0, 1, 0x3, 0))
+		die("insert");
+	fdc_set_hook(rp_t, rp_hook, NULL);
+	tk = fdc_takeover(fdc_thread(rp_t, 1), rp_fd, 0x42);
+	fdc_set_hook(rp_t, NULL, NULL);
+	fdc_dump(rp_t, rp_fd, &fi);
+	printf("{\"mode\":\"repro-takeover\",\"takeover_rc\":%d,\"enter_rc\":%d,"
+	       "\"thread_mask\":%llu,\"running_mask\":%llu,\"violation\":%d}\n", tk, rp_enter_rc,
+	       (unsigned long long)fi.thread_mask, (unsigned long long)fi.running_mask,
+	       tk == 0 && rp_enter_rc == FDC_DONE && (fi.running_mask & 1) && !(fi.thread_mask & 1));
+	if (rp_enter_rc == FDC_DONE)
+		fdc_leave(fdc_thread(rp_t, 0), rp_fd, rp_gen);
+	fdc_delete(fdc_thread(rp_t, 1), rp_fd);
+	fdc_table_free(rp_t);
+}
+
+/* repro-insert: thread A inserts and deletes one number (DISOWN, so the
+ * number stays ours) in a loop; thread B calls want_recv / may_recv on that
+ * number. insert publishes the tgid before it initialises the entry, so B's
+ * verb can land in between: insert then fails with EEXIST and leaves the
+ * state bits behind, and the number can never be inserted again.
+ */
+static _Atomic int ri_done;
+
+static void *ri_verbs(void *p)
+{
+	struct fdc_thread *th = p;
+
+	pin(1);
+	while (!atomic_load_explicit(&ri_done, memory_order_relaxed)) {
+		fdc_want_recv(th, rp_fd);
+		fdc_may_recv(th, rp_fd);
+	}
+	return NULL;
+}
+
+static void mode_repro_insert(void)
+{
+	uint64_t ok = 0, fail = 0, iters = 0;
+	double t0 = now();
+	struct fdc_fdinfo fi;
+	pthread_t pt;
+
+	rp_t = table(1024, 2, 1);
+	rp_fd = sock_one();
+	pthread_create(&pt, NULL, ri_verbs, fdc_thread(rp_t, 1));
+	pin(0);
+	while (now() - t0 < opt_secs && !fail) {
+		for (int k = 0; k < 1000; k++) {
+			iters++;
+			if (fdc_insert(rp_t, rp_fd, 0x43, 0, 1, 1, FDC_DISOWN) == 0) {
+				ok++;
+				fdc_delete(fdc_thread(rp_t, 0), rp_fd);
+			}
+			else {
+				fail++;
+				break;
+			}
+		}
+	}
+	atomic_store(&ri_done, 1);
+	pthread_join(pt, NULL);
+	fdc_dump(rp_t, rp_fd, &fi);
+	/* one more try, alone now: a clean table would accept it */
+	int again = fdc_insert(rp_t, rp_fd, 0x44, 0, 1, 1, FDC_DISOWN);
+
+	printf("{\"mode\":\"repro-insert\",\"iterations\":%llu,\"inserts_ok\":%llu,"
+	       "\"first_failure_after\":%llu,\"state_left\":%u,\"tgid_left\":%u,"
+	       "\"insert_alone_after\":%d,\"violation\":%d}\n", (unsigned long long)iters,
+	       (unsigned long long)ok, fail ? (unsigned long long)ok : 0ULL, fi.state, fi.tgid, again,
+	       fail && again != 0);
+	if (again == 0)
+		fdc_delete(fdc_thread(rp_t, 0), rp_fd);
+	close(rp_fd);
+	fdc_table_free(rp_t);
+}
+
+/* ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
 {
@@ -1370,6 +1477,8 @@ int main(int argc, char **argv)
 	else if (!strcmp(mode, "busy")) mode_busy();
 	else if (!strcmp(mode, "listener")) mode_listener();
 	else if (!strcmp(mode, "stress")) mode_stress();
+	else if (!strcmp(mode, "repro-takeover")) mode_repro_takeover();
+	else if (!strcmp(mode, "repro-insert")) mode_repro_insert();
 	else die("unknown mode %s", mode);
 	return 0;
 }

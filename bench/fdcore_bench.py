@@ -54,6 +54,19 @@ def build(core_dir: str, out_dir: str, cc: str = "gcc") -> str:
     return exe
 
 
+def run_repro(exe: str, secs: float) -> list[dict]:
+    """The short reproductions of core bugs found by the stress mode."""
+    out = []
+    for mode, args in (("repro-takeover", []), ("repro-insert", ["--secs", str(secs)])):
+        p = subprocess.run([exe, mode, *args], capture_output=True, text=True, timeout=60)
+        for line in p.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                r["cmd"] = shlex.join(["fdcore_bench", mode, *args])
+                out.append(r)
+    return out
+
+
 def run_c(exe: str, mode: str, *args: str, timeout: float = 120.0) -> list[dict]:
     cmd = [exe, mode, *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -471,6 +484,31 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def core_identity(core_dir: str) -> str:
+    """Which fdcore was measured: git HEAD, whether fdcore/ differs from it,
+    and a hash of the sources actually compiled (the core changes often)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in ("fd-t.h", "fd-int.h", "fd.h", "fd.c", "updlist.c", "poller.c"):
+        try:
+            with open(os.path.join(core_dir, f), "rb") as fh:
+                h.update(fh.read())
+        except OSError:
+            pass
+    out = f"fdcore sources: {core_dir} sha256 {h.hexdigest()[:16]}"
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--short", "--", "fdcore"],
+                               capture_output=True, text=True).stdout.strip()
+        out += f", repo HEAD {head}" + (f", fdcore/ modified: {' '.join(dirty.split())}" if dirty
+                                        else ", fdcore/ clean")
+    except OSError:
+        pass
+    return out
+
+
 def machine() -> str:
     lines = [f"date (UTC): {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}",
              f"nproc: {os.cpu_count()}", f"kernel: {platform.release()}",
@@ -513,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                           *(argv if argv is not None else sys.argv[1:])])
     print(f"# command: {cmdline}")
     print("# " + machine().replace("\n", "\n# "))
+    print("# " + core_identity(args.core_dir))
     sys.stdout.flush()
 
     tmp = tempfile.mkdtemp(prefix="fdcore_bench.")
@@ -556,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.extend(py_events(ps, 1))
                 rows.extend(py_events(ps, 64))
             print(table(rows))
+            if not only or "repro" in only:
+                print("\n# core bug reproductions (violation 1 = the bug is present):")
+                for r in run_repro(exe, min(2.0, 5 * s)):
+                    print("#   " + r.pop("cmd") + " -> " + json.dumps(r))
             try:
                 print("\n# loadavg at end: " + open("/proc/loadavg").read().strip())
             except OSError:
