@@ -380,6 +380,13 @@ SCENARIOS = {
     "shared-poll-stop-delete": dict(threads=3, groups=1, mask=0b011, readable=True, actors=[
         (0, ["want_recv", "poll", "leave"]), (1, ["poll", "leave"]),
         (2, ["stop_recv", "delete"])]),
+    # a takeover racing a runner and a delete from another group
+    "takeover-foreign-delete": dict(threads=4, groups=2, mask=0b01, preempt=2, actors=[
+        (0, ["enter", "leave"]), (1, ["takeover"]), (2, ["delete"])]),
+    # a shared fd taken over from outside while its owners apply pending updates
+    "shared-takeover-updates": dict(threads=3, groups=1, mask=0b011, actors=[
+        (0, ["want_recv", "update_pass"]), (2, ["takeover", "update_pass"]),
+        (1, ["update_pass", "enter", "leave"])]),
     # a shared fd: updates from an owner and a non-owner of its group, a delete
     "shared-updates-delete": dict(threads=3, groups=1, mask=0b011, actors=[
         (0, ["want_recv", "update_pass"]), (2, ["stop_recv", "want_send"]),

@@ -774,6 +774,42 @@ def test_enter_retry_then_delete_resolves_against_us(make):
     assert (out == Outcome.CLOSED) == (closer == [0])
 
 
+def test_enter_retry_resolves_in_our_favour(make):
+    """The new owner meets the old owner's stale running bit: context 0 (old
+    owner) OR'ed its bit while the takeover by context 2 was in progress and
+    is still in its consistency loop when context 2, now the owner, enters.
+    Context 2 retries (a bit outside thread_mask), context 0 sees its own bit
+    gone from thread_mask and leaves MIGRATED, and context 2 proceeds DONE."""
+    h = make(3, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b001)
+    x_retrying, x_gate = threading.Event(), threading.Event()
+
+    def old_owner_retry(tid, f, gen):
+        x_retrying.set()
+        assert x_gate.wait(10)
+
+    h.at(Hook.ENTER_RETRY, old_owner_retry, tid=0, fd=fd, once=False)
+    box: dict = {}
+
+    def in_takeover(tid, f, gen):
+        box["x"] = run_thread(h.th[0].enter, fd)
+        assert x_retrying.wait(10)
+
+    h.at(Hook.TAKEOVER_OWNED, in_takeover, tid=2, fd=fd)
+    assert h.th[2].takeover(fd, OWNER) is True
+    i = h.t.dump(fd)
+    assert i.thread_mask == 0b100 and i.running_mask == 0b001   # old owner's stale bit
+    h.at(Hook.ENTER_RETRY, lambda *a: x_gate.set(), tid=2, fd=fd)
+    out, gen = h.th[2].enter(fd)
+    assert out == Outcome.DONE
+    assert joined(*box["x"])[0] == Outcome.MIGRATED
+    assert h.count(Hook.ENTER_RETRY, tid=2) >= 1
+    assert h.t.dump(fd).running_mask == 0b100
+    assert h.th[2].leave(fd, gen) == Outcome.DONE
+    assert h.t.dump(fd).running_mask == 0 and h.closes(fd, 0) == 0
+
+
 # ---- 6. seed 001: a shared fd changed by a non-owner converges everywhere -----------
 
 
