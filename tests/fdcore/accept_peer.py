@@ -1,8 +1,9 @@
 """Second holder of a listening socket, for tests/fdcore/test_fd_seed004.py.
 
-    accept_peer.py <fd> <accept|hold> <max_seconds>
+    accept_peer.py <fd>|scm:<fd> <accept|hold> <max_seconds>
 
-The listener arrives as <fd> (subprocess pass_fds). It prints "ready" once
+The listener arrives as <fd> (subprocess pass_fds), or with "scm:<fd>" over
+the unix socket <fd> (SCM_RIGHTS, one message). It prints "ready" once
 running, then in "accept" mode accepts every connection, answers b"ok\\n" and
 closes it; in "hold" mode it never accepts (connections stay queued, the
 listener stays readable). It exits when its stdin is closed or after
@@ -18,8 +19,15 @@ import time
 
 
 def main() -> int:
-    fd, mode, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    src, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     deadline = time.monotonic() + seconds
+    if src.startswith("scm:"):
+        with socket.socket(fileno=int(src[4:])) as chan:
+            chan.settimeout(30)
+            _msg, fds, _flags, _addr = socket.recv_fds(chan, 16, 1)
+        fd = fds[0]
+    else:
+        fd = int(src)
     lst = socket.socket(fileno=fd)
     # the file status flags (O_NONBLOCK) are shared with the other holder:
     # never change them, cope with EAGAIN instead

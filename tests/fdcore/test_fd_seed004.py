@@ -110,11 +110,23 @@ def peers():
     """Spawns accept_peer.py holding a listener; every one is reaped."""
     started: list[subprocess.Popen] = []
 
-    def spawn(lfd: int, mode: str, seconds: float = 80) -> Peer:
-        p = subprocess.Popen([sys.executable, str(HELPER), str(lfd), mode, str(seconds)],
-                             pass_fds=(lfd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        started.append(p)
+    def spawn(lfd: int, mode: str, seconds: float = 80, *, scm: bool = False) -> Peer:
+        """The listener goes to the child through pass_fds, or with scm=True
+        over a unix socketpair (SCM_RIGHTS), as a live hand-off would."""
+        if not scm:
+            p = subprocess.Popen([sys.executable, str(HELPER), str(lfd), mode, str(seconds)],
+                                 pass_fds=(lfd,), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            started.append(p)
+        else:
+            here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            with here, there:
+                p = subprocess.Popen([sys.executable, str(HELPER), f"scm:{there.fileno()}", mode,
+                                      str(seconds)], pass_fds=(there.fileno(),),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+                started.append(p)
+                socket.send_fds(here, [b"L"], [lfd])
         r, _, _ = select.select([p.stdout], [], [], 30)
         assert r, "helper did not start"
         line = p.stdout.readline()
@@ -194,10 +206,11 @@ def flood(port: int, n: int, done: list, errors: list) -> None:
         errors.append(exc)
 
 
-@pytest.mark.parametrize("layout", ["1x4", "2x2"])
-def test_cloned_listener_deleted_here_never_wakes_us_under_flood(tables, peers, layout):
+@pytest.mark.parametrize("layout,scm", [("1x4", False), ("2x2", False), ("1x4", True)],
+                         ids=["1x4", "2x2", "1x4-scm_rights"])
+def test_cloned_listener_deleted_here_never_wakes_us_under_flood(tables, peers, layout, scm):
     lfd, port = make_listener()
-    peer = peers(lfd, "accept")
+    peer = peers(lfd, "accept", scm=scm)
     t = tables(4, 1 if layout == "1x4" else 2)
     fds = register_everywhere(t, layout, lfd, cloned=True)
 
@@ -263,6 +276,36 @@ def test_pending_connection_on_inherited_listener(tables, peers, clients, cloned
             assert a["wake_nowork"] - b["wake_nowork"] == rounds, (th.tid, b, a)
             assert a["poll_io"] - b["poll_io"] == rounds, (th.tid, b, a)
     assert peer.stop() == 0
+
+
+@pytest.mark.parametrize("cloned", [True, False], ids=["cloned", "not-cloned"])
+def test_pending_connection_on_listener_kept_by_a_dup(tables, clients, cloned):
+    """Same with the other holder a dup() in this very process (notes A.11:
+    dup'ed, forked and transferred fds are all 'cloned')."""
+    lfd, port = make_listener()
+    keep = os.dup(lfd)
+    try:
+        t = tables(2, 1)
+        t.insert(lfd, 78, tgid=1, thread_mask=0b11, cloned=cloned)
+        t.threads[0].want_recv(lfd)
+        poll_rounds(t, 1)
+        assert listed_in(t, lfd) == [0, 1]
+        assert t.threads[0].delete(lfd) is True
+        clients.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        before = [th.counters() for th in t.threads]
+        rounds = poll_rounds(t, 5)
+        after = [th.counters() for th in t.threads]
+        for th, b, a in zip(t.threads, before, after):
+            if cloned:
+                assert kernel_fds(th.epfd) == []
+                for name in FLAT:
+                    assert a[name] == b[name], (th.tid, name, b, a)
+            else:
+                # the dup keeps the description, hence our registration, alive
+                assert lfd in kernel_fds(th.epfd)
+                assert a["poll_stale"] - b["poll_stale"] == rounds, (th.tid, b, a)
+    finally:
+        os.close(keep)
 
 
 def test_uncloned_delete_leaves_kernel_registration(tables, peers):
