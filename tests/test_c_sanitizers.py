@@ -56,22 +56,16 @@ REPORTS = (
     "runtime error:",
     "ERROR: LeakSanitizer",
 )
-SCENARIOS = [(mode, groups) for mode in ("churn", "takeover", "listener") for groups in (1, 2)]
-
-# Takeover paths with core bugs known when this was written (also pinned by
-# deterministic strict xfails in tests/fdcore): -x bits, the FAIL line the
-# bug produces, and the diagnosis. The stress finds them most of the time,
-# not always: such a run xfails only with exactly that signature and no
-# sanitizer report; a clean run passes (proving nothing either way).
-KNOWN_BUGS = {
-    "coowned": ("1", "which is not in thread_mask",
-                "fd.c fdc_takeover/fdc_enter: a takeover by a co-owner (taker already in "
-                "thread_mask) is invisible to the consistency loop, so another owner enters "
-                "meanwhile and its handler runs while thread_mask = taker only (I3)"),
-    "send": ("2", "send ACTIVE but some owner does not poll it",
-             "fd.c fdc_takeover: only ACTIVE_R is cleared and re-programmed; a taker "
-             "inheriting ACTIVE_W is never told to poll it and want_send() is then a no-op"),
-}
+# (mode, groups, extra options). "takeover -x 3" adds co-owned fds and send
+# re-arming to the takeover paths: the paths of two core bugs this stress
+# reproduced (co-owner takeover stranding an entering owner outside
+# thread_mask; inherited ACTIVE_W polled by nobody), fixed in e2ee5a5.
+SCENARIOS = [
+    (mode, groups, extra)
+    for mode, extra in (("churn", ()), ("takeover", ()), ("takeover", ("-x", "3")), ("listener", ()))
+    for groups in (1, 2)
+]
+IDS = [f"{m}{'-x' if x else ''}-g{g}" for m, g, x in SCENARIOS]
 
 
 def _sources():
@@ -124,30 +118,14 @@ def _stress(binary, san, mode, groups, extra=()):
     return where, res, [r for r in REPORTS if r in res.stderr]
 
 
-def _assert_clean(where, res, found, mode):
+@pytest.mark.sanitizer
+@pytest.mark.timeout(RUN_TIMEOUT + 300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+@pytest.mark.parametrize("mode,groups,extra", SCENARIOS, ids=IDS)
+def test_stress_under_sanitizer(stress_binary, san, mode, groups, extra):
+    where, res, found = _stress(stress_binary(san), san, mode, groups, extra)
     assert res.returncode == 0 and not found, (
         f"{where}, sanitizer reports {found}\n--- stdout\n{res.stdout[-4000:]}"
         f"\n--- stderr\n{res.stderr[-20000:]}"
     )
     assert f"SUMMARY mode={mode}" in res.stdout, f"{where}: no summary\n{res.stdout}\n{res.stderr}"
-
-
-@pytest.mark.sanitizer
-@pytest.mark.timeout(RUN_TIMEOUT + 300)
-@pytest.mark.parametrize("san", sorted(SANITIZERS))
-@pytest.mark.parametrize("mode,groups", SCENARIOS, ids=[f"{m}-g{g}" for m, g in SCENARIOS])
-def test_stress_under_sanitizer(stress_binary, san, mode, groups):
-    _assert_clean(*_stress(stress_binary(san), san, mode, groups), mode)
-
-
-@pytest.mark.sanitizer
-@pytest.mark.timeout(RUN_TIMEOUT + 300)
-@pytest.mark.parametrize("san", sorted(SANITIZERS))
-@pytest.mark.parametrize("bug", sorted(KNOWN_BUGS))
-def test_takeover_known_bug_paths(stress_binary, san, bug):
-    bits, signature, diagnosis = KNOWN_BUGS[bug]
-    where, res, found = _stress(stress_binary(san), san, "takeover", 2, ("-x", bits))
-    fails = [line for line in res.stderr.splitlines() if line.startswith("FAIL:")]
-    if res.returncode != 0 and not found and fails and signature in fails[0]:
-        pytest.xfail(f"known core bug: {diagnosis}\n{where}: {fails[0]}")
-    _assert_clean(where, res, found, "takeover")

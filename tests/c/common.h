@@ -61,7 +61,7 @@ struct opts {
 	double watchdog;         /* seconds without progress before abort */
 	double pause;            /* seconds between mid-run quiescent points */
 	int extended;            /* -x bits, takeover scenario: X_COOWNED, X_SEND
-	                            (paths with known core bugs, see stress_takeover.c) */
+	                            (see stress_takeover.c) */
 };
 extern struct opts g_opt;
 

@@ -20,11 +20,16 @@
  * At the end: successful takeovers == sum of the fd_takeover counters, the
  * quiescent checks (stale registrations of former owners tolerated), and
  * exactly one close per incarnation.
- * Extensions (-x bits), paths where the core had known bugs when this was
- * written (see the pytest module):
+ * Extensions (-x bits), the paths of two core bugs this stress found (fixed
+ * in e2ee5a5, "takeover refuses a co-owner ... registers a still-wanted
+ * send for the new owner"):
  *   X_COOWNED  a third of the connections are inserted for several threads
- *              of the group: the taker may be a co-owner;
- *   X_SEND     send is wanted/stopped too: a taker may inherit ACTIVE_W.
+ *              of the group: the taker may be a co-owner, which must now be
+ *              refused with -EINVAL (it used to succeed while another owner
+ *              was inside: handler on a thread outside thread_mask);
+ *   X_SEND     send is wanted/stopped too, and a taker sometimes re-arms
+ *              send alone: an inherited ACTIVE_W must reach the taker's
+ *              poller (it used to be polled by nobody: update lost).
  */
 #define _GNU_SOURCE
 #include "common.h"
@@ -41,11 +46,12 @@ struct slot {
 	int tgid;
 	int fd, peer;
 	uint64_t cookie;
+	uint64_t mask0;         /* thread_mask the incarnation was inserted with */
 };
 
 static struct slot *g_slots;
 static int g_nslots;
-static _Atomic uint64_t g_take_ok, g_take_busy, g_take_stale, g_take_badf;
+static _Atomic uint64_t g_take_ok, g_take_busy, g_take_stale, g_take_einval;
 /* -ESTALE results of takeover calls that performed the final close: a
  * delete orphaned the fd while we held the running bit, so the close fell to
  * us. fdc_takeover may already have counted fd_takeover for those.
@@ -76,6 +82,7 @@ static void slot_fill(struct fdc_thread *th, struct slot *s)
 	s->fd = sv[0];
 	s->peer = sv[1];
 	s->cookie = ck;
+	s->mask0 = mask;
 	s->live = 1;
 	unlock(s);
 }
@@ -102,12 +109,13 @@ static void try_takeover(struct fdc_thread *th)
 	int per = POOL_PER_GROUP;
 	struct slot *s = &g_slots[(th->tgid - 1) * per + (int)rndn((unsigned)per)];
 	int fd;
-	uint64_t ck;
+	uint64_t ck, mask0;
 
 	lock(s);
 	int live = s->live;
 	fd = s->fd;
 	ck = s->cookie;
+	mask0 = s->mask0;
 	unlock(s);
 	if (!live)
 		return;
@@ -129,8 +137,14 @@ static void try_takeover(struct fdc_thread *th)
 		atomic_fetch_add(&g_take_stale, 1);
 		return;
 	}
-	if (rc == -EBADF) {
-		atomic_fetch_add(&g_take_badf, 1);
+	if (rc == -EINVAL) {
+		/* refused to a co-owner: the owner matched, so this is the
+		 * incarnation we looked at, and it must have been inserted
+		 * shared with us (once taken over it is owned by one thread) */
+		CHECKFD(fd, (mask0 & th->ltid_bit) && mask0 != th->ltid_bit,
+		        "takeover refused (EINVAL) to tid %d, inserted for %#llx", th->tid,
+		        (unsigned long long)mask0);
+		atomic_fetch_add(&g_take_einval, 1);
 		return;
 	}
 	CHECKFD(fd, rc >= 0, "fdc_takeover(fd %d): %d (%s)", fd, rc, strerror(-rc));
@@ -273,9 +287,9 @@ int run_takeover(void)
 	      (unsigned long long)counted, (unsigned long long)atomic_load(&g_take_ok),
 	      (unsigned long long)atomic_load(&g_take_closed));
 	snprintf(extra, sizeof(extra),
-	         "take_ok=%llu take_busy=%llu take_stale=%llu take_badf=%llu take_closed=%llu",
+	         "take_ok=%llu take_busy=%llu take_stale=%llu take_einval=%llu take_closed=%llu",
 	         (unsigned long long)g_take_ok, (unsigned long long)g_take_busy,
-	         (unsigned long long)g_take_stale, (unsigned long long)g_take_badf,
+	         (unsigned long long)g_take_stale, (unsigned long long)g_take_einval,
 	         (unsigned long long)g_take_closed);
 	print_counters("takeover", el, extra);
 
