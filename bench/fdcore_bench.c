@@ -893,11 +893,14 @@ static const char *vk_json(void)
 static void violation(const char *fmt, ...)
 {
 	va_list ap;
-	uint64_t n = atomic_fetch_add(&st_violations, 1);
+	int kind = vk_of(fmt);
+	uint64_t n;
 
-	atomic_fetch_add(&vk_count[vk_of(fmt)], 1);
+	atomic_fetch_add(&st_violations, 1);
+	/* at most 10 messages of each kind */
+	n = atomic_fetch_add(&vk_count[kind], 1);
 
-	if (n < 30) {
+	if (n < 10) {
 		va_start(ap, fmt);
 		fprintf(stderr, "VIOLATION: ");
 		vfprintf(stderr, fmt, ap);

@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{k} {r[k]}", end="  ")
             print()
             if r["stderr"].strip():
-                print("\nstderr (first 40 lines):")
-                print("\n".join(r["stderr"].splitlines()[:40]))
+                print("\nstderr (first 100 lines; at most 10 messages per violation kind):")
+                print("\n".join(r["stderr"].splitlines()[:100]))
         else:
             s = 0.3 if args.quick else args.secs
             ls = 0.5 if args.quick else args.listener_secs
