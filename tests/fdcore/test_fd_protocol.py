@@ -634,7 +634,74 @@ def test_takeover_closed_or_foreign(make):
     assert h.th[0].takeover(fd, OWNER) is False
     assert h.th[0].takeover(fd, 0) is False          # owner 0 = closed: still no
     assert_clean(h.t.dump(fd), fd)
-    assert h.th[0].takeover(MAXFD, OWNER) is False
+    for bad in (MAXFD, -1):
+        with pytest.raises(OSError) as ei:
+            h.th[0].takeover(bad, OWNER)
+        assert ei.value.errno == errno.EBADF
+
+
+def test_takeover_by_co_owner_einval(make):
+    """One owner among several cannot take the fd for itself alone (its
+    running bit would look like an ordinary runner's): EINVAL, nothing moves."""
+    h = make(3, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b011)
+    h.th[0].want_recv(fd)
+    for th in h.th:
+        th.update_pass()
+    before = h.t.dump(fd)
+    for tid in (0, 1):
+        with pytest.raises(OSError) as ei:
+            h.th[tid].takeover(fd, OWNER)
+        assert ei.value.errno == errno.EINVAL
+        assert h.t.dump(fd) == before
+        assert h.th[tid].counters()["fd_takeover"] == 0
+    # an outsider can
+    assert h.th[2].takeover(fd, OWNER) is True
+    assert h.t.dump(fd).thread_mask == 0b100
+
+
+def test_takeover_of_own_sole_fd_is_a_takeover(make):
+    h = make(2, 1)
+    fd, peer = h.pair()
+    h.insert(fd, mask=0b01)
+    h.th[0].want_recv(fd)
+    h.th[0].update_pass()
+    assert h.th[0].takeover(fd, OWNER) is True
+    i = h.t.dump(fd)
+    assert i.thread_mask == 0b01 and i.nb_takeover == 1 and not i.state & State.ACTIVE_R
+    assert h.th[0].counters()["fd_takeover"] == 1
+    # recv stopped; the registration goes lazily, when the fd is next seen:
+    # the report is not delivered (nobody wants recv) and a DEL follows
+    peer.send(b"x")
+    assert h.th[0].poll(1000) == []
+    assert h.t.dump(fd).update_mask == 0b01
+    assert h.th[0].update_pass() == 1
+    assert h.t.dump(fd).polled_recv == 0 and kernel_events(h.th[0].epfd, fd) is None
+
+
+def test_takeover_keeps_wanted_send_polled(make):
+    """recv is stopped at takeover, but a send still wanted must be polled by
+    the new owner (nobody else would tell its poller)."""
+    h = make(3, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b001)
+    h.th[0].want_send(fd)
+    h.th[0].update_pass()
+    assert h.t.dump(fd).polled_send == 0b001
+    assert h.th[2].takeover(fd, OWNER) is True
+    i = h.t.dump(fd)
+    assert i.state & State.ACTIVE_W and i.update_mask & 0b100
+    assert h.th[2].update_pass() == 1
+    assert h.t.dump(fd).polled_send & 0b100
+    assert kernel_events(h.th[2].epfd, fd) & EPOLLOUT
+    evs = h.th[2].poll(1000)                  # a socketpair end is writable
+    assert [(e.fd, bool(e.events & State.POLL_OUT)) for e in evs] == [(fd, True)]
+    assert h.th[2].leave(fd, evs[0].gen) == Outcome.DONE
+    # the old owner drops its registration when it sees the fd
+    assert h.th[0].poll(1000) == []
+    assert h.th[0].update_pass() == 1
+    assert h.t.dump(fd).polled_send == 0b100
 
 
 # ---- update programming ------------------------------------------------------

@@ -415,28 +415,39 @@ def test_seed003_enter_during_takeover_retries_then_migrated(make):
     assert h.closes(fd, 0) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fd.c fdc_takeover/fdc_enter: a takeover by a thread already in thread_mask (co-owner of "
-    "a shared fd) is invisible to the consistency loop. The taker's running bit, CAS'ed at "
-    "fd.c:508, lies inside thread_mask, so an owner entering before the thread_mask CAS "
-    "(fd.c:517) passes the loop at fd.c:376-383 ('if (!(run & ~tmask)) break;') with "
-    "FDC_DONE; the takeover then still succeeds and stores thread_mask = taker bit while that "
-    "owner is inside: running_mask 0b10 with thread_mask 0b01 (I3 broken, and the taker "
-    "believes it holds the fd alone while a handler of another thread runs on it)."))
 def test_takeover_by_co_owner_vs_entering_owner(make):
+    """Regression (found by this test): a co-owner's running bit lies inside
+    thread_mask, so another owner entering during its takeover passed the
+    consistency loop, and the takeover then narrowed thread_mask under it (I3).
+    A co-owner's takeover is now refused (EINVAL) and the runner stays an owner."""
     h = make(2, 1)
     fd, _ = h.pair()
     h.insert(fd, mask=0b11)
     seen = []
     h.at(Hook.TAKEOVER_OWNED, lambda *a: seen.append(h.th[1].enter(fd)), tid=0, fd=fd)
-    took = h.th[0].takeover(fd, OWNER)
-    assert len(seen) == 1
-    inside = seen[0][0] == Outcome.DONE
-    # the two may not both succeed: either the takeover failed (EBUSY) or the
-    # entering thread was turned away
-    assert not (took and inside), (took, seen, h.t.dump(fd))
+    with pytest.raises(OSError) as ei:
+        h.th[0].takeover(fd, OWNER)
+    assert ei.value.errno == errno.EINVAL
+    assert len(seen) == 1 and seen[0][0] == Outcome.DONE
     i = h.t.dump(fd)
-    assert i.running_mask & ~i.thread_mask == 0, i     # I3
+    assert i.thread_mask == 0b11 and i.running_mask == 0b10 and i.nb_takeover == 0
+    assert h.th[1].leave(fd, seen[0][1]) == Outcome.DONE
+    assert h.t.dump(fd).running_mask == 0
+
+
+def test_co_owner_takeover_refused_vs_delete(make):
+    """The refused co-owner takeover still votes as a runner: a delete landing
+    while it holds its running bit is completed by it."""
+    h = make(2, 1)
+    fd, _ = h.pair()
+    h.insert(fd, mask=0b11)
+    res = []
+    h.at(Hook.TAKEOVER_OWNED, lambda *a: res.append(h.th[1].delete(fd)), tid=0, fd=fd)
+    # orphaned under it: no longer a co-owner, the CAS loses, it closes: ESTALE
+    assert h.th[0].takeover(fd, OWNER) is False
+    assert res == [False]
+    assert_closed_once(h, fd, 0)
+    assert h.count(Hook.CLOSE_END, tid=0) == 1
 
 
 def test_takeover_vs_delete_in_takeover_owned(make):
