@@ -594,6 +594,60 @@ def test_concurrent_deletes_and_runner_real_threads(make):
         assert_clean(h.t.dump(fd), fd)
 
 
+def test_takeovers_runners_delete_real_threads(make):
+    """OS threads: the owner enters/leaves, an outsider keeps taking the fd
+    over and entering as the new owner, a third context deletes it. Whatever
+    the timing: one close, nobody stuck, nobody inside an fd it does not own
+    once done, and the running bits seen inside are always our own."""
+    import random
+
+    h = make(3, 1)
+    rnd = random.Random(7)
+    for _ in range(40):
+        fd, _peer = h.pair()
+        h.insert(fd, mask=0b001)
+        gen = h.t.dump(fd).generation
+        barrier = threading.Barrier(3)
+        delay = rnd.random() * 0.002
+
+        def worker(tid, take):
+            th = h.th[tid]
+            barrier.wait()
+            outcomes = []
+            for _ in range(30):
+                if take:
+                    try:
+                        th.takeover(fd, OWNER)
+                    except OSError as exc:
+                        assert exc.errno == errno.EBADF
+                out, g = th.enter(fd)
+                outcomes.append(out)
+                if out == Outcome.DONE:
+                    assert h.t.dump(fd).running_mask & th.bit
+                    r = th.leave(fd, g)
+                    outcomes.append(r)
+                    if r == Outcome.CLOSED:
+                        break
+                elif out == Outcome.CLOSED:
+                    break
+            return outcomes
+
+        def deleter():
+            barrier.wait()
+            time.sleep(delay)
+            try:
+                return h.th[1].delete(fd)
+            except OSError as exc:
+                assert exc.errno == errno.EBADF
+                return None
+
+        ts = [run_thread(worker, 0, False), run_thread(worker, 2, True), run_thread(deleter)]
+        results = [joined(*t) for t in ts]
+        assert h.closes(fd, gen) == 1, (results, h.t.dump(fd))
+        assert is_closed(fd)
+        assert_clean(h.t.dump(fd), fd)
+
+
 # ---- 4. a stale update bit after close ---------------------------------------------
 
 
