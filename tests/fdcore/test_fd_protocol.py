@@ -849,6 +849,44 @@ def test_listener_fds_per_group(make, exclusive):
     del cli, cli2
 
 
+@pytest.mark.parametrize("closer", [2, 1], ids=["other-group", "runner-of-group"])
+def test_cloned_listener_closed_from_another_group(make, closer):
+    """Group 2 deletes group 1's copy of a shared listener (e.g. a soft-stop
+    driven from another group); with a group-1 runner inside, the close is
+    deferred to it. Either way group 1's epoll instances lose it, while
+    group 2's copy keeps working."""
+    h = make(4, 2)
+    srv = socket.create_server(("127.0.0.1", 0), backlog=16)
+    srv.setblocking(False)
+    name = srv.getsockname()
+    fds = h.t.insert_listener(srv.detach(), OWNER, {1: 0b11, 2: 0b11})
+    h.th[0].want_recv(fds[1])
+    h.th[3].want_recv(fds[2])
+    for th in h.th:
+        th.update_pass()
+    gen = None
+    if closer == 1:
+        out, gen = h.th[1].enter(fds[1])
+        assert out == Outcome.DONE
+    assert h.th[2].delete(fds[1]) is (closer == 2)
+    if closer == 1:
+        assert kernel_events(h.th[0].epfd, fds[1]) is not None
+        assert h.th[1].leave(fds[1], gen) == Outcome.CLOSED
+    assert_closed_once(h, fds[1], 0)
+    assert h.count(Hook.CLOSE_END, tid=closer) == 1
+    for th in h.th[:2]:
+        assert kernel_events(th.epfd, fds[1]) is None
+        assert th.poll(0) == []
+    cli = h.keep(socket.create_connection(name))
+    evs = h.th[3].poll(1000)
+    assert [e.fd for e in evs] == [fds[2]]
+    for c in h.th[3].accept(fds[2]):
+        os.close(c)
+    assert h.th[3].leave(fds[2], evs[0].gen) == Outcome.DONE
+    assert h.th[0].poll(0) == [] and h.th[1].poll(0) == []
+    del cli
+
+
 def test_listener_fds_bad_groups(make):
     h = make(2, 2)
     srv = h.keep(socket.create_server(("127.0.0.1", 0)))
