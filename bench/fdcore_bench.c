@@ -48,6 +48,7 @@ static int opt_fds = 1;
 static int opt_clients = 2;
 static int opt_excl = 0;
 static int opt_pin = 1;
+static int opt_same_cpu = 0;  /* pin every thread to CPU 0 */
 static int opt_pace_us = 0;   /* listener: client pause after each connect */
 static const char *opt_variant = "core";
 static uint64_t opt_stress_ops = 100000000ULL;
@@ -92,7 +93,7 @@ static void pin(int i)
 	if (!opt_pin || n <= 0)
 		return;
 	CPU_ZERO(&set);
-	CPU_SET(i % n, &set);
+	CPU_SET(opt_same_cpu ? 0 : i % n, &set);
 	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
@@ -533,7 +534,7 @@ static void mode_wake(void)
 	/* each side counts one turn per wake it got: a round trip is one turn
 	 * of each */
 	row("wake", opt_variant, 2, w[0].ops < w[1].ops ? w[0].ops : w[1].ops, max_el(w, 2),
-	    "\"wakeups_t0\":%llu", (unsigned long long)c0.wakeups);
+	    "\"wakeups_t0\":%llu,\"same_cpu\":%d", (unsigned long long)c0.wakeups, opt_same_cpu);
 	for (int i = 0; i < 2; i++) {
 		close(raw_ep[i]);
 		close(raw_ev[i]);
@@ -1448,6 +1449,7 @@ int main(int argc, char **argv)
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 
 		if (!strcmp(a, "--no-pin")) { opt_pin = 0; continue; }
+		if (!strcmp(a, "--same-cpu")) { opt_same_cpu = 1; continue; }
 		if (!v)
 			die("option %s needs a value", a);
 		i++;

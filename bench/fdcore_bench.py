@@ -284,6 +284,23 @@ def py_events(secs: float, nfds: int) -> list[dict]:
         n, el = _count_events(core, secs)
         rows.append(py_row("py_events", f"Table.poll + leave, {nfds} ready fds", 1, n, el,
                            cpu_now() - c0, fds=nfds))
+
+        from sockherd.fdcore._fdcore import lib
+
+        raw_th, evbuf = th._th, th._events
+        fdc_poll, fdc_leave, nmax = lib.fdc_poll, lib.fdc_leave, lib.FDC_EVBATCH
+
+        def direct():
+            m = fdc_poll(raw_th, 0, evbuf, nmax)
+            for i in range(m):
+                e = evbuf[i]
+                fdc_leave(raw_th, e.fd, e.gen)
+            return m
+
+        c0 = cpu_now()
+        n, el = _count_events(direct, secs)
+        rows.append(py_row("py_events", f"lib.fdc_poll + fdc_leave (cffi, no wrapper), {nfds} ready fds",
+                           1, n, el, cpu_now() - c0, fds=nfds))
         for fd in fds:
             th.delete(fd)
 
@@ -351,6 +368,8 @@ def c_plan(s: float, ls: float) -> list[tuple[str, list[str]]]:
     # 4. poller
     plan.append(("wake", ["--variant", "core", *S]))
     plan.append(("wake", ["--variant", "raw", *S]))
+    plan.append(("wake", ["--variant", "core", "--same-cpu", *S]))
+    plan.append(("wake", ["--variant", "raw", "--same-cpu", *S]))
     for nf in (1, 64):
         plan.append(("events", ["--fds", str(nf), "--variant", "core", *S]))
         plan.append(("events", ["--fds", str(nf), "--variant", "raw", *S]))
@@ -398,7 +417,8 @@ def describe(r: dict) -> tuple[str, str, str]:
     if m == "wake":
         what = ("fdc_poll woken by fdc_wake (ping-pong)" if n == "core"
                 else "peer: epoll_wait + eventfd ping-pong")
-        return "4 poll wake-up round trips/s", what, ""
+        where = "both threads on CPU 0" if r.get("same_cpu") else "threads on CPU 0 and 1"
+        return "4 poll wake-up round trips/s", f"{what}, {where}", ""
     if m == "events":
         what = (f"fdc_poll + fdc_leave, {r['fds']} ready fds" if n == "core"
                 else f"peer: epoll_wait, {r['fds']} ready fds")
@@ -432,13 +452,15 @@ PEERS = {
     ("insdel", "core", 1): ("insdel", "raw", 1),
     ("insdel", "core", 2): ("insdel", "raw", 2),
     ("insdel", "core", 4): ("insdel", "raw", 4),
-    ("wake", "core", 2): ("wake", "raw", 2),
     ("busy", "core", 2): ("busy", "raw", 2),
 }
 
 
 def peer_of(r: dict, rows: list[dict]) -> dict | None:
     key = (r["mode"], r["name"], r["threads"])
+    if r["mode"] == "wake" and r["name"] == "core":
+        return next((p for p in rows if p["mode"] == "wake" and p["name"] == "raw"
+                     and p.get("same_cpu") == r.get("same_cpu")), None)
     if r["mode"] == "events" and r["name"] == "core":
         return next((p for p in rows if p["mode"] == "events" and p["name"] == "raw"
                      and p["fds"] == r["fds"]), None)
