@@ -124,13 +124,6 @@ int count_open_fds(void)
 	return n - 1;   /* the directory's own fd */
 }
 
-void set_nonblock_cloexec(int fd)
-{
-	int fl = (int)SYS(fcntl(fd, F_GETFL));
-	SYS(fcntl(fd, F_SETFL, fl | O_NONBLOCK));
-	SYS(fcntl(fd, F_SETFD, FD_CLOEXEC));
-}
-
 void run_init(void)
 {
 	struct rlimit rl;

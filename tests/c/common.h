@@ -145,7 +145,6 @@ void watchdog_stop(void);
 void print_counters(const char *mode, double elapsed, const char *extra);
 
 int count_open_fds(void);
-void set_nonblock_cloexec(int fd);
 
 /* stress_fd.c: run the workers until their iterations or the deadline */
 double run_threads(void *(*fn)(void *), void *(*extra)(void *));
