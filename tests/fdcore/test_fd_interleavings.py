@@ -200,12 +200,22 @@ class Schedule:
         deadline = time.monotonic() + 2.0
         # a helper that must wait for us (consistency loop or close drain)
         # stays behind: we resume and it finishes after us
+        n0 = len(self.log)
+        blocked = 0
         while not done.is_set() and not self.helper_retry.is_set() and time.monotonic() < deadline:
             if self.helper_closing.is_set():
-                # a final close only waits for references: ours, if it is not done soon
-                done.wait(0.03)
-                break
+                # a final close waits for references to drain, and the only
+                # holder left can be us: blocked for sure if the tgid is reset,
+                # a reference is held and the drain has not finished (twice)
+                i = self.t.dump(self.fd)
+                drained = any(e[0] == Hook.CLOSE_DRAINED and e[1] == a.tid
+                              for e in self.log[n0:])
+                blocked = blocked + 1 if (i.tgid == 0 and i.refcount and not drained) else 0
+                if blocked >= 2:
+                    break
             done.wait(0.002)
+        assert done.is_set() or self.helper_retry.is_set() or blocked >= 2, \
+            f"helper neither finished nor blocked on us: {self.describe()}"
 
     def hook(self, point: Hook, tid: int, fd: int, gen: int) -> None:
         self.log.append((point, tid, fd, gen))
