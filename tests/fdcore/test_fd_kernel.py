@@ -785,7 +785,8 @@ def test_concurrent_operations_converge_to_kernel_truth(tables, peers):
     shared: list[int] = []                       # fds in the table, any worker's
     barrier = threading.Barrier(len(t.threads) + 1, timeout=60)
     errors: list[BaseException] = []
-    stats = {"deferred": 0, "takeover": 0, "co_owner": 0, "events": 0, "ebadf": 0}
+    stats = {"deferred": 0, "takeover": 0, "co_owner": 0, "events": 0, "ebadf": 0,
+             "entered": 0, "closed_by_leave": 0}
 
     def worker(th, seed: int) -> None:
         rng = random.Random(seed)
@@ -849,6 +850,18 @@ def test_concurrent_operations_converge_to_kernel_truth(tables, peers):
                             rng.choice(list(mine.values())).send(b"z")
                         except OSError:
                             pass
+                    elif x < 0.85 and snapshot:
+                        # be inside someone's fd for a while: its deletes
+                        # meanwhile are deferred to our leave
+                        fd = rng.choice(snapshot)
+                        out, gen = th.enter(fd)
+                        if out == Outcome.DONE:
+                            stats["entered"] += 1
+                            for _ in range(rng.randrange(1, 4)):
+                                os.fstat(fd)
+                                time.sleep(0)
+                            if th.leave(fd, gen) == Outcome.CLOSED:
+                                stats["closed_by_leave"] += 1
                     else:
                         for e in th.poll(0):
                             stats["events"] += 1
