@@ -156,11 +156,12 @@ def clients():
 # seed 004: the listener held by another process
 
 
-def register_everywhere(t: Table, layout: str, lfd: int, *, cloned: bool) -> dict[int, int]:
+def register_everywhere(t: Table, layout: str, lfd: int, *, cloned: bool,
+                        exclusive: bool = False) -> dict[int, int]:
     """Inserts the listener for every thread, wants recv, runs a poll pass on
     each thread and checks the kernel lists it. Returns {tgid: fd}."""
     if layout == "1x4":
-        t.insert(lfd, 77, tgid=1, thread_mask=0b1111, cloned=cloned)
+        t.insert(lfd, 77, tgid=1, thread_mask=0b1111, cloned=cloned, exclusive=exclusive)
         fds = {1: lfd}
     else:
         assert cloned
@@ -243,8 +244,9 @@ def test_cloned_listener_deleted_here_never_wakes_us_under_flood(tables, peers, 
     assert peer.stop() == 200
 
 
-@pytest.mark.parametrize("cloned", [True, False], ids=["cloned", "not-cloned"])
-def test_pending_connection_on_inherited_listener(tables, peers, clients, cloned):
+@pytest.mark.parametrize("cloned,exclusive", [(True, False), (True, True), (False, False)],
+                         ids=["cloned", "cloned-exclusive", "not-cloned"])
+def test_pending_connection_on_inherited_listener(tables, peers, clients, cloned, exclusive):
     """Deterministic form: the other process holds the listener but does not
     accept, a connection stays queued, the listener stays readable (level
     triggered). With CLONED our threads never hear of it again; without it,
@@ -252,7 +254,7 @@ def test_pending_connection_on_inherited_listener(tables, peers, clients, cloned
     lfd, port = make_listener()
     peer = peers(lfd, "hold")
     t = tables(4, 1)
-    register_everywhere(t, "1x4", lfd, cloned=cloned)
+    register_everywhere(t, "1x4", lfd, cloned=cloned, exclusive=exclusive)
     assert t.threads[1].delete(lfd) is True
     poll_rounds(t, 1)
     clients.append(socket.create_connection(("127.0.0.1", port), timeout=10))
