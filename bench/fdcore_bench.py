@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             print(table(rows))
             if not only or "repro" in only:
                 print("\n# core bug reproductions (violation 1 = the bug is present):")
-                for r in run_repro(exe, min(2.0, 5 * s)):
+                for r in run_repro(exe, min(5.0, 15 * s)):
                     print("#   " + r.pop("cmd") + " -> " + json.dumps(r))
             try:
                 print("\n# loadavg at end: " + open("/proc/loadavg").read().strip())
