@@ -267,10 +267,11 @@ static void close_orphan(struct fdc_thread *th, int fd)
 	fdc_hook(t, FDC_HK_CLOSE_DRAINED, th->tid, fd, gen);
 
 	/* a cloned file description outlives our close(), and so would its
-	 * registrations in our epoll instances: remove them from every instance
-	 * that has it (polled bits, which no poller can change any more).
+	 * registrations in our epoll instances; a disowned fd is not closed by
+	 * us at all: remove them from every instance that has it (polled bits,
+	 * which no poller can change any more).
 	 */
-	if (st & FDC_CLONED) {
+	if (st & (FDC_CLONED | FDC_DISOWN)) {
 		uint64_t m = atomic_load(&pol->recv) | atomic_load(&pol->send);
 
 		while (m) {
@@ -536,7 +537,10 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 		 * else will tell it, and want_send would not flip anything.
 		 */
 		st = atomic_fetch_and(&e->state, ~FDC_ACTIVE_R) & ~FDC_ACTIVE_R;
-		if (st & FDC_ACTIVE_RW)
+		/* our own poller too may hold a registration that no longer
+		 * matches (we take back an fd we polled before) */
+		if ((st & FDC_ACTIVE_RW) ||
+		    ((atomic_load(&t->polled[fd].recv) | atomic_load(&t->polled[fd].send)) & bit))
 			fdc_program_own_update(th, fd);
 	}
 	r = release_running(th, fd);

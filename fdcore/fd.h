@@ -21,7 +21,7 @@
  *     will be on that thread's local list or its group's shared list), and
  *     nobody clears a bit it did not consume.
  *  I7 only the owning thread ADDs/MODs its epoll instance; another thread
- *     DELs from it only in the final close of a CLONED fd.
+ *     DELs from it only in the final close of a CLONED or DISOWN fd.
  */
 #ifndef SOCKHERD_FD_H
 #define SOCKHERD_FD_H
