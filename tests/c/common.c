@@ -331,6 +331,7 @@ void check_quiescent(int allow_stale)
 			CHECKFD(fd, atomic_load(&e->owner) == 0 && tm == 0 && atomic_load(&e->update_mask) == 0 &&
 			            atomic_load(&e->state) == 0 && pr == 0 && pw == 0,
 			        "closed entry not clean");
+			CHECKFD(fd, fdc_in_shared_list(t, fd) == 0, "closed entry left on a shared list");
 			continue;
 		}
 		CHECKFD(fd, tgid <= (uint32_t)t->nbgroup, "tgid");
@@ -404,6 +405,36 @@ void bar_wait(int tid)
 	tick(tid);
 }
 
+/* Chaos: verbs and enter/leave on fd numbers the caller knows nothing about
+ * (closed, someone else's, being closed right now, or not in the table).
+ * Legal API use: the core must answer -EBADF or act on whatever incarnation
+ * is there. What it stresses is the reference protocol: a verb holding a
+ * reference while the final close runs must be waited for, or its update
+ * lands on a clean entry (HAProxy 237e6a0d6). It never stops a direction
+ * (a stopped connection would never see its EOF) and never deletes.
+ */
+static void chaos(struct fdc_thread *th)
+{
+	static int (*const verbs[])(struct fdc_thread *, int) = {
+		fdc_want_recv, fdc_want_send, fdc_may_recv, fdc_cant_recv, fdc_may_send, fdc_cant_send,
+	};
+	int fd = (int)rndn(64);
+	if (chance(4)) {
+		uint32_t gen;
+		int rc = fdc_enter(th, fd, &gen);
+		CHECK(rc == FDC_DONE || rc == FDC_CLOSED || rc == FDC_MIGRATED, "fdc_enter = %d", rc);
+		if (rc != FDC_DONE)
+			return;
+		if (chance(4))
+			sched_yield();   /* a close becomes deferred to us */
+		struct fdc_event ev = { .fd = fd, .gen = gen };
+		tst_leave(th, &ev);
+		return;
+	}
+	int rc = verbs[rndn(sizeof(verbs) / sizeof(verbs[0]))](th, fd);
+	CHECK(rc == 0 || rc == -EBADF, "verb on fd %d: %d", fd, rc);
+}
+
 int worker_continue(struct fdc_thread *th, int allow_stale)
 {
 	int tid = th->tid;
@@ -411,6 +442,8 @@ int worker_continue(struct fdc_thread *th, int allow_stale)
 
 	tick(tid);
 	atomic_fetch_add_explicit(&g_run.iters_done[tid], 1, memory_order_relaxed);
+	if (g_opt.chaos && chance((unsigned)g_opt.chaos))
+		chaos(th);
 	/* main never sets stop while a quiescent point is pending, so every
 	 * worker takes the same sequence of barriers */
 	int req = atomic_load(&g_run.pause_req);

@@ -60,6 +60,7 @@ struct opts {
 	int widen;               /* 1 in `widen` hook calls yields (0: never) */
 	double watchdog;         /* seconds without progress before abort */
 	double pause;            /* seconds between mid-run quiescent points */
+	int chaos;               /* 1 in `chaos` iterations touches a random fd */
 	int extended;            /* -x bits, takeover scenario: X_COOWNED, X_SEND
 	                            (see stress_takeover.c) */
 };

@@ -2,7 +2,7 @@
  *
  * usage: stress_fd churn|takeover|listener [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
- *                  [-d watchdog_seconds] [-p pause_seconds] [-x bits]
+ *                  [-d watchdog_seconds] [-p pause_seconds] [-c chaos] [-x bits]
  *   -t/-g   threads (4) and thread groups (1)
  *   -s/-n   wall-clock bound of the main phase (3 s) and per-thread
  *           iteration bound (none): whichever comes first
@@ -11,6 +11,8 @@
  *   -d      watchdog: abort if a busy worker is stuck that long (10 s)
  *   -p      every `pause` seconds all workers stop at a quiescent point and
  *           the table is checked against the kernel (0.5 s; 0 = only at end)
+ *   -c      1 in `chaos` iterations a verb or enter/leave hits a random fd
+ *           number the thread knows nothing about (8; 0 = never)
  *   -x      takeover scenario only: extra paths (see stress_takeover.c)
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED.
@@ -364,7 +366,7 @@ int run_churn(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: stress_fd churn|takeover|listener [-t threads] [-g groups] "
-	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-x bits]\n");
+	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]\n");
 	exit(2);
 }
 
@@ -377,9 +379,9 @@ int main(int argc, char **argv)
 		usage();
 	g_opt = (struct opts){ .mode = argv[1], .nthreads = 4, .ngroups = 1, .seconds = 3,
 	                       .iters = 1L << 40, .seed = (uint64_t)time(NULL), .widen = 64,
-	                       .watchdog = 10, .pause = 0.5 };
+	                       .watchdog = 10, .pause = 0.5, .chaos = 8 };
 	optind = 2;
-	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:")) != -1) {
+	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:")) != -1) {
 		switch (c) {
 		case 't': g_opt.nthreads = atoi(optarg); break;
 		case 'g': g_opt.ngroups = atoi(optarg); break;
@@ -388,6 +390,7 @@ int main(int argc, char **argv)
 		case 'r': g_opt.seed = strtoull(optarg, NULL, 0); break;
 		case 'w': g_opt.widen = atoi(optarg); break;
 		case 'd': g_opt.watchdog = atof(optarg); break;
+		case 'c': g_opt.chaos = atoi(optarg); break;
 		case 'p': g_opt.pause = atof(optarg); break;
 		case 'x': g_opt.extended = atoi(optarg); break;
 		default: usage();

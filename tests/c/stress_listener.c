@@ -154,6 +154,10 @@ static void conn_io(struct fdc_thread *th, struct fdc_event *ev)
 	char b[256];
 	ssize_t k;
 
+	if (ev->events & FDC_POLL_OUT) {   /* only chaos wants send here */
+		int rc = fdc_stop_send(th, ev->fd);
+		CHECKFD(ev->fd, rc >= 0, "stop_send: %s", strerror(-rc));
+	}
 	while ((k = recv(ev->fd, b, sizeof(b), 0)) > 0)
 		;
 	if (k < 0 && errno == EAGAIN) {
