@@ -287,8 +287,8 @@ int run_takeover(void)
 	      (unsigned long long)counted, (unsigned long long)atomic_load(&g_take_ok),
 	      (unsigned long long)atomic_load(&g_take_closed));
 	snprintf(extra, sizeof(extra),
-	         "take_ok=%llu take_busy=%llu take_stale=%llu take_einval=%llu take_closed=%llu",
-	         (unsigned long long)g_take_ok, (unsigned long long)g_take_busy,
+	         "take_ok=%llu (%.0f/s) take_busy=%llu take_stale=%llu take_einval=%llu take_closed=%llu",
+	         (unsigned long long)g_take_ok, (double)g_take_ok / el, (unsigned long long)g_take_busy,
 	         (unsigned long long)g_take_stale, (unsigned long long)g_take_einval,
 	         (unsigned long long)g_take_closed);
 	print_counters("takeover", el, extra);
