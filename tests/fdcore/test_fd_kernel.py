@@ -391,24 +391,13 @@ def test_takeover_with_send_active_new_owner_polls_send(tables, peers):
     assert listed_in(t, fd) == [1]
 
 
-TAKEOVER_RECV_BUG = (
-    "since e2ee5a5, fdc_takeover clears ACTIVE_R and programs the taker's own "
-    "update only if a direction is still ACTIVE afterwards (send); the older "
-    "code programmed it whenever ACTIVE_R was cleared. A taker that already "
-    "has the fd registered for recv in its own epoll instance (it takes over "
-    "an fd it owned alone, or takes one back before its lazy drop ran) is "
-    "thus never told that recv stopped: after update passes its poller still "
-    "polls recv (polled_recv set, EPOLLIN in fdinfo) for an fd nobody wants, "
-    "and the next report is a spurious wake-up (wake_nowork, then the DEL). "
-    "The take-back case fails with the pre-e2ee5a5 code too (ACTIVE_R was "
-    "already clear). Fix: after a successful takeover program the taker's "
-    "own update whenever a direction is ACTIVE or the taker has a polled bit "
-    "on the fd (polled->recv|send & bit): update_fd then converges it.")
-
-
-@pytest.mark.xfail(strict=True, reason=TAKEOVER_RECV_BUG)
 @pytest.mark.parametrize("how", ["own-sole-fd", "take-back"])
 def test_takeover_stops_recv_in_the_takers_own_poller(tables, peers, how):
+    """Regression (found here as an xfail, fixed by 7502c51): a taker that
+    already had the fd registered for recv in its own instance (it took over
+    an fd it owned alone, or took one back before its lazy drop ran) was never
+    told that recv stopped: its poller kept polling recv nobody wanted, and
+    the next report was a spurious wake-up."""
     t = tables(2, 1)
     t0, t1 = t.threads
     fd = pair(peers)
@@ -541,20 +530,11 @@ def test_foreign_group_want_stop_reaches_sleeping_owners(tables):
         assert c["ctl_err"] == 0 and c["poll_stale"] == 0, c
 
 
-DISOWN_BUG = (
-    "close_orphan (fd.c) DELs an fd from the epoll instances that poll it only "
-    "when it is CLONED; for the other fds it relies on close() dropping the "
-    "last reference. A DISOWN fd is never close()d, so its registrations stay "
-    "in every instance that polled it while close_orphan zeroes its polled "
-    "bits: the kernel lists an fd the table no longer knows, the fd (now the "
-    "caller's) wakes those threads on every poll while it is ready "
-    "(poll_stale + wake_nowork, seed 004's spin), and after a re-insert for "
-    "fewer threads the others keep the old registration for good. Fix: DEL "
-    "from the polled instances when the state has FDC_CLONED or FDC_DISOWN.")
-
-
-@pytest.mark.xfail(strict=True, reason=DISOWN_BUG)
 def test_disown_delete_removes_registrations(tables, peers):
+    """Regression (found here as an xfail, fixed by 7502c51): the final close
+    DELed an fd from the instances polling it only when CLONED; a DISOWN fd,
+    never close()d by the table, stayed registered in every instance that had
+    polled it while its polled bits were zeroed (seed 004's spin)."""
     t = tables(2, 1)
     fd = pair(peers)
     try:
@@ -570,8 +550,9 @@ def test_disown_delete_removes_registrations(tables, peers):
         os.close(fd)          # disowned: the fd is ours again
 
 
-@pytest.mark.xfail(strict=True, reason=DISOWN_BUG)
 def test_disowned_fd_does_not_wake_the_pollers(tables, peers):
+    """Regression (7502c51): the disowned fd, now the caller's, used to wake
+    every thread that had polled it on every loop while it was readable."""
     t = tables(2, 1)
     fd = pair(peers)
     peer = peers[-1]
@@ -593,8 +574,9 @@ def test_disowned_fd_does_not_wake_the_pollers(tables, peers):
         os.close(fd)
 
 
-@pytest.mark.xfail(strict=True, reason=DISOWN_BUG)
 def test_disowned_fd_reinserted_for_fewer_threads_keeps_kernel_truth(tables, peers):
+    """Regression (7502c51): re-inserted for thread 0 only, the number kept
+    thread 1's registration of the first life for good."""
     t = tables(2, 1)
     fd = pair(peers)
     t.insert(fd, 3, tgid=1, thread_mask=0b11, disown=True)
@@ -608,8 +590,8 @@ def test_disowned_fd_reinserted_for_fewer_threads_keeps_kernel_truth(tables, pee
 
 
 def test_disown_cloned_delete_removes_registrations(tables, peers):
-    """The workaround, and what a DISOWN delete should do: with CLONED too
-    the final close DELs the fd from every instance that polled it."""
+    """DISOWN together with CLONED: the final close DELs the fd from every
+    instance that polled it and leaves it open."""
     t = tables(2, 1)
     fd = pair(peers)
     try:
@@ -638,6 +620,7 @@ class Model:
     recv: bool = False
     send: bool = False
     owner: int = 0
+    disown: bool = False
     peer: socket.socket | None = field(default=None, repr=False)
 
 
@@ -660,8 +643,16 @@ def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
         mask = 1 << rng.randrange(n) if rng.random() < 0.7 else rng.randrange(1, 1 << n)
         fd = pair(peers)
         next_owner += 1
-        t.insert(fd, next_owner, tgid=g, thread_mask=mask, cloned=rng.random() < 0.2)
-        live[fd] = Model("pair", g, mask, owner=next_owner, peer=peers[-1])
+        disown = rng.random() < 0.15
+        t.insert(fd, next_owner, tgid=g, thread_mask=mask, cloned=rng.random() < 0.2,
+                 disown=disown)
+        live[fd] = Model("pair", g, mask, owner=next_owner, disown=disown, peer=peers[-1])
+
+    def forget(fd: int, m: Model) -> None:
+        """After the final close: a disowned fd is ours again."""
+        if m.disown:
+            os.fstat(fd)                     # not closed by the table
+            os.close(fd)
 
     def do_insert_listener():
         nonlocal next_owner
@@ -697,14 +688,11 @@ def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
                 th.takeover(fd, m.owner)
             assert ei.value.errno == errno.EINVAL
             return
-        polled_before = t.dump(fd).polled_recv & th.bit
         assert th.takeover(fd, m.owner), t.dump(fd)
         m.mask = th.bit
         m.recv = False
-        # the documented contract: the new owner re-arms recv. Not re-arming
-        # is exercised only when the taker does not poll recv already: the
-        # other case is TAKEOVER_RECV_BUG (its own xfail test)
-        if rng.random() < 0.8 or polled_before:
+        # the documented contract: the new owner re-arms recv (mostly)
+        if rng.random() < 0.8:
             th.want_recv(fd)
             m.recv = True
 
@@ -712,6 +700,7 @@ def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
         fd = rng.choice(list(live))
         m = live.pop(fd)
         assert any_thread().delete(fd) is True
+        forget(fd, m)
         if m.peer is not None and rng.random() < 0.5:
             m.peer.close()
 
@@ -726,6 +715,7 @@ def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
         converge(t)
         assert_kernel_truth(t, where=f"seed {seed}: deferred delete of fd {fd} pending")
         assert th.leave(fd, gen) == Outcome.CLOSED
+        forget(fd, m)
 
     def do_traffic():
         for m in live.values():
@@ -769,7 +759,7 @@ def test_randomized_operations_keep_kernel_truth(tables, peers, seed):
         assert th.counters()["ctl_err"] == 0, (th.tid, th.counters())
     for fd in list(live):
         assert t.threads[0].delete(fd)
-        live.pop(fd)
+        forget(fd, live.pop(fd))
     converge(t)
     assert_kernel_truth(t, where="all deleted")
     for th in t.threads:
