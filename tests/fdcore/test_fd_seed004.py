@@ -30,16 +30,20 @@ pytestmark = pytest.mark.timeout(90)
 
 HELPER = Path(__file__).with_name("accept_peer.py")
 WAKE_TOKEN = 0xFFFFFFFFFFFFFFFF
+EPOLLEXCLUSIVE = 0x10000000
 _TFD = re.compile(r"^tfd:\s*(\d+)\s+events:\s*([0-9a-fA-F]+)\s+data:\s*([0-9a-fA-F]+)", re.M)
 FLAT = ("poll_io", "poll_drop_fd", "poll_skip_fd", "poll_stale", "wake_nowork", "wakeups",
         "accepted", "accept_empty")
 
 
+def open_fdinfo(epfd: int) -> str:
+    with open(f"/proc/self/fdinfo/{epfd}") as f:
+        return f.read()
+
+
 def kernel_fds(epfd: int) -> list[int]:
     """fd numbers registered in epoll instance epfd (minus the wake-up fd)."""
-    with open(f"/proc/self/fdinfo/{epfd}") as f:
-        text = f.read()
-    return [int(m[1]) for m in _TFD.finditer(text) if int(m[3], 16) != WAKE_TOKEN]
+    return [int(m[1]) for m in _TFD.finditer(open_fdinfo(epfd)) if int(m[3], 16) != WAKE_TOKEN]
 
 
 def listed_in(t: Table, fd: int) -> list[int]:
@@ -455,6 +459,7 @@ def test_listener_on_one_thread_wakes_only_that_thread(tables, pollers, clients)
     assert sorted(p.ports) == sorted(client_ports)
     final = [th.counters() for th in t.threads]
     assert final[0]["accepted"] == N_CONNS
+    assert listed_in(t, lfd) == [0]          # only thread 0's instance has it
     for tid in (1, 2, 3):
         q, f = quiet[tid], final[tid]
         # before the stop wake-up: never woken at all
@@ -490,6 +495,10 @@ def test_shared_listener_accepts_each_connection_once(tables, pollers, clients, 
     assert sum(accepted) == N_CONNS
     for c in final:
         assert c["poll_stale"] == 0 and c["ctl_err"] == 0, c
+    for th in t.threads:
+        (ev,) = [int(m[2], 16) for m in _TFD.finditer(open_fdinfo(th.epfd))
+                 if int(m[1]) == lfd]
+        assert bool(ev & EPOLLEXCLUSIVE) == exclusive, hex(ev)
     if exclusive:
         assert sum(empty) <= sum(accepted), (empty, accepted)
     print(f"\n{'EXCLUSIVE' if exclusive else 'shared'} listener on 4 threads, {N_CONNS} "
