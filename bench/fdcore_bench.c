@@ -4,13 +4,24 @@
  *   gcc -O2 -pthread -I fdcore fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
  *       bench/fdcore_bench.c -o fdcore_bench
  *
- * Usage: fdcore_bench MODE [--secs S] [--threads N] [--pool P] [--fds N]
- *                           [--clients C] [--excl 0|1] [--variant V]
- *                           [--stress-ops N] [--stress-secs S] [--groups G]
- *                           [--no-pin]
+ * Usage: fdcore_bench MODE [options]
+ *   --secs S         duration of a timed mode (default 1)
+ *   --threads N      worker / poller threads (stress: thread contexts)
+ *   --groups G       stress: thread groups
+ *   --pool P         takeover: fds in the pool; atomic: RMW per op;
+ *                    stress: live fds
+ *   --fds N          events: ready socketpairs
+ *   --clients C      listener: client threads;  --pace-us U: pause after
+ *                    each connect;  --excl 0|1: FDC_EXCLUSIVE registration
+ *   --variant V      per mode: core | raw (peer) | disown | private | steal
+ *                    | shared
+ *   --no-pin         do not pin thread i to CPU i % ncpu; --same-cpu: pin
+ *                    every thread to CPU 0
+ *   --stress-ops N, --stress-secs S, --hang-secs S, --blind-verbs 0|1,
+ *   --shared 0|1     stress limits and profile (see bench/README.md)
  * Every mode prints one JSON object per measured row on stdout; the driver
  * turns them into the table. Modes: insdel, takeover, atomic, enterleave,
- * wake, events, listener, stress.
+ * wake, events, busy, listener, stress, repro-takeover, repro-insert.
  *
  * Uses the public API (fd.h); the stress mode also reads the entry fields
  * of fd-t.h directly to check invariants (read-only).
@@ -215,7 +226,7 @@ static void *insdel_fn(void *p)
 				w->ops++;
 				continue;
 			}
-			rc = fdc_insert(w->t, fd, owner++, 0, 1, fdc_thread(w->t, w->idx) ? 1ULL << w->idx : 1,
+			rc = fdc_insert(w->t, fd, owner++, 0, 1, 1ULL << w->idx,
 			                tableonly ? FDC_DISOWN : 0);
 			if (rc < 0) {
 				w->other++;
