@@ -69,8 +69,8 @@
 #define FDC_INSERT_FLAGS (FDC_LINGER_RISK | FDC_CLONED | FDC_EXCLUSIVE | FDC_DISOWN)
 
 /* ---- refc_tgid -----------------------------------------------------------
- * bits 16..31 refcount, bit 15 reserved lock bit (migration, unused yet),
- * bits 0..14 tgid. The tgid changes only while the refcount is 0 (I1), so a
+ * bits 16..31 refcount, bit 15 lock (held by insert while it writes the
+ * entry; grab and take refuse a locked entry), bits 0..14 tgid. The tgid changes only while the refcount is 0 (I1), so a
  * holder of a matching reference may trust the masks' numbering.
  */
 #define FDC_REF_ONE     0x00010000u

@@ -196,7 +196,9 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 	/* claim the tgid: only from "closed, nobody holding a reference". Late
 	 * visitors of the previous incarnation hold references for a few
 	 * instructions: wait for them. A set tgid means the fd is still in the
-	 * table (I2).
+	 * table (I2). The claim carries the lock bit until the entry is fully
+	 * written: grab and take refuse a locked entry, so a verb racing on this
+	 * number (a stale handle) cannot land half-way and poison it.
 	 */
 	old = atomic_load(&e->refc_tgid);
 	for (;;) {
@@ -207,7 +209,8 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 			old = atomic_load(&e->refc_tgid);
 			continue;
 		}
-		if (atomic_compare_exchange_weak(&e->refc_tgid, &old, FDC_REF_ONE | (uint32_t)tgid))
+		if (atomic_compare_exchange_weak(&e->refc_tgid, &old,
+		                                 FDC_REF_ONE | FDC_TGID_LOCK | (uint32_t)tgid))
 			break;
 	}
 
@@ -227,6 +230,7 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 	atomic_store(&e->state, FDC_READY_R | FDC_READY_W | flags);
 	atomic_store(&e->thread_mask, thread_mask);
 	atomic_store(&e->owner, owner);
+	atomic_fetch_and(&e->refc_tgid, ~FDC_TGID_LOCK);   /* published */
 	fdc_drop(e);
 	return 0;
 }

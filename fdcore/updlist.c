@@ -141,20 +141,25 @@ void fdc_list_remove(struct fdc_table *t, struct fdc_group *g, int fd)
 			spins <<= 1;
 	}
 
-	/* the list is locked from prev to next: unlink */
+	/* the list is locked from prev to next: unlink. Head and tail move
+	 * first, while both neighbours are still locked: released earlier, a
+	 * neighbour could be removed in between and `last` would then be set to
+	 * an entry no longer in the list, on which every later add spins
+	 * (found by the fdcore stress benchmark).
+	 */
 	atomic_fetch_add(&g->epoch, 1);
-	if (prev != FDC_LIST_END)
-		links_cas_half(&t->fdtab[prev], 0, FDC_LIST_LOCKED, next);
-	else {
-		int32_t expect = fd;
-		atomic_compare_exchange_strong(&g->first, &expect, next);
-	}
-	if (next != FDC_LIST_END)
-		links_cas_half(&t->fdtab[next], 1, FDC_LIST_LOCKED, prev);
-	else {
+	if (next == FDC_LIST_END) {
 		int32_t expect = fd;
 		atomic_compare_exchange_strong(&g->last, &expect, prev);
 	}
+	if (prev == FDC_LIST_END) {
+		int32_t expect = fd;
+		atomic_compare_exchange_strong(&g->first, &expect, next);
+	}
+	if (prev != FDC_LIST_END)
+		links_cas_half(&t->fdtab[prev], 0, FDC_LIST_LOCKED, next);
+	if (next != FDC_LIST_END)
+		links_cas_half(&t->fdtab[next], 1, FDC_LIST_LOCKED, prev);
 	/* out, remembering the successor for a reader standing on us */
 	atomic_store(&e->links, fdc_lmk(-next - 4, FDC_LIST_END));
 }
