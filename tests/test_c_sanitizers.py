@@ -13,6 +13,7 @@ Knobs (environment):
   FDC_STRESS_SECONDS  main-phase duration of each scenario (default 3)
   FDC_STRESS_ITERS    per-thread iteration bound (default: unbounded)
   FDC_STRESS_SEED     seed (default: random, printed on failure)
+  FDC_STRESS_GDB=1    on a watchdog abort, print every thread's stack (gdb)
 Other options of the program (threads, watchdog, quiescent-point period, ...)
 are listed at the top of tests/c/stress_fd.c.
 A long stress of one scenario, outside pytest:

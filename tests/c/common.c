@@ -455,6 +455,40 @@ int worker_continue(struct fdc_thread *th, int allow_stale)
 	return !atomic_load_explicit(&g_run.stop, memory_order_relaxed);
 }
 
+/* The shared update lists: head, tail, and every entry whose links say it
+ * is in a list or locked (links word as in fd-t.h: low half next, high prev).
+ */
+static void dump_lists(void)
+{
+	struct fdc_table *t = g_run.t;
+
+	for (int g = 1; g <= t->nbgroup; g++)
+		fprintf(stderr, "  group %d list: first %d last %d\n", g, atomic_load(&t->groups[g].first),
+		        atomic_load(&t->groups[g].last));
+	for (int fd = 0; fd < g_run.maxfd; fd++) {
+		uint64_t l = atomic_load(&t->fdtab[fd].links);
+		int32_t next = (int32_t)(uint32_t)l, prev = (int32_t)(uint32_t)(l >> 32);
+		if (next >= FDC_LIST_LOCKED)
+			fprintf(stderr, "  fd %d links: next %d prev %d (tgid %u)\n", fd, next, prev,
+			        atomic_load(&t->fdtab[fd].refc_tgid) & FDC_TGID_MASK);
+	}
+}
+
+/* With FDC_STRESS_GDB=1, every thread's stack (gdb attaches to us). */
+static void dump_stacks(void)
+{
+	char cmd[160];
+	const char *env = getenv("FDC_STRESS_GDB");
+
+	if (!env || strcmp(env, "1"))
+		return;
+	snprintf(cmd, sizeof(cmd),
+	         "timeout 60 gdb -p %d -batch -ex 'thread apply all bt' 1>&2 2>/dev/null", (int)getpid());
+	fflush(stderr);
+	if (system(cmd) != 0)
+		fprintf(stderr, "(gdb failed)\n");
+}
+
 /* Aborts when a busy worker's progress counter stays still: a deadlock
  * (seed 002) or a livelock (A.13 R7) turns into a failure, not a hang.
  */
@@ -480,6 +514,8 @@ static void *watchdog(void *arg)
 				for (int fd = 0; fd < g_run.maxfd; fd++)
 					if (atomic_load(&g_run.t->fdtab[fd].running_mask))
 						print_entry(fd);
+				dump_lists();
+				dump_stacks();
 				fflush(stderr);
 				abort();
 			}

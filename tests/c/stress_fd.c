@@ -15,7 +15,8 @@
  *           number the thread knows nothing about (8; 0 = never)
  *   -x      takeover scenario only: extra paths (see stress_takeover.c)
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
- * FDC_STRESS_ITERS, FDC_STRESS_SEED.
+ * FDC_STRESS_ITERS, FDC_STRESS_SEED; FDC_STRESS_GDB=1 makes the watchdog
+ * print every thread's stack (gdb attaches) besides the shared lists.
  * Prints one "SUMMARY ..." line on success, exits 0; any failed check
  * prints "FAIL: ..." and aborts.
  *
