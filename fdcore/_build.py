@@ -109,6 +109,7 @@ int fdc_in_shared_list(struct fdc_table *t, int fd);
 
 int fdc_update_pass(struct fdc_thread *th);
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
+int fdc_leave_batch(struct fdc_thread *th, const struct fdc_event *ev, int n);
 int fdc_wake(struct fdc_table *t, int tid);
 int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max);
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out);

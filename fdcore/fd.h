@@ -159,6 +159,13 @@ int fdc_update_pass(struct fdc_thread *th);
  */
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
 
+/* Leaves every event of a batch returned by fdc_poll (after the handlers
+ * ran). An event already left individually is skipped harmlessly (leave
+ * finds no running bit of ours). Returns how many leaves said FDC_CLOSED:
+ * closed by this call, or no longer held (left or closed already).
+ */
+int fdc_leave_batch(struct fdc_thread *th, const struct fdc_event *ev, int n);
+
 /* Wakes thread tid out of epoll_wait (any thread). */
 int fdc_wake(struct fdc_table *t, int tid);
 

@@ -316,6 +316,15 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 	return cnt;
 }
 
+int fdc_leave_batch(struct fdc_thread *th, const struct fdc_event *ev, int n)
+{
+	int closed = 0;
+
+	for (int i = 0; i < n; i++)
+		closed += fdc_leave(th, ev[i].fd, ev[i].gen) == FDC_CLOSED;
+	return closed;
+}
+
 int fdc_wake(struct fdc_table *t, int tid)
 {
 	uint64_t one = 1;

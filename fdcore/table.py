@@ -15,6 +15,7 @@ import enum
 import errno
 import os
 import resource
+import struct
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -62,8 +63,13 @@ class State(enum.IntFlag):
 
 
 class Event(NamedTuple):
+    """One report the polling thread now holds (leave(fd, gen) releases it).
+    events holds State.POLL_* bits as a plain int: building an IntFlag per
+    event was most of the poll path's cost (bench/RESULTS.md). It may name a
+    direction nobody wants any more: handlers check what they asked for."""
+
     fd: int
-    events: State
+    events: int
     gen: int
     kind: int
     owner: int
@@ -94,6 +100,11 @@ COUNTERS = (
     "accepted", "accept_empty", "wake_nowork", "wakeups",
     "ctl_add", "ctl_mod", "ctl_del", "ctl_err",
 )
+
+
+# struct fdc_event as laid out by the C compiler: int32, 3 x uint32, uint64
+_EVENT = struct.Struct("=iIIIQ")
+_OUTCOMES = tuple(Outcome(i) for i in range(len(Outcome)))
 
 
 def check(rc: int, what: str) -> int:
@@ -248,6 +259,8 @@ class Thread:
         self.tgid, self.ltid, self.epfd = ident[0], ident[1], ident[2]
         self.bit = 1 << self.ltid
         self._events = ffi.new("struct fdc_event[]", lib.FDC_EVBATCH)
+        assert ffi.sizeof("struct fdc_event") == _EVENT.size
+        self._held = 0   # size of the last batch, for leave_all()
         self._gen = ffi.new("uint32_t *")
         self._accepted = ffi.new("int[]", lib.FDC_EVBATCH)
 
@@ -255,10 +268,17 @@ class Thread:
     def enter(self, fd: int) -> tuple[Outcome, int]:
         """Takes a running bit on fd (step function; poll() does it itself)."""
         r = lib.fdc_enter(self._th, fd, self._gen)
-        return Outcome(r), self._gen[0]
+        return _OUTCOMES[r], self._gen[0]
 
     def leave(self, fd: int, gen: int) -> Outcome:
-        return Outcome(lib.fdc_leave(self._th, fd, gen))
+        return _OUTCOMES[lib.fdc_leave(self._th, fd, gen)]
+
+    def leave_all(self) -> int:
+        """Leaves every event of the last poll() batch in one C call (those
+        already left one by one are skipped). Returns how many were CLOSED:
+        closed by this call, or no longer held (left or closed already)."""
+        n, self._held = self._held, 0
+        return lib.fdc_leave_batch(self._th, self._events, n)
 
     def delete(self, fd: int) -> bool:
         """Deletes and closes fd; False if the close is left to the last
@@ -309,16 +329,20 @@ class Thread:
     def poll(self, timeout_ms: int = -1, max_events: int = lib.FDC_EVBATCH) -> list[Event]:
         """One loop turn. The GIL is released in epoll_wait. The thread holds
         each returned fd until it calls leave(fd, gen)."""
-        n = check(lib.fdc_poll(self._th, timeout_ms, self._events, max_events), "poll")
-        ev = self._events
-        return [Event(ev[i].fd, State(ev[i].events), ev[i].gen, ev[i].kind, ev[i].owner)
-                for i in range(n)]
+        n = lib.fdc_poll(self._th, timeout_ms, self._events, max_events)
+        self._held = max(n, 0)
+        if n <= 0:
+            check(n, "poll")
+            return []
+        # one C-level unpack of the whole batch: per-field cffi reads and an
+        # IntFlag per event cost more than the poll itself
+        return list(map(Event._make, _EVENT.iter_unpack(ffi.buffer(self._events, n * _EVENT.size))))
 
     def accept(self, lfd: int, max_conns: int = 64) -> list[int]:
         """Accepts a batch of connections (non-blocking, CLOEXEC fds)."""
         max_conns = min(max_conns, lib.FDC_EVBATCH)
         n = check(lib.fdc_accept(self._th, lfd, self._accepted, max_conns), f"accept on fd {lfd}")
-        return [self._accepted[i] for i in range(n)]
+        return ffi.unpack(self._accepted, n)
 
     def counters(self) -> dict[str, int]:
         c = ffi.new("struct fdc_counters *")

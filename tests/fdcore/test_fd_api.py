@@ -63,3 +63,35 @@ def test_closed_table_refuses_use():
     t.close()  # idempotent
     with pytest.raises(ValueError, match="fd table is closed"):
         t.dump(0)
+
+
+def test_leave_all_releases_the_last_batch_and_skips_events_left_already():
+    import socket
+
+    with Table(threads=2, maxfd=1024) as t:
+        th, other = t.threads
+        peers = []
+        for owner in (1, 2, 3, 4):
+            a, b = socket.socketpair()
+            peers.append(b)
+            fd = a.detach()
+            t.insert(fd, owner, thread_mask=0b11 if owner == 4 else 0b01)
+            th.want_recv(fd)
+            b.send(b"x")
+        evs = sorted(th.poll(1000), key=lambda e: e.owner)
+        assert [e.owner for e in evs] == [1, 2, 3, 4]
+        assert all(t.dump(e.fd).running_mask == th.bit for e in evs)
+        th.leave(evs[0].fd, evs[0].gen)      # left by hand already
+        assert th.delete(evs[1].fd) is True  # the handler deleted its own fd: closed now
+        assert other.delete(evs[3].fd) is False  # deleted elsewhere while we hold it
+        assert t.dump(evs[3].fd).tgid == 1
+        # the deferred close happens here; the two not held any more count
+        # as CLOSED too, the one still held and open does not
+        assert th.leave_all() == 3
+        assert t.dump(evs[3].fd).tgid == 0 and t.dump(evs[3].fd).generation == evs[3].gen + 1
+        assert all(t.dump(e.fd).running_mask == 0 for e in (evs[0], evs[2]))
+        assert th.leave_all() == 0           # nothing held any more
+        for e in (evs[0], evs[2]):
+            th.delete(e.fd)
+        for b in peers:
+            b.close()
