@@ -223,7 +223,8 @@ static void conn_op(int tid, struct fdc_thread *th, struct conn *live, int *n, i
 /* A handler, holding the running bit: move a byte each way, and delete the
  * fd if its creator (us) asked for it.
  */
-static void handle(struct fdc_thread *th, struct fdc_event *ev, struct conn *live, int *n)
+static void handle(struct fdc_thread *th, struct fdc_event *ev, struct conn *live, int *n,
+                   int leave)
 {
 	int fd = ev->fd;
 	char b[64];
@@ -258,16 +259,30 @@ static void handle(struct fdc_thread *th, struct fdc_event *ev, struct conn *liv
 			break;
 		}
 	}
-	tst_leave(th, ev);
+	if (leave)
+		tst_leave(th, ev);
 }
 
+/* Half of the batches are left with fdc_leave_batch after all handlers
+ * ran, some events of them having been left individually already (which
+ * the batch must skip harmlessly).
+ */
 static void poll_once(struct fdc_thread *th, int timeout, struct conn *live, int *n)
 {
 	struct fdc_event evs[64];
 	int k = fdc_poll(th, timeout, evs, 64);
+	int batch = chance(2);
+
 	CHECK(k >= 0, "fdc_poll: %s", strerror(-k));
 	for (int i = 0; i < k; i++)
-		handle(th, &evs[i], live, n);
+		handle(th, &evs[i], live, n, !batch || chance(4));
+	if (!batch)
+		return;
+	uint64_t before = tl_closes;
+	int closed = fdc_leave_batch(th, evs, k);
+	CHECK(closed >= 0 && closed <= k, "fdc_leave_batch(%d events) = %d", k, closed);
+	CHECK(tl_closes - before <= (uint64_t)closed, "fdc_leave_batch closed %llu, said %d",
+	      (unsigned long long)(tl_closes - before), closed);
 }
 
 static void *churn_worker(void *arg)
