@@ -1223,6 +1223,26 @@ static void mode_stress(void)
 					        (unsigned long long)atomic_load(&e->update_mask));
 			}
 			for (int g = 1; g <= ngr; g++) {
+				int f = atomic_load(&st_t->groups[g].first);
+
+				if (f >= 0) {
+					uint64_t lk = atomic_load(&st_t->fdtab[f].links);
+
+					fprintf(stderr, "  group %d head fd %d: links next %d prev %d refc_tgid %#x%s\n",
+					        g, f, (int32_t)(uint32_t)lk, (int32_t)(uint32_t)(lk >> 32),
+					        atomic_load(&st_t->fdtab[f].refc_tgid),
+					        (int32_t)(uint32_t)lk <= -3 ? "  <-- head is NOT in the list" : "");
+				}
+			}
+			fprintf(stderr, "  all entries (fd:tgid/next/prev):");
+			for (int fd = st_lo; fd < st_lo + st_range; fd++) {
+				uint64_t lk = atomic_load(&st_t->fdtab[fd].links);
+
+				fprintf(stderr, " %d:%u/%d/%d", fd, atomic_load(&st_t->fdtab[fd].refc_tgid) & FDC_TGID_MASK,
+				        (int32_t)(uint32_t)lk, (int32_t)(uint32_t)(lk >> 32));
+			}
+			fprintf(stderr, "\n");
+			for (int g = 1; g <= ngr; g++) {
 				int l = atomic_load(&st_t->groups[g].last);
 
 				if (l >= 0) {

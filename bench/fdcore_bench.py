@@ -285,6 +285,17 @@ def py_events(secs: float, nfds: int) -> list[dict]:
         rows.append(py_row("py_events", f"Table.poll + leave, {nfds} ready fds", 1, n, el,
                            cpu_now() - c0, fds=nfds))
 
+        if hasattr(th, "leave_all"):   # wrapper with fdc_leave_batch (15b5251)
+            def core_batch():
+                evs = th.poll(0)
+                th.leave_all()
+                return len(evs)
+
+            c0 = cpu_now()
+            n, el = _count_events(core_batch, secs)
+            rows.append(py_row("py_events", f"Table.poll + leave_all, {nfds} ready fds", 1, n, el,
+                               cpu_now() - c0, fds=nfds))
+
         from sockherd.fdcore._fdcore import lib
 
         raw_th, evbuf = th._th, th._events
