@@ -131,6 +131,10 @@ void run_init(void)
 
 	SYS(getrlimit(RLIMIT_NOFILE, &rl));
 	g_run.maxfd = 4096;
+	if (rl.rlim_cur < (rlim_t)g_run.maxfd && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max < (rlim_t)g_run.maxfd ? rl.rlim_max : (rlim_t)g_run.maxfd;
+		SYS(setrlimit(RLIMIT_NOFILE, &rl));
+	}
 	if (rl.rlim_cur < (rlim_t)g_run.maxfd) {
 		/* numbers stay low anyway (every scenario bounds what it keeps open) */
 		g_run.maxfd = (int)rl.rlim_cur;
