@@ -533,7 +533,6 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 
 		moved = 1;
 		atomic_fetch_add(&e->nb_takeover, 1);
-		fdc_count(th, CTR_FD_TAKEOVER);
 		/* the new owner subscribes to recv again itself (never stop an
 		 * fd we failed to take: HAProxy 8d7b51782); the old owner's
 		 * poller DELs when it next sees its bit gone. A direction still
@@ -549,8 +548,11 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 	}
 	r = release_running(th, fd);
 	if (r == FDC_CLOSED)
-		return -ESTALE;
-	return moved ? 0 : -EBUSY;
+		return -ESTALE;   /* a delete came in meanwhile and we closed it */
+	if (!moved)
+		return -EBUSY;
+	fdc_count(th, CTR_FD_TAKEOVER);   /* only takeovers the caller gets */
+	return 0;
 }
 
 /* ---- direction verbs ---- */
