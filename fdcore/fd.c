@@ -259,15 +259,21 @@ static void close_orphan(struct fdc_thread *th, int fd)
 		setsockopt(fd, SOL_SOCKET, SO_LINGER, &nolinger, sizeof(nolinger));
 	}
 
-	/* reset the tgid: grabs fail from now on; then wait for the transient
-	 * holders to leave. Past this point we are alone with the masks. We keep
-	 * a reference of our own (tgid 0) until the end so that an insert of this
-	 * number cannot claim the entry while we are still cleaning it.
+	/* reset the tgid and take a reference of our own in one step: grabs
+	 * fail from now on, and an insert of this number (possible for a
+	 * DISOWN fd) waits for our reference to go, so it cannot claim the
+	 * entry while we are still cleaning it. Then wait for the transient
+	 * holders to leave: past this point we are alone with the masks.
 	 */
-	atomic_fetch_and(&e->refc_tgid, ~(FDC_TGID_MASK | FDC_TGID_LOCK));
-	while (atomic_load(&e->refc_tgid) & FDC_REF_MASK)
+	{
+		uint32_t old = atomic_load(&e->refc_tgid);
+
+		while (!atomic_compare_exchange_weak(&e->refc_tgid, &old,
+		                                     (old & FDC_REF_MASK) + FDC_REF_ONE))
+			;
+	}
+	while ((atomic_load(&e->refc_tgid) & FDC_REF_MASK) != FDC_REF_ONE)
 		fdc_relax();
-	atomic_fetch_add(&e->refc_tgid, FDC_REF_ONE);
 	fdc_hook(t, FDC_HK_CLOSE_DRAINED, th->tid, fd, gen);
 
 	/* a cloned file description outlives our close(), and so would its

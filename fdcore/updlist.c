@@ -85,9 +85,23 @@ void fdc_list_add(struct fdc_table *t, struct fdc_group *g, int fd)
 			}
 		}
 		else if (links_cas_half(&t->fdtab[last], 0, FDC_LIST_END, fd)) {
-			/* the old tail points at us; other adders spin until this */
-			atomic_store(&g->last, fd);
-			break;
+			int32_t expect = last;
+
+			/* the old tail points at us; other adders spin until this.
+			 * A CAS, not a store: between our read of g->last and our
+			 * link, `last` may have left this list, been closed,
+			 * re-inserted in another group and become the tail of *that*
+			 * list (next == END again). Nobody else can move g->last off
+			 * a genuine tail we linked to (adders need its next == END, a
+			 * remover needs our prev half, still locked), so a failure
+			 * means exactly that ABA: unlink again and retry. A remover
+			 * of `last` may hold its links for an instant meanwhile.
+			 * (Found by the fdcore stress benchmark.)
+			 */
+			if (atomic_compare_exchange_strong(&g->last, &expect, fd))
+				break;
+			while (!links_cas_half(&t->fdtab[last], 0, fd, FDC_LIST_END))
+				fdc_relax();
 		}
 		fdc_relax();
 	}
