@@ -26,7 +26,6 @@ Checked between steps and at the end of every schedule:
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import threading
 import time
@@ -36,11 +35,12 @@ import pytest
 
 from sockherd.fdcore import Hook, Outcome, State, Table
 
+from fd_harness import WAKE_DATA, is_closed
+
 pytestmark = pytest.mark.timeout(120)
 
 MAXFD = 4096
 OWNER = 0xA11CE
-WAKE_DATA = (1 << 64) - 1
 BRANCH_POINTS = {Hook.ENTER_RUNNING, Hook.LEAVE, Hook.TAKEOVER_OWNED, Hook.DELETE_ORPHANED,
                  Hook.UPDATE_CONSUMED, Hook.CLOSE_BEGIN, Hook.BEFORE_WAIT}
 MAX_SCHEDULES = 20000
@@ -55,15 +55,6 @@ def epoll_fds(epfd: int) -> set[int]:
                 if int(p[5], 16) != WAKE_DATA:
                     out.add(int(p[1]))
     return out
-
-
-def is_closed(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError as exc:
-        assert exc.errno == errno.EBADF
-        return True
-    return False
 
 
 # ---- actors ---------------------------------------------------------------------

@@ -135,29 +135,6 @@ def assert_kernel_truth(t: Table, *, where: str = "") -> None:
 
 
 @pytest.fixture
-def tables():
-    """Table factory; at teardown every fd still in a table is deleted (the
-    table closes it) and the table is freed."""
-    made: list[Table] = []
-
-    def make(threads: int, groups: int = 1) -> Table:
-        t = Table(threads, groups)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        try:
-            for info in t.show_fd():
-                try:
-                    t.threads[t.group_base(info.tgid)].delete(info.fd)
-                except OSError:
-                    pass
-        finally:
-            t.close()
-
-
-@pytest.fixture
 def peers():
     """The far ends of the socketpairs given to tables (closed at teardown)."""
     socks: list[socket.socket] = []

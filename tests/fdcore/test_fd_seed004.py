@@ -73,27 +73,6 @@ def make_listener(backlog: int = 1024) -> tuple[int, int]:
 # fixtures
 
 
-@pytest.fixture
-def tables():
-    made: list[Table] = []
-
-    def make(threads: int, groups: int = 1) -> Table:
-        t = Table(threads, groups)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        try:
-            for info in t.show_fd():
-                try:
-                    t.threads[t.group_base(info.tgid)].delete(info.fd)
-                except OSError:
-                    pass
-        finally:
-            t.close()
-
-
 class Peer:
     """The helper process holding the listener too."""
 
