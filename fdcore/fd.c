@@ -455,17 +455,29 @@ static int orphan(struct fdc_entry *e)
 	return 1;
 }
 
+/* Range-checks fd and takes a reference on it whatever its group (any
+ * thread). Returns the entry with *tgid set and the reference held, or NULL
+ * without one if fd is out of the table or closed.
+ */
+static struct fdc_entry *take_entry(struct fdc_table *t, int fd, int *tgid)
+{
+	struct fdc_entry *e;
+
+	if (!fdc_fd_ok(t, fd))
+		return NULL;
+	e = &t->fdtab[fd];
+	*tgid = fdc_take(e);
+	return *tgid ? e : NULL;
+}
+
 int fdc_delete(struct fdc_thread *th, int fd)
 {
 	struct fdc_table *t = th->t;
 	struct fdc_entry *e;
 	int tgid;
 
-	if (!fdc_fd_ok(t, fd))
-		return -EBADF;
-	e = &t->fdtab[fd];
-	tgid = fdc_take(e);
-	if (!tgid)
+	e = take_entry(t, fd, &tgid);
+	if (!e)
 		return -EBADF;
 
 	if (tgid != th->tgid) {
@@ -568,16 +580,12 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
  */
 static int change_state(struct fdc_thread *th, int fd, uint32_t set, uint32_t clr)
 {
-	struct fdc_table *t = th->t;
 	struct fdc_entry *e;
 	uint32_t old, new;
 	int tgid;
 
-	if (!fdc_fd_ok(t, fd))
-		return -EBADF;
-	e = &t->fdtab[fd];
-	tgid = fdc_take(e);
-	if (!tgid)
+	e = take_entry(th->t, fd, &tgid);
+	if (!e)
 		return -EBADF;
 	old = atomic_load(&e->state);
 	do {
