@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-DEBS   := libcap-dev gcc make python3-dev python3-venv systemd
+DEBS   := libcap-dev gcc python3-dev python3-venv systemd
 
 .PHONY: setup run test clean debs
 
@@ -22,7 +22,6 @@ debs:
 	    python3-dev)  $(PYTHON) -c 'import sysconfig,os,sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"],"Python.h")))' || missing="$$missing $$p";; \
 	    python3-venv) $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing $$p";; \
 	    gcc)          command -v gcc >/dev/null || missing="$$missing $$p";; \
-	    make)         ;; \
 	    systemd)      command -v systemd-socket-activate >/dev/null || missing="$$missing $$p";; \
 	    *)            dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p";; \
 	  esac; \
