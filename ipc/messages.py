@@ -3,7 +3,9 @@ listener hand-off), and their msgpack encoding.
 
 One tagged union, decoded strictly: an unknown `type`, a missing or extra field or a wrong
 type becomes a MessageError naming the field (msgspec's own path, e.g. "Expected `int`,
-got `str` - at `$.generation`"). Times are CLOCK_MONOTONIC seconds (time.monotonic()),
+got `str` - at `$.generation`"). So does anything else a peer can put in well-framed bytes:
+invalid UTF-8 in any string, nesting deeper than MAX_DEPTH (see nesting.py), truncated or
+invalid msgpack; decode() raises nothing but MessageError, whatever the payload. Times are CLOCK_MONOTONIC seconds (time.monotonic()),
 which on Linux is one clock for every process of the machine.
 """
 
@@ -14,6 +16,7 @@ import msgspec
 
 from .errors import MessageError
 from .listeners import ListenerDescriptor
+from .nesting import first_too_deep
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
@@ -101,6 +104,10 @@ MESSAGE_TYPES = Message.__args__
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
+# The message map is level 1, a listener's options map level 4 and Assignment.config level
+# 2, so a config may nest MAX_DEPTH - 2 levels of its own: far more than any settings file,
+# far less than the recursion limit leaves msgspec even deep inside a caller.
+MAX_DEPTH = 32
 _UNKNOWN_TAG = re.compile(r"Invalid value (.*) - at `\$\.type`$")
 
 
@@ -112,6 +119,10 @@ def encode(msg) -> bytes:
 
 def decode(payload: bytes):
     """Payload bytes -> message, or MessageError with msgspec's precise reason."""
+    too_deep = first_too_deep(payload, MAX_DEPTH)
+    if too_deep is not None:
+        raise MessageError(f"message nests deeper than {MAX_DEPTH} levels "
+                           f"(container at byte {too_deep})")
     try:
         return _decoder.decode(payload)
     except msgspec.ValidationError as exc:
@@ -121,6 +132,21 @@ def decode(payload: bytes):
         raise MessageError(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise MessageError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        # msgspec lets the codec's error through for a str (key, tag or value) that is
+        # not UTF-8; it gives no path, so name the string's bad bytes instead.
+        bad = exc.object[exc.start:exc.end]
+        raise MessageError(f"invalid UTF-8 in a string: {exc.reason} {bad.hex(' ')} "
+                           f"at offset {exc.start} of a {len(exc.object)}-byte string") from None
+    except RecursionError:
+        # Safety net: within MAX_DEPTH, yet deeper than the stack the caller left us.
+        raise MessageError("message nests too deep for the recursion limit left to "
+                           "decode it") from None
+    except Exception as exc:
+        # msgspec documents DecodeError and ValidationError only, yet lets the two above
+        # through; anything else it raises on bytes from a peer is still about those
+        # bytes, and callers (the hand-off server, the master loop) survive MessageError.
+        raise MessageError(f"undecodable message: {type(exc).__name__}: {exc}") from None
 
 
 def expected_fds(msg) -> int:

@@ -1,0 +1,147 @@
+"""messages.decode() against hostile payloads that are well-framed msgpack: whatever the
+bytes, the outcome is a message or a MessageError naming the problem, never another
+exception (the hand-off server and the master loop survive only MessageError)."""
+
+import sys
+
+import msgspec
+import pytest
+
+from sockherd.ipc import messages as m
+from sockherd.ipc.errors import MessageError
+
+
+def fixstr(raw: bytes) -> bytes:
+    """A msgpack str holding raw bytes as they are, valid UTF-8 or not."""
+    assert len(raw) < 32
+    return bytes([0xa0 | len(raw)]) + raw
+
+
+def fixmap(*pairs: bytes) -> bytes:
+    assert len(pairs) % 2 == 0 and len(pairs) < 32
+    return bytes([0x80 | len(pairs) // 2]) + b"".join(pairs)
+
+
+def fixarray(*items: bytes) -> bytes:
+    return bytes([0x90 | len(items)]) + b"".join(items)
+
+
+def s(text: str) -> bytes:
+    return fixstr(text.encode())
+
+
+BAD = b"\xff"  # never valid in UTF-8
+
+DESCRIPTOR = [s("name"), s("web"), s("family"), s("unix"), s("address"), s("@x")]
+
+
+def assignment(config: bytes, listener: bytes = b"") -> bytes:
+    return fixmap(s("type"), s("assignment"), s("generation"), b"\x01",
+                  s("worker_index"), b"\x00", s("config"), config, s("app"), s("a:b"),
+                  s("listeners"), fixarray(listener) if listener else fixarray())
+
+
+@pytest.mark.parametrize("payload", [
+    fixmap(s("type"), fixstr(BAD)),                                   # the tag
+    fixmap(s("type"), s("ready"), fixstr(b"p\xffid"), b"\x01"),          # a field name
+    fixmap(s("type"), s("error"), s("message"), fixstr(b"oops" + BAD)),   # a str field
+    fixmap(s("type"), s("handoff_confirm"), s("names"), fixarray(s("a"), fixstr(BAD))),
+    fixmap(s("type"), s("stats_reply"), s("request_id"), b"\x01",
+           s("stats"), fixmap(fixstr(BAD), b"\x01")),                 # a dict key
+    assignment(fixmap(s("k"), fixstr(BAD))),                          # config value
+    assignment(fixmap(fixstr(BAD), b"\x01")),                         # config key
+    assignment(fixmap(s("k"), fixarray(fixmap(s("n"), fixstr(BAD))))),   # nested in config
+    assignment(fixmap(), fixmap(*DESCRIPTOR[:-1], fixstr(BAD))),      # descriptor address
+    assignment(fixmap(), fixmap(*DESCRIPTOR, s("options"), fixmap(fixstr(BAD), b"\x01"))),
+], ids=lambda p: p.hex())
+def test_invalid_utf8_anywhere_is_a_message_error(payload):
+    with pytest.raises(MessageError, match="^invalid UTF-8 in a string: invalid start byte ff "
+                                           r"at offset \d+ of a \d+-byte string$"):
+        m.decode(payload)
+
+
+def test_invalid_utf8_in_a_key_before_the_tag_is_just_no_tag():
+    # msgspec compares keys as bytes while it looks for the tag: nothing to decode there.
+    with pytest.raises(MessageError, match="^Object missing required field `type`$"):
+        m.decode(fixmap(fixstr(b"ty\xffpe"), s("stop")))
+
+
+def nested_arrays(depth: int) -> bytes:
+    return b"\x91" * depth + b"\xc0"
+
+
+def nested_maps(depth: int) -> bytes:
+    return fixmap(s("k"), b"\xc0") if depth == 1 else b"\x81\xa1k" * (depth - 1) + b"\xc0"
+
+
+def test_deep_nesting_in_config_is_a_message_error():
+    # About 2 KB of nested arrays: msgspec would recurse once per level (RecursionError).
+    payload = assignment(fixmap(s("deep"), nested_arrays(2048)))
+    with pytest.raises(MessageError, match=r"^message nests deeper than \d+ levels \(container at byte \d+\)$"):
+        m.decode(payload)
+
+
+@pytest.mark.parametrize("value", [nested_arrays(100_000), nested_maps(20_000),
+                                   b"\xdd\x00\x00\x00\x01" * 5000 + b"\xc0"],
+                         ids=["arrays", "maps", "array32"])
+def test_deep_nesting_of_any_kind_anywhere_is_a_message_error(value):
+    # Before the tag, as an unknown field, inside a dict of the wrong type: the decoder
+    # must never walk it.
+    for payload in [fixmap(s("junk"), value, s("type"), s("stop")),
+                    fixmap(s("type"), s("stop"), s("junk"), value),
+                    fixmap(s("type"), s("stats_reply"), s("request_id"), b"\x01",
+                           s("stats"), fixmap(s("k"), value)),
+                    assignment(fixmap(s("deep"), value))]:
+        with pytest.raises(MessageError, match="nests deeper than"):
+            m.decode(payload)
+
+
+def test_nesting_up_to_the_limit_decodes():
+    # The message map is level 1, config level 2: the config may nest MAX_DEPTH - 2 more.
+    inner = m.MAX_DEPTH - 2
+    msg = m.decode(assignment(fixmap(s("deep"), nested_arrays(inner))))
+    value = msg.config["deep"]
+    for _ in range(inner):
+        value, = value
+    assert value is None
+    with pytest.raises(MessageError, match=f"nests deeper than {m.MAX_DEPTH} levels"):
+        m.decode(assignment(fixmap(s("deep"), nested_arrays(inner + 1))))
+
+
+def test_a_legitimate_large_assignment_is_not_mistaken_for_deep_nesting():
+    # Many containers side by side (one per listener and per config entry) are not deep.
+    msg = m.Assignment(generation=1, worker_index=0,
+                       config={f"k{i}": [{"a": [i]}] for i in range(500)}, app="a:b",
+                       listeners=[m.ListenerDescriptor(f"l{i}", "unix", f"@l{i}",
+                                                       options={"backlog": 1})
+                                  for i in range(300)])
+    assert m.decode(m.encode(msg)) == msg
+
+
+def test_recursion_error_is_still_a_message_error():
+    # The safety net: were a message within MAX_DEPTH still too deep for the stack that is
+    # left (decode called from deep inside a caller), msgspec's RecursionError becomes a
+    # MessageError too.
+    payload = assignment(fixmap(s("deep"), nested_arrays(m.MAX_DEPTH - 2)))
+
+    def at_depth(n):
+        return at_depth(n - 1) if n else m.decode(payload)
+
+    frames, frame = 0, sys._getframe()
+    while frame is not None:
+        frames, frame = frames + 1, frame.f_back
+    with pytest.raises(MessageError, match="recursion"):
+        at_depth(sys.getrecursionlimit() - frames - 10)
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"", "truncated"),
+    (fixmap(s("type"), s("stop"))[:-2], "truncated"),
+    (b"\xdf\xff\xff\xff\xff", "truncated"),                 # map of 4G entries, none there
+    (b"\xc1", "invalid"),                                   # the one reserved byte
+    (fixmap(s("type"), s("stop")) + b"\x00", "trailing"),
+])
+def test_truncated_and_invalid_msgpack(payload, message):
+    with pytest.raises(MessageError, match=message):
+        m.decode(payload)
+
