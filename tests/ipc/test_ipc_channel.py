@@ -3,8 +3,10 @@ and from a poll loop, and peers that misbehave at the socket level."""
 
 import os
 import select
+import shutil
 import socket
 import struct
+import tempfile
 import threading
 import time
 import uuid
@@ -326,7 +328,7 @@ def test_descriptor_mismatch_is_refused_and_every_fd_closed(listeners):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("pipe", "is not a socket"),
+    ("pipe", r"is a pipe \(pipe:\[\d+\]\), not a socket"),
     ("not_listening", "is not listening"),
     ("dgram", "is a dgram socket, descriptor says stream"),
     ("inet", "is an inet socket, descriptor says unix"),
@@ -353,6 +355,74 @@ def test_descriptor_checks(case, message):
         fds = devnull_fds(2)
     with pytest.raises(ListenerMismatch, match=message):
         adopt([desc], fds)
+    assert not any(is_open(fd) for fd in fds)
+
+
+@pytest.fixture
+def path_listener():
+    """A unix listener bound to a file (O_PATH can only reach sockets that have one)."""
+    directory = tempfile.mkdtemp(prefix="sh-")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(os.path.join(directory, "l.sock"))
+    sock.listen()
+    yield sock
+    sock.close()
+    shutil.rmtree(directory)
+
+
+def open_not_a_socket(kind: str, listener: socket.socket) -> int:
+    """An fd of the given kind; every one but "listener" is something adopt() must refuse."""
+    path = listener.getsockname()
+    if kind == "o_path_socket":         # fstat() says "socket", yet no socket call works
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    if kind == "o_path_file":
+        return os.open(__file__, os.O_PATH | os.O_CLOEXEC)
+    if kind == "o_path_dir":
+        return os.open(os.path.dirname(path), os.O_PATH | os.O_CLOEXEC)
+    if kind == "file":
+        return os.open(__file__, os.O_RDONLY | os.O_CLOEXEC)
+    if kind == "dir":
+        return os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if kind == "pipe":
+        r, w = os.pipe()
+        os.close(w)
+        return r
+    if kind == "eventfd":
+        return os.eventfd(0, os.EFD_CLOEXEC)
+    if kind == "chardev":
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    if kind == "closed":
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.close(fd)
+        return fd
+    assert kind == "listener"
+    return os.dup(listener.fileno())
+
+
+NOT_SOCKETS = {
+    "o_path_socket": r"is an O_PATH reference to a socket \(/tmp/sh-\w+/l.sock\), "
+                     "not an open socket",
+    "o_path_file": r"is an O_PATH reference to a regular file \(/.*test_ipc_channel.py\), "
+                   "not a socket",
+    "o_path_dir": r"is an O_PATH reference to a directory \(/tmp/sh-\w+\), not a socket",
+    "file": r"is a regular file \(/.*test_ipc_channel.py\), not a socket",
+    "dir": r"is a directory \(/tmp/sh-\w+\), not a socket",
+    "pipe": r"is a pipe \(pipe:\[\d+\]\), not a socket",
+    "eventfd": r"is an anonymous inode \(anon_inode:\[eventfd\]\), not a socket",
+    "chardev": r"is a character device \(/dev/null\), not a socket",
+    "closed": r"is not open \(Bad file descriptor\)",
+}
+
+
+@pytest.mark.parametrize("kind", NOT_SOCKETS)
+def test_adopt_refuses_every_kind_of_non_socket_and_closes_every_fd(path_listener, kind):
+    desc = describe(path_listener, "app")
+    good = open_not_a_socket("listener", path_listener)
+    bad = open_not_a_socket(kind, path_listener)
+    fds = [good, bad] if kind != "closed" else [good]
+    descs = [desc, desc]
+    with pytest.raises(ListenerMismatch, match=rf"^listener 'app': fd {bad} {NOT_SOCKETS[kind]}$"):
+        adopt(descs, [good, bad])
     assert not any(is_open(fd) for fd in fds)
 
 
