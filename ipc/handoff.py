@@ -81,7 +81,13 @@ class HandoffServer:
                     self._on_message(session, received)
         except (IPCError, OSError):
             # A client that breaks the protocol or leaves loses its session, nothing more.
+            # (Whatever it sends gets here: messages.decode() raises only MessageError.)
             self._end(fd)
+        except BaseException:
+            # Not the client's doing: a bug of ours or of the owner's callbacks. The
+            # session's fds are closed all the same, then the owner gets to see it.
+            self._end(fd)
+            raise
 
     def expire(self, now: float | None = None) -> None:
         """Drop sessions past their deadline (a client that connected and went silent)."""
@@ -123,12 +129,22 @@ class HandoffServer:
                 conn, _ = self._sock.accept()
             except BlockingIOError:
                 return
-            _, uid, _ = _UCRED.unpack(conn.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-            if uid != os.getuid():
+            except ConnectionAbortedError:
+                continue              # that client left before we got to it
+            except OSError:
+                # EMFILE, ENFILE, ENOBUFS...: the connection waits in the backlog and
+                # poll() reports it again; the serve loop must not die of it.
+                return
+            try:
+                _, uid, _ = _UCRED.unpack(conn.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+                if uid != os.getuid():
+                    conn.close()
+                    continue
+                channel = Channel(conn)
+            except BaseException:
                 conn.close()
-                continue
-            channel = Channel(conn)
+                raise
             self._sessions[conn.fileno()] = _Session(
                 channel, time.monotonic() + self._session_timeout)
 
@@ -199,7 +215,9 @@ def fetch_listeners(path: str, timeout: float = 10.0) -> list[tuple]:
         try:
             channel.send(HandoffRequest(os.getpid()), timeout=left())
             received = channel.recv(timeout=left())
-        except IPCError as exc:
+        except (IPCError, OSError) as exc:
+            # Any bad reply is one of our IPCErrors (its fds already closed); the channel
+            # closes whatever else it holds on the way out of the with block.
             raise HandoffError(f"hand-off from {path} failed: {exc}") from None
         msg = received.msg
         if not isinstance(msg, HandoffListeners):
@@ -215,7 +233,7 @@ def fetch_listeners(path: str, timeout: float = 10.0) -> list[tuple]:
         except BaseException as exc:
             for sock in sockets:
                 sock.close()
-            if isinstance(exc, IPCError):
+            if isinstance(exc, (IPCError, OSError)):
                 raise HandoffError(f"hand-off from {path} failed: {exc}") from None
             raise
         return list(zip(msg.listeners, sockets))
