@@ -118,7 +118,7 @@ class Channel:
 
     def flush(self) -> bool:
         """Write pending output; True when none of our messages is left unsent."""
-        self._outbox.write(self._sock)
+        self._write()
         return not self._outbox.units_left
 
     @property
@@ -135,7 +135,7 @@ class Channel:
                 break
         if self._outbox.wants_write:
             try:
-                self._outbox.write(self._sock)   # acks we owe, batches the peer just acked
+                self._write()                    # acks we owe, batches the peer just acked
             except PeerClosed:
                 if not self._inbox:
                     raise    # else: deliver what the peer said before leaving first
@@ -169,7 +169,7 @@ class Channel:
         self._queue(msg, fds)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self._outbox.write(self._sock)
+            self._write()
             if not self._outbox.units_left:
                 return
             if self._eof:
@@ -189,9 +189,7 @@ class Channel:
             if self._eof:
                 raise PeerClosed("peer closed the channel")
             self._wait(deadline, "receive")
-            if self._outbox.wants_write:
-                self._outbox.write(self._sock)
-            self.read_available()
+            self.read_available()            # writes what we owe (ACKs) too
 
     def close(self) -> None:
         """Close the socket and every fd the channel still owns."""
@@ -223,6 +221,26 @@ class Channel:
             raise ChannelTimeout(f"timed out waiting to {what}")
         return ready[0][1]
 
+    def _write(self) -> None:
+        """Write what the outbox may send now; PeerClosed if the peer is gone (EPIPE,
+        ECONNRESET). Gone, it can no longer finish a message it was sending us: the next
+        batch of fds waits for an ACK it will never read, and no more bytes come once it
+        has closed. So read what it sent before leaving, then settle the decoder as at EOF:
+        a half-received message is a ProtocolError, raised after its fds are closed
+        (errors.py), not left to close()."""
+        try:
+            self._outbox.write(self._sock)
+            return
+        except PeerClosed as exc:
+            gone = exc
+        for _ in range(_READS_PER_CALL):
+            if not self._read_once():        # EOF mid-frame raises here, fds closed
+                break
+        if not self._decoder.at_boundary:
+            self._eof = True
+            self._decoder.eof()              # raises ProtocolError, fds closed
+        raise gone
+
     def _read_once(self) -> bool:
         """One recvmsg(); False when nothing more is to be read now."""
         if self._eof:
@@ -234,6 +252,11 @@ class Channel:
             return False
         except ConnectionResetError:
             data, ancdata, flags = b"", [], 0
+        except OSError:
+            # Any other failure leaves us unsure what the kernel consumed: the stream is
+            # lost. Release what a half-received message holds and give the error as is.
+            self._decoder.fail("recvmsg() failed")
+            raise
         fds = _fds_from(ancdata)
         if flags & socket.MSG_CTRUNC:
             close_all(fds)

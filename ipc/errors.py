@@ -9,7 +9,10 @@ from is still usable:
   channel keeps working (the master answers with an Error message).
 * PeerClosed: the peer went away at a frame boundary; an orderly EOF, not a bug.
 
-Every one of them is raised only after the fds that came with the bad input are closed.
+Every one of them is raised only after the fds that came with the bad input are closed,
+including those of a message the peer can no longer finish (it left mid-batch: a
+ProtocolError, however the channel noticed). ChannelTimeout is no verdict on the input:
+a message still arriving keeps its fds, and the next receive carries on with it.
 """
 
 

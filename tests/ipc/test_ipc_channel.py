@@ -304,6 +304,72 @@ def test_peer_dies_while_we_wait_for_an_ack(pair):
             os.close(fd)
 
 
+def leave(sock: socket.socket, how: str) -> None:
+    if how == "close":
+        sock.close()
+    else:
+        sock.shutdown(socket.SHUT_RD if how == "shut_rd" else socket.SHUT_WR)
+
+
+def call_until_it_raises(channel: Channel, path: str) -> None:
+    """Drive one of the channel's entry points the way its users do, until it raises."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if path == "recv":
+            channel.recv(timeout=10)
+        elif path == "read_available":
+            select.select([channel], [], [], 1)
+            channel.read_available()
+        elif path == "send":
+            channel.send(m.Stop(), timeout=10)
+        else:
+            channel.post(m.Stop())
+    raise AssertionError(f"{path} never raised")
+
+
+# (entry point, how the peer leaves, whether we had read and acked its first batch). Left
+# out: the combinations where nothing is wrong yet (a peer that shut down only its write
+# side still reads what we send; one that only stopped reading after our ACK may still
+# send its next batch).
+MID_BATCH = [(path, how, False) for path in ["recv", "read_available"]
+             for how in ["shut_rd", "shut_wr", "close"]]
+MID_BATCH += [(path, how, acked) for path in ["send", "post"]
+              for how in ["shut_rd", "close"] for acked in [False, True]]
+MID_BATCH += [(path, "close", True) for path in ["recv", "read_available"]]
+
+
+@pytest.mark.parametrize("path, how, acked", MID_BATCH)
+def test_peer_gone_mid_batch_closes_every_fd_received_before_raising(path, how, acked):
+    # errors.py: an error is raised only after the fds of the bad input are closed; here
+    # the FD_BATCH fds of a message that can no longer complete, before close(), not at it.
+    raw, ours = socket.socketpair()
+    channel = Channel(ours)
+    try:
+        before = open_fd_count()
+        fds = devnull_fds(FD_BATCH)
+        try:
+            raw.sendmsg([HEADER.pack(MAGIC, VERSION, KIND_MSG, FD_BATCH + 5, 0)],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", fds))])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if acked:
+            assert channel.read_available() == 0
+            assert raw.recv(len(ACK_FRAME)) == ACK_FRAME
+        leave(raw, how)
+        if how == "close":
+            before -= 1
+        with pytest.raises(ProtocolError, match="^peer closed the channel mid-frame: "
+                                                "5 fds of a message still to come$"):
+            call_until_it_raises(channel, path)
+        assert open_fd_count() == before
+        with pytest.raises(ProtocolError, match="already failed"):
+            channel.recv(timeout=10)
+    finally:
+        channel.close()
+        raw.close()
+
+
 def test_recv_times_out(pair):
     _, b = pair
     with pytest.raises(ChannelTimeout):
