@@ -203,6 +203,15 @@ enum fdc_hook_point {
 	FDC_HK_CLOSE_DRAINED,      /* final close: tgid reset, refcount drained */
 	FDC_HK_CLOSE_END,          /* final close: fd about to be close()d */
 	FDC_HK_BEFORE_WAIT,        /* poll: update pass done, entering epoll_wait */
+	FDC_HK_RELEASE_CLEARED,    /* release: own running bit cleared, thread_mask
+	                              not yet read (leave, enter's exit, delete,
+	                              takeover) */
+	FDC_HK_WALK_ARRIVE,        /* update pass: standing on a shared-list entry,
+	                              before grabbing it or reading its links */
+	FDC_HK_LIST_UNLINK,        /* list remove: entry and neighbours locked,
+	                              about to unlink (tid -1: no thread context) */
+	FDC_HK_ENTER_OWNER,        /* enter: own bit seen in thread_mask, running
+	                              bit not yet OR'ed */
 };
 typedef void (*fdc_hook_fn)(void *arg, int point, int tid, int fd, uint32_t gen);
 

@@ -337,7 +337,10 @@ static int release_running(struct fdc_thread *th, int fd)
 	struct fdc_entry *e = &th->t->fdtab[fd];
 	uint64_t bit = th->ltid_bit;
 	uint64_t prev = atomic_fetch_and(&e->running_mask, ~bit);
-	uint64_t tmask = atomic_load(&e->thread_mask);
+	uint64_t tmask;
+
+	fdc_hook(th->t, FDC_HK_RELEASE_CLEARED, th->tid, fd, 0);
+	tmask = atomic_load(&e->thread_mask);
 
 	if (tmask & bit) {
 		fdc_drop(e);
@@ -377,6 +380,7 @@ int fdc_enter(struct fdc_thread *th, int fd, uint32_t *gen)
 		return FDC_MIGRATED;
 	}
 
+	fdc_hook(t, FDC_HK_ENTER_OWNER, th->tid, fd, 0);
 	/* OR our bit first, unconditionally: from now on a takeover's CAS
 	 * 0 -> bit fails. Validating before setting was the ABA of HAProxy's
 	 * seed 003 (cd8914bc5).

@@ -128,6 +128,7 @@ static int walk_shared(struct fdc_thread *th, struct fdc_group *g)
 		struct fdc_entry *e = &t->fdtab[cur];
 		int32_t next;
 
+		fdc_hook(t, FDC_HK_WALK_ARRIVE, th->tid, cur, 0);
 		if (fdc_grab(e, th->tgid)) {
 			uint64_t um = atomic_load(&e->update_mask);
 

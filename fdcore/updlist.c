@@ -162,6 +162,7 @@ void fdc_list_remove(struct fdc_table *t, struct fdc_group *g, int fd)
 	 * (found by the fdcore stress benchmark).
 	 */
 	atomic_fetch_add(&g->epoch, 1);
+	fdc_hook(t, FDC_HK_LIST_UNLINK, -1, fd, 0);
 	if (next == FDC_LIST_END) {
 		int32_t expect = fd;
 		atomic_compare_exchange_strong(&g->last, &expect, prev);
