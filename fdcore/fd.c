@@ -324,29 +324,45 @@ static void close_orphan(struct fdc_thread *th, int fd)
 /* ---- running protocol ---- */
 
 /* Drops th's running bit on fd. Caller: th, holding a running bit and a
- * reference on the fd's tgid, which this consumes. If th was the last runner
- * and is no longer an owner, it performs the deferred close if it wins the
- * MUST_CLOSE token (FDC_CLOSED); otherwise, no longer an owner, it programs
- * its own update so its poller drops the registration (FDC_MIGRATED).
- * Reading thread_mask *after* dropping the bit is what makes the decision
- * safe: a delete that ran before our drop is seen, one that runs after sees
- * no runner and closes itself; MUST_CLOSE settles the overlap (I4).
+ * reference on the fd's tgid, which this consumes. Returns FDC_DONE if th is
+ * still an owner; otherwise FDC_CLOSED if th performed the deferred close,
+ * else FDC_MIGRATED (th's poller is told to drop its registration).
+ *
+ * Why the close is safe (I4): after clearing our bit we read thread_mask.
+ *  - Our bit in it: we are an owner; a delete that orphans the fd after our
+ *    read also comes after our clear, so its own read of running_mask (or
+ *    the last runner's) no longer sees us and settles the close.
+ *  - Our bit not in it: the fd was orphaned or moved. Whether anybody is
+ *    still inside is known only from a read of running_mask made *now*: the
+ *    mask our clear returned is stale, since another owner may have been
+ *    admitted after it (thread_mask still held that owner) and be inside
+ *    while a delete orphaned the fd (issue 6, bug 1). A runner admitted
+ *    before the orphaning OR'ed its bit before reading a thread_mask with
+ *    its bit, so before the orphaning CAS, so before our read of a zero
+ *    thread_mask, so before this read of running_mask: we see it. A thread
+ *    entering after the orphaning sees thread_mask 0 and leaves through here
+ *    too. So whoever reads running_mask == 0 after the orphaning may close,
+ *    and the one-shot MUST_CLOSE token makes it exactly one of them; the
+ *    last runner to clear always reads 0, so somebody closes.
+ * (HAProxy reads thread_mask before its clear: a delete between the two is
+ * then missed by both sides and the fd is never closed.)
+ * Ordering: our clear (RMW) then the thread_mask load, and the running_mask
+ * load after that, must stay in this order: seq_cst, never relax them. The
+ * entering side relies on the mirror order (fdc_enter).
  */
 static int release_running(struct fdc_thread *th, int fd)
 {
 	struct fdc_entry *e = &th->t->fdtab[fd];
 	uint64_t bit = th->ltid_bit;
-	uint64_t prev = atomic_fetch_and(&e->running_mask, ~bit);
-	uint64_t tmask;
 
+	atomic_fetch_and(&e->running_mask, ~bit);
 	fdc_hook(th->t, FDC_HK_RELEASE_CLEARED, th->tid, fd, 0);
-	tmask = atomic_load(&e->thread_mask);
-
-	if (tmask & bit) {
+	if (atomic_load(&e->thread_mask) & bit) {
 		fdc_drop(e);
 		return FDC_DONE;
 	}
-	if (prev == bit && (atomic_fetch_and(&e->state, ~FDC_MUST_CLOSE) & FDC_MUST_CLOSE)) {
+	if (!atomic_load(&e->running_mask) &&
+	    (atomic_fetch_and(&e->state, ~FDC_MUST_CLOSE) & FDC_MUST_CLOSE)) {
 		fdc_drop(e);
 		close_orphan(th, fd);
 		return FDC_CLOSED;

@@ -117,7 +117,30 @@ static int update_fd(struct fdc_thread *th, int fd)
 	return ctl(th, EPOLL_CTL_MOD, fd, &ev);
 }
 
-/* One walk of the group's shared list, consuming th's bits. */
+/* One walk of the group's shared list, consuming th's bits. th's thread.
+ * Returns the epoll_ctl calls made.
+ *
+ * Why a walk, repeated while the group's removal counter moves (see
+ * fdc_update_pass), sees every entry that held th's bit when the pass began:
+ *  - The walker holds a reference only while it looks at an entry; it steps
+ *    without one. The entry it stands on may meanwhile be removed, closed,
+ *    re-inserted (even in another group) and re-added elsewhere, so its
+ *    links may lead somewhere else entirely.
+ *  - A removed entry keeps its successor in its links (fd-t.h), so a walker
+ *    standing on it when it leaves walks on from where it was. What it can
+ *    miss is a removal *and re-add* between its arrival and its step: it
+ *    then follows the entry's new links (to the tail, or into another list)
+ *    and skips what lay between.
+ *  - The walker reached that entry by reading a link or `first` that named
+ *    it, after reading the counter. That removal unlinks the entry after
+ *    that read, and bumps the counter only once the entry is out
+ *    (fdc_list_remove), so after the walker read the counter: the walker
+ *    sees the counter moved and walks again. Entries of another group met
+ *    on a detour are not grabbed (tgid mismatch) and only stepped over.
+ *  - A walk ends at END; entries added during the walk land at the tail
+ *    and wake the threads they are for, so missing one costs no update.
+ * The counter is read with seq_cst loads, ordered with the link loads.
+ */
 static int walk_shared(struct fdc_thread *th, struct fdc_group *g)
 {
 	struct fdc_table *t = th->t;

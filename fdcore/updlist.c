@@ -161,7 +161,6 @@ void fdc_list_remove(struct fdc_table *t, struct fdc_group *g, int fd)
 	 * an entry no longer in the list, on which every later add spins
 	 * (found by the fdcore stress benchmark).
 	 */
-	atomic_fetch_add(&g->epoch, 1);
 	fdc_hook(t, FDC_HK_LIST_UNLINK, -1, fd, 0);
 	if (next == FDC_LIST_END) {
 		int32_t expect = fd;
@@ -177,6 +176,15 @@ void fdc_list_remove(struct fdc_table *t, struct fdc_group *g, int fd)
 		links_cas_half(&t->fdtab[next], 1, FDC_LIST_LOCKED, prev);
 	/* out, remembering the successor for a reader standing on us */
 	atomic_store(&e->links, fdc_lmk(-next - 4, FDC_LIST_END));
+	/* only now tell walkers that a removal happened (walk_shared, poller.c):
+	 * a walker that reads the counter after this bump finds `first` and
+	 * every link already without us. Bumped earlier, a walker could read
+	 * the new value, then `first` still naming us, follow our links after
+	 * a re-add at the tail and skip the entries in between, with nothing
+	 * telling it to walk again (issue 6, bug 2). The store above and this
+	 * RMW are seq_cst: keep them in this order.
+	 */
+	atomic_fetch_add(&g->epoch, 1);
 }
 
 void fdc_wake_mask(struct fdc_table *t, const struct fdc_group *g, uint64_t mask)
