@@ -4,6 +4,8 @@
 #ifndef SOCKHERD_FD_INT_H
 #define SOCKHERD_FD_INT_H
 
+#include <errno.h>
+
 #include "fd.h"
 
 /* counter indexes, in the order of struct fdc_counters */
@@ -75,6 +77,68 @@ static inline int fdc_take(struct fdc_entry *e)
 static inline void fdc_drop(struct fdc_entry *e)
 {
 	atomic_fetch_sub(&e->refc_tgid, FDC_REF_ONE);
+}
+
+/* ---- the verbs that change the tgid (I1: only while no reference but the
+ * changer's own is held). Nothing else writes the low bits of refc_tgid.
+ */
+
+/* claim: takes a closed entry for group tgid, locked (grab and take refuse
+ * it) and with one reference of the caller's. Waits for the transient
+ * references of late visitors of the previous incarnation to go. Returns 0,
+ * or -EEXIST if the entry has a tgid (the fd is in the table: I2). Insert.
+ */
+static inline int fdc_tgid_claim(struct fdc_entry *e, int tgid)
+{
+	uint32_t old = atomic_load(&e->refc_tgid);
+
+	for (;;) {
+		if (old & (FDC_TGID_MASK | FDC_TGID_LOCK))
+			return -EEXIST;
+		if (old & FDC_REF_MASK) {
+			fdc_relax();
+			old = atomic_load(&e->refc_tgid);
+			continue;
+		}
+		if (atomic_compare_exchange_weak(&e->refc_tgid, &old,
+		                                 FDC_REF_ONE | FDC_TGID_LOCK | (uint32_t)tgid))
+			return 0;
+	}
+}
+
+/* publish: unlocks a claimed entry, now fully written, and drops the
+ * claimer's reference: grabs succeed from here on. Insert. */
+static inline void fdc_tgid_publish(struct fdc_entry *e)
+{
+	atomic_fetch_and(&e->refc_tgid, ~FDC_TGID_LOCK);
+	fdc_drop(e);
+}
+
+/* unclaim: gives a claimed entry back, closed, and drops the claimer's
+ * reference. Insert, when the entry turned out not clean. */
+static inline void fdc_tgid_unclaim(struct fdc_entry *e)
+{
+	atomic_fetch_and(&e->refc_tgid, ~(FDC_TGID_MASK | FDC_TGID_LOCK));
+	fdc_drop(e);
+}
+
+/* reset: the final close sets the tgid to 0 and takes a reference of its
+ * own in one step, then waits until that reference is the only one. From
+ * the reset on, grabs fail; an insert of this number (possible for a
+ * DISOWN fd whose owner re-inserts it) waits for our reference, so it cannot
+ * claim the entry while the close is still cleaning it. On return the
+ * caller is alone with the masks; it drops its reference (fdc_drop) once
+ * the entry is clean. The final close only.
+ */
+static inline void fdc_tgid_reset(struct fdc_entry *e)
+{
+	uint32_t old = atomic_load(&e->refc_tgid);
+
+	while (!atomic_compare_exchange_weak(&e->refc_tgid, &old,
+	                                     (old & FDC_REF_MASK) + FDC_REF_ONE))
+		;
+	while ((atomic_load(&e->refc_tgid) & FDC_REF_MASK) != FDC_REF_ONE)
+		fdc_relax();
 }
 
 /* links word of the shared update list (see fd-t.h) */

@@ -53,8 +53,11 @@
 #define FDC_POLL_ERR    0x00000800u
 #define FDC_POLL_HUP    0x00001000u
 #define FDC_POLL_RDHUP  0x00002000u
-#define FDC_POLL_ANY    0x00003f00u
-#define FDC_POLL_STICKY (FDC_POLL_ERR | FDC_POLL_HUP | FDC_POLL_RDHUP)
+#define FDC_POLL_CTL    0x00004000u   /* not from the kernel: our epoll_ctl
+                                         for this fd failed (errno in
+                                         ctl_errno); reported with ERR */
+#define FDC_POLL_ANY    0x00007f00u
+#define FDC_POLL_STICKY (FDC_POLL_ERR | FDC_POLL_HUP | FDC_POLL_RDHUP | FDC_POLL_CTL)
 
 /* per-fd flags set at insert (the FDC_F_* subset) or by the protocol */
 #define FDC_LINGER_RISK 0x00010000u   /* set SO_LINGER 0 before close (RST) */
@@ -63,15 +66,22 @@
                                          EPOLL_CTL_DEL from every instance */
 #define FDC_EXCLUSIVE   0x00040000u   /* register with EPOLLEXCLUSIVE (ADD/DEL
                                          only, the kernel refuses MOD) */
+#define FDC_SOLE        0x00080000u   /* insert only: the caller states the
+                                         file description is open nowhere
+                                         else, so a listening socket is not
+                                         marked CLONED (which it otherwise
+                                         always is: seed 004) */
 #define FDC_DISOWN      0x00400000u   /* final close forgets, never close()s */
 #define FDC_MUST_CLOSE  0x00800000u   /* one-shot token: whoever clears it
                                          performs the deferred close */
-#define FDC_INSERT_FLAGS (FDC_LINGER_RISK | FDC_CLONED | FDC_EXCLUSIVE | FDC_DISOWN)
+#define FDC_INSERT_FLAGS (FDC_LINGER_RISK | FDC_CLONED | FDC_EXCLUSIVE | FDC_DISOWN | FDC_SOLE)
 
 /* ---- refc_tgid -----------------------------------------------------------
  * bits 16..31 refcount, bit 15 lock (held by insert while it writes the
- * entry; grab and take refuse a locked entry), bits 0..14 tgid. The tgid changes only while the refcount is 0 (I1), so a
- * holder of a matching reference may trust the masks' numbering.
+ * entry; grab and take refuse a locked entry), bits 0..14 tgid. The tgid
+ * changes only while the refcount is 0 (I1), so a holder of a matching
+ * reference may trust the masks' numbering. The verbs that change the tgid
+ * (claim, publish, unclaim, reset) are in fd-int.h, nowhere else.
  */
 #define FDC_REF_ONE     0x00010000u
 #define FDC_REF_MASK    0xffff0000u
@@ -97,8 +107,10 @@
  *   running_mask  OR'ed by a thread entering (poller, delete, takeover),
  *                 AND'ed off by the same thread when leaving; zeroed by the
  *                 final close once alone.
- *   thread_mask   stored by insert, takeover (CAS to one bit, only while
- *                 running == own bit) and delete (0); never gains bits.
+ *   thread_mask   stored by insert, takeover (CAS to the taker's bit, only
+ *                 while running == own bit: the taker's bit may be new) and
+ *                 delete (CAS to 0). Once 0 it stays 0 until the final
+ *                 close; insert sets it only on a clean entry (I2).
  *   update_mask   a bit is set by whoever programs an update for that thread
  *                 and cleared only by that thread's update pass (or the final
  *                 close, once alone).
@@ -109,6 +121,9 @@
  *                 or a running bit.
  *   generation    incremented by the final close, before close(); read by
  *                 pollers to drop reports about an older incarnation.
+ *   ctl_errno     errno of the last failed epoll_ctl of an owner's poller
+ *                 for this incarnation (0: none); written by that poller,
+ *                 reset by insert and the final close.
  */
 struct fdc_entry {
 	_Atomic uint64_t running_mask;
@@ -121,7 +136,9 @@ struct fdc_entry {
 	_Atomic uint32_t generation;
 	_Atomic uint32_t nb_takeover;
 	_Atomic uint32_t kind;        /* caller's handler kind (listener, conn...) */
+	_Atomic int32_t ctl_errno;
 } __attribute__((aligned(64)));
+_Static_assert(sizeof(struct fdc_entry) == 64, "an fd entry is one cache line");
 
 /* polled_mask[fd]: group-local bits of threads whose *own* epoll instance has
  * the fd registered, per direction. Kept apart from the entry because only
@@ -184,6 +201,11 @@ struct fdc_thread {
 	                                  thanks to the own update bit */
 	int nbupdt;
 	int in_pass;                   /* inside fdc_update_pass (reentry guard) */
+	struct fdc_failed {            /* fds whose registration failed, to be */
+		int32_t fd;            /* reported to their owner by the next */
+		uint32_t gen;          /* fdc_poll (poller.c); grows on demand */
+	} *failed;
+	int nbfailed, capfailed;
 	struct fdc_counters_atomic ctr;
 };
 

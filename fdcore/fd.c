@@ -35,6 +35,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fd-int.h"
@@ -59,6 +60,7 @@ void fdc_table_free(struct fdc_table *t)
 			if (th->evfd >= 0)
 				close(th->evfd);
 			free(th->updt);
+			free(th->failed);
 		}
 		free(t->threads);
 	}
@@ -178,47 +180,68 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg)
 
 /* ---- insert ---- */
 
+/* What the kernel says fd is, before it enters the table. Returns the
+ * insert flags to add (FDC_CLONED for a listening socket, unless the caller
+ * vouched with FDC_SOLE that it is open nowhere else), or a negative errno:
+ * -EBADF for a number that is not open, -EPERM for a file epoll refuses
+ * (regular files and directories: the ADD would fail for ever, and the
+ * owner would wait for events that never come).
+ * Why listeners are CLONED by default: every sockherd listener is also open
+ * in the master (and dup'ed per group), so its close() leaves it registered
+ * in every epoll instance of ours that had it: HAProxy's seed 004, four
+ * threads spinning on a listener bound to one. One getsockopt for a socket,
+ * an fstat more for anything else.
+ */
+static int probe_fd(int fd, uint32_t flags)
+{
+	int listening = 0;
+	socklen_t len = sizeof(listening);
+	struct stat sb;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0)
+		return listening && !(flags & FDC_SOLE) ? FDC_CLONED : 0;
+	if (errno == EBADF)
+		return -EBADF;
+	if (fstat(fd, &sb) < 0)
+		return -errno;
+	if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode))
+		return -EPERM;
+	return 0;
+}
+
 int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
                int tgid, uint64_t thread_mask, uint32_t flags)
 {
 	struct fdc_entry *e;
-	uint32_t old;
+	int extra, rc;
 
 	if (!fdc_fd_ok(t, fd))
 		return -EBADF;
 	if (tgid < 1 || tgid > t->nbgroup || !owner || (flags & ~FDC_INSERT_FLAGS))
 		return -EINVAL;
+	/* a disowned fd stays open after its close: a reset there would hit
+	 * whatever the owner does with it next */
+	if ((flags & FDC_DISOWN) && (flags & FDC_LINGER_RISK))
+		return -EINVAL;
 	thread_mask &= t->groups[tgid].enabled_mask;
 	if (!thread_mask)
 		return -EINVAL;
+	extra = probe_fd(fd, flags);
+	if (extra < 0)
+		return extra;
+	flags = (flags | (uint32_t)extra) & ~FDC_SOLE;
 	e = &t->fdtab[fd];
 
-	/* claim the tgid: only from "closed, nobody holding a reference". Late
-	 * visitors of the previous incarnation hold references for a few
-	 * instructions: wait for them. A set tgid means the fd is still in the
-	 * table (I2). The claim carries the lock bit until the entry is fully
-	 * written: grab and take refuse a locked entry, so a verb racing on this
-	 * number (a stale handle) cannot land half-way and poison it.
-	 */
-	old = atomic_load(&e->refc_tgid);
-	for (;;) {
-		if (old & (FDC_TGID_MASK | FDC_TGID_LOCK))
-			return -EEXIST;
-		if (old & FDC_REF_MASK) {
-			fdc_relax();
-			old = atomic_load(&e->refc_tgid);
-			continue;
-		}
-		if (atomic_compare_exchange_weak(&e->refc_tgid, &old,
-		                                 FDC_REF_ONE | FDC_TGID_LOCK | (uint32_t)tgid))
-			break;
-	}
+	/* claim the entry locked: a verb racing on this number (a stale
+	 * handle) cannot land half-way and poison it */
+	rc = fdc_tgid_claim(e, tgid);
+	if (rc < 0)
+		return rc;
 
 	/* I2: a clean entry, else a close did not finish or the caller lies */
 	if (atomic_load(&e->owner) || atomic_load(&e->state) ||
 	    atomic_load(&e->running_mask) || atomic_load(&e->thread_mask)) {
-		atomic_fetch_and(&e->refc_tgid, ~(FDC_TGID_MASK | FDC_TGID_LOCK));
-		fdc_drop(e);
+		fdc_tgid_unclaim(e);
 		return -EEXIST;
 	}
 
@@ -227,11 +250,11 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 	 */
 	atomic_store(&e->kind, kind);
 	atomic_store(&e->nb_takeover, 0);
+	atomic_store(&e->ctl_errno, 0);
 	atomic_store(&e->state, FDC_READY_R | FDC_READY_W | flags);
 	atomic_store(&e->thread_mask, thread_mask);
 	atomic_store(&e->owner, owner);
-	atomic_fetch_and(&e->refc_tgid, ~FDC_TGID_LOCK);   /* published */
-	fdc_drop(e);
+	fdc_tgid_publish(e);
 	return 0;
 }
 
@@ -259,21 +282,9 @@ static void close_orphan(struct fdc_thread *th, int fd)
 		setsockopt(fd, SOL_SOCKET, SO_LINGER, &nolinger, sizeof(nolinger));
 	}
 
-	/* reset the tgid and take a reference of our own in one step: grabs
-	 * fail from now on, and an insert of this number (possible for a
-	 * DISOWN fd) waits for our reference to go, so it cannot claim the
-	 * entry while we are still cleaning it. Then wait for the transient
-	 * holders to leave: past this point we are alone with the masks.
-	 */
-	{
-		uint32_t old = atomic_load(&e->refc_tgid);
-
-		while (!atomic_compare_exchange_weak(&e->refc_tgid, &old,
-		                                     (old & FDC_REF_MASK) + FDC_REF_ONE))
-			;
-	}
-	while ((atomic_load(&e->refc_tgid) & FDC_REF_MASK) != FDC_REF_ONE)
-		fdc_relax();
+	/* grabs fail from now on; wait for the transient holders to leave:
+	 * past this point we are alone with the masks */
+	fdc_tgid_reset(e);
 	fdc_hook(t, FDC_HK_CLOSE_DRAINED, th->tid, fd, gen);
 
 	/* a cloned file description outlives our close(), and so would its
@@ -310,7 +321,10 @@ static void close_orphan(struct fdc_thread *th, int fd)
 	atomic_store(&e->owner, 0);
 	atomic_store(&e->kind, 0);
 	atomic_store(&e->nb_takeover, 0);
+	atomic_store(&e->ctl_errno, 0);
 	atomic_store(&e->state, 0);
+	/* the incarnation is over for fdc_released() from here: a DISOWN
+	 * owner may use or close its fd once it sees this */
 	atomic_fetch_add(&e->generation, 1);
 	fdc_hook(t, FDC_HK_CLOSE_END, th->tid, fd, gen);
 	fdc_drop(e);
@@ -400,6 +414,12 @@ int fdc_enter(struct fdc_thread *th, int fd, uint32_t *gen)
 	/* OR our bit first, unconditionally: from now on a takeover's CAS
 	 * 0 -> bit fails. Validating before setting was the ABA of HAProxy's
 	 * seed 003 (cd8914bc5).
+	 * Ordering: this RMW on running_mask, then the load of thread_mask
+	 * below, must stay in this order (seq_cst; never relax either). A
+	 * delete orphans with a CAS on thread_mask and then loads running_mask
+	 * (delete_foreign, release_running): of two threads that each store
+	 * one mask and then load the other, at least one sees the other's
+	 * store, so a runner is never missed by a closer.
 	 */
 	atomic_fetch_or(&e->running_mask, bit);
 	fdc_hook(t, FDC_HK_ENTER_RUNNING, th->tid, fd, 0);
@@ -495,40 +515,59 @@ static struct fdc_entry *take_entry(struct fdc_table *t, int fd, int *tgid)
 	return *tgid ? e : NULL;
 }
 
+/* Delete by a thread of another group than the fd's: it has no running bit
+ * to vote with (masks hold the fd group's bits). Orphans the fd, then closes
+ * it only if nobody of its group is inside; otherwise the last runner, which
+ * sees thread_mask 0 and then reads running_mask (release_running), closes.
+ * Either order of our running_mask read and a runner's clear + read ends
+ * with exactly one MUST_CLOSE winner.
+ * Ordering: the orphaning CAS on thread_mask, then the running_mask load:
+ * seq_cst, in this order (the mirror of fdc_enter's OR-then-load).
+ * Caller holds a reference (take_entry), which this consumes.
+ * Returns 1 if closed now, 0 if deferred.
+ */
+static int delete_foreign(struct fdc_thread *th, struct fdc_entry *e, int fd)
+{
+	orphan(e);
+	if (!atomic_load(&e->running_mask) &&
+	    (atomic_fetch_and(&e->state, ~FDC_MUST_CLOSE) & FDC_MUST_CLOSE)) {
+		fdc_drop(e);
+		close_orphan(th, fd);
+		return 1;
+	}
+	fdc_drop(e);
+	return 0;
+}
+
+/* Delete by a thread of the fd's group: count ourselves as a user, orphan
+ * the fd so nobody new enters, then leave like any runner: never wait for
+ * the others (seed 002). Caller holds a reference, which this consumes.
+ * Returns 1 if closed now, 0 if deferred.
+ */
+static int delete_local(struct fdc_thread *th, struct fdc_entry *e, int fd)
+{
+	atomic_fetch_or(&e->running_mask, th->ltid_bit);
+	orphan(e);
+	fdc_hook(th->t, FDC_HK_DELETE_ORPHANED, th->tid, fd, 0);
+	return release_running(th, fd) == FDC_CLOSED;
+}
+
 int fdc_delete(struct fdc_thread *th, int fd)
 {
-	struct fdc_table *t = th->t;
 	struct fdc_entry *e;
 	int tgid;
 
-	e = take_entry(t, fd, &tgid);
+	e = take_entry(th->t, fd, &tgid);
 	if (!e)
 		return -EBADF;
+	return tgid == th->tgid ? delete_local(th, e, fd) : delete_foreign(th, e, fd);
+}
 
-	if (tgid != th->tgid) {
-		/* another group's fd: we have no running bit to vote with. Orphan
-		 * it, then close only if nobody of its group is inside; a runner
-		 * seeing thread_mask 0 closes otherwise. Either order of our
-		 * running read and its running drop ends with one MUST_CLOSE win.
-		 */
-		orphan(e);
-		if (!atomic_load(&e->running_mask) &&
-		    (atomic_fetch_and(&e->state, ~FDC_MUST_CLOSE) & FDC_MUST_CLOSE)) {
-			fdc_drop(e);
-			close_orphan(th, fd);
-			return 1;
-		}
-		fdc_drop(e);
-		return 0;
-	}
-
-	/* count ourselves as a user, orphan the fd so nobody new enters, then
-	 * leave like any runner: never wait for the others (seed 002).
-	 */
-	atomic_fetch_or(&e->running_mask, th->ltid_bit);
-	orphan(e);
-	fdc_hook(t, FDC_HK_DELETE_ORPHANED, th->tid, fd, 0);
-	return release_running(th, fd) == FDC_CLOSED;
+int fdc_released(struct fdc_table *t, int fd, uint32_t gen)
+{
+	if (!fdc_fd_ok(t, fd))
+		return -EBADF;
+	return atomic_load(&t->fdtab[fd].generation) != gen;
 }
 
 /* ---- takeover ---- */
@@ -693,6 +732,7 @@ int fdc_dump(struct fdc_table *t, int fd, struct fdc_fdinfo *out)
 	out->polled_recv = atomic_load(&t->polled[fd].recv);
 	out->polled_send = atomic_load(&t->polled[fd].send);
 	out->owner = atomic_load(&e->owner);
+	out->ctl_errno = atomic_load(&e->ctl_errno);
 	return 0;
 }
 

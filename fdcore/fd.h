@@ -22,6 +22,16 @@
  *     nobody clears a bit it did not consume.
  *  I7 only the owning thread ADDs/MODs its epoll instance; another thread
  *     DELs from it only in the final close of a CLONED or DISOWN fd.
+ *  I8 each owner's update pass converges its own registration to the
+ *     desired state (ACTIVE bits, thread_mask) before it sleeps: ADD, MOD,
+ *     DEL; polled_mask says what the kernel has. A registration the kernel
+ *     refuses is reported to the fd's owner (FDC_POLL_CTL), never left
+ *     looking done (poller.c, ctl()).
+ *  I9 an fd number carries one tgid: a listener shared by several groups
+ *     gets one dup'ed number per group, and every dup'ed, inherited, passed
+ *     or listening fd is CLONED.
+ * Comments cite these as I1..I9; DESIGN.md section 4 states the same rules
+ * in prose, with its own numbers.
  */
 #ifndef SOCKHERD_FD_H
 #define SOCKHERD_FD_H
@@ -62,6 +72,8 @@ struct fdc_fdinfo {
 	uint64_t polled_recv;
 	uint64_t polled_send;
 	uint64_t owner;
+	int32_t ctl_errno;    /* last failed epoll_ctl of this incarnation, 0 if none */
+	uint32_t _pad;
 };
 
 const char *fdc_version(void);
@@ -91,6 +103,14 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
  * `thread_mask` (local bits) in group `tgid`. flags: FDC_INSERT_FLAGS.
  * Any thread; the fd must not be in the table (I2: -EEXIST otherwise).
  * The fd starts READY both ways and ACTIVE in none: call want_*.
+ * Refused: a number that is not open (-EBADF), a file epoll cannot poll
+ * (-EPERM: regular file, directory), DISOWN with LINGER_RISK (-EINVAL).
+ * A listening socket is always inserted CLONED (I9) unless flags has
+ * FDC_SOLE (the caller states nobody else holds it).
+ * DISOWN: the final close forgets the fd instead of closing it; the caller
+ * keeps it, and must neither close it nor let its number be reused until
+ * the table is done with it, since the final close still DELs the number
+ * from the pollers: see fdc_delete and fdc_released.
  */
 int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
                int tgid, uint64_t thread_mask, uint32_t flags);
@@ -99,8 +119,20 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
  * thread still holds a running bit, the last one to leave closes (I4).
  * Returns 1 if closed now, 0 if deferred, -EBADF if not in the table.
  * Any thread, including one of another group.
+ * For a DISOWN fd "closed" means forgotten: on 1 the owner has its fd back
+ * at once; on 0 only once fdc_released(t, fd, gen) says so, gen being the
+ * incarnation's generation read (fdc_dump) before the delete.
  */
 int fdc_delete(struct fdc_thread *th, int fd);
+
+/* Whether incarnation `gen` of fd is over: 1 once its final close has
+ * cleaned the entry and DEL'ed it from every poller (for a DISOWN fd: the
+ * owner may now close or reuse it), 0 while it is still in the table,
+ * -EBADF if fd is out of the table's range. Any thread, lock-free: one
+ * seq_cst load of the generation, which the final close bumps after its
+ * last use of the number (before the close() of a non-DISOWN fd).
+ */
+int fdc_released(struct fdc_table *t, int fd, uint32_t gen);
 
 /* Takes an idle fd of th's group for th alone: owner must equal
  * expected_owner (-ESTALE), no thread may be inside it (-EBUSY), and th
@@ -156,6 +188,10 @@ int fdc_update_pass(struct fdc_thread *th);
 /* One loop turn: update pass, epoll_wait(timeout_ms) (the Python wrapper
  * calls it with the GIL released), then the enter step for each report.
  * Returns how many events were written to out (th holds each), or -errno.
+ * An fd whose registration th's pass could not make (I8) is reported too,
+ * with FDC_POLL_ERR | FDC_POLL_CTL (errno in fdc_dump's ctl_errno), and the
+ * wait does not block while such a report is pending: its owner must close
+ * it or change what it wants. Each failure is reported once per incarnation.
  */
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
 

@@ -25,55 +25,113 @@
  *  - epoll data carries (generation << 32 | fd), so a report about an older
  *    incarnation of a reused number is recognised and dropped;
  *  - a shared listener may be registered EXCLUSIVE: changing its directions
- *    then means DEL + ADD.
+ *    then means DEL + ADD;
+ *  - a registration the kernel refuses (ENOSPC at max_user_watches, ENOMEM)
+ *    is not retried behind the owner's back: polled_mask says what the
+ *    kernel really has, and the owner gets an FDC_POLL_CTL report (ctl()).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "fd-int.h"
 
-/* epoll_ctl on th's own instance, repairing the two benign mismatches
- * between polled_mask and the kernel: ADD of a number already registered
- * from an earlier life (EEXIST: DEL then ADD, HAProxy 752c5cba5), and MOD or
- * DEL of an entry the kernel already dropped with its last reference.
- * Returns the number of syscalls made.
+/* epoll_ctl on th's own instance. Returns the number of syscalls made and
+ * sets *err to 0, or to the errno of a call that leaves the kernel without
+ * what we asked. Every failure counts ctl_err.
+ *
+ * The policy, errno by errno (epoll_ctl(2)):
+ *  - ADD answered EEXIST: the number is registered from an earlier life of
+ *    the same file description here (HAProxy 752c5cba5): DEL, then ADD
+ *    again. Benign, not counted as an error unless the second ADD fails.
+ *  - MOD answered ENOENT: the kernel dropped our registration, which it
+ *    does only when the file description was released, i.e. the fd was
+ *    closed behind the table's back (and the number may hold another file
+ *    now). Never re-ADD: it would register a stranger's file under our
+ *    incarnation. An error.
+ *  - DEL answered ENOENT or EBADF: the same, seen while removing. Nothing is
+ *    registered either way, which is what DEL wanted; counted.
+ *  - anything else (ENOMEM, ENOSPC from max_user_watches, EPERM, EINVAL,
+ *    ELOOP): an error. The caller (update_fd) puts polled_mask back to what
+ *    the kernel has and reports the fd to its owner (fail_fd): a connection
+ *    that cannot be polled must be closed and counted, not starved.
  */
-static int ctl(struct fdc_thread *th, int op, int fd, struct epoll_event *ev)
+static int ctl(struct fdc_thread *th, int op, int fd, struct epoll_event *ev, int *err)
 {
 	static const int idx[4] = { 0, CTR_CTL_ADD, CTR_CTL_DEL, CTR_CTL_MOD };
 	int n = 1;
 
+	*err = 0;
 	fdc_count(th, idx[op]);
 	if (epoll_ctl(th->epfd, op, fd, ev) == 0)
 		return n;
-	if (op == EPOLL_CTL_ADD && errno == EEXIST) {
+	*err = errno;
+	if (op == EPOLL_CTL_ADD && *err == EEXIST) {
 		epoll_ctl(th->epfd, EPOLL_CTL_DEL, fd, NULL);
 		fdc_count(th, CTR_CTL_DEL);
 		fdc_count(th, CTR_CTL_ADD);
 		n += 2;
-		if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, fd, ev) == 0)
+		if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, fd, ev) == 0) {
+			*err = 0;
 			return n;
-	}
-	else if (op == EPOLL_CTL_MOD && errno == ENOENT) {
-		fdc_count(th, CTR_CTL_ADD);
-		n++;
-		if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, fd, ev) == 0)
-			return n;
-	}
-	else if (op == EPOLL_CTL_DEL && (errno == ENOENT || errno == EBADF)) {
-		return n;
+		}
+		*err = errno;
 	}
 	fdc_count(th, CTR_CTL_ERR);
 	return n;
 }
 
-/* Converges th's own registration of fd to the desired state (I8 of the
- * design): ADD when th owns it and a direction is ACTIVE, MOD when the polled
- * directions differ, DEL when nothing is wanted or th is no longer an owner.
- * th's thread, holding a reference on the fd's tgid. Returns syscalls made.
+/* Records that th's registration of fd failed with errno err and queues the
+ * fd for a report to its owner by th's next fdc_poll (FDC_POLL_CTL; the
+ * report itself is made under a running bit there). Once per incarnation:
+ * the sticky FDC_POLL_CTL state bit says it was queued. th's thread,
+ * holding a reference on the fd's tgid (so gen is the live incarnation).
+ */
+static void fail_fd(struct fdc_thread *th, int fd, int err)
+{
+	struct fdc_entry *e = &th->t->fdtab[fd];
+
+	atomic_store(&e->ctl_errno, err);
+	if (atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL) & FDC_POLL_CTL)
+		return;
+	if (th->nbfailed == th->capfailed) {
+		int cap = th->capfailed ? 2 * th->capfailed : 16;
+		struct fdc_failed *p = realloc(th->failed, sizeof(*p) * (size_t)cap);
+
+		/* out of memory while failing: the ERR state and ctl_errno stay
+		 * on the fd for its owner to see; only the push is lost */
+		if (!p)
+			return;
+		th->failed = p;
+		th->capfailed = cap;
+	}
+	th->failed[th->nbfailed].fd = fd;
+	th->failed[th->nbfailed].gen = atomic_load(&e->generation);
+	th->nbfailed++;
+}
+
+static void set_polled(struct fdc_polled *pol, uint64_t bit, int r, int w)
+{
+	if (r)
+		atomic_fetch_or(&pol->recv, bit);
+	else if (atomic_load(&pol->recv) & bit)
+		atomic_fetch_and(&pol->recv, ~bit);
+	if (w)
+		atomic_fetch_or(&pol->send, bit);
+	else if (atomic_load(&pol->send) & bit)
+		atomic_fetch_and(&pol->send, ~bit);
+}
+
+/* Converges th's own registration of fd to the desired state (I8): ADD
+ * when th owns it and a direction is ACTIVE, MOD when the polled directions
+ * differ, DEL when nothing is wanted or th is no longer an owner. On a
+ * failure polled_mask ends up as the kernel has it and the owner is told
+ * (ctl, fail_fd). th's thread, holding a reference on the fd's tgid.
+ * Returns syscalls made.
  */
 static int update_fd(struct fdc_thread *th, int fd)
 {
@@ -88,6 +146,7 @@ static int update_fd(struct fdc_thread *th, int fd)
 	int pr = !!(atomic_load(&pol->recv) & bit);
 	int ps = !!(atomic_load(&pol->send) & bit);
 	int excl = !!(st & FDC_EXCLUSIVE);
+	int n, err, kept = 0;   /* kept: the old registration survives a failure */
 	struct epoll_event ev;
 
 	if (wr == pr && ww == ps)
@@ -95,26 +154,33 @@ static int update_fd(struct fdc_thread *th, int fd)
 
 	/* polled bits first: the final close reads them once references have
 	 * drained, and we hold one */
-	if (wr)
-		atomic_fetch_or(&pol->recv, bit);
-	else if (pr)
-		atomic_fetch_and(&pol->recv, ~bit);
-	if (ww)
-		atomic_fetch_or(&pol->send, bit);
-	else if (ps)
-		atomic_fetch_and(&pol->send, ~bit);
+	set_polled(pol, bit, wr, ww);
 
 	if (!wr && !ww)
-		return ctl(th, EPOLL_CTL_DEL, fd, NULL);
+		return ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
 
 	ev.events = (wr ? EPOLLIN | (excl ? 0 : EPOLLRDHUP) : 0) |
 	            (ww ? EPOLLOUT : 0) | (excl ? EPOLLEXCLUSIVE : 0);
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
-	if (!pr && !ps)
-		return ctl(th, EPOLL_CTL_ADD, fd, &ev);
-	if (excl)
-		return ctl(th, EPOLL_CTL_DEL, fd, NULL) + ctl(th, EPOLL_CTL_ADD, fd, &ev);
-	return ctl(th, EPOLL_CTL_MOD, fd, &ev);
+	if (!pr && !ps) {
+		n = ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
+	}
+	else if (excl) {
+		/* the kernel refuses MOD of an exclusive entry: DEL, then ADD,
+		 * in this order (two statements: C leaves the order in which
+		 * the operands of + are evaluated unspecified) */
+		n = ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
+		n += ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
+	}
+	else {
+		n = ctl(th, EPOLL_CTL_MOD, fd, &ev, &err);
+		kept = err != ENOENT;
+	}
+	if (err) {
+		set_polled(pol, bit, kept && pr, kept && ps);
+		fail_fd(th, fd, err);
+	}
+	return n;
 }
 
 /* One walk of the group's shared list, consuming th's bits. th's thread.
@@ -265,6 +331,55 @@ static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
 	return new;
 }
 
+/* Adds the reports of th's failed registrations (fail_fd) to the batch
+ * out[0..cnt) while room is left, entering each fd like a poll report (so
+ * th holds it); a report for an fd already in the batch is merged into its
+ * event. Reports about a closed or moved incarnation are dropped; the rest
+ * wait for the next call. th's thread. Returns the new count.
+ */
+static int report_failed(struct fdc_thread *th, struct fdc_event *out, int cnt, int max)
+{
+	struct fdc_table *t = th->t;
+	const uint32_t flags = FDC_POLL_ERR | FDC_POLL_CTL;
+	int i;
+
+	for (i = 0; i < th->nbfailed; i++) {
+		int fd = th->failed[i].fd;
+		uint32_t gen = th->failed[i].gen, held;
+		struct fdc_entry *e = &t->fdtab[fd];
+		int j;
+
+		for (j = 0; j < cnt && out[j].fd != fd; j++)
+			;
+		if (j < cnt) {
+			/* already held in this batch */
+			if (out[j].gen == gen) {
+				out[j].events |= flags;
+				apply_report(e, flags);
+			}
+			continue;
+		}
+		if (cnt == max)
+			break;
+		if (fdc_enter(th, fd, &held) != FDC_DONE)
+			continue;
+		if (held != gen) {
+			fdc_leave(th, fd, held);
+			continue;
+		}
+		apply_report(e, flags);
+		out[cnt].fd = fd;
+		out[cnt].events = flags;
+		out[cnt].gen = gen;
+		out[cnt].kind = atomic_load(&e->kind);
+		out[cnt].owner = atomic_load(&e->owner);
+		cnt++;
+	}
+	th->nbfailed -= i;
+	memmove(th->failed, th->failed + i, sizeof(*th->failed) * (size_t)th->nbfailed);
+	return cnt;
+}
+
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max)
 {
 	struct fdc_table *t = th->t;
@@ -278,13 +393,17 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 
 	fdc_count(th, CTR_LOOPS);
 	fdc_update_pass(th);
+	if (th->nbfailed)
+		timeout_ms = 0;   /* reports to make now: do not sleep */
 	fdc_hook(t, FDC_HK_BEFORE_WAIT, th->tid, -1, 0);
 	n = epoll_wait(th->epfd, evs, max, timeout_ms);
-	if (n < 0)
-		return errno == EINTR ? 0 : -errno;
-	if (n == 0)
-		return 0;
-	fdc_count(th, CTR_POLL_IO);
+	if (n < 0) {
+		if (errno != EINTR)
+			return -errno;
+		n = 0;
+	}
+	if (n)
+		fdc_count(th, CTR_POLL_IO);
 
 	for (int i = 0; i < n; i++) {
 		uint64_t data = evs[i].data.u64;
@@ -337,6 +456,8 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 	}
 	if (fdev && !cnt)
 		fdc_count(th, CTR_WAKE_NOWORK);
+	if (th->nbfailed)
+		cnt = report_failed(th, out, cnt, max);
 	return cnt;
 }
 

@@ -59,6 +59,7 @@ class State(enum.IntFlag):
     POLL_ERR = lib.FDC_POLL_ERR
     POLL_HUP = lib.FDC_POLL_HUP
     POLL_RDHUP = lib.FDC_POLL_RDHUP
+    POLL_CTL = lib.FDC_POLL_CTL
     LINGER_RISK = lib.FDC_LINGER_RISK
     CLONED = lib.FDC_CLONED
     EXCLUSIVE = lib.FDC_EXCLUSIVE
@@ -97,6 +98,7 @@ class FdInfo:
     polled_recv: int
     polled_send: int
     owner: int
+    ctl_errno: int
 
 
 COUNTERS = (
@@ -176,11 +178,29 @@ class Table:
     # fds -------------------------------------------------------------------
     def insert(self, fd: int, owner: int, *, tgid: int = 1, thread_mask: int = 1, kind: int = 0,
                cloned: bool = False, exclusive: bool = False, linger_risk: bool = False,
-               disown: bool = False) -> None:
-        """Registers fd, which the table now owns: it closes it at delete."""
+               disown: bool = False, sole: bool = False) -> None:
+        """Registers fd, which the table now owns: it closes it at delete.
+
+        A listening socket is always made CLONED (it is open in the master
+        too: seed 004) unless sole=True states nobody else holds it. With
+        disown=True the table never closes fd: the caller keeps it, and may
+        close it only once delete() returned True or released() says so.
+        Raises OSError: EBADF (not open), EPERM (a file epoll cannot poll),
+        EINVAL (bad mask or flags), EEXIST (already in the table)."""
         flags = ((lib.FDC_CLONED if cloned else 0) | (lib.FDC_EXCLUSIVE if exclusive else 0)
-                 | (lib.FDC_LINGER_RISK if linger_risk else 0) | (lib.FDC_DISOWN if disown else 0))
-        check(lib.fdc_insert(self.ptr, fd, owner, kind, tgid, thread_mask, flags), f"insert fd {fd}")
+                 | (lib.FDC_LINGER_RISK if linger_risk else 0) | (lib.FDC_DISOWN if disown else 0)
+                 | (lib.FDC_SOLE if sole else 0))
+        rc = lib.fdc_insert(self.ptr, fd, owner, kind, tgid, thread_mask, flags)
+        if rc == -errno.EPERM:
+            raise OSError(errno.EPERM, f"insert fd {fd}: epoll cannot poll it "
+                                       "(a regular file or a directory)")
+        check(rc, f"insert fd {fd}")
+
+    def released(self, fd: int, gen: int) -> bool:
+        """Whether incarnation gen of fd is over (closed, or for a disowned fd
+        forgotten and removed from every poller): a disowned fd's owner may
+        close it from then on. gen is dump(fd).generation before the delete."""
+        return bool(check(lib.fdc_released(self.ptr, fd, gen), f"released fd {fd}"))
 
     def insert_listener(self, fd: int, owner: int, masks: dict[int, int], *, kind: int = 0,
                         exclusive: bool = False) -> dict[int, int]:
@@ -223,6 +243,7 @@ class Table:
             in_shared_list=bool(info.in_shared_list), running_mask=info.running_mask,
             thread_mask=info.thread_mask, update_mask=info.update_mask,
             polled_recv=info.polled_recv, polled_send=info.polled_send, owner=info.owner,
+            ctl_errno=info.ctl_errno,
         )
 
     def show_fd(self) -> list[FdInfo]:

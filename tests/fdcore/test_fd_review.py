@@ -11,7 +11,11 @@ input that exposed it, driven through the step hooks.
 """
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import threading
+import time
 
 import pytest
 
@@ -185,3 +189,177 @@ def test_bug2_walker_carried_past_an_update_walks_again(make):
     assert not info.update_mask & (1 << W), "W slept through B's update"
     assert info.polled_recv & (1 << W)
     assert kernel_events(h.th[W].epfd, b) & EPOLLIN
+
+
+# ---- 3. a failed epoll_ctl -------------------------------------------------
+
+
+def regular_file(tmp_path) -> int:
+    path = tmp_path / "plain"
+    path.write_bytes(b"x")
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def poll_once(th, timeout_ms: int = 5000):
+    t0 = time.monotonic()
+    evs = th.poll(timeout_ms)
+    return evs, time.monotonic() - t0
+
+
+def test_bug3_failed_add_is_reported_to_the_owner(make, tmp_path):
+    """The number turns into a regular file behind the table's back: the ADD
+    fails with EPERM. polled_mask must not claim a registration, and the
+    owner must hear of it at once (no sleeping through a starved fd)."""
+    h = make(1, 1)
+    fd, _ = h.pair()
+    h.insert(fd)
+    f = regular_file(tmp_path)
+    os.dup2(f, fd)
+    os.close(f)
+    before = h.th[0].counters()["ctl_err"]
+    h.th[0].want_recv(fd)
+    evs, took = poll_once(h.th[0])
+    assert took < 2.0, "slept with a failure to report"
+    assert [(e.fd, e.events) for e in evs] == [(fd, State.POLL_ERR | State.POLL_CTL)]
+    info = h.t.dump(fd)
+    assert info.polled_recv == 0 and kernel_events(h.th[0].epfd, fd) is None
+    assert info.ctl_errno == errno.EPERM
+    assert info.state & State.ERR and info.state & State.ACTIVE_R
+    assert h.th[0].counters()["ctl_err"] == before + 1
+    h.th[0].leave_all()
+    # reported once per incarnation: a new attempt only counts
+    h.th[0].stop_recv(fd)
+    h.th[0].want_recv(fd)
+    assert h.th[0].poll(0) == []
+    assert h.th[0].counters()["ctl_err"] == before + 2
+    assert h.th[0].delete(fd) is True
+
+
+def test_bug3_mod_of_a_number_closed_behind_our_back_is_not_re_added(make):
+    """MOD answered ENOENT: the registered file is gone and the number holds
+    a stranger's socket. Re-ADDing it would poll the stranger for us."""
+    h = make(1, 1)
+    fd, _ = h.pair()
+    h.insert(fd)
+    h.th[0].want_recv(fd)
+    h.th[0].update_pass()
+    assert kernel_events(h.th[0].epfd, fd) & EPOLLIN
+    stranger, _peer = socket.socketpair()
+    h.keep(_peer)
+    os.dup2(stranger.fileno(), fd)        # the old file's last reference goes
+    stranger.close()
+    assert kernel_events(h.th[0].epfd, fd) is None
+    h.th[0].want_send(fd)                 # MOD -> ENOENT
+    evs, _ = poll_once(h.th[0])
+    assert [(e.fd, e.events & State.POLL_CTL) for e in evs] == [(fd, State.POLL_CTL)]
+    assert kernel_events(h.th[0].epfd, fd) is None, "a stranger's file was registered"
+    info = h.t.dump(fd)
+    assert info.ctl_errno == errno.ENOENT
+    assert (info.polled_recv, info.polled_send) == (0, 0)
+    assert h.th[0].counters()["ctl_err"] == 1
+    h.th[0].leave_all()
+    assert h.th[0].delete(fd) is True
+
+
+def test_bug3_del_of_a_closed_number_is_counted(make):
+    h = make(1, 1)
+    fd, _ = h.pair()
+    h.insert(fd)
+    h.th[0].want_recv(fd)
+    h.th[0].update_pass()
+    os.close(fd)                          # behind the table's back
+    h.th[0].stop_recv(fd)                 # DEL -> EBADF
+    h.th[0].update_pass()
+    assert h.th[0].counters()["ctl_err"] == 1
+    assert h.t.dump(fd).polled_recv == 0
+    h.reuse(fd)                           # the delete closes what the number holds now
+    assert h.th[0].delete(fd) is True
+
+
+def test_bug3_insert_refuses_what_epoll_cannot_poll(make, tmp_path):
+    h = make(1, 1)
+    f = h.keep_fd(regular_file(tmp_path))
+    with pytest.raises(OSError) as exc:
+        h.insert(f)
+    assert exc.value.errno == errno.EPERM and "cannot poll" in str(exc.value)
+    d = h.keep_fd(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    with pytest.raises(OSError) as exc:
+        h.insert(d)
+    assert exc.value.errno == errno.EPERM
+    closed = os.dup(0)
+    os.close(closed)
+    with pytest.raises(OSError) as exc:
+        h.insert(closed)
+    assert exc.value.errno == errno.EBADF
+    for fd in (f, d):
+        assert h.t.dump(fd).tgid == 0     # nothing half-inserted
+    r, w = os.pipe()
+    h.keep_fd(w)
+    h.insert(r)                           # pipes, eventfds, sockets: fine
+    ev = os.eventfd(0, os.EFD_CLOEXEC)
+    h.insert(ev)
+
+
+# ---- 4. smaller points -----------------------------------------------------
+
+
+def test_bug4_disown_deferred_forget_has_a_visible_end(make):
+    """A disowned fd deleted while another thread is inside is forgotten
+    only when that thread leaves; released() tells the owner when it may
+    close its fd, and the forget never closes it."""
+    h = make(2, 1)
+    fd, peer = h.pair()
+    h.keep_fd(fd)
+    h.insert(fd, mask=0b11, disown=True)
+    h.th[0].want_recv(fd)
+    for th in h.th:
+        th.update_pass()
+    gen = h.t.dump(fd).generation
+    out, held = h.th[1].enter(fd)
+    assert out == Outcome.DONE and held == gen
+    assert h.th[0].delete(fd) is False
+    assert h.t.released(fd, gen) is False   # not yet: the owner keeps off
+    assert h.th[1].leave(fd, gen) == Outcome.CLOSED
+    assert h.t.released(fd, gen) is True
+    assert not is_closed(fd)                # forgotten, never closed
+    for th in h.th:
+        assert kernel_events(th.epfd, fd) is None
+    peer.send(b"x")
+    assert os.read(fd, 1) == b"x"
+
+
+def test_bug4_disown_with_linger_risk_is_refused(make):
+    h = make(1, 1)
+    fd, _ = h.pair()
+    h.keep_fd(fd)
+    with pytest.raises(OSError) as exc:
+        h.insert(fd, disown=True, linger_risk=True)
+    assert exc.value.errno == errno.EINVAL
+
+
+def test_bug4_plain_insert_of_a_listener_is_cloned(make):
+    """The seed 004 trap: a listener also open elsewhere (here a dup, as the
+    master's copy would be), inserted with plain insert() on 4 threads. The
+    table marks it CLONED, so its delete leaves no registration behind."""
+    h = make(4, 1)
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.setblocking(False)
+    lfd = srv.detach()
+    keep = h.keep_fd(os.dup(lfd))           # the master's copy
+    h.insert(lfd, mask=0b1111)
+    assert h.t.dump(lfd).state & State.CLONED
+    h.th[0].want_recv(lfd)
+    for th in h.th:
+        th.update_pass()
+    assert all(kernel_events(th.epfd, lfd) for th in h.th)
+    assert h.th[0].delete(lfd) is True
+    assert all(kernel_events(th.epfd, lfd) is None for th in h.th)
+    assert not is_closed(keep)
+    # a connected socket is not a listener: no CLONED; sole=True opts out
+    fd, _ = h.pair()
+    h.insert(fd)
+    assert not h.t.dump(fd).state & State.CLONED
+    srv2 = socket.create_server(("127.0.0.1", 0))
+    l2 = srv2.detach()
+    h.insert(l2, sole=True)
+    assert not h.t.dump(l2).state & State.CLONED

@@ -144,7 +144,10 @@ def register_everywhere(t: Table, layout: str, lfd: int, *, cloned: bool,
     """Inserts the listener for every thread, wants recv, runs a poll pass on
     each thread and checks the kernel lists it. Returns {tgid: fd}."""
     if layout == "1x4":
-        t.insert(lfd, 77, tgid=1, thread_mask=0b1111, cloned=cloned, exclusive=exclusive)
+        # not cloned: the caller must say the listener is its alone (sole), or
+        # the table marks it CLONED anyway (issue 6)
+        t.insert(lfd, 77, tgid=1, thread_mask=0b1111, cloned=cloned, sole=not cloned,
+                 exclusive=exclusive)
         fds = {1: lfd}
     else:
         assert cloned
@@ -271,7 +274,7 @@ def test_pending_connection_on_listener_kept_by_a_dup(tables, clients, cloned):
     keep = os.dup(lfd)
     try:
         t = tables(2, 1)
-        t.insert(lfd, 78, tgid=1, thread_mask=0b11, cloned=cloned)
+        t.insert(lfd, 78, tgid=1, thread_mask=0b11, cloned=cloned, sole=not cloned)
         t.threads[0].want_recv(lfd)
         poll_rounds(t, 1)
         assert listed_in(t, lfd) == [0, 1]
