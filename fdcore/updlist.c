@@ -256,7 +256,13 @@ void fdc_updt_polling(struct fdc_thread *th, int fd, int tgid)
  * update bit (already cleared by the caller, `remaining` = bits left) and, if
  * no bit is left, removes the entry; a re-arm seen after the removal puts it
  * back and wakes the threads it is for (else they could sleep through it).
- * th's thread, holding a reference on the fd's tgid.
+ * th's thread, holding a reference on the fd's tgid. Keeps I6.
+ * Ordering: the removal's store marking the entry out, then the load of
+ * update_mask, must stay in this order (seq_cst; never relax them). A
+ * programmer ORs update_mask and then adds the entry (which looks at the
+ * links): of the two, at least one sees the other's store, so either we
+ * see the re-arm and put the entry back, or the programmer finds it out
+ * and adds it itself (HAProxy 6b96f7289).
  */
 void fdc_done_update(struct fdc_thread *th, struct fdc_group *g, int fd, uint64_t remaining)
 {

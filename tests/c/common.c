@@ -14,6 +14,7 @@
 struct opts g_opt;
 struct run g_run;
 struct fdrec *g_rec;
+_Atomic int *g_inside;
 _Thread_local uint64_t tl_closes;
 /* non-zero start: the hook may run on a thread that never called seed_thread */
 _Thread_local uint64_t tl_rng = 0x9E3779B97F4A7C15ULL;
@@ -88,12 +89,19 @@ static void hook(void *arg, int point, int tid, int fd, uint32_t gen)
 {
 	(void)arg;
 	(void)tid;
+	if (point == FDC_HK_CLOSE_BEGIN && fd >= 0 && fd < g_run.maxfd)
+		CHECKFD(fd, atomic_load(&g_inside[fd]) == 0,
+		        "final close of fd %d (gen %u) begins while %d handler(s) of the test are inside",
+		        fd, gen, atomic_load(&g_inside[fd]));
 	if (point != FDC_HK_CLOSE_END) {
 		if (g_opt.widen && chance((unsigned)g_opt.widen))
 			sched_yield();
 		return;
 	}
 	CHECKFD(fd, fd >= 0 && fd < g_run.maxfd, "close hook for fd %d out of range", fd);
+	CHECKFD(fd, atomic_load(&g_inside[fd]) == 0,
+	        "final close of fd %d (gen %u) while %d handler(s) of the test are inside", fd, gen,
+	        atomic_load(&g_inside[fd]));
 	struct fdrec *r = &g_rec[fd];
 	uint32_t one = 1;
 	if (!atomic_compare_exchange_strong(&r->live, &one, 0))
@@ -140,7 +148,8 @@ void run_init(void)
 		g_run.maxfd = (int)rl.rlim_cur;
 	}
 	g_rec = calloc((size_t)g_run.maxfd, sizeof(*g_rec));
-	CHECK(g_rec != NULL, "calloc");
+	g_inside = calloc((size_t)g_run.maxfd, sizeof(*g_inside));
+	CHECK(g_rec != NULL && g_inside != NULL, "calloc");
 	g_run.t = fdc_table_new(g_run.maxfd, g_opt.nthreads, g_opt.ngroups, &err);
 	if (!g_run.t)
 		FAIL("fdc_table_new(%d, %d, %d): %s", g_run.maxfd, g_opt.nthreads, g_opt.ngroups,
@@ -174,8 +183,12 @@ void run_fini(void)
 	fdc_table_free(g_run.t);
 	g_run.t = NULL;
 	pthread_barrier_destroy(&g_run.bar);
+	for (int fd = 0; fd < g_run.maxfd; fd++)
+		CHECKFD(fd, atomic_load(&g_inside[fd]) == 0, "test bookkeeping: handler count left");
 	free(g_rec);
 	g_rec = NULL;
+	free(g_inside);
+	g_inside = NULL;
 }
 
 uint64_t tst_insert(int fd, uint32_t kind, int tgid, uint64_t mask, uint32_t flags)

@@ -33,7 +33,8 @@ _Static_assert(sizeof(struct fdc_counters) == FDC_NCOUNTERS * sizeof(uint64_t), 
 #define COOKIE_FDMASK ((1u << COOKIE_FDBITS) - 1)
 
 enum { KIND_CONN = 1, KIND_LISTENER = 2 };
-enum { X_COOWNED = 1, X_SEND = 2 };
+enum { X_COOWNED = 1, X_SEND = 2 };          /* takeover -x bits */
+enum { XC_SHARED = 1, XC_HANDOVER = 2 };     /* coown -x bits (stress_coown.c) */
 
 /* ---- failing loudly ---- */
 void fail_at(const char *file, int line, int fd, const char *fmt, ...)
@@ -62,7 +63,10 @@ struct opts {
 	double pause;            /* seconds between mid-run quiescent points */
 	int chaos;               /* 1 in `chaos` iterations touches a random fd */
 	int extended;            /* -x bits, takeover scenario: X_COOWNED, X_SEND
-	                            (see stress_takeover.c) */
+	                            (see stress_takeover.c); coown scenario:
+	                            XC_SHARED, XC_HANDOVER (stress_coown.c) */
+	int busy;                /* busy-loop threads beside the workers, so that
+	                            workers get preempted inside the protocols */
 };
 extern struct opts g_opt;
 
@@ -89,6 +93,13 @@ struct fdrec {
 	_Atomic uint32_t kind;
 };
 extern struct fdrec *g_rec;
+
+/* Per fd number: handlers of the test currently inside it (counted after
+ * fdc_enter() said DONE, uncounted before fdc_leave() or a delete from the
+ * handler). A close while it is non-zero is a close under a running thread:
+ * the close hook fails on it. Scenarios that do not count leave it at 0.
+ */
+extern _Atomic int *g_inside;
 
 /* thread-local: closes this OS thread performed (counted by the hook) */
 extern _Thread_local uint64_t tl_closes;
@@ -153,5 +164,6 @@ double run_threads(void *(*fn)(void *), void *(*extra)(void *));
 int run_churn(void);
 int run_takeover(void);
 int run_listener(void);
+int run_coown(void);
 
 #endif

@@ -1,8 +1,9 @@
 /* fdcore stress program: entry point, options and the "churn" scenario.
  *
- * usage: stress_fd churn|takeover|listener [-t threads] [-g groups]
+ * usage: stress_fd churn|takeover|listener|coown [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
  *                  [-d watchdog_seconds] [-p pause_seconds] [-c chaos] [-x bits]
+ *                  [-b busy_threads]
  *   -t/-g   threads (4) and thread groups (1)
  *   -s/-n   wall-clock bound of the main phase (3 s) and per-thread
  *           iteration bound (none): whichever comes first
@@ -13,7 +14,11 @@
  *           the table is checked against the kernel (0.5 s; 0 = only at end)
  *   -c      1 in `chaos` iterations a verb or enter/leave hits a random fd
  *           number the thread knows nothing about (8; 0 = never)
- *   -x      takeover scenario only: extra paths (see stress_takeover.c)
+ *   -x      takeover and coown scenarios: which paths (see stress_takeover.c,
+ *           stress_coown.c)
+ *   -b      busy-loop threads (no context) beside the workers (0): with more
+ *           runnable threads than cores, workers are preempted at any point
+ *           of the protocols, not only where the hook yields
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED; FDC_STRESS_GDB=1 makes the watchdog
  * print every thread's stack (gdb attaches) besides the shared lists.
@@ -334,11 +339,26 @@ static int iterations_done(void)
  * quiescent point every g_opt.pause seconds, and stops them once every
  * worker did its iterations or at the deadline; joins everything.
  */
+static _Atomic int g_busy_stop;
+
+static void *busy_loop(void *arg)
+{
+	volatile uint64_t x = (uint64_t)(intptr_t)arg;
+
+	while (!atomic_load_explicit(&g_busy_stop, memory_order_relaxed))
+		for (int i = 0; i < 4096; i++)
+			x = x * 6364136223846793005ULL + 1;
+	return NULL;
+}
+
 double run_threads(void *(*fn)(void *), void *(*extra)(void *))
 {
-	pthread_t th[MAX_THREADS], ex;
+	pthread_t th[MAX_THREADS], ex, busy[MAX_THREADS];
 	double t0 = now_s(), next = t0 + g_opt.pause;
 
+	atomic_store(&g_busy_stop, 0);
+	for (int i = 0; i < g_opt.busy; i++)
+		CHECK(pthread_create(&busy[i], NULL, busy_loop, (void *)(intptr_t)i) == 0, "pthread_create");
 	watchdog_start();
 	for (int i = 0; i < g_opt.nthreads; i++)
 		CHECK(pthread_create(&th[i], NULL, fn, (void *)(intptr_t)i) == 0, "pthread_create");
@@ -360,6 +380,9 @@ double run_threads(void *(*fn)(void *), void *(*extra)(void *))
 	if (extra)
 		CHECK(pthread_join(ex, NULL) == 0, "pthread_join");
 	watchdog_stop();
+	atomic_store(&g_busy_stop, 1);
+	for (int i = 0; i < g_opt.busy; i++)
+		CHECK(pthread_join(busy[i], NULL) == 0, "pthread_join");
 	return now_s() - t0;
 }
 
@@ -381,8 +404,9 @@ int run_churn(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: stress_fd churn|takeover|listener [-t threads] [-g groups] "
-	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]\n");
+	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown [-t threads] [-g groups] "
+	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]"
+	                " [-b busy]\n");
 	exit(2);
 }
 
@@ -397,7 +421,7 @@ int main(int argc, char **argv)
 	                       .iters = 1L << 40, .seed = (uint64_t)time(NULL), .widen = 64,
 	                       .watchdog = 10, .pause = 0.5, .chaos = 8 };
 	optind = 2;
-	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:")) != -1) {
+	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:b:")) != -1) {
 		switch (c) {
 		case 't': g_opt.nthreads = atoi(optarg); break;
 		case 'g': g_opt.ngroups = atoi(optarg); break;
@@ -409,6 +433,7 @@ int main(int argc, char **argv)
 		case 'c': g_opt.chaos = atoi(optarg); break;
 		case 'p': g_opt.pause = atof(optarg); break;
 		case 'x': g_opt.extended = atoi(optarg); break;
+		case 'b': g_opt.busy = atoi(optarg); break;
 		default: usage();
 		}
 	}
@@ -419,7 +444,7 @@ int main(int argc, char **argv)
 	if ((env = getenv("FDC_STRESS_SEED")) && *env)
 		g_opt.seed = strtoull(env, NULL, 0);
 	if (g_opt.nthreads < 1 || g_opt.nthreads > MAX_THREADS || g_opt.ngroups < 1 ||
-	    g_opt.ngroups > g_opt.nthreads)
+	    g_opt.ngroups > g_opt.nthreads || g_opt.busy < 0 || g_opt.busy > MAX_THREADS)
 		usage();
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (!strcmp(g_opt.mode, "churn"))
@@ -428,5 +453,7 @@ int main(int argc, char **argv)
 		return run_takeover();
 	if (!strcmp(g_opt.mode, "listener"))
 		return run_listener();
+	if (!strcmp(g_opt.mode, "coown"))
+		return run_coown();
 	usage();
 }

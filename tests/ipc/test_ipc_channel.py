@@ -22,7 +22,7 @@ from sockherd.ipc.errors import (ChannelTimeout, ListenerMismatch, MessageError,
 from sockherd.ipc.frames import ACK_FRAME, FD_BATCH, HEADER, KIND_MSG, MAGIC, VERSION
 from sockherd.ipc.listeners import ListenerDescriptor, adopt, describe
 
-from ipc_fdcount import devnull_fds, is_open, open_fd_count, raise_nofile_limit
+from ipc_fdcount import devnull_fds, is_open, open_fd_count, open_fd_of_kind, raise_nofile_limit
 
 MANY = 1000
 
@@ -436,42 +436,13 @@ def path_listener():
     shutil.rmtree(directory)
 
 
-def open_not_a_socket(kind: str, listener: socket.socket) -> int:
-    """An fd of the given kind; every one but "listener" is something adopt() must refuse."""
-    path = listener.getsockname()
-    if kind == "o_path_socket":         # fstat() says "socket", yet no socket call works
-        return os.open(path, os.O_PATH | os.O_CLOEXEC)
-    if kind == "o_path_file":
-        return os.open(__file__, os.O_PATH | os.O_CLOEXEC)
-    if kind == "o_path_dir":
-        return os.open(os.path.dirname(path), os.O_PATH | os.O_CLOEXEC)
-    if kind == "file":
-        return os.open(__file__, os.O_RDONLY | os.O_CLOEXEC)
-    if kind == "dir":
-        return os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    if kind == "pipe":
-        r, w = os.pipe()
-        os.close(w)
-        return r
-    if kind == "eventfd":
-        return os.eventfd(0, os.EFD_CLOEXEC)
-    if kind == "chardev":
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    if kind == "closed":
-        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        os.close(fd)
-        return fd
-    assert kind == "listener"
-    return os.dup(listener.fileno())
-
-
 NOT_SOCKETS = {
     "o_path_socket": r"is an O_PATH reference to a socket \(/tmp/sh-\w+/l.sock\), "
                      "not an open socket",
-    "o_path_file": r"is an O_PATH reference to a regular file \(/.*test_ipc_channel.py\), "
+    "o_path_file": r"is an O_PATH reference to a regular file \(/.*ipc_fdcount.py\), "
                    "not a socket",
     "o_path_dir": r"is an O_PATH reference to a directory \(/tmp/sh-\w+\), not a socket",
-    "file": r"is a regular file \(/.*test_ipc_channel.py\), not a socket",
+    "file": r"is a regular file \(/.*ipc_fdcount.py\), not a socket",
     "dir": r"is a directory \(/tmp/sh-\w+\), not a socket",
     "pipe": r"is a pipe \(pipe:\[\d+\]\), not a socket",
     "eventfd": r"is an anonymous inode \(anon_inode:\[eventfd\]\), not a socket",
@@ -483,8 +454,8 @@ NOT_SOCKETS = {
 @pytest.mark.parametrize("kind", NOT_SOCKETS)
 def test_adopt_refuses_every_kind_of_non_socket_and_closes_every_fd(path_listener, kind):
     desc = describe(path_listener, "app")
-    good = open_not_a_socket("listener", path_listener)
-    bad = open_not_a_socket(kind, path_listener)
+    good = open_fd_of_kind("listener", path_listener)
+    bad = open_fd_of_kind(kind, path_listener)
     fds = [good, bad] if kind != "closed" else [good]
     descs = [desc, desc]
     with pytest.raises(ListenerMismatch, match=rf"^listener 'app': fd {bad} {NOT_SOCKETS[kind]}$"):
