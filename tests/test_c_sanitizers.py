@@ -1,13 +1,18 @@
 """C stress tests of the fd core (tests/c), built with the sanitizers and run.
 
-Each scenario of tests/c/stress_fd (churn, takeover, listener; one and two
-thread groups) runs a few seconds with real pthreads, epoll and sockets,
+Each scenario of tests/c/stress_fd (churn, takeover, listener, coown; one and
+two thread groups) runs a few seconds with real pthreads, epoll and sockets,
 under ThreadSanitizer and under AddressSanitizer + UBSan. A test fails if the
 program exits non-zero (its own checks print "FAIL: ..." and abort; its
 watchdog aborts on a stuck thread) or if a sanitizer reported anything.
+Besides, tests/c/repro/repro_walk.c (its own program, one deterministic
+interleaving of the shared-list walk, issue 6 bug 2) must pass under both.
 
-The C program is compiled here, once per sanitizer and per xdist worker,
-into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now.
+The C programs are compiled here, once per sanitizer and per xdist worker,
+into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now
+(tests/c/repro/ is not part of the stress program). tests/test_c_mutations.py
+builds the same programs against copies of the core with known bugs put
+back, and checks that they fail.
 
 Knobs (environment):
   FDC_STRESS_SECONDS  main-phase duration of each scenario (default 3)
@@ -20,6 +25,7 @@ A long stress of one scenario, outside pytest:
   gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -I fdcore \
       fdcore/fd.c fdcore/updlist.c fdcore/poller.c tests/c/*.c -o /tmp/stress_fd
   FDC_STRESS_SECONDS=600 /tmp/stress_fd takeover -g 2
+  FDC_STRESS_SECONDS=60 /tmp/stress_fd coown -t 6 -x 3 -b 2
 """
 import os
 import platform
@@ -33,6 +39,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FDCORE = ROOT / "fdcore"
 CDIR = ROOT / "tests" / "c"
+REPRO_WALK = CDIR / "repro" / "repro_walk.c"
 
 SECONDS = float(os.environ.get("FDC_STRESS_SECONDS") or 3)
 # build + the run + the final checks, with room for a loaded 2-core machine
@@ -57,22 +64,58 @@ REPORTS = (
     "runtime error:",
     "ERROR: LeakSanitizer",
 )
-# (mode, groups, extra options). "takeover -x 3" adds co-owned fds and send
-# re-arming to the takeover paths: the paths of two core bugs this stress
+# (id, mode, groups, extra options). "takeover -x 3" adds co-owned fds and
+# send re-arming to the takeover paths: the paths of two core bugs this stress
 # reproduced (co-owner takeover stranding an entering owner outside
 # thread_mask; inherited ACTIVE_W polled by nobody), fixed in e2ee5a5.
+# "coown" (issue 6, bug 1): co-owners entering and leaving one fd while a
+# third thread deletes it (-x 1), and an fd taken over back and forth by
+# threads that enter it, deleted meanwhile (-x 2); 6 threads on 2 cores, and
+# every handler checks the fd is still open and the same incarnation.
+COOWN = ("-t", "6")
 SCENARIOS = [
-    (mode, groups, extra)
-    for mode, extra in (("churn", ()), ("takeover", ()), ("takeover", ("-x", "3")), ("listener", ()))
+    (f"{name}-g{groups}", mode, groups, extra)
+    for name, mode, extra in (
+        ("churn", "churn", ()),
+        ("takeover", "takeover", ()),
+        ("takeover-x", "takeover", ("-x", "3")),
+        ("listener", "listener", ()),
+        ("coown-shared", "coown", ("-x", "1", *COOWN)),
+        ("coown-handover", "coown", ("-x", "2", *COOWN)),
+    )
     for groups in (1, 2)
 ]
-IDS = [f"{m}{'-x' if x else ''}-g{g}" for m, g, x in SCENARIOS]
 
 
-def _sources():
+def core_sources(core=FDCORE):
     # _fdcore.c is cffi's generated wrapper (Python.h), not part of the core
-    core = sorted(p for p in FDCORE.glob("*.c") if not p.name.startswith("_"))
-    return [str(p) for p in core + sorted(CDIR.glob("*.c"))]
+    return sorted(str(p) for p in Path(core).glob("*.c") if not p.name.startswith("_"))
+
+
+def stress_sources():
+    """The stress program's own files: tests/c/*.c, not tests/c/repro/."""
+    return sorted(str(p) for p in CDIR.glob("*.c"))
+
+
+def build_program(out, san, sources, core=FDCORE):
+    """Compiles the core in `core` with `sources` into `out`, under sanitizer
+    `san` (a SANITIZERS key, or None for a plain -O1 build). Returns out."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.fail("gcc not found: the C sanitizer tests need it (make setup installs it)")
+    flags = SANITIZERS[san][0] if san else []
+    cmd = [gcc, "-std=gnu11", "-O1", "-g", "-pthread", "-Wall", *flags,
+           "-I", str(core), *core_sources(core), *sources, "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, f"build failed:\n{' '.join(cmd)}\n{res.stderr}"
+    return out
+
+
+def san_env(san):
+    env = dict(os.environ)
+    if san:
+        env.update(SANITIZERS[san][1])
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -82,39 +125,33 @@ def stress_binary(tmp_path_factory):
 
     def build(san):
         if san not in built:
-            gcc = shutil.which("gcc")
-            if gcc is None:
-                pytest.fail("gcc not found: the C sanitizer tests need it (make setup installs it)")
             out = tmp_path_factory.mktemp(f"stress-{san}") / "stress_fd"
-            flags, _ = SANITIZERS[san]
-            cmd = [gcc, "-std=gnu11", "-O1", "-g", "-pthread", "-Wall", *flags,
-                   "-I", str(FDCORE), *_sources(), "-o", str(out)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-            assert res.returncode == 0, f"build failed:\n{' '.join(cmd)}\n{res.stderr}"
-            built[san] = out
+            built[san] = build_program(out, san, stress_sources())
         return built[san]
 
     return build
 
 
-def _run(argv, env):
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+def run_program(argv, env, timeout=RUN_TIMEOUT):
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     if "unexpected memory mapping" in res.stderr:
         # TSAN cannot live with some ASLR layouts: run without randomisation
         argv = ["setarch", platform.machine(), "-R", *argv]
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     return argv, res
+
+
+def stress_argv(binary, mode, groups, seed, seconds, extra=()):
+    return [str(binary), mode, "-t", "4", "-g", str(groups), "-s", str(seconds),
+            "-r", str(seed), "-d", "20", *extra]
 
 
 def _stress(binary, san, mode, groups, extra=()):
     """Runs one scenario: (description, CompletedProcess, sanitizer reports)."""
     seed = int(os.environ.get("FDC_STRESS_SEED") or random.randrange(1, 2**32))
-    env = dict(os.environ)
-    env.update(SANITIZERS[san][1])
+    env = san_env(san)
     env["FDC_STRESS_SEED"] = str(seed)
-    argv = [str(binary), mode, "-t", "4", "-g", str(groups), "-s", str(SECONDS),
-            "-r", str(seed), "-d", "20", *extra]
-    argv, res = _run(argv, env)
+    argv, res = run_program(stress_argv(binary, mode, groups, seed, SECONDS, extra), env)
     where = f"{' '.join(argv)} (seed {seed}) exited {res.returncode}"
     return where, res, [r for r in REPORTS if r in res.stderr]
 
@@ -122,7 +159,8 @@ def _stress(binary, san, mode, groups, extra=()):
 @pytest.mark.sanitizer
 @pytest.mark.timeout(RUN_TIMEOUT + 300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-@pytest.mark.parametrize("mode,groups,extra", SCENARIOS, ids=IDS)
+@pytest.mark.parametrize("mode,groups,extra", [s[1:] for s in SCENARIOS],
+                         ids=[s[0] for s in SCENARIOS])
 def test_stress_under_sanitizer(stress_binary, san, mode, groups, extra):
     where, res, found = _stress(stress_binary(san), san, mode, groups, extra)
     assert res.returncode == 0 and not found, (
@@ -130,3 +168,19 @@ def test_stress_under_sanitizer(stress_binary, san, mode, groups, extra):
         f"\n--- stderr\n{res.stderr[-20000:]}"
     )
     assert f"SUMMARY mode={mode}" in res.stdout, f"{where}: no summary\n{res.stdout}\n{res.stderr}"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_repro_walk_under_sanitizer(tmp_path, san):
+    """The walker carried past an update by a removed and re-added entry
+    walks again (issue 6, bug 2), driven deterministically with pthreads
+    and the step hook: exit 0 and "OK" on the current core."""
+    binary = build_program(tmp_path / "repro_walk", san, [str(REPRO_WALK)])
+    argv, res = run_program([str(binary)], san_env(san), timeout=60)
+    found = [r for r in REPORTS if r in res.stderr]
+    assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
+        f"{' '.join(argv)} exited {res.returncode}, sanitizer reports {found}"
+        f"\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr[-20000:]}"
+    )
