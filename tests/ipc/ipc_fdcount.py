@@ -29,6 +29,11 @@ def raise_nofile_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(wanted, soft)), hard))
 
 
+# What a peer may pass where a listener is expected (the real one twice as often).
+FD_KINDS = ["listener", "listener", "o_path_socket", "o_path_file", "o_path_dir", "file",
+            "dir", "pipe", "eventfd", "chardev", "not_listening", "dgram"]
+
+
 def open_fd_of_kind(kind: str, listener: socket.socket) -> int:
     """A new fd of the given kind, made from a unix listener bound to a file; every kind
     but "listener" is one adopt() must refuse for it."""
