@@ -1,0 +1,248 @@
+"""Every setting of sockherd, declared once.
+
+Each Setting names its key (TOML and attribute), its command-line flags, its type
+with bounds, its default and its help. From that one table come: the argparse
+options (`add_arguments`), the `SOCKHERD_<KEY>` environment variables, the TOML
+decoding, the final typed `Settings` struct and the docs (`docs_markdown`, kept
+in the README). msgspec does every type and bound check: no hand-written ones.
+
+Precedence: flag > environment > file > default. A bad value raises
+SettingsError naming the source, the key, the value and the reason; the CLI
+turns it into exit status 2 before anything binds or spawns.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Mapping
+
+import msgspec
+
+ENV_PREFIX = "SOCKHERD_"
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    flags: tuple[str, ...]
+    type: Any
+    default: Any
+    help: str
+    meta: msgspec.Meta | None = None
+    metavar: str | None = None
+    section: str = "server"
+    positional: bool = field(default=False)
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def annotated(self) -> Any:
+        return Annotated[self.type, self.meta] if self.meta else self.type
+
+    @property
+    def is_list(self) -> bool:
+        return getattr(self.type, "__origin__", None) is list
+
+    @property
+    def is_bool(self) -> bool:
+        return self.type is bool
+
+
+def _seconds(lo: float, hi: float) -> msgspec.Meta:
+    return msgspec.Meta(ge=lo, le=hi)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("app", ("app",), str, "", "the app, `module:callable`; empty: the embedded status page",
+            msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"), "MODULE:CALLABLE",
+            section="app", positional=True),
+    Setting("interface", ("--interface",), Literal["wsgi", "stream"], "wsgi",
+            "how the app is called: `wsgi` (PEP 3333) or `stream` (a handler class)", section="app"),
+    Setting("chdir", ("--chdir",), str, "", "directory to change to before importing the app",
+            metavar="DIR", section="app"),
+    Setting("pythonpath", ("--pythonpath",), list[str], [],
+            "directories put first on sys.path before importing the app (repeatable)",
+            metavar="DIR", section="app"),
+    Setting("workers", ("-w", "--workers"), int, 0,
+            "worker processes; 0: one per CPU", msgspec.Meta(ge=0, le=1024), "N", section="workers"),
+    Setting("threads", ("-t", "--threads"), int, 1,
+            "threads per worker; more pay off only for apps that block (the GIL)",
+            msgspec.Meta(ge=1, le=1024), "N", section="workers"),
+    Setting("thread_groups", ("--thread-groups",), int, 1,
+            "thread groups per worker (at most 64 threads a group)",
+            msgspec.Meta(ge=1, le=32), "G", section="workers"),
+    Setting("bind", ("-b", "--bind"), list[str], ["127.0.0.1:8000"],
+            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N` (repeatable)",
+            msgspec.Meta(min_length=1), "ADDRESS", section="listeners"),
+    Setting("backlog", ("--backlog",), int, 2048, "listen() backlog of each bound socket",
+            msgspec.Meta(ge=1, le=65535), "N", section="listeners"),
+    Setting("unix_mode", ("--unix-mode",), str, "0660", "file mode of bound unix sockets (octal)",
+            msgspec.Meta(pattern=r"^0?[0-7]{3}$"), "MODE", section="listeners"),
+    Setting("unix_owner", ("--unix-owner",), str, "", "`user[:group]` owning bound unix sockets",
+            metavar="USER[:GROUP]", section="listeners"),
+    Setting("user", ("--user",), str, "", "user the workers run as (the master keeps its own)",
+            metavar="USER", section="workers"),
+    Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
+            section="workers"),
+    Setting("heartbeat_interval", ("--heartbeat-interval",), float, 5.0,
+            "seconds between master -> worker heartbeats", _seconds(0.1, 3600), "S",
+            section="supervision"),
+    Setting("heartbeat_timeout", ("--heartbeat-timeout",), float, 30.0,
+            "a worker silent this long is killed and replaced", _seconds(0.5, 86400), "S",
+            section="supervision"),
+    Setting("ready_timeout", ("--ready-timeout",), float, 60.0,
+            "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
+            section="supervision"),
+    Setting("hard_stop_after", ("--hard-stop-after",), float, 30.0,
+            "a draining worker still busy after this long is killed", _seconds(0, 86400), "S",
+            section="supervision"),
+    Setting("idle_grace", ("--idle-grace",), float, 1.0,
+            "while draining, an idle connection is closed after staying idle this long",
+            _seconds(0, 3600), "S", section="supervision"),
+    Setting("takeover_after", ("--takeover-after",), float, 0.5,
+            "connections of a thread stuck this long in one handler move to an idle thread",
+            _seconds(0.001, 3600), "S", section="workers"),
+    Setting("log_level", ("--log-level",), Literal["debug", "info", "warning", "error"], "info",
+            "least severe level logged (to stderr)", section="logging"),
+)
+
+BY_KEY = {s.key: s for s in SETTINGS}
+
+Settings = msgspec.defstruct(
+    "Settings",
+    [(s.key, s.annotated, msgspec.field(default_factory=lambda d=s.default: d)
+      if isinstance(s.default, list) else s.default) for s in SETTINGS],
+    forbid_unknown_fields=True,
+    frozen=True,
+)
+Settings.__doc__ = "The effective settings, every field typed and within its bounds."
+
+# one layer (file, environment or flags): every key optional
+_Layer = msgspec.defstruct(
+    "_Layer",
+    [(s.key, s.annotated | msgspec.UnsetType, msgspec.UNSET) for s in SETTINGS],
+    forbid_unknown_fields=True,
+)
+
+
+class SettingsError(ValueError):
+    """A setting that does not decode or validate; the message says where from,
+    which key, which value and why."""
+
+
+def _layer(values: Mapping[str, Any], source: str, *, strict: bool) -> dict[str, Any]:
+    """Validates one layer; returns its set keys. strict=False lets strings
+    from the environment and the command line become ints, floats, bools."""
+    try:
+        layer = msgspec.convert(dict(values), _Layer, strict=strict)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(_explain(exc, values, source)) from None
+    return {k: v for k in BY_KEY if (v := getattr(layer, k)) is not msgspec.UNSET}
+
+
+def _explain(exc: msgspec.ValidationError, values: Mapping[str, Any], source: str) -> str:
+    msg = str(exc)
+    reason, _, where = msg.partition(" - at `$.")
+    key = where.split("`")[0].split("[")[0] if where else ""
+    if key in BY_KEY:
+        s = BY_KEY[key]
+        name = s.env if source == "environment" else (s.flags[0] if source == "command line" else key)
+        if s.positional and source == "command line":
+            name = s.metavar or key
+        reason = reason[:1].lower() + reason[1:]
+        return f"{source}: {name} = {values.get(key)!r}: {reason}"
+    if msg.startswith("Object contains unknown field"):
+        unknown = msg.split("`")[1]
+        return f"{source}: unknown setting {unknown!r} (known: {', '.join(BY_KEY)})"
+    return f"{source}: {msg}"
+
+
+def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    """The SOCKHERD_* variables of env; list settings are comma-separated."""
+    raw: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.env in env:
+            value = env[s.env]
+            raw[s.key] = [v for v in value.split(",") if v] if s.is_list else value
+    return _layer(raw, "environment", strict=False)
+
+
+def from_file(path: str) -> dict[str, Any]:
+    """A TOML file of top-level keys, named as the settings."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    return _layer(data, path, strict=True)
+
+
+def add_arguments(parser) -> None:
+    """Adds one option per setting to an argparse parser. Options default to
+    SUPPRESS: only what was given reaches the flags layer."""
+    import argparse
+
+    for s in SETTINGS:
+        kw: dict[str, Any] = {"help": s.help + (f" (env {s.env})"), "default": argparse.SUPPRESS}
+        if s.positional:
+            parser.add_argument(s.key, nargs="?", metavar=s.metavar, **kw)
+            continue
+        if s.is_bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif s.is_list:
+            kw["action"] = "append"
+        if s.metavar and not s.is_bool:
+            kw["metavar"] = s.metavar
+        parser.add_argument(*s.flags, dest=s.key, **kw)
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
+            config: str | None = None) -> Any:
+    """The effective Settings from the command line (flags: dest -> value, as
+    argparse gives them), the environment and the TOML file `config` (or
+    $SOCKHERD_CONFIG). Raises SettingsError."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+    path = config or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        merged.update(from_file(path))
+    merged.update(from_environment(env))
+    merged.update(_layer({k: v for k, v in flags.items() if k in BY_KEY}, "command line",
+                         strict=False))
+    settings = msgspec.convert(merged, Settings)
+    _check_together(settings)
+    return settings
+
+
+def _check_together(s: Any) -> None:
+    """Rules that tie several settings together."""
+    if s.thread_groups > s.threads:
+        raise SettingsError(f"thread_groups = {s.thread_groups}: more groups than threads "
+                            f"({s.threads})")
+    per_group = -(-s.threads // s.thread_groups)
+    if per_group > 64:
+        raise SettingsError(f"threads = {s.threads}: {per_group} threads per group, at most 64 "
+                            f"(raise thread_groups)")
+    if s.heartbeat_timeout <= s.heartbeat_interval:
+        raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "
+                            f"heartbeat_interval ({s.heartbeat_interval})")
+
+
+def docs_markdown() -> str:
+    """The settings table for the README."""
+    rows = ["| key | flag | environment | default | what |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        flag = s.metavar if s.positional else ", ".join(f"`{f}`" for f in s.flags)
+        default = ", ".join(s.default) if isinstance(s.default, list) else s.default
+        default = f"`{default}`" if default != "" else "(none)"
+        rows.append(f"| `{s.key}` | {flag} | `{s.env}` | {default} | {s.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(docs_markdown(), end="")
