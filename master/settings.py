@@ -220,7 +220,15 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
 
 
 def _check_together(s: Any) -> None:
-    """Rules that tie several settings together."""
+    """Rules that tie several settings together, and values whose check
+    belongs to their own module (addresses)."""
+    from sockherd.master.addresses import AddressError, parse
+
+    for address in s.bind:
+        try:
+            parse(address)
+        except AddressError as exc:
+            raise SettingsError(f"bind: {exc}") from None
     if s.thread_groups > s.threads:
         raise SettingsError(f"thread_groups = {s.thread_groups}: more groups than threads "
                             f"({s.threads})")

@@ -92,6 +92,7 @@ def test_bad_file(tmp_path: Path):
     (("-t", "2", "--thread-groups", "3"), "more groups than threads"),
     (("-t", "65",), "65 threads per group, at most 64"),
     (("--heartbeat-interval", "10", "--heartbeat-timeout", "5"), "must exceed heartbeat_interval"),
+    (("-b", "127.0.0.1:1", "-b", "localhost:http"), "bind: 'localhost:http': port 'http' is not"),
 ])
 def test_settings_checked_together(argv, expect):
     with pytest.raises(S.SettingsError, match=expect):

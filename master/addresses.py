@@ -1,0 +1,89 @@
+"""What a `bind` address says, before anything is bound.
+
+Four forms, as gunicorn, HAProxy and nginx operators write them:
+
+    host:port        127.0.0.1:8000, localhost:80, 0.0.0.0:8000, :8000 (all IPv4)
+    [v6]:port        [::1]:8000, [::]:8000
+    unix:/path       a unix stream socket at an absolute path
+    fd://N           an already-listening socket inherited as fd N
+
+Parsing is pure (no DNS, no syscalls): a host name stays a name, resolved when
+the listener is bound. A bad address raises AddressError naming the address
+and what is wrong with it.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+# sun_path is 108 bytes including the terminating NUL
+UNIX_PATH_MAX = 107
+
+
+class AddressError(ValueError):
+    """A bind address that cannot mean anything."""
+
+
+@dataclass(frozen=True)
+class Address:
+    kind: Literal["tcp", "unix", "fd"]
+    host: str = ""          # tcp: IPv4/IPv6 literal or a name; "" never (":8000" -> 0.0.0.0)
+    port: int = 0           # tcp: 0 asks the kernel for an ephemeral port
+    path: str = ""          # unix
+    fd: int = -1            # fd
+
+    def __str__(self) -> str:
+        if self.kind == "unix":
+            return f"unix:{self.path}"
+        if self.kind == "fd":
+            return f"fd://{self.fd}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _port(text: str, address: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise AddressError(f"{address!r}: port {text!r} is not a number from 0 to 65535")
+    return int(text)
+
+
+def parse(address: str) -> Address:
+    """Parses one bind address. Raises AddressError."""
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        if path.startswith("//"):       # unix:///run/x.sock, as a URL would write it
+            path = path[2:]
+        if not path.startswith("/"):
+            raise AddressError(f"{address!r}: a unix socket path must be absolute")
+        if "\0" in path:
+            raise AddressError(f"{address!r}: a unix socket path cannot hold a NUL byte")
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise AddressError(f"{address!r}: path longer than {UNIX_PATH_MAX} bytes (sun_path)")
+        return Address("unix", path=path)
+    if address.startswith("fd://"):
+        num = address[len("fd://"):]
+        if not num.isdigit():
+            raise AddressError(f"{address!r}: fd://N takes a file descriptor number")
+        return Address("fd", fd=int(num))
+    if address.startswith("["):
+        host, sep, port = address[1:].partition("]:")
+        if not sep:
+            raise AddressError(f"{address!r}: an IPv6 address is written [address]:port")
+        try:
+            ip = ipaddress.IPv6Address(host)
+        except ValueError:
+            raise AddressError(f"{address!r}: {host!r} is not an IPv6 address") from None
+        return Address("tcp", host=str(ip), port=_port(port, address))
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise AddressError(f"{address!r}: expected host:port, [v6]:port, unix:/path or fd://N")
+    if ":" in host:
+        raise AddressError(f"{address!r}: write an IPv6 address in brackets, [address]:port")
+    if not host:
+        host = "0.0.0.0"
+    elif not _HOSTNAME.match(host):
+        raise AddressError(f"{address!r}: {host!r} is not a host name or IPv4 address")
+    return Address("tcp", host=host, port=_port(port, address))
