@@ -245,6 +245,8 @@ struct fdc_table {
 	struct fdc_polled *polled;
 	struct fdc_group groups[FDC_MAX_GROUPS + 1];   /* indexed by tgid */
 	struct fdc_thread *threads;                    /* indexed by tid */
+	int probe_epfd;                                /* scratch epoll of insert's
+	                                                  "can it be polled?" probe */
 	_Atomic(fdc_hook_fn) hook;
 	void *_Atomic hook_arg;
 };

@@ -64,6 +64,8 @@ void fdc_table_free(struct fdc_table *t)
 		}
 		free(t->threads);
 	}
+	if (t->probe_epfd >= 0)
+		close(t->probe_epfd);
 	free(t->fdtab);
 	free(t->polled);
 	free(t);
@@ -109,6 +111,7 @@ struct fdc_table *fdc_table_new(int maxfd, int nbthread, int nbgroup, int *err)
 		*err = -ENOMEM;
 		return NULL;
 	}
+	t->probe_epfd = -1;   /* fdc_table_free on an early failure must not close fd 0 */
 	t->maxfd = maxfd;
 	t->nbthread = nbthread;
 	t->nbgroup = nbgroup;
@@ -125,6 +128,12 @@ struct fdc_table *fdc_table_new(int maxfd, int nbthread, int nbgroup, int *err)
 		atomic_init(&t->fdtab[fd].links, fdc_lmk(FDC_LIST_OUT, FDC_LIST_END));
 	for (int i = 0; i < nbthread; i++)
 		t->threads[i].epfd = t->threads[i].evfd = -1;
+	t->probe_epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (t->probe_epfd < 0) {
+		*err = -errno;
+		fdc_table_free(t);
+		return NULL;
+	}
 
 	for (int g = 1; g <= nbgroup; g++) {
 		struct fdc_group *grp = &t->groups[g];
@@ -184,28 +193,37 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg)
  * insert flags to add (FDC_CLONED for a listening socket, unless the caller
  * vouched with FDC_SOLE that it is open nowhere else), or a negative errno:
  * -EBADF for a number that is not open, -EPERM for a file epoll refuses
- * (regular files and directories: the ADD would fail for ever, and the
- * owner would wait for events that never come).
+ * (regular files, directories, /dev/null and other devices without poll,
+ * O_PATH fds): its ADD would fail for ever, and the owner would wait for
+ * events that never come.
  * Why listeners are CLONED by default: every sockherd listener is also open
  * in the master (and dup'ed per group), so its close() leaves it registered
  * in every epoll instance of ours that had it: HAProxy's seed 004, four
- * threads spinning on a listener bound to one. One getsockopt for a socket,
- * an fstat more for anything else.
+ * threads spinning on a listener bound to one.
+ * Cost: one getsockopt for a socket (the hot path: accepted connections),
+ * which epoll always accepts. Anything else is asked of the kernel itself,
+ * an ADD + DEL on the table's scratch epoll instance: no guess by file type
+ * (procfs files poll, /dev/null does not).
  */
-static int probe_fd(int fd, uint32_t flags)
+static int probe_fd(struct fdc_table *t, int fd, uint32_t flags)
 {
+	struct epoll_event ev = { .events = 0 };
 	int listening = 0;
 	socklen_t len = sizeof(listening);
-	struct stat sb;
 
 	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0)
 		return listening && !(flags & FDC_SOLE) ? FDC_CLONED : 0;
-	if (errno == EBADF)
-		return -EBADF;
-	if (fstat(fd, &sb) < 0)
-		return -errno;
-	if (S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode))
-		return -EPERM;
+	if (errno == EBADF) {
+		/* not open, or an O_PATH fd (open, but nothing can poll it) */
+		return fcntl(fd, F_GETFD) < 0 ? -EBADF : -EPERM;
+	}
+	if (epoll_ctl(t->probe_epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		/* EEXIST: another insert of this number is probing it too */
+		if (errno == EEXIST)
+			return 0;
+		return errno == EPERM || errno == EINVAL ? -EPERM : -errno;
+	}
+	epoll_ctl(t->probe_epfd, EPOLL_CTL_DEL, fd, NULL);
 	return 0;
 }
 
@@ -219,17 +237,18 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 		return -EBADF;
 	if (tgid < 1 || tgid > t->nbgroup || !owner || (flags & ~FDC_INSERT_FLAGS))
 		return -EINVAL;
-	/* a disowned fd stays open after its close: a reset there would hit
-	 * whatever the owner does with it next */
-	if ((flags & FDC_DISOWN) && (flags & FDC_LINGER_RISK))
-		return -EINVAL;
 	thread_mask &= t->groups[tgid].enabled_mask;
 	if (!thread_mask)
 		return -EINVAL;
-	extra = probe_fd(fd, flags);
+	extra = probe_fd(t, fd, flags);
 	if (extra < 0)
 		return extra;
 	flags = (flags | (uint32_t)extra) & ~FDC_SOLE;
+	/* SO_LINGER 0 before our close() turns the socket's *last* close into
+	 * a reset: for a disowned or cloned fd that close is somebody else's,
+	 * later, on a connection still in use (HAProxy sets it regardless) */
+	if ((flags & FDC_LINGER_RISK) && (flags & (FDC_DISOWN | FDC_CLONED)))
+		return -EINVAL;
 	e = &t->fdtab[fd];
 
 	/* claim the entry locked: a verb racing on this number (a stale

@@ -12,9 +12,11 @@
  *  I2 insert requires a clean entry (refcount 0, state 0, owner 0).
  *  I3 a running bit is only kept by a thread whose bit is in thread_mask;
  *     running bits outside thread_mask mean a takeover/delete in progress.
- *  I4 exactly one thread performs the final close of an incarnation: the
- *     last one to drop its running bit while thread_mask lacks it, and only
- *     if it wins the one-shot FDC_MUST_CLOSE token.
+ *  I4 exactly one thread performs the final close of an incarnation:
+ *     one that, after the fd was orphaned (thread_mask 0), reads a zero
+ *     running_mask and wins the one-shot FDC_MUST_CLOSE token. That is a
+ *     runner leaving (its clear, then the read), or a deleter of another
+ *     group (no running bit; its orphaning, then the read).
  *  I5 close() is the very last step: the number may be reused the instant
  *     it returns, so the entry is clean before.
  *  I6 an update bit set in update_mask is always consumable (the fd is or
@@ -104,7 +106,8 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
  * Any thread; the fd must not be in the table (I2: -EEXIST otherwise).
  * The fd starts READY both ways and ACTIVE in none: call want_*.
  * Refused: a number that is not open (-EBADF), a file epoll cannot poll
- * (-EPERM: regular file, directory), DISOWN with LINGER_RISK (-EINVAL).
+ * (-EPERM: regular file, directory, /dev/null, an O_PATH fd), LINGER_RISK
+ * on a DISOWN or CLONED fd (-EINVAL: the reset would hit another holder).
  * A listening socket is always inserted CLONED (I9) unless flags has
  * FDC_SOLE (the caller states nobody else holds it).
  * DISOWN: the final close forgets the fd instead of closing it; the caller
@@ -126,11 +129,13 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 int fdc_delete(struct fdc_thread *th, int fd);
 
 /* Whether incarnation `gen` of fd is over: 1 once its final close has
- * cleaned the entry and DEL'ed it from every poller (for a DISOWN fd: the
- * owner may now close or reuse it), 0 while it is still in the table,
- * -EBADF if fd is out of the table's range. Any thread, lock-free: one
- * seq_cst load of the generation, which the final close bumps after its
- * last use of the number (before the close() of a non-DISOWN fd).
+ * cleaned the entry (and, for a CLONED or DISOWN fd, DEL'ed it from every
+ * poller that had it), 0 while it is still in the table, -EBADF if fd is
+ * out of the table's range. For a DISOWN fd, 1 means the table will not
+ * touch the number again: the owner may close or reuse it. For any other
+ * fd, 1 may come an instant before the table's own close() of it. Any
+ * thread, lock-free: one seq_cst load of the generation, which the final
+ * close bumps after its last use of the number but its close().
  */
 int fdc_released(struct fdc_table *t, int fd, uint32_t gen);
 
@@ -188,10 +193,13 @@ int fdc_update_pass(struct fdc_thread *th);
 /* One loop turn: update pass, epoll_wait(timeout_ms) (the Python wrapper
  * calls it with the GIL released), then the enter step for each report.
  * Returns how many events were written to out (th holds each), or -errno.
- * An fd whose registration th's pass could not make (I8) is reported too,
+ * An fd whose registration th's pass could not make (I8) is reported first,
  * with FDC_POLL_ERR | FDC_POLL_CTL (errno in fdc_dump's ctl_errno), and the
  * wait does not block while such a report is pending: its owner must close
- * it or change what it wants. Each failure is reported once per incarnation.
+ * it or change what it wants. Every failed attempt of th is reported (one
+ * pending report per fd and thread); a report th can no longer make (fd
+ * closed, or taken over by another thread, whose poller tries its own
+ * registration) is dropped.
  */
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
 

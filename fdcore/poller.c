@@ -54,7 +54,8 @@
  *    now). Never re-ADD: it would register a stranger's file under our
  *    incarnation. An error.
  *  - DEL answered ENOENT or EBADF: the same, seen while removing. Nothing is
- *    registered either way, which is what DEL wanted; counted.
+ *    registered either way, which is what a DEL alone wanted (counted); the
+ *    DEL + ADD of an exclusive fd's change stops there (an error, as MOD).
  *  - anything else (ENOMEM, ENOSPC from max_user_watches, EPERM, EINVAL,
  *    ELOOP): an error. The caller (update_fd) puts polled_mask back to what
  *    the kernel has and reports the fd to its owner (fail_fd): a connection
@@ -87,17 +88,23 @@ static int ctl(struct fdc_thread *th, int op, int fd, struct epoll_event *ev, in
 
 /* Records that th's registration of fd failed with errno err and queues the
  * fd for a report to its owner by th's next fdc_poll (FDC_POLL_CTL; the
- * report itself is made under a running bit there). Once per incarnation:
- * the sticky FDC_POLL_CTL state bit says it was queued. th's thread,
- * holding a reference on the fd's tgid (so gen is the live incarnation).
+ * report itself is made under a running bit there). Every failed attempt
+ * is reported unless a report of this incarnation is already pending on
+ * th: a new owner after a takeover, or the owner retrying after a report,
+ * hears of its own failure too. th's thread, holding a reference on the
+ * fd's tgid (so the generation is the live incarnation's).
  */
 static void fail_fd(struct fdc_thread *th, int fd, int err)
 {
 	struct fdc_entry *e = &th->t->fdtab[fd];
+	uint32_t gen = atomic_load(&e->generation);
 
 	atomic_store(&e->ctl_errno, err);
-	if (atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL) & FDC_POLL_CTL)
-		return;
+	atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL);
+	/* failures are rare and the list short: a scan, not an index */
+	for (int i = 0; i < th->nbfailed; i++)
+		if (th->failed[i].fd == fd && th->failed[i].gen == gen)
+			return;
 	if (th->nbfailed == th->capfailed) {
 		int cap = th->capfailed ? 2 * th->capfailed : 16;
 		struct fdc_failed *p = realloc(th->failed, sizeof(*p) * (size_t)cap);
@@ -110,7 +117,7 @@ static void fail_fd(struct fdc_thread *th, int fd, int err)
 		th->capfailed = cap;
 	}
 	th->failed[th->nbfailed].fd = fd;
-	th->failed[th->nbfailed].gen = atomic_load(&e->generation);
+	th->failed[th->nbfailed].gen = gen;
 	th->nbfailed++;
 }
 
@@ -170,7 +177,10 @@ static int update_fd(struct fdc_thread *th, int fd)
 		 * in this order (two statements: C leaves the order in which
 		 * the operands of + are evaluated unspecified) */
 		n = ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
-		n += ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
+		/* a refused DEL (ENOENT, EBADF) means our file is gone from
+		 * this number: never ADD what holds it now (review finding 2) */
+		if (!err)
+			n += ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
 	}
 	else {
 		n = ctl(th, EPOLL_CTL_MOD, fd, &ev, &err);
@@ -198,11 +208,14 @@ static int update_fd(struct fdc_thread *th, int fd)
  *    then follows the entry's new links (to the tail, or into another list)
  *    and skips what lay between.
  *  - The walker reached that entry by reading a link or `first` that named
- *    it, after reading the counter. That removal unlinks the entry after
- *    that read, and bumps the counter only once the entry is out
- *    (fdc_list_remove), so after the walker read the counter: the walker
- *    sees the counter moved and walks again. Entries of another group met
- *    on a detour are not grabbed (tgid mismatch) and only stepped over.
+ *    it, after reading the counter. The removal changes that link or
+ *    `first` after the walker's read, and bumps the counter after that
+ *    (fdc_list_remove), so after the walker read the counter. And the
+ *    removal bumps before it marks the entry out, i.e. before anybody can
+ *    re-add it: a walker that follows the entry's new links after a re-add
+ *    has necessarily let the bump happen, sees the counter moved, and
+ *    walks again. Entries of another group met on a detour are not grabbed
+ *    (tgid mismatch) and only stepped over.
  *  - A walk ends at END; entries added during the walk land at the tail
  *    and wake the threads they are for, so missing one costs no update.
  * The counter is read with seq_cst loads, ordered with the link loads.
@@ -331,36 +344,24 @@ static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
 	return new;
 }
 
-/* Adds the reports of th's failed registrations (fail_fd) to the batch
- * out[0..cnt) while room is left, entering each fd like a poll report (so
- * th holds it); a report for an fd already in the batch is merged into its
- * event. Reports about a closed or moved incarnation are dropped; the rest
- * wait for the next call. th's thread. Returns the new count.
+/* Writes the reports of th's failed registrations (fail_fd) to out[0..max),
+ * entering each fd like a poll report (so th holds it). Reports about a
+ * closed or moved incarnation, or to a thread no longer an owner, are
+ * dropped; those beyond max wait for the next call. th's thread. Returns
+ * how many were written. Called before epoll_wait, so a report never
+ * waits behind batches that epoll keeps full.
  */
-static int report_failed(struct fdc_thread *th, struct fdc_event *out, int cnt, int max)
+static int report_failed(struct fdc_thread *th, struct fdc_event *out, int max)
 {
 	struct fdc_table *t = th->t;
 	const uint32_t flags = FDC_POLL_ERR | FDC_POLL_CTL;
-	int i;
+	int i, cnt = 0;
 
-	for (i = 0; i < th->nbfailed; i++) {
+	for (i = 0; i < th->nbfailed && cnt < max; i++) {
 		int fd = th->failed[i].fd;
 		uint32_t gen = th->failed[i].gen, held;
 		struct fdc_entry *e = &t->fdtab[fd];
-		int j;
 
-		for (j = 0; j < cnt && out[j].fd != fd; j++)
-			;
-		if (j < cnt) {
-			/* already held in this batch */
-			if (out[j].gen == gen) {
-				out[j].events |= flags;
-				apply_report(e, flags);
-			}
-			continue;
-		}
-		if (cnt == max)
-			break;
 		if (fdc_enter(th, fd, &held) != FDC_DONE)
 			continue;
 		if (held != gen) {
@@ -380,11 +381,30 @@ static int report_failed(struct fdc_thread *th, struct fdc_event *out, int cnt, 
 	return cnt;
 }
 
+/* Merges an epoll report for fd into the failure report of out[0..nrep)
+ * that already holds it, if any: th entered it once, and leaves it once.
+ * Returns 1 if merged. th's thread, holding the fd (the report).
+ */
+static int merge_report(struct fdc_thread *th, struct fdc_event *out, int nrep,
+                        int fd, uint32_t gen, uint32_t flags)
+{
+	for (int j = 0; j < nrep; j++) {
+		if (out[j].fd != fd)
+			continue;
+		if (out[j].gen == gen) {
+			out[j].events |= flags;
+			apply_report(&th->t->fdtab[fd], out[j].events);
+		}
+		return 1;
+	}
+	return 0;
+}
+
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max)
 {
 	struct fdc_table *t = th->t;
 	struct epoll_event evs[FDC_EVBATCH];
-	int n, cnt = 0, fdev = 0;
+	int n, nrep, cnt, fdev = 0;
 
 	if (max <= 0)
 		return -EINVAL;
@@ -393,13 +413,18 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 
 	fdc_count(th, CTR_LOOPS);
 	fdc_update_pass(th);
-	if (th->nbfailed)
-		timeout_ms = 0;   /* reports to make now: do not sleep */
+	/* failed registrations first (I8); with reports to make, do not sleep */
+	nrep = th->nbfailed ? report_failed(th, out, max) : 0;
+	cnt = nrep;
+	if (cnt == max)
+		return cnt;
+	if (nrep || th->nbfailed)
+		timeout_ms = 0;
 	fdc_hook(t, FDC_HK_BEFORE_WAIT, th->tid, -1, 0);
-	n = epoll_wait(th->epfd, evs, max, timeout_ms);
+	n = epoll_wait(th->epfd, evs, max - cnt, timeout_ms);
 	if (n < 0) {
 		if (errno != EINTR)
-			return -errno;
+			return cnt ? cnt : -errno;
 		n = 0;
 	}
 	if (n)
@@ -433,6 +458,9 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 			fdc_count(th, CTR_POLL_STALE);
 			continue;
 		}
+		flags = poll_flags(evs[i].events);
+		if (nrep && merge_report(th, out, nrep, fd, gen, flags))
+			continue;
 		if (fdc_enter(th, fd, &held) != FDC_DONE)
 			continue;
 		if (held != gen) {
@@ -440,7 +468,6 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 			fdc_leave(th, fd, held);
 			continue;
 		}
-		flags = poll_flags(evs[i].events);
 		st = apply_report(e, flags);
 		if (!(st & FDC_ACTIVE_RW)) {
 			/* nobody wants it: leave programs the DEL */
@@ -454,10 +481,8 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 		out[cnt].owner = atomic_load(&e->owner);
 		cnt++;
 	}
-	if (fdev && !cnt)
+	if (fdev && cnt == nrep)
 		fdc_count(th, CTR_WAKE_NOWORK);
-	if (th->nbfailed)
-		cnt = report_failed(th, out, cnt, max);
 	return cnt;
 }
 

@@ -174,17 +174,21 @@ void fdc_list_remove(struct fdc_table *t, struct fdc_group *g, int fd)
 		links_cas_half(&t->fdtab[prev], 0, FDC_LIST_LOCKED, next);
 	if (next != FDC_LIST_END)
 		links_cas_half(&t->fdtab[next], 1, FDC_LIST_LOCKED, prev);
-	/* out, remembering the successor for a reader standing on us */
-	atomic_store(&e->links, fdc_lmk(-next - 4, FDC_LIST_END));
-	/* only now tell walkers that a removal happened (walk_shared, poller.c):
-	 * a walker that reads the counter after this bump finds `first` and
-	 * every link already without us. Bumped earlier, a walker could read
-	 * the new value, then `first` still naming us, follow our links after
-	 * a re-add at the tail and skip the entries in between, with nothing
-	 * telling it to walk again (issue 6, bug 2). The store above and this
-	 * RMW are seq_cst: keep them in this order.
+	/* tell walkers a removal happened (walk_shared, poller.c) exactly
+	 * here: unlinked, so a walker that reads the counter after this bump
+	 * finds `first` and every link already without us; still locked, so
+	 * nobody can re-add us before the bump, and a walker standing on us
+	 * waits for the store below. Bumped before the unlink, a walker could
+	 * read the new value, then `first` still naming us (issue 6, bug 2);
+	 * bumped after the store below, a re-add could complete before it
+	 * (review finding 1): either way a walker follows our links after a
+	 * re-add at the tail, skips the entries in between, and sees nothing
+	 * telling it to walk again. seq_cst, between the unlink and the store:
+	 * keep it there.
 	 */
 	atomic_fetch_add(&g->epoch, 1);
+	/* out, remembering the successor for a reader standing on us */
+	atomic_store(&e->links, fdc_lmk(-next - 4, FDC_LIST_END));
 }
 
 void fdc_wake_mask(struct fdc_table *t, const struct fdc_group *g, uint64_t mask)

@@ -2,9 +2,9 @@
 inputs tried against release_running's fresh read, the shared-list walk and
 its removal counter, the failed-epoll_ctl policy and insert's probe.
 
-Findings (each test fails on today's core, marked xfail(strict) until fixed;
-only the finding's own check raises AssertionError, a broken set-up raises
-RuntimeError so it cannot pass for the finding):
+Findings (each test failed on the core of 54a05e0, where they were strict
+xfails, and passes since the fixes that followed; only the finding's own
+check raises AssertionError, a broken set-up raises RuntimeError):
   1. fdc_list_remove bumps the removal counter after the store that marks the
      entry out. Between the two the entry can be re-added at the tail; a
      walker standing on it follows it there, skips what lay between, reads
@@ -282,10 +282,6 @@ int main(void)
 """
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 1: list_remove bumps the removal counter after marking "
-                          "the entry out: a re-add in between carries a walker past entries "
-                          "with the counter still unchanged")
 def test_finding1_walker_carried_past_by_a_re_add_before_the_counter_moves(tmp_path):
     """Group of 3: W walks, R removes the head A while W stands on it, S
     re-arms A (re-added at the tail, behind B, which holds W's update) while
@@ -316,9 +312,6 @@ def test_finding1_walker_carried_past_by_a_re_add_before_the_counter_moves(tmp_p
 # ---- finding 2: the EXCLUSIVE path re-ADDs after DEL/ENOENT ------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 2: exclusive DEL answered ENOENT, then the ADD registers "
-                          "whatever file the number holds now and clears the error")
 def test_finding2_exclusive_del_enoent_then_add_registers_a_strangers_file(make):
     h = make(1, 1)
     fd, _ = h.pair()
@@ -349,10 +342,6 @@ def test_finding2_exclusive_del_enoent_then_add_registers_a_strangers_file(make)
 # ---- finding 3: a pending report is lost to a takeover -----------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 3: the failing thread's report is dropped once it is no "
-                          "longer an owner, and the sticky POLL_CTL bit silences the new "
-                          "owner's own failure")
 def test_finding3_failed_report_lost_when_the_fd_is_taken_over(make, tmp_path):
     """Thread 0's ADD fails (think ENOSPC at max_user_watches); before its
     next poll, thread 1 takes the idle fd over and wants recv: its ADD fails
@@ -381,9 +370,6 @@ def test_finding3_failed_report_lost_when_the_fd_is_taken_over(make, tmp_path):
 # ---- finding 4: a pending report starves behind full batches -----------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 4: report_failed runs only with room left in the batch; "
-                          "while epoll fills every batch the report never comes")
 def test_finding4_failed_report_starves_behind_full_batches(make, tmp_path):
     h = make(1, 1)
     th = h.th[0]
@@ -407,9 +393,6 @@ def test_finding4_failed_report_starves_behind_full_batches(make, tmp_path):
 # ---- finding 5: insert's probe and character devices -------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 5: probe_fd refuses only S_ISREG/S_ISDIR; /dev/null "
-                          "(no poll method) is inserted and its ADD fails later")
 def test_finding5_insert_accepts_a_device_epoll_cannot_poll(make):
     h = make(1, 1)
     null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -430,9 +413,6 @@ def test_finding5_insert_accepts_a_device_epoll_cannot_poll(make):
 # ---- finding 6: a merged report erases the batch's IN from the state ---------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 6: report_failed's merge calls apply_report, which "
-                          "replaces the IN/PRI/OUT this batch reported")
 def test_finding6_merged_report_keeps_the_batch_report_in_state(make):
     """The fd's old file stays open elsewhere (so its registration lives on
     and reports IN) while the number is swapped: the MOD of the pass fails
@@ -464,9 +444,6 @@ def test_finding6_merged_report_keeps_the_batch_report_in_state(make):
 # ---- finding 7: LINGER_RISK on a CLONED fd resets another holder's socket -----
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 7: the final close sets SO_LINGER 0 on a CLONED fd, whose "
-                          "socket outlives our close() in another holder: its close then RSTs")
 def test_finding7_linger_risk_on_a_cloned_fd_does_not_reset_the_other_holder(make):
     """insert refuses DISOWN|LINGER_RISK because "a reset there would hit
     whatever the owner does with it next"; a CLONED fd is the same case (the

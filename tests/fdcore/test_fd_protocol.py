@@ -58,9 +58,13 @@ def test_insert_state(make):
 def test_insert_flags_recorded(make):
     h = make(1, 1)
     fd, _ = h.pair()
-    h.insert(fd, cloned=True, linger_risk=True)
+    h.insert(fd, cloned=True, exclusive=True)
     st = h.t.dump(fd).state
-    assert st & State.CLONED and st & State.LINGER_RISK and not st & State.EXCLUSIVE
+    assert st & State.CLONED and st & State.EXCLUSIVE and not st & State.LINGER_RISK
+    fd2, _ = h.pair()
+    h.insert(fd2, linger_risk=True)
+    st = h.t.dump(fd2).state
+    assert st & State.LINGER_RISK and not st & (State.CLONED | State.EXCLUSIVE)
 
 
 def test_insert_twice_eexist(make):
