@@ -344,6 +344,17 @@ static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
 	return new;
 }
 
+/* Fills one event of a batch; the caller holds a running bit on fd. */
+static void put_event(struct fdc_event *ev, struct fdc_entry *e, int fd, uint32_t gen,
+                      uint32_t flags)
+{
+	ev->fd = fd;
+	ev->events = flags;
+	ev->gen = gen;
+	ev->kind = atomic_load(&e->kind);
+	ev->owner = atomic_load(&e->owner);
+}
+
 /* Writes the reports of th's failed registrations (fail_fd) to out[0..max),
  * entering each fd like a poll report (so th holds it). Reports about a
  * closed or moved incarnation, or to a thread no longer an owner, are
@@ -369,12 +380,7 @@ static int report_failed(struct fdc_thread *th, struct fdc_event *out, int max)
 			continue;
 		}
 		apply_report(e, flags);
-		out[cnt].fd = fd;
-		out[cnt].events = flags;
-		out[cnt].gen = gen;
-		out[cnt].kind = atomic_load(&e->kind);
-		out[cnt].owner = atomic_load(&e->owner);
-		cnt++;
+		put_event(&out[cnt++], e, fd, gen, flags);
 	}
 	th->nbfailed -= i;
 	memmove(th->failed, th->failed + i, sizeof(*th->failed) * (size_t)th->nbfailed);
@@ -474,12 +480,7 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 			fdc_leave(th, fd, gen);
 			continue;
 		}
-		out[cnt].fd = fd;
-		out[cnt].events = flags;
-		out[cnt].gen = gen;
-		out[cnt].kind = atomic_load(&e->kind);
-		out[cnt].owner = atomic_load(&e->owner);
-		cnt++;
+		put_event(&out[cnt++], e, fd, gen, flags);
 	}
 	if (fdev && cnt == nrep)
 		fdc_count(th, CTR_WAKE_NOWORK);
