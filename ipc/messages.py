@@ -10,13 +10,19 @@ which on Linux is one clock for every process of the machine.
 """
 
 import re
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
 from .errors import MessageError
 from .listeners import ListenerDescriptor
 from .nesting import first_too_deep
+
+
+# A pid a process can have: 1..PID_MAX_LIMIT (2**22 on 64-bit Linux). Whoever acts on a
+# pid from a peer may signal it, and kill(0) is our own process group, kill(-1) every
+# process we may signal: such values are refused at the door.
+Pid = Annotated[int, msgspec.Meta(ge=1, le=2**22)]
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
@@ -37,7 +43,7 @@ class Assignment(_Message, tag="assignment"):
 class Ready(_Message, tag="ready"):
     """Worker -> master: listeners are polled, the worker accepts connections."""
 
-    pid: int
+    pid: Pid
 
 
 class FailedBeforeReady(_Message, tag="failed_before_ready"):
@@ -82,7 +88,7 @@ class Error(_Message, tag="error"):
 class HandoffRequest(_Message, tag="handoff_request"):
     """New instance -> running instance: send me your listeners."""
 
-    pid: int
+    pid: Pid
 
 
 class HandoffListeners(_Message, tag="handoff_listeners"):

@@ -138,6 +138,16 @@ def test_recursion_error_is_still_a_message_error():
     (b"", "truncated"),
     (fixmap(s("type"), s("stop"))[:-2], "truncated"),
     (b"\xdf\xff\xff\xff\xff", "truncated"),                 # map of 4G entries, none there
+    # Huge lengths past enough container bytes that the nesting walk runs, and trips on them.
+    (assignment(fixmap(s("x"), b"\xdc\x00\x29" + b"\x90" * 40 + b"\xdb\xff\xff\xff\xff")),
+     "truncated"),                                          # str 32
+    (assignment(fixmap(s("x"), b"\xdc\x00\x29" + b"\x90" * 40 + b"\xc6\xff\xff\xff\xff")),
+     "truncated"),                                          # bin 32
+    (assignment(fixmap(s("x"), b"\xdc\x00\x29" + b"\x90" * 40 + b"\xc9\xff\xff\xff\xff\x01")),
+     "truncated"),                                          # ext 32
+    (assignment(fixmap(s("x"), b"\xdc\x00\x29" + b"\x90" * 40 + b"\xdf\xff\xff\xff\xff")),
+     "truncated"),                                          # map 32
+    (b"\xdd\xff\xff\xff\xff" * 40, "nests deeper than 32 levels"),
     (b"\xc1", "invalid"),                                   # the one reserved byte
     (fixmap(s("type"), s("stop")) + b"\x00", "trailing"),
 ])
@@ -145,3 +155,14 @@ def test_truncated_and_invalid_msgpack(payload, message):
     with pytest.raises(MessageError, match=message):
         m.decode(payload)
 
+
+
+@pytest.mark.parametrize("tag", ["ready", "handoff_request"])
+@pytest.mark.parametrize("pid", [0, -1, 2**22 + 1, 2**64 - 1])
+def test_a_pid_that_no_process_can_have_is_refused(tag, pid):
+    # Whoever acts on a pid from a peer may signal it: kill(0) is our process group,
+    # kill(-1) every process we may signal. Only 1..PID_MAX_LIMIT (2**22) can be a process.
+    payload = msgspec.msgpack.encode({"type": tag, "pid": pid})
+    with pytest.raises(MessageError, match=r"^Expected `int` (>= 1|<= 4194304) - at `\$\.pid`$"):
+        m.decode(payload)
+    assert m.decode(msgspec.msgpack.encode({"type": tag, "pid": 2**22})).pid == 2**22
