@@ -4,9 +4,11 @@ names."""
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -155,3 +157,21 @@ def test_take_without_state():
 def test_decode_is_strict(text, message):
     with pytest.raises(ReexecStateError, match=re.escape(message)):
         reexec.decode(text)
+
+
+def test_take_refuses_an_o_path_listener_fd():
+    # What fstat() calls a socket yet is only a reference to its path: ReexecStateError
+    # like any other mismatch, not a bare OSError out of socket(fileno=).
+    path = tempfile.mkdtemp(prefix="sh-")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(os.path.join(path, "l.sock"))
+            sock.listen()
+            fd = os.open(sock.getsockname(), os.O_PATH | os.O_CLOEXEC)
+            environ = {reexec.ENV_VAR: reexec.encode(state_with(fd, describe(sock, "web")))}
+            with pytest.raises(ReexecStateError, match=rf"listener 'web': fd {fd} is an O_PATH "
+                                                       "reference to a socket .*, not an open socket"):
+                reexec.take(environ)
+            assert not is_open(fd)
+    finally:
+        shutil.rmtree(path)
