@@ -16,6 +16,7 @@ which is safer than serving on a socket it cannot vouch for.
 """
 
 import os
+import re
 import socket
 from typing import NamedTuple
 
@@ -67,6 +68,12 @@ def decode(text: str) -> ReexecState:
         state = msgspec.json.decode(text, type=ReexecState)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ReexecStateError(f"{ENV_VAR}: {exc}") from None
+    except UnicodeEncodeError as exc:
+        # os.environ keeps bytes that are not UTF-8 as lone surrogates (surrogateescape),
+        # which msgspec cannot encode back to read them.
+        bad = exc.object[exc.start:exc.end].encode("utf-8", "surrogateescape")
+        raise ReexecStateError(f"{ENV_VAR}: not UTF-8 text (byte {bad.hex(' ')} at "
+                               f"offset {exc.start})") from None
     if state.version != STATE_VERSION:
         raise ReexecStateError(f"{ENV_VAR}: state version {state.version}, "
                                f"expected {STATE_VERSION}")
@@ -117,10 +124,16 @@ def abort_exec(plan: ExecPlan) -> None:
         os.close(plan.memfd)
 
 
+_FD_NUMBER = re.compile(r"[0-9]{1,10}")
+
+
 def _read_memfd(text: str) -> str:
     number = text[len(_MEMFD):]
-    if not number.isdigit() or int(number) < 3:
-        raise ReexecStateError(f"{ENV_VAR}: bad memfd reference {text!r}")
+    # ASCII digits only, and few: str.isdigit() takes "²", which int() refuses, and int()
+    # refuses 4300 digits or more.
+    if not _FD_NUMBER.fullmatch(number) or int(number) < 3:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ReexecStateError(f"{ENV_VAR}: bad memfd reference {shown!r}")
     fd = int(number)
     try:
         chunks, offset = [], 0

@@ -175,3 +175,16 @@ def test_take_refuses_an_o_path_listener_fd():
             assert not is_open(fd)
     finally:
         shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("value, message", [
+    # os.environ holds undecodable bytes as surrogates (surrogateescape).
+    ("{\udcff}", r"not UTF-8 text \(byte ff at offset 1\)"),
+    ("memfd:²", "bad memfd reference 'memfd:²'"),                  # isdigit(), not 0-9
+    ("memfd:" + "9" * 5000, "bad memfd reference 'memfd:99999"),   # int() refuses 4300+ digits
+])
+def test_take_refuses_a_mangled_variable_with_reexec_state_error(value, message):
+    environ = {reexec.ENV_VAR: value}
+    with pytest.raises(ReexecStateError, match=message):
+        reexec.take(environ)
+    assert environ == {}
