@@ -14,7 +14,8 @@ of libsystemd, src/libsystemd/sd-daemon/sd-daemon.c):
 * With unset_environment, the three variables are removed whatever the outcome, so no
   child process (our workers!) ever mistakes them for its own.
 
-We are stricter than libsystemd in one way only: numbers are plain decimal digits.
+We are stricter than libsystemd in one way only: numbers are plain decimal digits, at
+most 10 of them.
 """
 
 import fcntl
@@ -29,7 +30,8 @@ from .listeners import ListenerDescriptor, describe
 
 SD_LISTEN_FDS_START = 3
 _VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
-_DECIMAL = re.compile(r"[0-9]+")
+# At most 10 digits: more is no pid nor fd count, and int() refuses 4300 digits or more.
+_DECIMAL = re.compile(r"[0-9]{1,10}")
 
 
 class ActivatedFd(NamedTuple):
@@ -85,7 +87,9 @@ def _parse(env) -> list[ActivatedFd]:
 
 def _number(variable: str, text: str) -> int:
     if not _DECIMAL.fullmatch(text):
-        raise ActivationError(f"{variable}={text!r} is not a decimal number")
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ActivationError(f"{variable}={shown!r} is not a decimal number of at most "
+                              "10 digits")
     return int(text)
 
 
