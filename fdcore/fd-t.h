@@ -162,7 +162,7 @@ struct fdc_counters {
 	uint64_t fd_takeover;    /* fds taken over by this thread */
 	uint64_t accepted;       /* connections accepted */
 	uint64_t accept_empty;   /* listener wake-ups that found nothing */
-	uint64_t wake_nowork;    /* wake-ups whose batch came back empty */
+	uint64_t wake_nowork;    /* fd reports that all came to nothing */
 	uint64_t wakeups;        /* eventfd wake-ups received */
 	uint64_t ctl_add, ctl_mod, ctl_del, ctl_err;   /* epoll_ctl calls */
 };

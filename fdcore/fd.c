@@ -194,8 +194,8 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg)
  * vouched with FDC_SOLE that it is open nowhere else), or a negative errno:
  * -EBADF for a number that is not open, -EPERM for a file epoll refuses
  * (regular files, directories, /dev/null and other devices without poll,
- * O_PATH fds): its ADD would fail for ever, and the owner would wait for
- * events that never come.
+ * O_PATH fds, an epoll fd asked EXCLUSIVE): its ADD would fail for ever,
+ * and the owner would wait for events that never come.
  * Why listeners are CLONED by default: every sockherd listener is also open
  * in the master (and dup'ed per group), so its close() leaves it registered
  * in every epoll instance of ours that had it: HAProxy's seed 004, four
@@ -207,7 +207,11 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg)
  */
 static int probe_fd(struct fdc_table *t, int fd, uint32_t flags)
 {
-	struct epoll_event ev = { .events = 0 };
+	/* as the pollers will register it: EPOLLEXCLUSIVE is refused on some
+	 * files that plain registration accepts (an epoll fd) */
+	struct epoll_event ev = {
+		.events = flags & FDC_EXCLUSIVE ? EPOLLIN | EPOLLEXCLUSIVE : 0,
+	};
 	int listening = 0;
 	socklen_t len = sizeof(listening);
 

@@ -28,7 +28,9 @@
  *     desired state (ACTIVE bits, thread_mask) before it sleeps: ADD, MOD,
  *     DEL; polled_mask says what the kernel has. A registration the kernel
  *     refuses is reported to the fd's owner (FDC_POLL_CTL), never left
- *     looking done (poller.c, ctl()).
+ *     looking done (poller.c, ctl()). The one exception: with no memory
+ *     left for the report list, the failure stays on the fd (FDC_ERR,
+ *     ctl_errno) and in ctl_err, without a report.
  *  I9 an fd number carries one tgid: a listener shared by several groups
  *     gets one dup'ed number per group, and every dup'ed, inherited, passed
  *     or listening fd is CLONED.
@@ -106,7 +108,8 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
  * Any thread; the fd must not be in the table (I2: -EEXIST otherwise).
  * The fd starts READY both ways and ACTIVE in none: call want_*.
  * Refused: a number that is not open (-EBADF), a file epoll cannot poll
- * (-EPERM: regular file, directory, /dev/null, an O_PATH fd), LINGER_RISK
+ * (-EPERM: regular file, directory, /dev/null, an O_PATH fd, an epoll fd
+ * asked EXCLUSIVE), LINGER_RISK
  * on a DISOWN or CLONED fd (-EINVAL: the reset would hit another holder).
  * A listening socket is always inserted CLONED (I9) unless flags has
  * FDC_SOLE (the caller states nobody else holds it).

@@ -410,7 +410,7 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 {
 	struct fdc_table *t = th->t;
 	struct epoll_event evs[FDC_EVBATCH];
-	int n, nrep, cnt, fdev = 0;
+	int n, nrep, cnt, fdev = 0, merged = 0;
 
 	if (max <= 0)
 		return -EINVAL;
@@ -465,8 +465,10 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 			continue;
 		}
 		flags = poll_flags(evs[i].events);
-		if (nrep && merge_report(th, out, nrep, fd, gen, flags))
+		if (nrep && merge_report(th, out, nrep, fd, gen, flags)) {
+			merged++;
 			continue;
+		}
 		if (fdc_enter(th, fd, &held) != FDC_DONE)
 			continue;
 		if (held != gen) {
@@ -482,7 +484,8 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 		}
 		put_event(&out[cnt++], e, fd, gen, flags);
 	}
-	if (fdev && cnt == nrep)
+	/* woken by fds, and none of their reports reached the caller */
+	if (fdev && cnt == nrep && !merged)
 		fdc_count(th, CTR_WAKE_NOWORK);
 	return cnt;
 }

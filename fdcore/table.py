@@ -192,8 +192,9 @@ class Table:
                  | (lib.FDC_SOLE if sole else 0))
         rc = lib.fdc_insert(self.ptr, fd, owner, kind, tgid, thread_mask, flags)
         if rc == -errno.EPERM:
-            raise OSError(errno.EPERM, f"insert fd {fd}: epoll cannot poll it "
-                                       "(a regular file or a directory)")
+            raise OSError(errno.EPERM, f"insert fd {fd}: epoll cannot poll it (a regular "
+                                       "file, a directory, a device without poll, an O_PATH "
+                                       "fd, or an epoll fd asked exclusive)")
         check(rc, f"insert fd {fd}")
 
     def released(self, fd: int, gen: int) -> bool:

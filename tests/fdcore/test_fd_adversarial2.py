@@ -4,8 +4,9 @@ EXCLUSIVE DEL+ADD stopping after a refused DEL, failed registrations
 reported per attempt and thread *before* epoll_wait (merge_report), and
 insert's probe on the table's scratch epoll instance.
 
-Findings (strict xfails: only the finding's own check raises AssertionError,
-a broken set-up raises RuntimeError):
+Findings (strict xfails on the core of 0753a8f, passing since the fix that
+followed; only the finding's own check raises AssertionError, a broken
+set-up raises RuntimeError):
   1. fdc_poll counts WAKE_NOWORK ("wake-ups whose batch came back empty",
      fd-t.h) when cnt == nrep, i.e. whenever no epoll event was *added* to
      the failure reports: an epoll report merged into a failure report (real
@@ -75,9 +76,6 @@ def epoll_fds() -> set[int]:
 # =============================================================================
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 1: WAKE_NOWORK counts a wake whose epoll event was "
-                          "merged into a failure report (cnt == nrep)")
 def test_finding1_merged_event_is_not_a_wake_for_nothing(make):
     """Finding 6's scenario of the first review: the MOD fails ENOENT (the
     number was swapped, the old file lives on in a dup and reports IN), the
@@ -108,9 +106,6 @@ def test_finding1_merged_event_is_not_a_wake_for_nothing(make):
         th.leave_all()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 2: the probe ignores EXCLUSIVE: an epoll fd inserted "
-                          "EXCLUSIVE is accepted and its ADD fails EINVAL for ever")
 def test_finding2_insert_refuses_an_exclusive_fd_epoll_cannot_add(make):
     h = make(1, 1)
     ep = select.epoll()
