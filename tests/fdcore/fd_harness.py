@@ -110,6 +110,29 @@ class Harness:
                 pass
 
 
+def run_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    """Runs fn in an OS thread; result or exception in the returned dict."""
+    box: dict = {}
+
+    def body():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # reported by the test
+            box["error"] = exc
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, box
+
+
+def joined(t: threading.Thread, box: dict, timeout: float = 10.0):
+    t.join(timeout)
+    assert not t.is_alive(), "thread stuck (deadlock or livelock)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
 def is_closed(fd: int) -> bool:
     try:
         os.fstat(fd)

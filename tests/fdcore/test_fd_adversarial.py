@@ -60,7 +60,9 @@ from fd_harness import (
     Harness,
     assert_closed_once,
     is_closed,
+    joined,
     kernel_events,
+    run_thread,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,28 +90,6 @@ def turn_into_regular_file(fd: int, tmp_path: Path, name: str = "plain") -> None
     f = regular_file(tmp_path, name)
     os.dup2(f, fd)
     os.close(f)
-
-
-def run_thread(fn, *args) -> tuple[threading.Thread, dict]:
-    box: dict = {}
-
-    def body():
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # re-raised by joined()
-            box["error"] = exc
-
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, box
-
-
-def joined(t: threading.Thread, box: dict, timeout: float = 10.0):
-    t.join(timeout)
-    assert not t.is_alive(), "thread stuck (deadlock or livelock)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
 
 
 def closer_tids(h: Harness, fd: int) -> list[int]:

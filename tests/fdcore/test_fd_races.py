@@ -23,6 +23,8 @@ from fd_harness import (
     EPOLLIN,
     EPOLLOUT,
     Harness,
+    joined,
+    run_thread,
     is_closed,
     epoll_regs,
     kernel_events,
@@ -40,29 +42,6 @@ def listener(h: Harness) -> tuple[int, tuple]:
     srv.setblocking(False)
     name = srv.getsockname()
     return srv.detach(), name
-
-
-def run_thread(fn, *args) -> tuple[threading.Thread, dict]:
-    """Runs fn in an OS thread; result or exception in the returned dict."""
-    box: dict = {}
-
-    def body():
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # reported by the test
-            box["error"] = exc
-
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, box
-
-
-def joined(t: threading.Thread, box: dict, timeout: float = 10.0):
-    t.join(timeout)
-    assert not t.is_alive(), "thread stuck (deadlock or livelock)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
 
 
 # ---- 1. seed 002: delete never waits for runners ---------------------------------
