@@ -5,6 +5,7 @@ inheritance formats, control protocol.
     fds         ownership moves for fds: close_all, dup_all, borrowed_socket
     listeners   ListenerDescriptor, describe() a live socket, check()/adopt() a passed fd
     messages    the typed master/worker/hand-off messages and their msgpack encoding
+    nesting     the nesting depth of a msgpack payload, bounded before msgspec decodes it
     frames      wire format (header, fd batches, ACK) and the sans-I/O FrameDecoder
     outbox      pending output: partial writes, fd batches gated by ACKs
     channel     Channel: blocking send/recv, or post/flush/read_available from a poll loop

@@ -3,10 +3,11 @@ listener hand-off), and their msgpack encoding.
 
 One tagged union, decoded strictly: an unknown `type`, a missing or extra field or a wrong
 type becomes a MessageError naming the field (msgspec's own path, e.g. "Expected `int`,
-got `str` - at `$.generation`"). So does anything else a peer can put in well-framed bytes:
-invalid UTF-8 in any string, nesting deeper than MAX_DEPTH (see nesting.py), truncated or
-invalid msgpack; decode() raises nothing but MessageError, whatever the payload. Times are CLOCK_MONOTONIC seconds (time.monotonic()),
-which on Linux is one clock for every process of the machine.
+got `str` - at `$.generation`"). So does anything else a peer can put in well-framed
+bytes: invalid UTF-8 in any string, nesting deeper than MAX_DEPTH (see nesting.py),
+truncated or invalid msgpack. decode() raises nothing but MessageError, whatever the
+payload. Times are CLOCK_MONOTONIC seconds (time.monotonic()), which on Linux is one clock
+for every process of the machine.
 """
 
 import re

@@ -60,13 +60,17 @@ def server(short_dir, listener):
     server.close()
 
 
+def send_with_fds(sock: socket.socket, data: bytes, fds) -> None:
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", fds))] if fds else []
+    sock.sendmsg([data], ancillary)
+
+
 def send_all(sock: socket.socket, chunks) -> None:
     """Write (bytes, nfds) chunks with fresh /dev/null fds; stop where the peer hangs up."""
     for data, nfds in chunks:
         fds = devnull_fds(nfds)
         try:
-            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", fds))] if fds else []
-            sock.sendmsg([data], ancillary)
+            send_with_fds(sock, data, fds)
         except (BrokenPipeError, ConnectionResetError):
             return
         finally:
@@ -122,8 +126,7 @@ def answer_once(sock: socket.socket, listener: socket.socket, chunks, reply) -> 
             try:
                 msg = m.HandoffListeners([describe(listener, f"l{i}") for i in range(ndescs)])
                 (data, batch), = encode_frames(m.encode(msg), fds)
-                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", batch))] if batch else []
-                conn.sendmsg([data], ancillary)
+                send_with_fds(conn, data, batch)
             except (BrokenPipeError, ConnectionResetError):
                 return
             finally:

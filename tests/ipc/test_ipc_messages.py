@@ -77,7 +77,8 @@ def nested_maps(depth: int) -> bytes:
 def test_deep_nesting_in_config_is_a_message_error():
     # About 2 KB of nested arrays: msgspec would recurse once per level (RecursionError).
     payload = assignment(fixmap(s("deep"), nested_arrays(2048)))
-    with pytest.raises(MessageError, match=r"^message nests deeper than \d+ levels \(container at byte \d+\)$"):
+    with pytest.raises(MessageError, match=r"^message nests deeper than \d+ levels "
+                                           r"\(container at byte \d+\)$"):
         m.decode(payload)
 
 

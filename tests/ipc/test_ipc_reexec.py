@@ -169,8 +169,9 @@ def test_take_refuses_an_o_path_listener_fd():
             sock.listen()
             fd = os.open(sock.getsockname(), os.O_PATH | os.O_CLOEXEC)
             environ = {reexec.ENV_VAR: reexec.encode(state_with(fd, describe(sock, "web")))}
-            with pytest.raises(ReexecStateError, match=rf"listener 'web': fd {fd} is an O_PATH "
-                                                       "reference to a socket .*, not an open socket"):
+            with pytest.raises(ReexecStateError, match=rf"listener 'web': fd {fd} is an "
+                                                       "O_PATH reference to a socket .*, "
+                                                       "not an open socket"):
                 reexec.take(environ)
             assert not is_open(fd)
     finally:

@@ -122,7 +122,8 @@ def test_not_for_us_means_no_fds(environ):
     (dict(LISTEN_FDS="2", LISTEN_FDNAMES=""), "LISTEN_FDNAMES has 0 names for LISTEN_FDS=2"),
     (dict(LISTEN_FDS="2", LISTEN_FDNAMES="a::b"), "LISTEN_FDNAMES has 3 names for LISTEN_FDS=2"),
     # int() refuses 4300 digits or more: still the variable's fault, said as such.
-    (dict(LISTEN_PID="1" * 5000, LISTEN_FDS="1"), "LISTEN_PID='1111111111.*' is not a decimal number"),
+    (dict(LISTEN_PID="1" * 5000, LISTEN_FDS="1"),
+     "LISTEN_PID='1111111111.*' is not a decimal number"),
     (dict(LISTEN_FDS="1" * 5000), "LISTEN_FDS='1111111111.*' is not a decimal number"),
 ])
 def test_invalid_activation_is_an_error_and_still_unsets(values, message):
