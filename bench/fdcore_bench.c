@@ -209,6 +209,8 @@ static void *insdel_fn(void *p)
 	struct worker *w = p;
 	int raw = !strcmp(opt_variant, "raw");
 	int tableonly = !strcmp(opt_variant, "disown");
+	/* accepted: what the worker's accept path does, no probe syscall */
+	uint32_t accepted = !strcmp(opt_variant, "accepted") || tableonly ? FDC_ACCEPTED : 0;
 	uint64_t owner = ((uint64_t)w->idx << 40) | 1;
 	int fixed = tableonly ? dup(insdel_src) : -1;
 	double t0;
@@ -227,7 +229,7 @@ static void *insdel_fn(void *p)
 				continue;
 			}
 			rc = fdc_insert(w->t, fd, owner++, 0, 1, 1ULL << w->idx,
-			                tableonly ? FDC_DISOWN : 0);
+			                (tableonly ? FDC_DISOWN : 0) | accepted);
 			if (rc < 0) {
 				w->other++;
 				if (!tableonly)

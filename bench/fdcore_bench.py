@@ -359,6 +359,7 @@ def c_plan(s: float, ls: float) -> list[tuple[str, list[str]]]:
     # 1. insert + delete pairs
     for n in (1, 2, 4):
         plan.append(("insdel", ["--threads", str(n), "--variant", "core", *S]))
+        plan.append(("insdel", ["--threads", str(n), "--variant", "accepted", *S]))
         plan.append(("insdel", ["--threads", str(n), "--variant", "raw", *S]))
     plan.append(("insdel", ["--threads", "1", "--variant", "disown", *S]))
     plan.append(("insdel", ["--threads", "2", "--variant", "disown", *S]))
@@ -407,7 +408,9 @@ def describe(r: dict) -> tuple[str, str, str]:
     """(section, label, notes) of a row."""
     m, n, th = r["mode"], r["name"], r["threads"]
     if m == "insdel":
-        what = {"core": "dup + fdc_insert + fdc_delete(close)", "raw": "peer: dup + close",
+        what = {"core": "dup + fdc_insert + fdc_delete(close)",
+                "accepted": "dup + fdc_insert(ACCEPTED: no probe) + fdc_delete(close)",
+                "raw": "peer: dup + close",
                 "disown": "fdc_insert + fdc_delete, DISOWN (table only, no syscall)"}[n]
         return "1 insert+delete pairs/s", f"{what}, {th} thr", _notes(r, "insert_errors", "deferred")
     if m == "takeover":
@@ -463,6 +466,9 @@ PEERS = {
     ("insdel", "core", 1): ("insdel", "raw", 1),
     ("insdel", "core", 2): ("insdel", "raw", 2),
     ("insdel", "core", 4): ("insdel", "raw", 4),
+    ("insdel", "accepted", 1): ("insdel", "raw", 1),
+    ("insdel", "accepted", 2): ("insdel", "raw", 2),
+    ("insdel", "accepted", 4): ("insdel", "raw", 4),
     ("busy", "core", 2): ("busy", "raw", 2),
 }
 

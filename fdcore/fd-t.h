@@ -74,7 +74,12 @@
 #define FDC_DISOWN      0x00400000u   /* final close forgets, never close()s */
 #define FDC_MUST_CLOSE  0x00800000u   /* one-shot token: whoever clears it
                                          performs the deferred close */
-#define FDC_INSERT_FLAGS (FDC_LINGER_RISK | FDC_CLONED | FDC_EXCLUSIVE | FDC_DISOWN | FDC_SOLE)
+#define FDC_ACCEPTED    0x00100000u   /* insert only: fd was just returned by
+                                         fdc_accept (a connected socket,
+                                         pollable, no listener): the probe's
+                                         syscall is skipped on that hot path */
+#define FDC_INSERT_FLAGS (FDC_LINGER_RISK | FDC_CLONED | FDC_EXCLUSIVE | FDC_DISOWN | \
+                          FDC_SOLE | FDC_ACCEPTED)
 
 /* ---- refc_tgid -----------------------------------------------------------
  * bits 16..31 refcount, bit 15 lock (held by insert while it writes the

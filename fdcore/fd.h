@@ -112,7 +112,8 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
  * asked EXCLUSIVE), LINGER_RISK
  * on a DISOWN or CLONED fd (-EINVAL: the reset would hit another holder).
  * A listening socket is always inserted CLONED (I9) unless flags has
- * FDC_SOLE (the caller states nobody else holds it).
+ * FDC_SOLE (the caller states nobody else holds it). FDC_ACCEPTED skips
+ * these checks for an fd fdc_accept just returned (a connected socket).
  * DISOWN: the final close forgets the fd instead of closing it; the caller
  * keeps it, and must neither close it nor let its number be reused until
  * the table is done with it, since the final close still DELs the number

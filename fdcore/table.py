@@ -178,18 +178,20 @@ class Table:
     # fds -------------------------------------------------------------------
     def insert(self, fd: int, owner: int, *, tgid: int = 1, thread_mask: int = 1, kind: int = 0,
                cloned: bool = False, exclusive: bool = False, linger_risk: bool = False,
-               disown: bool = False, sole: bool = False) -> None:
+               disown: bool = False, sole: bool = False, accepted: bool = False) -> None:
         """Registers fd, which the table now owns: it closes it at delete.
 
         A listening socket is always made CLONED (it is open in the master
-        too: seed 004) unless sole=True states nobody else holds it. With
+        too: seed 004) unless sole=True states nobody else holds it;
+        accepted=True skips these checks (and their syscall) for an fd that
+        accept() just returned. With
         disown=True the table never closes fd: the caller keeps it, and may
         close it only once delete() returned True or released() says so.
         Raises OSError: EBADF (not open), EPERM (a file epoll cannot poll),
         EINVAL (bad mask or flags), EEXIST (already in the table)."""
         flags = ((lib.FDC_CLONED if cloned else 0) | (lib.FDC_EXCLUSIVE if exclusive else 0)
                  | (lib.FDC_LINGER_RISK if linger_risk else 0) | (lib.FDC_DISOWN if disown else 0)
-                 | (lib.FDC_SOLE if sole else 0))
+                 | (lib.FDC_SOLE if sole else 0) | (lib.FDC_ACCEPTED if accepted else 0))
         rc = lib.fdc_insert(self.ptr, fd, owner, kind, tgid, thread_mask, flags)
         if rc == -errno.EPERM:
             raise OSError(errno.EPERM, f"insert fd {fd}: epoll cannot poll it (a regular "

@@ -367,3 +367,22 @@ def test_bug4_plain_insert_of_a_listener_is_cloned(make):
     l2 = srv2.detach()
     h.insert(l2, sole=True)
     assert not h.t.dump(l2).state & State.CLONED
+
+
+def test_accepted_insert_skips_the_probe_and_keeps_no_flag(make):
+    """accepted=True is the accept path's promise (a connected socket): no
+    probe syscall, nothing CLONED, and the flag itself is not stored."""
+    h = make(1, 1)
+    srv = h.keep(socket.create_server(("127.0.0.1", 0)))
+    cli = h.keep(socket.create_connection(srv.getsockname()))
+    conn, _ = srv.accept()
+    fd = conn.detach()
+    h.insert(fd, accepted=True)
+    st = h.t.dump(fd).state
+    assert st == State.READY_R | State.READY_W
+    h.th[0].want_recv(fd)
+    cli.send(b"x")
+    evs, _ = poll_once(h.th[0])
+    assert [e.fd for e in evs] == [fd]
+    h.th[0].leave_all()
+    assert h.th[0].delete(fd) is True
