@@ -1,14 +1,20 @@
 """Command line entry point: `sockherd` and `python -m sockherd.master`.
 
-Only the argument surface exists so far; `run` and `ctl` land with the launch
-and control issues. Signals are documented here because operators look for
-them in `--help` first.
+`sockherd check` validates the settings and imports the app without serving,
+like `nginx -t` / `haproxy -c`: exit 0 when both are fine, 2 for a bad
+setting, 1 for an app that does not import. `run` and `ctl` land with the
+launch and control issues. Signals are documented here because operators
+look for them in `--help` first.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import traceback
 
 from sockherd.master import __version__
+from sockherd.master import settings as S
 
 SIGNALS_HELP = """\
 signals (to the master):
@@ -19,6 +25,9 @@ signals (to the master):
   TTIN/TTOU  one worker more / less
 """
 
+EXIT_APP = 1        # the app does not import
+EXIT_SETTINGS = 2   # a setting does not decode or validate (argparse uses 2 too)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -28,11 +37,46 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sockherd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser("check", help="validate the settings and import the app, then exit",
+                           description="Validate the settings and import the app without "
+                                       "serving. Exit 0 if both are fine, 2 for a bad setting, "
+                                       "1 for an app that does not import.")
+    check.add_argument("-c", "--config", metavar="FILE",
+                       help=f"TOML settings file (env {S.ENV_PREFIX}CONFIG)")
+    S.add_arguments(check)
     return parser
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    from sockherd.worker.app import AppImportError, import_app
+
+    try:
+        settings = S.resolve(vars(ns), config=ns.config)
+    except S.SettingsError as exc:
+        print(f"sockherd: bad setting: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    if settings.app:
+        try:
+            import_app(settings.app, chdir=settings.chdir, pythonpath=settings.pythonpath)
+        except AppImportError as exc:
+            if exc.__cause__ is not None:
+                traceback.print_exception(exc.__cause__, file=sys.stderr)
+            print(f"sockherd: {exc}", file=sys.stderr)
+            return EXIT_APP
+        app = f"app {settings.app} imports ({settings.interface} interface)"
+    else:
+        app = "no app: the embedded status page"
+    workers = settings.workers or os.cpu_count() or 1
+    print(f"sockherd check: settings valid; {app}; {workers} workers x {settings.threads} "
+          f"threads in {settings.thread_groups} groups; bind {', '.join(settings.bind)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    parser.parse_args(argv)
+    ns = parser.parse_args(argv)
+    if ns.command == "check":
+        return cmd_check(ns)
     parser.print_help()
     return 0

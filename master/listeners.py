@@ -1,0 +1,173 @@
+"""The master's listening sockets: bound (or adopted) once, kept for its whole life.
+
+Every socket is close-on-exec and non-blocking; the master passes it to workers
+explicitly (SCM_RIGHTS), never by inheritance. Never SO_REUSEPORT: one accept
+queue shared by every worker of every generation is what makes a reload lose
+nothing (with per-worker queues, connections queued on a worker that exits are
+reset). SO_REUSEADDR only, so a restart does not wait for TIME_WAIT.
+
+A unix socket path that already exists is replaced only if it is a socket and
+nothing answers on it (a stale file left by a crash); a live server there, or a
+file that is not a socket, is an error.
+"""
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import socket
+import stat
+from dataclasses import dataclass
+
+from sockherd.ipc.listeners import ListenerDescriptor, describe
+from sockherd.master.addresses import Address, parse
+
+
+class BindError(OSError):
+    """A listener that could not be bound or adopted; the message names the address."""
+
+
+@dataclass
+class Listener:
+    address: Address          # as configured
+    sock: socket.socket       # live, listening, CLOEXEC, non-blocking
+    descriptor: ListenerDescriptor
+    created_path: str = ""    # unix: the file we created (removed at close)
+    inode: int = 0            # ... and its inode, so we never remove a successor's
+
+    def close(self) -> None:
+        if self.created_path:
+            try:
+                st = os.lstat(self.created_path)
+                if stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode:
+                    os.unlink(self.created_path)
+            except OSError:
+                pass
+        self.sock.close()
+
+
+def _fail(address: Address, what: str, exc: OSError | None = None) -> BindError:
+    code = exc.errno if exc else errno.EINVAL
+    reason = f": {exc.strerror}" if exc else ""
+    return BindError(code, f"bind {address}: {what}{reason}")
+
+
+def _tcp(address: Address, backlog: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV)
+    except socket.gaierror as exc:
+        raise BindError(errno.EINVAL, f"bind {address}: cannot resolve {address.host!r}: "
+                                      f"{exc.strerror}") from None
+    family, _, _, _, sockaddr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            # [::]:port is IPv6 only, as nginx does: bind 0.0.0.0 too for IPv4
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise _fail(address, "cannot listen", exc) from None
+    return sock
+
+
+def _clear_stale(address: Address) -> None:
+    """Removes a stale unix socket file at the path; raises if it is not stale."""
+    path = address.path
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise _fail(address, "the path exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)            # nothing listens: a leftover of a dead server
+        return
+    except OSError as exc:
+        raise _fail(address, "cannot tell whether the socket file is stale", exc) from None
+    finally:
+        probe.close()
+    raise _fail(address, "another server is listening on it")
+
+
+def _unix(address: Address, backlog: int, mode: int, owner: str) -> socket.socket:
+    _clear_stale(address)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(address.path)
+    except OSError as exc:
+        sock.close()
+        raise _fail(address, "cannot bind", exc) from None
+    try:
+        os.chmod(address.path, mode)
+        if owner:
+            user, _, group = owner.partition(":")
+            uid = pwd.getpwnam(user).pw_uid if user else -1
+            gid = grp.getgrnam(group).gr_gid if group else -1
+            os.chown(address.path, uid, gid)
+        sock.listen(backlog)
+    except KeyError as exc:
+        sock.close()
+        os.unlink(address.path)
+        raise BindError(errno.EINVAL, f"bind {address}: unknown user or group {exc.args[0]}") from None
+    except OSError as exc:
+        sock.close()
+        os.unlink(address.path)
+        raise _fail(address, "cannot set up the socket file", exc) from None
+    return sock
+
+
+def _inherited(address: Address) -> socket.socket:
+    try:
+        sock = socket.socket(fileno=address.fd)
+    except OSError as exc:
+        raise _fail(address, "not an open socket", exc) from None
+    try:
+        if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET,
+                                                                  socket.SO_ACCEPTCONN):
+            raise _fail(address, "not a listening stream socket")
+        os.set_inheritable(address.fd, False)
+    except BindError:
+        sock.detach()              # not ours to close: the caller handed it over
+        raise
+    return sock
+
+
+def bind(text: str, *, name: str = "", backlog: int = 2048, unix_mode: str = "0660",
+         unix_owner: str = "") -> Listener:
+    """Binds (or adopts, for fd://N) one address. Raises AddressError or BindError."""
+    address = parse(text)
+    created = ""
+    if address.kind == "tcp":
+        sock = _tcp(address, backlog)
+    elif address.kind == "unix":
+        sock = _unix(address, backlog, int(unix_mode, 8), unix_owner)
+        created = address.path
+    else:
+        sock = _inherited(address)
+    sock.setblocking(False)
+    return Listener(address, sock, describe(sock, name or str(address), {"backlog": backlog}),
+                    created, os.lstat(created).st_ino if created else 0)
+
+
+def bind_all(settings) -> list[Listener]:
+    """Every `bind` of the settings, all or nothing: on a failure the ones
+    already bound are closed (and their socket files removed)."""
+    done: list[Listener] = []
+    try:
+        for text in settings.bind:
+            done.append(bind(text, backlog=settings.backlog, unix_mode=settings.unix_mode,
+                             unix_owner=settings.unix_owner))
+    except BaseException:
+        for listener in done:
+            listener.close()
+        raise
+    return done

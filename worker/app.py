@@ -1,0 +1,51 @@
+"""Loading the user's app from its `module:callable` spec.
+
+The worker does this after its bootstrap, and `sockherd check` does it in the
+checking process, the same way: optional chdir, directories put first on
+sys.path, import, then the attribute path. Any failure is an AppImportError
+whose message names the spec and the cause, with the cause chained (the
+traceback of an exception inside the app's own import is what its author needs).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+
+class AppImportError(Exception):
+    """The app could not be imported or is not what the spec names."""
+
+
+def import_app(spec: str, *, chdir: str = "", pythonpath: list[str] | tuple = ()) -> object:
+    """Returns the object `spec` ("package.module:attr.attr") names."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise AppImportError(f"app {spec!r}: expected module:callable")
+    if chdir:
+        try:
+            os.chdir(chdir)
+        except OSError as exc:
+            raise AppImportError(f"app {spec!r}: cannot change to {chdir!r}: {exc.strerror}") from None
+    # pythonpath first, then the working directory, as gunicorn does
+    for entry in reversed([*pythonpath, os.getcwd()]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise AppImportError(f"app {spec!r}: no module named {exc.name!r} "
+                                 f"(sys.path[0] is {sys.path[0]!r})") from None
+        raise AppImportError(f"app {spec!r}: importing {module_name!r} failed: {exc!r}") from exc
+    except (Exception, SystemExit) as exc:  # the app's own import code: anything can happen
+        raise AppImportError(f"app {spec!r}: importing {module_name!r} failed: {exc!r}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppImportError(f"app {spec!r}: {module_name!r} has no attribute path "
+                                 f"{attr_path!r} (missing {part!r})") from None
+    if not callable(obj):
+        raise AppImportError(f"app {spec!r}: {type(obj).__name__} object is not callable")
+    return obj
