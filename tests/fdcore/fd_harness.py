@@ -133,6 +133,24 @@ def joined(t: threading.Thread, box: dict, timeout: float = 10.0):
     return box.get("result")
 
 
+def swapped_with_old_file_readable(h: Harness, th) -> int:
+    """An fd inserted for th, registered for recv, whose peer sent data; then,
+    behind the table's back, its number is made a stranger's socket while the
+    old file lives on in a dup (so its registration stays and reports IN).
+    The next MOD of th's registration fails ENOENT. Returns the fd."""
+    fd, peer = h.pair()
+    h.keep_fd(os.dup(fd))                   # the old file outlives the swap
+    h.insert(fd)
+    th.want_recv(fd)
+    th.update_pass()
+    peer.send(b"data")
+    stranger, other_end = socket.socketpair()
+    h.keep(other_end)
+    os.dup2(stranger.fileno(), fd)
+    stranger.close()
+    return fd
+
+
 def is_closed(fd: int) -> bool:
     try:
         os.fstat(fd)

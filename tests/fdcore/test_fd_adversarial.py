@@ -54,6 +54,7 @@ import pytest
 from sockherd.fdcore import Hook, Outcome, State
 
 from fd_harness import (
+    swapped_with_old_file_readable,
     EPOLLEXCLUSIVE,
     EPOLLIN,
     OWNER,
@@ -401,16 +402,7 @@ def test_finding6_merged_report_keeps_the_batch_report_in_state(make):
     poll report must say IN too."""
     h = make(1, 1)
     th = h.th[0]
-    fd, peer = h.pair()
-    h.keep_fd(os.dup(fd))                      # the old file outlives the swap
-    h.insert(fd)
-    th.want_recv(fd)
-    th.update_pass()
-    peer.send(b"data")
-    stranger, p2 = socket.socketpair()
-    h.keep(p2)
-    os.dup2(stranger.fileno(), fd)
-    stranger.close()
+    fd = swapped_with_old_file_readable(h, th)
     th.want_send(fd)                            # MOD -> ENOENT, merged below
     evs = th.poll(0)
     try:
@@ -693,16 +685,7 @@ def test_failed_report_merged_into_the_batch_is_held_and_left_once(make):
     the batch drops the one running bit."""
     h = make(1, 1)
     th = h.th[0]
-    fd, peer = h.pair()
-    h.keep_fd(os.dup(fd))
-    h.insert(fd)
-    th.want_recv(fd)
-    th.update_pass()
-    peer.send(b"data")
-    stranger, p2 = socket.socketpair()
-    h.keep(p2)
-    os.dup2(stranger.fileno(), fd)
-    stranger.close()
+    fd = swapped_with_old_file_readable(h, th)
     th.want_send(fd)
     evs = th.poll(0)
     assert [(e.fd, e.events) for e in evs] == [(fd, State.POLL_IN | CTL_ERR)]

@@ -33,6 +33,7 @@ import pytest
 from sockherd.fdcore import Hook, State
 
 from fd_harness import (
+    swapped_with_old_file_readable,
     EPOLLIN,
     OWNER,
     epoll_regs,
@@ -83,16 +84,7 @@ def test_finding1_merged_event_is_not_a_wake_for_nothing(make):
     event with IN: the wake did work, yet wake_nowork moves."""
     h = make(1, 1)
     th = h.th[0]
-    fd, peer = h.pair()
-    h.keep_fd(os.dup(fd))                       # the old file outlives the swap
-    h.insert(fd)
-    th.want_recv(fd)
-    th.update_pass()
-    peer.send(b"data")
-    stranger, p2 = socket.socketpair()
-    h.keep(p2)
-    os.dup2(stranger.fileno(), fd)
-    stranger.close()
+    fd = swapped_with_old_file_readable(h, th)
     th.want_send(fd)                            # MOD -> ENOENT
     before = th.counters()["wake_nowork"]
     evs = th.poll(0)
