@@ -3,10 +3,8 @@ and from a poll loop, and peers that misbehave at the socket level."""
 
 import os
 import select
-import shutil
 import socket
 import struct
-import tempfile
 import threading
 import time
 import uuid
@@ -424,16 +422,6 @@ def test_descriptor_checks(case, message):
     assert not any(is_open(fd) for fd in fds)
 
 
-@pytest.fixture
-def path_listener():
-    """A unix listener bound to a file (O_PATH can only reach sockets that have one)."""
-    directory = tempfile.mkdtemp(prefix="sh-")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(os.path.join(directory, "l.sock"))
-    sock.listen()
-    yield sock
-    sock.close()
-    shutil.rmtree(directory)
 
 
 NOT_SOCKETS = {

@@ -6,9 +6,7 @@ exactly as many fds afterwards as before. (The hand-off server and client agains
 other's garbage: test_ipc_fuzz_handoff.py.)"""
 
 import os
-import shutil
 import socket
-import tempfile
 from array import array
 
 import hypothesis.strategies as st
@@ -158,15 +156,6 @@ def test_nesting_bound_agrees_with_the_reference_depth(tree, limit):
 
 # -- fds that are no listener where listeners are expected -----------------------------------
 
-@pytest.fixture(scope="module")
-def path_listener():
-    directory = tempfile.mkdtemp(prefix="sh-")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(os.path.join(directory, "l.sock"))
-    sock.listen()
-    yield sock
-    sock.close()
-    shutil.rmtree(directory)
 
 
 @settings(FUZZ, max_examples=60)
