@@ -582,3 +582,16 @@ void print_counters(const char *mode, double elapsed, const char *extra)
 	       (unsigned long long)s.ctl_err, extra ? extra : "");
 	fflush(stdout);
 }
+
+int checked_takeover(struct fdc_thread *th, int fd, uint64_t cookie, _Atomic uint64_t *closed)
+{
+	uint64_t before = tl_closes;
+	int rc = fdc_takeover(th, fd, cookie);
+
+	if (tl_closes != before) {
+		CHECKFD(fd, rc == -ESTALE && tl_closes == before + 1,
+		        "fdc_takeover closed the fd but returned %d", rc);
+		atomic_fetch_add(closed, 1);
+	}
+	return rc;
+}

@@ -103,6 +103,10 @@ extern _Atomic int *g_inside;
 
 /* thread-local: closes this OS thread performed (counted by the hook) */
 extern _Thread_local uint64_t tl_closes;
+/* fdc_takeover, checking that a close it performed (a racing delete turned
+ * the takeover into the deferred close) happened once and returned -ESTALE;
+ * such a close is counted in *closed. */
+int checked_takeover(struct fdc_thread *th, int fd, uint64_t cookie, _Atomic uint64_t *closed);
 extern _Thread_local uint64_t tl_rng;
 
 static inline uint64_t rnd(void)

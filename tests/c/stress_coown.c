@@ -248,13 +248,7 @@ static void take_slot(struct fdc_thread *th)
 	unlock(s);
 	if (!live)
 		return;
-	uint64_t before = tl_closes;
-	int rc = fdc_takeover(th, fd, ck);
-	if (tl_closes != before) {
-		CHECKFD(fd, rc == -ESTALE && tl_closes == before + 1,
-		        "fdc_takeover closed the fd but returned %d", rc);
-		atomic_fetch_add(&g_take_closed, 1);
-	}
+	int rc = checked_takeover(th, fd, ck, &g_take_closed);
 	switch (rc) {
 	case -EBUSY: atomic_fetch_add(&g_take_busy, 1); return;
 	case -ESTALE: atomic_fetch_add(&g_take_stale, 1); return;

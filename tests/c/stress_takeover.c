@@ -122,13 +122,7 @@ static void try_takeover(struct fdc_thread *th)
 	/* outside the lock on purpose: the incarnation may be deleted, closed
 	 * and the number reused by now; the cookie must make that fail.
 	 */
-	uint64_t before = tl_closes;
-	int rc = fdc_takeover(th, fd, ck);
-	if (tl_closes != before) {
-		CHECKFD(fd, rc == -ESTALE && tl_closes == before + 1,
-		        "fdc_takeover closed the fd but returned %d", rc);
-		atomic_fetch_add(&g_take_closed, 1);
-	}
+	int rc = checked_takeover(th, fd, ck, &g_take_closed);
 	if (rc == -EBUSY) {
 		atomic_fetch_add(&g_take_busy, 1);
 		return;
