@@ -1,6 +1,8 @@
 # Two commands on a fresh Debian machine with Python 3.11 (as root):
 #   make run    set up, then launch sockherd (for now: print its help)
 #   make test   set up, then run the whole suite (C sanitizer tests included)
+# The README says `sh make.sh run|test`: the same, after installing make on a
+# machine that lacks it.
 # "Set up" installs only what is missing: Debian packages (libcap-dev for
 # python-prctl, a C compiler and Python headers for the cffi core, systemd for
 # systemd-socket-activate), then .venv and `pip install -e '.[test]'`.
