@@ -25,7 +25,10 @@
  *    second delete of the same incarnation cannot re-arm MUST_CLOSE after a
  *    closer consumed it (which would close the number twice);
  *  - takeover stores the new thread_mask by CAS, so a delete racing it wins
- *    instead of being overwritten (HAProxy relies on its idle-list lock).
+ *    instead of being overwritten (HAProxy relies on its idle-list lock);
+ *  - a thread leaving an fd it no longer owns decides whether to close on
+ *    a fresh read of running_mask after its clear, never on the mask the
+ *    clear returned nor on a thread_mask read before it (release_running).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,7 +38,6 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fd-int.h"
@@ -200,10 +202,10 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg)
  * in the master (and dup'ed per group), so its close() leaves it registered
  * in every epoll instance of ours that had it: HAProxy's seed 004, four
  * threads spinning on a listener bound to one.
- * Cost: one getsockopt for a socket (the hot path: accepted connections),
- * which epoll always accepts. Anything else is asked of the kernel itself,
- * an ADD + DEL on the table's scratch epoll instance: no guess by file type
- * (procfs files poll, /dev/null does not).
+ * Cost: one getsockopt for a socket, which epoll always accepts (the accept
+ * path skips even that with FDC_ACCEPTED). Anything else is asked of the
+ * kernel itself, an ADD + DEL on the table's scratch epoll instance: no
+ * guess by file type (procfs files poll, /dev/null does not).
  */
 static int probe_fd(struct fdc_table *t, int fd, uint32_t flags)
 {
@@ -244,8 +246,8 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
 	thread_mask &= t->groups[tgid].enabled_mask;
 	if (!thread_mask)
 		return -EINVAL;
-	/* one syscall per insert (about 0.5 us here, bench/RESULTS.md): the
-	 * accept path, where we know what the fd is, goes without */
+	/* at least one syscall per insert (about 0.4 us here, bench/RESULTS.md):
+	 * the accept path, where we know what the fd is, goes without */
 	extra = flags & FDC_ACCEPTED ? 0 : probe_fd(t, fd, flags);
 	if (extra < 0)
 		return extra;
