@@ -1,0 +1,219 @@
+"""The worker loop on fdcore with stream apps, in-process: real listeners on
+loopback, real client sockets, real loop threads (the master and the process
+around them come with the launch issue)."""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import socket
+import threading
+import time
+
+import pytest
+
+from sockherd.fdcore import Table
+from sockherd.worker.loop import Loop
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Echo:
+    def on_data(self, conn, data):
+        conn.write(data)
+
+
+class Lines:
+    """A line protocol: replies to each full line with its length; QUIT closes."""
+
+    def on_connect(self, conn):
+        self.buf = b""
+        conn.write(b"hello\n")
+
+    def on_data(self, conn, data):
+        self.buf += data
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            if line == b"QUIT":
+                conn.write(b"bye\n")
+                conn.close()
+                return
+            conn.write(b"%d\n" % len(line))
+
+
+@pytest.fixture
+def serve():
+    made = []
+
+    def start(handler, threads=2, groups=1, **kw):
+        table = Table(threads, groups)
+        loop = Loop(table, handler, **kw)
+        srv = socket.create_server(("127.0.0.1", 0), backlog=512)
+        addr = srv.getsockname()
+        loop.add_listener(srv)
+        loop.start()
+        made.append((loop, table))
+        return loop, addr
+
+    yield start
+    for loop, table in made:
+        loop.stop()
+        table.close()
+        assert not loop.errors, loop.errors
+
+
+def recv_until(sock, n: int, deadline: float = 10.0) -> bytes:
+    sock.settimeout(deadline)
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+@pytest.mark.parametrize("threads,groups", [(1, 1), (4, 2)])
+def test_many_concurrent_echo_clients(serve, threads, groups):
+    loop, addr = serve(Echo, threads, groups)
+    clients = [socket.create_connection(addr, timeout=10) for _ in range(60)]
+    try:
+        for rnd in range(5):
+            for i, c in enumerate(clients):
+                c.sendall(b"%d:%d;" % (i, rnd))
+            for i, c in enumerate(clients):
+                msg = b"%d:%d;" % (i, rnd)
+                assert recv_until(c, len(msg)) == msg
+    finally:
+        for c in clients:
+            c.close()
+    # every thread's epoll had the listener (one dup per group, EXCLUSIVE)
+    for th in loop.table.threads:
+        with open(f"/proc/self/fdinfo/{th.epfd}") as f:
+            tfds = {int(line.split()[1]) for line in f if line.startswith("tfd:")}
+        assert tfds & set(loop.listeners), (th.tid, tfds, loop.listeners)
+
+
+def test_line_protocol_and_close_after_output(serve):
+    _, addr = serve(Lines, 2)
+    with socket.create_connection(addr, timeout=10) as c:
+        assert recv_until(c, 6) == b"hello\n"
+        c.sendall(b"abc\nhello world\nQU")
+        assert recv_until(c, 5) == b"3\n11\n"
+        c.sendall(b"IT\n")
+        assert recv_until(c, 100) == b"bye\n"        # then EOF: closed by the server
+
+
+def test_large_output_is_buffered_then_delivered_whole(serve):
+    """10 MB written at once: the kernel takes part, the rest waits in the
+    connection's buffer for POLLOUT, and close() waits for it to drain."""
+    big = os.urandom(10 << 20)
+    pending = []
+
+    class Blob:
+        def on_data(self, conn, data):
+            if data.startswith(b"GO"):
+                conn.write(big)
+                pending.append(conn.pending)
+                conn.close()
+
+    _, addr = serve(Blob, 2)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GO")
+        assert recv_until(c, len(big) + 1, deadline=30) == big
+    assert pending and pending[0] > 0               # it did have to buffer
+
+
+def test_handler_exception_closes_only_that_connection(serve, caplog):
+    class Picky:
+        def on_data(self, conn, data):
+            if data == b"boom":
+                raise ValueError("bad input")
+            conn.write(data)
+
+    _, addr = serve(Picky, 2)
+    good = socket.create_connection(addr, timeout=10)
+    bad = socket.create_connection(addr, timeout=10)
+    with caplog.at_level(logging.ERROR, logger="sockherd.worker"):
+        bad.sendall(b"boom")
+        assert recv_until(bad, 1) == b""              # closed by the server
+    good.sendall(b"still here")
+    assert recv_until(good, 10) == b"still here"
+    assert "Picky.on_data failed" in caplog.text and "ValueError: bad input" in caplog.text
+    good.close()
+    bad.close()
+
+
+def test_eof_and_close_callbacks(serve):
+    seen = []
+    done = threading.Event()
+
+    class Watch:
+        def on_connect(self, conn):
+            seen.append(("connect", conn.peer is not None))
+
+        def on_data(self, conn, data):
+            seen.append(("data", data))
+
+        def on_eof(self, conn):
+            seen.append(("eof",))
+            conn.write(b"last words")
+            conn.close()
+
+        def on_close(self, conn):
+            seen.append(("close",))
+            done.set()
+
+    _, addr = serve(Watch, 1)
+    c = socket.create_connection(addr, timeout=10)
+    c.sendall(b"x")
+    c.shutdown(socket.SHUT_WR)
+    assert recv_until(c, 100) == b"last words"
+    assert done.wait(10)
+    assert seen == [("connect", True), ("data", b"x"), ("eof",), ("close",)]
+    c.close()
+
+
+def test_emfile_pauses_accepting_without_spinning_and_recovers(serve, caplog):
+    """The client shares this process's fd limit: with it exhausted, the
+    server's accept of the two clients fails (EMFILE)."""
+    loop, addr = serve(Echo, 2, emfile_pause=0.3)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hold: list[int] = []
+    clients: list[socket.socket] = []
+    caplog.set_level(logging.WARNING, logger="sockherd.worker")
+    # the client sockets exist before the limit is reached: connect() needs
+    # no new fd, the server's accept() does
+    for _ in range(2):
+        c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        c.settimeout(5)
+        clients.append(c)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512), hard))
+        try:
+            while True:
+                hold.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            pass
+        for c in clients:
+            c.connect(addr)
+        deadline = time.monotonic() + 10
+        while "not accepting for" not in caplog.text:
+            assert time.monotonic() < deadline, "the server never hit EMFILE"
+            time.sleep(0.01)
+        # a measurement window: a loop spinning on the listener would turn
+        # thousands of times in it
+        before = sum(th.counters()["loops"] for th in loop.table.threads)
+        time.sleep(0.25)
+        after = sum(th.counters()["loops"] for th in loop.table.threads)
+        assert after - before < 50, f"{after - before} loop turns while paused"
+    finally:
+        for fd in hold:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert caplog.text.count("not accepting for") == 1      # logged once
+    # accepting resumed by itself: the queued clients and a new one are served
+    for c in clients + [socket.create_connection(addr, timeout=10)]:
+        c.sendall(b"ok")
+        assert recv_until(c, 2) == b"ok"
+        c.close()

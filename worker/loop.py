@@ -1,0 +1,174 @@
+"""The worker's event loop: one thread per fdcore thread context.
+
+Each thread: poll (the update pass, epoll_wait with the GIL released, the
+enter step, all in one C call) -> for a listener, accept a batch and insert
+each connection owned by this thread (FDC_ACCEPTED: no probe syscall) -> for
+a connection, its stream handler -> leave the whole batch in one C call.
+There is no Python lock on this path: a connection is only touched by the
+thread that owns it, and the fd -> connection dict is only changed by single
+dict operations.
+
+Listeners are inserted once per thread group (dup'ed numbers, CLONED,
+EXCLUSIVE): only one idle thread is woken per new connection.
+
+EMFILE/ENFILE on accept: every thread stops accepting for `emfile_pause`
+seconds instead of spinning on a listener it cannot serve, logs once, and
+resumes by itself.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+
+from sockherd.fdcore import State, Table
+from sockherd.worker.stream import Connection
+
+log = logging.getLogger("sockherd.worker")
+
+KIND_LISTENER = 1
+KIND_CONN = 2
+_READABLE = State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP
+_WRITABLE = State.POLL_OUT
+_FAILED = State.POLL_ERR
+
+
+class Loop:
+    """Runs `table`'s thread contexts over the given listeners with a stream
+    handler class. start() spawns the threads; stop() ends them and closes
+    every connection and listener."""
+
+    def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
+                 emfile_pause: float = 0.5):
+        self.table = table
+        self.handler_class = handler_class
+        self.accept_batch = accept_batch
+        self.emfile_pause = emfile_pause
+        self.conns: dict[int, Connection] = {}
+        self.listeners: dict[int, int] = {}        # fd -> tgid
+        self._cookies = itertools.count(1)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._accept_paused_until = 0.0
+        self._emfile_logged = False
+        self.errors: list[BaseException] = []
+
+    # ---- set-up ------------------------------------------------------------------
+    def add_listener(self, sock: socket.socket) -> None:
+        """Takes over a listening socket: the table owns its fd from now on."""
+        sock.setblocking(False)
+        masks = {}
+        for th in self.table.threads:
+            masks[th.tgid] = masks.get(th.tgid, 0) | th.bit
+        fds = self.table.insert_listener(sock.detach(), next(self._cookies), masks,
+                                         kind=KIND_LISTENER, exclusive=True)
+        for tgid, fd in fds.items():
+            self.listeners[fd] = tgid
+            self.table.threads[self.table.group_base(tgid)].want_recv(fd)
+
+    def start(self) -> None:
+        for th in self.table.threads:
+            t = threading.Thread(target=self._run, args=(th,), name=f"sockherd-{th.tid}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ends the threads, then closes every connection and listener."""
+        self._stop.set()
+        for th in self.table.threads:
+            self.table.wake(th.tid)
+        for t in self._threads:
+            t.join(timeout)
+            if t.is_alive():
+                raise RuntimeError(f"loop thread {t.name} did not stop within {timeout}s")
+        for conn in list(self.conns.values()):
+            conn._close_now()
+        for fd, tgid in list(self.listeners.items()):
+            self.table.threads[self.table.group_base(tgid)].delete(fd)
+        self.listeners.clear()
+
+    def forget(self, conn: Connection) -> None:
+        # only our own entry: the number may already belong to a new connection
+        if self.conns.get(conn.fd) is conn:
+            del self.conns[conn.fd]
+
+    # ---- the loop ----------------------------------------------------------------
+    def _run(self, th) -> None:
+        try:
+            while not self._stop.is_set():
+                timeout = self._resume_accepting(th)
+                for ev in th.poll(timeout):
+                    if ev.kind == KIND_LISTENER:
+                        self._accept(th, ev.fd)
+                        continue
+                    conn = self.conns.get(ev.fd)
+                    if conn is not None and conn.cookie == ev.owner:
+                        conn.on_events(ev.events, _READABLE, _WRITABLE, _FAILED)
+                th.leave_all()
+        except BaseException as exc:  # reported to whoever runs the loop
+            self.errors.append(exc)
+            log.exception("loop thread %d failed", th.tid)
+
+    def _accept(self, th, lfd: int) -> None:
+        if time.monotonic() < self._accept_paused_until:
+            return
+        try:
+            fds = th.accept(lfd, self.accept_batch)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self._pause_accepting(th, exc)
+                return
+            raise
+        for fd in fds:
+            cookie = next(self._cookies)
+            try:
+                socket_opt_nodelay(fd)
+                self.table.insert(fd, cookie, tgid=th.tgid, thread_mask=th.bit, kind=KIND_CONN,
+                                  accepted=True)
+            except OSError:
+                log.exception("cannot take connection fd %d", fd)
+                os.close(fd)
+                continue
+            conn = Connection(self, th, fd, cookie, self.handler_class())
+            self.conns[fd] = conn
+            conn._call("on_connect")
+            if not conn.closed:
+                conn._sync()
+
+    def _pause_accepting(self, th, exc: OSError) -> None:
+        self._accept_paused_until = time.monotonic() + self.emfile_pause
+        if not self._emfile_logged:
+            self._emfile_logged = True
+            log.warning("accept: %s; not accepting for %.1fs (logged once)", exc.strerror,
+                        self.emfile_pause)
+        # th's own context: a verb may touch the caller's local update list,
+        # so never another running thread's (any fd of any group is fine)
+        for fd in self.listeners:
+            th.stop_recv(fd)
+
+    def _resume_accepting(self, th) -> int:
+        """Poll timeout: -1, or until accepting resumes (any thread resumes it)."""
+        until = self._accept_paused_until
+        if not until:
+            return -1
+        left = until - time.monotonic()
+        if left > 0:
+            return max(1, int(left * 1000))
+        self._accept_paused_until = 0.0
+        for fd in self.listeners:
+            th.want_recv(fd)
+        return -1
+
+
+def socket_opt_nodelay(fd: int) -> None:
+    s = socket.socket(fileno=fd)
+    try:
+        if s.family in (socket.AF_INET, socket.AF_INET6):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        s.detach()
