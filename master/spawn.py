@@ -1,0 +1,65 @@
+"""Starting one worker process: fork+exec of `python -m sockherd.worker`.
+
+The master is multi-threaded under the hood (ZeroMQ's I/O thread), so it never
+plain-forks: subprocess starts a fresh interpreter, which inherits exactly one
+fd (its end of a new socketpair, `pass_fds`); everything else the master holds
+is close-on-exec. The first message on the socketpair is the Assignment, with
+the listener fds attached (SCM_RIGHTS, duplicates: the master keeps its own).
+Call it from the master's main thread: the worker's PR_SET_PDEATHSIG fires
+when the thread that spawned it exits.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from sockherd.ipc.channel import Channel
+from sockherd.ipc.messages import Assignment
+from sockherd.master.listeners import Listener
+
+ENV_FD = "SOCKHERD_WORKER_FD"
+ENV_MASTER = "SOCKHERD_MASTER_PID"
+
+
+@dataclass
+class WorkerProcess:
+    generation: int
+    index: int
+    proc: subprocess.Popen
+    channel: Channel
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
+          *, send_timeout: float = 10.0) -> WorkerProcess:
+    """Starts worker generation.index and sends its assignment. On a failure
+    to send, the new process is killed and reaped before the error propagates."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = dict(os.environ)
+    env[ENV_FD] = str(child.fileno())
+    env[ENV_MASTER] = str(os.getpid())
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "sockherd.worker"],
+                                pass_fds=(child.fileno(),), env=env, close_fds=True)
+    except BaseException:
+        parent.close()
+        raise
+    finally:
+        child.close()
+    channel = Channel(parent)
+    try:
+        channel.send(Assignment(generation=generation, worker_index=index, config=config, app=app,
+                                listeners=[lst.descriptor for lst in listeners]),
+                     fds=[lst.sock.fileno() for lst in listeners], timeout=send_timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        channel.close()
+        raise
+    return WorkerProcess(generation, index, proc, channel)

@@ -1,0 +1,145 @@
+"""A real worker process, started by master.spawn, from exec to READY and
+serving a stream app; its failures before READY; its control channel. Every
+process is killed and reaped by the fixture whatever happens."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sockherd.ipc.errors import PeerClosed
+from sockherd.ipc.messages import FailedBeforeReady, Heartbeat, Ready, Stop
+from sockherd.master.listeners import bind
+from sockherd.master.spawn import spawn
+
+pytestmark = pytest.mark.timeout(90)
+
+ECHO = """
+class Echo:
+    def on_data(self, conn, data):
+        conn.write(data)
+"""
+
+
+@pytest.fixture
+def appdir(tmp_path: Path) -> Path:
+    (tmp_path / "echoapp.py").write_text(ECHO)
+    (tmp_path / "badapp.py").write_text("raise ImportError('no database driver')\n")
+    return tmp_path
+
+
+@pytest.fixture
+def workers():
+    made = []
+    listeners = []
+
+    def start(app: str, config: dict, n_listeners: int = 1):
+        lsts = [bind("127.0.0.1:0", backlog=64) for _ in range(n_listeners)]
+        listeners.extend(lsts)
+        w = spawn(1, len(made), config, app, lsts)
+        made.append(w)
+        return w, lsts
+
+    yield start
+    for w in made:
+        if w.proc.poll() is None:
+            w.proc.kill()
+        w.proc.wait(timeout=30)
+        w.channel.close()
+    for lst in listeners:
+        lst.close()
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float = 20.0) -> int:
+    return proc.wait(timeout=timeout)
+
+
+def epoll_inodes(pid: int) -> list[set[int]]:
+    """For each epoll instance of process pid: the inodes it has registered."""
+    out = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}") != "anon_inode:[eventpoll]":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{name}") as f:
+                out.append({int(part[4:], 16) for line in f if line.startswith("tfd:")
+                            for part in line.split() if part.startswith("ino:")})
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def test_ready_serves_and_stops(workers, appdir):
+    cfg = {"interface": "stream", "threads": 4, "thread_groups": 2, "chdir": str(appdir)}
+    w, (lst,) = workers("echoapp:Echo", cfg)
+    got = w.channel.recv(timeout=60)
+    assert got.msg == Ready(pid=w.pid)
+    addr = lst.sock.getsockname()
+    clients = [socket.create_connection(addr, timeout=10) for _ in range(20)]
+    for i, c in enumerate(clients):
+        c.sendall(b"m%d" % i)
+    for i, c in enumerate(clients):
+        want = b"m%d" % i
+        assert c.recv(100) == want
+        c.close()
+    # the listener (by inode) is in every thread's epoll instance of the worker
+    ino = os.fstat(lst.sock.fileno()).st_ino
+    instances = [regs for regs in epoll_inodes(w.pid) if regs]
+    assert len([regs for regs in instances if ino in regs]) == 4, instances
+    with open(f"/proc/{w.pid}/cmdline", "rb") as f:
+        assert b"sockherd: worker 1.0 [echoapp:Echo]" in f.read()
+    # heartbeat echoed, then Stop ends it cleanly
+    w.channel.send(Heartbeat(seq=7, sent_at=1.5))
+    assert w.channel.recv(timeout=10).msg == Heartbeat(seq=7, sent_at=1.5)
+    w.channel.send(Stop())
+    assert wait_exit(w.proc) == 0
+    with pytest.raises(PeerClosed):
+        w.channel.recv(timeout=10)
+
+
+def test_master_gone_means_worker_exits(workers, appdir):
+    w, _ = workers("echoapp:Echo", {"interface": "stream", "chdir": str(appdir)})
+    assert isinstance(w.channel.recv(timeout=60).msg, Ready)
+    w.channel.close()                      # EOF on the socketpair
+    assert wait_exit(w.proc) == 0
+
+
+@pytest.mark.parametrize("app,config,reason", [
+    ("badapp:app", {"interface": "stream"}, "ImportError: no database driver"),
+    ("nosuch:app", {"interface": "stream"}, "no module named 'nosuch'"),
+    ("echoapp:Echo", {"interface": "wsgi"}, "interface 'wsgi' is not served yet"),
+])
+def test_failed_before_ready_reports_why_and_exits_1(workers, appdir, app, config, reason):
+    w, _ = workers(app, {**config, "chdir": str(appdir)})
+    got = w.channel.recv(timeout=60)
+    assert isinstance(got.msg, FailedBeforeReady), got.msg
+    assert reason in got.msg.reason
+    assert wait_exit(w.proc) == 1
+
+
+def test_listener_not_matching_its_descriptor_fails(workers, appdir, monkeypatch):
+    """The master sends the wrong fd for a descriptor: the worker refuses all."""
+    import sockherd.master.spawn as spawn_mod
+
+    real_channel = spawn_mod.Channel
+
+    class Swapping(real_channel):
+        def send(self, msg, fds=(), timeout=None):
+            if fds:
+                other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                other.bind(("127.0.0.1", 0))
+                other.listen()
+                try:
+                    return super().send(msg, [other.fileno()], timeout)
+                finally:
+                    other.close()
+            return super().send(msg, fds, timeout)
+
+    monkeypatch.setattr(spawn_mod, "Channel", Swapping)
+    w, _ = workers("echoapp:Echo", {"interface": "stream", "chdir": str(appdir)})
+    got = w.channel.recv(timeout=60)
+    assert isinstance(got.msg, FailedBeforeReady) and "listener" in got.msg.reason
+    assert wait_exit(w.proc) == 1

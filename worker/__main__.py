@@ -1,0 +1,3 @@
+from sockherd.worker.bootstrap import main
+
+raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""A worker process from exec to READY, then its control channel.
+
+1. PR_SET_PDEATHSIG, then a check that the parent is still the master that
+   started us (it may have died before the prctl).
+2. The Assignment from the master, with the listener fds: each is checked
+   against its descriptor (ipc.listeners.adopt: all or nothing).
+3. The process title, the app import, one fdcore Table of T threads in G
+   groups, the listeners inserted once per group, the loop threads started.
+4. READY to the master, or FAILED_BEFORE_READY with the reason (a traceback
+   for an app that does not import) and exit status 1.
+Then the main thread serves the channel: heartbeats are echoed, Stop ends the
+worker, EOF means the master is gone and ends it too. (Draining arrives with
+the drain part of the launch issue; until then Drain is answered with an
+Error and changes nothing.)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+
+from sockherd.fdcore import Table
+from sockherd.ipc.channel import Channel
+from sockherd.ipc.errors import IPCError, PeerClosed
+from sockherd.ipc.listeners import adopt
+from sockherd.ipc.messages import (
+    Assignment, Error, FailedBeforeReady, Heartbeat, Ready, Stop,
+)
+from sockherd.master.spawn import ENV_FD, ENV_MASTER
+from sockherd.worker.app import AppImportError, import_app
+from sockherd.worker.loop import Loop
+
+log = logging.getLogger("sockherd.worker")
+ASSIGNMENT_TIMEOUT = 30.0
+
+
+class BootstrapError(Exception):
+    """Why this worker cannot become READY (sent to the master as is)."""
+
+
+def _prepare(msg: Assignment, fds: list[int]) -> Loop:
+    import prctl
+
+    socks = adopt(msg.listeners, fds)          # closes every fd on a mismatch
+    cfg = msg.config
+    prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} [{msg.app}]")
+    interface = cfg.get("interface", "wsgi")
+    if interface != "stream":
+        for s in socks:
+            s.close()
+        raise BootstrapError(f"interface {interface!r} is not served yet: only 'stream' is "
+                             "(WSGI arrives with the HTTP issue)")
+    if not msg.app:
+        for s in socks:
+            s.close()
+        raise BootstrapError("no app: the embedded status page arrives with `sockherd run`")
+    try:
+        handler = import_app(msg.app, chdir=cfg.get("chdir", ""),
+                             pythonpath=cfg.get("pythonpath", []))
+    except AppImportError as exc:
+        for s in socks:
+            s.close()
+        cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
+        raise BootstrapError(f"{cause}{exc}") from None
+    table = Table(int(cfg.get("threads", 1)), int(cfg.get("thread_groups", 1)))
+    loop = Loop(table, handler)
+    for s in socks:
+        loop.add_listener(s)
+    loop.start()
+    return loop
+
+
+def _serve_channel(ch: Channel, loop: Loop) -> int:
+    while True:
+        try:
+            got = ch.recv()
+        except PeerClosed:
+            log.warning("the master is gone: stopping")
+            return 0
+        got.close_fds()
+        msg = got.msg
+        if isinstance(msg, Heartbeat):
+            ch.send(msg)
+        elif isinstance(msg, Stop):
+            return 0
+        else:
+            ch.send(Error(message=f"worker: {type(msg).__name__} is not handled yet"))
+
+
+def main() -> int:
+    import prctl
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(message)s")
+    fd = int(os.environ.pop(ENV_FD))
+    master = int(os.environ.pop(ENV_MASTER, "0"))
+    prctl.set_pdeathsig(signal.SIGTERM)
+    if master and os.getppid() != master:
+        return 1                                   # the master died before the prctl
+    ch = Channel.from_fd(fd)
+    try:
+        got = ch.recv(timeout=ASSIGNMENT_TIMEOUT)
+        if not isinstance(got.msg, Assignment):
+            got.close_fds()
+            raise BootstrapError(f"expected an assignment first, got {type(got.msg).__name__}")
+        loop = _prepare(got.msg, got.fds)
+    except (BootstrapError, IPCError, OSError) as exc:
+        reason = str(exc) or type(exc).__name__
+        log.error("failed before ready: %s", reason)
+        try:
+            ch.send(FailedBeforeReady(reason=reason), timeout=5)
+        except IPCError:
+            pass
+        return 1
+    ch.send(Ready(pid=os.getpid()))
+    try:
+        return _serve_channel(ch, loop)
+    finally:
+        loop.stop()
+        loop.table.close()
+        ch.close()
