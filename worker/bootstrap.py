@@ -8,17 +8,19 @@
    groups, the listeners inserted once per group, the loop threads started.
 4. READY to the master, or FAILED_BEFORE_READY with the reason (a traceback
    for an app that does not import) and exit status 1.
-Then the main thread serves the channel: heartbeats are echoed, Stop ends the
-worker, EOF means the master is gone and ends it too. (Draining arrives with
-the drain part of the launch issue; until then Drain is answered with an
-Error and changes nothing.)
+Then the main thread serves the channel: heartbeats are echoed; Drain stops
+accepting and lets connections finish (Loop.drain), and the worker exits once
+none remains or at the drain's deadline; Stop ends the worker at once; EOF
+means the master is gone: drain, as for a Drain without a deadline of its own.
 """
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import sys
+import time
 import traceback
 
 from sockherd.fdcore import Table
@@ -26,7 +28,7 @@ from sockherd.ipc.channel import Channel
 from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.listeners import adopt
 from sockherd.ipc.messages import (
-    Assignment, Error, FailedBeforeReady, Heartbeat, Ready, Stop,
+    Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Stop,
 )
 from sockherd.master.spawn import ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
@@ -72,21 +74,46 @@ def _prepare(msg: Assignment, fds: list[int]) -> Loop:
     return loop
 
 
-def _serve_channel(ch: Channel, loop: Loop) -> int:
+def _serve_channel(ch: Channel, loop: Loop, cfg: dict) -> int:
+    grace = float(cfg.get("idle_grace", 1.0))
+    deadline = None                    # monotonic time by which a drain must end
+    master_gone = False
     while True:
+        if deadline is not None:
+            if loop.drained.is_set():
+                log.info("drained: no connection left")
+                return 0
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("drain deadline reached with %d connections: exiting", len(loop.conns))
+                return 0
+            # block until the master speaks, the drain completes, or the deadline
+            watch = [loop.drained_fd] if master_gone else [ch.fileno(), loop.drained_fd]
+            ready, _, _ = select.select(watch, [], [], left)
+            if master_gone or ch.fileno() not in ready:
+                continue
         try:
             got = ch.recv()
         except PeerClosed:
-            log.warning("the master is gone: stopping")
-            return 0
+            log.warning("the master is gone: draining")
+            master_gone = True
+            loop.drain(grace)
+            if deadline is None:
+                deadline = time.monotonic() + float(cfg.get("hard_stop_after", 30.0))
+            continue
         got.close_fds()
         msg = got.msg
         if isinstance(msg, Heartbeat):
             ch.send(msg)
         elif isinstance(msg, Stop):
             return 0
+        elif isinstance(msg, Drain):
+            if deadline is None:
+                log.info("draining")
+                loop.drain(grace)
+            deadline = msg.deadline if deadline is None else min(deadline, msg.deadline)
         else:
-            ch.send(Error(message=f"worker: {type(msg).__name__} is not handled yet"))
+            ch.send(Error(message=f"worker: {type(msg).__name__} is not handled"))
 
 
 def main() -> int:
@@ -116,7 +143,7 @@ def main() -> int:
         return 1
     ch.send(Ready(pid=os.getpid()))
     try:
-        return _serve_channel(ch, loop)
+        return _serve_channel(ch, loop, got.msg.config)
     finally:
         loop.stop()
         loop.table.close()

@@ -55,6 +55,12 @@ class Loop:
         self._threads: list[threading.Thread] = []
         self._accept_paused_until = 0.0
         self._emfile_logged = False
+        self._draining = threading.Event()
+        self._listeners_deleted = threading.Lock()   # taken once, by the first drainer
+        self.drained = threading.Event()             # draining and no connection left
+        # ... and the same as an fd, for a main thread that waits in select()
+        self.drained_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.idle_grace = 1.0
         self.errors: list[BaseException] = []
 
     # ---- set-up ------------------------------------------------------------------
@@ -91,6 +97,9 @@ class Loop:
         for fd, tgid in list(self.listeners.items()):
             self.table.threads[self.table.group_base(tgid)].delete(fd)
         self.listeners.clear()
+        if self.drained_fd >= 0:
+            os.close(self.drained_fd)
+            self.drained_fd = -1
 
     def forget(self, conn: Connection) -> None:
         # only our own entry: the number may already belong to a new connection
@@ -98,10 +107,48 @@ class Loop:
             del self.conns[conn.fd]
 
     # ---- the loop ----------------------------------------------------------------
+    def drain(self, idle_grace: float) -> None:
+        """Stops accepting (every listener deleted through fdcore, so each is
+        DEL'ed from every thread's epoll before its close: seed 004), lets
+        connections finish, and closes a connection once it stayed idle for
+        idle_grace seconds (a client may be sending on it right now: cutting
+        an idle connection at once is the reset nginx and HAProxy users see
+        on reload). `drained` is set once none remains. Any thread."""
+        self.idle_grace = idle_grace
+        self._draining.set()
+        for th in self.table.threads:
+            self.table.wake(th.tid)
+
+    def _drain_step(self, th) -> int:
+        """A draining thread's turn: delete the listeners (the first thread to
+        get here), close its own connections idle for the grace, and return
+        the poll timeout until its next idle deadline (-1: none left)."""
+        if self._listeners_deleted.acquire(blocking=False):
+            for fd in list(self.listeners):
+                th.delete(fd)                       # any thread may delete any fd
+            self.listeners.clear()
+        now = time.monotonic()
+        mine = [c for c in list(self.conns.values()) if c.th is th]
+        next_due = None
+        for conn in mine:
+            due = conn.last_active + self.idle_grace
+            if due <= now and not conn.pending:
+                conn.close()
+            else:
+                next_due = due if next_due is None else min(next_due, due)
+        if not self.conns and not self.drained.is_set():
+            self.drained.set()
+            os.eventfd_write(self.drained_fd, 1)
+        if next_due is None:
+            return -1
+        return max(1, int((next_due - now) * 1000) + 1)
+
     def _run(self, th) -> None:
         try:
             while not self._stop.is_set():
                 timeout = self._resume_accepting(th)
+                if self._draining.is_set():
+                    timeout = self._drain_step(th)
                 for ev in th.poll(timeout):
                     if ev.kind == KIND_LISTENER:
                         self._accept(th, ev.fd)

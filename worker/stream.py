@@ -24,6 +24,7 @@ import errno
 import logging
 import os
 import socket
+import time
 
 log = logging.getLogger("sockherd.worker")
 
@@ -35,7 +36,7 @@ READ_SIZE = 64 << 10
 class Connection:
     """One accepted connection, owned by one thread context of the fd table."""
 
-    __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "_out",
+    __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "last_active", "_out",
                  "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send")
 
     def __init__(self, loop, th, fd: int, cookie: int, handler):
@@ -52,6 +53,7 @@ class Connection:
             self.peer = self.local = None
         finally:
             s.detach()            # the fd table owns the fd
+        self.last_active = time.monotonic()   # last byte in or out (drain's idle grace)
         self._out = bytearray()
         self._closing = False
         self._closed = False
@@ -108,6 +110,7 @@ class Connection:
     # ---- the loop's side -------------------------------------------------------
     def on_events(self, events: int, readable: int, writable: int, failed: int) -> None:
         """Called by the owning thread while it holds the fd."""
+        self.last_active = time.monotonic()
         if events & failed:
             self._fail(None)
             return

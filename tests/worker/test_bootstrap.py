@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from sockherd.ipc.errors import PeerClosed
-from sockherd.ipc.messages import FailedBeforeReady, Heartbeat, Ready, Stop
+from sockherd.ipc.messages import Drain, FailedBeforeReady, Heartbeat, Ready, Stop
 from sockherd.master.listeners import bind
 from sockherd.master.spawn import spawn
 
@@ -143,3 +144,46 @@ def test_listener_not_matching_its_descriptor_fails(workers, appdir, monkeypatch
     got = w.channel.recv(timeout=60)
     assert isinstance(got.msg, FailedBeforeReady) and "listener" in got.msg.reason
     assert wait_exit(w.proc) == 1
+
+
+def test_drain_over_the_channel(workers, appdir):
+    """Drain: the worker stops accepting (its epolls drop the listener, while
+    the master's copy keeps the queue), finishes its connection, closes it
+    after the idle grace, and exits 0 before the deadline."""
+    cfg = {"interface": "stream", "threads": 2, "chdir": str(appdir), "idle_grace": 0.5}
+    w, (lst,) = workers("echoapp:Echo", cfg)
+    assert isinstance(w.channel.recv(timeout=60).msg, Ready)
+    addr = lst.sock.getsockname()
+    c = socket.create_connection(addr, timeout=10)
+    c.sendall(b"before")
+    assert c.recv(100) == b"before"
+    ino = os.fstat(lst.sock.fileno()).st_ino
+    w.channel.send(Drain(deadline=time.monotonic() + 30))
+    deadline = time.monotonic() + 10
+    while any(ino in regs for regs in epoll_inodes(w.pid)):
+        assert time.monotonic() < deadline, "listener still polled while draining"
+        time.sleep(0.01)
+    late = socket.create_connection(addr, timeout=10)   # queued in the master's copy
+    c.sendall(b"during")
+    assert c.recv(100) == b"during"                      # in-flight work goes on
+    assert wait_exit(w.proc) == 0                        # idle grace, then exit
+    assert c.recv(100) == b""
+    # nobody served the late one: it is still in the listener's queue
+    conn, _ = lst.sock.accept()
+    conn.close()
+    late.close()
+    c.close()
+
+
+def test_drain_deadline_ends_a_busy_worker(workers, appdir):
+    cfg = {"interface": "stream", "chdir": str(appdir), "idle_grace": 60}
+    w, (lst,) = workers("echoapp:Echo", cfg)
+    assert isinstance(w.channel.recv(timeout=60).msg, Ready)
+    c = socket.create_connection(lst.sock.getsockname(), timeout=10)
+    c.sendall(b"x")
+    assert c.recv(10) == b"x"
+    t0 = time.monotonic()
+    w.channel.send(Drain(deadline=t0 + 1.0))
+    assert wait_exit(w.proc) == 0
+    assert time.monotonic() - t0 < 15
+    c.close()
