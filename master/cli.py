@@ -2,8 +2,9 @@
 
 `sockherd check` validates the settings and imports the app without serving,
 like `nginx -t` / `haproxy -c`: exit 0 when both are fine, 2 for a bad
-setting, 1 for an app that does not import. `run` and `ctl` land with the
-launch and control issues. Signals are documented here because operators
+setting, 1 for an app that does not import. `sockherd run` serves (stream
+apps for now: WSGI comes with the HTTP issue); `ctl` lands with the control
+issue. Signals are documented here because operators
 look for them in `--help` first.
 """
 from __future__ import annotations
@@ -42,9 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Validate the settings and import the app without "
                                        "serving. Exit 0 if both are fine, 2 for a bad setting, "
                                        "1 for an app that does not import.")
-    check.add_argument("-c", "--config", metavar="FILE",
+    run = sub.add_parser("run", help="serve: the master, its listeners and its workers",
+                         description="Bind the listeners, start the workers and supervise them "
+                                     "until TERM (graceful) or INT/QUIT (fast). Exit 2 for a bad "
+                                     "setting (before anything binds), 1 if the listeners cannot "
+                                     "be bound or no worker becomes ready.",
+                         epilog=SIGNALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for p in (check, run):
+        p.add_argument("-c", "--config", metavar="FILE",
                        help=f"TOML settings file (env {S.ENV_PREFIX}CONFIG)")
-    S.add_arguments(check)
+        S.add_arguments(p)
     return parser
 
 
@@ -73,10 +81,40 @@ def cmd_check(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(ns: argparse.Namespace) -> int:
+    import logging
+
+    import msgspec
+
+    from sockherd.master.listeners import BindError, bind_all
+    from sockherd.master.supervisor import Supervisor
+
+    try:
+        settings = S.resolve(vars(ns), config=ns.config)
+    except S.SettingsError as exc:
+        print(f"sockherd: bad setting: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
+    log = logging.getLogger("sockherd.master")
+    try:
+        listeners = bind_all(settings)
+    except (BindError, OSError) as exc:
+        log.error("%s", exc)
+        return 1
+    for lst in listeners:
+        log.info("listening on %s", lst.descriptor.address)
+    import prctl
+    prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
+    return Supervisor(settings, listeners, msgspec.structs.asdict(settings)).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "check":
         return cmd_check(ns)
+    if ns.command == "run":
+        return cmd_run(ns)
     parser.print_help()
     return 0

@@ -66,8 +66,10 @@ def _prepare(msg: Assignment, fds: list[int]) -> Loop:
             s.close()
         cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
         raise BootstrapError(f"{cause}{exc}") from None
-    table = Table(int(cfg.get("threads", 1)), int(cfg.get("thread_groups", 1)))
-    loop = Loop(table, handler)
+    # one context more than the loop threads: the main thread's, to drain
+    # at once even while every loop thread is inside a slow handler
+    table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))
+    loop = Loop(table, handler, control=True)
     for s in socks:
         loop.add_listener(s)
     loop.start()

@@ -40,11 +40,18 @@ _FAILED = State.POLL_ERR
 class Loop:
     """Runs `table`'s thread contexts over the given listeners with a stream
     handler class. start() spawns the threads; stop() ends them and closes
-    every connection and listener."""
+    every connection and listener.
+
+    With control=True the table's last context is kept out of the loop for
+    the caller's own thread (the worker's main thread): drain() then deletes
+    the listeners at once from there, even while every loop thread is stuck
+    in a slow handler."""
 
     def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
-                 emfile_pause: float = 0.5):
+                 emfile_pause: float = 0.5, control: bool = False):
         self.table = table
+        self.control = table.threads[-1] if control else None
+        self.loop_threads = table.threads[:-1] if control else table.threads
         self.handler_class = handler_class
         self.accept_batch = accept_batch
         self.emfile_pause = emfile_pause
@@ -68,16 +75,16 @@ class Loop:
         """Takes over a listening socket: the table owns its fd from now on."""
         sock.setblocking(False)
         masks = {}
-        for th in self.table.threads:
+        for th in self.loop_threads:
             masks[th.tgid] = masks.get(th.tgid, 0) | th.bit
         fds = self.table.insert_listener(sock.detach(), next(self._cookies), masks,
                                          kind=KIND_LISTENER, exclusive=True)
         for tgid, fd in fds.items():
             self.listeners[fd] = tgid
-            self.table.threads[self.table.group_base(tgid)].want_recv(fd)
+            self.loop_threads[0].want_recv(fd)      # any context may change any fd
 
     def start(self) -> None:
-        for th in self.table.threads:
+        for th in self.loop_threads:
             t = threading.Thread(target=self._run, args=(th,), name=f"sockherd-{th.tid}",
                                  daemon=True)
             t.start()
@@ -86,7 +93,7 @@ class Loop:
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the threads, then closes every connection and listener."""
         self._stop.set()
-        for th in self.table.threads:
+        for th in self.loop_threads:
             self.table.wake(th.tid)
         for t in self._threads:
             t.join(timeout)
@@ -94,8 +101,8 @@ class Loop:
                 raise RuntimeError(f"loop thread {t.name} did not stop within {timeout}s")
         for conn in list(self.conns.values()):
             conn._close_now()
-        for fd, tgid in list(self.listeners.items()):
-            self.table.threads[self.table.group_base(tgid)].delete(fd)
+        for fd in list(self.listeners):
+            self.loop_threads[0].delete(fd)
         self.listeners.clear()
         if self.drained_fd >= 0:
             os.close(self.drained_fd)
@@ -115,18 +122,23 @@ class Loop:
         an idle connection at once is the reset nginx and HAProxy users see
         on reload). `drained` is set once none remains. Any thread."""
         self.idle_grace = idle_grace
+        if self.control is not None and self._listeners_deleted.acquire(blocking=False):
+            self._delete_listeners(self.control)
         self._draining.set()
-        for th in self.table.threads:
+        for th in self.loop_threads:
             self.table.wake(th.tid)
+
+    def _delete_listeners(self, th) -> None:
+        for fd in list(self.listeners):
+            th.delete(fd)                   # any thread may delete any fd; deferred
+        self.listeners.clear()              # to a thread still inside it (accept)
 
     def _drain_step(self, th) -> int:
         """A draining thread's turn: delete the listeners (the first thread to
         get here), close its own connections idle for the grace, and return
         the poll timeout until its next idle deadline (-1: none left)."""
         if self._listeners_deleted.acquire(blocking=False):
-            for fd in list(self.listeners):
-                th.delete(fd)                       # any thread may delete any fd
-            self.listeners.clear()
+            self._delete_listeners(th)
         now = time.monotonic()
         mine = [c for c in list(self.conns.values()) if c.th is th]
         next_due = None

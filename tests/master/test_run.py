@@ -1,0 +1,211 @@
+"""`sockherd run` as a real master with real workers on loopback. Every
+process (master and workers) is killed and reaped by the fixture whatever
+happens; every wait polls with a deadline."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+APPS = {
+    "echoapp.py": """
+class Echo:
+    def on_data(self, conn, data):
+        conn.write(data)
+""",
+    "slowapp.py": """
+import time
+class Slow:
+    def on_data(self, conn, data):
+        if data.startswith(b"slow"):
+            conn.write(b"started;")
+            time.sleep(1.5)                  # a handler that blocks
+        conn.write(b"done:" + data)
+""",
+    "crashapp.py": """
+import os, threading
+threading.Timer(0.3, os._exit, (3,)).start()   # serves a moment, then dies
+class Echo:
+    def on_data(self, conn, data):
+        conn.write(data)
+""",
+    "badapp.py": "raise RuntimeError('missing SECRET_KEY')\n",
+}
+
+
+def wait_for(fn, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie waiting for its new parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+class Master:
+    def __init__(self, proc: subprocess.Popen, log: Path):
+        self.proc = proc
+        self.log = log
+        self.port = 0
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_log(self, pattern: str, timeout: float = 30, count: int = 1) -> list[str]:
+        return wait_for(lambda: (m := re.findall(pattern, self.text())) and len(m) >= count and m,
+                        timeout, f"log line {pattern!r} x{count}\n{self.text()}")
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+
+
+@pytest.fixture
+def master(tmp_path: Path):
+    for name, text in APPS.items():
+        (tmp_path / name).write_text(text)
+    started: list[Master] = []
+
+    def start(*args: str, ready: int | None = 2) -> Master:
+        log = tmp_path / f"master{len(started)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", *args,
+                                     "--chdir", str(tmp_path), "-b", "127.0.0.1:0"],
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        m = Master(proc, log)
+        started.append(m)
+        if ready:
+            m.port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
+            m.wait_log(r"worker \d+\.\d+: ready", count=ready)
+        return m
+
+    yield start
+    for m in started:
+        kids = children(m.proc.pid)
+        if m.proc.poll() is None:
+            m.proc.kill()
+        m.proc.wait(timeout=30)
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def refused(m: Master) -> bool:
+    try:
+        m.connect().close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def echo(m: Master, payload: bytes) -> bytes:
+    with m.connect() as c:
+        c.sendall(payload)
+        return c.recv(1000)
+
+
+def test_serves_with_two_workers_of_four_threads_in_two_groups(master):
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "-t", "4",
+               "--thread-groups", "2")
+    clients = [m.connect() for _ in range(40)]
+    for i, c in enumerate(clients):
+        c.sendall(b"n%d" % i)
+    for i, c in enumerate(clients):
+        assert c.recv(100) == b"n%d" % i
+        c.close()
+    workers = children(m.proc.pid)
+    assert len(workers) == 2
+    for pid in workers:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f.read().startswith(b"sockherd: worker 1.")
+    with open(f"/proc/{m.proc.pid}/cmdline", "rb") as f:
+        assert f.read().startswith(b"sockherd: master [echoapp:Echo]")
+
+
+def test_killed_worker_is_respawned_while_the_other_serves(master):
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2")
+    victim = children(m.proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    for _ in range(20):                                  # the other one keeps serving
+        assert echo(m, b"ping") == b"ping"
+    m.wait_log(rf"exited with signal SIGKILL \(crashed\), pid {victim}")
+    m.wait_log(r"worker \d+\.\d+: ready", count=3)
+    assert victim not in children(m.proc.pid) and len(children(m.proc.pid)) == 2
+    assert echo(m, b"again") == b"again"
+
+
+def test_term_finishes_in_flight_work_refuses_new_connections_and_exits_0(master):
+    m = master("slowapp:Slow", "--interface", "stream", "-w", "2", "--idle-grace", "0.3")
+    c = m.connect()
+    c.sendall(b"slow request")
+    assert c.recv(8) == b"started;"                      # the handler is inside now
+    m.proc.send_signal(signal.SIGTERM)
+    m.wait_log("graceful stop")
+    # refused, not accepted then reset: the master's copies are closed and
+    # each worker deletes its own at once, though its only thread is busy
+    wait_for(lambda: refused(m), 10, "new connections refused")
+    assert c.recv(100) == b"done:slow request"           # the in-flight request completes
+    assert m.proc.wait(timeout=30) == 0
+    assert "every worker is gone: exiting" in m.text()
+    c.close()
+
+
+def test_crash_looping_slot_is_given_up_with_one_line(master):
+    m = master("crashapp:Echo", "--interface", "stream", "-w", "1", ready=1)
+    m.wait_log(r"worker slot 0: gave up after 5 failures in a row", timeout=60)
+    assert m.proc.wait(timeout=30) == 1
+    spawned = re.findall(r"spawned, pid", m.text())
+    assert len(spawned) == 5                              # backoff, no tight loop
+
+
+def test_app_failing_at_first_start_exits_1_with_the_reason(master):
+    m = master("badapp:app", "--interface", "stream", "-w", "2", ready=None)
+    assert m.proc.wait(timeout=60) == 1
+    text = m.text()
+    assert "RuntimeError: missing SECRET_KEY" in text
+    assert "no worker became ready" in text
+
+
+def test_bad_setting_exits_2_before_binding(master):
+    m = master("echoapp:Echo", "-w", "-1", ready=None)
+    assert m.proc.wait(timeout=30) == 2
+    assert "bad setting: command line: -w = '-1'" in m.text()
+    assert "listening on" not in m.text()
+
+
+def test_killed_master_takes_its_workers_along(master):
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2")
+    workers = children(m.proc.pid)
+    m.proc.kill()
+    m.proc.wait(timeout=10)
+    t0 = time.monotonic()
+    wait_for(lambda: all(gone(p) for p in workers), 10, "workers to exit after the master died")
+    assert time.monotonic() - t0 < 2.5
