@@ -1,5 +1,5 @@
 # Two commands on a fresh Debian machine with Python 3.11 (as root):
-#   make run    set up, then launch sockherd (for now: print its help)
+#   make run    set up, then launch sockherd: the embedded status page on :8000
 #   make test   set up, then run the whole suite (C sanitizer tests included)
 # The README says `sh make.sh run|test`: the same, after installing make on a
 # machine that lacks it.
@@ -41,7 +41,8 @@ $(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/
 	@touch $@
 
 run: setup
-	$(BIN)/sockherd --help
+	@echo "sockherd: the embedded status page on http://127.0.0.1:8000/ (Ctrl-C stops)"
+	$(BIN)/sockherd run
 
 test: setup
 	$(BIN)/python -m pytest -n auto

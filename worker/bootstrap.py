@@ -32,6 +32,7 @@ from sockherd.ipc.messages import (
 )
 from sockherd.master.spawn import ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
+from sockherd.worker.embedded import StatusPage
 from sockherd.worker.loop import Loop
 
 log = logging.getLogger("sockherd.worker")
@@ -49,27 +50,27 @@ def _prepare(msg: Assignment, fds: list[int]) -> Loop:
     cfg = msg.config
     prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} [{msg.app}]")
     interface = cfg.get("interface", "wsgi")
-    if interface != "stream":
+    if not msg.app:
+        handler = StatusPage          # the embedded default, served as a stream app
+    elif interface != "stream":
         for s in socks:
             s.close()
         raise BootstrapError(f"interface {interface!r} is not served yet: only 'stream' is "
                              "(WSGI arrives with the HTTP issue)")
-    if not msg.app:
-        for s in socks:
-            s.close()
-        raise BootstrapError("no app: the embedded status page arrives with `sockherd run`")
-    try:
-        handler = import_app(msg.app, chdir=cfg.get("chdir", ""),
-                             pythonpath=cfg.get("pythonpath", []))
-    except AppImportError as exc:
-        for s in socks:
-            s.close()
-        cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
-        raise BootstrapError(f"{cause}{exc}") from None
+    else:
+        try:
+            handler = import_app(msg.app, chdir=cfg.get("chdir", ""),
+                                 pythonpath=cfg.get("pythonpath", []))
+        except AppImportError as exc:
+            for s in socks:
+                s.close()
+            cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
+            raise BootstrapError(f"{cause}{exc}") from None
     # one context more than the loop threads: the main thread's, to drain
     # at once even while every loop thread is inside a slow handler
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))
     loop = Loop(table, handler, control=True)
+    loop.identity = (msg.generation, msg.worker_index)
     for s in socks:
         loop.add_listener(s)
     loop.start()
@@ -125,6 +126,10 @@ def main() -> int:
                         format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(message)s")
     fd = int(os.environ.pop(ENV_FD))
     master = int(os.environ.pop(ENV_MASTER, "0"))
+    # a terminal's Ctrl-C / Ctrl-\ reach the whole process group: the master
+    # decides what a fast stop means (it kills us); TERM stays deadly (PDEATHSIG)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     prctl.set_pdeathsig(signal.SIGTERM)
     if master and os.getppid() != master:
         return 1                                   # the master died before the prctl

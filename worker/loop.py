@@ -50,6 +50,7 @@ class Loop:
     def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
                  emfile_pause: float = 0.5, control: bool = False):
         self.table = table
+        self.identity = (0, 0)                      # (generation, index), for the status page
         self.control = table.threads[-1] if control else None
         self.loop_threads = table.threads[:-1] if control else table.threads
         self.handler_class = handler_class

@@ -209,3 +209,32 @@ def test_killed_master_takes_its_workers_along(master):
     t0 = time.monotonic()
     wait_for(lambda: all(gone(p) for p in workers), 10, "workers to exit after the master died")
     assert time.monotonic() - t0 < 2.5
+
+
+def test_bare_run_serves_the_embedded_status_page(master):
+    import http.client
+
+    m = master("-w", "2", "-t", "3", "--thread-groups", "2")   # no app
+    conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
+    conn.request("GET", "/")
+    resp = conn.getresponse()
+    body = resp.read().decode()
+    conn.close()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/html")
+    assert f"master pid {m.proc.pid}" in body
+    assert re.search(r"worker 1\.[01], pid \d+", body)
+    assert "thread group 1" in body and "thread group 2" in body
+    assert len(re.findall(r"<li>thread \d+ ", body)) == 3
+    assert "accepted" in body and "poll_io" in body
+    conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
+    conn.request("HEAD", "/")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == b""
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
+    conn.request("POST", "/", body=b"x")
+    assert conn.getresponse().status == 405
+    conn.close()
+    with m.connect() as c:
+        c.sendall(b"garbage\r\n\r\n")
+        assert c.recv(100).startswith(b"HTTP/1.1 400 Bad Request")
