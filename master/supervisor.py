@@ -54,7 +54,8 @@ class Supervisor:
         self.slots = [Slot(i) for i in range(count)]
         self.by_pid: dict[int, Slot] = {}
         self.sel = selectors.DefaultSelector()
-        self.timers: list[tuple[float, int, str, int]] = []   # (when, seq, what, slot)
+        # (when, seq, what, slot index, pid it was armed for: 0 for any)
+        self.timers: list[tuple[float, int, str, int, int]] = []
         self._seq = itertools.count()
         self.stopping = False
         self.startup_failed = False
@@ -63,8 +64,10 @@ class Supervisor:
         self._wake_r, self._wake_w = socket.socketpair()
 
     # ---- timers --------------------------------------------------------------------
-    def _at(self, delay: float, what: str, slot: int) -> None:
-        heapq.heappush(self.timers, (time.monotonic() + delay, next(self._seq), what, slot))
+    def _at(self, delay: float, what: str, slot: int, pid: int = 0) -> None:
+        """Arms a timer; one armed for a pid is dropped if that worker is gone
+        (never fired at its respawned successor)."""
+        heapq.heappush(self.timers, (time.monotonic() + delay, next(self._seq), what, slot, pid))
 
     # ---- workers -------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
@@ -79,7 +82,7 @@ class Supervisor:
         slot.started = slot.last_heartbeat = time.monotonic()
         self.by_pid[proc.pid] = slot
         self.sel.register(proc.channel.fileno(), selectors.EVENT_READ, slot)
-        self._at(self.settings.ready_timeout, "ready_timeout", slot.index)
+        self._at(self.settings.ready_timeout, "ready_timeout", slot.index, proc.pid)
         log.info("worker %d.%d: spawned, pid %d", self.generation, slot.index, proc.pid)
 
     def _feed(self, slot: Slot, event: Event) -> None:
@@ -98,7 +101,8 @@ class Supervisor:
                 except IPCError:
                     pass
             elif action is Action.ARM_HARD_STOP:
-                self._at(self.settings.hard_stop_after + 1.0, "hard_stop", slot.index)
+                self._at(self.settings.hard_stop_after + 1.0, "hard_stop", slot.index,
+                         slot.proc.pid)
 
     def _on_channel(self, slot: Slot) -> None:
         try:
@@ -277,5 +281,8 @@ class Supervisor:
                     self._on_channel(key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
-                _, _, what, idx = heapq.heappop(self.timers)
-                self._on_timer(what, self.slots[idx] if idx >= 0 else None)
+                _, _, what, idx, pid = heapq.heappop(self.timers)
+                slot = self.slots[idx] if idx >= 0 else None
+                if pid and (slot.proc is None or slot.proc.pid != pid):
+                    continue                        # armed for a worker that is gone
+                self._on_timer(what, slot)

@@ -39,6 +39,7 @@ class Echo:
         conn.write(data)
 """,
     "badapp.py": "raise RuntimeError('missing SECRET_KEY')\n",
+    "hangapp.py": "import time\ntime.sleep(60)\n",
 }
 
 
@@ -238,3 +239,13 @@ def test_bare_run_serves_the_embedded_status_page(master):
     with m.connect() as c:
         c.sendall(b"garbage\r\n\r\n")
         assert c.recv(100).startswith(b"HTTP/1.1 400 Bad Request")
+
+
+def test_worker_not_ready_in_time_is_killed_and_reported(master):
+    m = master("hangapp:app", "--interface", "stream", "-w", "1", "--ready-timeout", "1",
+               ready=None)
+    assert m.proc.wait(timeout=60) == 1
+    text = m.text()
+    assert "worker 1.0: not ready after 1s" in text
+    assert re.search(r"exited with signal SIGKILL \(failed_start\)", text)
+    assert "no worker became ready" in text
