@@ -56,13 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings(ns: argparse.Namespace):
+    """The effective settings, or None after saying what is wrong."""
+    try:
+        return S.resolve(vars(ns), config=ns.config)
+    except S.SettingsError as exc:
+        print(f"sockherd: bad setting: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     from sockherd.worker.app import AppImportError, import_app
 
-    try:
-        settings = S.resolve(vars(ns), config=ns.config)
-    except S.SettingsError as exc:
-        print(f"sockherd: bad setting: {exc}", file=sys.stderr)
+    settings = _settings(ns)
+    if settings is None:
         return EXIT_SETTINGS
     if settings.app:
         try:
@@ -89,10 +96,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from sockherd.master.listeners import BindError, bind_all
     from sockherd.master.supervisor import Supervisor
 
-    try:
-        settings = S.resolve(vars(ns), config=ns.config)
-    except S.SettingsError as exc:
-        print(f"sockherd: bad setting: {exc}", file=sys.stderr)
+    settings = _settings(ns)
+    if settings is None:
         return EXIT_SETTINGS
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
