@@ -184,9 +184,9 @@ class Table:
         A listening socket is always made CLONED (it is open in the master
         too: seed 004) unless sole=True states nobody else holds it;
         accepted=True skips these checks (and their syscall) for an fd that
-        accept() just returned. With
-        disown=True the table never closes fd: the caller keeps it, and may
-        close it only once delete() returned True or released() says so.
+        accept() just returned. With disown=True the table never closes fd:
+        the caller keeps it, and may close it only once delete() returned
+        True or released() says so.
         Raises OSError: EBADF (not open), EPERM (a file epoll cannot poll),
         EINVAL (bad mask or flags), EEXIST (already in the table)."""
         flags = ((lib.FDC_CLONED if cloned else 0) | (lib.FDC_EXCLUSIVE if exclusive else 0)

@@ -265,10 +265,9 @@ class Supervisor:
                     return 1
                 log.info("every worker is gone: exiting")
                 return 0
+            # (slots are given up only after a READY: a failure before any
+            # READY ends the master at once, as startup_failed above)
             if not live and all(s.given_up for s in self.slots):
-                if not self.ever_ready:
-                    log.error("no worker ever became ready: %s", self.first_failure or "see above")
-                    return 1
                 log.error("every worker slot was given up on: exiting")
                 return 1
             timeout = None

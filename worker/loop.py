@@ -25,16 +25,13 @@ import socket
 import threading
 import time
 
-from sockherd.fdcore import State, Table
+from sockherd.fdcore import Table
 from sockherd.worker.stream import Connection
 
 log = logging.getLogger("sockherd.worker")
 
 KIND_LISTENER = 1
 KIND_CONN = 2
-_READABLE = State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP
-_WRITABLE = State.POLL_OUT
-_FAILED = State.POLL_ERR
 
 
 class Loop:
@@ -57,7 +54,7 @@ class Loop:
         self.accept_batch = accept_batch
         self.emfile_pause = emfile_pause
         self.conns: dict[int, Connection] = {}
-        self.listeners: dict[int, int] = {}        # fd -> tgid
+        self.listeners: set[int] = set()           # listener fds, one per group
         self._cookies = itertools.count(1)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -80,8 +77,8 @@ class Loop:
             masks[th.tgid] = masks.get(th.tgid, 0) | th.bit
         fds = self.table.insert_listener(sock.detach(), next(self._cookies), masks,
                                          kind=KIND_LISTENER, exclusive=True)
-        for tgid, fd in fds.items():
-            self.listeners[fd] = tgid
+        for fd in fds.values():
+            self.listeners.add(fd)
             self.loop_threads[0].want_recv(fd)      # any context may change any fd
 
     def start(self) -> None:
@@ -102,9 +99,7 @@ class Loop:
                 raise RuntimeError(f"loop thread {t.name} did not stop within {timeout}s")
         for conn in list(self.conns.values()):
             conn._close_now()
-        for fd in list(self.listeners):
-            self.loop_threads[0].delete(fd)
-        self.listeners.clear()
+        self._delete_listeners(self.loop_threads[0])
         if self.drained_fd >= 0:
             os.close(self.drained_fd)
             self.drained_fd = -1
@@ -121,7 +116,9 @@ class Loop:
         connections finish, and closes a connection once it stayed idle for
         idle_grace seconds (a client may be sending on it right now: cutting
         an idle connection at once is the reset nginx and HAProxy users see
-        on reload). `drained` is set once none remains. Any thread."""
+        on reload). `drained` is set once none remains. The thread that owns
+        the control context if there is one (it deletes the listeners with
+        it), else any thread."""
         self.idle_grace = idle_grace
         if self.control is not None and self._listeners_deleted.acquire(blocking=False):
             self._delete_listeners(self.control)
@@ -168,7 +165,7 @@ class Loop:
                         continue
                     conn = self.conns.get(ev.fd)
                     if conn is not None and conn.cookie == ev.owner:
-                        conn.on_events(ev.events, _READABLE, _WRITABLE, _FAILED)
+                        conn.on_events(ev.events)
                 th.leave_all()
         except BaseException as exc:  # reported to whoever runs the loop
             self.errors.append(exc)
@@ -207,8 +204,9 @@ class Loop:
             log.warning("accept: %s; not accepting for %.1fs (logged once)", exc.strerror,
                         self.emfile_pause)
         # th's own context: a verb may touch the caller's local update list,
-        # so never another running thread's (any fd of any group is fine)
-        for fd in self.listeners:
+        # so never another running thread's (any fd of any group is fine);
+        # a copy, since a drain may empty the set meanwhile
+        for fd in list(self.listeners):
             th.stop_recv(fd)
 
     def _resume_accepting(self, th) -> int:
@@ -220,7 +218,7 @@ class Loop:
         if left > 0:
             return max(1, int(left * 1000))
         self._accept_paused_until = 0.0
-        for fd in self.listeners:
+        for fd in list(self.listeners):
             th.want_recv(fd)
         return -1
 

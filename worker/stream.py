@@ -26,11 +26,16 @@ import os
 import socket
 import time
 
+from sockherd.fdcore import State
+
 log = logging.getLogger("sockherd.worker")
 
 HIGH_WATER = 1 << 20      # pending output that pauses reading
 LOW_WATER = 64 << 10      # pending output below which reading resumes
 READ_SIZE = 64 << 10
+_READABLE = State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP
+_WRITABLE = State.POLL_OUT
+_FAILED = State.POLL_ERR     # with POLL_CTL: the poller could not register the fd
 
 
 class Connection:
@@ -108,15 +113,16 @@ class Connection:
         return len(self._out)
 
     # ---- the loop's side -------------------------------------------------------
-    def on_events(self, events: int, readable: int, writable: int, failed: int) -> None:
-        """Called by the owning thread while it holds the fd."""
+    def on_events(self, events: int) -> None:
+        """Called by the owning thread while it holds the fd; events are the
+        poll report's State.POLL_* bits."""
         self.last_active = time.monotonic()
-        if events & failed:
+        if events & _FAILED:
             self._fail(None)
             return
-        if events & writable and self._out:
+        if events & _WRITABLE and self._out:
             self._flush()
-        if events & readable and not self._closed and self._reading():
+        if events & _READABLE and not self._closed and self._reading():
             self._read()
 
     def _reading(self) -> bool:
