@@ -69,7 +69,8 @@ def _prepare(msg: Assignment, fds: list[int]) -> Loop:
     # one context more than the loop threads: the main thread's, to drain
     # at once even while every loop thread is inside a slow handler
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))
-    loop = Loop(table, handler, control=True)
+    loop = Loop(table, handler, control=True,
+                takeover_after=float(cfg.get("takeover_after", 0.5)))
     loop.identity = (msg.generation, msg.worker_index)
     for s in socks:
         loop.add_listener(s)
@@ -119,6 +120,17 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict) -> int:
             ch.send(Error(message=f"worker: {type(msg).__name__} is not handled"))
 
 
+def _log_totals(loop: Loop) -> None:
+    """One line with the loop threads' fdcore counters summed, as the worker
+    exits: what an operator (and bench/) reads without a control channel."""
+    total: dict[str, int] = {}
+    for th in loop.loop_threads:
+        for name, value in th.counters().items():
+            total[name] = total.get(name, 0) + value
+    keys = ("accepted", "accept_empty", "fd_takeover", "loops", "wake_nowork", "ctl_err")
+    log.info("totals: %s", " ".join(f"{k}={total.get(k, 0)}" for k in keys))
+
+
 def main() -> int:
     import prctl
 
@@ -153,5 +165,6 @@ def main() -> int:
         return _serve_channel(ch, loop, got.msg.config)
     finally:
         loop.stop()
+        _log_totals(loop)
         loop.table.close()
         ch.close()

@@ -14,6 +14,15 @@ EXCLUSIVE): only one idle thread is woken per new connection.
 EMFILE/ENFILE on accept: every thread stops accepting for `emfile_pause`
 seconds instead of spinning on a listener it cannot serve, logs once, and
 resumes by itself.
+
+A handler may block (a database call). A watchdog thread notices a loop
+thread that has been inside one handler for `takeover_after` seconds and
+asks an idle thread of the same group to take over (fdcore takeover) the
+stuck thread's connections that have work waiting, so one slow request does
+not stall the other clients of its thread. The watchdog costs nothing when
+nothing happens: it sleeps without a timeout once a whole period passed with
+no handler run, and the first loop thread to run a handler after that wakes
+it (one eventfd write per quiet-to-busy transition, never per event).
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import errno
 import itertools
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -45,7 +55,8 @@ class Loop:
     in a slow handler."""
 
     def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
-                 emfile_pause: float = 0.5, control: bool = False):
+                 emfile_pause: float = 0.5, control: bool = False,
+                 takeover_after: float = 0.5):
         self.table = table
         self.identity = (0, 0)                      # (generation, index), for the status page
         self.control = table.threads[-1] if control else None
@@ -67,6 +78,17 @@ class Loop:
         self.drained_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.idle_grace = 1.0
         self.errors: list[BaseException] = []
+        # slow handlers (see the module doc): per loop thread, by position,
+        # when its current handler started (0.0: not in a handler) and which
+        # stuck sibling it was asked to relieve; written by single stores
+        self.takeover_after = takeover_after
+        self._pos = {th.tid: i for i, th in enumerate(self.loop_threads)}
+        self._busy = [0.0] * len(self.loop_threads)
+        self._relieve: list[int | None] = [None] * len(self.loop_threads)
+        self._activity = 0                  # handler batches run (a hint, not exact)
+        self._watch_asleep = False
+        self._watch_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.takeovers = [0] * len(self.loop_threads)   # connections taken, per thread
 
     # ---- set-up ------------------------------------------------------------------
     def add_listener(self, sock: socket.socket) -> None:
@@ -87,12 +109,17 @@ class Loop:
                                  daemon=True)
             t.start()
             self._threads.append(t)
+        if self.takeover_after > 0 and any(self._siblings(i) for i in range(len(self._busy))):
+            t = threading.Thread(target=self._watch, name="sockherd-watchdog", daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the threads, then closes every connection and listener."""
         self._stop.set()
         for th in self.loop_threads:
             self.table.wake(th.tid)
+        os.eventfd_write(self._watch_fd, 1)
         for t in self._threads:
             t.join(timeout)
             if t.is_alive():
@@ -102,6 +129,7 @@ class Loop:
         self._delete_listeners(self.loop_threads[0])
         if self.drained_fd >= 0:
             os.close(self.drained_fd)
+            os.close(self._watch_fd)
             self.drained_fd = -1
 
     def forget(self, conn: Connection) -> None:
@@ -154,22 +182,129 @@ class Loop:
         return max(1, int((next_due - now) * 1000) + 1)
 
     def _run(self, th) -> None:
+        me = self._pos[th.tid]
+        busy = self._busy
+        clock = time.monotonic
         try:
             while not self._stop.is_set():
                 timeout = self._resume_accepting(th)
                 if self._draining.is_set():
                     timeout = self._drain_step(th)
-                for ev in th.poll(timeout):
+                events = th.poll(timeout)
+                if events:
+                    self._activity += 1
+                    busy[me] = clock()
+                    if self._watch_asleep:          # read after our store (the
+                        self._wake_watchdog()       # watchdog: the other way round)
+                for ev in events:
+                    busy[me] = clock()
                     if ev.kind == KIND_LISTENER:
                         self._accept(th, ev.fd)
                         continue
                     conn = self.conns.get(ev.fd)
-                    if conn is not None and conn.cookie == ev.owner:
+                    # conn.th: a sibling may have taken it over while we were
+                    # stuck before this event (the core then refuses our enter,
+                    # except for an fd we held: that one is still ours)
+                    if conn is not None and conn.cookie == ev.owner and conn.th is th:
                         conn.on_events(ev.events)
+                busy[me] = 0.0
                 th.leave_all()
+                if self._relieve[me] is not None:
+                    self._take_from(th, me)
         except BaseException as exc:  # reported to whoever runs the loop
             self.errors.append(exc)
             log.exception("loop thread %d failed", th.tid)
+
+    # ---- slow handlers -------------------------------------------------------------
+    def _siblings(self, i: int) -> list[int]:
+        tgid = self.loop_threads[i].tgid
+        return [j for j, th in enumerate(self.loop_threads) if th.tgid == tgid and j != i]
+
+    def _wake_watchdog(self) -> None:
+        self._watch_asleep = False
+        os.eventfd_write(self._watch_fd, 1)
+
+    def _watch(self) -> None:
+        """The watchdog thread: wakes at the moment a running handler reaches
+        takeover_after (then every half period while it stays stuck) and asks
+        an idle sibling to relieve its thread; sleeps with no timeout once a
+        period went by with no handler run."""
+        period = self.takeover_after
+        seen = -1
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                due = None
+                for i, since in enumerate(self._busy):
+                    if not since:
+                        continue
+                    if now - since >= period:
+                        self._ask_relief(i, now - since)
+                        at = now + period / 2
+                    else:
+                        at = since + period
+                    due = at if due is None else min(due, at)
+                if due is not None:
+                    timeout = max(0.0, due - now)
+                elif self._activity != seen:
+                    seen = self._activity
+                    timeout = period
+                else:
+                    # Dekker with _run: our flag store, then a re-read of the
+                    # handlers' state; a loop thread stores its busy stamp,
+                    # then reads the flag: one of us sees the other
+                    self._watch_asleep = True
+                    if self._activity != seen or any(self._busy):
+                        self._watch_asleep = False
+                        continue
+                    timeout = None
+                select.select([self._watch_fd], [], [], timeout)
+                try:
+                    os.eventfd_read(self._watch_fd)
+                except BlockingIOError:
+                    pass
+        except BaseException as exc:
+            self.errors.append(exc)
+            log.exception("watchdog failed")
+
+    def _ask_relief(self, stuck: int, for_s: float) -> None:
+        for j in self._siblings(stuck):
+            if not self._busy[j] and self._relieve[j] is None:
+                self._relieve[j] = stuck
+                self.table.wake(self.loop_threads[j].tid)
+                return
+        log.debug("thread %d in one handler for %.1fs; no idle sibling to relieve it",
+                  self.loop_threads[stuck].tid, for_s)
+
+    def _take_from(self, th, me: int) -> None:
+        """th (position me) takes over the connections of its stuck sibling
+        that have work waiting: readable, or output the kernel will take.
+        Connections the sibling holds right now (its current batch) are
+        refused by the core (EBUSY) and stay with it."""
+        stuck, self._relieve[me] = self._relieve[me], None
+        victim = self.loop_threads[stuck]
+        since = self._busy[stuck]
+        if not since or time.monotonic() - since < self.takeover_after:
+            return                                   # it came back meanwhile
+        theirs = {c.fd: c for c in list(self.conns.values()) if c.th is victim}
+        if not theirs:
+            return
+        probe = select.poll()
+        for fd, conn in theirs.items():
+            probe.register(fd, select.POLLIN | (select.POLLOUT if conn.pending else 0))
+        moved = 0
+        for fd, _ in probe.poll(0):
+            conn = theirs[fd]
+            if conn.th is not victim or conn.closed or not th.takeover(fd, conn.cookie):
+                continue
+            conn.th = th                   # ours from here: the core re-polls it
+            conn._want_send = False        # for th (recv is stopped by the takeover)
+            conn._sync()
+            moved += 1
+        if moved:
+            self.takeovers[me] += moved
+            log.info("thread %d took %d connection(s) from thread %d, inside one handler "
+                     "for %.1fs", th.tid, moved, victim.tid, time.monotonic() - since)
 
     def _accept(self, th, lfd: int) -> None:
         if time.monotonic() < self._accept_paused_until:

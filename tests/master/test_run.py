@@ -38,6 +38,18 @@ class Echo:
     def on_data(self, conn, data):
         conn.write(data)
 """,
+    "whoapp.py": """
+import os, time
+class Who:
+    def on_data(self, conn, data):
+        if data == b"who":
+            conn.write(b"%d" % conn.th.tid)      # which loop thread serves us
+        elif data == b"block":
+            time.sleep(2.0)                      # a handler that blocks its thread
+            conn.write(b"unblocked")
+        else:
+            conn.write(b"%d:" % conn.th.tid + data)
+""",
     "badapp.py": "raise RuntimeError('missing SECRET_KEY')\n",
     "hangapp.py": "import time\ntime.sleep(60)\n",
 }
@@ -249,3 +261,44 @@ def test_worker_not_ready_in_time_is_killed_and_reported(master):
     assert "worker 1.0: not ready after 1s" in text
     assert re.search(r"exited with signal SIGKILL \(failed_start\)", text)
     assert "no worker became ready" in text
+
+
+def test_slow_handler_connections_move_to_an_idle_thread(master):
+    """A handler blocking 2 s on one connection: the other connections of its
+    thread are taken over by idle threads of the group within takeover_after
+    (plus the watchdog's slack), and the takeovers are counted."""
+    m = master("whoapp:Who", "--interface", "stream", "-w", "1", "-t", "3",
+               "--takeover-after", "0.3", ready=1)
+    by_thread: dict[int, list[socket.socket]] = {}
+    conns = []
+    for _ in range(60):
+        c = m.connect()
+        conns.append(c)
+        c.sendall(b"who")
+        by_thread.setdefault(int(c.recv(10)), []).append(c)
+        if any(len(v) >= 4 for v in by_thread.values()):
+            break
+    tid, group = next((t, v) for t, v in by_thread.items() if len(v) >= 4)
+    slow, others = group[0], group[1:]
+    try:
+        slow.sendall(b"block")
+        time.sleep(0.05)                  # let the handler start (not a wait for a result)
+        t0 = time.monotonic()
+        for c in others:
+            c.sendall(b"ping")
+        for c in others:
+            reply = c.recv(100)
+            served_by, _, payload = reply.partition(b":")
+            assert payload == b"ping"
+            assert int(served_by) != tid                  # another thread answered
+        elapsed = time.monotonic() - t0
+        assert elapsed < 1.2, f"others waited {elapsed:.2f}s behind the blocked handler"
+        assert slow.recv(100) == b"unblocked"
+        m.wait_log(rf"took \d+ connection\(s\) from thread {tid}")
+    finally:
+        for c in conns:
+            c.close()
+    m.proc.send_signal(signal.SIGTERM)
+    assert m.proc.wait(timeout=30) == 0
+    moved = sum(int(n) for n in re.findall(r"totals: .*fd_takeover=(\d+)", m.text()))
+    assert moved >= len(others)
