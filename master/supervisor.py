@@ -9,6 +9,7 @@ arrive as SIGCHLD and are reaped with waitpid(WNOHANG) until none is left.
 Signals: TERM drains every worker and exits 0 once they are gone (the master
 closes its own listener copies first, so new connections are refused at once
 instead of accepted and then reset); a second TERM, INT or QUIT kills them.
+TTIN starts one worker more; TTOU drains the newest one (never the last).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from sockherd.master.spawn import WorkerProcess, spawn
 
 log = logging.getLogger("sockherd.master")
 
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD)
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTTIN,
+           signal.SIGTTOU)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Slot:
     started: float = 0.0
     last_heartbeat: float = 0.0
     given_up: bool = False
+    retired: bool = False          # scaled down (TTOU): drained and never respawned
 
 
 class Supervisor:
@@ -154,7 +157,7 @@ class Supervisor:
                      slot.index, how, outcome.value, pid)
             served = time.monotonic() - slot.started
             slot.proc = None
-            if not self.stopping:
+            if not self.stopping and not slot.retired:
                 self._after_exit(slot, outcome, served)
 
     def _after_exit(self, slot: Slot, outcome: Outcome, served: float) -> None:
@@ -185,6 +188,10 @@ class Supervisor:
         for signum in data:
             if signum == signal.SIGCHLD:
                 self._reap()
+            elif signum == signal.SIGTTIN and not self.stopping:
+                self._scale_up()
+            elif signum == signal.SIGTTOU and not self.stopping:
+                self._scale_down()
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
@@ -193,6 +200,34 @@ class Supervisor:
                 for slot in self.slots:
                     if slot.life is not None:
                         self._feed(slot, Event.KILL)
+
+    def _active(self) -> list[Slot]:
+        return [s for s in self.slots if not s.retired]
+
+    def _scale_up(self) -> None:
+        """TTIN: one worker more, in the first retired slot with no process
+        left, else a new one."""
+        slot = next((s for s in self.slots if s.retired and s.proc is None), None)
+        if slot is None:
+            slot = Slot(len(self.slots))
+            self.slots.append(slot)
+        slot.retired = slot.given_up = False
+        slot.backoff = Backoff()
+        log.info("TTIN: %d workers", len(self._active()))
+        self._spawn(slot)
+
+    def _scale_down(self) -> None:
+        """TTOU: drain the newest worker still counted (it finishes what it
+        has, then exits); the last one stays."""
+        active = self._active()
+        if len(active) <= 1:
+            log.warning("TTOU ignored: one worker left")
+            return
+        slot = active[-1]
+        slot.retired = True
+        log.info("TTOU: %d workers; draining worker slot %d", len(active) - 1, slot.index)
+        if slot.life is not None and slot.proc is not None:
+            self._feed(slot, Event.DRAIN)
 
     def _graceful_stop(self) -> None:
         log.info("graceful stop: draining every worker")
@@ -207,7 +242,7 @@ class Supervisor:
 
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
-            if not self.stopping and slot.proc is None:
+            if not self.stopping and slot.proc is None and not slot.retired:
                 self._spawn(slot)
         elif what == "ready_timeout" and slot.life is not None \
                 and slot.life.state is State.STARTING:
@@ -267,7 +302,7 @@ class Supervisor:
                 return 0
             # (slots are given up only after a READY: a failure before any
             # READY ends the master at once, as startup_failed above)
-            if not live and all(s.given_up for s in self.slots):
+            if not live and all(s.given_up for s in self._active()):
                 log.error("every worker slot was given up on: exiting")
                 return 1
             timeout = None

@@ -302,3 +302,71 @@ def test_slow_handler_connections_move_to_an_idle_thread(master):
     assert m.proc.wait(timeout=30) == 0
     moved = sum(int(n) for n in re.findall(r"totals: .*fd_takeover=(\d+)", m.text()))
     assert moved >= len(others)
+
+
+def test_ttin_adds_a_worker_and_ttou_drains_one(master):
+    m = master("slowapp:Slow", "--interface", "stream", "-w", "1", "--idle-grace", "0.2",
+               ready=1)
+    m.proc.send_signal(signal.SIGTTIN)
+    m.wait_log(r"TTIN: 2 workers")
+    m.wait_log(r"worker 1\.1: ready")
+    assert len(children(m.proc.pid)) == 2
+    newest = int(m.wait_log(r"worker 1\.1: ready, pid (\d+)")[0])
+    # the worker TTOU drains finishes what it has in flight: find a
+    # connection it serves (the two share one accept queue)
+    m.proc.send_signal(signal.SIGTTOU)
+    m.wait_log(r"TTOU: 1 workers; draining worker slot 1")
+    m.wait_log(rf"worker 1\.1: exited with status 0 \(drained\), pid {newest}")
+    wait_for(lambda: children(m.proc.pid) and newest not in children(m.proc.pid), 10,
+             "the drained worker reaped")
+    assert len(children(m.proc.pid)) == 1
+    for _ in range(5):
+        assert echo(m, b"still") == b"done:still"
+    m.proc.send_signal(signal.SIGTTOU)                   # never below one worker
+    m.wait_log(r"TTOU ignored: one worker left")
+    assert "spawned, pid" in m.text() and len(re.findall(r"spawned, pid", m.text())) == 2
+    m.proc.send_signal(signal.SIGTTIN)                   # the retired slot is reused
+    m.wait_log(r"worker 1\.1: ready", count=2)
+    assert len(children(m.proc.pid)) == 2
+
+
+def test_ttou_lets_the_drained_worker_finish_its_request(master):
+    m = master("slowapp:Slow", "--interface", "stream", "-w", "2", "--idle-grace", "0.2")
+    # a slow request on each worker (they share one accept queue: keep
+    # connecting until both workers are busy with one)
+    pids = children(m.proc.pid)
+    held = []
+    for _ in range(20):
+        c = m.connect()
+        c.sendall(b"slow")
+        assert c.recv(8) == b"started;"
+        held.append(c)
+        busy = {p for p in pids if _has_tcp_peer(p)}
+        if busy == set(pids):
+            break
+    m.proc.send_signal(signal.SIGTTOU)
+    m.wait_log(r"draining worker slot 1")
+    for c in held:
+        assert c.recv(100) == b"done:slow"                # nothing cut short
+        c.close()
+    m.wait_log(r"worker 1\.1: exited with status 0 \(drained\)")
+    assert echo(m, b"x") == b"done:x"
+
+
+def _has_tcp_peer(pid: int) -> bool:
+    """Whether pid holds an established TCP connection (a socket besides its
+    listener and socketpair): counted from /proc/pid/fd and /proc/net/tcp."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[3] == "01" and cols[9] in inodes:          # ESTABLISHED
+                return True
+    return False
