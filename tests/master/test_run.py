@@ -370,3 +370,20 @@ def _has_tcp_peer(pid: int) -> bool:
             if cols[3] == "01" and cols[9] in inodes:          # ESTABLISHED
                 return True
     return False
+
+
+def test_worker_missing_heartbeats_is_killed_and_replaced(master):
+    """A hung worker (stopped: it cannot answer) is killed once it stays
+    silent past heartbeat_timeout, and its slot is respawned."""
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2",
+               "--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.0")
+    hung = children(m.proc.pid)[0]
+    os.kill(hung, signal.SIGSTOP)
+    m.wait_log(r"worker 1\.\d: no heartbeat for \d+s: killed", timeout=10)
+    m.wait_log(rf"exited with signal SIGKILL \(killed\), pid {hung}")
+    m.wait_log(r"worker \d+\.\d+: ready", count=3)
+    kids = children(m.proc.pid)
+    assert hung not in kids and len(kids) == 2
+    assert echo(m, b"alive") == b"alive"
+    # the healthy one was never touched
+    assert len(re.findall(r"no heartbeat", m.text())) == 1
