@@ -336,7 +336,7 @@ class Loop:
         self._accept_paused_until = time.monotonic() + self.emfile_pause
         if not self._emfile_logged:
             self._emfile_logged = True
-            log.warning("accept: %s; not accepting for %.1fs (logged once)", exc.strerror,
+            log.warning("%s; not accepting for %.1fs (logged once)", exc.strerror,
                         self.emfile_pause)
         # th's own context: a verb may touch the caller's local update list,
         # so never another running thread's (any fd of any group is fine);

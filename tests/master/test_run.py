@@ -105,16 +105,25 @@ def master(tmp_path: Path):
         (tmp_path / name).write_text(text)
     started: list[Master] = []
 
-    def start(*args: str, ready: int | None = 2) -> Master:
+    def start(*args: str, ready: int | None = 2, nofile: int | None = None,
+              bind: str = "127.0.0.1:0") -> Master:
         log = tmp_path / f"master{len(started)}.log"
+
+        def limits():
+            if nofile:
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", *args,
-                                     "--chdir", str(tmp_path), "-b", "127.0.0.1:0"],
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+                                     "--chdir", str(tmp_path), "-b", bind],
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                    preexec_fn=limits if nofile else None)
         m = Master(proc, log)
         started.append(m)
         if ready:
-            m.port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
+            if bind.startswith("127."):
+                m.port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
             m.wait_log(r"worker \d+\.\d+: ready", count=ready)
         return m
 
@@ -129,6 +138,49 @@ def master(tmp_path: Path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def listener_inode(port: int) -> int:
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and int(cols[1].split(":")[1], 16) == port:
+                return int(cols[9])
+    raise AssertionError(f"no listener on port {port}")
+
+
+def epolls_watching(pid: int, inode: int) -> list[int]:
+    """The epoll fds of pid whose interest list holds the file `inode`
+    (/proc/PID/fdinfo: one `tfd: N events: .. ino:HEX` line per watched fd)."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:[eventpoll]":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if re.search(rf"^tfd:.*\bino:{inode:x}\b", text, re.M):
+            found.append(int(fd))
+    return found
+
+
+def cpu_and_switches(pid: int) -> tuple[float, int]:
+    """CPU seconds and context switches of every thread of pid so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu, switches = 0.0, 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        cpu += (int(fields[11]) + int(fields[12])) / ticks
+        switches += sum(int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", status))
+    return cpu, switches
 
 
 def refused(m: Master) -> bool:
@@ -156,9 +208,13 @@ def test_serves_with_two_workers_of_four_threads_in_two_groups(master):
         c.close()
     workers = children(m.proc.pid)
     assert len(workers) == 2
+    lino = listener_inode(m.port)
     for pid in workers:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert f.read().startswith(b"sockherd: worker 1.")
+        # the kernel's truth: the listener sits in each loop thread's epoll
+        # (4; the worker's control context has an epoll of its own without it)
+        assert len(epolls_watching(pid, lino)) == 4
     with open(f"/proc/{m.proc.pid}/cmdline", "rb") as f:
         assert f.read().startswith(b"sockherd: master [echoapp:Echo]")
 
@@ -180,11 +236,18 @@ def test_term_finishes_in_flight_work_refuses_new_connections_and_exits_0(master
     c = m.connect()
     c.sendall(b"slow request")
     assert c.recv(8) == b"started;"                      # the handler is inside now
+    lino = listener_inode(m.port)
+    workers = children(m.proc.pid)
+    assert all(epolls_watching(pid, lino) for pid in workers)
     m.proc.send_signal(signal.SIGTERM)
     m.wait_log("graceful stop")
     # refused, not accepted then reset: the master's copies are closed and
     # each worker deletes its own at once, though its only thread is busy
     wait_for(lambda: refused(m), 10, "new connections refused")
+    # and DEL'ed from every epoll before the close (seed 004): no epoll of
+    # a draining worker still lists the listener's file
+    wait_for(lambda: not any(epolls_watching(pid, lino) for pid in workers if not gone(pid)),
+             10, "the listener gone from every draining worker's epolls")
     assert c.recv(100) == b"done:slow request"           # the in-flight request completes
     assert m.proc.wait(timeout=30) == 0
     assert "every worker is gone: exiting" in m.text()
@@ -387,3 +450,84 @@ def test_worker_missing_heartbeats_is_killed_and_replaced(master):
     assert echo(m, b"alive") == b"alive"
     # the healthy one was never touched
     assert len(re.findall(r"no heartbeat", m.text())) == 1
+
+
+def test_a_draining_idle_worker_uses_no_cpu(master):
+    """TERM with idle connections kept open (long grace): the workers drain,
+    waiting for the grace with no busy loop: CPU and wake-ups stay flat."""
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "-t", "4",
+               "--idle-grace", "60", "--hard-stop-after", "120")
+    held = [m.connect() for _ in range(8)]
+    try:
+        for c in held:
+            c.sendall(b"x")
+            assert c.recv(10) == b"x"
+        workers = children(m.proc.pid)
+        m.proc.send_signal(signal.SIGTERM)
+        m.wait_log("graceful stop")
+        wait_for(lambda: m.text().count("draining") >= 3, 10, "both workers draining")
+        time.sleep(0.3)                       # let the drain's first steps settle
+        before = [cpu_and_switches(p) for p in workers]
+        time.sleep(2.0)                       # the measuring window
+        after = [cpu_and_switches(p) for p in workers]
+        for (c0, s0), (c1, s1) in zip(before, after):
+            assert c1 - c0 <= 0.03, f"a draining idle worker burned {c1 - c0:.2f}s CPU in 2s"
+            assert s1 - s0 <= 4, f"a draining idle worker woke {s1 - s0} times in 2s"
+        assert all(not gone(p) for p in workers)    # still draining: the grace holds
+    finally:
+        for c in held:
+            c.close()
+    assert m.proc.wait(timeout=30) == 0
+
+
+def test_emfile_flood_does_not_spin_and_the_worker_recovers(master):
+    """With a low fd limit and a connection flood past it, the worker pauses
+    accepting (one log line), does not spin, and serves again afterwards."""
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "1", "-t", "2", ready=1,
+               nofile=96)
+    worker = children(m.proc.pid)[0]
+    flood = []
+    try:
+        for _ in range(150):                   # the backlog takes them all
+            flood.append(socket.create_connection(("127.0.0.1", m.port), timeout=10))
+        m.wait_log(r"accept on fd \d+: Too many open files; not accepting for", timeout=10)
+        c0, _ = cpu_and_switches(worker)
+        time.sleep(2.0)                        # the measuring window
+        c1, _ = cpu_and_switches(worker)
+        assert c1 - c0 < 0.4, f"the worker burned {c1 - c0:.2f}s CPU in 2s at EMFILE"
+    finally:
+        for c in flood:
+            c.close()
+    wait_for(lambda: _echo_ok(m), 20, "served again after the flood")
+    assert len(re.findall(r"Too many open files", m.text())) == 1      # logged once
+
+
+def _echo_ok(m: Master) -> bool:
+    try:
+        return echo(m, b"back") == b"back"
+    except OSError:
+        return False
+
+
+def test_unix_socket_with_mode_and_owner(master, tmp_path):
+    import grp
+    import pwd
+    import stat
+
+    path = tmp_path / "app.sock"
+    user = pwd.getpwnam("nobody")
+    group = grp.getgrgid(user.pw_gid).gr_name
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "1", "--unix-mode", "0600",
+               "--unix-owner", f"nobody:{group}", bind=f"unix:{path}", ready=None)
+    m.wait_log(r"worker \d+\.\d+: ready")
+    st = path.stat()
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert (st.st_uid, st.st_gid) == (user.pw_uid, user.pw_gid)
+    with socket.socket(socket.AF_UNIX) as c:
+        c.settimeout(10)
+        c.connect(str(path))
+        c.sendall(b"over unix")
+        assert c.recv(100) == b"over unix"
+    m.proc.send_signal(signal.SIGTERM)
+    assert m.proc.wait(timeout=30) == 0
+    assert not path.exists()                  # the master removes its own file

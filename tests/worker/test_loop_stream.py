@@ -256,3 +256,56 @@ def test_drain_stops_accepting_finishes_and_closes_idle_after_grace(serve):
     assert not loop.conns
     busy.close()
     idle.close()
+
+
+def test_reading_pauses_past_the_high_water_mark_and_resumes(serve):
+    """A client that sends without reading: the echo's pending output stops
+    growing near HIGH_WATER (reading paused, so the client's own sends stall
+    in the kernel buffers), and once the client reads, everything arrives
+    intact and in order."""
+    from sockherd.worker.stream import HIGH_WATER, READ_SIZE
+
+    seen = []
+
+    class Echo2:
+        def on_data(self, conn, data):
+            conn.write(data)
+            seen.append(conn.pending)
+
+    _, addr = serve(Echo2, 2)
+    payload = os.urandom(12 << 20)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 20
+        stalled_since = None
+        while sent < len(payload):                 # send until the kernel refuses for 0.5 s
+            try:
+                sent += c.send(payload[sent:sent + 65536])
+                stalled_since = None
+            except BlockingIOError:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 0.5:
+                    break
+                time.sleep(0.01)
+            assert time.monotonic() < deadline
+        assert sent < len(payload), "the server never stopped reading"
+        assert max(seen) <= HIGH_WATER + READ_SIZE       # bounded by the mark
+        c.setblocking(True)
+        c.settimeout(20)
+        got = bytearray()
+        rest = payload[sent:]
+        # read and send the rest alternately until all came back
+        while len(got) < len(payload):
+            if rest:
+                c.setblocking(False)
+                try:
+                    n = c.send(rest[:65536])
+                    rest = rest[n:]
+                except BlockingIOError:
+                    pass
+                c.setblocking(True)
+                c.settimeout(20)
+            got += c.recv(1 << 20)
+            assert time.monotonic() < deadline + 20
+        assert bytes(got) == payload
