@@ -226,6 +226,7 @@ def _check_together(s: Any) -> None:
     """Rules that tie several settings together, and values whose check
     belongs to their own module (addresses)."""
     from sockherd.master.addresses import AddressError, parse
+    from sockherd.worker.identity import IdentityError, resolve
 
     for address in s.bind:
         try:
@@ -239,6 +240,10 @@ def _check_together(s: Any) -> None:
     if per_group > 64:
         raise SettingsError(f"threads = {s.threads}: {per_group} threads per group, at most 64 "
                             f"(raise thread_groups)")
+    try:
+        resolve(s.user, s.group)
+    except IdentityError as exc:
+        raise SettingsError(str(exc)) from None
     if s.heartbeat_timeout <= s.heartbeat_interval:
         raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "
                             f"heartbeat_interval ({s.heartbeat_interval})")

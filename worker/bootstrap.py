@@ -3,7 +3,9 @@
 1. PR_SET_PDEATHSIG, then a check that the parent is still the master that
    started us (it may have died before the prctl).
 2. The Assignment from the master, with the listener fds: each is checked
-   against its descriptor (ipc.listeners.adopt: all or nothing).
+   against its descriptor (ipc.listeners.adopt: all or nothing). With
+   --user/--group, the switch (worker/identity.py: capabilities dropped,
+   no_new_privs), then PR_SET_PDEATHSIG again and the parent check again.
 3. The process title, the app import, one fdcore Table of T threads in G
    groups, the listeners inserted once per group, the loop threads started.
 4. READY to the master, or FAILED_BEFORE_READY with the reason (a traceback
@@ -33,6 +35,7 @@ from sockherd.ipc.messages import (
 from sockherd.master.spawn import ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.embedded import StatusPage
+from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.loop import Loop
 
 log = logging.getLogger("sockherd.worker")
@@ -43,11 +46,24 @@ class BootstrapError(Exception):
     """Why this worker cannot become READY (sent to the master as is)."""
 
 
-def _prepare(msg: Assignment, fds: list[int]) -> Loop:
+def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     import prctl
 
     socks = adopt(msg.listeners, fds)          # closes every fd on a mismatch
     cfg = msg.config
+    try:
+        ident = resolve(cfg.get("user", ""), cfg.get("group", ""))
+        if ident is not None:
+            switch(ident)                      # before the app runs any code
+            # a credential change clears the parent-death signal: set it
+            # again, then make sure the master did not die in between
+            prctl.set_pdeathsig(signal.SIGTERM)
+            if master and os.getppid() != master:
+                raise BootstrapError("the master exited while this worker switched user")
+    except (IdentityError, BootstrapError) as exc:
+        for s in socks:
+            s.close()
+        raise BootstrapError(str(exc)) from None
     prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} [{msg.app}]")
     interface = cfg.get("interface", "wsgi")
     if not msg.app:
@@ -151,7 +167,7 @@ def main() -> int:
         if not isinstance(got.msg, Assignment):
             got.close_fds()
             raise BootstrapError(f"expected an assignment first, got {type(got.msg).__name__}")
-        loop = _prepare(got.msg, got.fds)
+        loop = _prepare(got.msg, got.fds, master)
     except (BootstrapError, IPCError, OSError) as exc:
         reason = str(exc) or type(exc).__name__
         log.error("failed before ready: %s", reason)

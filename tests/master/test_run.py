@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -106,7 +108,7 @@ def master(tmp_path: Path):
     started: list[Master] = []
 
     def start(*args: str, ready: int | None = 2, nofile: int | None = None,
-              bind: str = "127.0.0.1:0") -> Master:
+              bind: str = "127.0.0.1:0", chdir: Path = tmp_path) -> Master:
         log = tmp_path / f"master{len(started)}.log"
 
         def limits():
@@ -116,7 +118,7 @@ def master(tmp_path: Path):
 
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", *args,
-                                     "--chdir", str(tmp_path), "-b", bind],
+                                     "--chdir", str(chdir), "-b", bind],
                                     stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                                     preexec_fn=limits if nofile else None)
         m = Master(proc, log)
@@ -531,3 +533,48 @@ def test_unix_socket_with_mode_and_owner(master, tmp_path):
     m.proc.send_signal(signal.SIGTERM)
     assert m.proc.wait(timeout=30) == 0
     assert not path.exists()                  # the master removes its own file
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_workers_run_as_user_without_capabilities(master, tmp_path):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    # an app directory nobody may enter (pytest's own tmp tree is root-only)
+    shared = Path(tempfile.mkdtemp(prefix="sockherd-user-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "echoapp.py").write_text(APPS["echoapp.py"])
+        m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "--user", "nobody",
+                   chdir=shared)
+    finally:
+        shutil.rmtree(shared)              # imported already (or failed): not needed
+    for pid in children(m.proc.pid):
+        st = _status(pid)
+        assert st["Uid"].split() == [str(nobody.pw_uid)] * 4
+        assert st["Gid"].split() == [str(nobody.pw_gid)] * 4
+        assert int(st["CapPrm"], 16) == int(st["CapEff"], 16) == 0
+        assert int(st["CapBnd"], 16) == 0 and int(st["CapAmb"], 16) == 0
+        assert st["NoNewPrivs"] == "1"
+    assert _status(m.proc.pid)["Uid"].split()[0] == "0"          # the master keeps its own
+    assert echo(m, b"as nobody") == b"as nobody"
+    workers = children(m.proc.pid)
+    m.proc.kill()                     # PR_SET_PDEATHSIG was set again after the switch
+    m.proc.wait(timeout=10)
+    wait_for(lambda: all(gone(p) for p in workers), 5, "workers to follow the master")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--user", "no-such-user-here"), "bad setting: user = 'no-such-user-here': no such user"),
+    (("--group", "no-such-group-here"),
+     "bad setting: group = 'no-such-group-here': no such group"),
+])
+def test_unknown_user_or_group_is_a_bad_setting(master, args, message):
+    m = master("echoapp:Echo", "--interface", "stream", *args, ready=None)
+    assert m.proc.wait(timeout=30) == 2
+    assert message in m.text()
