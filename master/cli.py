@@ -93,7 +93,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     import msgspec
 
-    from sockherd.master.listeners import BindError, bind_all
+    from sockherd.ipc.errors import ActivationError
+    from sockherd.master.listeners import BindError, activated, bind_all
     from sockherd.master.supervisor import Supervisor
 
     settings = _settings(ns)
@@ -103,12 +104,23 @@ def cmd_run(ns: argparse.Namespace) -> int:
                         format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
     log = logging.getLogger("sockherd.master")
     try:
-        listeners = bind_all(settings)
+        inherited = activated()
+    except ActivationError as exc:
+        log.error("socket activation: %s", exc)
+        return 1
+    if inherited and settings.bind == next(s.default for s in S.SETTINGS if s.key == "bind"):
+        # systemd owns the addresses: the built-in default is not bound too
+        settings = msgspec.structs.replace(settings, bind=[])
+    try:
+        listeners = inherited + bind_all(settings)
     except (BindError, OSError) as exc:
+        for lst in inherited:
+            lst.close()
         log.error("%s", exc)
         return 1
     for lst in listeners:
-        log.info("listening on %s", lst.descriptor.address)
+        via = " (from systemd)" if lst in inherited else ""
+        log.info("listening on %s%s", lst.descriptor.address, via)
     import prctl
     prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
     return Supervisor(settings, listeners, msgspec.structs.asdict(settings)).run()

@@ -171,3 +171,18 @@ def bind_all(settings) -> list[Listener]:
             listener.close()
         raise
     return done
+
+
+def activated() -> list[Listener]:
+    """The listening sockets systemd passed us (socket activation: LISTEN_FDS
+    for our pid), [] if none; the variables are removed from the environment
+    either way, so no worker mistakes them for its own. Raises
+    ActivationError for a malformed environment or an fd that is not a
+    listening socket (all of them closed then)."""
+    from sockherd.ipc import systemd
+
+    out = []
+    for desc, sock in systemd.adopt(systemd.listen_fds(unset_environment=True)):
+        sock.setblocking(False)
+        out.append(Listener(parse(f"fd://{sock.fileno()}"), sock, desc))
+    return out

@@ -578,3 +578,46 @@ def test_unknown_user_or_group_is_a_bad_setting(master, args, message):
     m = master("echoapp:Echo", "--interface", "stream", *args, ready=None)
     assert m.proc.wait(timeout=30) == 2
     assert message in m.text()
+
+
+ACTIVATE = shutil.which("systemd-socket-activate")
+
+
+@pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate not installed")
+def test_systemd_activated_socket_is_served(tmp_path):
+    """Under systemd-socket-activate: the master takes the passed listener
+    (LISTEN_FDS) instead of binding the default address, and the connection
+    that triggered the start, queued meanwhile, is served."""
+    (tmp_path / "echoapp.py").write_text(APPS["echoapp.py"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "activated.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([ACTIVATE, "-l", f"127.0.0.1:{port}", sys.executable, "-m",
+                                 "sockherd.master", "run", "echoapp:Echo", "--interface",
+                                 "stream", "-w", "2", "--chdir", str(tmp_path)],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        text = lambda: log.read_text(errors="replace")        # noqa: E731
+        wait_for(lambda: "Listening on" in text() or "listening" in text(), 10, "activator up")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:   # starts it
+            c.sendall(b"first")
+            assert c.recv(100) == b"first"
+        wait_for(lambda: len(re.findall(r"worker \d+\.\d+: ready", text())) >= 2, 30, "ready")
+        assert re.search(rf"listening on 127\.0\.0\.1:{port} \(from systemd\)", text())
+        assert "127.0.0.1:8000" not in text()                 # the default was not bound
+        for pid in children(proc.pid):                       # not leaked to workers
+            assert b"LISTEN_FDS" not in Path(f"/proc/{pid}/environ").read_bytes()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        kids = children(proc.pid)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
