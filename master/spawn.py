@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from sockherd.ipc.channel import Channel
 from sockherd.ipc.messages import Assignment
 from sockherd.master.listeners import Listener
-
-ENV_FD = "SOCKHERD_WORKER_FD"
-ENV_MASTER = "SOCKHERD_MASTER_PID"
+from sockherd.worker import ENV_FD, ENV_MASTER
 
 
 @dataclass

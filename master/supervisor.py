@@ -177,6 +177,7 @@ class Supervisor:
             log.error("worker slot %d: gave up after %d failures in a row; the other workers "
                       "keep serving", slot.index, slot.backoff.failures)
             return
+        log.info("worker slot %d: respawn in %.1fs", slot.index, delay)
         self._at(delay, "respawn", slot.index)
 
     # ---- signals and timers --------------------------------------------------------------

@@ -1,2 +1,9 @@
 """sockherd.worker: worker bootstrap, thread groups, per-thread event loop,
 connection API and app adapters."""
+
+# How `python -m sockherd.worker` finds its master (set by master/spawn.py):
+# the number of its end of the socketpair, and the master's pid (checked
+# against getppid() after PR_SET_PDEATHSIG). Declared here, by the side
+# that reads them, so the worker imports nothing from the master.
+ENV_FD = "SOCKHERD_WORKER_FD"
+ENV_MASTER = "SOCKHERD_MASTER_PID"

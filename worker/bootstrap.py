@@ -32,7 +32,7 @@ from sockherd.ipc.listeners import adopt
 from sockherd.ipc.messages import (
     Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Stop,
 )
-from sockherd.master.spawn import ENV_FD, ENV_MASTER
+from sockherd.worker import ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.embedded import StatusPage
 from sockherd.worker.identity import IdentityError, resolve, switch
