@@ -52,6 +52,12 @@ class Who:
         else:
             conn.write(b"%d:" % conn.th.tid + data)
 """,
+    "pidapp.py": """
+import os
+class Pid:
+    def on_data(self, conn, data):
+        conn.write(b"%d/%d" % (os.getpid(), conn.th.tid))
+""",
     "badapp.py": "raise RuntimeError('missing SECRET_KEY')\n",
     "hangapp.py": "import time\ntime.sleep(60)\n",
 }
@@ -627,3 +633,25 @@ def test_systemd_activated_socket_is_served(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_kept_alive_connections_spread_over_workers_and_threads(master):
+    """Connections opened one at a time (a light load) and kept open: they
+    spread over both workers and all their threads instead of all landing on
+    the first registered poller (EPOLLEXCLUSIVE wakes the first idle one)."""
+    m = master("pidapp:Pid", "--interface", "stream", "-w", "2", "-t", "2")
+    held, per_worker, per_thread = [], {}, {}
+    try:
+        for _ in range(40):
+            c = m.connect()
+            held.append(c)
+            c.sendall(b"?")
+            who = c.recv(100)
+            pid = who.split(b"/")[0]
+            per_worker[pid] = per_worker.get(pid, 0) + 1
+            per_thread[who] = per_thread.get(who, 0) + 1
+    finally:
+        for c in held:
+            c.close()
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 10, per_worker
+    assert len(per_thread) == 4 and min(per_thread.values()) >= 4, per_thread
