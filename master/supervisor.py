@@ -32,7 +32,7 @@ from sockherd.master.spawn import WorkerProcess, spawn
 log = logging.getLogger("sockherd.master")
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTTIN,
-           signal.SIGTTOU)
+           signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2)
 
 
 @dataclass
@@ -193,6 +193,11 @@ class Supervisor:
                 self._scale_up()
             elif signum == signal.SIGTTOU and not self.stopping:
                 self._scale_down()
+            elif signum in (signal.SIGHUP, signal.SIGUSR2):
+                # the reload issue gives these their meaning; until then an
+                # operator's habitual HUP must not kill the server (the default)
+                log.warning("%s: reload and upgrade are not implemented yet; ignored",
+                            signal.Signals(signum).name)
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):

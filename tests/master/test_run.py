@@ -655,3 +655,12 @@ def test_kept_alive_connections_spread_over_workers_and_threads(master):
             c.close()
     assert len(per_worker) == 2 and min(per_worker.values()) >= 10, per_worker
     assert len(per_thread) == 4 and min(per_thread.values()) >= 4, per_thread
+
+
+def test_hup_and_usr2_do_not_kill_the_server_before_reload_exists(master):
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "1", ready=1)
+    m.proc.send_signal(signal.SIGHUP)
+    m.proc.send_signal(signal.SIGUSR2)
+    m.wait_log(r"SIGHUP: reload and upgrade are not implemented yet; ignored")
+    m.wait_log(r"SIGUSR2: reload and upgrade are not implemented yet; ignored")
+    assert m.proc.poll() is None and echo(m, b"up") == b"up"
