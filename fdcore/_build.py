@@ -119,6 +119,7 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 int fdc_leave_batch(struct fdc_thread *th, const struct fdc_event *ev, int n);
 int fdc_wake(struct fdc_table *t, int tid);
 int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max);
+int fdc_requeue(struct fdc_thread *th, int fd);
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out);
 """
 

@@ -540,6 +540,58 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max)
 	return n;
 }
 
+/* Moves th's registration of an EXCLUSIVE fd to the end of the file's
+ * wait queue: DEL, then ADD with the same events and data. The kernel
+ * hands an exclusive file's event to the first registered instance that
+ * has an idle waiter, so without this the first thread of the first worker
+ * to register a listener takes every connection of a light load while the
+ * others sleep. A thread that just accepted requeues, and the next
+ * connection goes to the poller that waited longest.
+ *
+ * Who: th's thread, holding fd (its running bit, from fdc_poll or
+ * fdc_enter), so no final close can DEL the registration meanwhile (I4,
+ * I7). Touches th's own instance only; the desired state, the update lists
+ * and the other threads are left alone (a verb pair, stop_recv then
+ * want_recv, would make every thread of the group DEL and ADD it and wake
+ * them all). Returns 0; -EBADF for an fd out of range; -EPERM if th does
+ * not hold fd; -ENOENT if th does not poll fd for recv as exclusive
+ * (nothing to move); or -errno of a failed DEL or ADD, after which th polls
+ * nothing for fd and the fd is reported like any failed registration
+ * (polled bits cleared, FDC_POLL_CTL at th's next poll: I8).
+ * Memory ordering: seq_cst loads of running_mask, state, generation and
+ * th's polled bits, all stable while th holds fd (only th changes its own
+ * polled bits; the generation changes only in the final close).
+ */
+int fdc_requeue(struct fdc_thread *th, int fd)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_entry *e;
+	struct fdc_polled *pol;
+	uint64_t bit = th->ltid_bit;
+	struct epoll_event ev;
+	int err;
+
+	if (fd < 0 || fd >= t->maxfd)
+		return -EBADF;
+	e = &t->fdtab[fd];
+	pol = &t->polled[fd];
+	if (!(atomic_load(&e->running_mask) & bit))
+		return -EPERM;
+	if (!(atomic_load(&e->state) & FDC_EXCLUSIVE) || !(atomic_load(&pol->recv) & bit))
+		return -ENOENT;
+	ev.events = EPOLLIN | EPOLLEXCLUSIVE | ((atomic_load(&pol->send) & bit) ? EPOLLOUT : 0);
+	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
+	ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
+	if (!err)
+		ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
+	if (err) {
+		set_polled(pol, bit, 0, 0);
+		fail_fd(th, fd, err);
+		return -err;
+	}
+	return 0;
+}
+
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out)
 {
 	uint64_t *dst = (uint64_t *)out;

@@ -372,6 +372,18 @@ class Thread:
         n = check(lib.fdc_accept(self._th, lfd, self._accepted, max_conns), f"accept on fd {lfd}")
         return ffi.unpack(self._accepted, n)
 
+    def requeue(self, fd: int) -> bool:
+        """Moves this thread's registration of an exclusive fd it holds to
+        the end of the file's wait queue (round-robin accepts). False if
+        there is nothing to move (not polled for recv as exclusive here).
+        Raises OSError: EPERM if this thread does not hold fd, or the errno
+        of a failed re-registration (then also reported by the next poll)."""
+        rc = lib.fdc_requeue(self._th, fd)
+        if rc == -errno.ENOENT:
+            return False
+        check(rc, f"requeue fd {fd}")
+        return True
+
     def counters(self) -> dict[str, int]:
         c = ffi.new("struct fdc_counters *")
         lib.fdc_counters(self._th, c)

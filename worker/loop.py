@@ -336,22 +336,20 @@ class Loop:
                 conn._sync()
 
     def _requeue(self, th, lfd: int) -> None:
-        """Moves th's registration of the listener to the end of the
-        listener's wait queue (DEL, then ADD at the next poll), so the next
-        connection wakes the idle poller that waited longest. Why: the
-        kernel hands an EPOLLEXCLUSIVE listener's connection to the FIRST
-        registered epoll that has an idle waiter, so under a light load one
-        thread of one worker takes every connection (measured: 200 of 200
-        kept-alive connections on one of 2 workers) while the others idle;
-        with the GIL that is one core serving everything. Two epoll_ctl per
-        accept batch buy round-robin across every thread of every worker."""
+        """Moves th's own registration of the listener to the end of the
+        listener's wait queue (fdcore requeue: DEL + ADD on th's epoll
+        only), so the next connection wakes the idle poller that waited
+        longest. Why: the kernel hands an EPOLLEXCLUSIVE listener's
+        connection to the FIRST registered epoll that has an idle waiter, so
+        under a light load one thread of one worker took every connection
+        (measured: 200 of 200 kept-alive connections on one of 2 workers)
+        while the others idled; with the GIL that is one core serving
+        everything. Two epoll_ctl per accept batch buy round-robin over
+        every thread of every worker."""
         try:
-            th.stop_recv(lfd)
-            th.update_pass()                 # the DEL, now: we hold the listener
-            if time.monotonic() >= self._accept_paused_until:
-                th.want_recv(lfd)            # the ADD, in this thread's next poll
+            th.requeue(lfd)
         except OSError as exc:
-            if exc.errno != errno.EBADF:     # EBADF: a drain deleted it meanwhile
+            if exc.errno not in (errno.EPERM, errno.EBADF):   # not held / deleted: skip
                 raise
 
     def _pause_accepting(self, th, exc: OSError) -> None:
