@@ -15,17 +15,18 @@ EMFILE/ENFILE on accept: every thread stops accepting for `emfile_pause`
 seconds instead of spinning on a listener it cannot serve, logs once, and
 resumes by itself.
 
-A handler may block (a database call). A watchdog thread notices a loop
-thread that has been inside one handler for `takeover_after` seconds and
-asks an idle thread of the same group to take over (fdcore takeover) the
-stuck thread's connections that have work waiting, so one slow request does
-not stall the other clients of its thread. The watchdog costs nothing when
-nothing happens: it sleeps without a timeout once a whole period passed with
-no handler run, and the first loop thread to run a handler after that wakes
-it (one eventfd write per quiet-to-busy transition, never per event).
+A handler may block (a database call): worker/relief.py moves the
+connections with work waiting off a thread stuck in one handler. For that,
+a thread with siblings in its group leaves its batch at once and enters each
+fd again just before its handler; a thread alone in its group holds the
+batch (one C call to leave it all).
+
+Connection verbs always use the calling loop thread's context (`local.th`);
+a thread that is not a loop thread posts the call to the owner's mailbox.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import logging
@@ -35,7 +36,8 @@ import socket
 import threading
 import time
 
-from sockherd.fdcore import Table
+from sockherd.fdcore import Outcome, Table
+from sockherd.worker.relief import Relief
 from sockherd.worker.stream import Connection
 
 log = logging.getLogger("sockherd.worker")
@@ -79,17 +81,10 @@ class Loop:
         self.drained_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.idle_grace = 1.0
         self.errors: list[BaseException] = []
-        # slow handlers (see the module doc): per loop thread, by position,
-        # when its current handler started (0.0: not in a handler) and which
-        # stuck sibling it was asked to relieve; written by single stores
-        self.takeover_after = takeover_after
+        self.local = threading.local()          # .th: this loop thread's context
         self._pos = {th.tid: i for i, th in enumerate(self.loop_threads)}
-        self._busy = [0.0] * len(self.loop_threads)
-        self._relieve: list[int | None] = [None] * len(self.loop_threads)
-        self._activity = 0                  # handler batches run (a hint, not exact)
-        self._watch_asleep = False
-        self._watch_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self.takeovers = [0] * len(self.loop_threads)   # connections taken, per thread
+        self._mail = [collections.deque() for _ in self.loop_threads]
+        self.relief = Relief(self, takeover_after)
 
     # ---- set-up ------------------------------------------------------------------
     def add_listener(self, sock: socket.socket) -> None:
@@ -110,28 +105,40 @@ class Loop:
                                  daemon=True)
             t.start()
             self._threads.append(t)
-        if self.takeover_after > 0 and any(self._siblings(i) for i in range(len(self._busy))):
-            t = threading.Thread(target=self._watch, name="sockherd-watchdog", daemon=True)
-            t.start()
-            self._threads.append(t)
+        watchdog = self.relief.start()
+        if watchdog is not None:
+            self._threads.append(watchdog)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the threads, then closes every connection and listener."""
         self._stop.set()
+        if self.drained_fd < 0:
+            return                              # stopped already
         for th in self.loop_threads:
             self.table.wake(th.tid)
-        os.eventfd_write(self._watch_fd, 1)
+        self.relief.stop()
         for t in self._threads:
             t.join(timeout)
             if t.is_alive():
                 raise RuntimeError(f"loop thread {t.name} did not stop within {timeout}s")
-        for conn in list(self.conns.values()):
-            conn._close_now()
-        self._delete_listeners(self.loop_threads[0])
-        if self.drained_fd >= 0:
-            os.close(self.drained_fd)
-            os.close(self._watch_fd)
-            self.drained_fd = -1
+        # every loop thread is gone: this thread may use any context now
+        self.local.th = self.loop_threads[0]
+        try:
+            for conn in list(self.conns.values()):
+                conn._close_now()
+            self._delete_listeners(self.loop_threads[0])
+        finally:
+            del self.local.th
+        os.close(self.drained_fd)
+        self.drained_fd = -1
+        self.relief.close()
+
+    def post(self, conn: Connection, fn, *args) -> None:
+        """Runs fn(*args) on the loop thread that owns conn (for a thread
+        that is not a loop thread: fdcore verbs need a context)."""
+        owner = conn.th
+        self._mail[self._pos[owner.tid]].append((fn, args))
+        self.table.wake(owner.tid)
 
     def forget(self, conn: Connection) -> None:
         # only our own entry: the number may already belong to a new connection
@@ -160,21 +167,33 @@ class Loop:
             th.delete(fd)                   # any thread may delete any fd; deferred
         self.listeners.clear()              # to a thread still inside it (accept)
 
-    def _drain_step(self, th) -> int:
+    def _drain_step(self, th, me: int) -> int:
         """A draining thread's turn: delete the listeners (the first thread to
         get here), close its own connections idle for the grace, and return
-        the poll timeout until its next idle deadline (-1: none left)."""
+        the poll timeout until its next idle deadline (-1: none left). A
+        connection with a request waiting (readable now: it arrived while this
+        thread was busy elsewhere) is not idle, whatever its last event says."""
         if self._listeners_deleted.acquire(blocking=False):
             self._delete_listeners(th)
         now = time.monotonic()
-        mine = [c for c in list(self.conns.values()) if c.th is th]
-        next_due = None
-        for conn in mine:
+        due_now, next_due = [], None
+        for conn in [c for c in list(self.conns.values()) if c.th is th]:
             due = conn.last_active + self.idle_grace
             if due <= now and not conn.pending:
-                conn.close()
+                due_now.append(conn)
             else:
                 next_due = due if next_due is None else min(next_due, due)
+        if due_now:
+            waiting = _readable([c.fd for c in due_now])
+            self._enter_app(me)                  # on_close is app code: watched too
+            for conn in due_now:
+                if conn.fd in waiting:
+                    conn.last_active = now
+                    due = now + self.idle_grace
+                    next_due = due if next_due is None else min(next_due, due)
+                else:
+                    conn.close()
+            self.relief.busy[me] = 0.0
         if not self.conns and not self.drained.is_set():
             self.drained.set()
             os.eventfd_write(self.drained_fd, 1)
@@ -182,132 +201,91 @@ class Loop:
             return -1
         return max(1, int((next_due - now) * 1000) + 1)
 
+    def _enter_app(self, me: int) -> None:
+        """Marks loop thread `me` as inside app code from now (the watchdog's
+        stamp; the store comes before the read of its sleep flag)."""
+        self.relief.busy[me] = time.monotonic()
+        if self.relief.asleep:
+            self.relief.wake()
+
     def _run(self, th) -> None:
         me = self._pos[th.tid]
-        busy = self._busy
-        clock = time.monotonic
+        self.local.th = th
+        relief = self.relief
+        busy = relief.busy
+        relieved = relief.enabled and bool(relief.siblings(me))
+        mail = self._mail[me]
         try:
             while not self._stop.is_set():
                 timeout = self._resume_accepting(th)
                 if self._draining.is_set():
-                    timeout = self._drain_step(th)
+                    timeout = self._drain_step(th, me)
                 events = th.poll(timeout)
                 if events:
-                    self._activity += 1
-                    busy[me] = clock()
-                    if self._watch_asleep:          # read after our store (the
-                        self._wake_watchdog()       # watchdog: the other way round)
-                for ev in events:
-                    busy[me] = clock()
-                    if ev.kind == KIND_LISTENER:
-                        self._accept(th, ev.fd)
-                        continue
-                    conn = self.conns.get(ev.fd)
-                    # conn.th: a sibling may have taken it over while we were
-                    # stuck before this event (the core then refuses our enter,
-                    # except for an fd we held: that one is still ours)
-                    if conn is not None and conn.cookie == ev.owner and conn.th is th:
-                        conn.on_events(ev.events)
-                busy[me] = 0.0
-                th.leave_all()
-                if self._relieve[me] is not None:
-                    self._take_from(th, me)
+                    relief.activity += 1
+                    self._enter_app(me)
+                    if relieved:
+                        th.leave_all()           # siblings may take what we have not reached
+                        self._dispatch_entering(th, me, events)
+                    else:
+                        self._dispatch_held(th, me, events)
+                        th.leave_all()
+                    busy[me] = 0.0
+                if mail:
+                    self._enter_app(me)
+                    while mail:
+                        fn, args = mail.popleft()
+                        fn(*args)
+                    busy[me] = 0.0
+                if relief.asked[me] is not None:
+                    relief.take_from(th, me)
         except BaseException as exc:  # reported to whoever runs the loop
             self.errors.append(exc)
             log.exception("loop thread %d failed", th.tid)
 
-    # ---- slow handlers -------------------------------------------------------------
-    def _siblings(self, i: int) -> list[int]:
-        tgid = self.loop_threads[i].tgid
-        return [j for j, th in enumerate(self.loop_threads) if th.tgid == tgid and j != i]
-
-    def _wake_watchdog(self) -> None:
-        self._watch_asleep = False
-        os.eventfd_write(self._watch_fd, 1)
-
-    def _watch(self) -> None:
-        """The watchdog thread: wakes at the moment a running handler reaches
-        takeover_after (then every half period while it stays stuck) and asks
-        an idle sibling to relieve its thread; sleeps with no timeout once a
-        period went by with no handler run."""
-        period = self.takeover_after
-        seen = -1
-        try:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                due = None
-                for i, since in enumerate(self._busy):
-                    if not since:
-                        continue
-                    if now - since >= period:
-                        self._ask_relief(i, now - since)
-                        at = now + period / 2
-                    else:
-                        at = since + period
-                    due = at if due is None else min(due, at)
-                if due is not None:
-                    timeout = max(0.0, due - now)
-                elif self._activity != seen:
-                    seen = self._activity
-                    timeout = period
-                else:
-                    # Dekker with _run: our flag store, then a re-read of the
-                    # handlers' state; a loop thread stores its busy stamp,
-                    # then reads the flag: one of us sees the other
-                    self._watch_asleep = True
-                    if self._activity != seen or any(self._busy):
-                        self._watch_asleep = False
-                        continue
-                    timeout = None
-                select.select([self._watch_fd], [], [], timeout)
-                try:
-                    os.eventfd_read(self._watch_fd)
-                except BlockingIOError:
-                    pass
-        except BaseException as exc:
-            self.errors.append(exc)
-            log.exception("watchdog failed")
-
-    def _ask_relief(self, stuck: int, for_s: float) -> None:
-        for j in self._siblings(stuck):
-            if not self._busy[j] and self._relieve[j] is None:
-                self._relieve[j] = stuck
-                self.table.wake(self.loop_threads[j].tid)
-                return
-        log.debug("thread %d in one handler for %.1fs; no idle sibling to relieve it",
-                  self.loop_threads[stuck].tid, for_s)
-
-    def _take_from(self, th, me: int) -> None:
-        """th (position me) takes over the connections of its stuck sibling
-        that have work waiting: readable, or output the kernel will take.
-        Connections the sibling holds right now (its current batch) are
-        refused by the core (EBUSY) and stay with it."""
-        stuck, self._relieve[me] = self._relieve[me], None
-        victim = self.loop_threads[stuck]
-        since = self._busy[stuck]
-        if not since or time.monotonic() - since < self.takeover_after:
-            return                                   # it came back meanwhile
-        theirs = {c.fd: c for c in list(self.conns.values()) if c.th is victim}
-        if not theirs:
-            return
-        probe = select.poll()
-        for fd, conn in theirs.items():
-            probe.register(fd, select.POLLIN | (select.POLLOUT if conn.pending else 0))
-        moved = 0
-        for fd, _ in probe.poll(0):
-            conn = theirs[fd]
-            if conn.th is not victim or conn.closed or not th.takeover(fd, conn.cookie):
+    def _dispatch_held(self, th, me: int, events) -> None:
+        """A batch whose fds th holds until the caller leaves them all."""
+        busy = self.relief.busy
+        clock = time.monotonic
+        conns = self.conns
+        for ev in events:
+            busy[me] = clock()
+            if ev.kind == KIND_LISTENER:
+                self._accept(th, ev.fd, False)
                 continue
-            conn.th = th                   # ours from here: the core re-polls it
-            conn._want_send = False        # for th (recv is stopped by the takeover)
-            conn._sync()
-            moved += 1
-        if moved:
-            self.takeovers[me] += moved
-            log.info("thread %d took %d connection(s) from thread %d, inside one handler "
-                     "for %.1fs", th.tid, moved, victim.tid, time.monotonic() - since)
+            conn = conns.get(ev.fd)
+            if conn is not None and conn.cookie == ev.owner and conn.th is th:
+                conn.on_events(ev.events)
 
-    def _accept(self, th, lfd: int) -> None:
+    def _dispatch_entering(self, th, me: int, events) -> None:
+        """A batch already left: each fd is entered again right before its
+        handler, and skipped if a sibling took it meanwhile (or it closed)."""
+        busy = self.relief.busy
+        clock = time.monotonic
+        conns = self.conns
+        done = Outcome.DONE
+        for ev in events:
+            busy[me] = clock()
+            conn = None
+            if ev.kind != KIND_LISTENER:
+                conn = conns.get(ev.fd)
+                if conn is None or conn.cookie != ev.owner or conn.th is not th:
+                    continue
+            outcome, gen = th.enter(ev.fd)
+            if outcome is not done:
+                continue
+            if gen == ev.gen:                    # else a new incarnation: not this report's
+                if conn is None:
+                    self._accept(th, ev.fd, True)
+                elif conn.th is th:
+                    conn.on_events(ev.events)
+            th.leave(ev.fd, gen)
+
+    @property
+    def takeovers(self) -> list[int]:
+        return self.relief.takeovers
+
+    def _accept(self, th, lfd: int, relieved: bool) -> None:
         if time.monotonic() < self._accept_paused_until:
             return
         try:
@@ -319,6 +297,9 @@ class Loop:
             raise
         if fds and self.rotate_accept:
             self._requeue(th, lfd)
+        # the whole batch is in the table and in conns before any on_connect
+        # runs: a slow one must not hide the others from a relieving sibling
+        new = []
         for fd in fds:
             cookie = next(self._cookies)
             try:
@@ -331,9 +312,21 @@ class Loop:
                 continue
             conn = Connection(self, th, fd, cookie, self.handler_class())
             self.conns[fd] = conn
-            conn._call("on_connect")
-            if not conn.closed:
-                conn._sync()
+            new.append(conn)
+        busy = self.relief.busy
+        me = self._pos[th.tid]
+        for conn in new:
+            busy[me] = time.monotonic()
+            if not relieved:
+                conn.connect()
+                continue
+            # on_connect under the running bit, as any handler: a sibling
+            # that took the connection meanwhile runs it itself, first
+            outcome, gen = th.enter(conn.fd)
+            if outcome is Outcome.DONE:
+                if conn.th is th:
+                    conn.connect()
+                th.leave(conn.fd, gen)
 
     def _requeue(self, th, lfd: int) -> None:
         """Moves th's own registration of the listener to the end of the
@@ -385,3 +378,11 @@ def socket_opt_nodelay(fd: int) -> None:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     finally:
         s.detach()
+
+
+def _readable(fds: list[int]) -> set[int]:
+    """Which of fds have input (or a hang-up) waiting now: one poll(2)."""
+    probe = select.poll()
+    for fd in fds:
+        probe.register(fd, select.POLLIN)
+    return {fd for fd, _ in probe.poll(0)}

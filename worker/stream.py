@@ -10,7 +10,15 @@ An app is a class; one instance handles one connection:
 
 Every method is optional but on_data. They run on the thread that owns the
 connection, while it holds the fd's running bit, one at a time: a handler
-needs no lock for its own connection.
+needs no lock for its own connection. on_connect runs before anything else,
+also when the connection moved to another thread before it ran.
+
+A handler may also act on other connections (a chat room, a proxy pair):
+from a loop thread, `write`, `close`, `pause_reading` and `resume_reading`
+work on any connection (fdcore's verbs take the calling thread's context,
+never the owner's); from a thread of the app's own, they are queued to the
+owning loop thread and run there. Bytes written to one connection from two
+threads at the same moment may interleave.
 
 `Connection.write` never blocks: what the kernel does not take now waits in
 a buffer and goes out when the socket is writable (POLLOUT); past the
@@ -42,7 +50,8 @@ class Connection:
     """One accepted connection, owned by one thread context of the fd table."""
 
     __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "last_active", "_out",
-                 "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send")
+                 "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send",
+                 "connected")
 
     def __init__(self, loop, th, fd: int, cookie: int, handler):
         self.fd = fd
@@ -65,11 +74,15 @@ class Connection:
         self._paused_by_app = False
         self._paused_by_output = False
         self._want_send = False
+        self.connected = False                # on_connect ran (connect())
 
     # ---- the app's side --------------------------------------------------------
     def write(self, data: bytes) -> None:
         """Sends data, buffering what the kernel does not take now."""
         if self._closed or self._closing:
+            return
+        if getattr(self.loop.local, "th", None) is None:
+            self.loop.post(self, self.write, bytes(data))   # not a loop thread
             return
         if not self._out:
             try:
@@ -89,6 +102,9 @@ class Connection:
         """Closes once the buffered output is sent."""
         if self._closed:
             return
+        if getattr(self.loop.local, "th", None) is None:
+            self.loop.post(self, self.close)
+            return
         self._closing = True
         if not self._out:
             self._close_now()
@@ -96,10 +112,16 @@ class Connection:
             self._sync()
 
     def pause_reading(self) -> None:
+        if getattr(self.loop.local, "th", None) is None:
+            self.loop.post(self, self.pause_reading)
+            return
         self._paused_by_app = True
         self._sync()
 
     def resume_reading(self) -> None:
+        if getattr(self.loop.local, "th", None) is None:
+            self.loop.post(self, self.resume_reading)
+            return
         self._paused_by_app = False
         self._sync()
 
@@ -113,9 +135,34 @@ class Connection:
         return len(self._out)
 
     # ---- the loop's side -------------------------------------------------------
+    # Called from loop threads only: every fdcore verb below takes the calling
+    # thread's context (loop.local.th). Using the owner's context from another
+    # OS thread would corrupt its update list and its running bit (review).
+    def connect(self) -> None:
+        """Runs on_connect once, by the owner while it holds the fd."""
+        if self.connected:
+            return
+        self.connected = True
+        self._call("on_connect")
+        if not self._closed:
+            self._sync()
+
+    def adopted_by(self, th) -> None:
+        """th took the connection over (fdcore takeover, recv stopped): it
+        owns it from now on and polls what we want. Work was waiting on it:
+        that is activity (a drain must not take it for idle)."""
+        self.th = th
+        self.last_active = time.monotonic()
+        self._want_send = False          # the core keeps a wanted send: re-say it
+        self._sync()
+
     def on_events(self, events: int) -> None:
         """Called by the owning thread while it holds the fd; events are the
         poll report's State.POLL_* bits."""
+        if not self.connected:
+            self.connect()
+            if self._closed:
+                return
         self.last_active = time.monotonic()
         if events & _FAILED:
             self._fail(None)
@@ -132,7 +179,7 @@ class Connection:
         try:
             data = os.read(self.fd, READ_SIZE)
         except BlockingIOError:
-            self.th.cant_recv(self.fd)
+            self.loop.local.th.cant_recv(self.fd)
             return
         except OSError as exc:
             self._fail(exc)
@@ -164,14 +211,15 @@ class Connection:
             self._paused_by_output = False
         elif not self._paused_by_output and len(self._out) > HIGH_WATER:
             self._paused_by_output = True
+        ctx = self.loop.local.th
         want_send = bool(self._out)
         if want_send != self._want_send:
             self._want_send = want_send
-            (self.th.want_send if want_send else self.th.stop_send)(self.fd)
+            (ctx.want_send if want_send else ctx.stop_send)(self.fd)
         if self._reading():
-            self.th.want_recv(self.fd)
+            ctx.want_recv(self.fd)
         else:
-            self.th.stop_recv(self.fd)
+            ctx.stop_recv(self.fd)
 
     def _call(self, name: str, *args, default=None) -> None:
         fn = getattr(self.handler, name, None)
@@ -197,7 +245,8 @@ class Connection:
             return
         self._closed = True
         self.loop.forget(self)
-        self.th.delete(self.fd)          # deferred to our leave if we hold it
+        # deferred to the leave of whichever thread is inside it
+        self.loop.local.th.delete(self.fd)
         on_close = getattr(self.handler, "on_close", None)
         if on_close is not None:
             try:
