@@ -309,3 +309,27 @@ def test_reading_pauses_past_the_high_water_mark_and_resumes(serve):
             got += c.recv(1 << 20)
             assert time.monotonic() < deadline + 20
         assert bytes(got) == payload
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_an_app_thread_writes_and_closes_through_the_owner(serve, threads):
+    """A thread of the app's own (no fdcore context) writes to and closes a
+    connection: the calls run on the owning loop thread, in order."""
+    done = threading.Event()
+
+    class Later:
+        def on_data(self, conn, data):
+            def later():
+                for i in range(50):
+                    conn.write(b"%d," % i)
+                conn.close()
+                done.set()
+            threading.Thread(target=later).start()
+
+    loop, addr = serve(Later, threads)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"go")
+        got = recv_until(c, 10 ** 6)                 # until the server closes
+    assert done.wait(10)
+    assert got == b"".join(b"%d," % i for i in range(50))
+    assert not loop.conns or all(conn.closed for conn in loop.conns.values())
