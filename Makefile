@@ -4,14 +4,15 @@
 # The README says `sh make.sh run|test`: the same, after installing make on a
 # machine that lacks it.
 # "Set up" installs only what is missing: Debian packages (libcap-dev for
-# python-prctl, a C compiler and Python headers for the cffi core, systemd for
+# python-prctl, a C compiler and Python headers for the cffi core and the HTTP
+# extension, node-llhttp for the llhttp C sources it compiles in, systemd for
 # systemd-socket-activate), then .venv and `pip install -e '.[test]'`.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-DEBS   := libcap-dev gcc python3-dev python3-venv systemd
+DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp
 
 .PHONY: setup run test clean debs
 
@@ -33,7 +34,7 @@ debs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h)
+$(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h)
 	@$(MAKE) --no-print-directory debs
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

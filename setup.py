@@ -1,1 +1,24 @@
-from setuptools import setup; setup(cffi_modules=["fdcore/_build.py:ffibuilder"])
+import os
+import shutil
+
+from setuptools import Extension, setup
+
+# llhttp's C sources come from Debian's node-llhttp (DESIGN.md section 1);
+# setuptools takes relative paths only, so they are copied into build/ (never
+# committed) and compiled into the HTTP extension
+LLHTTP, COPY = "/usr/share/llhttp", "build/llhttp"
+os.makedirs(COPY, exist_ok=True)
+for name in ("api.c", "http.c", "llhttp.c"):
+    shutil.copy2(f"{LLHTTP}/{name}", f"{COPY}/{name}")
+
+setup(
+    cffi_modules=["fdcore/_build.py:ffibuilder"],
+    ext_modules=[Extension(
+        "sockherd.worker._http",
+        sources=["worker/native/httpmodule.c", "worker/native/httpparse.c",
+                 f"{COPY}/api.c", f"{COPY}/http.c", f"{COPY}/llhttp.c"],
+        include_dirs=["worker/native", "/usr/share/include/llhttp"],
+        depends=["worker/native/httpparse.h"],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+    )],
+)

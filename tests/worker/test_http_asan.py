@@ -1,0 +1,46 @@
+"""The native HTTP parser under AddressSanitizer + UBSan: the extension is
+compiled again with the sanitizers (same sources, llhttp's included), and
+test_http_parser.py (its strictness cases, the split-anywhere and garbage
+hypothesis fuzzing) runs against that build in a child interpreter with
+libasan preloaded. Any sanitizer report fails the run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = Path(__file__).resolve().parents[2]
+NATIVE = ROOT / "worker" / "native"
+LLHTTP = Path("/usr/share/llhttp")
+
+
+def test_parser_suite_under_asan_and_ubsan(tmp_path):
+    so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
+    flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+             "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
+    sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c",
+               LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
+    subprocess.run(["gcc", *flags, f"-I{NATIVE}", "-I/usr/share/include/llhttp",
+                    f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-o", str(so)],
+                   check=True, timeout=300)
+    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    env = dict(os.environ, SOCKHERD_HTTP_MODULE=str(so), LD_PRELOAD=libasan,
+               # CPython's own allocations are not ours to judge (leaks at exit)
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+               PYTHONMALLOC="malloc")
+    # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py")],
+                         env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
+    report = run.stdout[-3000:] + run.stderr[-6000:]
+    assert run.returncode == 0, report
+    assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, report
+    assert " passed" in run.stdout, report

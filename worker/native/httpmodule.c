@@ -1,0 +1,499 @@
+/* sockherd.worker._http: the HTTP/1.1 request path in native code.
+ *
+ * RequestParser wraps one connection's hp_parser (httpparse.c: llhttp in
+ * strict mode plus our own checks) and builds each request's WSGI environ
+ * in C, from a per-server base dict: one call per request head instead of a
+ * Python call per field (DEVELOPERS.md: the per-event Python work is the
+ * cost to remove). A C-API extension, not cffi: cffi cannot build Python
+ * objects. Every method runs with the GIL held and returns at once (no
+ * blocking call in here: releasing the GIL would cost more than it saves).
+ *
+ * Use from one thread at a time (the connection's owner), like the parser.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "httpparse.h"
+
+static PyObject *HttpError;
+
+typedef struct {
+	PyObject_HEAD
+	struct hp_parser hp;
+	/* bytes received and not parsed yet: pending[start .. len) */
+	char *pending;
+	size_t start, len, cap;
+	/* body bytes parsed and not read by the app yet: body[bstart .. blen) */
+	char *body;
+	size_t bstart, blen, bcap;
+	PyObject *script_name;       /* str, "" or a prefix like "/app" */
+	int expect_continue;
+} Parser;
+
+/* ---- buffers ------------------------------------------------------------------ */
+
+static int reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more)
+{
+	if (*start && *start == *len)
+		*start = *len = 0;
+	if (*len + more <= *cap)
+		return 0;
+	if (*start) {                        /* slide what is left to the front */
+		memmove(*buf, *buf + *start, *len - *start);
+		*len -= *start;
+		*start = 0;
+		if (*len + more <= *cap)
+			return 0;
+	}
+	size_t ncap = *cap ? *cap : 4096;
+	while (ncap < *len + more)
+		ncap *= 2;
+	char *nbuf = PyMem_Realloc(*buf, ncap);
+	if (!nbuf) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	*buf = nbuf;
+	*cap = ncap;
+	return 0;
+}
+
+static PyObject *refused(Parser *self)
+{
+	PyObject *args = Py_BuildValue("(is)", self->hp.status,
+	                               self->hp.reason ? self->hp.reason : "bad request");
+	if (args) {
+		PyErr_SetObject(HttpError, args);
+		Py_DECREF(args);
+	}
+	return NULL;
+}
+
+/* ---- environ -------------------------------------------------------------------- */
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c |= 0x20;
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+/* Percent-decodes s into a latin-1 str (PEP 3333: bytes as code points
+ * 0-255); an invalid escape stays as it is. */
+static PyObject *unquote_latin1(const char *s, size_t n)
+{
+	char stack[512], *out = n <= sizeof(stack) ? stack : PyMem_Malloc(n);
+	size_t k = 0;
+	PyObject *r;
+
+	if (!out)
+		return PyErr_NoMemory();
+	for (size_t i = 0; i < n; i++) {
+		int hi, lo;
+
+		if (s[i] == '%' && i + 2 < n &&
+		    (hi = hexval((unsigned char)s[i + 1])) >= 0 &&
+		    (lo = hexval((unsigned char)s[i + 2])) >= 0) {
+			out[k++] = (char)(hi << 4 | lo);
+			i += 2;
+		}
+		else
+			out[k++] = s[i];
+	}
+	r = PyUnicode_DecodeLatin1(out, (Py_ssize_t)k, NULL);
+	if (out != stack)
+		PyMem_Free(out);
+	return r;
+}
+
+static int set_str(PyObject *env, const char *key, const char *s, size_t n)
+{
+	PyObject *v = PyUnicode_DecodeLatin1(s, (Py_ssize_t)n, NULL);
+	int rc;
+
+	if (!v)
+		return -1;
+	rc = PyDict_SetItemString(env, key, v);
+	Py_DECREF(v);
+	return rc;
+}
+
+/* The environ key of a field name: CONTENT_TYPE, CONTENT_LENGTH, or
+ * HTTP_ + the name upper-cased with '-' as '_'. 0 for a name with '_' in
+ * it: dropped, as gunicorn does, so that it cannot pose as a '-' name. */
+static size_t field_key(const char *name, size_t n, char *key, size_t cap)
+{
+	static const char prefix[] = "HTTP_";
+	size_t k = 0;
+
+	if (memchr(name, '_', n))
+		return 0;
+	if ((n == 12 && !strncasecmp(name, "content-type", 12)) ||
+	    (n == 14 && !strncasecmp(name, "content-length", 14)))
+		k = 0;
+	else {
+		memcpy(key, prefix, 5);
+		k = 5;
+	}
+	if (k + n >= cap)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+
+		key[k++] = c == '-' ? '_' : (c >= 'a' && c <= 'z' ? (char)(c - 32) : c);
+	}
+	key[k] = 0;
+	return k;
+}
+
+static PyObject *build_environ(Parser *self, PyObject *base)
+{
+	struct hp_parser *hp = &self->hp;
+	const char *target = hp->head;
+	size_t tlen = hp->url_len, plen, qoff = 0, qlen = 0;
+	const char *path = target;
+	PyObject *env, *v;
+	char keybuf[256];
+
+	env = PyDict_Copy(base);
+	if (!env)
+		return NULL;
+	v = PyUnicode_InternFromString(llhttp_method_name((llhttp_method_t)hp->ll.method));
+	if (!v || PyDict_SetItemString(env, "REQUEST_METHOD", v) < 0)
+		goto fail_v;
+	Py_DECREF(v);
+	if (set_str(env, "RAW_URI", target, tlen) < 0 || set_str(env, "REQUEST_URI", target, tlen) < 0)
+		goto fail;
+	/* absolute-form (a proxy's request): the path starts after the authority */
+	if (tlen > 7 && (!strncasecmp(target, "http://", 7) || !strncasecmp(target, "https://", 8))) {
+		const char *auth = memchr(target, ':', tlen) + 3;
+		const char *slash = memchr(auth, '/', tlen - (size_t)(auth - target));
+
+		path = slash ? slash : target + tlen;
+	}
+	plen = tlen - (size_t)(path - target);
+	{
+		const char *hash = memchr(path, '#', plen);
+		const char *q = memchr(path, '?', plen);
+
+		if (hash)
+			plen = (size_t)(hash - path);
+		if (q && q < path + plen) {
+			qoff = (size_t)(q - path) + 1;
+			qlen = plen - qoff;
+			plen = (size_t)(q - path);
+		}
+	}
+	if (set_str(env, "QUERY_STRING", path + qoff, qoff ? qlen : 0) < 0)
+		goto fail;
+	{
+		PyObject *decoded = unquote_latin1(path, plen);
+		Py_ssize_t sn = PyUnicode_GET_LENGTH(self->script_name);
+
+		if (!decoded)
+			goto fail;
+		/* SCRIPT_NAME (root path) is in base; PATH_INFO is what follows it */
+		if (sn && PyUnicode_Tailmatch(decoded, self->script_name, 0, sn, -1) == 1 &&
+		    (PyUnicode_GET_LENGTH(decoded) == sn || PyUnicode_READ_CHAR(decoded, sn) == '/')) {
+			PyObject *rest = PyUnicode_Substring(decoded, sn, PyUnicode_GET_LENGTH(decoded));
+			Py_DECREF(decoded);
+			if (!rest)
+				goto fail;
+			decoded = rest;
+		}
+		if (PyDict_SetItemString(env, "PATH_INFO", decoded) < 0) {
+			Py_DECREF(decoded);
+			goto fail;
+		}
+		Py_DECREF(decoded);
+	}
+	v = PyUnicode_InternFromString(hp->ll.http_minor ? "HTTP/1.1" : "HTTP/1.0");
+	if (!v || PyDict_SetItemString(env, "SERVER_PROTOCOL", v) < 0)
+		goto fail_v;
+	Py_DECREF(v);
+	self->expect_continue = 0;
+	for (uint32_t i = 0; i < hp->nfields; i++) {
+		const struct hp_field *f = &hp->fields[i];
+		const char *val = hp->head + f->value;
+		size_t vlen = f->value_len, klen;
+		PyObject *old, *value;
+
+		while (vlen && (val[vlen - 1] == ' ' || val[vlen - 1] == '\t'))
+			vlen--;                              /* trailing OWS is not the value */
+		klen = field_key(hp->head + f->name, f->name_len, keybuf, sizeof(keybuf));
+		if (!klen)
+			continue;
+		if (klen == 11 && !memcmp(keybuf, "HTTP_EXPECT", 11) &&
+		    vlen == 12 && !strncasecmp(val, "100-continue", 12))
+			self->expect_continue = 1;
+		value = PyUnicode_DecodeLatin1(val, (Py_ssize_t)vlen, NULL);
+		if (!value)
+			goto fail;
+		/* base holds no HTTP_ or CONTENT_ key: one already here is this
+		 * request's own */
+		old = PyDict_GetItemString(env, keybuf);     /* borrowed */
+		if (old && PyUnicode_Check(old)) {
+			/* a repeated field: one value, comma-joined (RFC 9110 5.3) */
+			PyObject *joined = PyUnicode_FromFormat("%U,%U", old, value);
+			Py_DECREF(value);
+			if (!joined)
+				goto fail;
+			value = joined;
+		}
+		if (PyDict_SetItemString(env, keybuf, value) < 0) {
+			Py_DECREF(value);
+			goto fail;
+		}
+		Py_DECREF(value);
+	}
+	return env;
+fail_v:
+	Py_XDECREF(v);
+fail:
+	Py_DECREF(env);
+	return NULL;
+}
+
+/* ---- the type ------------------------------------------------------------------- */
+
+static int Parser_init(Parser *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = {"max_line", "max_header_bytes", "max_headers", "max_body",
+	                        "script_name", NULL};
+	unsigned int max_line = 8190, max_header_bytes = 32768, max_headers = 100;
+	unsigned long long max_body = 0;
+	PyObject *script_name = NULL;
+	struct hp_limits lim;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|IIIKU", names, &max_line, &max_header_bytes,
+	                                 &max_headers, &max_body, &script_name))
+		return -1;
+	if (!max_line || !max_header_bytes || !max_headers) {
+		PyErr_SetString(PyExc_ValueError, "limits must be positive");
+		return -1;
+	}
+	lim.line = max_line;
+	lim.header_bytes = max_header_bytes;
+	lim.headers = max_headers;
+	lim.body = max_body;
+	hp_free(&self->hp);
+	hp_init(&self->hp, &lim);
+	Py_XSETREF(self->script_name, script_name ? Py_NewRef(script_name) : PyUnicode_New(0, 0));
+	return self->script_name ? 0 : -1;
+}
+
+static void Parser_dealloc(Parser *self)
+{
+	hp_free(&self->hp);
+	PyMem_Free(self->pending);
+	PyMem_Free(self->body);
+	Py_XDECREF(self->script_name);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyDoc_STRVAR(feed_doc, "feed(data): bytes received from the client, parsed on demand.");
+
+static PyObject *Parser_feed(Parser *self, PyObject *arg)
+{
+	Py_buffer b;
+
+	if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+		return NULL;
+	if (!b.len) {
+		PyBuffer_Release(&b);
+		Py_RETURN_NONE;
+	}
+	if (reserve(&self->pending, &self->start, &self->len, &self->cap, (size_t)b.len) < 0) {
+		PyBuffer_Release(&b);
+		return NULL;
+	}
+	memcpy(self->pending + self->len, b.buf, (size_t)b.len);
+	self->len += (size_t)b.len;
+	PyBuffer_Release(&b);
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(next_request_doc,
+"next_request(base) -> environ or None\n\n"
+"Parses buffered bytes up to the end of the next request head and returns its\n"
+"WSGI environ (a copy of base with the request's keys), or None if more bytes\n"
+"are needed. Raises HttpError(status, reason) for a request to refuse (the\n"
+"connection must then close).");
+
+static PyObject *Parser_next_request(Parser *self, PyObject *base)
+{
+	struct hp_parser *hp = &self->hp;
+
+	if (!PyDict_Check(base)) {
+		PyErr_SetString(PyExc_TypeError, "base must be a dict");
+		return NULL;
+	}
+	if (hp->state == HP_ERROR)
+		return refused(self);
+	if (hp->state != HP_HEAD) {
+		PyErr_SetString(PyExc_RuntimeError, "the previous request is not finished");
+		return NULL;
+	}
+	self->start += hp_head(hp, self->pending + self->start, self->len - self->start);
+	if (hp->state == HP_ERROR)
+		return refused(self);
+	if (hp->state == HP_HEAD)
+		Py_RETURN_NONE;
+	return build_environ(self, base);
+}
+
+PyDoc_STRVAR(read_body_doc,
+"read_body(size=-1) -> bytes\n\n"
+"Up to size bytes of the current request's body (chunked framing removed)\n"
+"from what was fed; b'' when none is buffered now (see body_done).");
+
+static PyObject *Parser_read_body(Parser *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	struct hp_parser *hp = &self->hp;
+	Py_ssize_t size = -1;
+	size_t avail, n;
+	PyObject *r;
+
+	if (nargs > 1 || (nargs == 1 && (size = PyLong_AsSsize_t(args[0])) == -1 && PyErr_Occurred()))
+		return NULL;
+	if (hp->state == HP_BODY && self->start < self->len) {
+		size_t in = self->len - self->start, out = 0, used;
+
+		if (reserve(&self->body, &self->bstart, &self->blen, &self->bcap, in) < 0)
+			return NULL;
+		used = hp_body(hp, self->pending + self->start, in, self->body + self->blen, &out);
+		self->start += used;
+		self->blen += out;
+	}
+	avail = self->blen - self->bstart;
+	if (!avail && hp->state == HP_ERROR)
+		return refused(self);
+	n = size < 0 || (size_t)size > avail ? avail : (size_t)size;
+	if (!n)
+		return PyBytes_FromStringAndSize(NULL, 0);
+	r = PyBytes_FromStringAndSize(self->body + self->bstart, (Py_ssize_t)n);
+	if (r)
+		self->bstart += n;
+	return r;
+}
+
+PyDoc_STRVAR(finish_doc,
+"finish() -> bool\n\n"
+"Ends the current request, whose body must have been read whole. True if\n"
+"another request may follow on the connection (keep-alive), False if it\n"
+"must close.");
+
+static PyObject *Parser_finish(Parser *self, PyObject *noarg)
+{
+	(void)noarg;
+	if (self->hp.state != HP_DONE || self->bstart != self->blen)
+		Py_RETURN_FALSE;
+	self->bstart = self->blen = 0;
+	return PyBool_FromLong(hp_next(&self->hp) == 0);
+}
+
+static PyObject *get_state(Parser *self, void *c)
+{
+	static const char *names[] = {"head", "body", "done", "error"};
+	(void)c;
+	return PyUnicode_InternFromString(names[self->hp.state]);
+}
+
+static PyObject *get_keep_alive(Parser *self, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(hp_keep_alive(&self->hp));
+}
+
+static PyObject *get_chunked(Parser *self, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(hp_chunked(&self->hp));
+}
+
+static PyObject *get_content_length(Parser *self, void *c)
+{
+	(void)c;
+	return hp_content_length(&self->hp) < 0 ? Py_NewRef(Py_None)
+	                                         : PyLong_FromLongLong(hp_content_length(&self->hp));
+}
+
+static PyObject *get_body_done(Parser *self, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(self->hp.state == HP_DONE && self->bstart == self->blen);
+}
+
+static PyObject *get_expect_continue(Parser *self, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(self->expect_continue);
+}
+
+static PyObject *get_pending(Parser *self, void *c)
+{
+	(void)c;
+	return PyLong_FromSize_t(self->len - self->start);
+}
+
+static PyMethodDef Parser_methods[] = {
+	{"feed", (PyCFunction)Parser_feed, METH_O, feed_doc},
+	{"next_request", (PyCFunction)Parser_next_request, METH_O, next_request_doc},
+	{"read_body", (PyCFunction)(void (*)(void))Parser_read_body, METH_FASTCALL, read_body_doc},
+	{"finish", (PyCFunction)Parser_finish, METH_NOARGS, finish_doc},
+	{NULL},
+};
+
+static PyGetSetDef Parser_getset[] = {
+	{"state", (getter)get_state, NULL, "head, body, done or error", NULL},
+	{"keep_alive", (getter)get_keep_alive, NULL, "the request allows another after it", NULL},
+	{"chunked", (getter)get_chunked, NULL, "the body is chunked", NULL},
+	{"content_length", (getter)get_content_length, NULL, "Content-Length or None", NULL},
+	{"body_done", (getter)get_body_done, NULL, "the whole body was read", NULL},
+	{"expect_continue", (getter)get_expect_continue, NULL, "Expect: 100-continue", NULL},
+	{"pending", (getter)get_pending, NULL, "bytes fed and not parsed yet", NULL},
+	{NULL},
+};
+
+static PyTypeObject ParserType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.RequestParser",
+	.tp_doc = "One connection's HTTP/1.1 request parser (strict; see httpparse.h).",
+	.tp_basicsize = sizeof(Parser),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Parser_init,
+	.tp_dealloc = (destructor)Parser_dealloc,
+	.tp_methods = Parser_methods,
+	.tp_getset = Parser_getset,
+};
+
+static struct PyModuleDef module = {
+	PyModuleDef_HEAD_INIT, "sockherd.worker._http",
+	"The native HTTP/1.1 request path (llhttp, strict).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__http(void)
+{
+	PyObject *m;
+
+	if (PyType_Ready(&ParserType) < 0)
+		return NULL;
+	m = PyModule_Create(&module);
+	if (!m)
+		return NULL;
+	HttpError = PyErr_NewExceptionWithDoc(
+	    "sockherd.worker._http.HttpError",
+	    "A request refused: args are (status, reason); the connection must close.",
+	    PyExc_ValueError, NULL);
+	if (!HttpError || PyModule_AddObjectRef(m, "HttpError", HttpError) < 0 ||
+	    PyModule_AddObjectRef(m, "RequestParser", (PyObject *)&ParserType) < 0) {
+		Py_DECREF(m);
+		return NULL;
+	}
+	return m;
+}
