@@ -37,6 +37,7 @@ from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.embedded import StatusPage
 from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.loop import Loop
+from sockherd.worker.wsgi import make_handler
 
 log = logging.getLogger("sockherd.worker")
 ASSIGNMENT_TIMEOUT = 30.0
@@ -68,11 +69,6 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     interface = cfg.get("interface", "wsgi")
     if not msg.app:
         handler = StatusPage          # the embedded default, served as a stream app
-    elif interface != "stream":
-        for s in socks:
-            s.close()
-        raise BootstrapError(f"interface {interface!r} is not served yet: only 'stream' is "
-                             "(WSGI arrives with the HTTP issue)")
     else:
         try:
             handler = import_app(msg.app, chdir=cfg.get("chdir", ""),
@@ -82,6 +78,8 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
                 s.close()
             cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
             raise BootstrapError(f"{cause}{exc}") from None
+        if interface == "wsgi":
+            handler = make_handler(handler, cfg)    # the app, served over HTTP/1.1
     # one context more than the loop threads: the main thread's, to drain
     # at once even while every loop thread is inside a slow handler
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))

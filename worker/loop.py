@@ -140,6 +140,10 @@ class Loop:
         self._mail[self._pos[owner.tid]].append((fn, args))
         self.table.wake(owner.tid)
 
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
     def forget(self, conn: Connection) -> None:
         # only our own entry: the number may already belong to a new connection
         if self.conns.get(conn.fd) is conn:

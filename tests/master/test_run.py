@@ -58,6 +58,13 @@ class Pid:
     def on_data(self, conn, data):
         conn.write(b"%d/%d" % (os.getpid(), conn.th.tid))
 """,
+    "wsgiapp.py": """
+import os
+def app(environ, start_response):
+    body = ("%s %s from %d" % (environ["REQUEST_METHOD"], environ["PATH_INFO"], os.getpid())).encode()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [body]
+""",
     "badapp.py": "raise RuntimeError('missing SECRET_KEY')\n",
     "hangapp.py": "import time\ntime.sleep(60)\n",
 }
@@ -664,3 +671,24 @@ def test_hup_and_usr2_do_not_kill_the_server_before_reload_exists(master):
     m.wait_log(r"SIGHUP: reload and upgrade are not implemented yet; ignored")
     m.wait_log(r"SIGUSR2: reload and upgrade are not implemented yet; ignored")
     assert m.proc.poll() is None and echo(m, b"up") == b"up"
+
+
+def test_wsgi_is_the_default_interface(master):
+    """`sockherd run module:app` serves a PEP 3333 app over HTTP/1.1 with
+    keep-alive, on both workers."""
+    import http.client
+
+    m = master("wsgiapp:app", "-w", "2")
+    pids = set()
+    for _ in range(10):
+        conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
+        for path in ("/a", "/b"):
+            conn.request("GET", path)
+            r = conn.getresponse()
+            body = r.read().decode()
+            assert r.status == 200 and body.startswith(f"GET {path} from ")
+            pids.add(int(body.rsplit(" ", 1)[1]))
+        conn.close()
+    assert pids == set(children(m.proc.pid))            # spread over both workers
+    m.proc.send_signal(signal.SIGTERM)
+    assert m.proc.wait(timeout=30) == 0

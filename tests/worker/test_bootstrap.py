@@ -111,7 +111,6 @@ def test_master_gone_means_worker_exits(workers, appdir):
 @pytest.mark.parametrize("app,config,reason", [
     ("badapp:app", {"interface": "stream"}, "ImportError: no database driver"),
     ("nosuch:app", {"interface": "stream"}, "no module named 'nosuch'"),
-    ("echoapp:Echo", {"interface": "wsgi"}, "interface 'wsgi' is not served yet"),
 ])
 def test_failed_before_ready_reports_why_and_exits_1(workers, appdir, app, config, reason):
     w, _ = workers(app, {**config, "chdir": str(appdir)})

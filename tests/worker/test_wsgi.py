@@ -1,0 +1,245 @@
+"""The wsgi interface in-process: a real worker Loop over a real fdcore Table
+on loopback, real HTTP clients (http.client and raw sockets), PEP 3333
+apps. The strictness of parsing itself is tested in test_http_parser.py."""
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+
+import pytest
+
+from sockherd.fdcore import Table
+from sockherd.worker.loop import Loop
+from sockherd.worker.wsgi import make_handler
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def serve():
+    made = []
+
+    def start(app, threads=1, **cfg):
+        table = Table(threads, 1)
+        loop = Loop(table, make_handler(app, {"threads": threads, **cfg}))
+        srv = socket.create_server(("127.0.0.1", 0), backlog=128)
+        addr = srv.getsockname()
+        loop.add_listener(srv)
+        loop.start()
+        made.append((loop, table))
+        return loop, addr
+
+    yield start
+    for loop, table in made:
+        loop.stop()
+        table.close()
+        assert not loop.errors, loop.errors
+
+
+def hello(environ, start_response):
+    body = b"hello " + environ["PATH_INFO"].encode("latin-1")
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [body]
+
+
+def raw(addr, data: bytes, until_close=True, timeout=10) -> bytes:
+    with socket.create_connection(addr, timeout=timeout) as c:
+        c.sendall(data)
+        out = b""
+        while True:
+            chunk = c.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+
+
+def test_get_with_keep_alive_and_headers(serve):
+    _, addr = serve(hello)
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    for path in ("/a", "/b%20c"):
+        conn.request("GET", path)
+        r = conn.getresponse()
+        assert r.status == 200 and r.read() == b"hello " + path.replace("%20", " ").encode()
+        assert r.getheader("Content-Length") == str(len(b"hello " + path.encode()) -
+                                                     (2 if "%20" in path else 0))
+        assert r.getheader("Date") and r.getheader("Connection") is None
+    conn.close()
+
+
+def test_environ_keys(serve):
+    seen = {}
+
+    def app(environ, start_response):
+        seen.update(environ)
+        start_response("204 No Content", [])
+        return []
+
+    _, addr = serve(app, root_path="/app")
+    out = raw(addr, b"GET /app/x?q=1 HTTP/1.1\r\nHost: h:1\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 204 No Content\r\n")
+    assert seen["SCRIPT_NAME"] == "/app" and seen["PATH_INFO"] == "/x"
+    assert seen["QUERY_STRING"] == "q=1" and seen["SERVER_PORT"] == str(addr[1])
+    assert seen["REMOTE_ADDR"] == "127.0.0.1" and seen["wsgi.version"] == (1, 0)
+    assert seen["wsgi.url_scheme"] == "http" and seen["wsgi.multithread"] is False
+    assert seen["wsgi.input_terminated"] is True and seen["HTTP_HOST"] == "h:1"
+
+
+def test_pipelined_requests_are_answered_in_order(serve):
+    _, addr = serve(hello)
+    out = raw(addr, b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\nGET /2 HTTP/1.1\r\nHost: h\r\n\r\n"
+                    b"GET /3 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    bodies = [part.split(b"\r\n\r\n", 1)[1] for part in out.split(b"HTTP/1.1 200 OK")[1:]]
+    assert bodies == [b"hello /1", b"hello /2", b"hello /3"]
+    assert out.count(b"Connection: close") == 1
+
+
+def echo_body(environ, start_response):
+    data = environ["wsgi.input"].read()
+    start_response("200 OK", [("Content-Type", "application/octet-stream")])
+    return [b"%d:" % len(data), data]             # two chunks: chunked on HTTP/1.1
+
+
+def test_content_length_and_chunked_request_bodies(serve):
+    _, addr = serve(echo_body)
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    conn.request("POST", "/", body=b"x" * 100000)
+    r = conn.getresponse()
+    assert r.getheader("Transfer-Encoding") == "chunked" and r.read() == b"100000:" + b"x" * 100000
+    conn.request("POST", "/", body=iter([b"ab", b"cd", b"e"]), encode_chunked=True,
+                 headers={"Transfer-Encoding": "chunked"})
+    assert conn.getresponse().read() == b"5:abcde"
+    conn.close()
+
+
+def test_large_upload_is_read_in_a_stream(serve):
+    sizes = []
+
+    def app(environ, start_response):
+        inp, total = environ["wsgi.input"], 0
+        while chunk := inp.read(1 << 16):
+            sizes.append(len(chunk))
+            total += len(chunk)
+        start_response("200 OK", [])
+        return [b"%d" % total]
+
+    _, addr = serve(app)
+    total = 20 << 20
+    with socket.create_connection(addr, timeout=30) as c:
+        c.sendall(b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % total)
+        block = b"z" * (1 << 20)
+        for _ in range(20):
+            c.sendall(block)
+        resp = b""
+        while not resp.endswith(b"%d" % total):
+            resp += c.recv(4096)
+    assert max(sizes) <= 1 << 16 and sum(sizes) == total
+
+
+def test_expect_100_continue_answered_when_the_app_reads(serve):
+    _, addr = serve(echo_body)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+        assert c.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        c.sendall(b"data")
+        resp = b""
+        while not resp.endswith(b"0\r\n\r\n"):
+            resp += c.recv(4096)
+    assert resp.startswith(b"HTTP/1.1 200 OK") and b"4:" in resp and b"data" in resp
+
+
+def test_head_has_headers_but_no_body(serve):
+    _, addr = serve(hello)
+    out = raw(addr, b"HEAD /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert b"Content-Length: 8" in head and body == b""
+
+
+def test_http10_closes_unless_keep_alive_asked(serve):
+    _, addr = serve(hello)
+    out = raw(addr, b"GET /a HTTP/1.0\r\n\r\n")
+    assert b"Connection: close" in out and out.endswith(b"hello /a")
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        first = c.recv(4096)
+        assert b"Connection: keep-alive" in first
+        c.sendall(b"GET /b HTTP/1.0\r\n\r\n")
+        rest = b""
+        while chunk := c.recv(4096):
+            rest += chunk
+        assert rest.endswith(b"hello /b")
+
+
+def test_app_exception_gives_500_and_the_worker_keeps_serving(serve, caplog):
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/boom":
+            raise RuntimeError("boom")
+        return hello(environ, start_response)
+
+    _, addr = serve(app)
+    out = raw(addr, b"GET /boom HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 500 Internal Server Error") and b"Connection: close" in out
+    assert "app failed on GET /boom" in caplog.text and "RuntimeError: boom" in caplog.text
+    assert raw(addr, b"GET /ok HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").endswith(
+        b"hello /ok")
+
+
+def test_exception_after_the_headers_cuts_the_connection(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        yield b"part one "
+        yield b"part two "
+        raise RuntimeError("late")
+
+    _, addr = serve(app)
+    out = raw(addr, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 OK") and b"part one" in out
+    assert not out.endswith(b"0\r\n\r\n")          # no clean end: the client sees the cut
+
+
+def test_iterable_close_is_always_called(serve):
+    closed = threading.Event()
+
+    class Body:
+        def __iter__(self):
+            yield b"x" * 100
+
+        def close(self):
+            closed.set()
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return Body()
+
+    _, addr = serve(app)
+    raw(addr, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    assert closed.wait(5)
+
+
+def test_bad_requests_get_their_status_and_a_close(serve):
+    _, addr = serve(hello, limit_request_line=100)
+    out = raw(addr, b"GET / HTTP/1.1\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 400 Bad Request") and b"missing Host" in out
+    out = raw(addr, b"GET /" + b"a" * 200 + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 414 URI Too Long") and b"Connection: close" in out
+    out = raw(addr, b"GET / HTTP/2.0\r\nHost: h\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 505")
+
+
+def test_draining_responses_carry_connection_close(serve):
+    loop, addr = serve(hello)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\n")
+        first = c.recv(4096)
+        assert b"Connection: close" not in first
+        loop.drain(5.0)
+        deadline = time.monotonic() + 5
+        while not loop.draining:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        c.sendall(b"GET /2 HTTP/1.1\r\nHost: h\r\n\r\n")
+        rest = b""
+        while chunk := c.recv(4096):
+            rest += chunk
+    assert b"Connection: close" in rest and rest.endswith(b"hello /2")

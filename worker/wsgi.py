@@ -1,0 +1,406 @@
+"""The `wsgi` interface (PEP 3333) over the worker loop.
+
+The request path's parsing and environ construction are native
+(worker/native: llhttp, strict, one C call per request head); this module
+runs the app and writes its response. One WSGIConnection per connection, as
+a stream handler: bytes in, parsed on demand, requests answered in order
+(pipelining), keep-alive by default on HTTP/1.1.
+
+The app runs in the loop thread that owns the connection. While it runs,
+`wsgi.input` reads the body straight from the socket (waiting for it with
+poll, bounded by `body_timeout`), so a large upload is never held whole in
+memory; `Expect: 100-continue` is answered when the app first reads.
+
+Not here yet (the HTTP issue's later parts): serialisation and writes in
+native code, wsgi.file_wrapper with sendfile, the header-read and keep-alive
+idle timers, the per-worker connection cap, the access log.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import sys
+import time
+from email.utils import formatdate
+
+from sockherd.worker._http import HttpError, RequestParser
+
+log = logging.getLogger("sockherd.worker")
+
+REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+           414: "URI Too Long", 431: "Request Header Fields Too Large",
+           500: "Internal Server Error", 505: "HTTP Version Not Supported"}
+
+
+class ClientGone(Exception):
+    """The client closed or reset the connection while the app read or wrote."""
+
+
+class _Limits:
+    def __init__(self, cfg: dict):
+        self.line = int(cfg.get("limit_request_line", 8190))
+        self.header_bytes = int(cfg.get("limit_request_header_bytes", 32768))
+        self.headers = int(cfg.get("limit_request_fields", 100))
+        self.body = int(cfg.get("limit_request_body", 0))
+        self.body_timeout = float(cfg.get("body_timeout", 30.0))
+        self.root_path = str(cfg.get("root_path", ""))
+        self.server_header = str(cfg.get("server_header", ""))
+        self.multithread = int(cfg.get("threads", 1)) > 1
+
+
+def make_handler(app, cfg: dict):
+    """The stream handler class serving `app` with the settings cfg."""
+    limits = _Limits(cfg)
+
+    class Handler(WSGIConnection):
+        pass
+
+    Handler.app = staticmethod(app)
+    Handler.limits = limits
+    return Handler
+
+
+class Input:
+    """wsgi.input: the current request's body, read on demand from the
+    parser's buffer and, when that is empty, from the socket itself."""
+
+    def __init__(self, owner: "WSGIConnection"):
+        self._owner = owner
+
+    def _more(self) -> bytes:
+        return self._owner._body_chunk()
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            parts = []
+            while chunk := self._more():
+                parts.append(chunk)
+            return b"".join(parts)
+        out = bytearray()
+        while len(out) < size:
+            chunk = self._owner._body_chunk(size - len(out))
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        out = bytearray()
+        while size is None or size < 0 or len(out) < size:
+            chunk = self._owner._body_peekline(-1 if size is None or size < 0
+                                               else size - len(out))
+            if not chunk:
+                break
+            out += chunk
+            if chunk.endswith(b"\n"):
+                break
+        return bytes(out)
+
+    def readlines(self, hint: int = -1) -> list[bytes]:
+        lines, total = [], 0
+        while line := self.readline():
+            lines.append(line)
+            total += len(line)
+            if 0 < hint <= total:
+                break
+        return lines
+
+    def __iter__(self):
+        while line := self.readline():
+            yield line
+
+
+class WSGIConnection:
+    """Stream handler for one HTTP/1.1 connection (see the module doc)."""
+
+    app = None            # set by make_handler
+    limits: _Limits
+
+    def on_connect(self, conn) -> None:
+        lim = self.limits
+        self.conn = conn
+        self.parser = RequestParser(max_line=lim.line, max_header_bytes=lim.header_bytes,
+                                    max_headers=lim.headers, max_body=lim.body,
+                                    script_name=lim.root_path)
+        self.base = _base_environ(conn, lim)
+        self._unread = b""            # body bytes taken from the parser, not yet read
+        self._continue_due = False
+        self._busy = False
+
+    # ---- bytes in --------------------------------------------------------------------
+    def on_data(self, conn, data: bytes) -> None:
+        self.parser.feed(data)
+        self._serve_ready()
+
+    def on_eof(self, conn) -> None:
+        conn.close()
+
+    def _serve_ready(self) -> None:
+        """Answers every complete request head buffered, in order."""
+        while not self.conn.closed and not self._busy:
+            try:
+                env = self.parser.next_request(self.base)
+            except HttpError as exc:
+                status, reason = exc.args
+                self._refuse(status, reason)
+                return
+            if env is None:
+                return
+            self._busy = True
+            try:
+                keep = self._serve(env)
+            finally:
+                self._busy = False
+            if not keep:
+                self.conn.close()
+                return
+
+    # ---- the body, for wsgi.input ----------------------------------------------------
+    def _body_chunk(self, size: int = -1) -> bytes:
+        if self._unread:
+            take = self._unread if size < 0 else self._unread[:size]
+            self._unread = self._unread[len(take):]
+            return take
+        while True:
+            chunk = self.parser.read_body(size)
+            if chunk or self.parser.body_done:
+                return chunk
+            if self._continue_due:
+                self._continue_due = False
+                self._send_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._recv_more()
+
+    def _body_peekline(self, size: int) -> bytes:
+        chunk = self._body_chunk(size)
+        nl = chunk.find(b"\n")
+        if nl >= 0 and nl + 1 < len(chunk):
+            self._unread = chunk[nl + 1:] + self._unread
+            chunk = chunk[:nl + 1]
+        return chunk
+
+    def _recv_more(self) -> None:
+        """Waits for body bytes on the socket (the loop thread is the app's
+        while it runs) and feeds them to the parser."""
+        fd = self.conn.fd
+        deadline = time.monotonic() + self.limits.body_timeout
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientGone("timed out waiting for the request body")
+            if not poller.poll(max(1, int(left * 1000))):
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise ClientGone(str(exc)) from None
+            if not data:
+                raise ClientGone("the client closed the connection mid-body")
+            self.parser.feed(data)
+            return
+
+    # ---- one request -----------------------------------------------------------------
+    def _serve(self, env: dict) -> bool:
+        """Runs the app for env and writes its response; True if the
+        connection may serve another request."""
+        parser = self.parser
+        env["wsgi.input"] = Input(self)
+        self._continue_due = parser.expect_continue
+        self._unread = b""
+        keep = parser.keep_alive and not self.conn.loop.draining     # then: Connection: close
+        head_only = env["REQUEST_METHOD"] == "HEAD"
+        resp = _Response(self, env["SERVER_PROTOCOL"], keep, head_only)
+        result = None
+        try:
+            result = self.app(env, resp.start_response)
+            for chunk in result:
+                if chunk:
+                    resp.write(chunk)
+            resp.finish()
+        except ClientGone as exc:
+            log.debug("%s %s: %s", env["REQUEST_METHOD"], env["RAW_URI"], exc)
+            return False
+        except Exception:
+            log.exception("app failed on %s %s", env["REQUEST_METHOD"], env["RAW_URI"])
+            if resp.headers_sent:
+                return False                   # the response is cut: close
+            resp = _Response(self, env["SERVER_PROTOCOL"], False, head_only)
+            body = b"Internal Server Error\n"
+            resp.start_response("500 Internal Server Error",
+                                [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            resp.write(body)
+            resp.finish()
+            return False
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("close() of the app's response failed")
+        # the body must be consumed before the next request: drain what
+        # the app left unread (bounded by the body limit and timeout)
+        try:
+            while self._body_chunk():
+                pass
+        except ClientGone:
+            return False
+        return resp.keep and parser.finish()
+
+    def _refuse(self, status: int, reason: str) -> None:
+        body = f"{status} {REASONS.get(status, 'Error')}: {reason}\n".encode("latin-1", "replace")
+        head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
+                f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n").encode("latin-1")
+        self.conn.write(head + body)
+        self.conn.close()
+
+    def _send_raw(self, data: bytes) -> None:
+        self.conn.write(data)
+
+
+class _Response:
+    """start_response, write() and the framing of one response."""
+
+    def __init__(self, owner: WSGIConnection, protocol: str, keep: bool, head_only: bool):
+        self.owner = owner
+        self.http11 = protocol == "HTTP/1.1"
+        self.keep = keep
+        self.head_only = head_only
+        self.status: str | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.headers_sent = False
+        self.length: int | None = None     # Content-Length the app set
+        self.chunked = False
+        self.sent = 0
+        self._pending: list[bytes] = []    # the first chunk, held to learn the length
+
+    def start_response(self, status: str, headers: list, exc_info=None):
+        if exc_info is not None:
+            try:
+                if self.headers_sent:
+                    raise exc_info[1].with_traceback(exc_info[2])
+            finally:
+                exc_info = None
+        elif self.status is not None:
+            raise AssertionError("start_response called twice without exc_info")
+        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit() \
+                or status[3] != " ":
+            raise ValueError(f"bad status {status!r}: expected like '200 OK'")
+        checked = []
+        for name, value in headers:
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError(f"header {name!r}: name and value must be str")
+            if any(c in name for c in "\r\n:") or any(c in value for c in "\r\n"):
+                raise ValueError(f"header {name!r}: CR, LF or ':' where not allowed")
+            lname = name.lower()
+            if lname == "content-length":
+                self.length = int(value)
+            elif lname in ("connection", "transfer-encoding"):
+                if lname == "connection" and value.lower() == "close":
+                    self.keep = False
+                continue                       # hop-by-hop: ours to set
+            checked.append((name, value))
+        self.status, self.headers = status, checked
+        return self.write
+
+    def _head(self, body_known: int | None) -> bytes:
+        if self.length is None and body_known is not None:
+            self.length = body_known
+            self.headers.append(("Content-Length", str(body_known)))
+        if self.length is None and not self.head_only and self._has_body():
+            if self.http11:
+                self.chunked = True
+            else:
+                self.keep = False              # HTTP/1.0, length unknown: close ends it
+        lines = [f"HTTP/1.1 {self.status}", f"Date: {formatdate(usegmt=True)}"]
+        if self.owner.limits.server_header:
+            lines.append(f"Server: {self.owner.limits.server_header}")
+        lines += [f"{n}: {v}" for n, v in self.headers]
+        if self.chunked:
+            lines.append("Transfer-Encoding: chunked")
+        if not self.keep:
+            lines.append("Connection: close")
+        elif not self.http11:
+            lines.append("Connection: keep-alive")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def _has_body(self) -> bool:
+        code = int(self.status[:3])
+        return not (100 <= code < 200 or code in (204, 304))
+
+    def write(self, data: bytes) -> None:
+        if self.status is None:
+            raise AssertionError("write() before start_response")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"response body chunks must be bytes, not {type(data).__name__}")
+        if not self.headers_sent and not self._pending:
+            self._pending.append(bytes(data))  # the first chunk: maybe the whole body
+            return
+        self._flush_pending(None)
+        self._send(data)
+
+    def _flush_pending(self, known: int | None) -> None:
+        if self.headers_sent:
+            return
+        self.headers_sent = True
+        first = b"".join(self._pending)
+        self._pending = []
+        self.owner.conn.write(self._head(known))
+        if first:
+            self._send(first)
+
+    def _send(self, data) -> None:
+        if self.head_only or not data:
+            return
+        if self.length is not None and self.sent + len(data) > self.length:
+            data = bytes(data)[:self.length - self.sent]   # never past what we announced
+            self.keep = False
+        self.sent += len(data)
+        conn = self.owner.conn
+        if conn.closed:
+            raise ClientGone("the client went away")
+        if self.chunked:
+            conn.write(b"%x\r\n" % len(data) + bytes(data) + b"\r\n")
+        else:
+            conn.write(bytes(data))
+
+    def finish(self) -> None:
+        if self.status is None:
+            raise AssertionError("the app returned without calling start_response")
+        if not self.headers_sent:
+            # the whole body was one chunk (or none): its length is known
+            self._flush_pending(sum(len(p) for p in self._pending))
+        if self.chunked:
+            self.owner.conn.write(b"0\r\n\r\n")
+        if self.length is not None and self.sent < self.length and not self.head_only:
+            self.keep = False                  # the app sent less than it announced
+
+
+def _base_environ(conn, lim: _Limits) -> dict:
+    """The keys every request of the connection shares."""
+    local, peer = conn.local, conn.peer
+    if isinstance(local, tuple):
+        server_name, server_port = str(local[0]), str(local[1])
+        remote_addr, remote_port = str(peer[0]), str(peer[1])
+    else:                                      # a unix socket
+        server_name, server_port = str(local or ""), ""
+        remote_addr, remote_port = "", ""
+    return {
+        "SCRIPT_NAME": lim.root_path,
+        "SERVER_NAME": server_name,
+        "SERVER_PORT": server_port,
+        "REMOTE_ADDR": remote_addr,
+        "REMOTE_PORT": remote_port,
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": lim.multithread,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        "wsgi.input_terminated": True,
+    }
