@@ -34,7 +34,7 @@ from sockherd.ipc.messages import (
 )
 from sockherd.worker import ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
-from sockherd.worker.embedded import StatusPage
+from sockherd.worker.embedded import status_app
 from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.loop import Loop
 from sockherd.worker.wsgi import make_handler
@@ -68,7 +68,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} [{msg.app}]")
     interface = cfg.get("interface", "wsgi")
     if not msg.app:
-        handler = StatusPage          # the embedded default, served as a stream app
+        handler = make_handler(status_app, cfg)     # the embedded default
     else:
         try:
             handler = import_app(msg.app, chdir=cfg.get("chdir", ""),

@@ -2,9 +2,8 @@
 
 A status page of the worker that answers: master -> this worker -> its thread
 groups -> their threads, each thread with its fdcore counters (HAProxy's
-`show activity`). It speaks just enough HTTP/1.1 over the stream interface to
-answer a browser (one GET, then close) until the WSGI server lands; the
-master's view of every worker comes with the control channel.
+`show activity`), as a WSGI app; the master's view of every worker comes
+with the control channel.
 """
 from __future__ import annotations
 
@@ -13,15 +12,6 @@ import os
 import time
 
 from sockherd.fdcore import COUNTERS
-
-MAX_HEAD = 8192
-
-
-def _response(status: str, body: bytes, ctype: str = "text/html; charset=utf-8",
-              head_only: bool = False) -> bytes:
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            f"Cache-Control: no-store\r\nConnection: close\r\n\r\n").encode()
-    return head if head_only else head + body
 
 
 def render(loop) -> bytes:
@@ -56,26 +46,13 @@ listener fds {html.escape(listeners)}<ul>
     return page.encode()
 
 
-class StatusPage:
-    """Stream handler: reads one request head, answers it, closes."""
-
-    def on_connect(self, conn):
-        self.head = b""
-
-    def on_data(self, conn, data):
-        self.head += data
-        if b"\r\n\r\n" not in self.head:
-            if len(self.head) > MAX_HEAD:
-                conn.write(_response("431 Request Header Fields Too Large",
-                                     b"request head too large\n", "text/plain"))
-                conn.close()
-            return
-        line = self.head.split(b"\r\n", 1)[0].split()
-        method = line[0] if line else b""
-        if len(line) != 3 or not line[2].startswith(b"HTTP/1."):
-            conn.write(_response("400 Bad Request", b"bad request line\n", "text/plain"))
-        elif method not in (b"GET", b"HEAD"):
-            conn.write(_response("405 Method Not Allowed", b"GET or HEAD only\n", "text/plain"))
-        else:
-            conn.write(_response("200 OK", render(conn.loop), head_only=method == b"HEAD"))
-        conn.close()
+def status_app(environ, start_response):
+    """The embedded page as a WSGI app (served by the wsgi interface, so
+    it gets the same strict parsing and keep-alive as any app)."""
+    if environ["REQUEST_METHOD"] not in ("GET", "HEAD"):
+        start_response("405 Method Not Allowed", [("Content-Type", "text/plain"),
+                                                  ("Allow", "GET, HEAD")])
+        return [b"GET or HEAD only\n"]
+    start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"),
+                              ("Cache-Control", "no-store")])
+    return [render(environ["sockherd.loop"])]

@@ -403,4 +403,5 @@ def _base_environ(conn, lim: _Limits) -> dict:
         "wsgi.multiprocess": True,
         "wsgi.run_once": False,
         "wsgi.input_terminated": True,
+        "sockherd.loop": conn.loop,            # the worker's loop (the status page reads it)
     }
