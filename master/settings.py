@@ -123,6 +123,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("body_timeout", ("--body-timeout",), float, 30.0,
             "an app reading the request body waits this long for more bytes",
             _seconds(0.1, 3600), "S", section="http"),
+    Setting("header_timeout", ("--header-timeout",), float, 15.0,
+            "a request head must arrive whole within this long of its first byte (or of the "
+            "connection): 408 and close (slowloris)", _seconds(0.1, 3600), "S", section="http"),
+    Setting("keepalive_timeout", ("--keepalive-timeout",), float, 75.0,
+            "an idle kept-alive connection is closed after this long (longer than the idle "
+            "pools of common load balancers, as nginx); 0: never", _seconds(0, 86400), "S",
+            section="http"),
+    Setting("max_connections", ("--max-connections",), int, 10000,
+            "open connections per worker beyond which it stops accepting; 0: no cap",
+            msgspec.Meta(ge=0), "N", section="http"),
     Setting("root_path", ("--root-path",), str, "",
             "SCRIPT_NAME: the path prefix the app is mounted at (e.g. /app)",
             msgspec.Meta(pattern=r"^$|^/.*[^/]$"), "PATH", section="http"),

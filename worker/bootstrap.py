@@ -84,7 +84,8 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     # at once even while every loop thread is inside a slow handler
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))
     loop = Loop(table, handler, control=True,
-                takeover_after=float(cfg.get("takeover_after", 0.5)))
+                takeover_after=float(cfg.get("takeover_after", 0.5)),
+                max_connections=int(cfg.get("max_connections", 0)))
     loop.identity = (msg.generation, msg.worker_index)
     for s in socks:
         loop.add_listener(s)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import heapq
 import itertools
 import logging
 import os
@@ -58,7 +59,7 @@ class Loop:
 
     def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
                  emfile_pause: float = 0.5, control: bool = False,
-                 takeover_after: float = 0.5):
+                 takeover_after: float = 0.5, max_connections: int = 0):
         self.table = table
         self.identity = (0, 0)                      # (generation, index), for the status page
         self.control = table.threads[-1] if control else None
@@ -74,6 +75,10 @@ class Loop:
         self._accept_paused_until = 0.0
         self._emfile_logged = False
         self.rotate_accept = True            # see _requeue
+        # past max_connections open connections (0: no cap) the listeners
+        # are not polled until one closes: the backlog waits, nothing is refused
+        self.max_connections = max_connections
+        self._capped = False
         self._draining = threading.Event()
         self._listeners_deleted = threading.Lock()   # taken once, by the first drainer
         self.drained = threading.Event()             # draining and no connection left
@@ -84,6 +89,10 @@ class Loop:
         self.local = threading.local()          # .th: this loop thread's context
         self._pos = {th.tid: i for i, th in enumerate(self.loop_threads)}
         self._mail = [collections.deque() for _ in self.loop_threads]
+        # connection timers, a heap per loop thread of (when, seq, conn):
+        # at most about two entries per connection (Connection.set_timer)
+        self._timers: list[list] = [[] for _ in self.loop_threads]
+        self._timer_seq = itertools.count()
         self.relief = Relief(self, takeover_after)
 
     # ---- set-up ------------------------------------------------------------------
@@ -148,6 +157,22 @@ class Loop:
         # only our own entry: the number may already belong to a new connection
         if self.conns.get(conn.fd) is conn:
             del self.conns[conn.fd]
+        if self._capped:
+            self._uncap()
+
+    def _uncap(self) -> None:
+        """Polls the listeners again once below max_connections. A loop
+        thread's context (or stop()'s)."""
+        if len(self.conns) >= self.max_connections:
+            return
+        self._capped = False
+        th = self.local.th
+        for fd in list(self.listeners):
+            try:
+                th.want_recv(fd)
+            except OSError as exc:
+                if exc.errno != errno.EBADF:     # deleted by a drain meanwhile
+                    raise
 
     # ---- the loop ----------------------------------------------------------------
     def drain(self, idle_grace: float) -> None:
@@ -219,11 +244,15 @@ class Loop:
         busy = relief.busy
         relieved = relief.enabled and bool(relief.siblings(me))
         mail = self._mail[me]
+        heap = self._timers[me]
         try:
             while not self._stop.is_set():
                 timeout = self._resume_accepting(th)
                 if self._draining.is_set():
-                    timeout = self._drain_step(th, me)
+                    timeout = _sooner(timeout, self._drain_step(th, me))
+                if heap:
+                    timeout = _sooner(timeout, max(0, int((heap[0][0] - time.monotonic())
+                                                          * 1000) + 1))
                 events = th.poll(timeout)
                 if events:
                     relief.activity += 1
@@ -241,11 +270,54 @@ class Loop:
                         fn, args = mail.popleft()
                         fn(*args)
                     busy[me] = 0.0
+                if heap and heap[0][0] <= time.monotonic():
+                    self._fire_timers(th, me, heap)
                 if relief.asked[me] is not None:
                     relief.take_from(th, me)
         except BaseException as exc:  # reported to whoever runs the loop
             self.errors.append(exc)
             log.exception("loop thread %d failed", th.tid)
+
+    # ---- connection timers -------------------------------------------------------------
+    def arm(self, conn: Connection, when: float) -> None:
+        """Puts conn's deadline in its owner's heap, unless an entry at or
+        before `when` is there already (it re-arms itself when it fires
+        early). The owner's loop thread only (others post it there)."""
+        if getattr(self.local, "th", None) is not conn.th:
+            self.post(conn, self.arm, conn, when)
+            return
+        if conn.timer_entry and conn.timer_entry <= when:
+            return
+        conn.timer_entry = when
+        heapq.heappush(self._timers[self._pos[conn.th.tid]], (when, next(self._timer_seq), conn))
+
+    def _fire_timers(self, th, me: int, heap: list) -> None:
+        now = time.monotonic()
+        while heap and heap[0][0] <= now:
+            when, _, conn = heapq.heappop(heap)
+            if conn.timer_entry != when:
+                continue                         # superseded by an earlier entry
+            conn.timer_entry = 0.0
+            if conn.closed or not conn.timer_at:
+                continue                         # closed, or cancelled
+            if conn.th is not th:                # taken over: its new owner's heap
+                self.post(conn, self.arm, conn, conn.timer_at)
+                continue
+            if conn.timer_at > now:              # moved later meanwhile
+                self.arm(conn, conn.timer_at)
+                continue
+            # the handler runs under the running bit, as for an event
+            outcome, gen = th.enter(conn.fd)
+            if outcome is not Outcome.DONE:
+                continue
+            try:
+                if conn.th is th and not conn.closed and conn.timer_at and conn.timer_at <= now:
+                    conn.timer_at = 0.0
+                    self._enter_app(me)
+                    conn._call("on_timeout", default=conn.close)
+                    self.relief.busy[me] = 0.0
+            finally:
+                th.leave(conn.fd, gen)
 
     def _dispatch_held(self, th, me: int, events) -> None:
         """A batch whose fds th holds until the caller leaves them all."""
@@ -292,8 +364,14 @@ class Loop:
     def _accept(self, th, lfd: int, relieved: bool) -> None:
         if time.monotonic() < self._accept_paused_until:
             return
+        batch = self.accept_batch
+        if self.max_connections:
+            batch = min(batch, self.max_connections - len(self.conns))
+            if batch <= 0:
+                self._cap(th)
+                return
         try:
-            fds = th.accept(lfd, self.accept_batch)
+            fds = th.accept(lfd, batch)
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 self._pause_accepting(th, exc)
@@ -349,6 +427,15 @@ class Loop:
             if exc.errno not in (errno.EPERM, errno.EBADF):   # not held / deleted: skip
                 raise
 
+    def _cap(self, th) -> None:
+        if not self._capped:
+            self._capped = True
+            log.warning("%d connections open (max_connections): not accepting until one "
+                        "closes", len(self.conns))
+        for fd in list(self.listeners):
+            th.stop_recv(fd)
+        self._uncap()                                   # one may have closed meanwhile
+
     def _pause_accepting(self, th, exc: OSError) -> None:
         self._accept_paused_until = time.monotonic() + self.emfile_pause
         if not self._emfile_logged:
@@ -390,3 +477,11 @@ def _readable(fds: list[int]) -> set[int]:
     for fd in fds:
         probe.register(fd, select.POLLIN)
     return {fd for fd, _ in probe.poll(0)}
+
+
+def _sooner(a: int, b: int) -> int:
+    """The sooner of two poll timeouts in ms (-1: none)."""
+    if a < 0:
+        return b
+    return a if b < 0 else min(a, b)
+

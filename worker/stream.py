@@ -51,7 +51,7 @@ class Connection:
 
     __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "last_active", "_out",
                  "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send",
-                 "connected")
+                 "connected", "timer_at", "timer_entry")
 
     def __init__(self, loop, th, fd: int, cookie: int, handler):
         self.fd = fd
@@ -75,6 +75,8 @@ class Connection:
         self._paused_by_output = False
         self._want_send = False
         self.connected = False                # on_connect ran (connect())
+        self.timer_at = 0.0                   # set_timer's deadline (0: none)
+        self.timer_entry = 0.0                # its entry in the owner's timer heap
 
     # ---- the app's side --------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -124,6 +126,16 @@ class Connection:
             return
         self._paused_by_app = False
         self._sync()
+
+    def set_timer(self, seconds: float | None) -> None:
+        """Calls the handler's on_timeout(conn) (default: close) once
+        `seconds` pass without another set_timer; None cancels. It runs on
+        the owning thread like any handler (a timer costs no thread)."""
+        if seconds is None:
+            self.timer_at = 0.0
+            return
+        self.timer_at = time.monotonic() + seconds
+        self.loop.arm(self, self.timer_at)
 
     @property
     def closed(self) -> bool:

@@ -11,9 +11,12 @@ The app runs in the loop thread that owns the connection. While it runs,
 poll, bounded by `body_timeout`), so a large upload is never held whole in
 memory; `Expect: 100-continue` is answered when the app first reads.
 
+Timers (Connection.set_timer, no thread): a request head must arrive whole
+within `header_timeout` of its first byte (else 408 and close: slowloris),
+and an idle kept-alive connection closes after `keepalive_timeout`.
+
 Not here yet (the HTTP issue's later parts): serialisation and writes in
-native code, wsgi.file_wrapper with sendfile, the header-read and keep-alive
-idle timers, the per-worker connection cap, the access log.
+native code, wsgi.file_wrapper with sendfile, the access log.
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ class _Limits:
         self.body_timeout = float(cfg.get("body_timeout", 30.0))
         self.root_path = str(cfg.get("root_path", ""))
         self.server_header = str(cfg.get("server_header", ""))
+        self.header_timeout = float(cfg.get("header_timeout", 15.0))
+        self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
 
 
@@ -127,11 +132,25 @@ class WSGIConnection:
         self._unread = b""            # body bytes taken from the parser, not yet read
         self._continue_due = False
         self._busy = False
+        conn.set_timer(lim.header_timeout)    # the first head, from the connection on
 
     # ---- bytes in --------------------------------------------------------------------
     def on_data(self, conn, data: bytes) -> None:
+        idle = not self.parser.head_started
         self.parser.feed(data)
+        if idle:                               # the first byte of a head: its clock starts
+            conn.set_timer(self.limits.header_timeout)
         self._serve_ready()
+        if not conn.closed:
+            # waiting again: for the rest of a head, or idle between requests
+            conn.set_timer(self.limits.header_timeout if self.parser.head_started
+                           else self.limits.keepalive_timeout or None)
+
+    def on_timeout(self, conn) -> None:
+        if self.parser.head_started:
+            self._refuse(408, "the request head did not arrive in time")
+        else:
+            conn.close()                       # idle keep-alive: nothing to say
 
     def on_eof(self, conn) -> None:
         conn.close()
@@ -147,6 +166,7 @@ class WSGIConnection:
                 return
             if env is None:
                 return
+            self.conn.set_timer(None)          # the app's time is not the client's
             self._busy = True
             try:
                 keep = self._serve(env)
@@ -350,24 +370,25 @@ class _Response:
         self.headers_sent = True
         first = b"".join(self._pending)
         self._pending = []
-        self.owner.conn.write(self._head(known))
-        if first:
-            self._send(first)
+        # the head and the first chunk in one write (one segment, one syscall)
+        self._send(first, self._head(known))
 
-    def _send(self, data) -> None:
+    def _send(self, data, head: bytes = b"") -> None:
+        conn = self.owner.conn
+        if conn.closed:
+            raise ClientGone("the client went away")
         if self.head_only or not data:
+            if head:
+                conn.write(head)
             return
         if self.length is not None and self.sent + len(data) > self.length:
             data = bytes(data)[:self.length - self.sent]   # never past what we announced
             self.keep = False
         self.sent += len(data)
-        conn = self.owner.conn
-        if conn.closed:
-            raise ClientGone("the client went away")
         if self.chunked:
-            conn.write(b"%x\r\n" % len(data) + bytes(data) + b"\r\n")
+            conn.write(b"%s%x\r\n%s\r\n" % (head, len(data), data))
         else:
-            conn.write(bytes(data))
+            conn.write(head + bytes(data) if head else bytes(data))
 
     def finish(self) -> None:
         if self.status is None:

@@ -243,3 +243,70 @@ def test_draining_responses_carry_connection_close(serve):
         while chunk := c.recv(4096):
             rest += chunk
     assert b"Connection: close" in rest and rest.endswith(b"hello /2")
+
+
+def wait_closed(sock, timeout: float) -> tuple[bytes, float]:
+    """What the server sends until it closes, and when it closed."""
+    sock.settimeout(timeout)
+    out = b""
+    while chunk := sock.recv(4096):
+        out += chunk
+    return out, time.monotonic()
+
+
+def test_a_head_not_complete_in_time_gets_408_even_if_trickled(serve):
+    _, addr = serve(hello, header_timeout=0.5)
+    with socket.create_connection(addr, timeout=10) as c:
+        t0 = time.monotonic()
+        for b in b"GET / HTTP/1.1\r\nHost: h\r\nX-Slow: ":
+            c.sendall(bytes([b]))             # a byte at a time: slowloris
+            if time.monotonic() - t0 > 0.3:
+                break
+        c.sendall(b"a")
+        out, t1 = wait_closed(c, 5)
+    assert out.startswith(b"HTTP/1.1 408 Request Timeout") and b"Connection: close" in out
+    assert t1 - t0 < 2.0
+
+
+def test_idle_kept_alive_connection_is_closed_after_the_timeout(serve):
+    loop, addr = serve(hello, keepalive_timeout=0.5, header_timeout=5)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\n")
+        first = c.recv(4096)
+        t0 = time.monotonic()
+        out, t1 = wait_closed(c, 5)
+    assert first.endswith(b"hello /1") and out == b""        # closed quietly
+    assert 0.4 < t1 - t0 < 2.0
+    deadline = time.monotonic() + 5
+    while loop.conns:
+        assert time.monotonic() < deadline, "the connection is still in the loop"
+        time.sleep(0.01)
+
+
+def test_a_connection_that_keeps_talking_is_not_cut(serve):
+    _, addr = serve(hello, keepalive_timeout=0.4, header_timeout=0.4)
+    with socket.create_connection(addr, timeout=10) as c:
+        for i in range(8):                    # 1.6 s in all, 0.2 s apart
+            c.sendall(b"GET /%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
+            assert c.recv(4096).endswith(b"hello /%d" % i)
+            time.sleep(0.2)                   # the client's think time (not a wait)
+
+
+def test_max_connections_pauses_accepting_until_one_closes(serve):
+    loop, addr = serve(hello, threads=1)
+    loop.max_connections = 2
+    a = socket.create_connection(addr, timeout=10)
+    b = socket.create_connection(addr, timeout=10)
+    for c in (a, b):
+        c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert c.recv(4096).endswith(b"hello /")
+    third = socket.create_connection(addr, timeout=10)        # waits in the backlog
+    third.sendall(b"GET /3 HTTP/1.1\r\nHost: h\r\n\r\n")
+    third.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        third.recv(4096)
+    a.close()                                                 # room again
+    third.settimeout(10)
+    assert third.recv(4096).endswith(b"hello /3")
+    b.close()
+    third.close()

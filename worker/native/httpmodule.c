@@ -434,6 +434,13 @@ static PyObject *get_expect_continue(Parser *self, void *c)
 	return PyBool_FromLong(self->expect_continue);
 }
 
+static PyObject *get_head_started(Parser *self, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(self->hp.state == HP_HEAD &&
+	                       (self->hp.started || self->len > self->start));
+}
+
 static PyObject *get_pending(Parser *self, void *c)
 {
 	(void)c;
@@ -456,6 +463,8 @@ static PyGetSetDef Parser_getset[] = {
 	{"body_done", (getter)get_body_done, NULL, "the whole body was read", NULL},
 	{"expect_continue", (getter)get_expect_continue, NULL, "Expect: 100-continue", NULL},
 	{"pending", (getter)get_pending, NULL, "bytes fed and not parsed yet", NULL},
+	{"head_started", (getter)get_head_started, NULL,
+	 "part of the next request head arrived (not the whole)", NULL},
 	{NULL},
 };
 

@@ -58,6 +58,7 @@ static int on_message_begin(llhttp_t *ll)
 	p->length = -1;
 	p->body_seen = 0;
 	p->state = HP_HEAD;
+	p->started = 1;
 	return 0;
 }
 
@@ -359,6 +360,7 @@ int hp_next(struct hp_parser *p)
 	p->state = HP_HEAD;
 	p->head_len = p->url_len = p->nfields = 0;
 	p->prev_lf = 0;
+	p->started = 0;
 	return 0;
 }
 

@@ -65,6 +65,7 @@ struct hp_parser {
 	int upgrade;             /* llhttp stopped at an upgrade: no request follows */
 	int in_field;            /* a field name is being collected */
 	int prev_lf;             /* the last head byte scanned was LF (fold check) */
+	int started;             /* a byte of the current request arrived */
 	int64_t length;          /* Content-Length, -1 if none (set with the head) */
 	char trailer[20];        /* a trailer field's name, enough to recognise */
 	uint32_t trailer_len;    /* the three forbidden ones (its full length) */
