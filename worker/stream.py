@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import time
 
@@ -125,6 +126,32 @@ class Connection:
             self.loop.post(self, self.resume_reading)
             return
         self._paused_by_app = False
+        self._sync()
+
+    def flush_now(self, timeout: float) -> None:
+        """Sends the buffered output before returning, waiting for the
+        socket with poll (the caller's thread is the connection's while it
+        runs: a WSGI app, a sendfile). Raises TimeoutError, or OSError if
+        the client went away."""
+        deadline = time.monotonic() + timeout
+        waiter = None
+        while self._out and not self._closed:
+            try:
+                n = os.write(self.fd, self._out)
+            except BlockingIOError:
+                n = 0
+            del self._out[:n]
+            if not self._out:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the client does not read")
+            if waiter is None:
+                waiter = select.poll()
+                waiter.register(self.fd, select.POLLOUT)
+            waiter.poll(max(1, int(left * 1000)))
+        if self._closed:
+            raise ConnectionResetError("the connection is closed")
         self._sync()
 
     def set_timer(self, seconds: float | None) -> None:

@@ -15,14 +15,17 @@ Timers (Connection.set_timer, no thread): a request head must arrive whole
 within `header_timeout` of its first byte (else 408 and close: slowloris),
 and an idle kept-alive connection closes after `keepalive_timeout`.
 
+`wsgi.file_wrapper` sends a regular file with sendfile(2).
+
 Not here yet (the HTTP issue's later parts): serialisation and writes in
-native code, wsgi.file_wrapper with sendfile, the access log.
+native code, the access log.
 """
 from __future__ import annotations
 
 import logging
 import os
 import select
+import stat
 import sys
 import time
 from email.utils import formatdate
@@ -114,6 +117,30 @@ class Input:
     def __iter__(self):
         while line := self.readline():
             yield line
+
+
+class FileWrapper:
+    """wsgi.file_wrapper: a regular file is sent with sendfile(2) (the
+    kernel copies it, no Python loop); anything else is iterated in blocks."""
+
+    def __init__(self, filelike, blksize: int = 65536):
+        self.filelike = filelike
+        self.blksize = blksize
+        if hasattr(filelike, "close"):
+            self.close = filelike.close
+
+    def __iter__(self):
+        read = self.filelike.read
+        while block := read(self.blksize):
+            yield block
+
+    def regular_fd(self) -> int:
+        """The file's descriptor if it is a regular file, else -1."""
+        try:
+            fd = self.filelike.fileno()
+            return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
+        except (AttributeError, OSError, ValueError):
+            return -1
 
 
 class WSGIConnection:
@@ -237,10 +264,14 @@ class WSGIConnection:
         result = None
         try:
             result = self.app(env, resp.start_response)
-            for chunk in result:
-                if chunk:
-                    resp.write(chunk)
-            resp.finish()
+            if isinstance(result, FileWrapper) and (ffd := result.regular_fd()) >= 0 \
+                    and not resp._pending:
+                self._sendfile(resp, result, ffd)
+            else:
+                for chunk in result:
+                    if chunk:
+                        resp.write(chunk)
+                resp.finish()
         except ClientGone as exc:
             log.debug("%s %s: %s", env["REQUEST_METHOD"], env["RAW_URI"], exc)
             return False
@@ -270,6 +301,45 @@ class WSGIConnection:
         except ClientGone:
             return False
         return resp.keep and parser.finish()
+
+    def _sendfile(self, resp: "_Response", wrapper: FileWrapper, ffd: int) -> None:
+        """The response body from a regular file, by sendfile(2), from the
+        file's current position to its end (or the app's Content-Length)."""
+        if resp.status is None:
+            raise AssertionError("the app returned without calling start_response")
+        offset = wrapper.filelike.tell() if hasattr(wrapper.filelike, "tell") else 0
+        count = max(0, os.fstat(ffd).st_size - offset)
+        if resp.length is not None:
+            count = min(count, resp.length)
+        resp.headers_sent = True
+        conn, timeout = self.conn, self.limits.body_timeout
+        conn.write(resp._head(count))
+        if resp.head_only or not count:
+            return
+        try:
+            conn.flush_now(timeout)              # the head first, in order
+            waiter = select.poll()
+            waiter.register(conn.fd, select.POLLOUT)
+            deadline = time.monotonic() + timeout
+            while count:
+                try:
+                    n = os.sendfile(conn.fd, ffd, offset, count)
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ClientGone("the client does not read") from None
+                    waiter.poll(max(1, int(left * 1000)))
+                    continue
+                if n == 0:
+                    break                        # the file shrank under us
+                offset += n
+                count -= n
+                resp.sent += n
+                deadline = time.monotonic() + timeout
+        except (TimeoutError, OSError) as exc:
+            raise ClientGone(str(exc)) from None
+        if count:
+            resp.keep = False                    # fewer bytes than announced: close
 
     def _refuse(self, status: int, reason: str) -> None:
         body = f"{status} {REASONS.get(status, 'Error')}: {reason}\n".encode("latin-1", "replace")
@@ -424,5 +494,6 @@ def _base_environ(conn, lim: _Limits) -> dict:
         "wsgi.multiprocess": True,
         "wsgi.run_once": False,
         "wsgi.input_terminated": True,
+        "wsgi.file_wrapper": FileWrapper,
         "sockherd.loop": conn.loop,            # the worker's loop (the status page reads it)
     }

@@ -310,3 +310,51 @@ def test_max_connections_pauses_accepting_until_one_closes(serve):
     assert third.recv(4096).endswith(b"hello /3")
     b.close()
     third.close()
+
+
+def test_file_wrapper_sends_a_regular_file_with_sendfile(serve, tmp_path, monkeypatch):
+    import os as os_mod
+    data = os_mod.urandom(3 << 20)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    calls = []
+    real = os_mod.sendfile
+
+    def spy(*args):
+        calls.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(os_mod, "sendfile", spy)
+
+    def app(environ, start_response):
+        f = open(path, "rb")
+        f.seek(10)                                   # from the current position on
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return environ["wsgi.file_wrapper"](f, 8192)
+
+    _, addr = serve(app)
+    conn = http.client.HTTPConnection(*addr, timeout=30)
+    for _ in range(2):                               # keep-alive after a sendfile
+        conn.request("GET", "/")
+        r = conn.getresponse()
+        assert r.getheader("Content-Length") == str(len(data) - 10)
+        assert r.read() == data[10:]
+    conn.request("HEAD", "/")
+    r = conn.getresponse()
+    assert r.read() == b"" and r.getheader("Content-Length") == str(len(data) - 10)
+    conn.close()
+    assert calls                                     # the kernel copied it
+
+
+def test_file_wrapper_over_a_non_file_is_iterated(serve):
+    import io
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return environ["wsgi.file_wrapper"](io.BytesIO(b"abc" * 10000), 1000)
+
+    _, addr = serve(app)
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    conn.request("GET", "/")
+    assert conn.getresponse().read() == b"abc" * 10000
+    conn.close()
