@@ -13,7 +13,7 @@
 Then the main thread serves the channel: heartbeats are echoed; Drain stops
 accepting and lets connections finish (Loop.drain), and the worker exits once
 none remains or at the drain's deadline; Stop ends the worker at once; EOF
-means the master is gone: drain, as for a Drain without a deadline of its own.
+(the master is gone) and SIGTERM drain too, within hard_stop_after.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -93,46 +94,67 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     return loop
 
 
-def _serve_channel(ch: Channel, loop: Loop, cfg: dict) -> int:
+def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> int:
+    """The main thread after READY: one select over the channel, the signal
+    wake-up socket and the loop's drained eventfd; no timeout unless a drain
+    has a deadline. SIGTERM drains (a TERM to the whole process group, as
+    systemd's default KillMode and timeout(1) send, must not cut requests:
+    the master drains us the same way), and so does the master's Drain or
+    its death (EOF, or SIGTERM by PR_SET_PDEATHSIG)."""
     grace = float(cfg.get("idle_grace", 1.0))
+    hard = float(cfg.get("hard_stop_after", 30.0))
     deadline = None                    # monotonic time by which a drain must end
-    master_gone = False
+    channel_open = True
+
+    def drain(until: float, why: str) -> None:
+        nonlocal deadline
+        if deadline is None:
+            log.info("draining (%s)", why)
+            loop.drain(grace)
+            deadline = until
+        else:
+            deadline = min(deadline, until)
+
     while True:
+        timeout = None
         if deadline is not None:
             if loop.drained.is_set():
                 log.info("drained: no connection left")
                 return 0
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.warning("drain deadline reached with %d connections: exiting", len(loop.conns))
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                log.warning("drain deadline reached with %d connections: exiting",
+                            len(loop.conns))
                 return 0
-            # block until the master speaks, the drain completes, or the deadline
-            watch = [loop.drained_fd] if master_gone else [ch.fileno(), loop.drained_fd]
-            ready, _, _ = select.select(watch, [], [], left)
-            if master_gone or ch.fileno() not in ready:
-                continue
-        try:
-            got = ch.recv()
-        except PeerClosed:
-            log.warning("the master is gone: draining")
-            master_gone = True
-            loop.drain(grace)
-            if deadline is None:
-                deadline = time.monotonic() + float(cfg.get("hard_stop_after", 30.0))
+        watch = [sig_r, loop.drained_fd] + ([ch.fileno()] if channel_open else [])
+        ready, _, _ = select.select(watch, [], [], timeout)
+        if sig_r in ready:
+            try:
+                signums = sig_r.recv(64)
+            except BlockingIOError:
+                signums = b""
+            if signal.SIGTERM in signums:
+                drain(time.monotonic() + hard, "SIGTERM")
+        if not channel_open or ch.fileno() not in ready:
             continue
-        got.close_fds()
-        msg = got.msg
-        if isinstance(msg, Heartbeat):
-            ch.send(msg)
-        elif isinstance(msg, Stop):
-            return 0
-        elif isinstance(msg, Drain):
-            if deadline is None:
-                log.info("draining")
-                loop.drain(grace)
-            deadline = msg.deadline if deadline is None else min(deadline, msg.deadline)
-        else:
-            ch.send(Error(message=f"worker: {type(msg).__name__} is not handled"))
+        try:
+            ch.read_available()
+        except PeerClosed:
+            channel_open = False
+            log.warning("the master is gone: draining")
+            drain(time.monotonic() + hard, "the master is gone")
+            continue
+        while (got := ch.next_message()) is not None:
+            got.close_fds()
+            msg = got.msg
+            if isinstance(msg, Heartbeat):
+                ch.send(msg)
+            elif isinstance(msg, Stop):
+                return 0
+            elif isinstance(msg, Drain):
+                drain(msg.deadline, "the master asked")
+            else:
+                ch.send(Error(message=f"worker: {type(msg).__name__} is not handled"))
 
 
 def _log_totals(loop: Loop) -> None:
@@ -175,9 +197,16 @@ def main() -> int:
         except IPCError:
             pass
         return 1
+    # SIGTERM (a process-group TERM, or PDEATHSIG) drains; the handler only
+    # wakes the main thread's select
+    sig_r, sig_w = socket.socketpair()
+    sig_r.setblocking(False)
+    sig_w.setblocking(False)
+    signal.set_wakeup_fd(sig_w.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda *_: None)
     ch.send(Ready(pid=os.getpid()))
     try:
-        return _serve_channel(ch, loop, got.msg.config)
+        return _serve_channel(ch, loop, got.msg.config, sig_r)
     finally:
         loop.stop()
         _log_totals(loop)

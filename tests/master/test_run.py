@@ -692,3 +692,39 @@ def test_wsgi_is_the_default_interface(master):
     assert pids == set(children(m.proc.pid))            # spread over both workers
     m.proc.send_signal(signal.SIGTERM)
     assert m.proc.wait(timeout=30) == 0
+
+
+def test_term_to_the_whole_process_group_still_drains(tmp_path):
+    """systemd's default KillMode=control-group and timeout(1) send TERM to
+    every process at once: the workers drain like the master asks them to,
+    so the request in flight completes and the master exits 0."""
+    (tmp_path / "slowapp.py").write_text(APPS["slowapp.py"])
+    log = tmp_path / "group.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", "slowapp:Slow",
+                                 "--interface", "stream", "-w", "2", "--idle-grace", "0.3",
+                                 "--chdir", str(tmp_path), "-b", "127.0.0.1:0"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    m = Master(proc, log)
+    kids: list[int] = []
+    try:
+        m.port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
+        m.wait_log(r"worker \d+\.\d+: ready", count=2)
+        kids = children(proc.pid)
+        c = m.connect()
+        c.sendall(b"slow request")
+        assert c.recv(8) == b"started;"
+        os.killpg(proc.pid, signal.SIGTERM)               # master and workers at once
+        assert c.recv(100) == b"done:slow request"        # not cut
+        c.close()
+        assert proc.wait(timeout=30) == 0
+        assert "(crashed)" not in m.text() and "respawn" not in m.text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
