@@ -54,7 +54,8 @@ class FailedBeforeReady(_Message, tag="failed_before_ready"):
 
 
 class Heartbeat(_Message, tag="heartbeat"):
-    """Master -> worker liveness probe; the worker echoes it back unchanged."""
+    """Liveness: a worker sends one every heartbeat_interval; the master may
+    also send one as a probe, which the worker echoes back unchanged."""
 
     seq: int
     sent_at: float

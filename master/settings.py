@@ -87,10 +87,10 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
             section="workers"),
-    # idle cost: a round wakes the master about twice and each worker once,
-    # so 20 s keeps master + 2 idle workers near 0.2 wake-ups/s
+    # idle cost: each heartbeat wakes its worker and the master once, so
+    # 20 s keeps master + 2 idle workers at 0.2 wake-ups/s
     Setting("heartbeat_interval", ("--heartbeat-interval",), float, 20.0,
-            "seconds between master -> worker heartbeats (each wakes every process once)",
+            "seconds between a worker's heartbeats to the master",
             _seconds(0.1, 3600), "S",
             section="supervision"),
     Setting("heartbeat_timeout", ("--heartbeat-timeout",), float, 60.0,

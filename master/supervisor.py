@@ -116,6 +116,7 @@ class Supervisor:
         got.close_fds()
         msg = got.msg
         if isinstance(msg, Ready):
+            slot.last_heartbeat = time.monotonic()
             self._feed(slot, Event.READY)
             self.ever_ready = True
             log.info("worker %d.%d: ready, pid %d", slot.life.generation, slot.index, msg.pid)
@@ -263,20 +264,25 @@ class Supervisor:
             self._heartbeat()
 
     def _heartbeat(self) -> None:
+        """The check timer: workers send a heartbeat every heartbeat_interval
+        on their own; one silent past heartbeat_timeout is killed. Re-armed
+        for the moment the quietest serving worker would be late, so an idle
+        tree costs the master one wake-up per worker heartbeat and nothing
+        more."""
         now = time.monotonic()
+        timeout = self.settings.heartbeat_timeout
+        due = now + timeout
         for slot in self.slots:
-            if slot.proc is None or slot.life.state is State.EXITED:
-                continue
-            if now - slot.last_heartbeat > self.settings.heartbeat_timeout:
+            if slot.proc is None or slot.life.state not in (State.READY, State.DRAINING):
+                continue                    # starting: the READY timeout watches it
+            silent = now - slot.last_heartbeat
+            if silent > timeout:
                 log.error("worker %d.%d: no heartbeat for %.0fs: killed", slot.life.generation,
-                          slot.index, now - slot.last_heartbeat)
+                          slot.index, silent)
                 self._feed(slot, Event.HEARTBEAT_LOST)
                 continue
-            try:
-                slot.proc.channel.post(Heartbeat(seq=0, sent_at=now))
-            except IPCError:
-                pass
-        self._at(self.settings.heartbeat_interval, "heartbeat", -1)
+            due = min(due, slot.last_heartbeat + timeout)
+        self._at(max(0.0, due - now) + 0.05, "heartbeat", -1)
 
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> int:
@@ -288,7 +294,7 @@ class Supervisor:
         try:
             for slot in self.slots:
                 self._spawn(slot)
-            self._at(self.settings.heartbeat_interval, "heartbeat", -1)
+            self._at(self.settings.heartbeat_timeout, "heartbeat", -1)
             return self._loop()
         finally:
             signal.set_wakeup_fd(old)

@@ -10,7 +10,8 @@
    groups, the listeners inserted once per group, the loop threads started.
 4. READY to the master, or FAILED_BEFORE_READY with the reason (a traceback
    for an app that does not import) and exit status 1.
-Then the main thread serves the channel: heartbeats are echoed; Drain stops
+Then the main thread serves the channel: it sends a heartbeat every
+heartbeat_interval (and echoes the master's probes); Drain stops
 accepting and lets connections finish (Loop.drain), and the worker exits once
 none remains or at the drain's deadline; Stop ends the worker at once; EOF
 (the master is gone) and SIGTERM drain too, within hard_stop_after.
@@ -103,8 +104,11 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> 
     its death (EOF, or SIGTERM by PR_SET_PDEATHSIG)."""
     grace = float(cfg.get("idle_grace", 1.0))
     hard = float(cfg.get("hard_stop_after", 30.0))
+    beat = float(cfg.get("heartbeat_interval", 20.0))
     deadline = None                    # monotonic time by which a drain must end
     channel_open = True
+    next_beat = time.monotonic() + beat
+    beats = 0
 
     def drain(until: float, why: str) -> None:
         nonlocal deadline
@@ -126,6 +130,18 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> 
                 log.warning("drain deadline reached with %d connections: exiting",
                             len(loop.conns))
                 return 0
+        if channel_open:
+            # our heartbeat: the master only listens (one wake-up each side
+            # per interval; its check timer fires only when one is late)
+            now = time.monotonic()
+            if now >= next_beat:
+                beats += 1
+                try:
+                    ch.send(Heartbeat(seq=beats, sent_at=now), timeout=5)
+                except IPCError:
+                    pass                         # EOF is seen by the read below
+                next_beat = now + beat
+            timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
         watch = [sig_r, loop.drained_fd] + ([ch.fileno()] if channel_open else [])
         ready, _, _ = select.select(watch, [], [], timeout)
         if sig_r in ready:

@@ -101,6 +101,21 @@ def test_ready_serves_and_stops(workers, appdir):
         w.channel.recv(timeout=10)
 
 
+def test_worker_sends_heartbeats_on_its_own(workers, appdir):
+    w, _ = workers("echoapp:Echo", {"interface": "stream", "chdir": str(appdir),
+                                    "heartbeat_interval": 0.2})
+    assert isinstance(w.channel.recv(timeout=60).msg, Ready)
+    t0 = time.monotonic()
+    seqs = []
+    while len(seqs) < 3:
+        msg = w.channel.recv(timeout=5).msg
+        assert isinstance(msg, Heartbeat)
+        seqs.append(msg.seq)
+    assert seqs == [1, 2, 3] and time.monotonic() - t0 < 2.0
+    w.channel.send(Stop())
+    assert wait_exit(w.proc) == 0
+
+
 def test_master_gone_means_worker_exits(workers, appdir):
     w, _ = workers("echoapp:Echo", {"interface": "stream", "chdir": str(appdir)})
     assert isinstance(w.channel.recv(timeout=60).msg, Ready)
