@@ -138,6 +138,13 @@ SETTINGS: tuple[Setting, ...] = (
             msgspec.Meta(pattern=r"^$|^/.*[^/]$"), "PATH", section="http"),
     Setting("server_header", ("--server-header",), str, "",
             "the Server header of responses; empty: none", metavar="TEXT", section="http"),
+    Setting("access_log", ("--access-log",), bool, False,
+            "log one line per HTTP request (logger sockherd.access, to stderr)",
+            section="logging"),
+    Setting("access_log_format", ("--access-log-format",), str,
+            '%(h)s - - [%(t)s] "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
+            "access log line, gunicorn's atoms: h t r m U q H s b f a L D p",
+            metavar="FORMAT", section="logging"),
     Setting("log_level", ("--log-level",), Literal["debug", "info", "warning", "error"], "info",
             "least severe level logged (to stderr)", section="logging"),
 )

@@ -54,6 +54,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
 
     socks = adopt(msg.listeners, fds)          # closes every fd on a mismatch
     cfg = msg.config
+    logging.getLogger().setLevel(str(cfg.get("log_level", "info")).upper())
     try:
         ident = resolve(cfg.get("user", ""), cfg.get("group", ""))
         if ident is not None:

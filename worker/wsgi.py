@@ -18,7 +18,7 @@ and an idle kept-alive connection closes after `keepalive_timeout`.
 `wsgi.file_wrapper` sends a regular file with sendfile(2).
 
 Not here yet (the HTTP issue's later parts): serialisation and writes in
-native code, the access log.
+native code.
 """
 from __future__ import annotations
 
@@ -52,9 +52,42 @@ class _Limits:
         self.body_timeout = float(cfg.get("body_timeout", 30.0))
         self.root_path = str(cfg.get("root_path", ""))
         self.server_header = str(cfg.get("server_header", ""))
+        self.access = AccessLog(str(cfg.get("access_log_format", ""))) \
+            if cfg.get("access_log") else None
         self.header_timeout = float(cfg.get("header_timeout", 15.0))
         self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
+
+
+class AccessLog:
+    """One line per request in gunicorn's format atoms: h remote address,
+    t time, r request line, m method, U path, q query, H protocol, s status,
+    b body bytes sent ('-' for none), f Referer, a User-Agent, L seconds
+    (decimal), D microseconds, p pid."""
+
+    log = logging.getLogger("sockherd.access")
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+
+    def __call__(self, env: dict, status: str | None, sent: int, started: float) -> None:
+        took = time.monotonic() - started
+        line = f'{env["REQUEST_METHOD"]} {env["RAW_URI"]} {env["SERVER_PROTOCOL"]}'
+        atoms = _Atoms(h=env.get("REMOTE_ADDR") or "-",
+                       t=time.strftime("%d/%b/%Y:%H:%M:%S %z"), r=line,
+                       m=env["REQUEST_METHOD"], U=env["PATH_INFO"], q=env["QUERY_STRING"],
+                       H=env["SERVER_PROTOCOL"], s=(status or "-")[:3], b=sent or "-",
+                       f=env.get("HTTP_REFERER", "-"), a=env.get("HTTP_USER_AGENT", "-"),
+                       L=f"{took:.6f}", D=int(took * 1e6), p=os.getpid())
+        try:
+            self.log.info(self.fmt % atoms)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.log.error("access_log_format %r: %s", self.fmt, exc)
+
+
+class _Atoms(dict):
+    def __missing__(self, key):
+        return "-"                              # unknown atoms print as '-', as gunicorn
 
 
 def make_handler(app, cfg: dict):
@@ -262,6 +295,7 @@ class WSGIConnection:
         head_only = env["REQUEST_METHOD"] == "HEAD"
         resp = _Response(self, env["SERVER_PROTOCOL"], keep, head_only)
         result = None
+        started = time.monotonic()
         try:
             result = self.app(env, resp.start_response)
             if isinstance(result, FileWrapper) and (ffd := result.regular_fd()) >= 0 \
@@ -293,6 +327,8 @@ class WSGIConnection:
                     close()
                 except Exception:
                     log.exception("close() of the app's response failed")
+            if self.limits.access is not None:
+                self.limits.access(env, resp.status, resp.sent, started)
         # the body must be consumed before the next request: drain what
         # the app left unread (bounded by the body limit and timeout)
         try:
