@@ -87,13 +87,14 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
             section="workers"),
-    # idle cost: each heartbeat wakes its worker and the master once, so
-    # 20 s keeps master + 2 idle workers at 0.2 wake-ups/s
-    Setting("heartbeat_interval", ("--heartbeat-interval",), float, 20.0,
+    # idle cost: each heartbeat wakes its worker and the master once, plus
+    # the master's check once per timeout: 4/25 + 1/75 = 0.17 wake-ups/s for
+    # master + 2 idle workers (measured 0.22 at 20 s / 60 s: bench/RESULTS.md)
+    Setting("heartbeat_interval", ("--heartbeat-interval",), float, 25.0,
             "seconds between a worker's heartbeats to the master",
             _seconds(0.1, 3600), "S",
             section="supervision"),
-    Setting("heartbeat_timeout", ("--heartbeat-timeout",), float, 60.0,
+    Setting("heartbeat_timeout", ("--heartbeat-timeout",), float, 75.0,
             "a worker silent this long is killed and replaced", _seconds(0.5, 86400), "S",
             section="supervision"),
     Setting("ready_timeout", ("--ready-timeout",), float, 60.0,

@@ -105,7 +105,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> 
     its death (EOF, or SIGTERM by PR_SET_PDEATHSIG)."""
     grace = float(cfg.get("idle_grace", 1.0))
     hard = float(cfg.get("hard_stop_after", 30.0))
-    beat = float(cfg.get("heartbeat_interval", 20.0))
+    beat = float(cfg.get("heartbeat_interval", 25.0))
     deadline = None                    # monotonic time by which a drain must end
     channel_open = True
     next_beat = time.monotonic() + beat
