@@ -43,6 +43,11 @@ class ClientGone(Exception):
     """The client closed or reset the connection while the app read or wrote."""
 
 
+class BadBody(Exception):
+    """The request body's framing is invalid: args (status, reason). The
+    connection cannot carry another request."""
+
+
 class _Limits:
     def __init__(self, cfg: dict):
         self.line = int(cfg.get("limit_request_line", 8190))
@@ -243,7 +248,10 @@ class WSGIConnection:
             self._unread = self._unread[len(take):]
             return take
         while True:
-            chunk = self.parser.read_body(size)
+            try:
+                chunk = self.parser.read_body(size)
+            except HttpError as exc:
+                raise BadBody(*exc.args) from None
             if chunk or self.parser.body_done:
                 return chunk
             if self._continue_due:
@@ -288,6 +296,15 @@ class WSGIConnection:
         """Runs the app for env and writes its response; True if the
         connection may serve another request."""
         parser = self.parser
+        # what already arrived of the body is checked before the app runs: a
+        # framing error there is a 400 and the app never sees the request
+        try:
+            parser.read_body(0)
+        except HttpError:
+            pass
+        if parser.error is not None:
+            self._refuse(*parser.error)
+            return False
         env["wsgi.input"] = Input(self)
         self._continue_due = parser.expect_continue
         self._unread = b""
@@ -308,6 +325,10 @@ class WSGIConnection:
                 resp.finish()
         except ClientGone as exc:
             log.debug("%s %s: %s", env["REQUEST_METHOD"], env["RAW_URI"], exc)
+            return False
+        except BadBody as exc:
+            if not resp.headers_sent:
+                self._refuse(*exc.args)          # the app let it through: ours to say
             return False
         except Exception:
             log.exception("app failed on %s %s", env["REQUEST_METHOD"], env["RAW_URI"])
@@ -334,8 +355,8 @@ class WSGIConnection:
         try:
             while self._body_chunk():
                 pass
-        except ClientGone:
-            return False
+        except (ClientGone, BadBody):
+            return False                         # answered already: just close
         return resp.keep and parser.finish()
 
     def _sendfile(self, resp: "_Response", wrapper: FileWrapper, ffd: int) -> None:

@@ -371,3 +371,57 @@ def test_access_log_lines(serve, caplog):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert '127.0.0.1 "GET /x?y=1 HTTP/1.1" 200 8 "probe/1" GET /x y=1 -' in caplog.text
+
+
+from test_http_parser import BAD  # noqa: E402  (the strictness cases, parser level)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_each_strictness_case_on_a_real_socket(serve, name):
+    """Each malformed request of the parser tests, sent to a real server:
+    the status it deserves, Connection: close, and the connection closed;
+    the app never runs."""
+    ran = []
+
+    def app(environ, start_response):
+        ran.append(environ["PATH_INFO"])
+        return hello(environ, start_response)
+
+    _, addr = serve(app)
+    out = raw(addr, BAD[name])
+    assert out.startswith(b"HTTP/1.1 400 Bad Request\r\n"), (name, out[:200])
+    assert b"Connection: close" in out
+    # a request made valid up to the point of the error may have run (e.g.
+    # a chunked body refused in its trailers): never one after it
+    assert len(ran) <= 1
+
+
+def test_client_gone_mid_response_closes_the_iterable_and_leaks_nothing(serve):
+    closed = threading.Event()
+    sent = []
+
+    class Endless:
+        def __iter__(self):
+            for i in range(100000):
+                sent.append(i)
+                yield b"x" * 65536
+
+        def close(self):
+            closed.set()
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return Endless()
+
+    loop, addr = serve(app)
+    c = socket.create_connection(addr, timeout=10)
+    c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    c.recv(65536)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    c.close()                                        # a reset, mid-response
+    assert closed.wait(20), "close() of the iterable was not called"
+    deadline = time.monotonic() + 10
+    while loop.conns:
+        assert time.monotonic() < deadline, "the connection stayed in the loop"
+        time.sleep(0.01)
+    assert len(sent) < 100000                        # it stopped producing

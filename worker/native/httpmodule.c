@@ -441,6 +441,15 @@ static PyObject *get_head_started(Parser *self, void *c)
 	                       (self->hp.started || self->len > self->start));
 }
 
+static PyObject *get_error(Parser *self, void *c)
+{
+	(void)c;
+	if (self->hp.state != HP_ERROR)
+		Py_RETURN_NONE;
+	return Py_BuildValue("(is)", self->hp.status,
+	                     self->hp.reason ? self->hp.reason : "bad request");
+}
+
 static PyObject *get_pending(Parser *self, void *c)
 {
 	(void)c;
@@ -463,6 +472,7 @@ static PyGetSetDef Parser_getset[] = {
 	{"body_done", (getter)get_body_done, NULL, "the whole body was read", NULL},
 	{"expect_continue", (getter)get_expect_continue, NULL, "Expect: 100-continue", NULL},
 	{"pending", (getter)get_pending, NULL, "bytes fed and not parsed yet", NULL},
+	{"error", (getter)get_error, NULL, "(status, reason) once refused, else None", NULL},
 	{"head_started", (getter)get_head_started, NULL,
 	 "part of the next request head arrived (not the whole)", NULL},
 	{NULL},
