@@ -128,20 +128,20 @@ class Connection:
         self._paused_by_app = False
         self._sync()
 
-    def flush_now(self, timeout: float) -> None:
-        """Sends the buffered output before returning, waiting for the
-        socket with poll (the caller's thread is the connection's while it
-        runs: a WSGI app, a sendfile). Raises TimeoutError, or OSError if
-        the client went away."""
+    def flush_now(self, timeout: float, below: int = 0) -> None:
+        """Sends buffered output until at most `below` bytes wait, waiting
+        for the socket with poll (the caller's thread is the connection's
+        while it runs: a WSGI app writing a big response, a sendfile).
+        Raises TimeoutError, or OSError if the client went away."""
         deadline = time.monotonic() + timeout
         waiter = None
-        while self._out and not self._closed:
+        while len(self._out) > below and not self._closed:
             try:
                 n = os.write(self.fd, self._out)
             except BlockingIOError:
                 n = 0
             del self._out[:n]
-            if not self._out:
+            if len(self._out) <= below:
                 break
             left = deadline - time.monotonic()
             if left <= 0:

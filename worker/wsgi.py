@@ -31,6 +31,7 @@ import time
 from email.utils import formatdate
 
 from sockherd.worker._http import HttpError, RequestParser
+from sockherd.worker.stream import HIGH_WATER, LOW_WATER
 
 log = logging.getLogger("sockherd.worker")
 
@@ -100,7 +101,8 @@ def make_handler(app, cfg: dict):
     limits = _Limits(cfg)
 
     class Handler(WSGIConnection):
-        pass
+        __slots__ = ()
+        shared = None          # the environ keys of every request of the worker
 
     Handler.app = staticmethod(app)
     Handler.limits = limits
@@ -184,8 +186,11 @@ class FileWrapper:
 class WSGIConnection:
     """Stream handler for one HTTP/1.1 connection (see the module doc)."""
 
+    # small: an idle kept-alive connection should cost little (bench/RESULTS.md)
+    __slots__ = ("conn", "parser", "addr", "_unread", "_continue_due", "_busy")
     app = None            # set by make_handler
     limits: _Limits
+    shared: dict | None
 
     def on_connect(self, conn) -> None:
         lim = self.limits
@@ -193,7 +198,9 @@ class WSGIConnection:
         self.parser = RequestParser(max_line=lim.line, max_header_bytes=lim.header_bytes,
                                     max_headers=lim.headers, max_body=lim.body,
                                     script_name=lim.root_path)
-        self.base = _base_environ(conn, lim)
+        if self.shared is None:
+            type(self).shared = _shared_environ(conn.loop, lim)
+        self.addr = _addresses(conn)
         self._unread = b""            # body bytes taken from the parser, not yet read
         self._continue_due = False
         self._busy = False
@@ -224,13 +231,15 @@ class WSGIConnection:
         """Answers every complete request head buffered, in order."""
         while not self.conn.closed and not self._busy:
             try:
-                env = self.parser.next_request(self.base)
+                env = self.parser.next_request(self.shared)
             except HttpError as exc:
                 status, reason = exc.args
                 self._refuse(status, reason)
                 return
             if env is None:
                 return
+            env["SERVER_NAME"], env["SERVER_PORT"], env["REMOTE_ADDR"], env["REMOTE_PORT"] = \
+                self.addr
             self.conn.set_timer(None)          # the app's time is not the client's
             self._busy = True
             try:
@@ -516,6 +525,13 @@ class _Response:
             conn.write(b"%s%x\r\n%s\r\n" % (head, len(data), data))
         else:
             conn.write(head + bytes(data) if head else bytes(data))
+        if conn.pending > HIGH_WATER:
+            # a client that does not read: the app waits, the buffer stays
+            # bounded (a reset or a stall past body_timeout ends it)
+            try:
+                conn.flush_now(self.owner.limits.body_timeout, below=LOW_WATER)
+            except (TimeoutError, OSError) as exc:
+                raise ClientGone(str(exc)) from None
 
     def finish(self) -> None:
         if self.status is None:
@@ -529,21 +545,19 @@ class _Response:
             self.keep = False                  # the app sent less than it announced
 
 
-def _base_environ(conn, lim: _Limits) -> dict:
-    """The keys every request of the connection shares."""
+def _addresses(conn) -> tuple[str, str, str, str]:
+    """SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT of a connection."""
     local, peer = conn.local, conn.peer
     if isinstance(local, tuple):
-        server_name, server_port = str(local[0]), str(local[1])
-        remote_addr, remote_port = str(peer[0]), str(peer[1])
-    else:                                      # a unix socket
-        server_name, server_port = str(local or ""), ""
-        remote_addr, remote_port = "", ""
+        return str(local[0]), str(local[1]), str(peer[0]), str(peer[1])
+    return str(local or ""), "", "", ""          # a unix socket
+
+
+def _shared_environ(loop, lim: _Limits) -> dict:
+    """The keys every request of the worker shares (its connections' own
+    four are set per request)."""
     return {
         "SCRIPT_NAME": lim.root_path,
-        "SERVER_NAME": server_name,
-        "SERVER_PORT": server_port,
-        "REMOTE_ADDR": remote_addr,
-        "REMOTE_PORT": remote_port,
         "wsgi.version": (1, 0),
         "wsgi.url_scheme": "http",
         "wsgi.errors": sys.stderr,
@@ -552,5 +566,5 @@ def _base_environ(conn, lim: _Limits) -> dict:
         "wsgi.run_once": False,
         "wsgi.input_terminated": True,
         "wsgi.file_wrapper": FileWrapper,
-        "sockherd.loop": conn.loop,            # the worker's loop (the status page reads it)
+        "sockherd.loop": loop,                  # the worker's loop (the status page reads it)
     }

@@ -425,3 +425,32 @@ def test_client_gone_mid_response_closes_the_iterable_and_leaks_nothing(serve):
         assert time.monotonic() < deadline, "the connection stayed in the loop"
         time.sleep(0.01)
     assert len(sent) < 100000                        # it stopped producing
+
+
+def test_a_client_that_does_not_read_holds_a_bounded_buffer(serve):
+    """§3: a blocked writer never holds more than a bounded buffer: the app
+    waits while the client does not read, and everything arrives once it
+    reads."""
+    from sockherd.worker.stream import HIGH_WATER
+    pending = []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(64 * 65536))])
+        for _ in range(64):
+            yield b"y" * 65536
+            pending.append(environ["sockherd.loop"].conns and
+                           max(c.pending for c in environ["sockherd.loop"].conns.values()))
+
+    _, addr = serve(app)
+    with socket.create_connection(addr, timeout=30) as c:
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        deadline = time.monotonic() + 10
+        while len(pending) < 10:                  # the app got some out, then blocks
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert max(pending) <= HIGH_WATER + 65536
+        got = 0
+        while got < 64 * 65536:
+            got += len(c.recv(1 << 20))
+    assert max(pending) <= HIGH_WATER + 65536

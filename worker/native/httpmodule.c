@@ -393,7 +393,20 @@ static PyObject *Parser_finish(Parser *self, PyObject *noarg)
 	if (self->hp.state != HP_DONE || self->bstart != self->blen)
 		Py_RETURN_FALSE;
 	self->bstart = self->blen = 0;
-	return PyBool_FromLong(hp_next(&self->hp) == 0);
+	/* an idle kept-alive connection holds no buffer: the next request
+	 * allocates again (bench: memory per idle connection) */
+	if (self->start == self->len) {
+		PyMem_Free(self->pending);
+		self->pending = NULL;
+		self->start = self->len = self->cap = 0;
+	}
+	PyMem_Free(self->body);
+	self->body = NULL;
+	self->bcap = 0;
+	int next = hp_next(&self->hp) == 0;
+	if (self->start == self->len)
+		hp_trim(&self->hp);
+	return PyBool_FromLong(next);
 }
 
 static PyObject *get_state(Parser *self, void *c)

@@ -364,6 +364,13 @@ int hp_next(struct hp_parser *p)
 	return 0;
 }
 
+void hp_trim(struct hp_parser *p)
+{
+	if (p->state != HP_HEAD || p->started)
+		return;
+	hp_free(p);
+}
+
 int hp_keep_alive(const struct hp_parser *p)
 {
 	return !p->upgrade && llhttp_should_keep_alive(&p->ll);

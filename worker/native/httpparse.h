@@ -94,6 +94,10 @@ size_t hp_body(struct hp_parser *p, const char *data, size_t len, char *out, siz
  * none may follow (an upgrade, or the last request asked to close). */
 int hp_next(struct hp_parser *p);
 
+/* Frees the head buffers between requests (HP_HEAD with nothing parsed):
+ * they are allocated again by the next request. */
+void hp_trim(struct hp_parser *p);
+
 /* The request's framing, valid from HP_BODY on. */
 int hp_keep_alive(const struct hp_parser *p);
 int hp_chunked(const struct hp_parser *p);
