@@ -42,9 +42,10 @@ log = logging.getLogger("sockherd.worker")
 HIGH_WATER = 1 << 20      # pending output that pauses reading
 LOW_WATER = 64 << 10      # pending output below which reading resumes
 READ_SIZE = 64 << 10
-_READABLE = State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP
-_WRITABLE = State.POLL_OUT
-_FAILED = State.POLL_ERR     # with POLL_CTL: the poller could not register the fd
+# plain ints: an IntFlag & costs an enum construction per test, per event
+_READABLE = int(State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP)
+_WRITABLE = int(State.POLL_OUT)
+_FAILED = int(State.POLL_ERR)  # with POLL_CTL: the poller could not register the fd
 
 
 class Connection:

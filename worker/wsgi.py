@@ -187,7 +187,7 @@ class WSGIConnection:
     """Stream handler for one HTTP/1.1 connection (see the module doc)."""
 
     # small: an idle kept-alive connection should cost little (bench/RESULTS.md)
-    __slots__ = ("conn", "parser", "addr", "_unread", "_continue_due", "_busy")
+    __slots__ = ("conn", "parser", "addr", "_unread", "_continue_due", "_busy", "_head_clock")
     app = None            # set by make_handler
     limits: _Limits
     shared: dict | None
@@ -204,19 +204,24 @@ class WSGIConnection:
         self._unread = b""            # body bytes taken from the parser, not yet read
         self._continue_due = False
         self._busy = False
-        conn.set_timer(lim.header_timeout)    # the first head, from the connection on
+        self._head_clock = True               # the first head: from the connection on
+        conn.set_timer(lim.header_timeout)
 
     # ---- bytes in --------------------------------------------------------------------
     def on_data(self, conn, data: bytes) -> None:
-        idle = not self.parser.head_started
         self.parser.feed(data)
-        if idle:                               # the first byte of a head: its clock starts
-            conn.set_timer(self.limits.header_timeout)
         self._serve_ready()
-        if not conn.closed:
-            # waiting again: for the rest of a head, or idle between requests
-            conn.set_timer(self.limits.header_timeout if self.parser.head_started
-                           else self.limits.keepalive_timeout or None)
+        if conn.closed:
+            return
+        # waiting again: for the rest of a head (its clock runs from the
+        # first of its bytes: not re-armed by the next ones), or idle
+        if self.parser.head_started:
+            if not self._head_clock:
+                self._head_clock = True
+                conn.set_timer(self.limits.header_timeout)
+        else:
+            self._head_clock = False
+            conn.set_timer(self.limits.keepalive_timeout or None)
 
     def on_timeout(self, conn) -> None:
         if self.parser.head_started:
@@ -240,7 +245,6 @@ class WSGIConnection:
                 return
             env["SERVER_NAME"], env["SERVER_PORT"], env["REMOTE_ADDR"], env["REMOTE_PORT"] = \
                 self.addr
-            self.conn.set_timer(None)          # the app's time is not the client's
             self._busy = True
             try:
                 keep = self._serve(env)
@@ -451,7 +455,7 @@ class _Response:
         for name, value in headers:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError(f"header {name!r}: name and value must be str")
-            if any(c in name for c in "\r\n:") or any(c in value for c in "\r\n"):
+            if "\r" in name or "\n" in name or ":" in name or "\r" in value or "\n" in value:
                 raise ValueError(f"header {name!r}: CR, LF or ':' where not allowed")
             lname = name.lower()
             if lname == "content-length":
@@ -473,7 +477,7 @@ class _Response:
                 self.chunked = True
             else:
                 self.keep = False              # HTTP/1.0, length unknown: close ends it
-        lines = [f"HTTP/1.1 {self.status}", f"Date: {formatdate(usegmt=True)}"]
+        lines = [f"HTTP/1.1 {self.status}", _date()]
         if self.owner.limits.server_header:
             lines.append(f"Server: {self.owner.limits.server_header}")
         lines += [f"{n}: {v}" for n, v in self.headers]
@@ -543,6 +547,18 @@ class _Response:
             self.owner.conn.write(b"0\r\n\r\n")
         if self.length is not None and self.sent < self.length and not self.head_only:
             self.keep = False                  # the app sent less than it announced
+
+
+_DATE = [0, ""]
+
+
+def _date() -> str:
+    """The Date header line, formatted once a second (formatdate costs
+    microseconds, a hello response's whole budget is a few)."""
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[0], _DATE[1] = now, f"Date: {formatdate(now, usegmt=True)}"
+    return _DATE[1]
 
 
 def _addresses(conn) -> tuple[str, str, str, str]:
