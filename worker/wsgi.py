@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import select
 import stat
 import sys
@@ -38,6 +39,12 @@ log = logging.getLogger("sockherd.worker")
 REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
            414: "URI Too Long", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 505: "HTTP Version Not Supported"}
+
+
+MIN_BODY_RATE = 64 << 10       # bytes/s a request body must average past body_timeout
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_STATUS = re.compile(r"[1-5][0-9][0-9] [\t\x20-\x7e\x80-\xff]*")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|[^\x00-\xff]")
 
 
 class ClientGone(Exception):
@@ -187,7 +194,8 @@ class WSGIConnection:
     """Stream handler for one HTTP/1.1 connection (see the module doc)."""
 
     # small: an idle kept-alive connection should cost little (bench/RESULTS.md)
-    __slots__ = ("conn", "parser", "addr", "_unread", "_continue_due", "_busy", "_head_clock")
+    __slots__ = ("conn", "parser", "addr", "_unread", "_continue_due", "_busy", "_head_clock",
+                 "_body_deadline", "_resp")
     app = None            # set by make_handler
     limits: _Limits
     shared: dict | None
@@ -204,6 +212,8 @@ class WSGIConnection:
         self._unread = b""            # body bytes taken from the parser, not yet read
         self._continue_due = False
         self._busy = False
+        self._body_deadline = None
+        self._resp = None
         self._head_clock = True               # the first head: from the connection on
         conn.set_timer(lim.header_timeout)
 
@@ -269,6 +279,10 @@ class WSGIConnection:
                 return chunk
             if self._continue_due:
                 self._continue_due = False
+                if self._resp is not None and self._resp.started:
+                    # answered without the body: the client still waits for
+                    # the 100 and may never send it; this connection ends
+                    raise ClientGone("the response went out before the body was asked for")
                 self._send_raw(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._recv_more()
 
@@ -282,9 +296,14 @@ class WSGIConnection:
 
     def _recv_more(self) -> None:
         """Waits for body bytes on the socket (the loop thread is the app's
-        while it runs) and feeds them to the parser."""
+        while it runs) and feeds them to the parser. The body has a deadline
+        of its own, not an idle timer: body_timeout from its first wait,
+        extended by one second per MIN_BODY_RATE bytes received, so a
+        client trickling a byte at a time cannot hold the thread (review)."""
         fd = self.conn.fd
-        deadline = time.monotonic() + self.limits.body_timeout
+        if self._body_deadline is None:
+            self._body_deadline = time.monotonic() + self.limits.body_timeout
+        deadline = self._body_deadline
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while True:
@@ -301,6 +320,7 @@ class WSGIConnection:
                 raise ClientGone(str(exc)) from None
             if not data:
                 raise ClientGone("the client closed the connection mid-body")
+            self._body_deadline += len(data) / MIN_BODY_RATE
             self.parser.feed(data)
             return
 
@@ -319,11 +339,13 @@ class WSGIConnection:
             self._refuse(*parser.error)
             return False
         env["wsgi.input"] = Input(self)
-        self._continue_due = parser.expect_continue
+        # RFC 9110 10.1.1: an HTTP/1.0 client's expectation is ignored
+        self._continue_due = parser.expect_continue and env["SERVER_PROTOCOL"] == "HTTP/1.1"
+        self._body_deadline = None
         self._unread = b""
         keep = parser.keep_alive and not self.conn.loop.draining     # then: Connection: close
         head_only = env["REQUEST_METHOD"] == "HEAD"
-        resp = _Response(self, env["SERVER_PROTOCOL"], keep, head_only)
+        resp = self._resp = _Response(self, env["SERVER_PROTOCOL"], keep, head_only)
         result = None
         started = time.monotonic()
         try:
@@ -363,6 +385,9 @@ class WSGIConnection:
                     log.exception("close() of the app's response failed")
             if self.limits.access is not None:
                 self.limits.access(env, resp.status, resp.sent, started)
+        self._resp = None
+        if self._continue_due:
+            return False                 # the client never got its 100: do not wait for a body
         # the body must be consumed before the next request: drain what
         # the app left unread (bounded by the body limit and timeout)
         try:
@@ -437,38 +462,55 @@ class _Response:
         self.length: int | None = None     # Content-Length the app set
         self.chunked = False
         self.sent = 0
+        self.started = False               # body bytes given (held or sent): too late for exc_info
+        self.bodiless = False              # 1xx, 204, 304: no body goes out, whatever the app gives
         self._pending: list[bytes] = []    # the first chunk, held to learn the length
 
     def start_response(self, status: str, headers: list, exc_info=None):
         if exc_info is not None:
             try:
-                if self.headers_sent:
+                if self.started:       # PEP 3333: too late to change the status
                     raise exc_info[1].with_traceback(exc_info[2])
             finally:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response called twice without exc_info")
-        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit() \
-                or status[3] != " ":
-            raise ValueError(f"bad status {status!r}: expected like '200 OK'")
+        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+            raise ValueError(f"bad status {status!r}: expected like '200 OK', "
+                             "printable latin-1, no CR or LF")
         checked = []
+        length = None
         for name, value in headers:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError(f"header {name!r}: name and value must be str")
-            if "\r" in name or "\n" in name or ":" in name or "\r" in value or "\n" in value:
-                raise ValueError(f"header {name!r}: CR, LF or ':' where not allowed")
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"header name {name!r} is not a token (RFC 9110 5.1)")
+            if _BAD_VALUE.search(value):
+                raise ValueError(f"header {name!r}: value with a control character or "
+                                 "outside latin-1")
             lname = name.lower()
             if lname == "content-length":
-                self.length = int(value)
+                if length is not None or not (value.isascii() and value.isdigit()):
+                    raise ValueError(f"Content-Length {value!r}: one, in digits")
+                length = int(value)
             elif lname in ("connection", "transfer-encoding"):
                 if lname == "connection" and value.lower() == "close":
                     self.keep = False
                 continue                       # hop-by-hop: ours to set
             checked.append((name, value))
+        code = int(status[:3])
+        self.bodiless = 100 <= code < 200 or code in (204, 304)
+        if self.bodiless and code != 304 and length is not None:
+            # 1xx and 204 carry no Content-Length (RFC 9110 8.6); 304 may
+            checked = [(n, v) for n, v in checked if n.lower() != "content-length"]
+            length = None
+        self.length = length
         self.status, self.headers = status, checked
         return self.write
 
     def _head(self, body_known: int | None) -> bytes:
+        if self.bodiless:
+            body_known = None                  # nothing to count: no body goes out
         if self.length is None and body_known is not None:
             self.length = body_known
             self.headers.append(("Content-Length", str(body_known)))
@@ -498,6 +540,8 @@ class _Response:
             raise AssertionError("write() before start_response")
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"response body chunks must be bytes, not {type(data).__name__}")
+        if data:
+            self.started = True
         if not self.headers_sent and not self._pending:
             self._pending.append(bytes(data))  # the first chunk: maybe the whole body
             return
@@ -517,7 +561,7 @@ class _Response:
         conn = self.owner.conn
         if conn.closed:
             raise ClientGone("the client went away")
-        if self.head_only or not data:
+        if self.head_only or self.bodiless or not data:
             if head:
                 conn.write(head)
             return

@@ -1,7 +1,8 @@
 """The native HTTP parser under AddressSanitizer + UBSan: the extension is
 compiled again with the sanitizers (same sources, llhttp's included), and
 test_http_parser.py (its strictness cases, the split-anywhere and garbage
-hypothesis fuzzing) runs against that build in a child interpreter with
+hypothesis fuzzing) and test_http_review.py (the adversarial review's cases)
+run against that build in a child interpreter with
 libasan preloaded. Any sanitizer report fails the run."""
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ LLHTTP = Path("/usr/share/llhttp")
 
 def test_parser_suite_under_asan_and_ubsan(tmp_path):
     so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
-    flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+    flags = ["-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
              "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
     sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c",
                LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
@@ -38,7 +39,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                PYTHONMALLOC="malloc")
     # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py")],
+                          "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_review.py")],
                          env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report

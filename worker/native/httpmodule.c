@@ -168,12 +168,14 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 	Py_DECREF(v);
 	if (set_str(env, "RAW_URI", target, tlen) < 0 || set_str(env, "REQUEST_URI", target, tlen) < 0)
 		goto fail;
-	/* absolute-form (a proxy's request): the path starts after the authority */
+	/* absolute-form (a proxy's request): the authority ends at the first
+	 * '/', '?' or '#' (RFC 3986 3.2); the path (maybe empty) follows */
 	if (tlen > 7 && (!strncasecmp(target, "http://", 7) || !strncasecmp(target, "https://", 8))) {
-		const char *auth = memchr(target, ':', tlen) + 3;
-		const char *slash = memchr(auth, '/', tlen - (size_t)(auth - target));
+		const char *end = target + tlen;
 
-		path = slash ? slash : target + tlen;
+		path = (const char *)memchr(target, ':', tlen) + 3;
+		while (path < end && *path != '/' && *path != '?' && *path != '#')
+			path++;
 	}
 	plen = tlen - (size_t)(path - target);
 	{
@@ -332,6 +334,10 @@ static PyObject *Parser_next_request(Parser *self, PyObject *base)
 		PyErr_SetString(PyExc_TypeError, "base must be a dict");
 		return NULL;
 	}
+	if (!self->script_name) {
+		PyErr_SetString(PyExc_RuntimeError, "RequestParser.__init__ was not called");
+		return NULL;
+	}
 	if (hp->state == HP_ERROR)
 		return refused(self);
 	if (hp->state != HP_HEAD) {
@@ -341,8 +347,8 @@ static PyObject *Parser_next_request(Parser *self, PyObject *base)
 	self->start += hp_head(hp, self->pending + self->start, self->len - self->start);
 	if (hp->state == HP_ERROR)
 		return refused(self);
-	if (hp->state == HP_HEAD)
-		Py_RETURN_NONE;
+	if (hp->state == HP_HEAD || !hp->head)
+		Py_RETURN_NONE;          /* (no head: llhttp's upgrade stop, not a request) */
 	return build_environ(self, base);
 }
 
@@ -360,6 +366,10 @@ static PyObject *Parser_read_body(Parser *self, PyObject *const *args, Py_ssize_
 
 	if (nargs > 1 || (nargs == 1 && (size = PyLong_AsSsize_t(args[0])) == -1 && PyErr_Occurred()))
 		return NULL;
+	if (!self->script_name) {
+		PyErr_SetString(PyExc_RuntimeError, "RequestParser.__init__ was not called");
+		return NULL;
+	}
 	if (hp->state == HP_BODY && self->start < self->len) {
 		size_t in = self->len - self->start, out = 0, used;
 
@@ -390,6 +400,8 @@ PyDoc_STRVAR(finish_doc,
 static PyObject *Parser_finish(Parser *self, PyObject *noarg)
 {
 	(void)noarg;
+	if (!self->script_name)
+		Py_RETURN_FALSE;
 	if (self->hp.state != HP_DONE || self->bstart != self->blen)
 		Py_RETURN_FALSE;
 	self->bstart = self->blen = 0;

@@ -159,6 +159,11 @@ static int on_header_field_complete(llhttp_t *ll)
 		}
 		return 0;
 	}
+	/* no name data for this field (or only an empty span): ": v" */
+	if (!p->in_field || !p->fields[p->nfields - 1].name_len) {
+		refuse(p, 400, "empty field name");
+		return -1;
+	}
 	p->in_field = 0;
 	if (is_name(p->head + p->fields[p->nfields - 1].name,
 	            p->fields[p->nfields - 1].name_len, "host") && ++p->hosts > 1) {
@@ -234,7 +239,13 @@ static int on_body(llhttp_t *ll, const char *at, size_t n)
 
 static int on_message_complete(llhttp_t *ll)
 {
-	P(ll)->state = HP_DONE;
+	struct hp_parser *p = P(ll);
+
+	/* an upgrade (or CONNECT): what follows is another protocol, never a
+	 * request; llhttp says so only after this pause, so note it now */
+	if (ll->upgrade)
+		p->upgrade = 1;
+	p->state = HP_DONE;
 	return HPE_PAUSED;              /* the next request waits for hp_next() */
 }
 
