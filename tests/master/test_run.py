@@ -235,9 +235,33 @@ def test_serves_with_two_workers_of_four_threads_in_two_groups(master):
 
 
 def test_killed_worker_is_respawned_while_the_other_serves(master):
+    import threading
+
     m = master("echoapp:Echo", "--interface", "stream", "-w", "2")
     victim = children(m.proc.pid)[0]
+    # load from 4 client threads during the kill: only connections the dead
+    # worker held may fail; new ones keep being served throughout
+    stop, ok, failed = threading.Event(), [0], [0]
+
+    def client():
+        while not stop.is_set():
+            try:
+                assert echo(m, b"load") == b"load"
+                ok[0] += 1
+            except (OSError, AssertionError):
+                failed[0] += 1
+
+    load = [threading.Thread(target=client) for _ in range(4)]
+    for t in load:
+        t.start()
+    wait_for(lambda: ok[0] > 50, 10, "load running")
     os.kill(victim, signal.SIGKILL)
+    before = ok[0]
+    wait_for(lambda: ok[0] > before + 200, 20, "served on after the kill")
+    stop.set()
+    for t in load:
+        t.join(10)
+    assert failed[0] <= 4, f"{failed[0]} requests failed (only in-flight ones on the victim may)"
     for _ in range(20):                                  # the other one keeps serving
         assert echo(m, b"ping") == b"ping"
     m.wait_log(rf"exited with signal SIGKILL \(crashed\), pid {victim}")
