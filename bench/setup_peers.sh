@@ -1,9 +1,10 @@
 #!/bin/sh
 # Installs what the issue-7 benchmarks (accept_bench, idle_bench, echo_bench)
-# need besides sockherd itself, and only what is missing:
+# and issue 8's http_hello need besides sockherd itself, and only what is missing:
 #   Debian: nginx (nginx-light, else nginx), wrk, gcc
-#   bench/.venv-peers: gunicorn uvicorn granian uvloop (a venv of its own, so
-#   the peers never touch sockherd's .venv)
+#   bench/.venv-peers: gunicorn uvicorn granian uvloop httptools (a venv of its
+#   own, so the peers never touch sockherd's .venv; httptools: uvicorn --http
+#   httptools in http_hello)
 # Idempotent: a second run installs nothing and exits 0.
 # sockherd's own venv (.venv, the sockherd binary) comes from `sh make.sh test`.
 set -eu
@@ -51,17 +52,17 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 need=""
-for m in gunicorn uvicorn granian uvloop; do
+for m in gunicorn uvicorn granian uvloop httptools; do
     "$VENV/bin/python" -c "import $m" >/dev/null 2>&1 || need="$need $m"
 done
 if [ -n "$need" ]; then
     echo "setup_peers: pip install$need"
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q $need
 else
-    echo "setup_peers: $VENV has gunicorn uvicorn granian uvloop"
+    echo "setup_peers: $VENV has gunicorn uvicorn granian uvloop httptools"
 fi
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 print("setup_peers: " + " ".join(f"{p}=={md.version(p)}" for p in
-      ("gunicorn", "uvicorn", "granian", "uvloop")))
+      ("gunicorn", "uvicorn", "granian", "uvloop", "httptools")))
 EOF
