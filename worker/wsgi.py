@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import select
 import stat
 import sys
 import time
 from email.utils import formatdate
 
-from sockherd.worker._http import HttpError, RequestParser
+from sockherd.worker._http import HttpError, RequestParser, response_head
 from sockherd.worker.stream import HIGH_WATER, LOW_WATER
 
 log = logging.getLogger("sockherd.worker")
@@ -42,9 +41,6 @@ REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
 
 
 MIN_BODY_RATE = 64 << 10       # bytes/s a request body must average past body_timeout
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_STATUS = re.compile(r"[1-5][0-9][0-9] [\t\x20-\x7e\x80-\xff]*")
-_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|[^\x00-\xff]")
 
 
 class ClientGone(Exception):
@@ -65,6 +61,8 @@ class _Limits:
         self.body_timeout = float(cfg.get("body_timeout", 30.0))
         self.root_path = str(cfg.get("root_path", ""))
         self.server_header = str(cfg.get("server_header", ""))
+        self.server_line = (b"Server: %s\r\n" % self.server_header.encode("latin-1")
+                            if self.server_header else b"")
         self.access = AccessLog(str(cfg.get("access_log_format", ""))) \
             if cfg.get("access_log") else None
         self.header_timeout = float(cfg.get("header_timeout", 15.0))
@@ -457,7 +455,7 @@ class _Response:
         self.keep = keep
         self.head_only = head_only
         self.status: str | None = None
-        self.headers: list[tuple[str, str]] = []
+        self.prefix = b""                  # status line and the app's headers, serialised
         self.headers_sent = False
         self.length: int | None = None     # Content-Length the app set
         self.chunked = False
@@ -475,61 +473,36 @@ class _Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response called twice without exc_info")
-        if not isinstance(status, str) or not _STATUS.fullmatch(status):
-            raise ValueError(f"bad status {status!r}: expected like '200 OK', "
-                             "printable latin-1, no CR or LF")
-        checked = []
-        length = None
-        for name, value in headers:
-            if not isinstance(name, str) or not isinstance(value, str):
-                raise TypeError(f"header {name!r}: name and value must be str")
-            if not _TOKEN.fullmatch(name):
-                raise ValueError(f"header name {name!r} is not a token (RFC 9110 5.1)")
-            if _BAD_VALUE.search(value):
-                raise ValueError(f"header {name!r}: value with a control character or "
-                                 "outside latin-1")
-            lname = name.lower()
-            if lname == "content-length":
-                if length is not None or not (value.isascii() and value.isdigit()):
-                    raise ValueError(f"Content-Length {value!r}: one, in digits")
-                length = int(value)
-            elif lname in ("connection", "transfer-encoding"):
-                if lname == "connection" and value.lower() == "close":
-                    self.keep = False
-                continue                       # hop-by-hop: ours to set
-            checked.append((name, value))
+        # checked and serialised in C: status, token names, values without
+        # CTL, one Content-Length in digits; hop-by-hop headers dropped
+        self.prefix, length, close = response_head(status, headers)
+        if close:
+            self.keep = False
         code = int(status[:3])
         self.bodiless = 100 <= code < 200 or code in (204, 304)
-        if self.bodiless and code != 304 and length is not None:
-            # 1xx and 204 carry no Content-Length (RFC 9110 8.6); 304 may
-            checked = [(n, v) for n, v in checked if n.lower() != "content-length"]
-            length = None
-        self.length = length
-        self.status, self.headers = status, checked
+        self.length = None if length < 0 else length
+        self.status = status
         return self.write
 
     def _head(self, body_known: int | None) -> bytes:
+        head = [self.prefix, _date(), self.owner.limits.server_line]
         if self.bodiless:
             body_known = None                  # nothing to count: no body goes out
         if self.length is None and body_known is not None:
             self.length = body_known
-            self.headers.append(("Content-Length", str(body_known)))
+            head.append(b"Content-Length: %d\r\n" % body_known)
         if self.length is None and not self.head_only and self._has_body():
             if self.http11:
                 self.chunked = True
+                head.append(b"Transfer-Encoding: chunked\r\n")
             else:
                 self.keep = False              # HTTP/1.0, length unknown: close ends it
-        lines = [f"HTTP/1.1 {self.status}", _date()]
-        if self.owner.limits.server_header:
-            lines.append(f"Server: {self.owner.limits.server_header}")
-        lines += [f"{n}: {v}" for n, v in self.headers]
-        if self.chunked:
-            lines.append("Transfer-Encoding: chunked")
         if not self.keep:
-            lines.append("Connection: close")
+            head.append(b"Connection: close\r\n")
         elif not self.http11:
-            lines.append("Connection: keep-alive")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            head.append(b"Connection: keep-alive\r\n")
+        head.append(b"\r\n")
+        return b"".join(head)
 
     def _has_body(self) -> bool:
         code = int(self.status[:3])
@@ -593,15 +566,15 @@ class _Response:
             self.keep = False                  # the app sent less than it announced
 
 
-_DATE = [0, ""]
+_DATE = [0, b""]
 
 
-def _date() -> str:
+def _date() -> bytes:
     """The Date header line, formatted once a second (formatdate costs
     microseconds, a hello response's whole budget is a few)."""
     now = int(time.time())
     if _DATE[0] != now:
-        _DATE[0], _DATE[1] = now, f"Date: {formatdate(now, usegmt=True)}"
+        _DATE[0], _DATE[1] = now, b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
     return _DATE[1]
 
 

@@ -266,3 +266,31 @@ def test_obsolete_folding_is_refused_at_any_split(cut):
         assert p.next_request(BASE) is None
         p.feed(data[cut:])
         p.next_request(BASE)
+
+
+# ---- the response head (start_response's checks, in C) ------------------------------
+
+def test_response_head_serialises_and_drops_hop_by_hop():
+    prefix, length, close = _http.response_head(
+        "200 OK", [("Content-Type", "text/plain"), ("Content-Length", "13"),
+                   ("Connection", "close"), ("Transfer-Encoding", "chunked"),
+                   ("X-A", "caf\xe9\tok")])
+    assert prefix == (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n"
+                      b"X-A: caf\xe9\tok\r\n")
+    assert length == 13 and close is True
+    prefix, length, close = _http.response_head("204 No Content", [("Content-Length", "3")])
+    assert prefix == b"HTTP/1.1 204 No Content\r\n" and length == -1 and close is False
+    assert _http.response_head("304 Not Modified", [("Content-Length", "3")])[1] == 3
+
+
+@pytest.mark.parametrize("status,headers", [
+    ("200 OK\r\nSet-Cookie: x=1", []), ("2000", []), ("200", []), ("600 Nope", []),
+    ("200 OK", [("X Y", "1")]), ("200 OK", [("", "1")]), ("200 OK", [("X:Y", "1")]),
+    ("200 OK", [("X", "a\r\nb")]), ("200 OK", [("X", "a\x00b")]), ("200 OK", [("X", "\u20ac")]),
+    ("200 OK", [("Content-Length", "1_0")]), ("200 OK", [("Content-Length", "")]),
+    ("200 OK", [("Content-Length", "1"), ("content-length", "1")]),
+    ("200 OK", [("X", b"bytes")]), ("200 OK", [("X",)]), ("200 OK", "not a list"),
+])
+def test_response_head_refuses_what_would_split_or_corrupt_a_response(status, headers):
+    with pytest.raises((ValueError, TypeError)):
+        _http.response_head(status, headers)

@@ -516,9 +516,185 @@ static PyTypeObject ParserType = {
 	.tp_getset = Parser_getset,
 };
 
+/* ---- the response head ------------------------------------------------------------- */
+
+/* RFC 9110 5.6.2 tchar */
+static int is_tchar(unsigned int c)
+{
+	static const char extra[] = "!#$%&'*+-.^_`|~";
+
+	return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') ||
+	       (c && c < 128 && strchr(extra, (int)c));
+}
+
+/* A field value (or reason phrase) we may send: latin-1, no CTL but HTAB. */
+static int value_ok(PyObject *s)
+{
+	Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+	int kind = PyUnicode_KIND(s);
+	const void *data = PyUnicode_DATA(s);
+
+	if (kind != PyUnicode_1BYTE_KIND)
+		return 0;                                  /* beyond latin-1 */
+	for (Py_ssize_t i = 0; i < n; i++) {
+		Py_UCS4 c = PyUnicode_READ(kind, data, i);
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			return 0;
+	}
+	return 1;
+}
+
+static int lower_is(PyObject *name, const char *want)
+{
+	Py_ssize_t n = PyUnicode_GET_LENGTH(name);
+
+	if (n != (Py_ssize_t)strlen(want))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		Py_UCS4 c = PyUnicode_READ_CHAR(name, i);
+		if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != (Py_UCS4)want[i])
+			return 0;
+	}
+	return 1;
+}
+
+PyDoc_STRVAR(response_head_doc,
+"response_head(status, headers) -> (prefix, content_length, close)\n\n"
+"Checks a WSGI start_response's status and headers and serialises them:\n"
+"prefix is b'HTTP/1.1 <status>\\r\\n' and one 'name: value\\r\\n' per header,\n"
+"without the hop-by-hop Connection and Transfer-Encoding (the server's to\n"
+"set; close is True if the app asked for Connection: close) and without\n"
+"Content-Length on 1xx and 204; content_length is the app's, or -1.\n"
+"Raises TypeError or ValueError (status not like '200 OK', a name not a\n"
+"token, a value with a control character or beyond latin-1, a\n"
+"Content-Length not one number in digits).");
+
+static PyObject *response_head(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+	PyObject *status, *headers, *seq = NULL, *out = NULL;
+	long long length = -1;
+	int close = 0, code;
+	Py_ssize_t n, size;
+	char *w;
+
+	(void)mod;
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "response_head(status, headers)");
+		return NULL;
+	}
+	status = args[0];
+	headers = args[1];
+	if (!PyUnicode_Check(status) || PyUnicode_GET_LENGTH(status) < 4 || !value_ok(status) ||
+	    PyUnicode_READ_CHAR(status, 3) != ' ' ||
+	    PyUnicode_READ_CHAR(status, 0) < '1' || PyUnicode_READ_CHAR(status, 0) > '5' ||
+	    PyUnicode_READ_CHAR(status, 1) < '0' || PyUnicode_READ_CHAR(status, 1) > '9' ||
+	    PyUnicode_READ_CHAR(status, 2) < '0' || PyUnicode_READ_CHAR(status, 2) > '9')
+		return PyErr_Format(PyExc_ValueError, "bad status %R: expected like '200 OK', "
+		                    "printable latin-1, no CR or LF", status);
+	code = (int)(PyUnicode_READ_CHAR(status, 0) - '0') * 100 +
+	       (int)(PyUnicode_READ_CHAR(status, 1) - '0') * 10 + (int)(PyUnicode_READ_CHAR(status, 2) - '0');
+	seq = PySequence_Fast(headers, "headers must be a list of (name, value) tuples");
+	if (!seq)
+		return NULL;
+	n = PySequence_Fast_GET_SIZE(seq);
+	/* first pass: check, and size the result */
+	size = 9 + PyUnicode_GET_LENGTH(status) + 2;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i), *name, *value;
+
+		if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+		    !PyUnicode_Check(name = PyTuple_GET_ITEM(pair, 0)) ||
+		    !PyUnicode_Check(value = PyTuple_GET_ITEM(pair, 1))) {
+			PyErr_Format(PyExc_TypeError, "header %R: a (name, value) tuple of str", pair);
+			goto fail;
+		}
+		Py_ssize_t nl = PyUnicode_GET_LENGTH(name);
+		if (!nl) {
+			PyErr_SetString(PyExc_ValueError, "an empty header name");
+			goto fail;
+		}
+		for (Py_ssize_t k = 0; k < nl; k++)
+			if (!is_tchar(PyUnicode_READ_CHAR(name, k))) {
+				PyErr_Format(PyExc_ValueError, "header name %R is not a token (RFC 9110 5.1)",
+				             name);
+				goto fail;
+			}
+		if (!value_ok(value)) {
+			PyErr_Format(PyExc_ValueError, "header %R: value with a control character or "
+			             "outside latin-1", name);
+			goto fail;
+		}
+		if (lower_is(name, "content-length")) {
+			Py_ssize_t vl = PyUnicode_GET_LENGTH(value);
+			long long v = 0;
+
+			if (length >= 0 || !vl || vl > 18)
+				goto bad_length;
+			for (Py_ssize_t k = 0; k < vl; k++) {
+				Py_UCS4 c = PyUnicode_READ_CHAR(value, k);
+				if (c < '0' || c > '9')
+					goto bad_length;
+				v = v * 10 + (long long)(c - '0');
+			}
+			length = v;
+			if ((code >= 100 && code < 200) || code == 204)
+				continue;                  /* 1xx, 204: no Content-Length (RFC 9110 8.6) */
+		}
+		else if (lower_is(name, "connection")) {
+			close |= PyUnicode_GET_LENGTH(value) == 5 && lower_is(value, "close");
+			continue;
+		}
+		else if (lower_is(name, "transfer-encoding"))
+			continue;
+		size += nl + 2 + PyUnicode_GET_LENGTH(value) + 2;
+	}
+	if ((code >= 100 && code < 200) || code == 204)
+		length = -1;
+	/* second pass: write */
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	memcpy(w, "HTTP/1.1 ", 9);
+	w += 9;
+	for (Py_ssize_t k = 0; k < PyUnicode_GET_LENGTH(status); k++)
+		*w++ = (char)PyUnicode_READ_CHAR(status, k);
+	*w++ = '\r';
+	*w++ = '\n';
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+
+		if (lower_is(name, "connection") || lower_is(name, "transfer-encoding") ||
+		    (((code >= 100 && code < 200) || code == 204) && lower_is(name, "content-length")))
+			continue;
+		memcpy(w, PyUnicode_DATA(name), (size_t)PyUnicode_GET_LENGTH(name));
+		w += PyUnicode_GET_LENGTH(name);
+		*w++ = ':';
+		*w++ = ' ';
+		memcpy(w, PyUnicode_DATA(value), (size_t)PyUnicode_GET_LENGTH(value));
+		w += PyUnicode_GET_LENGTH(value);
+		*w++ = '\r';
+		*w++ = '\n';
+	}
+	Py_DECREF(seq);
+	return Py_BuildValue("(NLO)", out, length, close ? Py_True : Py_False);
+bad_length:
+	PyErr_SetString(PyExc_ValueError, "Content-Length: one, in digits");
+fail:
+	Py_XDECREF(seq);
+	return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+	{"response_head", (PyCFunction)(void (*)(void))response_head, METH_FASTCALL,
+	 response_head_doc},
+	{NULL},
+};
+
 static struct PyModuleDef module = {
 	PyModuleDef_HEAD_INIT, "sockherd.worker._http",
-	"The native HTTP/1.1 request path (llhttp, strict).", -1, NULL,
+	"The native HTTP/1.1 request path (llhttp, strict).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__http(void)
