@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sockherd.ipc.channel import Channel
 from sockherd.ipc.messages import Assignment
 from sockherd.master.listeners import Listener
-from sockherd.worker import ENV_FD, ENV_MASTER
+from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 
 
 @dataclass
@@ -35,16 +35,20 @@ class WorkerProcess:
 
 
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
-          *, send_timeout: float = 10.0) -> WorkerProcess:
+          *, send_timeout: float = 10.0, board_fd: int = -1) -> WorkerProcess:
     """Starts worker generation.index and sends its assignment. On a failure
     to send, the new process is killed and reaped before the error propagates."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     env = dict(os.environ)
     env[ENV_FD] = str(child.fileno())
     env[ENV_MASTER] = str(os.getpid())
+    passed = [child.fileno()]
+    if board_fd >= 0:                     # the balance board (worker/board.py)
+        env[ENV_BOARD] = str(board_fd)
+        passed.append(board_fd)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "sockherd.worker"],
-                                pass_fds=(child.fileno(),), env=env, close_fds=True)
+                                pass_fds=passed, env=env, close_fds=True)
     except BaseException:
         parent.close()
         raise

@@ -28,6 +28,7 @@ from sockherd.ipc.messages import Drain, FailedBeforeReady, Heartbeat, Ready
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
 from sockherd.master.listeners import Listener
 from sockherd.master.spawn import WorkerProcess, spawn
+from sockherd.worker.board import NOT_SERVING, SLOTS, Board
 
 log = logging.getLogger("sockherd.master")
 
@@ -55,6 +56,7 @@ class Supervisor:
         self.generation = 1
         count = settings.workers or os.cpu_count() or 1
         self.slots = [Slot(i) for i in range(count)]
+        self.board = Board.create()          # connection counts, for balance
         self.by_pid: dict[int, Slot] = {}
         self.sel = selectors.DefaultSelector()
         # (when, seq, what, slot index, pid it was armed for: 0 for any)
@@ -75,8 +77,9 @@ class Supervisor:
     # ---- workers -------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
         try:
+            self.board.slots[slot.index] = NOT_SERVING   # until it says it serves
             proc = spawn(self.generation, slot.index, self.config, self.settings.app,
-                         self.listeners)
+                         self.listeners, board_fd=self.board.fd)
         except (OSError, IPCError) as exc:
             log.error("worker %d.%d: cannot start: %s", self.generation, slot.index, exc)
             self._after_exit(slot, Outcome.FAILED_START, 0.0)
@@ -141,6 +144,7 @@ class Supervisor:
             slot = self.by_pid.pop(pid, None)
             if slot is None or slot.proc is None or slot.proc.pid != pid:
                 continue
+            self.board.slots[slot.index] = NOT_SERVING
             slot.proc.proc.returncode = os.waitstatus_to_exitcode(status)
             how = (f"signal {signal.Signals(-slot.proc.proc.returncode).name}"
                    if slot.proc.proc.returncode < 0 else f"status {slot.proc.proc.returncode}")
@@ -215,6 +219,9 @@ class Supervisor:
         """TTIN: one worker more, in the first retired slot with no process
         left, else a new one."""
         slot = next((s for s in self.slots if s.retired and s.proc is None), None)
+        if slot is None and len(self.slots) >= SLOTS:
+            log.warning("TTIN ignored: %d worker slots is the most", SLOTS)
+            return
         if slot is None:
             slot = Slot(len(self.slots))
             self.slots.append(slot)
@@ -302,6 +309,7 @@ class Supervisor:
                 signal.signal(s, h)
             for lst in self.listeners:
                 lst.close()
+            self.board.close()
 
     def _loop(self) -> int:
         while True:

@@ -7,3 +7,4 @@ connection API and app adapters."""
 # that reads them, so the worker imports nothing from the master.
 ENV_FD = "SOCKHERD_WORKER_FD"
 ENV_MASTER = "SOCKHERD_MASTER_PID"
+ENV_BOARD = "SOCKHERD_BOARD_FD"        # the balance board's memfd (worker/board.py)

@@ -34,8 +34,9 @@ from sockherd.ipc.listeners import adopt
 from sockherd.ipc.messages import (
     Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Stop,
 )
-from sockherd.worker import ENV_FD, ENV_MASTER
+from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
+from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
 from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.loop import Loop
@@ -221,6 +222,16 @@ def main() -> int:
     sig_w.setblocking(False)
     signal.set_wakeup_fd(sig_w.fileno(), warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, lambda *_: None)
+    board_fd = int(os.environ.pop(ENV_BOARD, "-1"))
+    if board_fd >= 0:
+        # the balance between workers (worker/board.py, worker/gate.py)
+        cfg = got.msg.config
+        workers = int(cfg.get("workers") or os.cpu_count() or 1)
+        gate = loop.gate
+        gate.board = Board(board_fd)
+        gate.index = got.msg.worker_index
+        gate.upto = min(SLOTS, max(workers, gate.index + 1) + 8)
+        gate.publish()
     ch.send(Ready(pid=os.getpid()))
     try:
         return _serve_channel(ch, loop, got.msg.config, sig_r)

@@ -38,6 +38,7 @@ import threading
 import time
 
 from sockherd.fdcore import Outcome, Table
+from sockherd.worker.gate import CAP, EMFILE, Gate
 from sockherd.worker.relief import Relief
 from sockherd.worker.stream import Connection
 
@@ -73,12 +74,12 @@ class Loop:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._accept_paused_until = 0.0
+        self.gate = Gate(self)               # listeners polled or not (worker/gate.py)
         self._emfile_logged = False
         self.rotate_accept = True            # see _requeue
         # past max_connections open connections (0: no cap) the listeners
         # are not polled until one closes: the backlog waits, nothing is refused
         self.max_connections = max_connections
-        self._capped = False
         self._draining = threading.Event()
         self._listeners_deleted = threading.Lock()   # taken once, by the first drainer
         self.drained = threading.Event()             # draining and no connection left
@@ -157,22 +158,12 @@ class Loop:
         # only our own entry: the number may already belong to a new connection
         if self.conns.get(conn.fd) is conn:
             del self.conns[conn.fd]
-        if self._capped:
-            self._uncap()
-
-    def _uncap(self) -> None:
-        """Polls the listeners again once below max_connections. A loop
-        thread's context (or stop()'s)."""
-        if len(self.conns) >= self.max_connections:
-            return
-        self._capped = False
-        th = self.local.th
-        for fd in list(self.listeners):
-            try:
-                th.want_recv(fd)
-            except OSError as exc:
-                if exc.errno != errno.EBADF:     # deleted by a drain meanwhile
-                    raise
+        gate = self.gate
+        gate.publish()
+        if gate.reasons:                          # a loop thread's (or stop()'s) context
+            if CAP in gate.reasons and len(self.conns) < self.max_connections:
+                gate.on(self.local.th, CAP)
+            gate.maybe_balance_on(self.local.th)
 
     # ---- the loop ----------------------------------------------------------------
     def drain(self, idle_grace: float) -> None:
@@ -185,6 +176,7 @@ class Loop:
         the control context if there is one (it deletes the listeners with
         it), else any thread."""
         self.idle_grace = idle_grace
+        self.gate.leave_board()
         if self.control is not None and self._listeners_deleted.acquire(blocking=False):
             self._delete_listeners(self.control)
         self._draining.set()
@@ -248,6 +240,8 @@ class Loop:
         try:
             while not self._stop.is_set():
                 timeout = self._resume_accepting(th)
+                if self.gate.reasons:
+                    timeout = _sooner(timeout, self.gate.tick(th))
                 if self._draining.is_set():
                     timeout = _sooner(timeout, self._drain_step(th, me))
                 if heap:
@@ -370,6 +364,10 @@ class Loop:
             if batch <= 0:
                 self._cap(th)
                 return
+        room = self.gate.room(batch)
+        ahead = room == 0
+        # ahead: this arrival's wake-up came to us: take it, then yield
+        batch = 1 if ahead else room
         try:
             fds = th.accept(lfd, batch)
         except OSError as exc:
@@ -379,6 +377,8 @@ class Loop:
             raise
         if fds and self.rotate_accept:
             self._requeue(th, lfd)
+        if ahead:
+            self.gate.balance_off(th)
         # the whole batch is in the table and in conns before any on_connect
         # runs: a slow one must not hide the others from a relieving sibling
         new = []
@@ -395,6 +395,7 @@ class Loop:
             conn = Connection(self, th, fd, cookie, self.handler_class())
             self.conns[fd] = conn
             new.append(conn)
+        self.gate.publish()
         busy = self.relief.busy
         me = self._pos[th.tid]
         for conn in new:
@@ -428,13 +429,12 @@ class Loop:
                 raise
 
     def _cap(self, th) -> None:
-        if not self._capped:
-            self._capped = True
+        if CAP not in self.gate.reasons:
             log.warning("%d connections open (max_connections): not accepting until one "
                         "closes", len(self.conns))
-        for fd in list(self.listeners):
-            th.stop_recv(fd)
-        self._uncap()                                   # one may have closed meanwhile
+        self.gate.off(th, CAP)
+        if len(self.conns) < self.max_connections:      # one closed meanwhile
+            self.gate.on(th, CAP)
 
     def _pause_accepting(self, th, exc: OSError) -> None:
         self._accept_paused_until = time.monotonic() + self.emfile_pause
@@ -443,10 +443,8 @@ class Loop:
             log.warning("%s; not accepting for %.1fs (logged once)", exc.strerror,
                         self.emfile_pause)
         # th's own context: a verb may touch the caller's local update list,
-        # so never another running thread's (any fd of any group is fine);
-        # a copy, since a drain may empty the set meanwhile
-        for fd in list(self.listeners):
-            th.stop_recv(fd)
+        # so never another running thread's (any fd of any group is fine)
+        self.gate.off(th, EMFILE)
 
     def _resume_accepting(self, th) -> int:
         """Poll timeout: -1, or until accepting resumes (any thread resumes it)."""
@@ -457,8 +455,7 @@ class Loop:
         if left > 0:
             return max(1, int(left * 1000))
         self._accept_paused_until = 0.0
-        for fd in list(self.listeners):
-            th.want_recv(fd)
+        self.gate.on(th, EMFILE)
         return -1
 
 

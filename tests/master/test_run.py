@@ -53,9 +53,11 @@ class Who:
             conn.write(b"%d:" % conn.th.tid + data)
 """,
     "pidapp.py": """
-import os
+import os, time
 class Pid:
     def on_data(self, conn, data):
+        if data == b"sleep":
+            time.sleep(4)                        # this worker's only thread is busy
         conn.write(b"%d/%d" % (os.getpid(), conn.th.tid))
 """,
     "wsgiapp.py": """
@@ -752,3 +754,66 @@ def test_term_to_the_whole_process_group_still_drains(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_burst_of_connections_is_shared_between_workers(master):
+    """50 connections opened at once (wrk's start, a pool's warm-up): the
+    worker that wakes first no longer takes them all (it took 50 of 50)."""
+    m = master("pidapp:Pid", "--interface", "stream", "-w", "2")
+    for _ in range(3):
+        socks = []
+        for _ in range(50):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", m.port))
+            except BlockingIOError:
+                pass
+            socks.append(s)
+        per: dict[bytes, int] = {}
+        try:
+            for s in socks:
+                s.setblocking(True)
+                s.settimeout(10)
+                s.sendall(b"?")
+                pid = s.recv(100).split(b"/")[0]
+                per[pid] = per.get(pid, 0) + 1
+        finally:
+            for s in socks:
+                s.close()
+        assert len(per) == 2 and min(per.values()) >= 15, per
+        # the next burst once both workers have seen their closes (their
+        # counts are what the balance goes by)
+        wait_for(lambda: not any(_has_tcp_peer(w) for w in children(m.proc.pid)), 10,
+                 "the closes processed")
+
+
+def test_a_worker_ahead_still_takes_connections_nobody_else_takes(master):
+    """The balance never strands a connection: with the other worker busy
+    (its one thread in a slow handler, not polling), the worker ahead of it,
+    which stopped polling, notices the accept queue filling (TCP_INFO) and
+    serves every connection."""
+    m = master("pidapp:Pid", "--interface", "stream", "-w", "2")
+    held, by_pid = [], {}
+    try:
+        while len(by_pid) < 2:                     # a connection on each worker
+            c = m.connect()
+            held.append(c)
+            c.sendall(b"?")
+            by_pid.setdefault(c.recv(100).split(b"/")[0], c)
+            assert len(held) < 50
+        busy = next(iter(by_pid.values()))
+        busy.sendall(b"sleep")                     # that worker is busy for 4 s
+        t_busy = time.monotonic()
+        for _ in range(12):
+            t0 = time.monotonic()
+            c = m.connect()
+            held.append(c)
+            c.sendall(b"?")
+            assert c.recv(100), "not served"
+            waited = time.monotonic() - t0
+            assert waited < 1.0, f"a connection waited {waited:.2f}s (the other worker is busy)"
+        assert time.monotonic() - t_busy < 4.0, "the test outlived the busy handler"
+    finally:
+        for c in held:
+            c.close()

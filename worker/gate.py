@@ -1,0 +1,147 @@
+"""Whether a worker's threads poll its listeners, and the balance between
+workers.
+
+The listeners are polled unless some reason holds: an EMFILE pause, the
+connection cap (max_connections), or the balance (this worker is ahead of
+the least loaded other worker: worker/board.py). Turning polling off or on
+is an fd-level verb (stop_recv / want_recv), so every thread of the worker
+follows; it happens on transitions only, under a lock (reasons come and go
+from any loop thread).
+
+The balance: a worker whose open connections exceed the least loaded other
+serving worker's by more than 2 + its count / 8 stops polling; the others,
+asleep on the shared listener, are woken by the next arrivals. It polls
+again as soon as it is not ahead (checked when one of its connections
+closes, and by a timer of the thread that turned it off). That timer also
+covers connections already queued when it stopped (their wake-ups went to
+it): when the listener's accept queue stays non-empty over two checks
+(TCP_INFO: nobody takes them), it polls again whatever the counts. The
+timer backs off from 5 ms to 1 s while the queue is empty: a worker that
+stays ahead with idle connections wakes about once a second.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import threading
+import time
+
+EMFILE, CAP, BALANCE = "emfile", "cap", "balance"
+
+
+class Gate:
+    def __init__(self, loop):
+        self.loop = loop
+        self.reasons: set[str] = set()
+        self._lock = threading.Lock()
+        # the balance (None: no board, a single worker or the stream tests)
+        self.board = None
+        self.index = 0
+        self.upto = 0
+        self._check_at = 0.0
+        self._step = 0.005
+        self._strikes = 0
+        self._ticker = -1                 # tid of the thread that runs the check
+
+    # ---- polling on and off ----------------------------------------------------------
+    def off(self, th, reason: str) -> None:
+        with self._lock:
+            if reason in self.reasons:
+                return
+            first = not self.reasons
+            self.reasons.add(reason)
+            if first:
+                self._each_listener(th.stop_recv)
+
+    def on(self, th, reason: str) -> None:
+        with self._lock:
+            if reason not in self.reasons:
+                return
+            self.reasons.discard(reason)
+            if not self.reasons:
+                self._each_listener(th.want_recv)
+
+    def _each_listener(self, verb) -> None:
+        for fd in list(self.loop.listeners):        # a copy: a drain may empty it
+            try:
+                verb(fd)
+            except OSError as exc:
+                if exc.errno != errno.EBADF:         # deleted by a drain meanwhile
+                    raise
+
+    # ---- the balance -----------------------------------------------------------------
+    def publish(self) -> None:
+        """This worker's count on the board (after every accept and close)."""
+        if self.board is not None and not self.loop.draining:
+            self.board.slots[self.index] = len(self.loop.conns)
+
+    def leave_board(self) -> None:
+        """Draining: not serving any more (others stop comparing with us)."""
+        if self.board is not None:
+            self.board.slots[self.index] = -1
+
+    def room(self, batch: int) -> int:
+        """How many connections to accept now: up to batch, but not past
+        being ahead (0: ahead already). A batch accepts until EAGAIN, so
+        without this cap the first worker to wake took a whole burst."""
+        if self.board is None:
+            return batch
+        least = self.board.least_other(self.index, self.upto)
+        if least is None:
+            return batch
+        mine = len(self.loop.conns)
+        return max(0, min(batch, least + 3 + mine // 8 - mine))
+
+    def ahead(self) -> bool:
+        return self.room(1) == 0
+
+    def balance_off(self, th) -> None:
+        self._ticker = th.tid
+        self._step = 0.005
+        self._strikes = 0
+        self._check_at = time.monotonic() + self._step
+        self.off(th, BALANCE)
+
+    def maybe_balance_on(self, th) -> None:
+        if BALANCE in self.reasons and not self.ahead():
+            self.on(th, BALANCE)
+
+    def tick(self, th) -> int:
+        """The ticker thread's poll timeout in ms (-1: none), after running
+        the check when it is due."""
+        if BALANCE not in self.reasons or th.tid != self._ticker:
+            return -1
+        now = time.monotonic()
+        if now < self._check_at:
+            return max(1, int((self._check_at - now) * 1000))
+        if not self.ahead():
+            self.on(th, BALANCE)
+            return -1
+        queued = self._accept_queue()
+        if queued is None or queued > 0:
+            self._strikes += 1
+            if self._strikes >= 2:                   # nobody takes them: we do
+                self.on(th, BALANCE)
+                return -1
+        else:
+            self._strikes = 0
+            self._step = min(self._step * 2, 1.0)
+        self._check_at = now + self._step
+        return max(1, int(self._step * 1000))
+
+    def _accept_queue(self) -> int | None:
+        """Connections waiting in the listener's accept queue (TCP_INFO of a
+        listening socket: tcpi_unacked), None where unknown (unix sockets)."""
+        for fd in list(self.loop.listeners):
+            s = socket.socket(fileno=fd)
+            try:
+                if s.family not in (socket.AF_INET, socket.AF_INET6):
+                    return None
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                return struct.unpack_from("I", info, 24)[0]
+            except OSError:
+                return None
+            finally:
+                s.detach()
+        return 0
