@@ -52,6 +52,21 @@ class Who:
         else:
             conn.write(b"%d:" % conn.th.tid + data)
 """,
+    "lineapp.py": """
+class Lines:
+    def on_connect(self, conn):
+        self.buf = b""
+        conn.write(b"hello\\n")
+    def on_data(self, conn, data):
+        self.buf += data
+        while b"\\n" in self.buf:
+            line, self.buf = self.buf.split(b"\\n", 1)
+            if line == b"QUIT":
+                conn.write(b"bye\\n")
+                conn.close()
+                return
+            conn.write(b"%d\\n" % len(line))
+""",
     "pidapp.py": """
 import os, time
 class Pid:
@@ -234,6 +249,27 @@ def test_serves_with_two_workers_of_four_threads_in_two_groups(master):
         assert len(epolls_watching(pid, lino)) == 4
     with open(f"/proc/{m.proc.pid}/cmdline", "rb") as f:
         assert f.read().startswith(b"sockherd: master [echoapp:Echo]")
+
+
+def test_line_protocol_app_with_two_workers_of_four_threads(master):
+    m = master("lineapp:Lines", "--interface", "stream", "-w", "2", "-t", "4",
+               "--thread-groups", "2")
+    clients = [m.connect() for _ in range(30)]
+    try:
+        for c in clients:
+            assert c.recv(6) == b"hello\n"
+        for i, c in enumerate(clients):
+            c.sendall(b"x" * i + b"\nab")                # a line and a half
+        for i, c in enumerate(clients):
+            c.sendall(b"c\nQUIT\n")
+        for i, c in enumerate(clients):
+            out = b""
+            while chunk := c.recv(100):                   # until the server closes
+                out += chunk
+            assert out == b"%d\n3\nbye\n" % i
+    finally:
+        for c in clients:
+            c.close()
 
 
 def test_killed_worker_is_respawned_while_the_other_serves(master):
