@@ -24,6 +24,9 @@ from .nesting import first_too_deep
 # pid from a peer may signal it, and kill(0) is our own process group, kill(-1) every
 # process we may signal: such values are refused at the door.
 Pid = Annotated[int, msgspec.Meta(ge=1, le=2**22)]
+# a time.monotonic() value: finite and not negative (NaN fails every bound,
+# so a hostile NaN or infinity is refused, never compared with)
+Monotonic = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
@@ -58,14 +61,14 @@ class Heartbeat(_Message, tag="heartbeat"):
     also send one as a probe, which the worker echoes back unchanged."""
 
     seq: int
-    sent_at: float
+    sent_at: Monotonic
 
 
 class Drain(_Message, tag="drain"):
     """Master -> worker: stop accepting, finish in-flight work, exit by `deadline`
     (time.monotonic() value) at the latest."""
 
-    deadline: float
+    deadline: Monotonic
 
 
 class Stop(_Message, tag="stop"):

@@ -167,3 +167,20 @@ def test_a_pid_that_no_process_can_have_is_refused(tag, pid):
     with pytest.raises(MessageError, match=r"^Expected `int` (>= 1|<= 4194304) - at `\$\.pid`$"):
         m.decode(payload)
     assert m.decode(msgspec.msgpack.encode({"type": tag, "pid": 2**22})).pid == 2**22
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e300])
+def test_times_must_be_finite_monotonic_values(value):
+    """A NaN deadline decoded fine and then broke every comparison made
+    with it (found by the decoder fuzz test)."""
+    import msgspec
+    from sockherd.ipc import messages as m
+    from sockherd.ipc.errors import MessageError
+
+    for msg in (m.Drain(deadline=0.0), m.Heartbeat(seq=1, sent_at=0.0)):
+        raw = msgspec.msgpack.encode({**msgspec.structs.asdict(msg),
+                                      "type": type(msg).__struct_config__.tag,
+                                      **({"deadline": value} if isinstance(msg, m.Drain)
+                                         else {"sent_at": value})})
+        with pytest.raises(MessageError):
+            m.decode(raw)
