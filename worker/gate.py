@@ -14,20 +14,24 @@ asleep on the shared listener, are woken by the next arrivals. It polls
 again as soon as it is not ahead (checked when one of its connections
 closes, and by a timer of the thread that turned it off). That timer also
 covers connections already queued when it stopped (their wake-ups went to
-it): when the listener's accept queue stays non-empty over two checks
-(TCP_INFO: nobody takes them), it polls again whatever the counts. The
-timer backs off from 5 ms to 1 s while the queue is empty: a worker that
-stays ahead with idle connections wakes about once a second.
+it): when an accept queue stays non-empty over two checks (TCP_INFO of each
+listening socket: nobody takes them), it polls again whatever the counts.
+Any loop thread runs a check that is late (its thread may be in a slow
+handler). The timer backs off from 5 ms to 1 s while the queues are empty:
+a worker that stays ahead with idle connections wakes about once a second
+(each of its loop threads, at most, when one is busy).
 """
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 import threading
 import time
 
 EMFILE, CAP, BALANCE = "emfile", "cap", "balance"
+TICK_SLACK = 0.05          # s after which any loop thread runs a late balance check
 
 
 class Gate:
@@ -108,13 +112,25 @@ class Gate:
             self.on(th, BALANCE)
 
     def tick(self, th) -> int:
-        """The ticker thread's poll timeout in ms (-1: none), after running
-        the check when it is due."""
-        if BALANCE not in self.reasons or th.tid != self._ticker:
+        """A loop thread's poll timeout in ms (-1: none), after running the
+        check when it is due. The thread that turned polling off runs it;
+        any other runs it TICK_SLACK later if that one is stuck in a slow
+        handler (review finding 2); whoever runs it first claims it."""
+        if BALANCE not in self.reasons:
+            return -1
+        if self.loop.draining:                   # no listener left to poll
+            with self._lock:
+                self.reasons.discard(BALANCE)
             return -1
         now = time.monotonic()
-        if now < self._check_at:
-            return max(1, int((self._check_at - now) * 1000))
+        due = self._check_at + (0.0 if th.tid == self._ticker else TICK_SLACK)
+        if now < due:
+            return max(1, int((due - now) * 1000))
+        with self._lock:
+            if now < self._check_at:             # another thread just ran it
+                return max(1, int((self._check_at - now) * 1000))
+            self._ticker = th.tid
+            self._check_at = now + 3600.0        # claimed while we look
         if not self.ahead():
             self.on(th, BALANCE)
             return -1
@@ -131,17 +147,24 @@ class Gate:
         return max(1, int(self._step * 1000))
 
     def _accept_queue(self) -> int | None:
-        """Connections waiting in the listener's accept queue (TCP_INFO of a
-        listening socket: tcpi_unacked), None where unknown (unix sockets)."""
+        """Connections waiting in the listeners' accept queues (TCP_INFO of
+        a listening socket: tcpi_unacked), summed over each distinct socket
+        (a group's dup'ed copies share one queue; several binds do not:
+        review finding 1); None where unknown (a unix socket)."""
+        total, seen = 0, set()
         for fd in list(self.loop.listeners):
             s = socket.socket(fileno=fd)
             try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
                 if s.family not in (socket.AF_INET, socket.AF_INET6):
                     return None
                 info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-                return struct.unpack_from("I", info, 24)[0]
+                total += struct.unpack_from("I", info, 24)[0]
             except OSError:
                 return None
             finally:
                 s.detach()
-        return 0
+        return total
