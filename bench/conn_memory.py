@@ -5,7 +5,10 @@ keep-alive connections, sends one GET on each and reads the answer, then
 reads the worker's VmRSS: (after - before) / N, where "before" is taken
 after a warm-up of 200 connections (imports, first allocations).
 
-    .venv/bin/python bench/conn_memory.py [-n 5000]
+    .venv/bin/python bench/conn_memory.py [-n 5000] [--p99]
+
+--p99 also runs wrk (bench/setup_peers.sh installs it) against the worker
+with 200 and then N + 200 idle connections open.
 """
 from __future__ import annotations
 
@@ -38,16 +41,30 @@ def wait_for(fn, timeout: float, what: str):
     return value
 
 
+def wrk_latency(port: int) -> dict[str, str]:
+    out = subprocess.run(["wrk", "-t1", "-c10", "-d5s", "--latency",
+                          f"http://127.0.0.1:{port}/"], capture_output=True, text=True,
+                         timeout=60).stdout
+    got = {"rps": re.search(r"Requests/sec:\s+(\S+)", out).group(1)}
+    for pct in ("50%", "99%"):
+        got[pct] = re.search(rf"^\s+{pct}\s+(\S+)", out, re.M).group(1)
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=5000, help="idle connections (5000)")
+    ap.add_argument("--p99", action="store_true",
+                    help="also: wrk -c10 for 5 s against the same worker before and after the "
+                         "idle connections are open (does an active client's p99 stay flat?)")
     args = ap.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (args.n + 1000, args.n + 1000))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     master = subprocess.Popen([str(SOCKHERD), "run", "hello:app", "-w", "1", "--pythonpath",
-                               str(HERE / "apps"), "-b", f"127.0.0.1:{port}"],
+                               str(HERE / "apps"), "-b", f"127.0.0.1:{port}",
+                               "--max-connections", str(args.n + 1000)],
                               stderr=subprocess.DEVNULL)
     conns: list[socket.socket] = []
     try:
@@ -68,14 +85,23 @@ def main() -> int:
             return c
 
         conns += [one() for _ in range(200)]
+        lat_before = wrk_latency(port) if args.p99 else None
         before = rss_kib(worker)
         conns += [one() for _ in range(args.n)]
         time.sleep(0.5)                     # the measuring point settles (not a wait)
         after = rss_kib(worker)
+        lat_after = wrk_latency(port) if args.p99 else None
         per = (after - before) * 1024 / args.n
         print(f"| idle keep-alive connections | worker RSS before | after | bytes per connection |")
         print(f"|---|---|---|---|")
         print(f"| {args.n} | {before} KiB | {after} KiB | {per:.0f} |")
+        if args.p99:
+            print()
+            print("| wrk -t1 -c10 -d5s, one worker | req/s | p50 | p99 |")
+            print("|---|---|---|---|")
+            for label, lat in (("200 idle connections open", lat_before),
+                               (f"{args.n + 200} idle connections open", lat_after)):
+                print(f"| {label} | {lat['rps']} | {lat['50%']} | {lat['99%']} |")
     finally:
         for c in conns:
             c.close()
