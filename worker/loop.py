@@ -9,11 +9,18 @@ thread that owns it, and the fd -> connection dict is only changed by single
 dict operations.
 
 Listeners are inserted once per thread group (dup'ed numbers, CLONED,
-EXCLUSIVE): only one idle thread is woken per new connection.
+EXCLUSIVE): only one idle thread is woken per new connection, and the thread
+that accepted moves its registration to the end of the wait queue
+(fdc_requeue), so connections go round-robin over the idle pollers.
 
-EMFILE/ENFILE on accept: every thread stops accepting for `emfile_pause`
-seconds instead of spinning on a listener it cannot serve, logs once, and
-resumes by itself.
+Whether the listeners are polled at all is worker/gate.py's: not during an
+EMFILE/ENFILE pause (every thread stops accepting for `emfile_pause`
+seconds instead of spinning, logs once, resumes by itself), not past
+max_connections, and not while this worker is ahead of the others in open
+connections (the balance, worker/board.py).
+
+Connection timers (header and keep-alive timeouts) are a heap per loop
+thread, fired under the running bit like any event.
 
 A handler may block (a database call): worker/relief.py moves the
 connections with work waiting off a thread stuck in one handler. For that,
