@@ -491,7 +491,7 @@ class _Response:
         if self.length is None and body_known is not None:
             self.length = body_known
             head.append(b"Content-Length: %d\r\n" % body_known)
-        if self.length is None and not self.head_only and self._has_body():
+        if self.length is None and not self.head_only and not self.bodiless:
             if self.http11:
                 self.chunked = True
                 head.append(b"Transfer-Encoding: chunked\r\n")
@@ -503,10 +503,6 @@ class _Response:
             head.append(b"Connection: keep-alive\r\n")
         head.append(b"\r\n")
         return b"".join(head)
-
-    def _has_body(self) -> bool:
-        code = int(self.status[:3])
-        return not (100 <= code < 200 or code in (204, 304))
 
     def write(self, data: bytes) -> None:
         if self.status is None:
