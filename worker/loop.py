@@ -47,7 +47,7 @@ import time
 from sockherd.fdcore import Outcome, Table
 from sockherd.worker.gate import CAP, EMFILE, Gate
 from sockherd.worker.relief import Relief
-from sockherd.worker.stream import Connection
+from sockherd.worker.stream import Connection, ready_now
 
 log = logging.getLogger("sockherd.worker")
 
@@ -212,7 +212,7 @@ class Loop:
             else:
                 next_due = due if next_due is None else min(next_due, due)
         if due_now:
-            waiting = _readable([c.fd for c in due_now])
+            waiting = ready_now({c.fd: select.POLLIN for c in due_now})
             self._enter_app(me)                  # on_close is app code: watched too
             for conn in due_now:
                 if conn.fd in waiting:
@@ -474,13 +474,6 @@ def socket_opt_nodelay(fd: int) -> None:
     finally:
         s.detach()
 
-
-def _readable(fds: list[int]) -> set[int]:
-    """Which of fds have input (or a hang-up) waiting now: one poll(2)."""
-    probe = select.poll()
-    for fd in fds:
-        probe.register(fd, select.POLLIN)
-    return {fd for fd, _ in probe.poll(0)}
 
 
 def _sooner(a: int, b: int) -> int:

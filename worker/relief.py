@@ -28,6 +28,8 @@ import select
 import threading
 import time
 
+from sockherd.worker.stream import ready_now
+
 log = logging.getLogger("sockherd.worker")
 
 
@@ -138,11 +140,9 @@ class Relief:
         theirs = {c.fd: c for c in list(loop.conns.values()) if c.th is victim}
         if not theirs:
             return
-        probe = select.poll()
-        for fd, conn in theirs.items():
-            probe.register(fd, select.POLLIN | (select.POLLOUT if conn.pending else 0))
         moved = 0
-        for fd, _ in probe.poll(0):
+        for fd in ready_now({fd: select.POLLIN | (select.POLLOUT if conn.pending else 0)
+                             for fd, conn in theirs.items()}):
             conn = theirs[fd]
             try:
                 if conn.th is not victim or conn.closed or not th.takeover(fd, conn.cookie):

@@ -48,6 +48,28 @@ _WRITABLE = int(State.POLL_OUT)
 _FAILED = int(State.POLL_ERR)  # with POLL_CTL: the poller could not register the fd
 
 
+def wait_ready(fd: int, event: int, deadline: float, what: str) -> None:
+    """Blocks until fd may be ready for event (select.POLLIN or POLLOUT),
+    or raises TimeoutError(what) once the monotonic deadline passed. For a
+    thread that is the connection's while an app runs (a body read, a big
+    response, a sendfile); callers retry their I/O and wait again."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(what)
+    waiter = select.poll()
+    waiter.register(fd, event)
+    waiter.poll(max(1, int(left * 1000)))
+
+
+def ready_now(interest: dict[int, int]) -> set[int]:
+    """Which of the fds have the events they are asked for ({fd: events})
+    pending right now (or a hang-up, an error): one poll(2), no wait."""
+    probe = select.poll()
+    for fd, events in interest.items():
+        probe.register(fd, events)
+    return {fd for fd, _ in probe.poll(0)}
+
+
 class Connection:
     """One accepted connection, owned by one thread context of the fd table."""
 
@@ -135,7 +157,6 @@ class Connection:
         while it runs: a WSGI app writing a big response, a sendfile).
         Raises TimeoutError, or OSError if the client went away."""
         deadline = time.monotonic() + timeout
-        waiter = None
         while len(self._out) > below and not self._closed:
             try:
                 n = os.write(self.fd, self._out)
@@ -144,13 +165,7 @@ class Connection:
             del self._out[:n]
             if len(self._out) <= below:
                 break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the client does not read")
-            if waiter is None:
-                waiter = select.poll()
-                waiter.register(self.fd, select.POLLOUT)
-            waiter.poll(max(1, int(left * 1000)))
+            wait_ready(self.fd, select.POLLOUT, deadline, "the client does not read")
         if self._closed:
             raise ConnectionResetError("the connection is closed")
         self._sync()

@@ -31,7 +31,7 @@ import time
 from email.utils import formatdate
 
 from sockherd.worker._http import HttpError, RequestParser, response_head
-from sockherd.worker.stream import HIGH_WATER, LOW_WATER
+from sockherd.worker.stream import HIGH_WATER, LOW_WATER, wait_ready
 
 log = logging.getLogger("sockherd.worker")
 
@@ -301,15 +301,12 @@ class WSGIConnection:
         fd = self.conn.fd
         if self._body_deadline is None:
             self._body_deadline = time.monotonic() + self.limits.body_timeout
-        deadline = self._body_deadline
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClientGone("timed out waiting for the request body")
-            if not poller.poll(max(1, int(left * 1000))):
-                continue
+            try:
+                wait_ready(fd, select.POLLIN, self._body_deadline,
+                           "timed out waiting for the request body")
+            except TimeoutError as exc:
+                raise ClientGone(str(exc)) from None
             try:
                 data = os.read(fd, 65536)
             except BlockingIOError:
@@ -411,17 +408,12 @@ class WSGIConnection:
             return
         try:
             conn.flush_now(timeout)              # the head first, in order
-            waiter = select.poll()
-            waiter.register(conn.fd, select.POLLOUT)
             deadline = time.monotonic() + timeout
             while count:
                 try:
                     n = os.sendfile(conn.fd, ffd, offset, count)
                 except BlockingIOError:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise ClientGone("the client does not read") from None
-                    waiter.poll(max(1, int(left * 1000)))
+                    wait_ready(conn.fd, select.POLLOUT, deadline, "the client does not read")
                     continue
                 if n == 0:
                     break                        # the file shrank under us
