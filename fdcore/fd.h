@@ -226,7 +226,8 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max);
 
 /* Moves th's own registration of an exclusive fd it holds to the end of
  * the file's wait queue (DEL + ADD), so the next event goes to the poller
- * that waited longest; nothing else changes (poller.c). 0 or -errno. */
+ * that waited longest; nothing else changes (poller.c). 0 moved, 1
+ * nothing to move, or -errno. */
 int fdc_requeue(struct fdc_thread *th, int fd);
 
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out);

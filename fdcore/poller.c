@@ -553,11 +553,12 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max)
  * I7). Touches th's own instance only; the desired state, the update lists
  * and the other threads are left alone (a verb pair, stop_recv then
  * want_recv, would make every thread of the group DEL and ADD it and wake
- * them all). Returns 0; -EBADF for an fd out of range; -EPERM if th does
- * not hold fd; -ENOENT if th does not poll fd for recv as exclusive
- * (nothing to move); or -errno of a failed DEL or ADD, after which th polls
- * nothing for fd and the fd is reported like any failed registration
- * (polled bits cleared, FDC_POLL_CTL at th's next poll: I8).
+ * them all). Returns 0 (moved); 1 if th does not poll fd for recv as
+ * exclusive (nothing to move); -EBADF for an fd out of range; -EPERM if th
+ * does not hold fd (or fd is another group's); or -errno of a failed DEL
+ * or ADD, after which th polls nothing for fd and the fd is reported like
+ * any failed registration (polled bits cleared, FDC_POLL_CTL at th's next
+ * poll: I8). It holds a reference on the fd's tgid throughout (I1).
  * Memory ordering: seq_cst loads of running_mask, state, generation and
  * th's polled bits, all stable while th holds fd (only th changes its own
  * polled bits; the generation changes only in the final close).
@@ -575,10 +576,18 @@ int fdc_requeue(struct fdc_thread *th, int fd)
 		return -EBADF;
 	e = &t->fdtab[fd];
 	pol = &t->polled[fd];
-	if (!(atomic_load(&e->running_mask) & bit))
+	/* running bits and polled bits are per group: an fd of another group
+	 * (its thread of the same local id may hold it) is not ours (review) */
+	if (!fdc_grab(e, th->tgid))
 		return -EPERM;
-	if (!(atomic_load(&e->state) & FDC_EXCLUSIVE) || !(atomic_load(&pol->recv) & bit))
-		return -ENOENT;
+	if (!(atomic_load(&e->running_mask) & bit)) {
+		fdc_drop(e);
+		return -EPERM;
+	}
+	if (!(atomic_load(&e->state) & FDC_EXCLUSIVE) || !(atomic_load(&pol->recv) & bit)) {
+		fdc_drop(e);
+		return 1;
+	}
 	ev.events = EPOLLIN | EPOLLEXCLUSIVE | ((atomic_load(&pol->send) & bit) ? EPOLLOUT : 0);
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
 	ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
@@ -587,9 +596,9 @@ int fdc_requeue(struct fdc_thread *th, int fd)
 	if (err) {
 		set_polled(pol, bit, 0, 0);
 		fail_fd(th, fd, err);
-		return -err;
 	}
-	return 0;
+	fdc_drop(e);
+	return err ? -err : 0;
 }
 
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out)

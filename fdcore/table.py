@@ -376,10 +376,11 @@ class Thread:
         """Moves this thread's registration of an exclusive fd it holds to
         the end of the file's wait queue (round-robin accepts). False if
         there is nothing to move (not polled for recv as exclusive here).
-        Raises OSError: EPERM if this thread does not hold fd, or the errno
-        of a failed re-registration (then also reported by the next poll)."""
+        Raises OSError: EPERM if this thread does not hold fd (or fd is
+        another group's), or the errno of a failed re-registration (then
+        also reported by the next poll)."""
         rc = lib.fdc_requeue(self._th, fd)
-        if rc == -errno.ENOENT:
+        if rc == 1:
             return False
         check(rc, f"requeue fd {fd}")
         return True
