@@ -432,8 +432,11 @@ class Loop:
         try:
             th.requeue(lfd)
         except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.EBADF):   # not held / deleted: skip
-                raise
+            # EPERM / EBADF: not held or deleted by a drain; anything else
+            # is a failed re-registration, which the next poll reports
+            # (FDC_POLL_CTL) like any other: not a reason to end this thread
+            if exc.errno not in (errno.EPERM, errno.EBADF):
+                log.warning("listener fd %d: re-registration failed: %s", lfd, exc.strerror)
 
     def _cap(self, th) -> None:
         if CAP not in self.gate.reasons:
