@@ -7,9 +7,7 @@ checked and held."""
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -18,83 +16,18 @@ import time
 
 import pytest
 
-from sockherd.fdcore import Table
-from sockherd.worker.loop import Loop
-from sockherd.worker.wsgi import make_handler
-
 pytestmark = pytest.mark.timeout(120)
 
+# the parser under test (installed, or the sanitizer build the ASAN test
+# names), its helpers, and the in-process server: shared with the parser
+# and WSGI tests
+from test_http_parser import BASE, HttpError, RequestParser, _http, parse  # noqa: E402,F401
+from test_wsgi import raw  # noqa: E402
 
-def _module():
-    """As test_http_parser.py: the installed extension, or the build named
-    by SOCKHERD_HTTP_MODULE (a sanitizer or strict-mode build)."""
-    path = os.environ.get("SOCKHERD_HTTP_MODULE")
-    if not path:
-        from sockherd.worker import _http
-        return _http
-    spec = importlib.util.spec_from_file_location("sockherd.worker._http", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_http = _module()
-HttpError, RequestParser = _http.HttpError, _http.RequestParser
-BASE = {"SCRIPT_NAME": "", "wsgi.url_scheme": "http"}
-
-
-def parse(data: bytes, **limits):
-    """All requests in data: [(environ, body, keep_alive)], or the HttpError."""
-    p = RequestParser(**limits)
-    p.feed(data)
-    out = []
-    while True:
-        env = p.next_request(BASE)
-        if env is None:
-            return out
-        body = b""
-        while not p.body_done:
-            chunk = p.read_body()
-            if not chunk and not p.body_done:
-                return out + [(env, body, None)]
-            body += chunk
-        out.append((env, body, p.keep_alive))
-        if not p.finish():
-            return out
-
-
-# ---- fixtures (as tests/worker/test_wsgi.py) ------------------------------------------
 
 @pytest.fixture
-def serve():
-    made = []
-
-    def start(app, threads=1, **cfg):
-        table = Table(threads, 1)
-        loop = Loop(table, make_handler(app, {"threads": threads, **cfg}))
-        srv = socket.create_server(("127.0.0.1", 0), backlog=128)
-        addr = srv.getsockname()
-        loop.add_listener(srv)
-        loop.start()
-        made.append((loop, table))
-        return loop, addr
-
-    yield start
-    for loop, table in made:
-        loop.stop()
-        table.close()
-        assert not loop.errors, loop.errors
-
-
-def raw(addr, data: bytes, timeout=10) -> bytes:
-    with socket.create_connection(addr, timeout=timeout) as c:
-        c.sendall(data)
-        out = b""
-        while True:
-            chunk = c.recv(65536)
-            if not chunk:
-                return out
-            out += chunk
+def serve(serve_wsgi):
+    return serve_wsgi                   # conftest.py
 
 
 def wait_for(pred, timeout=10.0, step=0.01):

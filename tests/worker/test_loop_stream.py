@@ -12,8 +12,6 @@ import time
 
 import pytest
 
-from sockherd.fdcore import Table
-from sockherd.worker.loop import Loop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,24 +40,8 @@ class Lines:
 
 
 @pytest.fixture
-def serve():
-    made = []
-
-    def start(handler, threads=2, groups=1, **kw):
-        table = Table(threads, groups)
-        loop = Loop(table, handler, **kw)
-        srv = socket.create_server(("127.0.0.1", 0), backlog=512)
-        addr = srv.getsockname()
-        loop.add_listener(srv)
-        loop.start()
-        made.append((loop, table))
-        return loop, addr
-
-    yield start
-    for loop, table in made:
-        loop.stop()
-        table.close()
-        assert not loop.errors, loop.errors
+def serve(serve_stream):
+    return serve_stream                 # conftest.py
 
 
 def recv_until(sock, n: int, deadline: float = 10.0) -> bytes:

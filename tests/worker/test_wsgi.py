@@ -10,32 +10,12 @@ import time
 
 import pytest
 
-from sockherd.fdcore import Table
-from sockherd.worker.loop import Loop
-from sockherd.worker.wsgi import make_handler
-
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def serve():
-    made = []
-
-    def start(app, threads=1, **cfg):
-        table = Table(threads, 1)
-        loop = Loop(table, make_handler(app, {"threads": threads, **cfg}))
-        srv = socket.create_server(("127.0.0.1", 0), backlog=128)
-        addr = srv.getsockname()
-        loop.add_listener(srv)
-        loop.start()
-        made.append((loop, table))
-        return loop, addr
-
-    yield start
-    for loop, table in made:
-        loop.stop()
-        table.close()
-        assert not loop.errors, loop.errors
+def serve(serve_wsgi):
+    return serve_wsgi                   # conftest.py
 
 
 def hello(environ, start_response):
