@@ -29,6 +29,8 @@ import signal
 import socket
 import sys
 
+from forked import serve_forked   # bench/forked.py (the script's directory)
+
 
 def child(lsock: socket.socket, mode: str, wfd: int) -> None:
     stop = False
@@ -106,47 +108,7 @@ def main() -> int:
     lsock.bind((a.host, a.port))
     lsock.listen(a.backlog)
     lsock.setblocking(a.mode == "blocking")
-    stop = False
-
-    def on_term(*_):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    rfd, wfd = os.pipe()
-    kids = []
-    for _ in range(a.procs):
-        pid = os.fork()
-        if pid == 0:
-            os.close(rfd)
-            code = 0
-            try:
-                child(lsock, a.mode, wfd)
-            except BaseException as exc:        # noqa: BLE001 - reported, then exit
-                print(f"child {os.getpid()} failed: {exc!r}", file=sys.stderr)
-                code = 1
-            os._exit(code)
-        kids.append(pid)
-    os.close(wfd)
-    got = 0
-    while got < a.procs:
-        chunk = os.read(rfd, a.procs)
-        if not chunk:
-            break
-        got += len(chunk)
-    os.close(rfd)
-    print("ready", flush=True)
-    while not stop:
-        signal.pause()
-    for pid in kids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    lsock.close()
-    for pid in kids:
-        os.waitpid(pid, 0)
-    return 0
+    return serve_forked(lsock, a.procs, lambda s, w: child(s, a.mode, w))
 
 
 if __name__ == "__main__":

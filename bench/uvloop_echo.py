@@ -20,6 +20,8 @@ import sys
 
 import uvloop
 
+from forked import serve_forked   # bench/forked.py (the script's directory)
+
 
 class Echo(asyncio.Protocol):
     count = 0
@@ -63,48 +65,7 @@ def main() -> int:
     lsock.bind((a.host, a.port))
     lsock.listen(2048)
     lsock.setblocking(False)
-    stop = False
-
-    def on_term(*_):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    rfd, wfd = os.pipe()
-    kids = []
-    for _ in range(a.procs):
-        pid = os.fork()
-        if pid == 0:
-            os.close(rfd)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            code = 0
-            try:
-                child(lsock, wfd)
-            except BaseException as exc:         # noqa: BLE001 - reported, then exit
-                print(f"child {os.getpid()} failed: {exc!r}", file=sys.stderr)
-                code = 1
-            os._exit(code)
-        kids.append(pid)
-    os.close(wfd)
-    got = 0
-    while got < a.procs:
-        chunk = os.read(rfd, a.procs)
-        if not chunk:
-            break
-        got += len(chunk)
-    os.close(rfd)
-    print("ready", flush=True)
-    while not stop:
-        signal.pause()
-    for pid in kids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    lsock.close()
-    for pid in kids:
-        os.waitpid(pid, 0)
-    return 0
+    return serve_forked(lsock, a.procs, child)
 
 
 if __name__ == "__main__":
