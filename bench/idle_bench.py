@@ -484,15 +484,7 @@ def sc_granian(procs, tmp, a, drain=False):
                      "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
                      "--working-dir", B.APPS, "--no-access-log", "peer_apps:wsgi"],
                     log_path=log, cwd=B.APPS)
-    wait_http(p, port, log)
-    wait_tree(p.pid, 3)
-    if not drain:
-        settle(p.pid, a)
-        d = measure(p.pid, a)
-        procs.stop(p, timeout=30)
-        return d
-    return drain_with_request(procs, p, port, log, a, "granian", signal.SIGTERM,
-                              "/sleep?600", wait_sleep=True)
+    return _python_peer(procs, p, port, log, a, drain, "granian", wait_sleep=True)
 
 
 def sc_gunicorn(procs, tmp, a, drain=False):
@@ -502,15 +494,7 @@ def sc_gunicorn(procs, tmp, a, drain=False):
     p = procs.start([os.path.join(B.PEERS_VENV, "bin", "gunicorn"), "-w", "2", "-b",
                      f"127.0.0.1:{port}", "--chdir", B.APPS, *extra, "peer_apps:wsgi"],
                     log_path=log)
-    wait_http(p, port, log)
-    wait_tree(p.pid, 3)
-    if not drain:
-        settle(p.pid, a)
-        d = measure(p.pid, a)
-        procs.stop(p, timeout=30)
-        return d
-    return drain_with_request(procs, p, port, log, a, "gunicorn", signal.SIGTERM,
-                              "/sleep?600", wait_sleep=True)
+    return _python_peer(procs, p, port, log, a, drain, "gunicorn", wait_sleep=True)
 
 
 def sc_uvicorn(procs, tmp, a, drain=False):
@@ -519,6 +503,12 @@ def sc_uvicorn(procs, tmp, a, drain=False):
     p = procs.start([os.path.join(B.PEERS_VENV, "bin", "uvicorn"), "--workers", "2", "--host",
                      "127.0.0.1", "--port", str(port), "--app-dir", B.APPS, "--no-access-log",
                      "peer_apps:asgi"], log_path=log)
+    return _python_peer(procs, p, port, log, a, drain, "uvicorn", wait_sleep=False)
+
+
+def _python_peer(procs, p, port, log, a, drain, name, wait_sleep):
+    """The rest of a gunicorn, granian or uvicorn scenario once started: idle,
+    or draining with a request in flight to peer_apps' /sleep (TERM)."""
     wait_http(p, port, log)
     wait_tree(p.pid, 3)
     if not drain:
@@ -526,8 +516,8 @@ def sc_uvicorn(procs, tmp, a, drain=False):
         d = measure(p.pid, a)
         procs.stop(p, timeout=30)
         return d
-    return drain_with_request(procs, p, port, log, a, "uvicorn", signal.SIGTERM,
-                              "/sleep?600", wait_sleep=False)
+    return drain_with_request(procs, p, port, log, a, name, signal.SIGTERM,
+                              "/sleep?600", wait_sleep=wait_sleep)
 
 
 def drain_with_request(procs, p, port, log, a, name, sig, path, wait_sleep):

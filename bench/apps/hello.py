@@ -6,6 +6,8 @@ blocking  WSGI: sleeps 1 ms (time.sleep, GIL released), then the same answer
 """
 import time
 
+from peer_apps import lifespan      # bench/apps (the servers put it on the path)
+
 BODY = b"Hello, world!"
 
 
@@ -27,13 +29,7 @@ _BODY = {"type": "http.response.body", "body": BODY}
 
 async def asgi(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        return await lifespan(receive, send)
     if scope["type"] != "http":
         return
     await send(_START)

@@ -17,15 +17,20 @@ def wsgi(environ, start_response):
     return [BODY]
 
 
+async def lifespan(receive, send):
+    """The ASGI lifespan protocol, answered (uvicorn speaks it)."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 async def asgi(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        return await lifespan(receive, send)
     if scope["type"] != "http":
         return
     if scope["path"] == "/sleep":
