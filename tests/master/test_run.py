@@ -161,15 +161,21 @@ def master(tmp_path: Path):
 
     yield start
     for m in started:
-        kids = children(m.proc.pid)
-        if m.proc.poll() is None:
-            m.proc.kill()
-        m.proc.wait(timeout=30)
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        reap(m.proc)
+
+
+def reap(proc: subprocess.Popen, kids: list[int] | None = None) -> None:
+    """Kills a master (if still running) and reaps it, then kills its workers
+    (those alive now, and `kids`: the ones it had earlier)."""
+    kids = set(kids or ()) | set(children(proc.pid))
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def listener_inode(port: int) -> int:
@@ -693,15 +699,7 @@ def test_systemd_activated_socket_is_served(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
-        kids = children(proc.pid)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        reap(proc)
 
 
 def test_kept_alive_connections_spread_over_workers_and_threads(master):
@@ -782,14 +780,7 @@ def test_term_to_the_whole_process_group_still_drains(tmp_path):
         assert proc.wait(timeout=30) == 0
         assert "(crashed)" not in m.text() and "respawn" not in m.text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        reap(proc, kids)
 
 
 def test_a_burst_of_connections_is_shared_between_workers(master):
