@@ -113,6 +113,12 @@ _EVENT = struct.Struct("=iIIIQ")
 _OUTCOMES = tuple(Outcome(i) for i in range(len(Outcome)))
 
 
+# what a native caller may use (Table.c_api)
+C_API = ("fdc_poll", "fdc_enter", "fdc_leave", "fdc_leave_batch", "fdc_delete", "fdc_want_recv",
+         "fdc_stop_recv", "fdc_want_send", "fdc_stop_send", "fdc_cant_recv", "fdc_insert",
+         "fdc_accept")
+
+
 def check(rc: int, what: str) -> int:
     """The one place a negative errno from the core becomes an OSError."""
     if rc < 0:
@@ -198,6 +204,15 @@ class Table:
                                        "file, a directory, a device without poll, an O_PATH "
                                        "fd, or an epoll fd asked exclusive)")
         check(rc, f"insert fd {fd}")
+
+    def c_api(self) -> dict[str, int]:
+        """The addresses of fdcore's C functions (C_API) and of this table,
+        for a C extension that drives this same implementation without
+        cffi (worker/native/http.h, struct fdc_api). The table must outlive
+        their use."""
+        api = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name))) for name in C_API}
+        api["table"] = int(ffi.cast("uintptr_t", self.ptr))
+        return api
 
     def released(self, fd: int, gen: int) -> bool:
         """Whether incarnation gen of fd is over (closed, or for a disowned fd
@@ -286,6 +301,7 @@ class Thread:
         lib.fdc_thread_info(self._th, ident, ident + 1, ident + 2)
         self.tgid, self.ltid, self.epfd = ident[0], ident[1], ident[2]
         self.bit = 1 << self.ltid
+        self.address = int(ffi.cast("uintptr_t", self._th))   # for native callers (c_api)
         self._events = ffi.new("struct fdc_event[]", lib.FDC_EVBATCH)
         assert ffi.sizeof("struct fdc_event") == _EVENT.size
         self._held = 0   # size of the last batch, for leave_all()

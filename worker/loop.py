@@ -102,6 +102,10 @@ class Loop:
         self._timers: list[list] = [[] for _ in self.loop_threads]
         self._timer_seq = itertools.count()
         self.relief = Relief(self, takeover_after)
+        # the wsgi interface's native engine (worker/native/engine.c): it
+        # runs the connections' side of each turn; None for a stream handler
+        make_engine = getattr(handler_class, "make_engine", None)
+        self.engine = make_engine(self) if make_engine is not None else None
 
     # ---- set-up ------------------------------------------------------------------
     def add_listener(self, sock: socket.socket) -> None:
@@ -140,12 +144,16 @@ class Loop:
                 raise RuntimeError(f"loop thread {t.name} did not stop within {timeout}s")
         # every loop thread is gone: this thread may use any context now
         self.local.th = self.loop_threads[0]
+        if self.engine is not None:
+            self.engine.bind(0)
         try:
             for conn in list(self.conns.values()):
                 conn._close_now()
             self._delete_listeners(self.loop_threads[0])
         finally:
             del self.local.th
+            if self.engine is not None:
+                self.engine.bind(-1)
         os.close(self.drained_fd)
         self.drained_fd = -1
         self.relief.close()
@@ -183,6 +191,8 @@ class Loop:
         the control context if there is one (it deletes the listeners with
         it), else any thread."""
         self.idle_grace = idle_grace
+        if self.engine is not None:
+            self.engine.draining = True          # responses carry Connection: close
         self.gate.leave_board()
         if self.control is not None and self._listeners_deleted.acquire(blocking=False):
             self._delete_listeners(self.control)
@@ -244,6 +254,9 @@ class Loop:
         relieved = relief.enabled and bool(relief.siblings(me))
         mail = self._mail[me]
         heap = self._timers[me]
+        engine = self.engine
+        if engine is not None:
+            engine.bind(me)
         try:
             while not self._stop.is_set():
                 timeout = self._resume_accepting(th)
@@ -254,17 +267,36 @@ class Loop:
                 if heap:
                     timeout = _sooner(timeout, max(0, int((heap[0][0] - time.monotonic())
                                                           * 1000) + 1))
-                events = th.poll(timeout)
-                if events:
-                    relief.activity += 1
-                    self._enter_app(me)
-                    if relieved:
-                        th.leave_all()           # siblings may take what we have not reached
-                        self._dispatch_entering(th, me, events)
-                    else:
-                        self._dispatch_held(th, me, events)
-                        th.leave_all()
-                    busy[me] = 0.0
+                if engine is not None:
+                    # the connections' reports are handled in there; what
+                    # comes back is the listeners' (held, or left if relieved)
+                    handled, events = engine.turn(me, timeout, relieved)
+                    if handled:
+                        relief.activity += 1
+                    if events:
+                        relief.activity += 1
+                        self._enter_app(me)
+                        if relieved:
+                            self._dispatch_entering(th, me, events)
+                        else:
+                            try:
+                                self._dispatch_held(th, me, events)
+                            finally:
+                                for ev in events:
+                                    th.leave(ev.fd, ev.gen)
+                        busy[me] = 0.0
+                else:
+                    events = th.poll(timeout)
+                    if events:
+                        relief.activity += 1
+                        self._enter_app(me)
+                        if relieved:
+                            th.leave_all()       # siblings may take what we have not reached
+                            self._dispatch_entering(th, me, events)
+                        else:
+                            self._dispatch_held(th, me, events)
+                            th.leave_all()
+                        busy[me] = 0.0
                 if mail:
                     self._enter_app(me)
                     while mail:
@@ -375,6 +407,9 @@ class Loop:
         ahead = room == 0
         # ahead: this arrival's wake-up came to us: take it, then yield
         batch = 1 if ahead else room
+        if self.engine is not None:
+            self._accept_native(th, lfd, batch, ahead)
+            return
         try:
             fds = th.accept(lfd, batch)
         except OSError as exc:
@@ -417,6 +452,22 @@ class Loop:
                 if conn.th is th:
                     conn.connect()
                 th.leave(conn.fd, gen)
+
+    def _accept_native(self, th, lfd: int, batch: int, ahead: bool) -> None:
+        """The engine's accept: the batch taken, registered and reading in
+        one C call (its connections need no on_connect from here)."""
+        try:
+            n = self.engine.accept(self._pos[th.tid], lfd, batch)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self._pause_accepting(th, exc)
+                return
+            raise
+        if n and self.rotate_accept:
+            self._requeue(th, lfd)
+        if ahead:
+            self.gate.balance_off(th)
+        self.gate.publish()
 
     def _requeue(self, th, lfd: int) -> None:
         """Moves th's own registration of the listener to the end of the

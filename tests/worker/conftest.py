@@ -3,13 +3,34 @@ Table, listening on loopback, stopped and checked for loop errors whatever
 the test did."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import socket
+import sys
 
 import pytest
 
-from sockherd.fdcore import Table
-from sockherd.worker.loop import Loop
-from sockherd.worker.wsgi import make_handler
+
+def _sanitizer_build() -> None:
+    """test_http_asan.py runs these tests against an AddressSanitizer +
+    UBSan build of the native HTTP extension, named by SOCKHERD_HTTP_MODULE:
+    it takes the installed module's place before anything imports it, so
+    the parser and the whole engine (wsgi.py's Server) are that build."""
+    path = os.environ.get("SOCKHERD_HTTP_MODULE")
+    if path:
+        spec = importlib.util.spec_from_file_location("sockherd.worker._http", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["sockherd.worker._http"] = mod
+        import sockherd.worker
+        sockherd.worker._http = mod
+
+
+_sanitizer_build()
+
+from sockherd.fdcore import Table  # noqa: E402
+from sockherd.worker.loop import Loop  # noqa: E402
+from sockherd.worker.wsgi import make_handler  # noqa: E402
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""The native HTTP parser under AddressSanitizer + UBSan: the extension is
-compiled again with the sanitizers (same sources, llhttp's included), and
+"""The native HTTP extension under AddressSanitizer + UBSan: it is compiled
+again with the sanitizers (same sources, llhttp's included), and
 test_http_parser.py (its strictness cases, the split-anywhere and garbage
-hypothesis fuzzing) and test_http_review.py (the adversarial review's cases)
-run against that build in a child interpreter with
-libasan preloaded. Any sanitizer report fails the run."""
+hypothesis fuzzing), test_http_review.py (the adversarial review's cases)
+and test_wsgi.py (the whole engine: loop turns, connections, responses,
+over real sockets) run against that build in a child interpreter with
+libasan preloaded (conftest.py swaps it in). Any sanitizer report fails the
+run."""
 from __future__ import annotations
 
 import os
@@ -25,9 +27,10 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
     so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
     flags = ["-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
              "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
-    sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c",
+    sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c", NATIVE / "respond.c",
+               NATIVE / "hconn.c", NATIVE / "engine.c",
                LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
-    subprocess.run(["gcc", *flags, f"-I{NATIVE}", "-I/usr/share/include/llhttp",
+    subprocess.run(["gcc", *flags, f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
                     f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-o", str(so)],
                    check=True, timeout=300)
     libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
@@ -40,7 +43,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
     # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                           "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_review.py")],
+                          str(ROOT / "tests" / "worker" / "test_http_review.py"),
+                          str(ROOT / "tests" / "worker" / "test_wsgi.py")],
                          env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report

@@ -4,7 +4,6 @@ that the HTTP issue lists, the limits, pipelining, chunked bodies with
 trailers, and the same results whatever the byte boundaries of the input."""
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -12,16 +11,12 @@ from hypothesis import given, settings, strategies as st
 
 
 def _module():
-    """The extension as installed, or the sanitizer build named by
-    SOCKHERD_HTTP_MODULE (test_http_asan.py runs this file against it)."""
-    path = os.environ.get("SOCKHERD_HTTP_MODULE")
-    if not path:
-        from sockherd.worker import _http
-        return _http
-    spec = importlib.util.spec_from_file_location("sockherd.worker._http", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The extension: as installed, or the sanitizer build that conftest.py
+    put in its place (SOCKHERD_HTTP_MODULE, from test_http_asan.py)."""
+    from sockherd.worker import _http
+    if os.environ.get("SOCKHERD_HTTP_MODULE"):
+        assert _http.__file__ == os.environ["SOCKHERD_HTTP_MODULE"], _http.__file__
+    return _http
 
 
 _http = _module()

@@ -191,7 +191,10 @@ def test_uninitialised_parser_does_not_crash_the_process():
 # read's worth of pipelined requests answered whole into the buffer.
 
 def _owner_conn(environ):
-    return environ["wsgi.input"]._owner.conn
+    """The connection serving this request (found by the client's port)."""
+    port = environ["REMOTE_PORT"]
+    return next(c for c in environ["sockherd.loop"].conns.values()
+                if c.peer and str(c.peer[1]) == port)
 
 
 def test_held_streamed_response_to_a_slow_reader_is_not_buffered_whole(serve):

@@ -78,13 +78,18 @@ def test_pipelined_requests_are_answered_in_order(serve):
 def echo_body(environ, start_response):
     data = environ["wsgi.input"].read()
     start_response("200 OK", [("Content-Type", "application/octet-stream")])
-    return [b"%d:" % len(data), data]             # two chunks: chunked on HTTP/1.1
+    if environ["QUERY_STRING"] == "gen":
+        return iter([b"%d:" % len(data), data])   # two chunks, length unknown: chunked
+    return [b"%d:" % len(data), data]             # a list: its length is known
 
 
 def test_content_length_and_chunked_request_bodies(serve):
     _, addr = serve(echo_body)
     conn = http.client.HTTPConnection(*addr, timeout=10)
     conn.request("POST", "/", body=b"x" * 100000)
+    r = conn.getresponse()
+    assert r.getheader("Content-Length") == "100007" and r.read() == b"100000:" + b"x" * 100000
+    conn.request("POST", "/?gen", body=b"x" * 100000)
     r = conn.getresponse()
     assert r.getheader("Transfer-Encoding") == "chunked" and r.read() == b"100000:" + b"x" * 100000
     conn.request("POST", "/", body=iter([b"ab", b"cd", b"e"]), encode_chunked=True,
@@ -120,7 +125,8 @@ def test_large_upload_is_read_in_a_stream(serve):
 def test_expect_100_continue_answered_when_the_app_reads(serve):
     _, addr = serve(echo_body)
     with socket.create_connection(addr, timeout=10) as c:
-        c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+        c.sendall(b"POST /?gen HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: 4\r\n\r\n")
         assert c.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
         c.sendall(b"data")
         resp = b""

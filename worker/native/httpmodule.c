@@ -10,30 +10,15 @@
  *
  * Use from one thread at a time (the connection's owner), like the parser.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
 #include <string.h>
 
-#include "httpparse.h"
+#include "http.h"
 
-static PyObject *HttpError;
-
-typedef struct {
-	PyObject_HEAD
-	struct hp_parser hp;
-	/* bytes received and not parsed yet: pending[start .. len) */
-	char *pending;
-	size_t start, len, cap;
-	/* body bytes parsed and not read by the app yet: body[bstart .. blen) */
-	char *body;
-	size_t bstart, blen, bcap;
-	PyObject *script_name;       /* str, "" or a prefix like "/app" */
-	int expect_continue;
-} Parser;
+PyObject *HttpError, *ClientGone, *BadBody;
 
 /* ---- buffers ------------------------------------------------------------------ */
 
-static int reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more)
+int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more)
 {
 	if (*start && *start == *len)
 		*start = *len = 0;
@@ -59,7 +44,7 @@ static int reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t m
 	return 0;
 }
 
-static PyObject *refused(Parser *self)
+PyObject *parser_refusal(Parser *self)
 {
 	PyObject *args = Py_BuildValue("(is)", self->hp.status,
 	                               self->hp.reason ? self->hp.reason : "bad request");
@@ -288,6 +273,23 @@ static int Parser_init(Parser *self, PyObject *args, PyObject *kw)
 	return self->script_name ? 0 : -1;
 }
 
+Parser *parser_new(const struct hp_limits *lim, PyObject *script_name)
+{
+	Parser *p = PyObject_New(Parser, &ParserType);
+
+	if (!p)
+		return NULL;
+	memset((char *)p + sizeof(PyObject), 0, sizeof(Parser) - sizeof(PyObject));
+	if (hp_init(&p->hp, lim) < 0) {
+		p->script_name = NULL;
+		Py_DECREF(p);
+		PyErr_NoMemory();
+		return NULL;
+	}
+	p->script_name = Py_NewRef(script_name);
+	return p;
+}
+
 static void Parser_dealloc(Parser *self)
 {
 	hp_free(&self->hp);
@@ -309,7 +311,7 @@ static PyObject *Parser_feed(Parser *self, PyObject *arg)
 		PyBuffer_Release(&b);
 		Py_RETURN_NONE;
 	}
-	if (reserve(&self->pending, &self->start, &self->len, &self->cap, (size_t)b.len) < 0) {
+	if (buf_reserve(&self->pending, &self->start, &self->len, &self->cap, (size_t)b.len) < 0) {
 		PyBuffer_Release(&b);
 		return NULL;
 	}
@@ -326,9 +328,31 @@ PyDoc_STRVAR(next_request_doc,
 "are needed. Raises HttpError(status, reason) for a request to refuse (the\n"
 "connection must then close).");
 
-static PyObject *Parser_next_request(Parser *self, PyObject *base)
+PyObject *parser_next(Parser *self, PyObject *base, int *none)
 {
 	struct hp_parser *hp = &self->hp;
+
+	*none = 0;
+	if (hp->state == HP_ERROR)
+		return parser_refusal(self);
+	if (hp->state != HP_HEAD) {
+		PyErr_SetString(PyExc_RuntimeError, "the previous request is not finished");
+		return NULL;
+	}
+	self->start += hp_head(hp, self->pending + self->start, self->len - self->start);
+	if (hp->state == HP_ERROR)
+		return parser_refusal(self);
+	if (hp->state == HP_HEAD || !hp->head) {
+		*none = 1;               /* (no head: llhttp's upgrade stop, not a request) */
+		return NULL;
+	}
+	return build_environ(self, base);
+}
+
+static PyObject *Parser_next_request(Parser *self, PyObject *base)
+{
+	PyObject *env;
+	int none;
 
 	if (!PyDict_Check(base)) {
 		PyErr_SetString(PyExc_TypeError, "base must be a dict");
@@ -338,18 +362,26 @@ static PyObject *Parser_next_request(Parser *self, PyObject *base)
 		PyErr_SetString(PyExc_RuntimeError, "RequestParser.__init__ was not called");
 		return NULL;
 	}
-	if (hp->state == HP_ERROR)
-		return refused(self);
-	if (hp->state != HP_HEAD) {
-		PyErr_SetString(PyExc_RuntimeError, "the previous request is not finished");
-		return NULL;
+	env = parser_next(self, base, &none);
+	if (!env && none)
+		Py_RETURN_NONE;
+	return env;
+}
+
+int parser_pump_body(Parser *self)
+{
+	struct hp_parser *hp = &self->hp;
+
+	if (hp->state == HP_BODY && self->start < self->len) {
+		size_t in = self->len - self->start, out = 0, used;
+
+		if (buf_reserve(&self->body, &self->bstart, &self->blen, &self->bcap, in) < 0)
+			return -1;
+		used = hp_body(hp, self->pending + self->start, in, self->body + self->blen, &out);
+		self->start += used;
+		self->blen += out;
 	}
-	self->start += hp_head(hp, self->pending + self->start, self->len - self->start);
-	if (hp->state == HP_ERROR)
-		return refused(self);
-	if (hp->state == HP_HEAD || !hp->head)
-		Py_RETURN_NONE;          /* (no head: llhttp's upgrade stop, not a request) */
-	return build_environ(self, base);
+	return 0;
 }
 
 PyDoc_STRVAR(read_body_doc,
@@ -370,18 +402,11 @@ static PyObject *Parser_read_body(Parser *self, PyObject *const *args, Py_ssize_
 		PyErr_SetString(PyExc_RuntimeError, "RequestParser.__init__ was not called");
 		return NULL;
 	}
-	if (hp->state == HP_BODY && self->start < self->len) {
-		size_t in = self->len - self->start, out = 0, used;
-
-		if (reserve(&self->body, &self->bstart, &self->blen, &self->bcap, in) < 0)
-			return NULL;
-		used = hp_body(hp, self->pending + self->start, in, self->body + self->blen, &out);
-		self->start += used;
-		self->blen += out;
-	}
+	if (parser_pump_body(self) < 0)
+		return NULL;
 	avail = self->blen - self->bstart;
 	if (!avail && hp->state == HP_ERROR)
-		return refused(self);
+		return parser_refusal(self);
 	n = size < 0 || (size_t)size > avail ? avail : (size_t)size;
 	if (!n)
 		return PyBytes_FromStringAndSize(NULL, 0);
@@ -397,13 +422,10 @@ PyDoc_STRVAR(finish_doc,
 "another request may follow on the connection (keep-alive), False if it\n"
 "must close.");
 
-static PyObject *Parser_finish(Parser *self, PyObject *noarg)
+int parser_finish(Parser *self)
 {
-	(void)noarg;
-	if (!self->script_name)
-		Py_RETURN_FALSE;
 	if (self->hp.state != HP_DONE || self->bstart != self->blen)
-		Py_RETURN_FALSE;
+		return 0;
 	self->bstart = self->blen = 0;
 	/* an idle kept-alive connection holds no buffer: the next request
 	 * allocates again (bench: memory per idle connection) */
@@ -418,7 +440,20 @@ static PyObject *Parser_finish(Parser *self, PyObject *noarg)
 	int next = hp_next(&self->hp) == 0;
 	if (self->start == self->len)
 		hp_trim(&self->hp);
-	return PyBool_FromLong(next);
+	return next;
+}
+
+static PyObject *Parser_finish(Parser *self, PyObject *noarg)
+{
+	(void)noarg;
+	if (!self->script_name)
+		Py_RETURN_FALSE;
+	return PyBool_FromLong(parser_finish(self));
+}
+
+int parser_head_started(const Parser *self)
+{
+	return self->hp.state == HP_HEAD && (self->hp.started || self->len > self->start);
 }
 
 static PyObject *get_state(Parser *self, void *c)
@@ -462,8 +497,7 @@ static PyObject *get_expect_continue(Parser *self, void *c)
 static PyObject *get_head_started(Parser *self, void *c)
 {
 	(void)c;
-	return PyBool_FromLong(self->hp.state == HP_HEAD &&
-	                       (self->hp.started || self->len > self->start));
+	return PyBool_FromLong(parser_head_started(self));
 }
 
 static PyObject *get_error(Parser *self, void *c)
@@ -503,7 +537,7 @@ static PyGetSetDef Parser_getset[] = {
 	{NULL},
 };
 
-static PyTypeObject ParserType = {
+PyTypeObject ParserType = {
 	PyVarObject_HEAD_INIT(NULL, 0)
 	.tp_name = "sockherd.worker._http.RequestParser",
 	.tp_doc = "One connection's HTTP/1.1 request parser (strict; see httpparse.h).",
@@ -569,33 +603,30 @@ PyDoc_STRVAR(response_head_doc,
 "token, a value with a control character or beyond latin-1, a\n"
 "Content-Length not one number in digits).");
 
-static PyObject *response_head(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
+              int *close_out, int *code_out)
 {
-	PyObject *status, *headers, *seq = NULL, *out = NULL;
+	PyObject *seq = NULL, *out = NULL;
 	long long length = -1;
 	int close = 0, code;
 	Py_ssize_t n, size;
 	char *w;
 
-	(void)mod;
-	if (nargs != 2) {
-		PyErr_SetString(PyExc_TypeError, "response_head(status, headers)");
-		return NULL;
-	}
-	status = args[0];
-	headers = args[1];
 	if (!PyUnicode_Check(status) || PyUnicode_GET_LENGTH(status) < 4 || !value_ok(status) ||
 	    PyUnicode_READ_CHAR(status, 3) != ' ' ||
 	    PyUnicode_READ_CHAR(status, 0) < '1' || PyUnicode_READ_CHAR(status, 0) > '5' ||
 	    PyUnicode_READ_CHAR(status, 1) < '0' || PyUnicode_READ_CHAR(status, 1) > '9' ||
 	    PyUnicode_READ_CHAR(status, 2) < '0' || PyUnicode_READ_CHAR(status, 2) > '9')
-		return PyErr_Format(PyExc_ValueError, "bad status %R: expected like '200 OK', "
-		                    "printable latin-1, no CR or LF", status);
+	{
+		PyErr_Format(PyExc_ValueError, "bad status %R: expected like '200 OK', "
+		             "printable latin-1, no CR or LF", status);
+		return -1;
+	}
 	code = (int)(PyUnicode_READ_CHAR(status, 0) - '0') * 100 +
 	       (int)(PyUnicode_READ_CHAR(status, 1) - '0') * 10 + (int)(PyUnicode_READ_CHAR(status, 2) - '0');
 	seq = PySequence_Fast(headers, "headers must be a list of (name, value) tuples");
 	if (!seq)
-		return NULL;
+		return -1;
 	n = PySequence_Fast_GET_SIZE(seq);
 	/* first pass: check, and size the result */
 	size = 9 + PyUnicode_GET_LENGTH(status) + 2;
@@ -678,12 +709,32 @@ static PyObject *response_head(PyObject *mod, PyObject *const *args, Py_ssize_t 
 		*w++ = '\n';
 	}
 	Py_DECREF(seq);
-	return Py_BuildValue("(NLO)", out, length, close ? Py_True : Py_False);
+	*prefix = out;
+	*length_out = length;
+	*close_out = close;
+	*code_out = code;
+	return 0;
 bad_length:
 	PyErr_SetString(PyExc_ValueError, "Content-Length: one, in digits");
 fail:
 	Py_XDECREF(seq);
-	return NULL;
+	return -1;
+}
+
+static PyObject *response_head(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+	PyObject *prefix;
+	long long length;
+	int close, code;
+
+	(void)mod;
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "response_head(status, headers)");
+		return NULL;
+	}
+	if (head_from(args[0], args[1], &prefix, &length, &close, &code) < 0)
+		return NULL;
+	return Py_BuildValue("(NLO)", prefix, length, close ? Py_True : Py_False);
 }
 
 static PyMethodDef module_methods[] = {
@@ -701,7 +752,8 @@ PyMODINIT_FUNC PyInit__http(void)
 {
 	PyObject *m;
 
-	if (PyType_Ready(&ParserType) < 0)
+	if (PyType_Ready(&ParserType) < 0 || PyType_Ready(&ServerType) < 0 ||
+	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0)
 		return NULL;
 	m = PyModule_Create(&module);
 	if (!m)
@@ -710,8 +762,22 @@ PyMODINIT_FUNC PyInit__http(void)
 	    "sockherd.worker._http.HttpError",
 	    "A request refused: args are (status, reason); the connection must close.",
 	    PyExc_ValueError, NULL);
-	if (!HttpError || PyModule_AddObjectRef(m, "HttpError", HttpError) < 0 ||
-	    PyModule_AddObjectRef(m, "RequestParser", (PyObject *)&ParserType) < 0) {
+	ClientGone = PyErr_NewExceptionWithDoc(
+	    "sockherd.worker._http.ClientGone",
+	    "The client closed or reset the connection, or stopped reading or sending, while\n"
+	    "the app read or wrote.", PyExc_Exception, NULL);
+	BadBody = PyErr_NewExceptionWithDoc(
+	    "sockherd.worker._http.BadBody",
+	    "The request body's framing is invalid: args are (status, reason); the\n"
+	    "connection cannot carry another request.", PyExc_Exception, NULL);
+	if (!HttpError || !ClientGone || !BadBody ||
+	    PyModule_AddObjectRef(m, "HttpError", HttpError) < 0 ||
+	    PyModule_AddObjectRef(m, "ClientGone", ClientGone) < 0 ||
+	    PyModule_AddObjectRef(m, "BadBody", BadBody) < 0 ||
+	    PyModule_AddObjectRef(m, "RequestParser", (PyObject *)&ParserType) < 0 ||
+	    PyModule_AddObjectRef(m, "Server", (PyObject *)&ServerType) < 0 ||
+	    PyModule_AddObjectRef(m, "HttpConn", (PyObject *)&HttpConnType) < 0 ||
+	    PyModule_AddObjectRef(m, "Respond", (PyObject *)&RespondType) < 0) {
 		Py_DECREF(m);
 		return NULL;
 	}

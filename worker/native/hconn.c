@@ -1,0 +1,728 @@
+/* One HTTP/1.1 connection of the native engine: bytes in, requests
+ * answered in order (pipelining), output buffered only as far as the
+ * kernel does not take it.
+ *
+ * The event handler (hconn_on_events) runs on the owner loop thread under
+ * the fd's running bit: one read, every complete request head answered,
+ * their responses gathered and sent with one write. A request whose body
+ * has fully arrived (or that has none) is served here, start to end; one
+ * whose body is still coming, or that waits for a 100 Continue, goes to
+ * wsgi.py's slow path, which streams wsgi.input from the socket.
+ *
+ * The Python side sees a connection with the stream interface's names
+ * (fd, th, cookie, pending, closed, last_active, write, close, flush_now,
+ * adopted_by): the loop's drain, the relief's takeover, the gate's counts
+ * and the slow path use it as they used stream.Connection.
+ *
+ * fdcore verbs take the calling loop thread's context (srv_current), never
+ * the owner's (a review finding of the launch issue); a thread that is not
+ * a loop thread posts write and close to the owner's mailbox.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "http.h"
+#include <structmember.h>
+
+#define READ_ROOM (16u << 10)        /* free room a read gets at least */
+
+static const char *REASONS(int status)
+{
+	switch (status) {
+	case 400: return "Bad Request";
+	case 408: return "Request Timeout";
+	case 413: return "Content Too Large";
+	case 414: return "URI Too Long";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 505: return "HTTP Version Not Supported";
+	default: return "Error";
+	}
+}
+
+/* ---- addresses ----------------------------------------------------------------- */
+
+static PyObject *host_str(const struct sockaddr_storage *ss)
+{
+	char buf[INET6_ADDRSTRLEN];
+
+	if (ss->ss_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr, buf, sizeof(buf));
+	else
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)ss)->sin6_addr, buf, sizeof(buf));
+	return PyUnicode_FromString(buf);
+}
+
+static int port_of(const struct sockaddr_storage *ss)
+{
+	return ntohs(ss->ss_family == AF_INET ? ((const struct sockaddr_in *)ss)->sin_port
+	                                      : ((const struct sockaddr_in6 *)ss)->sin6_port);
+}
+
+/* SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT, and peer / local
+ * as Python's socket gives them ((host, port), or the unix path). */
+static int addresses(HttpConn *c)
+{
+	struct sockaddr_storage local, peer;
+	socklen_t ll = sizeof(local), pl = sizeof(peer);
+
+	memset(&local, 0, sizeof(local));
+	memset(&peer, 0, sizeof(peer));
+	if (getsockname(c->fd, (struct sockaddr *)&local, &ll) < 0 ||
+	    getpeername(c->fd, (struct sockaddr *)&peer, &pl) < 0) {
+		/* reset already: the first read will tell */
+		c->addr = Py_BuildValue("(ssss)", "", "", "", "");
+		c->peer = Py_NewRef(Py_None);
+		c->local = Py_NewRef(Py_None);
+		return c->addr ? 0 : -1;
+	}
+	if (local.ss_family == AF_INET || local.ss_family == AF_INET6) {
+		PyObject *lh = host_str(&local), *ph = host_str(&peer);
+
+		if (!lh || !ph) {
+			Py_XDECREF(lh);
+			Py_XDECREF(ph);
+			return -1;
+		}
+		c->addr = Py_BuildValue("(ONON)", lh, PyUnicode_FromFormat("%d", port_of(&local)), ph,
+		                        PyUnicode_FromFormat("%d", port_of(&peer)));
+		c->local = Py_BuildValue("(Oi)", lh, port_of(&local));
+		c->peer = Py_BuildValue("(Oi)", ph, port_of(&peer));
+		Py_DECREF(lh);
+		Py_DECREF(ph);
+	}
+	else {
+		const struct sockaddr_un *un = (const struct sockaddr_un *)&local;
+		size_t n = ll > offsetof(struct sockaddr_un, sun_path)
+		           ? strnlen(un->sun_path, ll - offsetof(struct sockaddr_un, sun_path)) : 0;
+
+		c->local = PyUnicode_DecodeFSDefaultAndSize(un->sun_path, (Py_ssize_t)n);
+		c->peer = PyUnicode_FromString("");
+		c->addr = c->local ? Py_BuildValue("(Osss)", c->local, "", "", "") : NULL;
+	}
+	return c->addr && c->local && c->peer ? 0 : -1;
+}
+
+HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
+{
+	HttpConn *c = PyObject_New(HttpConn, &HttpConnType);
+
+	if (!c)
+		return NULL;
+	memset((char *)c + sizeof(PyObject), 0, sizeof(HttpConn) - sizeof(PyObject));
+	c->srv = (Server *)Py_NewRef(s);
+	c->fd = fd;
+	c->pos = pos;
+	c->cookie = cookie;
+	c->th = Py_NewRef(s->thr[pos].obj);
+	c->tkind = -1;
+	c->last_active = mono_now();
+	c->parser = parser_new(&s->lim, s->script_name);
+	if (!c->parser || addresses(c) < 0) {
+		c->closed = 1;
+		Py_DECREF(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* ---- the fdcore side ---------------------------------------------------------------- */
+
+static struct fdc_thread *ctx(HttpConn *c)
+{
+	int cur = srv_current(c->srv);
+
+	return cur < 0 ? NULL : c->srv->thr[cur].th;
+}
+
+static int reading(const HttpConn *c)
+{
+	return !c->paused_out && !c->closing;
+}
+
+/* Brings the fd's ACTIVE directions in line with what we want. */
+static void sync_dirs(HttpConn *c)
+{
+	struct fdc_api *api = &c->srv->api;
+	struct fdc_thread *th = ctx(c);
+	size_t pending = hconn_pending(c);
+	int want, rd;
+
+	if (c->closed || !th)
+		return;
+	if (c->paused_out && pending < LOW_WATER)
+		c->paused_out = 0;
+	else if (!c->paused_out && pending > HIGH_WATER)
+		c->paused_out = 1;
+	want = pending > 0;
+	if (want != c->want_send) {
+		c->want_send = (unsigned)want;
+		(want ? api->want_send : api->stop_send)(th, c->fd);
+	}
+	rd = reading(c);
+	if (rd != c->recv_on) {
+		c->recv_on = (unsigned)rd;
+		(rd ? api->want_recv : api->stop_recv)(th, c->fd);
+	}
+}
+
+int hconn_close_now(HttpConn *c)
+{
+	Server *s = c->srv;
+	struct fdc_thread *th;
+	PyObject *r;
+
+	if (c->closed)
+		return 0;
+	th = ctx(c);
+	if (!th) {
+		PyErr_SetString(PyExc_RuntimeError, "a connection closed outside its loop's threads");
+		return -1;
+	}
+	c->closed = 1;
+	timer_cancel(c);
+	PyMem_Free(c->out);
+	c->out = NULL;
+	c->ostart = c->olen = c->ocap = 0;
+	Py_CLEAR(c->response);
+	/* the loop's dict and the gate's counts (loop.forget) */
+	if (s->forget) {
+		r = PyObject_CallOneArg(s->forget, (PyObject *)c);
+		if (!r)
+			PyErr_WriteUnraisable(s->forget);
+		Py_XDECREF(r);
+	}
+	/* deferred to the leave of whichever thread is inside it */
+	s->api.delete(th, c->fd);
+	if (c->fd < s->maxfd && s->conns[c->fd] == c) {
+		s->conns[c->fd] = NULL;
+		s->count--;
+		Py_DECREF(c);
+	}
+	return 0;
+}
+
+static void fail(HttpConn *c)
+{
+	if (hconn_close_now(c) < 0)
+		PyErr_WriteUnraisable((PyObject *)c);
+}
+
+/* Closes once the buffered output is sent. */
+static void close_soft(HttpConn *c)
+{
+	if (c->closed)
+		return;
+	c->closing = 1;
+	if (!hconn_pending(c))
+		fail(c);
+	else
+		sync_dirs(c);
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+int hconn_send(HttpConn *c, const char *data, size_t n, int now)
+{
+	if (c->closed)
+		return 0;
+	if (n) {
+		if (buf_reserve(&c->out, &c->ostart, &c->olen, &c->ocap, n) < 0)
+			return -1;
+		memcpy(c->out + c->olen, data, n);
+		c->olen += n;
+	}
+	return now ? hconn_flush(c) : 0;
+}
+
+/* One write of what is pending. 0, or the connection is closed (failed);
+ * never a Python error. */
+int hconn_flush(HttpConn *c)
+{
+	size_t pending = hconn_pending(c);
+	ssize_t n;
+
+	if (c->closed || !pending)
+		return 0;
+	n = write(c->fd, c->out + c->ostart, pending);
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			n = 0;
+		else {
+			fail(c);                          /* reset, EPIPE: the client is gone */
+			return 0;
+		}
+	}
+	c->ostart += (size_t)n;
+	if (c->ostart == c->olen) {
+		/* nothing kept for an idle connection (memory per connection) */
+		PyMem_Free(c->out);
+		c->out = NULL;
+		c->ostart = c->olen = c->ocap = 0;
+		if (c->closing) {
+			fail(c);
+			return 0;
+		}
+	}
+	sync_dirs(c);
+	return 0;
+}
+
+int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
+{
+	double deadline = mono_now() + timeout;
+
+	while (!c->closed && hconn_pending(c) > below) {
+		struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+		double left;
+		int rc;
+
+		hconn_flush(c);
+		if (c->closed || hconn_pending(c) <= below)
+			break;
+		left = deadline - mono_now();
+		if (left <= 0) {
+			PyErr_SetString(ClientGone, "the client does not read");
+			return -1;
+		}
+		Py_BEGIN_ALLOW_THREADS
+		rc = poll(&pfd, 1, (int)(left * 1000) + 1);
+		Py_END_ALLOW_THREADS
+		(void)rc;
+	}
+	if (c->closed) {
+		PyErr_SetString(ClientGone, "the client went away");
+		return -1;
+	}
+	sync_dirs(c);
+	return 0;
+}
+
+void hconn_refuse(HttpConn *c, int status, const char *reason)
+{
+	char buf[1024];
+	char body[600];
+	int bn = snprintf(body, sizeof(body), "%d %s: %.500s\n", status, REASONS(status), reason);
+	int hn = snprintf(buf, sizeof(buf),
+	                  "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+	                  "Connection: close\r\n\r\n%s", status, REASONS(status), bn, body);
+
+	if (hconn_send(c, buf, (size_t)hn, 0) < 0)
+		PyErr_Clear();                         /* no memory: the close says enough */
+	close_soft(c);
+	hconn_flush(c);
+}
+
+/* ---- input: requests ------------------------------------------------------------------------ */
+
+static int set_addr(HttpConn *c, PyObject *env)
+{
+	static const char *keys[] = {"SERVER_NAME", "SERVER_PORT", "REMOTE_ADDR", "REMOTE_PORT"};
+
+	for (int i = 0; i < 4; i++)
+		if (PyDict_SetItemString(env, keys[i], PyTuple_GET_ITEM(c->addr, i)) < 0)
+			return -1;
+	return 0;
+}
+
+/* A request whose body is all here (or that has none), start to end. */
+static int serve_whole(HttpConn *c, PyObject *env)
+{
+	Parser *p = c->parser;
+	PyObject *body, *input;
+	int keep;
+
+	body = PyBytes_FromStringAndSize(p->body + p->bstart, (Py_ssize_t)(p->blen - p->bstart));
+	if (!body)
+		return -1;
+	p->bstart = p->blen;                      /* the app's, through wsgi.input */
+	input = PyObject_CallOneArg(c->srv->bytes_io, body);
+	Py_DECREF(body);
+	if (!input || PyDict_SetItemString(env, "wsgi.input", input) < 0) {
+		Py_XDECREF(input);
+		return -1;
+	}
+	Py_DECREF(input);
+	keep = respond(c, env);
+	if (keep <= 0)
+		return keep;
+	return parser_finish(p);
+}
+
+/* The rest of the body still to come, or a 100 Continue owed: wsgi.py's
+ * slow path streams it (serve_slow(conn, env) -> keep). */
+static int serve_streaming(HttpConn *c, PyObject *env)
+{
+	PyObject *r = PyObject_CallFunctionObjArgs(c->srv->slow, (PyObject *)c, env, NULL);
+	int keep;
+
+	if (!r)
+		return -1;
+	keep = PyObject_IsTrue(r);
+	Py_DECREF(r);
+	return keep;
+}
+
+/* Answers every complete request head buffered, in order. 0, or -1 for
+ * an error that is not the app's. */
+static int serve_ready(HttpConn *c)
+{
+	Parser *p = c->parser;
+
+	while (!c->closed && !c->closing && !c->serving) {
+		int none, keep;
+		PyObject *env = parser_next(p, c->srv->base, &none);
+
+		if (!env) {
+			if (none)
+				return 0;
+			if (!PyErr_ExceptionMatches(HttpError))
+				return -1;
+			PyErr_Clear();
+			hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+			return 0;
+		}
+		if (set_addr(c, env) < 0) {
+			Py_DECREF(env);
+			return -1;
+		}
+		timer_cancel(c);
+		/* what already arrived of the body is checked before the app
+		 * runs: a framing error there is a 400 and the app never sees it */
+		if (parser_pump_body(p) < 0) {
+			Py_DECREF(env);
+			return -1;
+		}
+		if (p->hp.state == HP_ERROR) {
+			Py_DECREF(env);
+			hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+			return 0;
+		}
+		c->serving = 1;
+		keep = p->hp.state == HP_DONE ? serve_whole(c, env) : serve_streaming(c, env);
+		c->serving = 0;
+		Py_CLEAR(c->response);
+		Py_DECREF(env);
+		if (keep < 0)
+			return -1;
+		if (!keep) {
+			close_soft(c);
+			return 0;
+		}
+	}
+	return 0;
+}
+
+/* One read, the requests it completes, one write. */
+static int read_and_serve(HttpConn *c)
+{
+	Parser *p = c->parser;
+	ssize_t n;
+
+	if (buf_reserve(&p->pending, &p->start, &p->len, &p->cap, READ_ROOM) < 0)
+		return -1;
+	n = read(c->fd, p->pending + p->len, p->cap - p->len);
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR) {
+			struct fdc_thread *th = ctx(c);
+			if (th && errno == EAGAIN)
+				c->srv->api.cant_recv(th, c->fd);
+			return 0;
+		}
+		fail(c);
+		return 0;
+	}
+	if (n == 0) {
+		close_soft(c);                         /* EOF: what is owed goes out first */
+		return 0;
+	}
+	p->len += (size_t)n;
+	if (serve_ready(c) < 0)
+		return -1;
+	if (c->closed)
+		return 0;
+	hconn_flush(c);
+	if (c->closed || c->closing)
+		return 0;
+	/* waiting again: for the rest of a head (its clock runs from the
+	 * first of its bytes: not re-armed by the next ones), or idle */
+	if (parser_head_started(p)) {
+		if (!c->head_clock) {
+			c->head_clock = 1;
+			timer_arm(c, TIMER_HEADER);
+		}
+	}
+	else {
+		c->head_clock = 0;
+		timer_arm(c, TIMER_KEEPALIVE);
+	}
+	sync_dirs(c);
+	return 0;
+}
+
+int hconn_on_events(HttpConn *c, uint32_t events)
+{
+	c->last_active = mono_now();
+	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
+		fail(c);
+		return 0;
+	}
+	if ((events & FDC_POLL_OUT) && hconn_pending(c))
+		hconn_flush(c);
+	if ((events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)) && !c->closed && reading(c))
+		return read_and_serve(c);
+	return 0;
+}
+
+int hconn_on_timeout(HttpConn *c)
+{
+	if (c->closed || c->serving)
+		return 0;
+	if (parser_head_started(c->parser))
+		hconn_refuse(c, 408, "the request head did not arrive in time");
+	else
+		close_soft(c);                         /* idle keep-alive: nothing to say */
+	return 0;
+}
+
+/* ---- the Python side -------------------------------------------------------------------------- */
+
+static void HttpConn_dealloc(HttpConn *c)
+{
+	PyMem_Free(c->out);
+	Py_XDECREF(c->parser);
+	Py_XDECREF(c->th);
+	Py_XDECREF(c->addr);
+	Py_XDECREF(c->peer);
+	Py_XDECREF(c->local);
+	Py_XDECREF(c->response);
+	Py_XDECREF(c->srv);
+	PyObject_Free(c);
+}
+
+/* From a thread that is not a loop thread: run it on the owner's. */
+static PyObject *post(HttpConn *c, const char *method, PyObject *arg)
+{
+	PyObject *fn = PyObject_GetAttrString((PyObject *)c, method), *r;
+
+	if (!fn)
+		return NULL;
+	r = PyObject_CallFunctionObjArgs(c->srv->post, (PyObject *)c, fn, arg, NULL);
+	Py_DECREF(fn);
+	return r;
+}
+
+static PyObject *HttpConn_write(HttpConn *c, PyObject *data)
+{
+	Py_buffer b;
+
+	if (c->closed || c->closing)
+		Py_RETURN_NONE;
+	if (srv_current(c->srv) < 0) {
+		PyObject *copy = PyBytes_FromObject(data), *r;
+		if (!copy)
+			return NULL;
+		r = post(c, "write", copy);
+		Py_DECREF(copy);
+		return r;
+	}
+	if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0)
+		return NULL;
+	int rc = hconn_send(c, b.buf, (size_t)b.len, 1);
+	PyBuffer_Release(&b);
+	if (rc < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *HttpConn_close(HttpConn *c, PyObject *noarg)
+{
+	(void)noarg;
+	if (c->closed)
+		Py_RETURN_NONE;
+	if (srv_current(c->srv) < 0)
+		return post(c, "close", NULL);
+	close_soft(c);
+	Py_RETURN_NONE;
+}
+
+static PyObject *HttpConn_close_now(HttpConn *c, PyObject *noarg)
+{
+	(void)noarg;
+	if (hconn_close_now(c) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(flush_now_doc,
+"flush_now(timeout, below=0): sends buffered output until at most `below`\n"
+"bytes wait, waiting for the socket (the caller's thread is the\n"
+"connection's while the app runs). Raises ClientGone if the client went\n"
+"away or did not read for timeout seconds.");
+
+static PyObject *HttpConn_flush_now(HttpConn *c, PyObject *args)
+{
+	double timeout;
+	Py_ssize_t below = 0;
+
+	if (!PyArg_ParseTuple(args, "d|n:flush_now", &timeout, &below))
+		return NULL;
+	if (hconn_flush_wait(c, timeout, (size_t)(below < 0 ? 0 : below)) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(adopted_by_doc,
+"adopted_by(th): th took the connection over (fdcore takeover, recv\n"
+"stopped): it owns it from now on, timer included. Work was waiting on\n"
+"it: that is activity (a drain must not take it for idle).");
+
+static PyObject *HttpConn_adopted_by(HttpConn *c, PyObject *th)
+{
+	Server *s = c->srv;
+	int pos = -1;
+
+	for (int i = 0; i < s->nthreads; i++)
+		if (s->thr[i].obj == th)
+			pos = i;
+	if (pos < 0) {
+		PyErr_SetString(PyExc_ValueError, "not one of this loop's threads");
+		return NULL;
+	}
+	int kind = c->tkind;
+	double due = c->due;
+	timer_cancel(c);
+	c->pos = pos;
+	Py_SETREF(c->th, Py_NewRef(th));
+	c->last_active = mono_now();
+	c->want_send = 0;            /* the core keeps a wanted send: re-say it */
+	c->recv_on = 0;              /* ... and stopped recv */
+	if (kind >= 0) {
+		c->tkind = kind;
+		c->due = due;
+		timer_arm(c, -1);        /* same deadline, the new owner's list */
+	}
+	sync_dirs(c);
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(respond_doc,
+"respond(env) -> bool: runs the app for env (wsgi.input set by the caller)\n"
+"and frames its response; False if the connection must close.");
+
+static PyObject *HttpConn_respond(HttpConn *c, PyObject *env)
+{
+	int keep;
+
+	if (!PyDict_Check(env)) {
+		PyErr_SetString(PyExc_TypeError, "env must be a dict");
+		return NULL;
+	}
+	keep = respond(c, env);
+	if (keep < 0)
+		return NULL;
+	return PyBool_FromLong(keep);
+}
+
+static PyObject *HttpConn_refuse(HttpConn *c, PyObject *args)
+{
+	int status;
+	const char *reason;
+
+	if (!PyArg_ParseTuple(args, "is:refuse", &status, &reason))
+		return NULL;
+	hconn_refuse(c, status, reason);
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef HttpConn_methods[] = {
+	{"write", (PyCFunction)HttpConn_write, METH_O, "write(data): sends, buffering the rest."},
+	{"close", (PyCFunction)HttpConn_close, METH_NOARGS, "Closes once the output is sent."},
+	{"_close_now", (PyCFunction)HttpConn_close_now, METH_NOARGS, "Closes at once."},
+	{"flush_now", (PyCFunction)HttpConn_flush_now, METH_VARARGS, flush_now_doc},
+	{"adopted_by", (PyCFunction)HttpConn_adopted_by, METH_O, adopted_by_doc},
+	{"respond", (PyCFunction)HttpConn_respond, METH_O, respond_doc},
+	{"refuse", (PyCFunction)HttpConn_refuse, METH_VARARGS,
+	 "refuse(status, reason): answers the error and closes."},
+	{NULL},
+};
+
+static PyObject *get_pending(HttpConn *c, void *x)
+{
+	(void)x;
+	return PyLong_FromSize_t(hconn_pending(c));
+}
+
+static PyObject *get_closed(HttpConn *c, void *x)
+{
+	(void)x;
+	return PyBool_FromLong(c->closed);
+}
+
+static PyObject *get_loop(HttpConn *c, void *x)
+{
+	(void)x;
+	return Py_NewRef(c->srv->loop);
+}
+
+static PyObject *get_last_active(HttpConn *c, void *x)
+{
+	(void)x;
+	return PyFloat_FromDouble(c->last_active);
+}
+
+static int set_last_active(HttpConn *c, PyObject *v, void *x)
+{
+	double d = v ? PyFloat_AsDouble(v) : -1.0;
+
+	(void)x;
+	if (!v || (d == -1.0 && PyErr_Occurred()))
+		return -1;
+	c->last_active = d;
+	return 0;
+}
+
+static PyObject *get_response(HttpConn *c, void *x)
+{
+	(void)x;
+	return Py_NewRef(c->response ? c->response : Py_None);
+}
+
+static PyGetSetDef HttpConn_getset[] = {
+	{"pending", (getter)get_pending, NULL, "bytes written and not yet sent", NULL},
+	{"closed", (getter)get_closed, NULL, "closed (or failed)", NULL},
+	{"loop", (getter)get_loop, NULL, "the worker's loop", NULL},
+	{"last_active", (getter)get_last_active, (setter)set_last_active,
+	 "monotonic time of the last event (the drain's idle grace)", NULL},
+	{"response", (getter)get_response, NULL, "the Respond of the request being served", NULL},
+	{NULL},
+};
+
+static PyMemberDef HttpConn_members[] = {
+	{"fd", T_INT, offsetof(HttpConn, fd), READONLY, "the connection's fd"},
+	{"cookie", T_ULONGLONG, offsetof(HttpConn, cookie), READONLY, "its owner cookie in the table"},
+	{"th", T_OBJECT, offsetof(HttpConn, th), READONLY, "the owner loop thread's fdcore.Thread"},
+	{"parser", T_OBJECT, offsetof(HttpConn, parser), READONLY, "its RequestParser"},
+	{"peer", T_OBJECT, offsetof(HttpConn, peer), READONLY, "the client's address"},
+	{"local", T_OBJECT, offsetof(HttpConn, local), READONLY, "our address"},
+	{NULL},
+};
+
+PyTypeObject HttpConnType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.HttpConn",
+	.tp_doc = "One HTTP/1.1 connection of the native engine.",
+	.tp_basicsize = sizeof(HttpConn),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_dealloc = (destructor)HttpConn_dealloc,
+	.tp_methods = HttpConn_methods,
+	.tp_getset = HttpConn_getset,
+	.tp_members = HttpConn_members,
+};

@@ -1,0 +1,188 @@
+/* What the parts of sockherd.worker._http share: the parser object
+ * (httpmodule.c), the response (respond.c), the connection (hconn.c) and
+ * the per-worker server that runs the loop turns (engine.c).
+ *
+ * Threading: every function here runs with the GIL held, and the GIL is
+ * what serialises the loop threads' use of these objects (a connection is
+ * only touched by its owner thread, or by a relieving sibling while the
+ * owner is stuck elsewhere, both under the GIL). The GIL is released only
+ * around a wait that may block: the poll of a turn (engine.c) and the poll
+ * of a blocked writer or reader (hconn.c), and nothing shared is changed
+ * across those.
+ */
+#ifndef SOCKHERD_HTTP_H
+#define SOCKHERD_HTTP_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "httpparse.h"
+#include "fd.h"        /* fdcore's types only: its code is reached via struct fdc_api */
+
+extern PyObject *HttpError, *ClientGone, *BadBody;
+
+/* ---- the parser (httpmodule.c) ---- */
+typedef struct {
+	PyObject_HEAD
+	struct hp_parser hp;
+	/* bytes received and not parsed yet: pending[start .. len) */
+	char *pending;
+	size_t start, len, cap;
+	/* body bytes parsed and not read by the app yet: body[bstart .. blen) */
+	char *body;
+	size_t bstart, blen, bcap;
+	PyObject *script_name;       /* str, "" or a prefix like "/app" */
+	int expect_continue;
+} Parser;
+
+extern PyTypeObject ParserType;
+
+int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more);
+/* A new parser with these limits (what RequestParser(...) makes). */
+Parser *parser_new(const struct hp_limits *lim, PyObject *script_name);
+/* Parses buffered bytes up to the next head: its environ (a copy of base),
+ * NULL with *none set when more bytes are needed, NULL with HttpError set. */
+PyObject *parser_next(Parser *p, PyObject *base, int *none);
+/* Moves buffered body bytes through the body parser. */
+int parser_pump_body(Parser *p);
+/* parser.finish(): 1 if another request may follow, 0 if not. */
+int parser_finish(Parser *p);
+int parser_head_started(const Parser *p);
+PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
+
+/* Checks and serialises start_response's status and headers (the
+ * response_head() of the module): *prefix gets the status line and the
+ * app's fields, *length the app's Content-Length or -1, *close whether
+ * the app asked for Connection: close, *code the status code. 0 or -1. */
+int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
+              int *close, int *code);
+
+/* ---- fdcore, reached through function pointers ----
+ * The one fdcore implementation is the cffi module's (sockherd.fdcore);
+ * the table hands its functions' addresses over (Table.c_api()), so this
+ * extension calls them directly, without cffi's GIL release per call. */
+struct fdc_api {
+	int (*poll)(struct fdc_thread *, int, struct fdc_event *, int);
+	int (*enter)(struct fdc_thread *, int, uint32_t *);
+	int (*leave)(struct fdc_thread *, int, uint32_t);
+	int (*leave_batch)(struct fdc_thread *, const struct fdc_event *, int);
+	int (*delete)(struct fdc_thread *, int);
+	int (*want_recv)(struct fdc_thread *, int);
+	int (*stop_recv)(struct fdc_thread *, int);
+	int (*want_send)(struct fdc_thread *, int);
+	int (*stop_send)(struct fdc_thread *, int);
+	int (*cant_recv)(struct fdc_thread *, int);
+	int (*insert)(struct fdc_table *, int, uint64_t, uint32_t, int, uint64_t, uint32_t);
+	int (*accept)(struct fdc_thread *, int, int *, int);
+};
+
+typedef struct HttpConn HttpConn;
+typedef struct Respond Respond;
+
+enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_KINDS = 2 };
+
+struct timer_list {
+	HttpConn *head, *tail;
+};
+
+struct srv_thread {
+	struct fdc_thread *th;
+	PyObject *obj;                     /* the fdcore.Thread object */
+	int tgid;
+	uint64_t bit;
+	struct timer_list timers[TIMER_KINDS];
+	struct fdc_event ev[FDC_EVBATCH];
+};
+
+/* ---- the server: one per worker (engine.c) ---- */
+typedef struct {
+	PyObject_HEAD
+	struct fdc_api api;
+	struct fdc_table *table;
+	int nthreads;
+	struct srv_thread *thr;
+	HttpConn **conns;                  /* by fd: the open connections (strong refs) */
+	int maxfd;
+	long count;                        /* open connections */
+	uint64_t next_cookie;
+	uint32_t kind_conn;
+	PyObject *loop, *conns_dict, *forget, *post;
+	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io;
+	PyObject *event_type, *busy, *enter_app;
+	struct hp_limits lim;
+	PyObject *script_name, *server_line;
+	double header_timeout, keepalive_timeout, body_timeout;
+	int draining;
+} Server;
+
+extern PyTypeObject ServerType;
+
+/* The loop thread the calling OS thread is (Server.bind / turn), or -1. */
+int srv_current(Server *s);
+double mono_now(void);
+void timer_arm(HttpConn *c, int kind);
+void timer_cancel(HttpConn *c);
+
+/* ---- one connection (hconn.c) ---- */
+struct HttpConn {
+	PyObject_HEAD
+	Server *srv;
+	int fd;
+	int pos;                           /* owner loop thread */
+	uint64_t cookie;
+	PyObject *th;                      /* owner's fdcore.Thread */
+	Parser *parser;
+	char *out;                         /* output not taken by the kernel yet */
+	size_t ostart, olen, ocap;
+	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
+	         serving : 1, head_clock : 1;
+	double last_active;
+	double due;                        /* timer: deadline, its list and links */
+	int tkind, tpos;
+	HttpConn *tprev, *tnext;
+	PyObject *addr;                    /* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT) */
+	PyObject *peer, *local;
+	PyObject *response;                /* the Respond of the request being served */
+};
+
+extern PyTypeObject HttpConnType;
+
+HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+/* The handler of one poll report, under the running bit. 0 or -1 (a
+ * Python error that must end the loop thread: not an app's). */
+int hconn_on_events(HttpConn *c, uint32_t events);
+int hconn_on_timeout(HttpConn *c);
+int hconn_close_now(HttpConn *c);
+/* Appends to the output; flushes what the kernel takes when `now`. */
+int hconn_send(HttpConn *c, const char *data, size_t n, int now);
+int hconn_flush(HttpConn *c);
+/* Sends output until at most `below` bytes wait, blocking in poll (GIL
+ * released) up to timeout seconds; -1 with ClientGone set on failure. */
+int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
+void hconn_refuse(HttpConn *c, int status, const char *reason);
+static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
+
+/* ---- the response (respond.c) ---- */
+struct Respond {
+	PyObject_HEAD
+	HttpConn *conn;
+	unsigned http11 : 1, keep : 1, head_only : 1, bodiless : 1, headers_sent : 1,
+	         chunked : 1, started : 1;
+	long long length;                  /* the announced length, -1 unknown */
+	unsigned long long sent;
+	PyObject *status, *prefix, *first; /* first: the held first chunk */
+};
+
+extern PyTypeObject RespondType;
+
+/* Runs the app for env (wsgi.input already set) and frames its response:
+ * 1 if the connection may serve another request (as far as the response
+ * goes), 0 if it must close, -1 with a Python error that is not the app's
+ * (a BaseException the app raised included). */
+int respond(HttpConn *c, PyObject *env);
+
+#define HIGH_WATER (1u << 20)      /* pending output that blocks the writing app */
+#define LOW_WATER (64u << 10)      /* ... until it drains below this */
+
+#endif /* SOCKHERD_HTTP_H */

@@ -1,0 +1,639 @@
+/* One request's response: start_response, write() and the framing, and
+ * respond(), which runs the app and frames what it returns (PEP 3333).
+ *
+ * The rules (each has a test in tests/worker/test_wsgi.py):
+ *  - the first body chunk is held until a second one, or the end: a body
+ *    given whole (the usual list of one bytes) gets a Content-Length, and
+ *    its head and body go out in one write;
+ *  - a length the app did not give and cannot be known: chunked on
+ *    HTTP/1.1, else the connection closes after the body;
+ *  - never more bytes than announced (the rest is cut and the connection
+ *    closes), and fewer than announced closes it too;
+ *  - HEAD, 1xx, 204 and 304 send no body, whatever the app gives;
+ *  - start_response's exc_info: the status may change until body bytes
+ *    were given; after that the app's exception is raised again;
+ *  - an exception of the app: 500 if nothing was sent, else the
+ *    connection closes; logged with the request line, the worker serves on.
+ * Pending output past HIGH_WATER makes the writing app wait (bounded by
+ * body_timeout) for the client to read: a client that does not read never
+ * costs more than a bounded buffer.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "http.h"
+
+/* ---- the Date line, formatted once a second per thread ----------------------- */
+
+static _Thread_local time_t date_sec = -1;
+static _Thread_local char date_line[48];
+static _Thread_local size_t date_len;
+
+static void date_now(const char **s, size_t *n)
+{
+	static const char days[] = "SunMonTueWedThuFriSat";
+	static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	time_t t = time(NULL);
+
+	if (t != date_sec) {
+		struct tm tm;
+
+		gmtime_r(&t, &tm);
+		/* by hand: strftime's %a and %b follow the locale */
+		date_len = (size_t)snprintf(date_line, sizeof(date_line),
+		                            "Date: %.3s, %02d %.3s %04d %02d:%02d:%02d GMT\r\n",
+		                            days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
+		                            tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+		date_sec = t;
+	}
+	*s = date_line;
+	*n = date_len;
+}
+
+/* ---- framing --------------------------------------------------------------------------- */
+
+static int emit(Respond *r, const char *s, size_t n)
+{
+	return hconn_send(r->conn, s, n, 0);
+}
+
+/* The head: the app's status line and fields, Date, Server, and the
+ * framing we choose; known is the body's length if known, else -1. */
+static int emit_head(Respond *r, long long known)
+{
+	Server *s = r->conn->srv;
+	const char *d;
+	size_t dn;
+	char line[64];
+
+	if (emit(r, PyBytes_AS_STRING(r->prefix), (size_t)PyBytes_GET_SIZE(r->prefix)) < 0)
+		return -1;
+	date_now(&d, &dn);
+	if (emit(r, d, dn) < 0 ||
+	    emit(r, PyBytes_AS_STRING(s->server_line), (size_t)PyBytes_GET_SIZE(s->server_line)) < 0)
+		return -1;
+	if (r->bodiless)
+		known = -1;                          /* nothing to count: no body goes out */
+	if (r->length < 0 && known >= 0) {
+		r->length = known;
+		if (emit(r, line, (size_t)snprintf(line, sizeof(line), "Content-Length: %lld\r\n",
+		                                   known)) < 0)
+			return -1;
+	}
+	if (r->length < 0 && !r->head_only && !r->bodiless) {
+		if (r->http11) {
+			r->chunked = 1;
+			if (emit(r, "Transfer-Encoding: chunked\r\n", 28) < 0)
+				return -1;
+		}
+		else
+			r->keep = 0;                     /* HTTP/1.0, length unknown: close ends it */
+	}
+	if (!r->keep) {
+		if (emit(r, "Connection: close\r\n", 19) < 0)
+			return -1;
+	}
+	else if (!r->http11 && emit(r, "Connection: keep-alive\r\n", 24) < 0)
+		return -1;
+	return emit(r, "\r\n", 2);
+}
+
+/* Body bytes after the head; `now`: try the socket at once (a streaming
+ * app: the client sees each chunk as it comes). */
+static int send_body(Respond *r, const char *data, size_t n, int now)
+{
+	HttpConn *c = r->conn;
+	char line[24];
+
+	if (c->closed) {
+		PyErr_SetString(ClientGone, "the client went away");
+		return -1;
+	}
+	if (r->head_only || r->bodiless || !n)
+		return 0;
+	if (r->length >= 0 && r->sent + n > (unsigned long long)r->length) {
+		n = (size_t)((unsigned long long)r->length - r->sent);   /* never past what we announced */
+		r->keep = 0;
+		if (!n)
+			return 0;
+	}
+	r->sent += n;
+	if (r->chunked) {
+		if (hconn_send(c, line, (size_t)snprintf(line, sizeof(line), "%zx\r\n", n), 0) < 0 ||
+		    hconn_send(c, data, n, 0) < 0 || hconn_send(c, "\r\n", 2, now) < 0)
+			return -1;
+	}
+	else if (hconn_send(c, data, n, now) < 0)
+		return -1;
+	if (hconn_pending(c) > HIGH_WATER)
+		return hconn_flush_wait(c, c->srv->body_timeout, LOW_WATER);
+	return 0;
+}
+
+static int flush_first(Respond *r, long long known)
+{
+	PyObject *first = r->first;
+	int rc;
+
+	if (r->headers_sent)
+		return 0;
+	r->headers_sent = 1;
+	r->first = NULL;
+	rc = emit_head(r, known);
+	if (rc == 0 && first)
+		rc = send_body(r, PyBytes_AS_STRING(first), (size_t)PyBytes_GET_SIZE(first), 0);
+	Py_XDECREF(first);
+	return rc;
+}
+
+static int check_started(Respond *r, const char *what)
+{
+	if (!r->status) {
+		PyErr_Format(PyExc_AssertionError, "%s before start_response", what);
+		return -1;
+	}
+	return 0;
+}
+
+/* write(data): the app's write callable, and each chunk of its iterable. */
+static int write_chunk(Respond *r, PyObject *data, int now)
+{
+	Py_buffer b;
+	int rc;
+
+	if (check_started(r, "write()") < 0)
+		return -1;
+	if (!PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
+		PyErr_Format(PyExc_TypeError, "response body chunks must be bytes, not %s",
+		             Py_TYPE(data)->tp_name);
+		return -1;
+	}
+	if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0)
+		return -1;
+	if (b.len)
+		r->started = 1;
+	if (!r->headers_sent && !r->first) {
+		/* the first chunk: maybe the whole body */
+		r->first = PyBytes_CheckExact(data) ? Py_NewRef(data)
+		                                     : PyBytes_FromStringAndSize(b.buf, b.len);
+		PyBuffer_Release(&b);
+		return r->first ? 0 : -1;
+	}
+	rc = flush_first(r, -1);
+	if (rc == 0)
+		rc = send_body(r, b.buf, (size_t)b.len, now);
+	PyBuffer_Release(&b);
+	return rc;
+}
+
+static int finish(Respond *r)
+{
+	if (!r->status) {
+		PyErr_SetString(PyExc_AssertionError, "the app returned without calling start_response");
+		return -1;
+	}
+	if (!r->headers_sent && flush_first(r, r->first ? PyBytes_GET_SIZE(r->first) : 0) < 0)
+		return -1;
+	if (r->chunked && hconn_send(r->conn, "0\r\n\r\n", 5, 0) < 0)
+		return -1;
+	if (r->length >= 0 && r->sent < (unsigned long long)r->length && !r->head_only)
+		r->keep = 0;                         /* the app sent less than it announced */
+	return 0;
+}
+
+/* ---- the type ------------------------------------------------------------------------------- */
+
+static Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
+{
+	Respond *r = PyObject_New(Respond, &RespondType);
+
+	if (!r)
+		return NULL;
+	r->conn = (HttpConn *)Py_NewRef(c);
+	r->http11 = http11;
+	r->keep = keep;
+	r->head_only = head_only;
+	r->bodiless = r->headers_sent = r->chunked = r->started = 0;
+	r->length = -1;
+	r->sent = 0;
+	r->status = r->prefix = r->first = NULL;
+	return r;
+}
+
+static void Respond_dealloc(Respond *r)
+{
+	Py_XDECREF(r->conn);
+	Py_XDECREF(r->status);
+	Py_XDECREF(r->prefix);
+	Py_XDECREF(r->first);
+	PyObject_Free(r);
+}
+
+/* start_response(status, headers, exc_info=None) -> write */
+static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
+{
+	static char *names[] = {"status", "headers", "exc_info", NULL};
+	PyObject *status, *headers, *exc_info = Py_None, *prefix;
+	long long length;
+	int close, code;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:start_response", names, &status, &headers,
+	                                 &exc_info))
+		return NULL;
+	if (exc_info != Py_None) {
+		if (r->started) {                     /* PEP 3333: too late to change the status */
+			PyObject *t, *v, *tb;
+
+			if (!PyTuple_Check(exc_info) || PyTuple_GET_SIZE(exc_info) != 3) {
+				PyErr_SetString(PyExc_TypeError, "exc_info must be a sys.exc_info() tuple");
+				return NULL;
+			}
+			t = PyTuple_GET_ITEM(exc_info, 0);
+			v = PyTuple_GET_ITEM(exc_info, 1);
+			tb = PyTuple_GET_ITEM(exc_info, 2);
+			PyErr_Restore(Py_NewRef(t), Py_NewRef(v), tb == Py_None ? NULL : Py_NewRef(tb));
+			return NULL;
+		}
+	}
+	else if (r->status) {
+		PyErr_SetString(PyExc_AssertionError, "start_response called twice without exc_info");
+		return NULL;
+	}
+	/* checked and serialised in C: status, token names, values without
+	 * CTL, one Content-Length in digits; hop-by-hop headers dropped */
+	if (head_from(status, headers, &prefix, &length, &close, &code) < 0)
+		return NULL;
+	Py_XSETREF(r->prefix, prefix);
+	Py_XSETREF(r->status, Py_NewRef(status));
+	if (close)
+		r->keep = 0;
+	r->bodiless = (code >= 100 && code < 200) || code == 204 || code == 304;
+	r->length = length;
+	return PyObject_GetAttrString((PyObject *)r, "write");
+}
+
+static PyObject *Respond_write(Respond *r, PyObject *data)
+{
+	if (write_chunk(r, data, 1) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(send_head_doc,
+"send_head(count): the head now, for a body of count bytes the caller sends\n"
+"itself (sendfile); the head goes into the connection's output.");
+
+static PyObject *Respond_send_head(Respond *r, PyObject *arg)
+{
+	long long count = PyLong_AsLongLong(arg);
+
+	if (count == -1 && PyErr_Occurred())
+		return NULL;
+	if (check_started(r, "send_head()") < 0)
+		return NULL;
+	if (r->headers_sent || r->first) {
+		PyErr_SetString(PyExc_RuntimeError, "the head went out already");
+		return NULL;
+	}
+	r->headers_sent = 1;
+	if (emit_head(r, count) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef Respond_methods[] = {
+	{"write", (PyCFunction)Respond_write, METH_O, "write(data): the WSGI write callable."},
+	{"send_head", (PyCFunction)Respond_send_head, METH_O, send_head_doc},
+	{NULL},
+};
+
+static PyObject *get_status(Respond *r, void *c)
+{
+	(void)c;
+	return Py_NewRef(r->status ? r->status : Py_None);
+}
+
+static PyObject *get_length(Respond *r, void *c)
+{
+	(void)c;
+	return r->length < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(r->length);
+}
+
+static PyObject *get_sent(Respond *r, void *c)
+{
+	(void)c;
+	return PyLong_FromUnsignedLongLong(r->sent);
+}
+
+static int set_sent(Respond *r, PyObject *v, void *c)
+{
+	unsigned long long n = v ? PyLong_AsUnsignedLongLong(v) : (unsigned long long)-1;
+
+	(void)c;
+	if (n == (unsigned long long)-1 && (!v || PyErr_Occurred()))
+		return -1;
+	r->sent = n;
+	return 0;
+}
+
+#define FLAG(name)                                                                      \
+	static PyObject *get_##name(Respond *r, void *c) { (void)c; return PyBool_FromLong(r->name); }
+FLAG(keep)
+FLAG(head_only)
+FLAG(headers_sent)
+FLAG(started)
+
+static int set_keep(Respond *r, PyObject *v, void *c)
+{
+	int t = v ? PyObject_IsTrue(v) : -1;
+
+	(void)c;
+	if (t < 0)
+		return -1;
+	r->keep = (unsigned)t;
+	return 0;
+}
+
+static PyObject *get_held(Respond *r, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(r->first != NULL);
+}
+
+static PyGetSetDef Respond_getset[] = {
+	{"status", (getter)get_status, NULL, "the status the app gave, or None", NULL},
+	{"length", (getter)get_length, NULL, "the announced Content-Length, or None", NULL},
+	{"sent", (getter)get_sent, (setter)set_sent, "body bytes sent", NULL},
+	{"keep", (getter)get_keep, (setter)set_keep, "the connection may serve on", NULL},
+	{"head_only", (getter)get_head_only, NULL, "a HEAD request: no body goes out", NULL},
+	{"headers_sent", (getter)get_headers_sent, NULL, "the head went out", NULL},
+	{"started", (getter)get_started, NULL, "body bytes were given", NULL},
+	{"held", (getter)get_held, NULL, "a first chunk is held", NULL},
+	{NULL},
+};
+
+PyTypeObject RespondType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.Respond",
+	.tp_doc = "One request's start_response (call it), write() and response framing.",
+	.tp_basicsize = sizeof(Respond),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_dealloc = (destructor)Respond_dealloc,
+	.tp_call = (ternaryfunc)Respond_call,
+	.tp_methods = Respond_methods,
+	.tp_getset = Respond_getset,
+};
+
+/* ---- running the app -------------------------------------------------------------------------- */
+
+/* A list or tuple of bytes, nothing given yet: its length is known, so
+ * it gets a Content-Length, and goes out without holding a chunk. */
+static int body_sequence(Respond *r, PyObject *seq)
+{
+	Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+	PyObject **items = PySequence_Fast_ITEMS(seq);
+	long long total = 0;
+
+	if (!r->status || r->headers_sent || r->first)
+		goto one_by_one;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		if (!PyBytes_CheckExact(items[i]))
+			goto one_by_one;
+		total += PyBytes_GET_SIZE(items[i]);
+	}
+	if (total)
+		r->started = 1;
+	r->headers_sent = 1;
+	if (emit_head(r, total) < 0)
+		return -1;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (send_body(r, PyBytes_AS_STRING(items[i]), (size_t)PyBytes_GET_SIZE(items[i]), 0) < 0)
+			return -1;
+	return 0;
+one_by_one:
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *item = items[i];
+
+		if (PyBytes_Check(item) && !PyBytes_GET_SIZE(item))
+			continue;
+		if (write_chunk(r, item, 0) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int body_iterable(Respond *r, PyObject *result)
+{
+	PyObject *it = PyObject_GetIter(result), *item;
+
+	if (!it)
+		return -1;
+	while ((item = PyIter_Next(it))) {
+		int rc = 0;
+
+		if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item))
+			rc = write_chunk(r, item, 1);
+		Py_DECREF(item);
+		if (rc < 0) {
+			Py_DECREF(it);
+			return -1;
+		}
+	}
+	Py_DECREF(it);
+	return PyErr_Occurred() ? -1 : 0;
+}
+
+/* The app returned a FileWrapper of a regular file: sendfile (wsgi.py's
+ * sendfile_response, which waits for the socket as it needs). 1 if it
+ * did, 0 if the result is to be iterated, -1 on error. */
+static int body_file(Respond *r, PyObject *result)
+{
+	Server *s = r->conn->srv;
+	PyObject *fd, *done;
+	long ffd;
+
+	if (!s->file_wrapper || !PyObject_TypeCheck(result, (PyTypeObject *)s->file_wrapper) ||
+	    r->first || r->headers_sent)
+		return 0;
+	fd = PyObject_CallMethod(result, "regular_fd", NULL);
+	if (!fd)
+		return -1;
+	ffd = PyLong_AsLong(fd);
+	Py_DECREF(fd);
+	if (ffd == -1 && PyErr_Occurred())
+		return -1;
+	if (ffd < 0)
+		return 0;
+	done = PyObject_CallFunction(s->sendfile, "OOOl", r->conn, r, result, ffd);
+	if (!done)
+		return -1;
+	Py_DECREF(done);
+	return 1;
+}
+
+static void report_exc(Server *s, PyObject *env, const char *what)
+{
+	/* the exception as the handled one while report() runs: it logs
+	 * with exc_info=True, as log.exception would in an except block */
+	PyObject *t, *v, *tb;
+	PyErr_Fetch(&t, &v, &tb);
+	PyErr_NormalizeException(&t, &v, &tb);
+	if (tb && v)
+		PyException_SetTraceback(v, tb);
+	PyObject *prev = PyErr_GetHandledException();
+	PyErr_SetHandledException(v);
+	Py_XDECREF(t);
+	Py_XDECREF(tb);
+	PyErr_Clear();
+	{
+		PyObject *rc = PyObject_CallFunction(s->report, "Os", env ? env : Py_None, what);
+		if (!rc)
+			PyErr_WriteUnraisable(s->report);
+		Py_XDECREF(rc);
+	}
+	PyErr_SetHandledException(prev);
+	Py_XDECREF(prev);
+	Py_XDECREF(v);
+}
+
+static void close_result(Server *s, PyObject *env, PyObject *result)
+{
+	PyObject *close, *rc;
+
+	if (!result || PyList_CheckExact(result) || PyTuple_CheckExact(result) ||
+	    PyBytes_CheckExact(result))
+		return;
+	close = PyObject_GetAttrString(result, "close");
+	if (!close) {
+		if (PyErr_ExceptionMatches(PyExc_AttributeError))
+			PyErr_Clear();
+		else
+			report_exc(s, env, "close() of the app's response");
+		return;
+	}
+	rc = PyObject_CallNoArgs(close);
+	Py_DECREF(close);
+	if (!rc)
+		report_exc(s, env, "close() of the app's response");
+	Py_XDECREF(rc);
+}
+
+static void access_log(Server *s, PyObject *env, Respond *r, double started)
+{
+	PyObject *rc = PyObject_CallFunction(s->access, "OOKd", env, r->status ? r->status : Py_None,
+	                                     r->sent, started);
+
+	if (!rc)
+		PyErr_WriteUnraisable(s->access);
+	Py_XDECREF(rc);
+}
+
+static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, int head_only)
+{
+	static const char body[] = "Internal Server Error\n";
+	Respond *r = respond_new(c, http11, 0, head_only);
+	PyObject *status, *headers, *w, *chunk;
+	int rc = -1;
+
+	if (!r)
+		return -1;
+	Py_SETREF(*rp, r);
+	status = PyUnicode_FromString("500 Internal Server Error");
+	headers = Py_BuildValue("[(ss)(ss)]", "Content-Type", "text/plain", "Content-Length", "22");
+	chunk = PyBytes_FromStringAndSize(body, (Py_ssize_t)sizeof(body) - 1);
+	if (status && headers && chunk) {
+		PyObject *args = PyTuple_Pack(2, status, headers);
+		w = args ? Respond_call(r, args, NULL) : NULL;
+		Py_XDECREF(args);
+		if (w) {
+			Py_DECREF(w);
+			if (write_chunk(r, chunk, 0) == 0 && finish(r) == 0)
+				rc = 0;
+		}
+	}
+	Py_XDECREF(status);
+	Py_XDECREF(headers);
+	Py_XDECREF(chunk);
+	(void)env;
+	return rc;
+}
+
+int respond(HttpConn *c, PyObject *env)
+{
+	Server *s = c->srv;
+	struct hp_parser *hp = &c->parser->hp;
+	int http11 = hp->ll.http_minor == 1, head_only = hp->ll.method == HTTP_HEAD;
+	int keep = hp_keep_alive(hp) && !s->draining;       /* draining: Connection: close */
+	double started = s->access != Py_None ? mono_now() : 0.0;
+	PyObject *result = NULL;
+	Respond *r = respond_new(c, http11, keep, head_only);
+	int rc = 0, out;
+
+	if (!r)
+		return -1;
+	Py_XSETREF(c->response, (PyObject *)Py_NewRef(r));
+	result = PyObject_CallFunctionObjArgs(s->app, env, (PyObject *)r, NULL);
+	if (result) {
+		if ((rc = body_file(r, result)) == 0) {
+			if (PyList_CheckExact(result) || PyTuple_CheckExact(result))
+				rc = body_sequence(r, result);
+			else
+				rc = body_iterable(r, result);
+		}
+		if (rc >= 0)
+			rc = finish(r);
+	}
+	if (!result || rc < 0) {
+		if (PyErr_ExceptionMatches(ClientGone))
+			PyErr_Clear();
+		else if (PyErr_ExceptionMatches(BadBody)) {
+			PyObject *t, *v, *tb;
+			int status = 400;
+			const char *reason = "bad request body";
+
+			PyErr_Fetch(&t, &v, &tb);
+			PyErr_NormalizeException(&t, &v, &tb);
+			PyObject *a = v ? PyObject_GetAttrString(v, "args") : NULL;
+			if (a && PyTuple_Check(a) && PyTuple_GET_SIZE(a) == 2) {
+				status = (int)PyLong_AsLong(PyTuple_GET_ITEM(a, 0));
+				if (PyUnicode_Check(PyTuple_GET_ITEM(a, 1)))
+					reason = PyUnicode_AsUTF8(PyTuple_GET_ITEM(a, 1));
+				if (PyErr_Occurred() || !reason) {
+					PyErr_Clear();
+					status = 400;
+					reason = "bad request body";
+				}
+			}
+			if (!r->headers_sent)
+				hconn_refuse(c, status, reason);    /* the app let it through: ours to say */
+			Py_XDECREF(a);
+			Py_XDECREF(t);
+			Py_XDECREF(v);
+			Py_XDECREF(tb);
+		}
+		else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+			report_exc(s, env, "app");
+			if (!r->headers_sent && !c->closed && internal_error(c, env, &r, http11, head_only) < 0)
+				report_exc(s, env, "the 500 response");
+		}
+		else {
+			/* a BaseException (SystemExit, KeyboardInterrupt): not the
+			 * app's to swallow; the connection closes, the loop ends */
+			PyObject *t, *v, *tb;
+			PyErr_Fetch(&t, &v, &tb);
+			close_result(s, env, result);
+			Py_XDECREF(result);
+			Py_DECREF(r);
+			PyErr_Restore(t, v, tb);
+			return -1;
+		}
+		r->keep = 0;
+	}
+	close_result(s, env, result);
+	Py_XDECREF(result);
+	if (s->access != Py_None)
+		access_log(s, env, r, started);
+	out = r->keep;
+	Py_DECREF(r);
+	return out;
+}
