@@ -324,10 +324,10 @@ void hconn_refuse(HttpConn *c, int status, const char *reason)
 
 static int set_addr(HttpConn *c, PyObject *env)
 {
-	static const char *keys[] = {"SERVER_NAME", "SERVER_PORT", "REMOTE_ADDR", "REMOTE_PORT"};
+	PyObject *keys[] = {K_SERVER_NAME, K_SERVER_PORT, K_REMOTE_ADDR, K_REMOTE_PORT};
 
 	for (int i = 0; i < 4; i++)
-		if (PyDict_SetItemString(env, keys[i], PyTuple_GET_ITEM(c->addr, i)) < 0)
+		if (PyDict_SetItem(env, keys[i], PyTuple_GET_ITEM(c->addr, i)) < 0)
 			return -1;
 	return 0;
 }
@@ -345,7 +345,7 @@ static int serve_whole(HttpConn *c, PyObject *env)
 	p->bstart = p->blen;                      /* the app's, through wsgi.input */
 	input = PyObject_CallOneArg(c->srv->bytes_io, body);
 	Py_DECREF(body);
-	if (!input || PyDict_SetItemString(env, "wsgi.input", input) < 0) {
+	if (!input || PyDict_SetItem(env, K_WSGI_INPUT, input) < 0) {
 		Py_XDECREF(input);
 		return -1;
 	}

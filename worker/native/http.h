@@ -21,6 +21,8 @@
 #include "fd.h"        /* fdcore's types only: its code is reached via struct fdc_api */
 
 extern PyObject *HttpError, *ClientGone, *BadBody;
+/* interned environ keys (httpmodule.c) */
+extern PyObject *K_SERVER_NAME, *K_SERVER_PORT, *K_REMOTE_ADDR, *K_REMOTE_PORT, *K_WSGI_INPUT;
 
 /* ---- the parser (httpmodule.c) ---- */
 typedef struct {

@@ -95,14 +95,66 @@ static PyObject *unquote_latin1(const char *s, size_t n)
 	return r;
 }
 
-static int set_str(PyObject *env, const char *key, const char *s, size_t n)
+/* The environ's keys as interned str made once (module init): a key
+ * made from a C string per request costs a decode, an intern lookup and a
+ * hash each time (measured: the largest Python cost of a 7-header
+ * request). Shared with hconn.c (http.h). */
+PyObject *K_SERVER_NAME, *K_SERVER_PORT, *K_REMOTE_ADDR, *K_REMOTE_PORT, *K_WSGI_INPUT;
+static PyObject *K_REQUEST_METHOD, *K_RAW_URI, *K_REQUEST_URI, *K_QUERY_STRING, *K_PATH_INFO,
+                *K_SERVER_PROTOCOL, *V_HTTP11, *V_HTTP10, *K_EMPTY;
+static PyObject *method_names[64];
+
+static int make_keys(void)
 {
-	PyObject *v = PyUnicode_DecodeLatin1(s, (Py_ssize_t)n, NULL);
+	struct { PyObject **at; const char *s; } keys[] = {
+		{&K_SERVER_NAME, "SERVER_NAME"}, {&K_SERVER_PORT, "SERVER_PORT"},
+		{&K_REMOTE_ADDR, "REMOTE_ADDR"}, {&K_REMOTE_PORT, "REMOTE_PORT"},
+		{&K_WSGI_INPUT, "wsgi.input"}, {&K_REQUEST_METHOD, "REQUEST_METHOD"},
+		{&K_RAW_URI, "RAW_URI"}, {&K_REQUEST_URI, "REQUEST_URI"},
+		{&K_QUERY_STRING, "QUERY_STRING"}, {&K_PATH_INFO, "PATH_INFO"},
+		{&K_SERVER_PROTOCOL, "SERVER_PROTOCOL"}, {&V_HTTP11, "HTTP/1.1"},
+		{&V_HTTP10, "HTTP/1.0"}, {&K_EMPTY, ""},
+	};
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
+			return -1;
+	return 0;
+}
+
+/* A header's environ key (HTTP_..., CONTENT_TYPE, CONTENT_LENGTH) from a
+ * direct-mapped cache by the key's hash: a browser sends the same dozen
+ * names in every request. New reference. The GIL guards the cache. */
+#define KEY_CACHE 256
+static PyObject *key_cache[KEY_CACHE];
+
+static PyObject *field_key_obj(const char *key, size_t n)
+{
+	uint32_t h = 2166136261u;
+	PyObject **slot, *k;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (unsigned char)key[i]) * 16777619u;
+	slot = &key_cache[h % KEY_CACHE];
+	k = *slot;
+	if (k && (size_t)PyUnicode_GET_LENGTH(k) == n && !memcmp(PyUnicode_1BYTE_DATA(k), key, n))
+		return Py_NewRef(k);
+	k = PyUnicode_FromStringAndSize(key, (Py_ssize_t)n);    /* ASCII: field_key's */
+	if (!k)
+		return NULL;
+	PyUnicode_InternInPlace(&k);
+	Py_XSETREF(*slot, Py_NewRef(k));
+	return k;
+}
+
+static int set_str(PyObject *env, PyObject *key, const char *s, size_t n)
+{
+	PyObject *v = n ? PyUnicode_DecodeLatin1(s, (Py_ssize_t)n, NULL) : Py_NewRef(K_EMPTY);
 	int rc;
 
 	if (!v)
 		return -1;
-	rc = PyDict_SetItemString(env, key, v);
+	rc = PyDict_SetItem(env, key, v);
 	Py_DECREF(v);
 	return rc;
 }
@@ -147,12 +199,25 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 	env = PyDict_Copy(base);
 	if (!env)
 		return NULL;
-	v = PyUnicode_InternFromString(llhttp_method_name((llhttp_method_t)hp->ll.method));
-	if (!v || PyDict_SetItemString(env, "REQUEST_METHOD", v) < 0)
+	{
+		unsigned m = hp->ll.method;
+		PyObject **name = m < 64 ? &method_names[m] : NULL;
+
+		if (name && *name)
+			v = Py_NewRef(*name);
+		else {
+			v = PyUnicode_InternFromString(llhttp_method_name((llhttp_method_t)m));
+			if (v && name)
+				*name = Py_NewRef(v);
+		}
+	}
+	if (!v || PyDict_SetItem(env, K_REQUEST_METHOD, v) < 0)
 		goto fail_v;
 	Py_DECREF(v);
-	if (set_str(env, "RAW_URI", target, tlen) < 0 || set_str(env, "REQUEST_URI", target, tlen) < 0)
-		goto fail;
+	v = PyUnicode_DecodeLatin1(target, (Py_ssize_t)tlen, NULL);
+	if (!v || PyDict_SetItem(env, K_RAW_URI, v) < 0 || PyDict_SetItem(env, K_REQUEST_URI, v) < 0)
+		goto fail_v;
+	Py_DECREF(v);
 	/* absolute-form (a proxy's request): the authority ends at the first
 	 * '/', '?' or '#' (RFC 3986 3.2); the path (maybe empty) follows */
 	if (tlen > 7 && (!strncasecmp(target, "http://", 7) || !strncasecmp(target, "https://", 8))) {
@@ -175,7 +240,7 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 			plen = (size_t)(q - path);
 		}
 	}
-	if (set_str(env, "QUERY_STRING", path + qoff, qoff ? qlen : 0) < 0)
+	if (set_str(env, K_QUERY_STRING, path + qoff, qoff ? qlen : 0) < 0)
 		goto fail;
 	{
 		PyObject *decoded = unquote_latin1(path, plen);
@@ -192,22 +257,21 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 				goto fail;
 			decoded = rest;
 		}
-		if (PyDict_SetItemString(env, "PATH_INFO", decoded) < 0) {
+		if (PyDict_SetItem(env, K_PATH_INFO, decoded) < 0) {
 			Py_DECREF(decoded);
 			goto fail;
 		}
 		Py_DECREF(decoded);
 	}
-	v = PyUnicode_InternFromString(hp->ll.http_minor ? "HTTP/1.1" : "HTTP/1.0");
-	if (!v || PyDict_SetItemString(env, "SERVER_PROTOCOL", v) < 0)
-		goto fail_v;
-	Py_DECREF(v);
+	if (PyDict_SetItem(env, K_SERVER_PROTOCOL, hp->ll.http_minor ? V_HTTP11 : V_HTTP10) < 0)
+		goto fail;
 	self->expect_continue = 0;
 	for (uint32_t i = 0; i < hp->nfields; i++) {
 		const struct hp_field *f = &hp->fields[i];
 		const char *val = hp->head + f->value;
 		size_t vlen = f->value_len, klen;
-		PyObject *old, *value;
+		PyObject *old, *value, *key;
+		int rc;
 
 		while (vlen && (val[vlen - 1] == ' ' || val[vlen - 1] == '\t'))
 			vlen--;                              /* trailing OWS is not the value */
@@ -220,22 +284,29 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 		value = PyUnicode_DecodeLatin1(val, (Py_ssize_t)vlen, NULL);
 		if (!value)
 			goto fail;
+		key = field_key_obj(keybuf, klen);
+		if (!key) {
+			Py_DECREF(value);
+			goto fail;
+		}
 		/* base holds no HTTP_ or CONTENT_ key: one already here is this
 		 * request's own */
-		old = PyDict_GetItemString(env, keybuf);     /* borrowed */
+		old = PyDict_GetItemWithError(env, key);     /* borrowed */
 		if (old && PyUnicode_Check(old)) {
 			/* a repeated field: one value, comma-joined (RFC 9110 5.3) */
 			PyObject *joined = PyUnicode_FromFormat("%U,%U", old, value);
 			Py_DECREF(value);
-			if (!joined)
+			if (!joined) {
+				Py_DECREF(key);
 				goto fail;
+			}
 			value = joined;
 		}
-		if (PyDict_SetItemString(env, keybuf, value) < 0) {
-			Py_DECREF(value);
-			goto fail;
-		}
+		rc = PyErr_Occurred() ? -1 : PyDict_SetItem(env, key, value);
+		Py_DECREF(key);
 		Py_DECREF(value);
+		if (rc < 0)
+			goto fail;
 	}
 	return env;
 fail_v:
@@ -754,6 +825,8 @@ PyMODINIT_FUNC PyInit__http(void)
 
 	if (PyType_Ready(&ParserType) < 0 || PyType_Ready(&ServerType) < 0 ||
 	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0)
+		return NULL;
+	if (make_keys() < 0)
 		return NULL;
 	m = PyModule_Create(&module);
 	if (!m)
