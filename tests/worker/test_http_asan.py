@@ -2,8 +2,9 @@
 again with the sanitizers (same sources, llhttp's included), and
 test_http_parser.py (its strictness cases, the split-anywhere and garbage
 hypothesis fuzzing), test_http_review.py (the adversarial review's cases)
-and test_wsgi.py (the whole engine: loop turns, connections, responses,
-over real sockets) run against that build in a child interpreter with
+test_wsgi.py (the whole engine: loop turns, connections, responses,
+over real sockets) and test_engine_fuzz.py (generated and garbage requests
+split anywhere, over real sockets) run against that build in a child interpreter with
 libasan preloaded (conftest.py swaps it in). Any sanitizer report fails the
 run."""
 from __future__ import annotations
@@ -44,7 +45,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                           "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
                           str(ROOT / "tests" / "worker" / "test_http_review.py"),
-                          str(ROOT / "tests" / "worker" / "test_wsgi.py")],
+                          str(ROOT / "tests" / "worker" / "test_wsgi.py"),
+                          str(ROOT / "tests" / "worker" / "test_engine_fuzz.py")],
                          env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report
