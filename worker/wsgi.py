@@ -287,8 +287,10 @@ def serve_slow(limits: _Limits, conn, env: dict) -> bool:
                       parser.expect_continue and env["SERVER_PROTOCOL"] == "HTTP/1.1")
     env["wsgi.input"] = Input(body)
     keep = conn.respond(env)
-    if body.continue_due:
-        return False                 # the client never got its 100: do not wait for a body
+    if not keep or body.continue_due:
+        # closing anyway (or the client never got its 100): reading the rest
+        # of an upload nobody wants would hold the thread for nothing
+        return False
     # the body must be consumed before the next request: drain what
     # the app left unread (bounded by the body limit and timeout)
     try:

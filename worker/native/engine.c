@@ -15,8 +15,8 @@
  * function pointers the table hands over (struct fdc_api): one
  * implementation, without cffi's GIL release around each call.
  *
- * Timers: the header timeout and the keep-alive timeout, each one fixed
- * duration, so a FIFO list per loop thread and kind is sorted by deadline
+ * Timers: the header timeout, the keep-alive timeout and the lingering
+ * close (hconn.c), each one fixed duration, so a FIFO list per loop thread and kind is sorted by deadline
  * by construction (arm = append): arming, cancelling and finding the next
  * deadline are O(1). Only a takeover inserts out of order (into the new
  * owner's list, walking from the tail). The lists are the GIL's: every
@@ -82,7 +82,8 @@ void timer_arm(HttpConn *c, int kind)
 	HttpConn *after;
 
 	if (kind >= 0) {
-		double dur = kind == TIMER_HEADER ? s->header_timeout : s->keepalive_timeout;
+		double dur = kind == TIMER_HEADER ? s->header_timeout
+		             : kind == TIMER_KEEPALIVE ? s->keepalive_timeout : LINGER_SECONDS;
 
 		timer_cancel(c);
 		if (dur <= 0)

@@ -24,6 +24,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -144,7 +145,7 @@ static struct fdc_thread *ctx(HttpConn *c)
 
 static int reading(const HttpConn *c)
 {
-	return !c->paused_out && !c->closing;
+	return c->lingering || (!c->paused_out && !c->closing);
 }
 
 /* Brings the fd's ACTIVE directions in line with what we want. */
@@ -215,6 +216,34 @@ static void fail(HttpConn *c)
 		PyErr_WriteUnraisable((PyObject *)c);
 }
 
+/* Whether the client may still be sending: an upload not read whole, a
+ * request (part of one) buffered, or bytes waiting in the socket. */
+static int may_send_more(HttpConn *c)
+{
+	Parser *p = c->parser;
+	int avail = 0;
+
+	if (c->peer_eof)
+		return 0;
+	if (p->hp.state == HP_BODY || p->len > p->start)
+		return 1;
+	return ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0;
+}
+
+/* All output sent and the connection ends: at once, or, if the client may
+ * still be sending, after a lingering close: our FIN now (shutdown), its
+ * bytes read and dropped until it closes too or LINGER_SECONDS pass. */
+static void end(HttpConn *c)
+{
+	if (c->lingering || !may_send_more(c) || shutdown(c->fd, SHUT_WR) < 0) {
+		fail(c);
+		return;
+	}
+	c->lingering = 1;
+	timer_arm(c, TIMER_LINGER);
+	sync_dirs(c);
+}
+
 /* Closes once the buffered output is sent. */
 static void close_soft(HttpConn *c)
 {
@@ -222,9 +251,30 @@ static void close_soft(HttpConn *c)
 		return;
 	c->closing = 1;
 	if (!hconn_pending(c))
-		fail(c);
+		end(c);
 	else
 		sync_dirs(c);
+}
+
+/* A lingering connection's input: dropped; its end closes it. */
+static void discard(HttpConn *c)
+{
+	char sink[16384];
+
+	for (int i = 0; i < 16; i++) {
+		ssize_t n = read(c->fd, sink, sizeof(sink));
+
+		if (n > 0)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			struct fdc_thread *th = ctx(c);
+			if (th && errno == EAGAIN)
+				c->srv->api.cant_recv(th, c->fd);
+			return;
+		}
+		fail(c);                               /* its FIN (or a reset): done */
+		return;
+	}
 }
 
 /* ---- output ------------------------------------------------------------------------------- */
@@ -267,7 +317,7 @@ int hconn_flush(HttpConn *c)
 		c->out = NULL;
 		c->ostart = c->olen = c->ocap = 0;
 		if (c->closing) {
-			fail(c);
+			end(c);
 			return 0;
 		}
 	}
@@ -281,10 +331,13 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 
 	while (!c->closed && hconn_pending(c) > below) {
 		struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+		size_t before = hconn_pending(c);
 		double left;
 		int rc;
 
 		hconn_flush(c);
+		if (!c->closed && hconn_pending(c) < before)
+			deadline = mono_now() + timeout;   /* progress: the client reads, slowly maybe */
 		if (c->closed || hconn_pending(c) <= below)
 			break;
 		left = deadline - mono_now();
@@ -440,6 +493,7 @@ static int read_and_serve(HttpConn *c)
 		return 0;
 	}
 	if (n == 0) {
+		c->peer_eof = 1;
 		close_soft(c);                         /* EOF: what is owed goes out first */
 		return 0;
 	}
@@ -476,6 +530,11 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	}
 	if ((events & FDC_POLL_OUT) && hconn_pending(c))
 		hconn_flush(c);
+	if (c->lingering) {
+		if (!c->closed && (events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)))
+			discard(c);
+		return 0;
+	}
 	if ((events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)) && !c->closed && reading(c))
 		return read_and_serve(c);
 	return 0;
@@ -485,6 +544,10 @@ int hconn_on_timeout(HttpConn *c)
 {
 	if (c->closed || c->serving)
 		return 0;
+	if (c->lingering) {
+		fail(c);                               /* it had its time to read the answer */
+		return 0;
+	}
 	if (parser_head_started(c->parser))
 		hconn_refuse(c, 408, "the request head did not arrive in time");
 	else

@@ -82,7 +82,13 @@ struct fdc_api {
 typedef struct HttpConn HttpConn;
 typedef struct Respond Respond;
 
-enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_KINDS = 2 };
+enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_KINDS = 3 };
+
+/* How long a connection we close may still send (its unread upload, a
+ * pipelined request) while we discard it: closing with unread input sends
+ * a reset, and a reset can destroy the response before the client reads
+ * it (nginx's lingering close; its lingering_timeout is 5 s too). */
+#define LINGER_SECONDS 5.0
 
 struct timer_list {
 	HttpConn *head, *tail;
@@ -138,7 +144,7 @@ struct HttpConn {
 	char *out;                         /* output not taken by the kernel yet */
 	size_t ostart, olen, ocap;
 	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
-	         serving : 1, head_clock : 1;
+	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1;
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -160,7 +166,8 @@ int hconn_close_now(HttpConn *c);
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
 int hconn_flush(HttpConn *c);
 /* Sends output until at most `below` bytes wait, blocking in poll (GIL
- * released) up to timeout seconds; -1 with ClientGone set on failure. */
+ * released) while the client takes some at least every timeout seconds;
+ * -1 with ClientGone set on failure. */
 int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
 void hconn_refuse(HttpConn *c, int status, const char *reason);
 static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
