@@ -208,7 +208,7 @@ class _Streaming:
     on demand from the parser's buffer and, when that is empty, from the
     socket itself."""
 
-    __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline")
+    __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline", "abandoned")
 
     def __init__(self, conn, limits: _Limits, continue_due: bool):
         self.conn = conn
@@ -217,8 +217,11 @@ class _Streaming:
         self._unread = b""            # body bytes taken from the parser, not yet read
         self.continue_due = continue_due
         self._deadline = None
+        self.abandoned = False            # a 100-continue body not asked for in time
 
     def _body_chunk(self, size: int = -1) -> bytes:
+        if self.abandoned:
+            return b""
         if self._unread:
             take = self._unread if size < 0 else self._unread[:size]
             self._unread = self._unread[len(take):]
@@ -233,10 +236,12 @@ class _Streaming:
             if self.continue_due:
                 self.continue_due = False
                 resp = self.conn.response
-                if resp is not None and resp.started:
-                    # answered without the body: the client still waits for
-                    # the 100 and may never send it; this connection ends
-                    raise ClientGone("the response went out before the body was asked for")
+                if resp is not None and (resp.started or resp.headers_sent):
+                    # answering without the body: no 100 now, the client
+                    # may never send it; the app reads an empty body, its
+                    # answer goes out and the connection ends (review)
+                    self.abandoned = True
+                    return b""
                 self.conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._recv_more()
 
@@ -287,7 +292,7 @@ def serve_slow(limits: _Limits, conn, env: dict) -> bool:
                       parser.expect_continue and env["SERVER_PROTOCOL"] == "HTTP/1.1")
     env["wsgi.input"] = Input(body)
     keep = conn.respond(env)
-    if not keep or body.continue_due:
+    if not keep or body.continue_due or body.abandoned:
         # closing anyway (or the client never got its 100): reading the rest
         # of an upload nobody wants would hold the thread for nothing
         return False
@@ -310,7 +315,7 @@ def sendfile_response(limits: _Limits, conn, resp, wrapper: FileWrapper, ffd: in
     if resp.length is not None:
         count = min(count, resp.length)
     resp.send_head(count)
-    if resp.head_only or not count:
+    if resp.head_only or resp.bodiless or not count:
         return
     timeout = limits.body_timeout
     try:

@@ -83,7 +83,8 @@ void timer_arm(HttpConn *c, int kind)
 
 	if (kind >= 0) {
 		double dur = kind == TIMER_HEADER ? s->header_timeout
-		             : kind == TIMER_KEEPALIVE ? s->keepalive_timeout : LINGER_SECONDS;
+		             : kind == TIMER_KEEPALIVE ? s->keepalive_timeout
+		             : kind == TIMER_LINGER ? LINGER_SECONDS : s->body_timeout;
 
 		timer_cancel(c);
 		if (dur <= 0)
@@ -128,12 +129,16 @@ static int fire_timers(Server *s, int pos)
 	struct srv_thread *t = &s->thr[pos];
 	double now = mono_now();
 	HttpConn *due[64];
+	int kinds[64];
+	double dues[64];
 	int n = 0;
 
 	for (int k = 0; k < TIMER_KINDS; k++) {
 		HttpConn *h;
 
 		while (n < 64 && (h = t->timers[k].head) && h->due <= now) {
+			kinds[n] = k;
+			dues[n] = h->due;
 			timer_cancel(h);
 			due[n++] = (HttpConn *)Py_NewRef(h);
 		}
@@ -141,21 +146,29 @@ static int fire_timers(Server *s, int pos)
 	for (int i = 0; i < n; i++) {
 		HttpConn *c = due[i];
 		uint32_t gen;
+		int rc = 0, fired = 0;
 
 		/* the handler runs under the running bit, as for an event */
 		if (!c->closed && c->pos == pos && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
-			int rc = 0;
-
-			if (!c->closed && c->pos == pos)
-				rc = hconn_on_timeout(c);
-			s->api.leave(t->th, c->fd, gen);
-			if (rc < 0) {
-				for (; i < n; i++)
-					Py_DECREF(due[i]);
-				return -1;
+			if (!c->closed && c->pos == pos) {
+				rc = hconn_on_timeout(c, kinds[i]);
+				fired = 1;
 			}
+			s->api.leave(t->th, c->fd, gen);
+		}
+		if (!fired && !c->closed && c->tkind < 0) {
+			/* taken over while an earlier one of this batch ran (its
+			 * Python may let the GIL go): the new owner fires it */
+			c->tkind = kinds[i];
+			c->due = dues[i];
+			timer_arm(c, -1);
 		}
 		Py_DECREF(c);
+		if (rc < 0) {
+			for (i++; i < n; i++)
+				Py_DECREF(due[i]);
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -222,14 +235,14 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		errno = -n;
 		return PyErr_SetFromErrno(PyExc_OSError);
 	}
+	if (relieved)
+		s->api.leave_batch(t->th, t->ev, n);
 	if (n && s->enter_app != Py_None) {
 		PyObject *r = PyObject_CallFunction(s->enter_app, "i", pos);
 		if (!r)
-			goto fail_held;
+			goto fail;
 		Py_DECREF(r);
 	}
-	if (relieved)
-		s->api.leave_batch(t->th, t->ev, n);
 	for (int i = 0; i < n; i++) {
 		struct fdc_event *ev = &t->ev[i];
 		HttpConn *c = NULL;
@@ -272,22 +285,20 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		}
 		Py_DECREF(c);
 		handled++;
-		if (rc < 0) {
-			/* leave the rest of a held batch before the error goes up */
-			if (!relieved)
-				for (int k = i + 1; k < n; k++)
-					if (t->ev[k].kind == s->kind_conn)
-						s->api.leave(t->th, t->ev[k].fd, t->ev[k].gen);
+		if (rc < 0)
 			goto fail;
-		}
 	}
-	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0)
-		goto fail;
+	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0) {
+		Py_XDECREF(others);
+		return NULL;
+	}
 	return Py_BuildValue("(iN)", handled, others ? others : PyList_New(0));
-fail_held:
+fail:
+	/* the error goes up with nothing of a held batch still held: what was
+	 * left already is skipped by leave_batch; the listeners' reports never
+	 * reach the Python loop (fd.h: fdc_leave_batch) */
 	if (!relieved)
 		s->api.leave_batch(t->th, t->ev, n);
-fail:
 	Py_XDECREF(others);
 	return NULL;
 }
@@ -513,6 +524,11 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 
 static int Server_traverse(Server *s, visitproc visit, void *arg)
 {
+	for (int i = 0; s->thr && i < s->nthreads; i++)
+		Py_VISIT(s->thr[i].obj);
+	Py_VISIT(s->file_wrapper);
+	Py_VISIT(s->bytes_io);
+	Py_VISIT(s->event_type);
 	Py_VISIT(s->loop);
 	Py_VISIT(s->conns_dict);
 	Py_VISIT(s->forget);

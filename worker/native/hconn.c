@@ -136,11 +136,19 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
 
 /* ---- the fdcore side ---------------------------------------------------------------- */
 
+/* The fdcore context for a verb on c: the calling loop thread's. From a
+ * thread of the app's own (a WSGI write() from a producer thread) only
+ * while c is serving: its owner is then inside the app, not in an fdcore
+ * call (its poll runs only between requests), and the GIL orders the two
+ * threads' C code, so the owner's context is used by one thread at a
+ * time. Else NULL: the caller posts to the owner, or does nothing. */
 static struct fdc_thread *ctx(HttpConn *c)
 {
 	int cur = srv_current(c->srv);
 
-	return cur < 0 ? NULL : c->srv->thr[cur].th;
+	if (cur >= 0)
+		return c->srv->thr[cur].th;
+	return c->serving ? c->srv->thr[c->pos].th : NULL;
 }
 
 static int reading(const HttpConn *c)
@@ -277,6 +285,33 @@ static void discard(HttpConn *c)
 	}
 }
 
+/* The timer for what the connection waits for now, after a request or
+ * some output went out: the client to take pending output (send), the
+ * rest of a head (its clock runs from the first of its bytes: not re-armed
+ * by the next ones), or the next request (keep-alive). */
+static void rearm(HttpConn *c)
+{
+	if (c->closed || c->serving || c->lingering)
+		return;
+	if (hconn_pending(c)) {
+		c->head_clock = 0;                 /* a head's clock starts again after */
+		timer_arm(c, TIMER_SEND);
+		return;
+	}
+	if (c->closing)
+		return;
+	if (parser_head_started(c->parser)) {
+		if (!c->head_clock) {
+			c->head_clock = 1;
+			timer_arm(c, TIMER_HEADER);
+		}
+	}
+	else {
+		c->head_clock = 0;
+		timer_arm(c, TIMER_KEEPALIVE);
+	}
+}
+
 /* ---- output ------------------------------------------------------------------------------- */
 
 int hconn_send(HttpConn *c, const char *data, size_t n, int now)
@@ -320,7 +355,10 @@ int hconn_flush(HttpConn *c)
 			end(c);
 			return 0;
 		}
+		rearm(c);
 	}
+	else if (n > 0 || c->tkind != TIMER_SEND)
+		rearm(c);                          /* progress: the client reads */
 	sync_dirs(c);
 	return 0;
 }
@@ -447,6 +485,7 @@ static int serve_ready(HttpConn *c)
 			return -1;
 		}
 		timer_cancel(c);
+		c->head_clock = 0;                     /* this head is whole: the next one's clock */
 		/* what already arrived of the body is checked before the app
 		 * runs: a framing error there is a 400 and the app never sees it */
 		if (parser_pump_body(p) < 0) {
@@ -503,20 +542,9 @@ static int read_and_serve(HttpConn *c)
 	if (c->closed)
 		return 0;
 	hconn_flush(c);
-	if (c->closed || c->closing)
+	if (c->closed)
 		return 0;
-	/* waiting again: for the rest of a head (its clock runs from the
-	 * first of its bytes: not re-armed by the next ones), or idle */
-	if (parser_head_started(p)) {
-		if (!c->head_clock) {
-			c->head_clock = 1;
-			timer_arm(c, TIMER_HEADER);
-		}
-	}
-	else {
-		c->head_clock = 0;
-		timer_arm(c, TIMER_KEEPALIVE);
-	}
+	rearm(c);
 	sync_dirs(c);
 	return 0;
 }
@@ -540,12 +568,15 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	return 0;
 }
 
-int hconn_on_timeout(HttpConn *c)
+int hconn_on_timeout(HttpConn *c, int kind)
 {
 	if (c->closed || c->serving)
 		return 0;
-	if (c->lingering) {
-		fail(c);                               /* it had its time to read the answer */
+	if (c->lingering || kind == TIMER_SEND || kind == TIMER_LINGER) {
+		/* lingering: it had its time to read the answer; send: it took
+		 * nothing of its output for body_timeout (and a soft close would
+		 * wait for that output forever) */
+		fail(c);
 		return 0;
 	}
 	if (parser_head_started(c->parser))

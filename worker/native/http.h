@@ -82,7 +82,10 @@ struct fdc_api {
 typedef struct HttpConn HttpConn;
 typedef struct Respond Respond;
 
-enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_KINDS = 3 };
+/* header: a head must arrive whole (header_timeout); keepalive: idle
+ * between requests; linger: a closed connection's last bytes (below);
+ * send: output waits and the client takes none (body_timeout) */
+enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_SEND = 3, TIMER_KINDS = 4 };
 
 /* How long a connection we close may still send (its unread upload, a
  * pipelined request) while we discard it: closing with unread input sends
@@ -160,7 +163,7 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
 /* The handler of one poll report, under the running bit. 0 or -1 (a
  * Python error that must end the loop thread: not an app's). */
 int hconn_on_events(HttpConn *c, uint32_t events);
-int hconn_on_timeout(HttpConn *c);
+int hconn_on_timeout(HttpConn *c, int kind);
 int hconn_close_now(HttpConn *c);
 /* Appends to the output; flushes what the kernel takes when `now`. */
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
@@ -177,7 +180,7 @@ struct Respond {
 	PyObject_HEAD
 	HttpConn *conn;
 	unsigned http11 : 1, keep : 1, head_only : 1, bodiless : 1, headers_sent : 1,
-	         chunked : 1, started : 1;
+	         chunked : 1, started : 1, finished : 1;
 	long long length;                  /* the announced length, -1 unknown */
 	unsigned long long sent;
 	PyObject *status, *prefix, *first; /* first: the held first chunk */

@@ -163,6 +163,12 @@ static int write_chunk(Respond *r, PyObject *data, int now)
 
 	if (check_started(r, "write()") < 0)
 		return -1;
+	if (r->finished) {
+		/* a write callable kept past its request: the connection serves
+		 * another one now, or none */
+		PyErr_SetString(PyExc_RuntimeError, "write() after the response ended");
+		return -1;
+	}
 	if (!PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
 		PyErr_Format(PyExc_TypeError, "response body chunks must be bytes, not %s",
 		             Py_TYPE(data)->tp_name);
@@ -196,7 +202,8 @@ static int finish(Respond *r)
 		return -1;
 	if (r->chunked && hconn_send(r->conn, "0\r\n\r\n", 5, 0) < 0)
 		return -1;
-	if (r->length >= 0 && r->sent < (unsigned long long)r->length && !r->head_only)
+	if (r->length >= 0 && r->sent < (unsigned long long)r->length && !r->head_only &&
+	    !r->bodiless)
 		r->keep = 0;                         /* the app sent less than it announced */
 	return 0;
 }
@@ -213,7 +220,7 @@ static Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
 	r->http11 = http11;
 	r->keep = keep;
 	r->head_only = head_only;
-	r->bodiless = r->headers_sent = r->chunked = r->started = 0;
+	r->bodiless = r->headers_sent = r->chunked = r->started = r->finished = 0;
 	r->length = -1;
 	r->sent = 0;
 	r->status = r->prefix = r->first = NULL;
@@ -241,7 +248,9 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	                                 &exc_info))
 		return NULL;
 	if (exc_info != Py_None) {
-		if (r->started) {                     /* PEP 3333: too late to change the status */
+		/* PEP 3333: too late to change the status once body bytes were
+		 * given or the head went out (even with an empty body so far) */
+		if (r->started || r->headers_sent || r->finished) {
 			PyObject *t, *v, *tb;
 
 			if (!PyTuple_Check(exc_info) || PyTuple_GET_SIZE(exc_info) != 3) {
@@ -340,6 +349,7 @@ static int set_sent(Respond *r, PyObject *v, void *c)
 	static PyObject *get_##name(Respond *r, void *c) { (void)c; return PyBool_FromLong(r->name); }
 FLAG(keep)
 FLAG(head_only)
+FLAG(bodiless)
 FLAG(headers_sent)
 FLAG(started)
 
@@ -366,6 +376,7 @@ static PyGetSetDef Respond_getset[] = {
 	{"sent", (getter)get_sent, (setter)set_sent, "body bytes sent", NULL},
 	{"keep", (getter)get_keep, (setter)set_keep, "the connection may serve on", NULL},
 	{"head_only", (getter)get_head_only, NULL, "a HEAD request: no body goes out", NULL},
+	{"bodiless", (getter)get_bodiless, NULL, "1xx, 204, 304: no body goes out", NULL},
 	{"headers_sent", (getter)get_headers_sent, NULL, "the head went out", NULL},
 	{"started", (getter)get_started, NULL, "body bytes were given", NULL},
 	{"held", (getter)get_held, NULL, "a first chunk is held", NULL},
@@ -406,17 +417,26 @@ static int body_sequence(Respond *r, PyObject *seq)
 	r->headers_sent = 1;
 	if (emit_head(r, total) < 0)
 		return -1;
-	for (Py_ssize_t i = 0; i < n; i++)
-		if (send_body(r, PyBytes_AS_STRING(items[i]), (size_t)PyBytes_GET_SIZE(items[i]), 0) < 0)
+	/* each item held while it is sent: a blocked writer lets the GIL go,
+	 * and the app's other threads could change its list meanwhile */
+	for (Py_ssize_t i = 0; i < n && i < PySequence_Fast_GET_SIZE(seq); i++) {
+		PyObject *item = Py_NewRef(PySequence_Fast_ITEMS(seq)[i]);
+		int rc = PyBytes_Check(item)
+		         ? send_body(r, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item), 0) : 0;
+		Py_DECREF(item);
+		if (rc < 0)
 			return -1;
+	}
 	return 0;
 one_by_one:
-	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *item = items[i];
+	for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+		PyObject *item = Py_NewRef(PySequence_Fast_ITEMS(seq)[i]);
+		int rc = 0;
 
-		if (PyBytes_Check(item) && !PyBytes_GET_SIZE(item))
-			continue;
-		if (write_chunk(r, item, 0) < 0)
+		if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item))
+			rc = write_chunk(r, item, 0);
+		Py_DECREF(item);
+		if (rc < 0)
 			return -1;
 	}
 	return 0;
@@ -537,6 +557,7 @@ static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, 
 
 	if (!r)
 		return -1;
+	(*rp)->finished = 1;                       /* the app's own: over */
 	Py_SETREF(*rp, r);
 	status = PyUnicode_FromString("500 Internal Server Error");
 	headers = Py_BuildValue("[(ss)(ss)]", "Content-Type", "text/plain", "Content-Length", "22");
@@ -584,8 +605,12 @@ int respond(HttpConn *c, PyObject *env)
 			rc = finish(r);
 	}
 	if (!result || rc < 0) {
-		if (PyErr_ExceptionMatches(ClientGone))
+		if (PyErr_ExceptionMatches(ClientGone)) {
+			/* gone, or not reading: what is buffered goes nowhere */
 			PyErr_Clear();
+			if (!c->closed && hconn_close_now(c) < 0)
+				PyErr_WriteUnraisable((PyObject *)c);
+		}
 		else if (PyErr_ExceptionMatches(BadBody)) {
 			PyObject *t, *v, *tb;
 			int status = 400;
@@ -621,6 +646,7 @@ int respond(HttpConn *c, PyObject *env)
 			 * app's to swallow; the connection closes, the loop ends */
 			PyObject *t, *v, *tb;
 			PyErr_Fetch(&t, &v, &tb);
+			r->finished = 1;
 			close_result(s, env, result);
 			Py_XDECREF(result);
 			Py_DECREF(r);
@@ -629,6 +655,7 @@ int respond(HttpConn *c, PyObject *env)
 		}
 		r->keep = 0;
 	}
+	r->finished = 1;
 	close_result(s, env, result);
 	Py_XDECREF(result);
 	if (s->access != Py_None)
