@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sockherd.fdcore import Table
 from sockherd.worker.loop import Loop
 from sockherd.worker.wsgi import make_handler
+from test_engine_review import closed_within
 from test_http_parser import BAD, STREAM
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,7 +69,6 @@ def exchange(addr, data: bytes, cuts: list[int]) -> bytes:
     for c in sorted(set(x for x in cuts if 0 < x < len(data))) + [len(data)]:
         pieces.append(data[last:c])
         last = c
-    out = b""
     with socket.create_connection(addr, timeout=10) as c:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for piece in pieces:
@@ -81,19 +81,8 @@ def exchange(addr, data: bytes, cuts: list[int]) -> bytes:
             c.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        deadline = time.monotonic() + 10
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"the server neither answered nor closed; got {out[:200]!r}"
-            if not select.select([c], [], [], left)[0]:
-                continue
-            try:
-                chunk = c.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            out += chunk
+        closed, out = closed_within(c, 10)
+        assert closed, f"the server neither answered nor closed; got {out[:200]!r}"
     return out
 
 

@@ -18,27 +18,9 @@ import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
+# the in-process server fixture and small helpers: the HTTP review's
+from test_http_review import hello, serve, wait_for  # noqa: E402,F401
 from test_wsgi import raw  # noqa: E402
-
-
-@pytest.fixture
-def serve(serve_wsgi):
-    return serve_wsgi                   # conftest.py
-
-
-def wait_for(pred, timeout=10.0, step=0.01):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
-
-
-def hello(environ, start_response):
-    body = b"hello " + environ["PATH_INFO"].encode("latin-1")
-    start_response("200 OK", [("Content-Type", "text/plain")])
-    return [body]
 
 
 def recv_until(sock, pred, timeout=10.0) -> bytes:

@@ -201,21 +201,27 @@ PyDoc_STRVAR(turn_doc,
 "right before its handler (a sibling may take what this thread has not\n"
 "reached yet).");
 
+/* Loop thread pos, now the calling OS thread's (see bind), or NULL. */
+static struct srv_thread *as_thread(Server *s, int pos)
+{
+	if (pos < 0 || pos >= s->nthreads) {
+		PyErr_SetString(PyExc_IndexError, "no such loop thread");
+		return NULL;
+	}
+	tls_srv = s;
+	tls_pos = pos;
+	return &s->thr[pos];
+}
+
 static PyObject *Server_turn(Server *s, PyObject *args)
 {
 	int pos, timeout, relieved, n, handled = 0;
 	PyObject *others = NULL;
 	struct srv_thread *t;
 
-	if (!PyArg_ParseTuple(args, "iip:turn", &pos, &timeout, &relieved))
+	if (!PyArg_ParseTuple(args, "iip:turn", &pos, &timeout, &relieved) ||
+	    !(t = as_thread(s, pos)))
 		return NULL;
-	if (pos < 0 || pos >= s->nthreads) {
-		PyErr_SetString(PyExc_IndexError, "no such loop thread");
-		return NULL;
-	}
-	t = &s->thr[pos];
-	tls_srv = s;
-	tls_pos = pos;
 	/* first without waiting, under the GIL: under load there is work, and
 	 * releasing and taking the GIL around a call that returns at once is
 	 * pure cost; the blocking wait only when there was none */
@@ -315,15 +321,8 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 	int pos, lfd, max, n, ok = 0, fds[FDC_EVBATCH];
 	struct srv_thread *t;
 
-	if (!PyArg_ParseTuple(args, "iii:accept", &pos, &lfd, &max))
+	if (!PyArg_ParseTuple(args, "iii:accept", &pos, &lfd, &max) || !(t = as_thread(s, pos)))
 		return NULL;
-	if (pos < 0 || pos >= s->nthreads) {
-		PyErr_SetString(PyExc_IndexError, "no such loop thread");
-		return NULL;
-	}
-	t = &s->thr[pos];
-	tls_srv = s;
-	tls_pos = pos;
 	if (max > FDC_EVBATCH)
 		max = FDC_EVBATCH;
 	n = max > 0 ? s->api.accept(t->th, lfd, fds, max) : 0;
