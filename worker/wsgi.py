@@ -112,7 +112,7 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         maxfd=loop.table.maxfd, kind_conn=KIND_CONN, app=app, base=_shared_environ(loop, lim),
         slow=functools.partial(serve_slow, lim), access=lim.access, report=_report,
         sendfile=functools.partial(sendfile_response, lim), file_wrapper=FileWrapper,
-        bytes_io=io.BytesIO, event_type=Event,
+        bytes_io=io.BytesIO, no_body=NO_BODY, event_type=Event,
         # the relief's stamps only where there is a sibling to relieve
         busy=relief.busy if relief.enabled else None,
         enter_app=loop._enter_app if relief.enabled else None,
@@ -177,6 +177,28 @@ class Input:
     def __iter__(self):
         while line := self.readline():
             yield line
+
+
+class _NoBody:
+    """wsgi.input of a request without a body: one shared object that
+    holds nothing and cannot be written to (PEP 3333's four methods)."""
+
+    __slots__ = ()
+
+    def read(self, size: int | None = -1) -> bytes:
+        return b""
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return b""
+
+    def readlines(self, hint: int = -1) -> list[bytes]:
+        return []
+
+    def __iter__(self):
+        return iter(())
+
+
+NO_BODY = _NoBody()
 
 
 class FileWrapper:

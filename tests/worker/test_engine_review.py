@@ -699,7 +699,9 @@ def test_no_reference_leak_on_each_path(serve, case, monkeypatch):
     assert wait_for(lambda: not loop.conns, 5)
     gc.collect()
     assert refs and all(r() is None for r in refs), [r() for r in refs]
-    assert wait_for(lambda: sys.getrefcount(status) == base_count, 2), \
+    # + 1 at most: the loop thread's head cache keeps the last status it
+    # serialised (respond.c, head_cached), until another replaces it
+    assert wait_for(lambda: sys.getrefcount(status) <= base_count + 1, 2), \
         (sys.getrefcount(status), base_count)
 
 

@@ -414,11 +414,11 @@ static int api_fn(PyObject *api, const char *name, void **out)
 static int Server_init(Server *s, PyObject *args, PyObject *kw)
 {
 	static char *names[] = {"loop", "api", "threads", "maxfd", "kind_conn", "app", "base", "slow",
-	                        "access", "report", "sendfile", "file_wrapper", "bytes_io",
+	                        "access", "report", "sendfile", "file_wrapper", "bytes_io", "no_body",
 	                        "event_type", "busy", "enter_app", "limits", "script_name",
 	                        "server_line", "header_timeout", "keepalive_timeout",
 	                        "body_timeout", NULL};
-	PyObject *loop, *api, *threads, *app, *base, *slow, *access, *report, *sendfile, *fw, *bio;
+	PyObject *loop, *api, *threads, *app, *base, *slow, *access, *report, *sendfile, *fw, *bio, *nob;
 	PyObject *evt, *busy, *enter_app, *script_name, *server_line, *seq;
 	unsigned int line, hbytes, nheaders;
 	unsigned long long body;
@@ -430,10 +430,10 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Server is set up once");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOO(IIIK)UO!ddd", names, &loop,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!ddd", names, &loop,
 	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
 	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
-	                                 &bio, &evt, &busy, &enter_app, &line, &hbytes, &nheaders,
+	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &hbytes, &nheaders,
 	                                 &body, &script_name, &PyBytes_Type, &server_line, &ht, &kt,
 	                                 &bt))
 		return -1;
@@ -502,6 +502,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	s->sendfile = Py_NewRef(sendfile);
 	s->file_wrapper = Py_NewRef(fw);
 	s->bytes_io = Py_NewRef(bio);
+	s->no_body = Py_NewRef(nob);
 	s->event_type = Py_NewRef(evt);
 	s->busy = Py_NewRef(busy);
 	s->enter_app = Py_NewRef(enter_app);
@@ -527,6 +528,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 		Py_VISIT(s->thr[i].obj);
 	Py_VISIT(s->file_wrapper);
 	Py_VISIT(s->bytes_io);
+	Py_VISIT(s->no_body);
 	Py_VISIT(s->event_type);
 	Py_VISIT(s->loop);
 	Py_VISIT(s->conns_dict);
@@ -576,6 +578,7 @@ static void Server_dealloc(Server *s)
 	}
 	Py_XDECREF(s->file_wrapper);
 	Py_XDECREF(s->bytes_io);
+	Py_XDECREF(s->no_body);
 	Py_XDECREF(s->event_type);
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);

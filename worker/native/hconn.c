@@ -430,12 +430,16 @@ static int serve_whole(HttpConn *c, PyObject *env)
 	PyObject *body, *input;
 	int keep;
 
-	body = PyBytes_FromStringAndSize(p->body + p->bstart, (Py_ssize_t)(p->blen - p->bstart));
-	if (!body)
-		return -1;
-	p->bstart = p->blen;                      /* the app's, through wsgi.input */
-	input = PyObject_CallOneArg(c->srv->bytes_io, body);
-	Py_DECREF(body);
+	if (p->blen == p->bstart)
+		input = Py_NewRef(c->srv->no_body);      /* most requests: no BytesIO to make */
+	else {
+		body = PyBytes_FromStringAndSize(p->body + p->bstart, (Py_ssize_t)(p->blen - p->bstart));
+		if (!body)
+			return -1;
+		p->bstart = p->blen;                  /* the app's, through wsgi.input */
+		input = PyObject_CallOneArg(c->srv->bytes_io, body);
+		Py_DECREF(body);
+	}
 	if (!input || PyDict_SetItem(env, K_WSGI_INPUT, input) < 0) {
 		Py_XDECREF(input);
 		return -1;

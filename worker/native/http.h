@@ -119,7 +119,7 @@ typedef struct {
 	uint64_t next_cookie;
 	uint32_t kind_conn;
 	PyObject *loop, *conns_dict, *forget, *post;
-	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io;
+	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io, *no_body;
 	PyObject *event_type, *busy, *enter_app;
 	struct hp_limits lim;
 	PyObject *script_name, *server_line;

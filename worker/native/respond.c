@@ -236,6 +236,58 @@ static void Respond_dealloc(Respond *r)
 	PyObject_Free(r);
 }
 
+/* The last head serialised by this thread, by identity: an app that gives
+ * the same status and the same header tuples (code constants, as most
+ * do) gets the checked prefix again without the checks. The references
+ * held keep the identities from being reused. Per thread: no lock. */
+#define HEAD_CACHE_MAX 16
+static _Thread_local struct {
+	PyObject *status, *prefix, *items[HEAD_CACHE_MAX];
+	Py_ssize_t n;
+	long long length;
+	int close, code;
+} hc;
+
+static int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
+                       int *close, int *code)
+{
+	PyObject **items;
+	Py_ssize_t n;
+
+	if (!PyList_CheckExact(headers) && !PyTuple_CheckExact(headers))
+		return head_from(status, headers, prefix, length, close, code);
+	n = PySequence_Fast_GET_SIZE(headers);
+	items = PySequence_Fast_ITEMS(headers);
+	if (hc.prefix && hc.status == status && hc.n == n &&
+	    (!n || !memcmp(hc.items, items, (size_t)n * sizeof(*items)))) {
+		*prefix = Py_NewRef(hc.prefix);
+		*length = hc.length;
+		*close = hc.close;
+		*code = hc.code;
+		return 0;
+	}
+	if (head_from(status, headers, prefix, length, close, code) < 0)
+		return -1;
+	if (n > HEAD_CACHE_MAX || !PyUnicode_CheckExact(status))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (!PyTuple_CheckExact(items[i]))          /* an immutable pair only */
+			return 0;
+	Py_XDECREF(hc.status);
+	Py_XDECREF(hc.prefix);
+	for (Py_ssize_t i = 0; i < hc.n; i++)
+		Py_DECREF(hc.items[i]);
+	hc.status = Py_NewRef(status);
+	hc.prefix = Py_NewRef(*prefix);
+	for (Py_ssize_t i = 0; i < n; i++)
+		hc.items[i] = Py_NewRef(items[i]);
+	hc.n = n;
+	hc.length = *length;
+	hc.close = *close;
+	hc.code = *code;
+	return 0;
+}
+
 /* start_response(status, headers, exc_info=None) -> write */
 static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 {
@@ -244,8 +296,14 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	long long length;
 	int close, code;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:start_response", names, &status, &headers,
-	                                 &exc_info))
+	if (!kw && PyTuple_GET_SIZE(args) >= 2 && PyTuple_GET_SIZE(args) <= 3) {
+		status = PyTuple_GET_ITEM(args, 0);            /* the usual call: no keywords */
+		headers = PyTuple_GET_ITEM(args, 1);
+		if (PyTuple_GET_SIZE(args) == 3)
+			exc_info = PyTuple_GET_ITEM(args, 2);
+	}
+	else if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:start_response", names, &status,
+	                                      &headers, &exc_info))
 		return NULL;
 	if (exc_info != Py_None) {
 		/* PEP 3333: too late to change the status once body bytes were
@@ -270,7 +328,7 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	}
 	/* checked and serialised in C: status, token names, values without
 	 * CTL, one Content-Length in digits; hop-by-hop headers dropped */
-	if (head_from(status, headers, &prefix, &length, &close, &code) < 0)
+	if (head_cached(status, headers, &prefix, &length, &close, &code) < 0)
 		return NULL;
 	Py_XSETREF(r->prefix, prefix);
 	Py_XSETREF(r->status, Py_NewRef(status));
