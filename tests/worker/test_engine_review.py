@@ -860,3 +860,26 @@ def test_draining_closes_a_kept_alive_connection_after_its_response(serve):
     first, _, rest = out.partition(b"hello /drain")
     assert b"Connection: close" not in first
     assert b"Connection: close" in rest and rest.endswith(b"hello /after"), out
+
+
+# ---- a wake-up consumed by the first, non-blocking poll of a turn (found by CI) --------------
+# turn() polls once without waiting (under the GIL), and only if that found
+# nothing waits. A wake-up (stop(), a mailbox post, the relief) that arrived
+# just before was consumed by the first poll, which reports no event for
+# it: the wait then slept through it (a loop thread that did not stop
+# within 10 s at a test's teardown, once in a CI run).
+
+def test_a_wakeup_before_a_turn_is_not_slept_over():
+    from sockherd.fdcore import Table
+    from sockherd.worker.loop import Loop
+    from sockherd.worker.wsgi import make_handler
+
+    with Table(1, 1) as table:
+        loop = Loop(table, make_handler(hello, {}))
+        table.wake(0)
+        t0 = time.monotonic()
+        assert loop.engine.turn(0, 3000, False) == (0, [])
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        assert loop.engine.turn(0, 200, False) == (0, [])     # nothing pending: it waits
+        assert time.monotonic() - t0 >= 0.15

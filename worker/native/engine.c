@@ -224,9 +224,16 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		return NULL;
 	/* first without waiting, under the GIL: under load there is work, and
 	 * releasing and taking the GIL around a call that returns at once is
-	 * pure cost; the blocking wait only when there was none */
+	 * pure cost; the blocking wait only when there was none. A wake-up
+	 * (fdc_wake: stop, a mailbox, the relief) that the first call consumed
+	 * reports no event, and must not be slept over: the counter tells. */
+	struct fdc_counters before, after;
+
+	s->api.counters(t->th, &before);
 	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
-	if (n == 0 && timeout != 0) {
+	if (n == 0 && timeout != 0)
+		s->api.counters(t->th, &after);
+	if (n == 0 && timeout != 0 && after.wakeups == before.wakeups) {
 		int tt = timers_timeout(t, mono_now());
 
 		if (tt >= 0 && (timeout < 0 || tt < timeout))
@@ -453,6 +460,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	    api_fn(api, "fdc_cant_recv", (void **)&s->api.cant_recv) < 0 ||
 	    api_fn(api, "fdc_insert", (void **)&s->api.insert) < 0 ||
 	    api_fn(api, "fdc_accept", (void **)&s->api.accept) < 0 ||
+	    api_fn(api, "fdc_counters", (void **)&s->api.counters) < 0 ||
 	    api_fn(api, "table", (void **)&s->table) < 0)
 		return -1;
 	seq = PySequence_Fast(threads, "threads: a list of (Thread, address, tgid, bit)");

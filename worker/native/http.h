@@ -77,6 +77,7 @@ struct fdc_api {
 	int (*cant_recv)(struct fdc_thread *, int);
 	int (*insert)(struct fdc_table *, int, uint64_t, uint32_t, int, uint64_t, uint32_t);
 	int (*accept)(struct fdc_thread *, int, int *, int);
+	void (*counters)(const struct fdc_thread *, struct fdc_counters *);
 };
 
 typedef struct HttpConn HttpConn;
