@@ -42,6 +42,7 @@ class Assignment(_Message, tag="assignment"):
     config: dict[str, Any]
     app: str
     listeners: list[ListenerDescriptor] = []
+    board_slot: int = -1      # its row on the balance board (-1: worker_index)
 
 
 class Ready(_Message, tag="ready"):

@@ -108,9 +108,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
     except ActivationError as exc:
         log.error("socket activation: %s", exc)
         return 1
-    if inherited and settings.bind == next(s.default for s in S.SETTINGS if s.key == "bind"):
-        # systemd owns the addresses: the built-in default is not bound too
-        settings = msgspec.structs.replace(settings, bind=[])
+
+    def own(settings):
+        if inherited and settings.bind == next(s.default for s in S.SETTINGS if s.key == "bind"):
+            # systemd owns the addresses: the built-in default is not bound too
+            return msgspec.structs.replace(settings, bind=[])
+        return settings
+
+    def reload():
+        """The settings again for a reload (HUP): the same command line, the
+        file and the environment read anew. Raises SettingsError."""
+        return own(S.resolve(vars(ns), config=ns.config))
+
+    settings = own(settings)
     try:
         listeners = inherited + bind_all(settings)
     except (BindError, OSError) as exc:
@@ -123,7 +133,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         log.info("listening on %s%s", lst.descriptor.address, via)
     import prctl
     prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
-    return Supervisor(settings, listeners, msgspec.structs.asdict(settings)).run()
+    return Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
+                      activated=inherited).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ class WorkerProcess:
 
 
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
-          *, send_timeout: float = 10.0, board_fd: int = -1) -> WorkerProcess:
+          *, send_timeout: float = 10.0, board_fd: int = -1, board_row: int = -1) -> WorkerProcess:
     """Starts worker generation.index and sends its assignment. On a failure
     to send, the new process is killed and reaped before the error propagates."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -57,7 +57,8 @@ def spawn(generation: int, index: int, config: dict, app: str, listeners: list[L
     channel = Channel(parent)
     try:
         channel.send(Assignment(generation=generation, worker_index=index, config=config, app=app,
-                                listeners=[lst.descriptor for lst in listeners]),
+                                listeners=[lst.descriptor for lst in listeners],
+                                board_slot=board_row),
                      fds=[lst.sock.fileno() for lst in listeners], timeout=send_timeout)
     except BaseException:
         proc.kill()

@@ -10,6 +10,14 @@ Signals: TERM drains every worker and exits 0 once they are gone (the master
 closes its own listener copies first, so new connections are refused at once
 instead of accepted and then reset); a second TERM, INT or QUIT kills them.
 TTIN starts one worker more; TTOU drains the newest one (never the last).
+
+HUP reloads: the settings are read again and a new generation of workers
+starts on the listeners they name (master/reload.py); the old generation
+keeps serving, and is told to drain only once every new worker is READY. A
+reload that cannot finish (a bad setting, a bind that fails, a new worker
+that fails, crashes or times out before READY) is refused with its reason:
+the new workers are killed, the old generation never noticed. One reload
+at a time.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.messages import Drain, FailedBeforeReady, Heartbeat, Ready
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
 from sockherd.master.listeners import Listener
+from sockherd.master.reload import Pending, Refused, reconcile
 from sockherd.master.spawn import WorkerProcess, spawn
 from sockherd.worker.board import NOT_SERVING, SLOTS, Board
 
@@ -36,9 +45,11 @@ HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal
            signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2)
 
 
-@dataclass
+@dataclass(eq=False)
 class Slot:
-    index: int
+    index: int                     # its place in its generation: worker GEN.INDEX
+    generation: int = 1
+    board: int = -1                # its row on the balance board, unique among live workers
     backoff: Backoff = field(default_factory=Backoff)
     proc: WorkerProcess | None = None
     life: Worker | None = None
@@ -49,18 +60,25 @@ class Slot:
 
 
 class Supervisor:
-    def __init__(self, settings, listeners: list[Listener], config: dict):
+    def __init__(self, settings, listeners: list[Listener], config: dict, *, reload=None,
+                 activated: list[Listener] | None = None):
         self.settings = settings
         self.listeners = listeners
         self.config = config
+        self.reload_settings = reload        # () -> new settings, raises SettingsError
+        self.activated = activated or []     # systemd's: kept across reloads
         self.generation = 1
         count = settings.workers or os.cpu_count() or 1
-        self.slots = [Slot(i) for i in range(count)]
+        self.slots = [Slot(i) for i in range(count)]   # the serving generation's
+        self.pending: Pending | None = None  # a reload's new generation, not READY yet
+        self.others: list[Slot] = []         # older generations draining, refused ones dying
+        self.reloads_ok = self.reloads_failed = 0
+        self.last_reload_failure = ""
         self.board = Board.create()          # connection counts, for balance
         self.by_pid: dict[int, Slot] = {}
         self.sel = selectors.DefaultSelector()
-        # (when, seq, what, slot index, pid it was armed for: 0 for any)
-        self.timers: list[tuple[float, int, str, int, int]] = []
+        # (when, seq, what, slot or None, pid it was armed for: 0 for any)
+        self.timers: list[tuple[float, int, str, Slot | None, int]] = []
         self._seq = itertools.count()
         self.stopping = False
         self.startup_failed = False
@@ -69,27 +87,45 @@ class Supervisor:
         self._wake_r, self._wake_w = socket.socketpair()
 
     # ---- timers --------------------------------------------------------------------
-    def _at(self, delay: float, what: str, slot: int, pid: int = 0) -> None:
+    def _at(self, delay: float, what: str, slot: Slot | None, pid: int = 0) -> None:
         """Arms a timer; one armed for a pid is dropped if that worker is gone
         (never fired at its respawned successor)."""
         heapq.heappush(self.timers, (time.monotonic() + delay, next(self._seq), what, slot, pid))
 
     # ---- workers -------------------------------------------------------------------
+    def _live(self) -> list[Slot]:
+        """Every slot of every generation (serving, starting, draining)."""
+        return self.slots + (self.pending.slots if self.pending else []) + self.others
+
+    def _board_row(self) -> int:
+        """The lowest balance-board row no live worker holds."""
+        taken = {s.board for s in self._live() if s.proc is not None or s.board >= 0}
+        return next(i for i in range(SLOTS) if i not in taken)
+
     def _spawn(self, slot: Slot) -> None:
+        pending = self.pending if self.pending and slot in self.pending.slots else None
+        config = pending.config if pending else self.config
+        listeners = pending.listeners if pending else self.listeners
+        ready_timeout = (pending.settings if pending else self.settings).ready_timeout
+        if slot.board < 0:
+            slot.board = self._board_row()
         try:
-            self.board.slots[slot.index] = NOT_SERVING   # until it says it serves
-            proc = spawn(self.generation, slot.index, self.config, self.settings.app,
-                         self.listeners, board_fd=self.board.fd)
+            self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
+            proc = spawn(slot.generation, slot.index, config, config.get("app", ""),
+                         listeners, board_fd=self.board.fd, board_row=slot.board)
         except (OSError, IPCError) as exc:
-            log.error("worker %d.%d: cannot start: %s", self.generation, slot.index, exc)
-            self._after_exit(slot, Outcome.FAILED_START, 0.0)
+            log.error("worker %d.%d: cannot start: %s", slot.generation, slot.index, exc)
+            if pending:
+                self._refuse(f"worker {slot.generation}.{slot.index} cannot start: {exc}")
+            else:
+                self._after_exit(slot, Outcome.FAILED_START, 0.0)
             return
-        slot.proc, slot.life = proc, Worker(self.generation, slot.index)
+        slot.proc, slot.life = proc, Worker(slot.generation, slot.index)
         slot.started = slot.last_heartbeat = time.monotonic()
         self.by_pid[proc.pid] = slot
         self.sel.register(proc.channel.fileno(), selectors.EVENT_READ, slot)
-        self._at(self.settings.ready_timeout, "ready_timeout", slot.index, proc.pid)
-        log.info("worker %d.%d: spawned, pid %d", self.generation, slot.index, proc.pid)
+        self._at(ready_timeout, "ready_timeout", slot, proc.pid)
+        log.info("worker %d.%d: spawned, pid %d", slot.generation, slot.index, proc.pid)
 
     def _feed(self, slot: Slot, event: Event) -> None:
         if slot.life is None or slot.life.state is State.EXITED:
@@ -107,8 +143,7 @@ class Supervisor:
                 except IPCError:
                     pass
             elif action is Action.ARM_HARD_STOP:
-                self._at(self.settings.hard_stop_after + 1.0, "hard_stop", slot.index,
-                         slot.proc.pid)
+                self._at(self.settings.hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
 
     def _on_channel(self, slot: Slot) -> None:
         try:
@@ -121,15 +156,23 @@ class Supervisor:
         if isinstance(msg, Ready):
             slot.last_heartbeat = time.monotonic()
             self._feed(slot, Event.READY)
-            self.ever_ready = True
-            log.info("worker %d.%d: ready, pid %d", slot.life.generation, slot.index, msg.pid)
-            if self.stopping:
+            log.info("worker %d.%d: ready, pid %d", slot.generation, slot.index, msg.pid)
+            if self.pending and slot in self.pending.slots:
+                self._maybe_commit()
+                return
+            self.ever_ready = self.ever_ready or slot in self.slots
+            if self.stopping or slot.retired:
                 self._feed(slot, Event.DRAIN)
         elif isinstance(msg, FailedBeforeReady):
-            log.error("worker %d.%d: failed before ready: %s", slot.life.generation, slot.index,
+            log.error("worker %d.%d: failed before ready: %s", slot.generation, slot.index,
                       msg.reason)
-            self.first_failure = self.first_failure or msg.reason
             self._feed(slot, Event.FAILED)
+            if self.pending and slot in self.pending.slots:
+                # the traceback is logged above: the refusal says its last line
+                last = (msg.reason.strip().splitlines() or ["?"])[-1]
+                self._refuse(f"worker {slot.generation}.{slot.index} failed before ready: {last}")
+                return
+            self.first_failure = self.first_failure or msg.reason
         elif isinstance(msg, Heartbeat):
             slot.last_heartbeat = time.monotonic()
 
@@ -144,7 +187,7 @@ class Supervisor:
             slot = self.by_pid.pop(pid, None)
             if slot is None or slot.proc is None or slot.proc.pid != pid:
                 continue
-            self.board.slots[slot.index] = NOT_SERVING
+            self.board.slots[slot.board] = NOT_SERVING
             slot.proc.proc.returncode = os.waitstatus_to_exitcode(status)
             how = (f"signal {signal.Signals(-slot.proc.proc.returncode).name}"
                    if slot.proc.proc.returncode < 0 else f"status {slot.proc.proc.returncode}")
@@ -155,13 +198,20 @@ class Supervisor:
             slot.proc.channel.close()
             self._feed(slot, Event.EXITED)
             outcome = slot.life.outcome
-            if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
-                    and not self.first_failure:
-                self.first_failure = f"worker {slot.life.generation}.{slot.index} exited with {how}"
-            log.info("worker %d.%d: exited with %s (%s), pid %d", slot.life.generation,
+            log.info("worker %d.%d: exited with %s (%s), pid %d", slot.generation,
                      slot.index, how, outcome.value, pid)
             served = time.monotonic() - slot.started
             slot.proc = None
+            if self.pending and slot in self.pending.slots:
+                self._refuse(f"worker {slot.generation}.{slot.index} exited with {how} "
+                             f"before ready")
+                continue
+            if slot in self.others:
+                self.others.remove(slot)             # an older generation's: done
+                continue
+            if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
+                    and not self.first_failure:
+                self.first_failure = f"worker {slot.generation}.{slot.index} exited with {how}"
             if not self.stopping and not slot.retired:
                 self._after_exit(slot, outcome, served)
 
@@ -172,7 +222,7 @@ class Supervisor:
             log.error("worker %d.%d failed at first start: stopping", self.generation, slot.index)
             self.startup_failed = True
             self.stopping = True
-            for other in self.slots:
+            for other in self._live():
                 if other.life is not None:
                     self._feed(other, Event.KILL)
             return
@@ -183,7 +233,7 @@ class Supervisor:
                       "keep serving", slot.index, slot.backoff.failures)
             return
         log.info("worker slot %d: respawn in %.1fs", slot.index, delay)
-        self._at(delay, "respawn", slot.index)
+        self._at(delay, "respawn", slot)
 
     # ---- signals and timers --------------------------------------------------------------
     def _on_signals(self) -> None:
@@ -198,17 +248,18 @@ class Supervisor:
                 self._scale_up()
             elif signum == signal.SIGTTOU and not self.stopping:
                 self._scale_down()
-            elif signum in (signal.SIGHUP, signal.SIGUSR2):
-                # the reload issue gives these their meaning; until then an
-                # operator's habitual HUP must not kill the server (the default)
-                log.warning("%s: reload and upgrade are not implemented yet; ignored",
-                            signal.Signals(signum).name)
+            elif signum == signal.SIGHUP and not self.stopping:
+                self._reload()
+            elif signum == signal.SIGUSR2:
+                # not yet: an operator's habitual USR2 must not kill the
+                # server (its default action)
+                log.warning("USR2: upgrade is not implemented yet; ignored")
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
                 log.info("fast stop")
                 self.stopping = True
-                for slot in self.slots:
+                for slot in self._live():
                     if slot.life is not None:
                         self._feed(slot, Event.KILL)
 
@@ -218,12 +269,15 @@ class Supervisor:
     def _scale_up(self) -> None:
         """TTIN: one worker more, in the first retired slot with no process
         left, else a new one."""
+        if self.pending:
+            log.warning("TTIN ignored: a reload is under way")
+            return
         slot = next((s for s in self.slots if s.retired and s.proc is None), None)
         if slot is None and len(self.slots) >= SLOTS:
             log.warning("TTIN ignored: %d worker slots is the most", SLOTS)
             return
         if slot is None:
-            slot = Slot(len(self.slots))
+            slot = Slot(len(self.slots), self.generation)
             self.slots.append(slot)
         slot.retired = slot.given_up = False
         slot.backoff = Backoff()
@@ -234,6 +288,9 @@ class Supervisor:
         """TTOU: drain the newest worker still counted (it finishes what it
         has, then exits); the last one stays."""
         active = self._active()
+        if self.pending:
+            log.warning("TTOU ignored: a reload is under way")
+            return
         if len(active) <= 1:
             log.warning("TTOU ignored: one worker left")
             return
@@ -250,9 +307,88 @@ class Supervisor:
         # than accept them into a queue nobody will serve
         for lst in self.listeners:
             lst.close()
-        for slot in self.slots:
+        if self.pending:
+            self._refuse("the master is stopping")
+        for slot in self._live():
             if slot.life is not None:
                 self._feed(slot, Event.DRAIN)
+
+    # ---- reload --------------------------------------------------------------------------
+    def _reload(self) -> None:
+        """HUP: the settings again, a new generation on their listeners;
+        the old one drains once every new worker is READY (_maybe_commit)."""
+        if self.pending:
+            log.warning("reload refused: generation %d is still starting", self.pending.generation)
+            return
+        if not self.ever_ready:
+            log.warning("reload refused: the first generation is not ready yet")
+            return
+        if self.reload_settings is None:
+            log.warning("reload refused: no settings to read again")
+            return
+        gen = self.generation + 1
+        try:
+            try:
+                settings = self.reload_settings()
+            except Exception as exc:         # SettingsError, or anything: never the master's end
+                raise Refused(f"bad setting: {exc}") from None
+            listeners, added = reconcile(self.listeners, self.activated, settings)
+        except Refused as exc:
+            self._refused(gen, str(exc))
+            return
+        import msgspec
+        count = settings.workers or os.cpu_count() or 1
+        self.pending = Pending(gen, settings, msgspec.structs.asdict(settings), listeners, added,
+                               [Slot(i, gen) for i in range(count)], time.monotonic())
+        for lst in added:
+            log.info("listening on %s (new in generation %d)", lst.descriptor.address, gen)
+        log.info("reload: starting generation %d (%d workers)", gen, count)
+        for slot in list(self.pending.slots):
+            if self.pending is None or self.pending.generation != gen:
+                return                                   # refused while starting them
+            self._spawn(slot)
+
+    def _maybe_commit(self) -> None:
+        """Every new worker READY: the new generation serves, the old drains."""
+        p = self.pending
+        if any(s.life is None or s.life.state is not State.READY for s in p.slots):
+            return
+        self.pending = None
+        old, self.slots = self.slots, p.slots
+        for slot in old:
+            slot.retired = True                  # never respawned
+            if slot.proc is not None:
+                self.others.append(slot)
+                self._feed(slot, Event.DRAIN)
+        for lst in self.listeners:
+            if lst not in p.listeners:
+                log.info("closing %s: not in generation %d's settings", lst.descriptor.address,
+                         p.generation)
+                lst.close()
+        self.listeners, self.settings, self.config = p.listeners, p.settings, p.config
+        previous, self.generation = self.generation, p.generation
+        self.reloads_ok += 1
+        log.info("reload: generation %d serving (ready in %.2fs); draining generation %d",
+                 p.generation, time.monotonic() - p.started, previous)
+
+    def _refuse(self, reason: str) -> None:
+        """The pending reload fails: its workers are killed (reaped later),
+        what it bound is closed, the serving generation never noticed."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        p.abandon()
+        for slot in p.slots:
+            if slot.proc is not None:
+                self.others.append(slot)
+                self._feed(slot, Event.KILL)
+        self._refused(p.generation, reason)
+
+    def _refused(self, gen: int, reason: str) -> None:
+        self.reloads_failed += 1
+        self.last_reload_failure = reason
+        log.error("reload refused (generation %d): %s; generation %d keeps serving", gen,
+                  reason, self.generation)
 
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
@@ -260,12 +396,15 @@ class Supervisor:
                 self._spawn(slot)
         elif what == "ready_timeout" and slot.life is not None \
                 and slot.life.state is State.STARTING:
-            log.error("worker %d.%d: not ready after %.0fs", slot.life.generation, slot.index,
-                      self.settings.ready_timeout)
+            log.error("worker %d.%d: not ready after %.0fs", slot.generation, slot.index,
+                      (self.pending.settings if self.pending and slot in self.pending.slots
+                       else self.settings).ready_timeout)
             self._feed(slot, Event.READY_TIMEOUT)
+            if self.pending and slot in self.pending.slots:
+                self._refuse(f"worker {slot.generation}.{slot.index} not ready in time")
         elif what == "hard_stop" and slot.life is not None and slot.life.state is State.DRAINING:
             log.warning("worker %d.%d: still draining at hard_stop_after: killed",
-                        slot.life.generation, slot.index)
+                        slot.generation, slot.index)
             self._feed(slot, Event.HARD_STOP)
         elif what == "heartbeat":
             self._heartbeat()
@@ -279,17 +418,17 @@ class Supervisor:
         now = time.monotonic()
         timeout = self.settings.heartbeat_timeout
         due = now + timeout
-        for slot in self.slots:
+        for slot in self._live():
             if slot.proc is None or slot.life.state not in (State.READY, State.DRAINING):
                 continue                    # starting: the READY timeout watches it
             silent = now - slot.last_heartbeat
             if silent > timeout:
-                log.error("worker %d.%d: no heartbeat for %.0fs: killed", slot.life.generation,
+                log.error("worker %d.%d: no heartbeat for %.0fs: killed", slot.generation,
                           slot.index, silent)
                 self._feed(slot, Event.HEARTBEAT_LOST)
                 continue
             due = min(due, slot.last_heartbeat + timeout)
-        self._at(max(0.0, due - now) + 0.05, "heartbeat", -1)
+        self._at(max(0.0, due - now) + 0.05, "heartbeat", None)
 
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> int:
@@ -301,7 +440,7 @@ class Supervisor:
         try:
             for slot in self.slots:
                 self._spawn(slot)
-            self._at(self.settings.heartbeat_timeout, "heartbeat", -1)
+            self._at(self.settings.heartbeat_timeout, "heartbeat", None)
             return self._loop()
         finally:
             signal.set_wakeup_fd(old)
@@ -313,7 +452,7 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            live = [s for s in self.slots if s.proc is not None]
+            live = [s for s in self._live() if s.proc is not None]
             if self.stopping and not live:
                 if self.startup_failed:
                     log.error("no worker became ready: %s", self.first_failure or "see above")
@@ -335,8 +474,7 @@ class Supervisor:
                     self._on_channel(key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
-                _, _, what, idx, pid = heapq.heappop(self.timers)
-                slot = self.slots[idx] if idx >= 0 else None
+                _, _, what, slot, pid = heapq.heappop(self.timers)
                 if pid and (slot.proc is None or slot.proc.pid != pid):
                     continue                        # armed for a worker that is gone
                 self._on_timer(what, slot)

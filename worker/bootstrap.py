@@ -229,8 +229,9 @@ def main() -> int:
         workers = int(cfg.get("workers") or os.cpu_count() or 1)
         gate = loop.gate
         gate.board = Board(board_fd)
-        gate.index = got.msg.worker_index
-        gate.upto = min(SLOTS, max(workers, gate.index + 1) + 8)
+        gate.index = got.msg.board_slot if got.msg.board_slot >= 0 else got.msg.worker_index
+        # rows of every live worker: during a reload two generations serve
+        gate.upto = min(SLOTS, max(2 * workers, gate.index + 1) + 8)
         gate.publish()
     ch.send(Ready(pid=os.getpid()))
     try:

@@ -1,0 +1,256 @@
+"""Reload (SIGHUP) with real masters and workers on loopback: a new
+generation on the same listeners, the old one drained only once every new
+worker is READY; refused reloads leave the serving generation untouched.
+Clients run while the reloads happen and every failed request is counted
+(the counts are asserted, never a time)."""
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_run import children, listener_inode, master, wait_for  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(180)
+
+APP = """
+import os
+VERSION = {version!r}
+{extra}
+def app(environ, start_response):
+    body = ("%s %s" % (VERSION, os.getpid())).encode()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [body]
+"""
+
+
+def write_app(path: Path, version: str, extra: str = "") -> None:
+    (path / "verapp.py").write_text(APP.format(version=version, extra=extra))
+
+
+def get(port: int, conn: http.client.HTTPConnection | None = None) -> str:
+    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("GET", "/")
+        r = c.getresponse()
+        body = r.read().decode()
+        assert r.status == 200, (r.status, body)
+        return body
+    finally:
+        if conn is None:
+            c.close()
+
+
+class Clients:
+    """Closed-loop clients until stopped: `fresh` open a connection per
+    request, `kept` reuse one (and open another when the server closed it
+    between requests, as a keep-alive client does: that is no failure).
+    Every other outcome is a failure, kept with its reason."""
+
+    def __init__(self, port: int, fresh: int = 2, kept: int = 2):
+        self.port = port
+        self.ok = 0
+        self.failures: list[str] = []
+        self.versions: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._fresh, daemon=True) for _ in range(fresh)]
+        self._threads += [threading.Thread(target=self._kept, daemon=True) for _ in range(kept)]
+        for t in self._threads:
+            t.start()
+
+    def _count(self, body: str) -> None:
+        self.ok += 1
+        self.versions.append(body.split()[0])
+
+    def _fresh(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._count(get(self.port))
+            except Exception as exc:  # noqa: BLE001 - counted, that is the test
+                self.failures.append(f"fresh: {exc!r}")
+
+    def _kept(self) -> None:
+        conn = None
+        try:
+            while not self._stop.is_set():
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                try:
+                    conn.request("GET", "/")
+                    r = conn.getresponse()
+                    body = r.read().decode()
+                except Exception as exc:  # noqa: BLE001 - counted, that is the test
+                    # a drain answers with Connection: close before it closes
+                    # a kept-alive connection: any reset or EOF is a failure
+                    self.failures.append(f"kept: {exc!r}")
+                    conn.close()
+                    conn = None
+                    continue
+                if r.status != 200:
+                    self.failures.append(f"kept: status {r.status}")
+                else:
+                    self._count(body)
+                if r.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
+def reload(m, count: int, timeout: float = 30) -> None:
+    """HUP, then wait for the count-th `generation N serving` line."""
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"reload: generation \d+ serving", timeout=timeout, count=count)
+
+
+def test_reload_switches_the_app_without_a_failed_request(master, tmp_path):
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "2")
+    assert get(m.port).startswith("v1 ")
+    old = set(children(m.proc.pid))
+    inode = listener_inode(m.port)
+    clients = Clients(m.port)
+    try:
+        wait_for(lambda: clients.ok > 20, 10, "traffic")
+        write_app(tmp_path, "v2")
+        reload(m, 1)
+        wait_for(lambda: "v2" in clients.versions[-5:], 10, "v2 answers")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 20, 10, "traffic after the reload")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert get(m.port).startswith("v2 ")
+    # the old generation drained and exited; the listener is the same socket
+    wait_for(lambda: not old & set(children(m.proc.pid)), 30, "the old workers' exit")
+    assert listener_inode(m.port) == inode
+    m.wait_log(r"worker 1\.\d: exited with status 0 \(drained\)", count=2)
+
+
+def test_five_reloads_in_a_row_under_load(master, tmp_path):
+    write_app(tmp_path, "v0")
+    m = master("verapp:app", "-w", "2")
+    clients = Clients(m.port, fresh=2, kept=2)
+    try:
+        for i in range(1, 6):
+            write_app(tmp_path, f"v{i}")
+            reload(m, i)
+            wait_for(lambda: f"v{i}" in clients.versions[-5:], 10, f"v{i} answers")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert clients.ok > 100
+    assert m.proc.poll() is None
+
+
+@pytest.mark.parametrize("breakage, reason", [
+    ("settings", r"bad setting"),
+    ("import", r"worker 2\.\d failed before ready: .*boom at import"),
+    ("crash", r"worker 2\.\d exited with status 7 before ready"),
+])
+def test_a_refused_reload_leaves_the_old_generation_serving(master, tmp_path, breakage, reason):
+    write_app(tmp_path, "v1")
+    config = tmp_path / "sockherd.toml"
+    config.write_text("threads = 1\n")
+    m = master("verapp:app", "-w", "2", "-c", str(config))
+    serving = set(children(m.proc.pid))
+    clients = Clients(m.port, fresh=1, kept=1)
+    try:
+        if breakage == "settings":
+            config.write_text("threads = 'many'\n")
+        elif breakage == "import":
+            write_app(tmp_path, "v2", "raise RuntimeError('boom at import')")
+        else:
+            write_app(tmp_path, "v2", "os._exit(7)")
+        m.proc.send_signal(signal.SIGHUP)
+        m.wait_log(r"reload refused \(generation 2\): " + reason)
+        m.wait_log(r"generation 1 keeps serving")
+        # the new workers are gone, the old ones serve on
+        wait_for(lambda: set(children(m.proc.pid)) == serving, 20, "the refused workers' end")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 10, 10, "traffic after the refusal")
+        # the next reload works
+        config.write_text("threads = 1\n")
+        write_app(tmp_path, "v3")
+        reload(m, 1)
+        wait_for(lambda: "v3" in clients.versions[-5:], 10, "v3 answers")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert m.proc.poll() is None
+    wait_for(lambda: not serving & set(children(m.proc.pid)), 30, "the old generation's exit")
+
+
+def test_a_reload_while_one_is_starting_is_refused(master, tmp_path):
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "1", ready=1)
+    write_app(tmp_path, "v2", "import time; time.sleep(1.5)")   # a slow import
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"reload: starting generation 2")
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"reload refused: generation 2 is still starting")
+    m.wait_log(r"reload: generation 2 serving")
+    assert get(m.port).startswith("v2 ")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_listeners_added_kept_and_removed_at_reload(master, tmp_path):
+    write_app(tmp_path, "v1")
+    port_a, port_b, port_c = free_port(), free_port(), free_port()
+    config = tmp_path / "sockherd.toml"
+    config.write_text(f'bind = ["127.0.0.1:{port_a}", "127.0.0.1:{port_b}"]\n')
+    m = master("verapp:app", "-w", "1", "-c", str(config), bind=None, ready=1)
+    inode_a = listener_inode(port_a)
+    assert get(port_a).startswith("v1 ") and get(port_b).startswith("v1 ")
+    # a taken, b removed, c added
+    config.write_text(f'bind = ["127.0.0.1:{port_a}", "127.0.0.1:{port_c}"]\n')
+    write_app(tmp_path, "v2")
+    reload(m, 1)
+    assert listener_inode(port_a) == inode_a                 # the same socket, never re-bound
+    assert get(port_a).startswith("v2 ") and get(port_c).startswith("v2 ")
+    wait_for(lambda: refused(port_b), 20, "the removed listener's close")
+    m.wait_log(rf"listening on 127\.0\.0\.1:{port_c} \(new in generation 2\)")
+    m.wait_log(rf"closing 127\.0\.0\.1:{port_b}: not in generation 2's settings")
+
+
+def test_a_bind_that_fails_refuses_the_reload(master, tmp_path):
+    write_app(tmp_path, "v1")
+    port_a = free_port()
+    blocker = socket.create_server(("127.0.0.1", 0))          # an address taken by another
+    config = tmp_path / "sockherd.toml"
+    config.write_text(f'bind = ["127.0.0.1:{port_a}"]\n')
+    m = master("verapp:app", "-w", "1", "-c", str(config), bind=None, ready=1)
+    try:
+        config.write_text(f'bind = ["127.0.0.1:{port_a}", "127.0.0.1:{blocker.getsockname()[1]}"]\n')
+        write_app(tmp_path, "v2")
+        m.proc.send_signal(signal.SIGHUP)
+        m.wait_log(r"reload refused \(generation 2\): bind 127\.0\.0\.1:\d+: ")
+    finally:
+        blocker.close()
+    assert get(port_a).startswith("v1 ")
+    assert "worker 2.0: spawned" not in m.text()
