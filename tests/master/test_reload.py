@@ -254,3 +254,34 @@ def test_a_bind_that_fails_refuses_the_reload(master, tmp_path):
         blocker.close()
     assert get(port_a).startswith("v1 ")
     assert "worker 2.0: spawned" not in m.text()
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_no_fd_leak_over_100_reloads(master, tmp_path):
+    """The master's fd count after 100 reloads (some refused) equals the
+    count after 1, once the old generations are gone."""
+    write_app(tmp_path, "v0")
+    m = master("verapp:app", "-w", "1", ready=1)
+
+    def settled(n_serving: int) -> int:
+        m.wait_log(r"reload: generation \d+ serving", count=n_serving, timeout=30)
+        wait_for(lambda: len(children(m.proc.pid)) == 1, 30, "one worker left")
+        return open_fds(m.proc.pid)
+
+    reload(m, 1)
+    after_one = settled(1)
+    good = 1
+    for i in range(2, 101):
+        if i % 10 == 0:                                   # a refused one now and then
+            write_app(tmp_path, f"v{i}", "raise RuntimeError('no')")
+            m.proc.send_signal(signal.SIGHUP)
+            m.wait_log(r"reload refused", count=i // 10, timeout=30)
+            continue
+        write_app(tmp_path, f"v{i}")
+        good += 1
+        reload(m, good)
+    assert settled(good) == after_one
+    assert get(m.port).startswith("v99 ")
