@@ -35,6 +35,7 @@ _MEMFD = "memfd:"
 class InheritedListener(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fd: int
     listener: ListenerDescriptor
+    activated: bool = False        # systemd's (kept whatever the settings bind)
 
 
 class InheritedWorker(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -44,6 +45,8 @@ class InheritedWorker(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     generation: int
     index: int
     fd: int
+    board: int = -1                # its row on the balance board
+    draining: bool = False         # told to drain already
 
 
 class ReexecState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -52,10 +55,12 @@ class ReexecState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     generation: int
     listeners: list[InheritedListener] = []
     workers: list[InheritedWorker] = []
+    board_fd: int = -1             # the balance board's memfd, shared with the workers
 
     @property
     def fds(self) -> list[int]:
-        return [item.fd for item in self.listeners] + [item.fd for item in self.workers]
+        return ([item.fd for item in self.listeners] + [item.fd for item in self.workers]
+                + ([self.board_fd] if self.board_fd >= 0 else []))
 
 
 def encode(state: ReexecState) -> str:

@@ -103,8 +103,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
     log = logging.getLogger("sockherd.master")
+    from sockherd.ipc import reexec
+    from sockherd.ipc.errors import ReexecStateError
+    from sockherd.master import upgrade
+
     try:
-        inherited = activated()
+        state = reexec.take()             # set by the previous image of an upgrade
+    except ReexecStateError as exc:
+        log.error("upgrade: the previous image's state is refused (%s): starting fresh", exc)
+        state = None
+    try:
+        if state is None:
+            inherited = activated()
+        else:
+            # the sockets stay what they were; the reload that follows the
+            # adoption binds what the settings add and closes what they drop
+            listeners, inherited = upgrade.inherited_listeners(state)
     except ActivationError as exc:
         log.error("socket activation: %s", exc)
         return 1
@@ -121,20 +135,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return own(S.resolve(vars(ns), config=ns.config))
 
     settings = own(settings)
-    try:
-        listeners = inherited + bind_all(settings)
-    except (BindError, OSError) as exc:
-        for lst in inherited:
-            lst.close()
-        log.error("%s", exc)
-        return 1
+    if state is None:
+        try:
+            listeners = inherited + bind_all(settings)
+        except (BindError, OSError) as exc:
+            for lst in inherited:
+                lst.close()
+            log.error("%s", exc)
+            return 1
     for lst in listeners:
-        via = " (from systemd)" if lst in inherited else ""
+        via = " (from systemd)" if lst in inherited else " (kept across the upgrade)" if state \
+            else ""
         log.info("listening on %s%s", lst.descriptor.address, via)
     import prctl
     prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
     return Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
-                      activated=inherited).run()
+                      activated=inherited, adopted=state).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,6 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready_timeout", ("--ready-timeout",), float, 60.0,
             "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
             section="supervision"),
+    Setting("python", ("--python",), str, "",
+            "the interpreter an upgrade (USR2) re-executes the master with (a new venv, a new "
+            "Python); empty: the one running", metavar="PATH", section="supervision"),
     Setting("hard_stop_after", ("--hard-stop-after",), float, 30.0,
             "a draining worker still busy after this long is killed", _seconds(0, 86400), "S",
             section="supervision"),

@@ -24,14 +24,29 @@ from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 
 @dataclass
 class WorkerProcess:
+    """A worker process: started here, or adopted across an upgrade (the
+    same pid's child still, but no Popen of this image knows it)."""
     generation: int
     index: int
-    proc: subprocess.Popen
+    pid: int
     channel: Channel
+    # kept while the process lives: a Popen collected early puts its pid on
+    # subprocess's list of children to reap, and the next Popen reaps it
+    # behind the supervisor's back (its exit, and its socketpair's close,
+    # would be lost: found as an fd leak across reloads)
+    popen: subprocess.Popen | None = None
+    returncode: int | None = None
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def exited(self, code: int) -> None:
+        self.returncode = code
+        if self.popen is not None:
+            self.popen.returncode = code           # reaped: nothing for subprocess to do
+
+
+def adopt(generation: int, index: int, pid: int, fd: int) -> WorkerProcess:
+    """A worker the previous master image started (upgrade): fd is the
+    master's end of its socketpair, inherited across exec."""
+    return WorkerProcess(generation, index, pid, Channel(socket.socket(fileno=fd)))
 
 
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
@@ -65,4 +80,4 @@ def spawn(generation: int, index: int, config: dict, app: str, listeners: list[L
         proc.wait()
         channel.close()
         raise
-    return WorkerProcess(generation, index, proc, channel)
+    return WorkerProcess(generation, index, proc.pid, channel, proc)

@@ -28,6 +28,7 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -61,7 +62,7 @@ class Slot:
 
 class Supervisor:
     def __init__(self, settings, listeners: list[Listener], config: dict, *, reload=None,
-                 activated: list[Listener] | None = None):
+                 activated: list[Listener] | None = None, adopted=None):
         self.settings = settings
         self.listeners = listeners
         self.config = config
@@ -74,7 +75,10 @@ class Supervisor:
         self.others: list[Slot] = []         # older generations draining, refused ones dying
         self.reloads_ok = self.reloads_failed = 0
         self.last_reload_failure = ""
-        self.board = Board.create()          # connection counts, for balance
+        # connection counts, for balance: the previous image's across an upgrade
+        self.adopted = adopted               # ipc.reexec state of an upgrade, else None
+        self.board = (Board(adopted.board_fd) if adopted and adopted.board_fd >= 0
+                      else Board.create())
         self.by_pid: dict[int, Slot] = {}
         self.sel = selectors.DefaultSelector()
         # (when, seq, what, slot or None, pid it was armed for: 0 for any)
@@ -188,9 +192,9 @@ class Supervisor:
             if slot is None or slot.proc is None or slot.proc.pid != pid:
                 continue
             self.board.slots[slot.board] = NOT_SERVING
-            slot.proc.proc.returncode = os.waitstatus_to_exitcode(status)
-            how = (f"signal {signal.Signals(-slot.proc.proc.returncode).name}"
-                   if slot.proc.proc.returncode < 0 else f"status {slot.proc.proc.returncode}")
+            code = os.waitstatus_to_exitcode(status)
+            slot.proc.exited(code)
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
             try:
                 self.sel.unregister(slot.proc.channel.fileno())
             except (KeyError, ValueError):
@@ -250,10 +254,8 @@ class Supervisor:
                 self._scale_down()
             elif signum == signal.SIGHUP and not self.stopping:
                 self._reload()
-            elif signum == signal.SIGUSR2:
-                # not yet: an operator's habitual USR2 must not kill the
-                # server (its default action)
-                log.warning("USR2: upgrade is not implemented yet; ignored")
+            elif signum == signal.SIGUSR2 and not self.stopping:
+                self._upgrade()
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
@@ -348,6 +350,52 @@ class Supervisor:
                 return                                   # refused while starting them
             self._spawn(slot)
 
+    def _upgrade(self) -> None:
+        """USR2: re-exec in place (master/upgrade.py); returns only if the
+        exec failed, and then this master carries on."""
+        from sockherd.master import upgrade
+
+        if self.pending:
+            log.warning("upgrade refused: generation %d is still starting",
+                        self.pending.generation)
+            return
+        try:
+            settings = self.reload_settings() if self.reload_settings else self.settings
+        except Exception as exc:                        # noqa: BLE001 - said, never fatal
+            log.error("upgrade refused: bad setting: %s", exc)
+            return
+        why = upgrade.execute(self, settings.python or sys.executable, HANDLED)
+        log.error("upgrade failed: %s; this master carries on", why)
+
+    def _adopt(self) -> None:
+        """After an upgrade: the previous image's workers are ours to
+        supervise; the serving ones are the current generation until the
+        reload that follows replaces them, the draining ones drain on."""
+        from sockherd.master.spawn import adopt
+
+        state, now = self.adopted, time.monotonic()
+        self.generation = state.generation
+        self.slots = []
+        for w in state.workers:
+            slot = Slot(w.index, w.generation, w.board)
+            slot.proc = adopt(w.generation, w.index, w.pid, w.fd)
+            slot.life = Worker(w.generation, w.index)
+            slot.started = slot.last_heartbeat = now
+            self.by_pid[w.pid] = slot
+            self.sel.register(slot.proc.channel.fileno(), selectors.EVENT_READ, slot)
+            self._feed(slot, Event.READY)
+            if w.draining or w.generation != state.generation:
+                slot.retired = True
+                self.others.append(slot)
+                self._feed(slot, Event.DRAIN)       # again: the hard stop timer is ours now
+            else:
+                self.slots.append(slot)
+        self.ever_ready = True
+        log.info("upgrade: adopted %d listener(s) and %d worker(s) of generation %d",
+                 len(self.listeners), len(state.workers), state.generation)
+        # a worker that exited while the exec happened is reaped now
+        self._reap()
+
     def _maybe_commit(self) -> None:
         """Every new worker READY: the new generation serves, the old drains."""
         p = self.pending
@@ -437,9 +485,15 @@ class Supervisor:
         old = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         previous = {s: signal.signal(s, lambda *_: None) for s in HANDLED}
         self.sel.register(self._wake_r.fileno(), selectors.EVENT_READ, None)
+        # blocked across an upgrade's exec (master/upgrade.py): delivered now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         try:
-            for slot in self.slots:
-                self._spawn(slot)
+            if self.adopted is not None:
+                self._adopt()
+                self._reload()                     # the upgrade proceeds as a reload
+            else:
+                for slot in self.slots:
+                    self._spawn(slot)
             self._at(self.settings.heartbeat_timeout, "heartbeat", None)
             return self._loop()
         finally:

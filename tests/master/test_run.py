@@ -728,13 +728,6 @@ def test_kept_alive_connections_spread_over_workers_and_threads(master):
     assert len(per_thread) == 4 and min(per_thread.values()) >= 4, per_thread
 
 
-def test_usr2_does_not_kill_the_server_before_upgrade_exists(master):
-    m = master("echoapp:Echo", "--interface", "stream", "-w", "1", ready=1)
-    m.proc.send_signal(signal.SIGUSR2)
-    m.wait_log(r"USR2: upgrade is not implemented yet; ignored")
-    assert m.proc.poll() is None and echo(m, b"up") == b"up"
-
-
 def test_wsgi_is_the_default_interface(master):
     """`sockherd run module:app` serves a PEP 3333 app over HTTP/1.1 with
     keep-alive, on both workers."""

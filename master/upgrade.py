@@ -1,0 +1,87 @@
+"""Upgrade (SIGUSR2): the master re-executes itself in place.
+
+The pid stays (workers keep their parent, systemd its MAINPID). Across the
+exec go the listeners, every live worker's socketpair and the balance
+board, named by the re-exec state (ipc.reexec: those fds alone are made
+inheritable, right before the exec). The new image adopts the workers
+(supervising and, in time, draining them) and proceeds as a reload: a new
+generation of its own, the adopted one drained once that is READY.
+
+The signals the master handles are blocked across the exec (the mask
+survives execve): one arriving in between waits for the new image's
+handlers instead of taking its default action, which for HUP or USR2 is
+to end the process. If the exec fails, the fds go back to close-on-exec,
+the signals are unblocked and this master carries on, saying why.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+from sockherd.ipc import reexec
+from sockherd.master.listeners import Listener
+from sockherd.master.addresses import AddressError, parse
+
+log = logging.getLogger("sockherd.master")
+
+
+def state_of(sup) -> reexec.ReexecState:
+    """The re-exec state of a supervisor (its listeners, its live workers)."""
+    from sockherd.master.lifecycle import State
+
+    workers = []
+    for slot in sup._live():
+        if slot.proc is None:
+            continue
+        workers.append(reexec.InheritedWorker(
+            pid=slot.proc.pid, generation=slot.generation, index=slot.index,
+            fd=slot.proc.channel.fileno(), board=slot.board,
+            draining=slot.life.state is not State.READY or slot not in sup.slots))
+    return reexec.ReexecState(
+        version=reexec.STATE_VERSION, master_pid=os.getpid(), generation=sup.generation,
+        listeners=[reexec.InheritedListener(fd=lst.sock.fileno(), listener=lst.descriptor,
+                                            activated=lst in sup.activated)
+                   for lst in sup.listeners],
+        workers=workers, board_fd=sup.board.fd)
+
+
+def execute(sup, python: str, handled) -> str:
+    """Re-executes the master; returns only if that failed, with why."""
+    state = state_of(sup)
+    argv = [python, "-m", "sockherd.master", *sys.argv[1:]]
+    plan = reexec.prepare_exec(state)
+    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    log.info("upgrade: re-executing %s with %d listener(s) and %d worker(s)", python,
+             len(state.listeners), len(state.workers))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    try:
+        os.execve(python, argv, plan.env)
+    except OSError as exc:
+        reexec.abort_exec(plan)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+        return f"cannot exec {python}: {exc.strerror}"
+    return "exec returned"                              # not reached
+
+
+def inherited_listeners(state: reexec.ReexecState) -> tuple[list[Listener], list[Listener]]:
+    """(every listener of the state, the systemd-activated ones among them),
+    each with the address it was configured as (its descriptor's name), so
+    that the reload that follows keeps it when the settings still name it."""
+    import socket
+
+    out, activated = [], []
+    for item in state.listeners:
+        sock = socket.socket(fileno=item.fd)
+        sock.setblocking(False)
+        try:
+            address = parse(item.listener.name)
+        except AddressError:
+            address = parse(f"fd://{item.fd}")
+        lst = Listener(address, sock, item.listener)
+        out.append(lst)
+        if item.activated:
+            activated.append(lst)
+    return out, activated
