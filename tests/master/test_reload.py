@@ -269,27 +269,29 @@ def open_fds(pid: int) -> list[str]:
     return sorted(out)
 
 
+def settled(m, n_serving: int) -> list[str]:
+    """The master's fds once n_serving generations served, one worker is
+    left, and they stay the same 0.1 s."""
+    m.wait_log(r"reload: generation \d+ serving", count=n_serving, timeout=30)
+    wait_for(lambda: len(children(m.proc.pid)) == 1, 30, "one worker left")
+    seen = [open_fds(m.proc.pid)]
+
+    def stable():
+        time.sleep(0.1)
+        seen.append(open_fds(m.proc.pid))
+        return seen[-1] == seen[-2]
+    wait_for(stable, 10, "a stable fd list")
+    return seen[-1]
+
+
 def test_no_fd_leak_over_100_reloads(master, tmp_path):
     """The master's fd count after 100 reloads (some refused) equals the
     count after 1, once the old generations are gone."""
     write_app(tmp_path, "v0")
     m = master("verapp:app", "-w", "1", ready=1)
 
-    def settled(n_serving: int) -> list[str]:
-        """The fds once one worker is left and they stay the same 0.1 s."""
-        m.wait_log(r"reload: generation \d+ serving", count=n_serving, timeout=30)
-        wait_for(lambda: len(children(m.proc.pid)) == 1, 30, "one worker left")
-        seen = [open_fds(m.proc.pid)]
-
-        def stable():
-            time.sleep(0.1)
-            seen.append(open_fds(m.proc.pid))
-            return seen[-1] == seen[-2]
-        wait_for(stable, 10, "a stable fd list")
-        return seen[-1]
-
     reload(m, 1)
-    after_one = settled(1)
+    after_one = settled(m, 1)
     good = 1
     for i in range(2, 101):
         if i % 10 == 0:                                   # a refused one now and then
@@ -300,7 +302,7 @@ def test_no_fd_leak_over_100_reloads(master, tmp_path):
         write_app(tmp_path, f"v{i}")
         good += 1
         reload(m, good)
-    settled(good)
+    settled(m, good)
     # the master closes a worker's socketpair right after reaping it: poll
     # past that instant (a leak never gets there)
     last = []
@@ -355,3 +357,36 @@ def test_a_failed_upgrade_exec_leaves_the_master_running(master, tmp_path):
     write_app(tmp_path, "v3")
     reload(m, 2)
     assert get(m.port).startswith("v3 ")
+
+
+def test_five_reloads_and_an_upgrade_under_load(master, tmp_path):
+    write_app(tmp_path, "v0")
+    m = master("verapp:app", "-w", "2")
+    clients = Clients(m.port, fresh=2, kept=2)
+    try:
+        for i in range(1, 7):
+            write_app(tmp_path, f"v{i}")
+            if i == 4:
+                m.proc.send_signal(signal.SIGUSR2)
+                m.wait_log(r"upgrade: adopted")
+                m.wait_log(r"reload: generation \d+ serving", count=i)
+            else:
+                reload(m, i)
+            wait_for(lambda: f"v{i}" in clients.versions[-5:], 10, f"v{i} answers")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert clients.ok > 100 and m.proc.poll() is None
+
+
+def test_no_fd_leak_over_20_upgrades(master, tmp_path):
+    write_app(tmp_path, "v0")
+    m = master("verapp:app", "-w", "1", ready=1)
+
+    m.proc.send_signal(signal.SIGUSR2)
+    after_one = settled(m, 1)
+    for i in range(2, 21):
+        m.proc.send_signal(signal.SIGUSR2)
+        m.wait_log(r"reload: generation \d+ serving", count=i, timeout=30)
+    assert settled(m, 20) == after_one
+    assert m.proc.poll() is None
