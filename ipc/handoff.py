@@ -202,6 +202,12 @@ def _bind_private(path: str) -> socket.socket:
 def fetch_listeners(path: str, timeout: float = 10.0) -> list[tuple]:
     """Ask the instance serving `path` for its listeners: [(ListenerDescriptor, socket)].
     Every socket is checked against its descriptor; on any failure nothing stays open."""
+    return fetch_listeners_from(path, timeout)[0]
+
+
+def fetch_listeners_from(path: str, timeout: float = 10.0) -> tuple[list[tuple], int]:
+    """fetch_listeners(), and the pid of the process that served them (its
+    SO_PEERCRED): the instance a takeover tells to drain once it serves."""
     deadline = time.monotonic() + timeout
 
     def left() -> float:
@@ -212,6 +218,11 @@ def fetch_listeners(path: str, timeout: float = 10.0) -> list[tuple]:
     except OSError as exc:
         raise HandoffError(f"cannot connect to {path}: {exc.strerror or exc}") from None
     with channel:
+        try:
+            peer, _, _ = _UCRED.unpack(channel.socket.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        except (AttributeError, OSError):
+            peer = 0
         try:
             channel.send(HandoffRequest(os.getpid()), timeout=left())
             received = channel.recv(timeout=left())
@@ -236,4 +247,4 @@ def fetch_listeners(path: str, timeout: float = 10.0) -> list[tuple]:
             if isinstance(exc, (IPCError, OSError)):
                 raise HandoffError(f"hand-off from {path} failed: {exc}") from None
             raise
-        return list(zip(msg.listeners, sockets))
+        return list(zip(msg.listeners, sockets)), peer

@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-c", "--config", metavar="FILE",
                        help=f"TOML settings file (env {S.ENV_PREFIX}CONFIG)")
         S.add_arguments(p)
+    run.add_argument("--takeover", metavar="PATH",
+                     help="take the listeners of the instance serving the hand-off socket PATH "
+                          "(its handoff_socket setting), start the workers, and once they are "
+                          "ready tell that instance to drain and exit")
     return parser
 
 
@@ -135,7 +139,29 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return own(S.resolve(vars(ns), config=ns.config))
 
     settings = own(settings)
-    if state is None:
+    took_from = 0
+    if state is None and ns.takeover:
+        from sockherd.ipc.errors import HandoffError
+        from sockherd.master.reload import Refused, reconcile
+
+        try:
+            fetched, took_from = upgrade.fetched_listeners(ns.takeover)
+        except HandoffError as exc:
+            log.error("takeover: %s", exc)
+            return 1
+        try:
+            listeners, _ = reconcile(fetched, [], settings)
+        except Refused as exc:
+            for lst in fetched:
+                lst.close()
+            log.error("takeover: %s", exc)
+            return 1
+        for lst in fetched:
+            if lst not in listeners:
+                lst.close()                          # not in our settings: the old one's
+        log.info("takeover: %d listener(s) from pid %d (%s)", len(fetched), took_from,
+                 ns.takeover)
+    elif state is None:
         try:
             listeners = inherited + bind_all(settings)
         except (BindError, OSError) as exc:
@@ -149,8 +175,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
         log.info("listening on %s%s", lst.descriptor.address, via)
     import prctl
     prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
+    def serving():
+        """A takeover: every worker READY, the instance we took from drains."""
+        import signal
+        try:
+            os.kill(took_from, signal.SIGTERM)
+            log.info("takeover: serving; told pid %d to drain and exit", took_from)
+        except ProcessLookupError:
+            log.info("takeover: serving; pid %d is gone already", took_from)
+
     return Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
-                      activated=inherited, adopted=state).run()
+                      activated=inherited, adopted=state,
+                      on_serving=serving if took_from > 0 else None).run()
 
 
 def main(argv: list[str] | None = None) -> int:

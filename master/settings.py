@@ -100,6 +100,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready_timeout", ("--ready-timeout",), float, 60.0,
             "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
             section="supervision"),
+    Setting("handoff_socket", ("--handoff-socket",), str, "",
+            "a unix socket path where this master hands its listeners to a new instance "
+            "started with `run --takeover PATH`; empty: none", metavar="PATH",
+            section="supervision"),
     Setting("python", ("--python",), str, "",
             "the interpreter an upgrade (USR2) re-executes the master with (a new venv, a new "
             "Python); empty: the one running", metavar="PATH", section="supervision"),

@@ -62,7 +62,7 @@ class Slot:
 
 class Supervisor:
     def __init__(self, settings, listeners: list[Listener], config: dict, *, reload=None,
-                 activated: list[Listener] | None = None, adopted=None):
+                 activated: list[Listener] | None = None, adopted=None, on_serving=None):
         self.settings = settings
         self.listeners = listeners
         self.config = config
@@ -75,6 +75,11 @@ class Supervisor:
         self.others: list[Slot] = []         # older generations draining, refused ones dying
         self.reloads_ok = self.reloads_failed = 0
         self.last_reload_failure = ""
+        # called once every worker of the first generation is READY (a
+        # takeover: tell the instance we took the listeners from to drain)
+        self.on_serving = on_serving
+        self.handoff = None                  # ipc.handoff server (handoff_socket)
+        self._handoff_fds: set[int] = set()
         # connection counts, for balance: the previous image's across an upgrade
         self.adopted = adopted               # ipc.reexec state of an upgrade, else None
         self.board = (Board(adopted.board_fd) if adopted and adopted.board_fd >= 0
@@ -167,6 +172,10 @@ class Supervisor:
             self.ever_ready = self.ever_ready or slot in self.slots
             if self.stopping or slot.retired:
                 self._feed(slot, Event.DRAIN)
+            elif self.on_serving is not None and all(
+                    s.life is not None and s.life.state is State.READY for s in self._active()):
+                on_serving, self.on_serving = self.on_serving, None
+                on_serving()
         elif isinstance(msg, FailedBeforeReady):
             log.error("worker %d.%d: failed before ready: %s", slot.generation, slot.index,
                       msg.reason)
@@ -438,6 +447,52 @@ class Supervisor:
         log.error("reload refused (generation %d): %s; generation %d keeps serving", gen,
                   reason, self.generation)
 
+    # ---- hand-off (a new instance's --takeover) ---------------------------------------------
+    def _serve_handoff(self) -> None:
+        from sockherd.ipc.handoff import HandoffServer
+
+        path = self.settings.handoff_socket
+        if not path:
+            return
+        try:
+            self.handoff = HandoffServer(
+                path, lambda: [(lst.descriptor, lst.sock.fileno()) for lst in self.listeners],
+                on_handed_over=self._handed_over)
+        except OSError as exc:
+            log.error("hand-off socket %s: %s; no takeover possible", path, exc.strerror or exc)
+            return
+        log.info("hand-off socket %s: a new instance may take the listeners over", path)
+
+    def _handed_over(self, names: list[str]) -> None:
+        # the new instance holds these sockets now: our close must not
+        # remove a unix socket's file, which it serves too
+        for lst in self.listeners:
+            if lst.descriptor.name in names:
+                lst.created_path = ""
+        log.info("hand-off: %d listener(s) given to a new instance; it will tell us to drain "
+                 "once it serves", len(names))
+
+    def _sync_handoff(self) -> None:
+        """The hand-off server's fds in the selector (its sessions come and go)."""
+        h = self.handoff
+        if h is None:
+            return
+        h.expire()
+        want = {fd: mask for fd, mask in h.poll_fds()}
+        for fd in self._handoff_fds - set(want):
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        for fd, mask in want.items():
+            events = (selectors.EVENT_READ if mask & 1 else 0) | \
+                (selectors.EVENT_WRITE if mask & 4 else 0)
+            try:
+                self.sel.modify(fd, events or selectors.EVENT_READ, ("handoff", fd))
+            except KeyError:
+                self.sel.register(fd, events or selectors.EVENT_READ, ("handoff", fd))
+        self._handoff_fds = set(want)
+
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
             if not self.stopping and slot.proc is None and not slot.retired:
@@ -487,6 +542,7 @@ class Supervisor:
         self.sel.register(self._wake_r.fileno(), selectors.EVENT_READ, None)
         # blocked across an upgrade's exec (master/upgrade.py): delivered now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+        self._serve_handoff()
         try:
             if self.adopted is not None:
                 self._adopt()
@@ -497,6 +553,8 @@ class Supervisor:
             self._at(self.settings.heartbeat_timeout, "heartbeat", None)
             return self._loop()
         finally:
+            if self.handoff is not None:
+                self.handoff.close()
             signal.set_wakeup_fd(old)
             for s, h in previous.items():
                 signal.signal(s, h)
@@ -521,9 +579,20 @@ class Supervisor:
             timeout = None
             if self.timers:
                 timeout = max(0.0, self.timers[0][0] - time.monotonic())
-            for key, _ in self.sel.select(timeout):
+            self._sync_handoff()
+            if len(self._handoff_fds) > 1:           # a session open: its expiry
+                timeout = 1.0 if timeout is None else min(timeout, 1.0)
+            for key, mask in self.sel.select(timeout):
                 if key.data is None:
                     self._on_signals()
+                elif isinstance(key.data, tuple):
+                    if key.data[1] in self._handoff_fds:
+                        self.handoff.handle(key.data[1],
+                                            (1 if mask & selectors.EVENT_READ else 0)
+                                            | (4 if mask & selectors.EVENT_WRITE else 0))
+                        # a session it ended closed its fd: out of the selector
+                        # now, before anything can get that number again
+                        self._sync_handoff()
                 elif key.data.proc is not None:
                     self._on_channel(key.data)
             now = time.monotonic()

@@ -85,3 +85,21 @@ def inherited_listeners(state: reexec.ReexecState) -> tuple[list[Listener], list
         if item.activated:
             activated.append(lst)
     return out, activated
+
+
+def fetched_listeners(path: str) -> tuple[list[Listener], int]:
+    """A takeover's listeners, fetched from the instance serving the
+    hand-off socket at path (ipc.handoff), each with the address it was
+    configured as; and that instance's pid. Raises HandoffError."""
+    from sockherd.ipc.handoff import fetch_listeners_from
+
+    pairs, pid = fetch_listeners_from(path)
+    out = []
+    for desc, sock in pairs:
+        sock.setblocking(False)
+        try:
+            address = parse(desc.name)
+        except AddressError:
+            address = parse(f"fd://{sock.fileno()}")
+        out.append(Listener(address, sock, desc))
+    return out, pid

@@ -390,3 +390,40 @@ def test_no_fd_leak_over_20_upgrades(master, tmp_path):
         m.wait_log(r"reload: generation \d+ serving", count=i, timeout=30)
     assert settled(m, 20) == after_one
     assert m.proc.poll() is None
+
+
+# ---- live takeover: a second instance takes the listeners of a running one ------------------------
+
+def test_takeover_between_two_instances_without_a_refused_connection(master, tmp_path):
+    write_app(tmp_path, "v1")
+    handoff = str(tmp_path / "handoff.sock")
+    first = master("verapp:app", "-w", "2", "--handoff-socket", handoff)
+    first.wait_log(r"hand-off socket .*: a new instance may take the listeners over")
+    inode = listener_inode(first.port)
+    clients = Clients(first.port)
+    try:
+        wait_for(lambda: clients.ok > 20, 10, "traffic")
+        write_app(tmp_path, "v2")
+        second = master("verapp:app", "-w", "2", "--handoff-socket", handoff,
+                        "--takeover", handoff)
+        assert second.port == first.port
+        second.wait_log(r"takeover: 1 listener\(s\) from pid %d" % first.proc.pid)
+        second.wait_log(r"takeover: serving; told pid %d to drain and exit" % first.proc.pid)
+        assert first.proc.wait(timeout=30) == 0
+        wait_for(lambda: "v2" in clients.versions[-5:], 10, "v2 answers")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 20, 10, "traffic after the takeover")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert listener_inode(second.port) == inode                 # the same socket throughout
+    first.wait_log(r"hand-off: 1 listener\(s\) given to a new instance")
+    # the second instance serves the hand-off socket now: a third could take over
+    assert os.path.exists(handoff)
+
+
+def test_takeover_from_nobody_fails_cleanly(master, tmp_path):
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "1", "--takeover", str(tmp_path / "nobody.sock"), ready=None)
+    assert m.proc.wait(timeout=30) == 1
+    m.wait_log(r"takeover: cannot connect to .*nobody\.sock")
