@@ -65,6 +65,13 @@ class Heartbeat(_Message, tag="heartbeat"):
     sent_at: Monotonic
 
 
+class Retiring(_Message, tag="retiring"):
+    """Worker -> master: it reached max_requests; it serves on until the
+    master, once a replacement is READY, tells it to drain."""
+
+    requests: Annotated[int, msgspec.Meta(ge=0)]
+
+
 class Drain(_Message, tag="drain"):
     """Master -> worker: stop accepting, finish in-flight work, exit by `deadline`
     (time.monotonic() value) at the latest."""
@@ -109,7 +116,7 @@ class HandoffConfirm(_Message, tag="handoff_confirm"):
     names: list[str]
 
 
-Message = Union[Assignment, Ready, FailedBeforeReady, Heartbeat, Drain, Stop, StatsRequest,
+Message = Union[Assignment, Ready, FailedBeforeReady, Heartbeat, Retiring, Drain, Stop, StatsRequest,
                 StatsReply, Error, HandoffRequest, HandoffListeners, HandoffConfirm]
 
 MESSAGE_TYPES = Message.__args__

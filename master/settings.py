@@ -100,6 +100,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready_timeout", ("--ready-timeout",), float, 60.0,
             "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
             section="supervision"),
+    Setting("max_requests", ("--max-requests",), int, 0,
+            "a worker that served this many requests is replaced (the new one READY first, "
+            "then the old drained); 0: never", msgspec.Meta(ge=0, le=2**40), "N",
+            section="supervision"),
+    Setting("max_requests_jitter", ("--max-requests-jitter",), int, 0,
+            "up to this many requests added at random to max_requests per worker, so that "
+            "workers are not all replaced at once", msgspec.Meta(ge=0, le=2**40), "N",
+            section="supervision"),
+    Setting("max_worker_lifetime", ("--max-worker-lifetime",), float, 0.0,
+            "a worker serving for this long is replaced the same way; 0: never",
+            _seconds(0, 10 * 365 * 86400), "S", section="supervision"),
     Setting("handoff_socket", ("--handoff-socket",), str, "",
             "a unix socket path where this master hands its listeners to a new instance "
             "started with `run --takeover PATH`; empty: none", metavar="PATH",

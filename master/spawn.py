@@ -37,6 +37,11 @@ class WorkerProcess:
     popen: subprocess.Popen | None = None
     returncode: int | None = None
 
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The Popen of a worker started by this image (None if adopted)."""
+        return self.popen
+
     def exited(self, code: int) -> None:
         self.returncode = code
         if self.popen is not None:

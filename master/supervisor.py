@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from sockherd.ipc.errors import IPCError, PeerClosed
-from sockherd.ipc.messages import Drain, FailedBeforeReady, Heartbeat, Ready
+from sockherd.ipc.messages import Drain, FailedBeforeReady, Heartbeat, Ready, Retiring
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
 from sockherd.master.listeners import Listener
 from sockherd.master.reload import Pending, Refused, reconcile
@@ -58,6 +58,9 @@ class Slot:
     last_heartbeat: float = 0.0
     given_up: bool = False
     retired: bool = False          # scaled down (TTOU): drained and never respawned
+    replacing: "Slot | None" = None   # max_requests / lifetime: the worker this one replaces
+    replaced_by: "Slot | None" = None # ... and the one replacing this one, while it starts
+    replace_failures: int = 0
 
 
 class Supervisor:
@@ -104,7 +107,8 @@ class Supervisor:
     # ---- workers -------------------------------------------------------------------
     def _live(self) -> list[Slot]:
         """Every slot of every generation (serving, starting, draining)."""
-        return self.slots + (self.pending.slots if self.pending else []) + self.others
+        return (self.slots + (self.pending.slots if self.pending else []) + self.others
+                + [s.replaced_by for s in self.slots if s.replaced_by is not None])
 
     def _board_row(self) -> int:
         """The lowest balance-board row no live worker holds."""
@@ -126,6 +130,8 @@ class Supervisor:
             log.error("worker %d.%d: cannot start: %s", slot.generation, slot.index, exc)
             if pending:
                 self._refuse(f"worker {slot.generation}.{slot.index} cannot start: {exc}")
+            elif slot.replacing is not None:
+                self._replacement_failed(slot, f"cannot start: {exc}")
             else:
                 self._after_exit(slot, Outcome.FAILED_START, 0.0)
             return
@@ -134,6 +140,9 @@ class Supervisor:
         self.by_pid[proc.pid] = slot
         self.sel.register(proc.channel.fileno(), selectors.EVENT_READ, slot)
         self._at(ready_timeout, "ready_timeout", slot, proc.pid)
+        lifetime = (pending.settings if pending else self.settings).max_worker_lifetime
+        if lifetime > 0:
+            self._at(lifetime, "lifetime", slot, proc.pid)
         log.info("worker %d.%d: spawned, pid %d", slot.generation, slot.index, proc.pid)
 
     def _feed(self, slot: Slot, event: Event) -> None:
@@ -169,6 +178,9 @@ class Supervisor:
             if self.pending and slot in self.pending.slots:
                 self._maybe_commit()
                 return
+            if slot.replacing is not None:
+                self._replaced(slot)
+                return
             self.ever_ready = self.ever_ready or slot in self.slots
             if self.stopping or slot.retired:
                 self._feed(slot, Event.DRAIN)
@@ -180,6 +192,8 @@ class Supervisor:
             log.error("worker %d.%d: failed before ready: %s", slot.generation, slot.index,
                       msg.reason)
             self._feed(slot, Event.FAILED)
+            if slot.replacing is not None:
+                return                                  # its exit says the rest (_reap)
             if self.pending and slot in self.pending.slots:
                 # the traceback is logged above: the refusal says its last line
                 last = (msg.reason.strip().splitlines() or ["?"])[-1]
@@ -188,6 +202,8 @@ class Supervisor:
             self.first_failure = self.first_failure or msg.reason
         elif isinstance(msg, Heartbeat):
             slot.last_heartbeat = time.monotonic()
+        elif isinstance(msg, Retiring):
+            self._replace(slot, f"max_requests ({msg.requests} requests)")
 
     def _reap(self) -> None:
         while True:
@@ -218,6 +234,9 @@ class Supervisor:
             if self.pending and slot in self.pending.slots:
                 self._refuse(f"worker {slot.generation}.{slot.index} exited with {how} "
                              f"before ready")
+                continue
+            if slot.replacing is not None:
+                self._replacement_failed(slot, f"exited with {how} before ready")
                 continue
             if slot in self.others:
                 self.others.remove(slot)             # an older generation's: done
@@ -405,6 +424,47 @@ class Supervisor:
         # a worker that exited while the exec happened is reaped now
         self._reap()
 
+    # ---- max_requests, max_worker_lifetime: one worker replaced ---------------------------
+    def _replace(self, slot: Slot, why: str) -> None:
+        """A worker to replace: a new one starts in its place, and the old
+        one drains once the new one is READY (never a gap in serving)."""
+        if slot not in self.slots or slot.retired or self.stopping or slot.proc is None \
+                or slot.life.state is not State.READY or slot.replaced_by is not None:
+            return
+        if self.pending:
+            return            # the reload under way replaces every worker anyway
+        new = Slot(slot.index, slot.generation)
+        new.replacing, slot.replaced_by = slot, new
+        log.info("worker %d.%d: %s: starting its replacement", slot.generation, slot.index, why)
+        self._spawn(new)
+
+    def _replaced(self, new: Slot) -> None:
+        """The replacement is READY: it takes the slot's place, the old drains."""
+        old, new.replacing = new.replacing, None
+        old.replaced_by = None
+        if old not in self.slots:                # a reload happened meanwhile
+            self.others.append(new)
+            self._feed(new, Event.DRAIN)
+            return
+        self.slots[self.slots.index(old)] = new
+        new.backoff = old.backoff
+        old.retired = True
+        if old.proc is not None:
+            self.others.append(old)
+            self._feed(old, Event.DRAIN)
+        log.info("worker %d.%d: replaced by pid %d; draining pid %d", new.generation,
+                 new.index, new.proc.pid, old.proc.pid if old.proc else 0)
+
+    def _replacement_failed(self, new: Slot, why: str) -> None:
+        old, new.replacing = new.replacing, None
+        old.replaced_by = None
+        old.replace_failures += 1
+        log.error("worker %d.%d: its replacement %s; it serves on%s", old.generation, old.index,
+                  why, "" if old.replace_failures < 5 else " (no more attempts)")
+        if old.replace_failures < 5:
+            self._at(min(30.0, 0.5 * 2 ** old.replace_failures), "replace", old,
+                     old.proc.pid if old.proc else 0)
+
     def _maybe_commit(self) -> None:
         """Every new worker READY: the new generation serves, the old drains."""
         p = self.pending
@@ -511,6 +571,10 @@ class Supervisor:
             self._feed(slot, Event.HARD_STOP)
         elif what == "heartbeat":
             self._heartbeat()
+        elif what == "lifetime":
+            self._replace(slot, f"max_worker_lifetime ({self.settings.max_worker_lifetime:g}s)")
+        elif what == "replace":
+            self._replace(slot, "replacing it again")
 
     def _heartbeat(self) -> None:
         """The check timer: workers send a heartbeat every heartbeat_interval

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import signal
 import socket
@@ -32,7 +33,7 @@ from sockherd.ipc.channel import Channel
 from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.listeners import adopt
 from sockherd.ipc.messages import (
-    Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Stop,
+    Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Retiring, Stop,
 )
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 from sockherd.worker.app import AppImportError, import_app
@@ -97,7 +98,22 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     return loop
 
 
-def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> int:
+def _retire_after(loop: Loop, cfg: dict) -> tuple[int, int]:
+    """max_requests (plus up to max_requests_jitter): the engine calls back
+    on the request that reaches it; the callback only wakes the main thread
+    (an eventfd), which owns the channel and tells the master. (fd, limit),
+    or (-1, 0): off."""
+    limit = int(cfg.get("max_requests") or 0)
+    if not limit or loop.engine is None:
+        return -1, 0
+    limit += random.randint(0, int(cfg.get("max_requests_jitter") or 0))
+    fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    loop.engine.retire_after(limit, lambda: os.eventfd_write(fd, 1))
+    return fd, limit
+
+
+def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
+                   retire: tuple[int, int] = (-1, 0)) -> int:
     """The main thread after READY: one select over the channel, the signal
     wake-up socket and the loop's drained eventfd; no timeout unless a drain
     has a deadline. SIGTERM drains (a TERM to the whole process group, as
@@ -107,6 +123,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> 
     grace = float(cfg.get("idle_grace", 1.0))
     hard = float(cfg.get("hard_stop_after", 30.0))
     beat = float(cfg.get("heartbeat_interval", 25.0))
+    retire_fd, retire_limit = retire       # max_requests (_retire_after)
     deadline = None                    # monotonic time by which a drain must end
     channel_open = True
     next_beat = time.monotonic() + beat
@@ -144,8 +161,19 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket) -> 
                     pass                         # EOF is seen by the read below
                 next_beat = now + beat
             timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
-        watch = [sig_r, loop.drained_fd] + ([ch.fileno()] if channel_open else [])
+        watch = [sig_r, loop.drained_fd] + ([ch.fileno()] if channel_open else []) + \
+            ([retire_fd] if retire_fd >= 0 else [])
         ready, _, _ = select.select(watch, [], [], timeout)
+        if retire_fd in ready:
+            os.eventfd_read(retire_fd)
+            os.close(retire_fd)
+            retire_fd = -1
+            log.info("max_requests reached (%d): asking to be replaced", retire_limit)
+            if channel_open:
+                try:
+                    ch.send(Retiring(requests=retire_limit), timeout=5)
+                except IPCError:
+                    pass
         if sig_r in ready:
             try:
                 signums = sig_r.recv(64)
@@ -233,9 +261,10 @@ def main() -> int:
         # rows of every live worker: during a reload two generations serve
         gate.upto = min(SLOTS, max(2 * workers, gate.index + 1) + 8)
         gate.publish()
+    retire = _retire_after(loop, got.msg.config)
     ch.send(Ready(pid=os.getpid()))
     try:
-        return _serve_channel(ch, loop, got.msg.config, sig_r)
+        return _serve_channel(ch, loop, got.msg.config, sig_r, retire)
     finally:
         loop.stop()
         _log_totals(loop)

@@ -109,6 +109,13 @@ class Clients:
             t.join(30)
 
 
+def answers(port: int, version: str, timeout: float = 10) -> None:
+    """Polls until a new connection gets `version`: a worker of the old
+    generation may still accept one for an instant after the new one
+    serves (it is told to drain then, and stops polling the listener)."""
+    wait_for(lambda: get(port).startswith(version + " "), timeout, f"{version} answers")
+
+
 def reload(m, count: int, timeout: float = 30) -> None:
     """HUP, then wait for the count-th `generation N serving` line."""
     m.proc.send_signal(signal.SIGHUP)
@@ -118,7 +125,7 @@ def reload(m, count: int, timeout: float = 30) -> None:
 def test_reload_switches_the_app_without_a_failed_request(master, tmp_path):
     write_app(tmp_path, "v1")
     m = master("verapp:app", "-w", "2")
-    assert get(m.port).startswith("v1 ")
+    answers(m.port, "v1")
     old = set(children(m.proc.pid))
     inode = listener_inode(m.port)
     clients = Clients(m.port)
@@ -132,7 +139,7 @@ def test_reload_switches_the_app_without_a_failed_request(master, tmp_path):
     finally:
         clients.stop()
     assert clients.failures == [], clients.failures[:5]
-    assert get(m.port).startswith("v2 ")
+    answers(m.port, "v2")
     # the old generation drained and exited; the listener is the same socket
     wait_for(lambda: not old & set(children(m.proc.pid)), 30, "the old workers' exit")
     assert listener_inode(m.port) == inode
@@ -202,7 +209,7 @@ def test_a_reload_while_one_is_starting_is_refused(master, tmp_path):
     m.proc.send_signal(signal.SIGHUP)
     m.wait_log(r"reload refused: generation 2 is still starting")
     m.wait_log(r"reload: generation 2 serving")
-    assert get(m.port).startswith("v2 ")
+    answers(m.port, "v2")
 
 
 def free_port() -> int:
@@ -232,7 +239,8 @@ def test_listeners_added_kept_and_removed_at_reload(master, tmp_path):
     write_app(tmp_path, "v2")
     reload(m, 1)
     assert listener_inode(port_a) == inode_a                 # the same socket, never re-bound
-    assert get(port_a).startswith("v2 ") and get(port_c).startswith("v2 ")
+    answers(port_a, "v2")
+    answers(port_c, "v2")
     wait_for(lambda: refused(port_b), 20, "the removed listener's close")
     m.wait_log(rf"listening on 127\.0\.0\.1:{port_c} \(new in generation 2\)")
     m.wait_log(rf"closing 127\.0\.0\.1:{port_b}: not in generation 2's settings")
@@ -252,7 +260,7 @@ def test_a_bind_that_fails_refuses_the_reload(master, tmp_path):
         m.wait_log(r"reload refused \(generation 2\): bind 127\.0\.0\.1:\d+: ")
     finally:
         blocker.close()
-    assert get(port_a).startswith("v1 ")
+    answers(port_a, "v1")
     assert "worker 2.0: spawned" not in m.text()
 
 
@@ -308,7 +316,7 @@ def test_no_fd_leak_over_100_reloads(master, tmp_path):
     last = []
     assert wait_for(lambda: (last.append(open_fds(m.proc.pid)) or last[-1] == after_one), 10,
                     lambda: f"fds {last[-1]} != {after_one}")
-    assert get(m.port).startswith("v99 ")
+    answers(m.port, "v99")
 
 
 # ---- upgrade (SIGUSR2): the master re-executes itself in place ---------------------------------
@@ -353,10 +361,10 @@ def test_a_failed_upgrade_exec_leaves_the_master_running(master, tmp_path):
     write_app(tmp_path, "v2")
     m.proc.send_signal(signal.SIGUSR2)
     m.wait_log(r"reload: generation 2 serving")
-    assert get(m.port).startswith("v2 ")
+    answers(m.port, "v2")
     write_app(tmp_path, "v3")
     reload(m, 2)
-    assert get(m.port).startswith("v3 ")
+    answers(m.port, "v3")
 
 
 def test_five_reloads_and_an_upgrade_under_load(master, tmp_path):
@@ -427,3 +435,40 @@ def test_takeover_from_nobody_fails_cleanly(master, tmp_path):
     m = master("verapp:app", "-w", "1", "--takeover", str(tmp_path / "nobody.sock"), ready=None)
     assert m.proc.wait(timeout=30) == 1
     m.wait_log(r"takeover: cannot connect to .*nobody\.sock")
+
+
+# ---- max_requests and max_worker_lifetime: one worker replaced, the new one READY first ------------
+
+def test_max_requests_replaces_the_worker_without_a_failed_request(master, tmp_path):
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "1", "--max-requests", "40", "--max-requests-jitter", "10",
+               ready=1)
+    first = children(m.proc.pid)
+    clients = Clients(m.port, fresh=1, kept=1)
+    try:
+        m.wait_log(r"worker 1\.0: max_requests \((\d+) requests\): starting its replacement")
+        m.wait_log(r"worker 1\.0: replaced by pid \d+; draining pid %d" % first[0])
+        wait_for(lambda: first[0] not in children(m.proc.pid), 30, "the old worker's exit")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 20, 10, "traffic after the replacement")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    served = int(m.wait_log(r"max_requests \((\d+) requests\)")[0])
+    assert 40 <= served <= 50
+    assert len(m.wait_log(r"replaced by pid", count=2, timeout=60)) >= 2   # and again
+
+
+def test_max_worker_lifetime_replaces_each_worker(master, tmp_path):
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "2", "--max-worker-lifetime", "1.5")
+    first = set(children(m.proc.pid))
+    clients = Clients(m.port, fresh=1, kept=1)
+    try:
+        m.wait_log(r"max_worker_lifetime \(1\.5s\): starting its replacement", count=2)
+        m.wait_log(r"replaced by pid", count=2)
+        wait_for(lambda: not first & set(children(m.proc.pid)), 30, "the first workers' exit")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert m.proc.poll() is None

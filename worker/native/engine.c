@@ -550,6 +550,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->sendfile);
 	Py_VISIT(s->enter_app);
 	Py_VISIT(s->busy);
+	Py_VISIT(s->on_retire);
 	return 0;
 }
 
@@ -567,6 +568,7 @@ static int Server_clear(Server *s)
 	Py_CLEAR(s->sendfile);
 	Py_CLEAR(s->enter_app);
 	Py_CLEAR(s->busy);
+	Py_CLEAR(s->on_retire);
 	return 0;
 }
 
@@ -593,10 +595,25 @@ static void Server_dealloc(Server *s)
 	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
+static PyObject *Server_retire_after(Server *s, PyObject *args)
+{
+	unsigned long long n;
+	PyObject *fn;
+
+	if (!PyArg_ParseTuple(args, "KO:retire_after", &n, &fn))
+		return NULL;
+	s->retire_at = n;
+	Py_XSETREF(s->on_retire, n ? Py_NewRef(fn) : NULL);
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef Server_methods[] = {
 	{"turn", (PyCFunction)Server_turn, METH_VARARGS, turn_doc},
 	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
 	{"bind", (PyCFunction)Server_bind, METH_O, bind_doc},
+	{"retire_after", (PyCFunction)Server_retire_after, METH_VARARGS,
+	 "retire_after(n, fn): fn() is called once, on the loop thread that answers the n-th "
+	 "request (0: never)."},
 	{NULL},
 };
 
@@ -617,6 +634,12 @@ static int set_draining(Server *s, PyObject *v, void *c)
 	return 0;
 }
 
+static PyObject *get_requests(Server *s, void *c)
+{
+	(void)c;
+	return PyLong_FromUnsignedLongLong(s->requests);
+}
+
 static PyObject *get_count(Server *s, void *c)
 {
 	(void)c;
@@ -627,6 +650,7 @@ static PyGetSetDef Server_getset[] = {
 	{"draining", (getter)get_draining, (setter)set_draining,
 	 "responses carry Connection: close", NULL},
 	{"count", (getter)get_count, NULL, "open connections", NULL},
+	{"requests", (getter)get_requests, NULL, "requests answered", NULL},
 	{NULL},
 };
 

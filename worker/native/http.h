@@ -126,6 +126,9 @@ typedef struct {
 	PyObject *script_name, *server_line;
 	double header_timeout, keepalive_timeout, body_timeout;
 	int draining;
+	unsigned long long requests;       /* answered (every response framed) */
+	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
+	PyObject *on_retire;               /* called once when requests reach retire_at */
 } Server;
 
 extern PyTypeObject ServerType;

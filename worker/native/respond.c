@@ -719,6 +719,13 @@ int respond(HttpConn *c, PyObject *env)
 	if (s->access != Py_None)
 		access_log(s, env, r, started);
 	out = r->keep;
+	if (++s->requests == s->retire_at && s->on_retire) {
+		/* max_requests: the worker asks to be replaced (once) */
+		PyObject *rc = PyObject_CallNoArgs(s->on_retire);
+		if (!rc)
+			PyErr_WriteUnraisable(s->on_retire);
+		Py_XDECREF(rc);
+	}
 	Py_DECREF(r);
 	return out;
 }
