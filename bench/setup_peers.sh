@@ -1,7 +1,9 @@
 #!/bin/sh
-# Installs what the issue-7 benchmarks (accept_bench, idle_bench, echo_bench)
-# and issue 8's http_hello need besides sockherd itself, and only what is missing:
-#   Debian: nginx (nginx-light, else nginx), wrk, gcc
+# Installs what the issue-7 benchmarks (accept_bench, idle_bench, echo_bench),
+# issue 8's http_hello and issue 9's reload_under_load need besides sockherd
+# itself, and only what is missing:
+#   Debian: nginx (nginx-light, else nginx), wrk, gcc, haproxy (reload_under_load:
+#   its master-worker mode, -W, reloaded by SIGUSR2)
 #   bench/.venv-peers: gunicorn uvicorn granian uvloop httptools (a venv of its
 #   own, so the peers never touch sockherd's .venv; httptools: uvicorn --http
 #   httptools in http_hello)
@@ -20,6 +22,7 @@ missing=""
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$missing nginx"
 command -v wrk >/dev/null 2>&1 || missing="$missing wrk"
 command -v gcc >/dev/null 2>&1 || missing="$missing gcc"
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$missing haproxy"
 if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$missing python3-venv"; fi
 
 if [ -n "$missing" ]; then
@@ -34,16 +37,19 @@ if [ -n "$missing" ]; then
             DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "$p" ;;
         esac
     done
-    # the packaged nginx service is not wanted: the benchmark runs its own
-    # instances with a conf of their own (systemd may not be running at all)
+    # the packaged nginx and haproxy services are not wanted: the benchmarks run
+    # their own instances with a conf of their own (systemd may not be running)
     if command -v systemctl >/dev/null 2>&1; then
         $SUDO systemctl disable --now nginx >/dev/null 2>&1 || true
+        $SUDO systemctl disable --now haproxy >/dev/null 2>&1 || true
     fi
-    if [ -f /run/nginx.pid ]; then
-        $SUDO kill "$(cat /run/nginx.pid)" 2>/dev/null || true
-    fi
+    for pidfile in /run/nginx.pid /run/haproxy.pid; do
+        if [ -f "$pidfile" ]; then
+            $SUDO kill "$(cat "$pidfile")" 2>/dev/null || true
+        fi
+    done
 else
-    echo "setup_peers: Debian packages present (nginx wrk gcc)"
+    echo "setup_peers: Debian packages present (nginx wrk gcc haproxy)"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
