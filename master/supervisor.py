@@ -108,7 +108,7 @@ class Supervisor:
     def _live(self) -> list[Slot]:
         """Every slot of every generation (serving, starting, draining)."""
         return (self.slots + (self.pending.slots if self.pending else []) + self.others
-                + [s.replaced_by for s in self.slots if s.replaced_by is not None])
+                + [s.replaced_by for s in self.slots + self.others if s.replaced_by is not None])
 
     def _board_row(self) -> int:
         """The lowest balance-board row no live worker holds."""
@@ -188,6 +188,9 @@ class Supervisor:
                     s.life is not None and s.life.state is State.READY for s in self._active()):
                 on_serving, self.on_serving = self.on_serving, None
                 on_serving()
+                # a takeover serves its own hand-off socket only now: one
+                # that failed before must leave the old instance's in place
+                self._serve_handoff()
         elif isinstance(msg, FailedBeforeReady):
             log.error("worker %d.%d: failed before ready: %s", slot.generation, slot.index,
                       msg.reason)
@@ -273,8 +276,11 @@ class Supervisor:
             data = self._wake_r.recv(4096)
         except BlockingIOError:
             return
+        upgrade = False
         for signum in data:
-            if signum == signal.SIGCHLD:
+            if signum == signal.SIGUSR2:
+                upgrade = True           # last: the exec ends this batch (review)
+            elif signum == signal.SIGCHLD:
                 self._reap()
             elif signum == signal.SIGTTIN and not self.stopping:
                 self._scale_up()
@@ -282,8 +288,6 @@ class Supervisor:
                 self._scale_down()
             elif signum == signal.SIGHUP and not self.stopping:
                 self._reload()
-            elif signum == signal.SIGUSR2 and not self.stopping:
-                self._upgrade()
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
@@ -292,6 +296,8 @@ class Supervisor:
                 for slot in self._live():
                     if slot.life is not None:
                         self._feed(slot, Event.KILL)
+        if upgrade and not self.stopping:
+            self._upgrade()
 
     def _active(self) -> list[Slot]:
         return [s for s in self.slots if not s.retired]
@@ -380,20 +386,34 @@ class Supervisor:
 
     def _upgrade(self) -> None:
         """USR2: re-exec in place (master/upgrade.py); returns only if the
-        exec failed, and then this master carries on."""
+        exec failed or was refused, and then this master carries on."""
         from sockherd.master import upgrade
 
         if self.pending:
             log.warning("upgrade refused: generation %d is still starting",
                         self.pending.generation)
             return
-        try:
-            settings = self.reload_settings() if self.reload_settings else self.settings
-        except Exception as exc:                        # noqa: BLE001 - said, never fatal
-            log.error("upgrade refused: bad setting: %s", exc)
+        starting = [s for s in self._live() if s.proc is not None
+                    and s.life.state is State.STARTING]
+        if not self.ever_ready or starting:
+            # its READY would reach an image that adopted it as serving (review)
+            log.warning("upgrade refused: %d worker(s) still starting; try again once ready",
+                        len(starting) or len(self.slots))
             return
-        why = upgrade.execute(self, settings.python or sys.executable, HANDLED)
-        log.error("upgrade failed: %s; this master carries on", why)
+        # from here to the exec, a signal waits for the new image (a TERM
+        # read while the settings are read again would be lost at the exec)
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        try:
+            try:
+                settings = self.reload_settings() if self.reload_settings else self.settings
+            except Exception as exc:                    # noqa: BLE001 - said, never fatal
+                log.error("upgrade refused: bad setting: %s", exc)
+                return
+            python = settings.python or sys.executable
+            why = upgrade.preflight(python) or upgrade.execute(self, python, HANDLED)
+            log.error("upgrade failed: %s; this master carries on", why)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
 
     def _adopt(self) -> None:
         """After an upgrade: the previous image's workers are ours to
@@ -410,6 +430,8 @@ class Supervisor:
             slot.life = Worker(w.generation, w.index)
             slot.started = slot.last_heartbeat = now
             self.by_pid[w.pid] = slot
+            if self.settings.max_worker_lifetime > 0:
+                self._at(self.settings.max_worker_lifetime, "lifetime", slot, w.pid)
             self.sel.register(slot.proc.channel.fileno(), selectors.EVENT_READ, slot)
             self._feed(slot, Event.READY)
             if w.draining or w.generation != state.generation:
@@ -442,7 +464,7 @@ class Supervisor:
         """The replacement is READY: it takes the slot's place, the old drains."""
         old, new.replacing = new.replacing, None
         old.replaced_by = None
-        if old not in self.slots:                # a reload happened meanwhile
+        if old not in self.slots or old.retired:  # a reload or a TTOU happened meanwhile
             self.others.append(new)
             self._feed(new, Event.DRAIN)
             return
@@ -606,7 +628,8 @@ class Supervisor:
         self.sel.register(self._wake_r.fileno(), selectors.EVENT_READ, None)
         # blocked across an upgrade's exec (master/upgrade.py): delivered now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
-        self._serve_handoff()
+        if self.on_serving is None:
+            self._serve_handoff()
         try:
             if self.adopted is not None:
                 self._adopt()

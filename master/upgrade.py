@@ -47,12 +47,33 @@ def state_of(sup) -> reexec.ReexecState:
         workers=workers, board_fd=sup.board.fd)
 
 
+def preflight(python: str) -> str:
+    """Why `python` cannot run the new image ("" if it can): an exec that
+    works into an interpreter without sockherd would end the master."""
+    import subprocess
+
+    try:
+        subprocess.run([python, "-c", "import sockherd.master.cli"], check=True, timeout=30,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+    except FileNotFoundError:
+        return f"cannot exec {python}: No such file or directory"
+    except PermissionError:
+        return f"cannot exec {python}: Permission denied"
+    except subprocess.CalledProcessError as exc:
+        last = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
+        return f"{python} cannot import sockherd: {last[-1] if last else exc}"
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return f"{python}: {exc}"
+    return ""
+
+
 def execute(sup, python: str, handled) -> str:
     """Re-executes the master; returns only if that failed, with why."""
     state = state_of(sup)
     argv = [python, "-m", "sockherd.master", *sys.argv[1:]]
     plan = reexec.prepare_exec(state)
-    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    signal.pthread_sigmask(signal.SIG_BLOCK, handled)     # (the caller blocked them already)
     log.info("upgrade: re-executing %s with %d listener(s) and %d worker(s)", python,
              len(state.listeners), len(state.workers))
     for handler in logging.getLogger().handlers:
@@ -61,7 +82,6 @@ def execute(sup, python: str, handled) -> str:
         os.execve(python, argv, plan.env)
     except OSError as exc:
         reexec.abort_exec(plan)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
         return f"cannot exec {python}: {exc.strerror}"
     return "exec returned"                              # not reached
 
