@@ -102,6 +102,7 @@ class Loop:
         self._timers: list[list] = [[] for _ in self.loop_threads]
         self._timer_seq = itertools.count()
         self.relief = Relief(self, takeover_after)
+        self._stragglers: list[tuple[int, int, int]] = []   # (dup, fd, gen): _delete_listeners
         # the wsgi interface's native engine (worker/native/engine.c): it
         # runs the connections' side of each turn; None for a stream handler
         make_engine = getattr(handler_class, "make_engine", None)
@@ -154,6 +155,8 @@ class Loop:
             del self.local.th
             if self.engine is not None:
                 self.engine.bind(-1)
+        while self._stragglers:
+            os.close(self._stragglers.pop()[0])
         os.close(self.drained_fd)
         self.drained_fd = -1
         self.relief.close()
@@ -195,15 +198,81 @@ class Loop:
             self.engine.draining = True          # responses carry Connection: close
         self.gate.leave_board()
         if self.control is not None and self._listeners_deleted.acquire(blocking=False):
-            self._delete_listeners(self.control)
+            self._delete_listeners(self.control, drain=True)
         self._draining.set()
         for th in self.loop_threads:
             self.table.wake(th.tid)
 
-    def _delete_listeners(self, th) -> None:
+    def _delete_listeners(self, th, *, drain: bool = False) -> None:
+        """Deletes the listeners (any thread may delete any fd; deferred to
+        a thread still inside one, accepting). With drain: a dup of each is
+        kept until the delete is complete, then its queue is emptied here
+        (_accept_stragglers): a listener is polled EXCLUSIVE, and a
+        connection whose wake-up went to one of our pollers just before the
+        delete would wait, unaccepted, for the next one to arrive (review:
+        at a reload's commit, two idle new workers and one queued client)."""
         for fd in list(self.listeners):
-            th.delete(fd)                   # any thread may delete any fd; deferred
-        self.listeners.clear()              # to a thread still inside it (accept)
+            if drain:
+                try:
+                    self._stragglers.append((os.dup(fd), fd, self.table.dump(fd).generation))
+                except OSError as exc:
+                    log.warning("listener fd %d: cannot keep it to empty its queue: %s", fd,
+                                exc.strerror)
+            th.delete(fd)
+        self.listeners.clear()
+
+    def _accept_stragglers(self, th, me: int) -> int:
+        """A draining thread's part of _delete_listeners(drain=True): once a
+        deleted listener is out of every poller of ours (released), new
+        connections wake the other workers' pollers; what is queued now
+        came before, and is taken and served here (Connection: close).
+        Returns a poll timeout (ms) while a delete is still deferred, else -1."""
+        later = []
+        while self._stragglers:
+            try:
+                dup, fd, gen = self._stragglers.pop()
+            except IndexError:
+                break
+            if not self.table.released(fd, gen):
+                later.append((dup, fd, gen))
+                continue
+            taken = 0
+            try:
+                while True:
+                    try:
+                        conn, _ = _accept_raw(dup)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:
+                        log.warning("emptying a deleted listener: %s", exc.strerror)
+                        break
+                    taken += 1
+                    self._adopt_accepted(th, me, conn)
+            finally:
+                os.close(dup)
+            if taken:
+                log.info("drain: took %d connection(s) queued on a deleted listener", taken)
+        self._stragglers.extend(later)
+        return 10 if later else -1
+
+    def _adopt_accepted(self, th, me: int, fd: int) -> None:
+        """A connection accepted outside fdcore's accept, made ours."""
+        if self.engine is not None:
+            self.engine.take(me, fd)
+            self.gate.publish()
+            return
+        cookie = next(self._cookies)
+        try:
+            socket_opt_nodelay(fd)
+            self.table.insert(fd, cookie, tgid=th.tgid, thread_mask=th.bit, kind=KIND_CONN,
+                              accepted=True)
+        except OSError:
+            log.exception("cannot take connection fd %d", fd)
+            os.close(fd)
+            return
+        conn = Connection(self, th, fd, cookie, self.handler_class())
+        self.conns[fd] = conn
+        conn.connect()
 
     def _drain_step(self, th, me: int) -> int:
         """A draining thread's turn: delete the listeners (the first thread to
@@ -212,7 +281,8 @@ class Loop:
         connection with a request waiting (readable now: it arrived while this
         thread was busy elsewhere) is not idle, whatever its last event says."""
         if self._listeners_deleted.acquire(blocking=False):
-            self._delete_listeners(th)
+            self._delete_listeners(th, drain=True)
+        straggling = self._accept_stragglers(th, me) if self._stragglers else -1
         now = time.monotonic()
         due_now, next_due = [], None
         for conn in [c for c in list(self.conns.values()) if c.th is th]:
@@ -232,12 +302,12 @@ class Loop:
                 else:
                     conn.close()
             self.relief.busy[me] = 0.0
-        if not self.conns and not self.drained.is_set():
+        if not self.conns and not self._stragglers and not self.drained.is_set():
             self.drained.set()
             os.eventfd_write(self.drained_fd, 1)
         if next_due is None:
-            return -1
-        return max(1, int((next_due - now) * 1000) + 1)
+            return straggling
+        return _sooner(straggling, max(1, int((next_due - now) * 1000) + 1))
 
     def _enter_app(self, me: int) -> None:
         """Marks loop thread `me` as inside app code from now (the watchdog's
@@ -518,6 +588,19 @@ class Loop:
         self._accept_paused_until = 0.0
         self.gate.on(th, EMFILE)
         return -1
+
+
+def _accept_raw(lfd: int) -> tuple[int, None]:
+    """One non-blocking accept on a listener fd we do not own as a socket
+    object: (new fd, close-on-exec and non-blocking, None)."""
+    s = socket.socket(fileno=lfd)
+    try:
+        s.setblocking(False)
+        conn, _ = s.accept()
+    finally:
+        s.detach()
+    conn.setblocking(False)
+    return conn.detach(), None
 
 
 def socket_opt_nodelay(fd: int) -> None:

@@ -1,8 +1,8 @@
 """Review of reload (HUP), upgrade (USR2), takeover and per-worker
 replacement with real masters: signals at awkward moments, listener
 reconciliation, fds across the operations. Each finding was a strict
-xfail test first (its reason names the code as it was at 9c98584); eight
-are fixed and their tests guard them now, five are still xfail (open).
+xfail test first (its reason names the code as it was at 9c98584); nine
+are fixed and their tests guard them now, four are still xfail (open).
 The cases checked and found right are plain guard tests. Every process is reaped by the `master` fixture; every
 wait polls with a deadline."""
 from __future__ import annotations
@@ -679,15 +679,6 @@ def test_max_worker_lifetime_still_applies_after_an_upgrade_whose_reload_is_refu
 # ---- a connection arriving as the old generation drains ------------------------------------------
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason=(
-    "a connection that arrives as the old generation gets its Drain is never accepted until "
-    "another connection arrives: the listener is polled EPOLLEXCLUSIVE (fdcore/poller.c:14-16, "
-    "170) and the old workers registered first, so the kernel hands the wake-up to an old "
-    "worker's thread; worker/loop.py drain (l.184-206) deletes the listeners before that "
-    "thread accepts, and no new-generation poller is woken (old totals: accepted=0 "
-    "accept_empty=0; ss shows Recv-Q 1 on the LISTEN socket, two idle READY new workers). "
-    "Zero-downtime contract (DESIGN.md 3: no connection left unanswered) broken; masked "
-    "under continuous load by the next arrival"))
 def test_a_connection_at_the_commit_is_answered(master, tmp_path):
     import http.client
     import subprocess

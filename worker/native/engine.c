@@ -316,6 +316,64 @@ fail:
 	return NULL;
 }
 
+/* One accepted connection into the table and the engine, owned by loop
+ * thread pos, reading, with its header timer. 1 taken, 0 dropped (closed:
+ * beyond the table, or refused by it), -1 with a Python error (closed). */
+static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
+{
+	int one = 1;
+	uint64_t cookie = s->next_cookie++;
+	HttpConn *c;
+	PyObject *key;
+
+	/* not for a unix socket: EOPNOTSUPP, harmless */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (fd >= s->maxfd ||
+	    s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit, FDC_ACCEPTED) < 0) {
+		close(fd);                              /* beyond the table: nothing else to do */
+		return 0;
+	}
+	c = hconn_new(s, pos, fd, cookie);
+	if (!c) {
+		s->api.delete(t->th, fd);
+		return -1;
+	}
+	/* the header timer and reading, before any other thread can see it */
+	c->head_clock = 1;
+	timer_arm(c, TIMER_HEADER);
+	c->recv_on = 1;
+	s->api.want_recv(t->th, fd);
+	s->conns[fd] = c;                            /* the array's reference */
+	s->count++;
+	key = PyLong_FromLong(fd);
+	if (!key || PyDict_SetItem(s->conns_dict, key, (PyObject *)c) < 0) {
+		Py_XDECREF(key);
+		hconn_close_now(c);
+		return -1;
+	}
+	Py_DECREF(key);
+	return 1;
+}
+
+PyDoc_STRVAR(take_doc,
+"take(pos, fd) -> bool\n\n"
+"A connection accepted elsewhere (a draining worker emptying a deleted\n"
+"listener's queue) into the engine, owned by loop thread pos: as accept()\n"
+"does for each of its batch. False if it was dropped (closed).");
+
+static PyObject *Server_take(Server *s, PyObject *args)
+{
+	int pos, fd, rc;
+	struct srv_thread *t;
+
+	if (!PyArg_ParseTuple(args, "ii:take", &pos, &fd) || !(t = as_thread(s, pos)))
+		return NULL;
+	rc = take_fd(s, t, pos, fd);
+	if (rc < 0)
+		return NULL;
+	return PyBool_FromLong(rc);
+}
+
 PyDoc_STRVAR(accept_doc,
 "accept(pos, lfd, max) -> count\n\n"
 "Accepts up to max connections on listener lfd (held by loop thread pos),\n"
@@ -338,43 +396,14 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 		return PyErr_SetFromErrno(PyExc_OSError);
 	}
 	for (int i = 0; i < n; i++) {
-		int fd = fds[i], one = 1, rc;
-		uint64_t cookie = s->next_cookie++;
-		HttpConn *c;
-		PyObject *key;
+		int rc = take_fd(s, t, pos, fds[i]);
 
-		/* not for a unix socket: EOPNOTSUPP, harmless */
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (fd >= s->maxfd ||
-		    (rc = s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit,
-		                        FDC_ACCEPTED)) < 0) {
-			close(fd);                          /* beyond the table: nothing else to do */
-			continue;
-		}
-		c = hconn_new(s, pos, fd, cookie);
-		if (!c) {
-			s->api.delete(t->th, fd);
+		if (rc < 0) {
 			for (int k = i + 1; k < n; k++)
 				close(fds[k]);
 			return NULL;
 		}
-		/* the header timer and reading, before any other thread can see it */
-		c->head_clock = 1;
-		timer_arm(c, TIMER_HEADER);
-		c->recv_on = 1;
-		s->api.want_recv(t->th, fd);
-		s->conns[fd] = c;                        /* the array's reference */
-		s->count++;
-		key = PyLong_FromLong(fd);
-		if (!key || PyDict_SetItem(s->conns_dict, key, (PyObject *)c) < 0) {
-			Py_XDECREF(key);
-			hconn_close_now(c);
-			for (int k = i + 1; k < n; k++)
-				close(fds[k]);
-			return NULL;
-		}
-		Py_DECREF(key);
-		ok++;
+		ok += rc;
 	}
 	return PyLong_FromLong(ok);
 }
@@ -610,6 +639,7 @@ static PyObject *Server_retire_after(Server *s, PyObject *args)
 static PyMethodDef Server_methods[] = {
 	{"turn", (PyCFunction)Server_turn, METH_VARARGS, turn_doc},
 	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
+	{"take", (PyCFunction)Server_take, METH_VARARGS, take_doc},
 	{"bind", (PyCFunction)Server_bind, METH_O, bind_doc},
 	{"retire_after", (PyCFunction)Server_retire_after, METH_VARARGS,
 	 "retire_after(n, fn): fn() is called once, on the loop thread that answers the n-th "
