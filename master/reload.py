@@ -38,12 +38,37 @@ class Pending:
         self.added = []
 
 
+def _same_socket(address, bound: dict[str, Listener]) -> Listener | None:
+    """The listener among `bound` (by its kernel address) that a TCP
+    address with a fixed port resolves to, if any."""
+    import socket
+
+    from sockherd.ipc.listeners import format_address
+
+    if address.kind != "tcp" or not address.port or not bound:
+        return None
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError:
+        return None                                   # the bind says why
+    for family, _, _, _, sockaddr in infos:
+        found = bound.get(format_address(family, sockaddr[:2]))
+        if found is not None:
+            return found
+    return None
+
+
 def reconcile(current: list[Listener], activated: list[Listener], settings) -> tuple[
         list[Listener], list[Listener]]:
     """The listeners of `settings`: (all of them, the ones bound now). The
     systemd-activated ones always stay (they are not in `bind`); one of
     `current` whose address is asked again is reused. Raises Refused."""
     keep = {lst.address: lst for lst in current if lst not in activated}
+    # ... and by the address the kernel bound: `localhost:8000` then
+    # `127.0.0.1:8000` is the same socket (a fixed port only: port 0 asks
+    # for a new one each time, so only its spelling can match)
+    bound = {lst.descriptor.address: lst for lst in keep.values()}
     out, added = list(activated), []
     try:
         for text in settings.bind:
@@ -51,9 +76,10 @@ def reconcile(current: list[Listener], activated: list[Listener], settings) -> t
                 address = parse(text)
             except AddressError as exc:
                 raise Refused(f"bind {text!r}: {exc}") from None
-            if address in keep:
-                if keep[address] not in out:
-                    out.append(keep[address])
+            same = keep.get(address) or _same_socket(address, bound)
+            if same is not None:
+                if same not in out:
+                    out.append(same)
                 continue
             try:
                 lst = bind(text, backlog=settings.backlog, unix_mode=settings.unix_mode,

@@ -1,8 +1,8 @@
 """Review of reload (HUP), upgrade (USR2), takeover and per-worker
 replacement with real masters: signals at awkward moments, listener
 reconciliation, fds across the operations. Each finding was a strict
-xfail test first (its reason names the code as it was at 9c98584); nine
-are fixed and their tests guard them now, four are still xfail (open).
+xfail test first (its reason names the code as it was at 9c98584); ten
+are fixed and their tests guard them now, three are still xfail (open).
 The cases checked and found right are plain guard tests. Every process is reaped by the `master` fixture; every
 wait polls with a deadline."""
 from __future__ import annotations
@@ -321,11 +321,6 @@ def test_same_address_written_differently_keeps_the_socket(master, tmp_path, fir
     assert listener_inode(port) == inode
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "master/reload.py:46,54 matches listeners by the configured Address (host text), not by "
-    "the bound socket address: localhost:P -> 127.0.0.1:P (the same socket) is re-bound, "
-    "EADDRINUSE, and the reload is refused; every reload is refused until the spelling is "
-    "put back (HAProxy matches on the resolved sockaddr, notes B.7 step 5)"))
 def test_localhost_rewritten_as_127_0_0_1_is_the_same_listener(master, tmp_path):
     write_app(tmp_path, "v1")
     port = free_port()
