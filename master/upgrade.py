@@ -100,7 +100,7 @@ def inherited_listeners(state: reexec.ReexecState) -> tuple[list[Listener], list
             address = parse(item.listener.name)
         except AddressError:
             address = parse(f"fd://{item.fd}")
-        lst = Listener(address, sock, item.listener)
+        lst = _owning_file(Listener(address, sock, item.listener))
         out.append(lst)
         if item.activated:
             activated.append(lst)
@@ -121,5 +121,21 @@ def fetched_listeners(path: str) -> tuple[list[Listener], int]:
             address = parse(desc.name)
         except AddressError:
             address = parse(f"fd://{sock.fileno()}")
-        out.append(Listener(address, sock, desc))
+        out.append(_owning_file(Listener(address, sock, desc)))
     return out, pid
+
+
+def _owning_file(lst: Listener) -> Listener:
+    """A unix listener carried over (upgrade, takeover) owns its socket file
+    as the one that bound it did: removed at close if it is still the file
+    seen now (review: a dead socket file was left behind)."""
+    import stat
+
+    if lst.address.kind == "unix":
+        try:
+            st = os.lstat(lst.address.path)
+        except OSError:
+            return lst
+        if stat.S_ISSOCK(st.st_mode):
+            lst.created_path, lst.inode = lst.address.path, st.st_ino
+    return lst

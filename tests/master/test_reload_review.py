@@ -1,8 +1,8 @@
 """Review of reload (HUP), upgrade (USR2), takeover and per-worker
 replacement with real masters: signals at awkward moments, listener
 reconciliation, fds across the operations. Each finding was a strict
-xfail test first (its reason names the code as it was at 9c98584); ten
-are fixed and their tests guard them now, three are still xfail (open).
+xfail test first (its reason names the code as it was at 9c98584); eleven
+are fixed and their tests guard them now, two are still xfail (open).
 The cases checked and found right are plain guard tests. Every process is reaped by the `master` fixture; every
 wait polls with a deadline."""
 from __future__ import annotations
@@ -274,11 +274,6 @@ def test_unix_listener_file_kept_over_reloads_and_removed_at_stop(master, tmp_pa
     assert not os.path.exists(path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "master/upgrade.py:83 (inherited_listeners) and :104 (fetched_listeners) build the "
-    "Listener without created_path/inode: after an upgrade or a takeover the master never "
-    "removes the unix socket file it serves (not at TERM, not when a reload drops the "
-    "address): a dead socket file is left (clients get ECONNREFUSED, not ENOENT)"))
 @pytest.mark.parametrize("how", ["upgrade", "takeover"])
 def test_unix_listener_file_removed_at_stop_after_upgrade_or_takeover(master, tmp_path, how):
     write_app(tmp_path, "v1")
