@@ -261,6 +261,13 @@ class Loop:
             self.engine.take(me, fd)
             self.gate.publish()
             return
+        conn = self._register(th, fd)
+        if conn is not None:
+            conn.connect()
+
+    def _register(self, th, fd: int) -> Connection | None:
+        """An accepted fd into the table (owned by th) and into conns as a
+        stream Connection; None if the table refused it (closed then)."""
         cookie = next(self._cookies)
         try:
             socket_opt_nodelay(fd)
@@ -269,10 +276,10 @@ class Loop:
         except OSError:
             log.exception("cannot take connection fd %d", fd)
             os.close(fd)
-            return
+            return None
         conn = Connection(self, th, fd, cookie, self.handler_class())
         self.conns[fd] = conn
-        conn.connect()
+        return conn
 
     def _drain_step(self, th, me: int) -> int:
         """A draining thread's turn: delete the listeners (the first thread to
@@ -493,20 +500,7 @@ class Loop:
             self.gate.balance_off(th)
         # the whole batch is in the table and in conns before any on_connect
         # runs: a slow one must not hide the others from a relieving sibling
-        new = []
-        for fd in fds:
-            cookie = next(self._cookies)
-            try:
-                socket_opt_nodelay(fd)
-                self.table.insert(fd, cookie, tgid=th.tgid, thread_mask=th.bit, kind=KIND_CONN,
-                                  accepted=True)
-            except OSError:
-                log.exception("cannot take connection fd %d", fd)
-                os.close(fd)
-                continue
-            conn = Connection(self, th, fd, cookie, self.handler_class())
-            self.conns[fd] = conn
-            new.append(conn)
+        new = [conn for fd in fds if (conn := self._register(th, fd)) is not None]
         self.gate.publish()
         busy = self.relief.busy
         me = self._pos[th.tid]

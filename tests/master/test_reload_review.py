@@ -299,9 +299,12 @@ def test_unix_listener_file_removed_at_stop_after_upgrade_or_takeover(master, tm
 @pytest.mark.parametrize("first, second", [
     (":{port}", "0.0.0.0:{port}"),
     ("127.0.0.1:{port}", "127.0.0.1:{port}"),
+    # was a finding: matched by the configured text only, the same socket
+    # was re-bound (EADDRINUSE) and every reload refused
+    ("localhost:{port}", "127.0.0.1:{port}"),
 ])
 def test_same_address_written_differently_keeps_the_socket(master, tmp_path, first, second):
-    """Guard: spellings parse() normalises keep the very socket."""
+    """Spellings of one address keep the very socket across a reload."""
     write_app(tmp_path, "v1")
     port = free_port()
     config = tmp_path / "sockherd.toml"
@@ -309,21 +312,6 @@ def test_same_address_written_differently_keeps_the_socket(master, tmp_path, fir
     m = master("verapp:app", "-w", "1", "-c", str(config), bind=None, ready=1)
     inode = listener_inode(port)
     config.write_text(f'bind = ["{second.format(port=port)}"]\n')
-    write_app(tmp_path, "v2")
-    m.proc.send_signal(signal.SIGHUP)
-    m.wait_log(r"reload: generation 2 serving")
-    serves(port, "v2")
-    assert listener_inode(port) == inode
-
-
-def test_localhost_rewritten_as_127_0_0_1_is_the_same_listener(master, tmp_path):
-    write_app(tmp_path, "v1")
-    port = free_port()
-    config = tmp_path / "sockherd.toml"
-    config.write_text(f'bind = ["localhost:{port}"]\n')
-    m = master("verapp:app", "-w", "1", "-c", str(config), bind=None, ready=1)
-    inode = listener_inode(port)
-    config.write_text(f'bind = ["127.0.0.1:{port}"]\n')
     write_app(tmp_path, "v2")
     m.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: "generation 2 serving" in m.text() or "reload refused" in m.text(), 30,
