@@ -76,6 +76,10 @@ class Supervisor:
         self.slots = [Slot(i) for i in range(count)]   # the serving generation's
         self.pending: Pending | None = None  # a reload's new generation, not READY yet
         self.others: list[Slot] = []         # older generations draining, refused ones dying
+        # max_requests / lifetime replacements still starting: listed apart,
+        # not found through the slot they replace (that one may be reaped
+        # first: a reload committed meanwhile and it drained)
+        self.replacements: list[Slot] = []
         self.reloads_ok = self.reloads_failed = 0
         self.last_reload_failure = ""
         # called once every worker of the first generation is READY (a
@@ -108,7 +112,7 @@ class Supervisor:
     def _live(self) -> list[Slot]:
         """Every slot of every generation (serving, starting, draining)."""
         return (self.slots + (self.pending.slots if self.pending else []) + self.others
-                + [s.replaced_by for s in self.slots + self.others if s.replaced_by is not None])
+                + self.replacements)
 
     def _board_row(self) -> int:
         """The lowest balance-board row no live worker holds."""
@@ -457,6 +461,7 @@ class Supervisor:
             return            # the reload under way replaces every worker anyway
         new = Slot(slot.index, slot.generation)
         new.replacing, slot.replaced_by = slot, new
+        self.replacements.append(new)
         log.info("worker %d.%d: %s: starting its replacement", slot.generation, slot.index, why)
         self._spawn(new)
 
@@ -464,6 +469,7 @@ class Supervisor:
         """The replacement is READY: it takes the slot's place, the old drains."""
         old, new.replacing = new.replacing, None
         old.replaced_by = None
+        self.replacements.remove(new)
         if old not in self.slots or old.retired:  # a reload or a TTOU happened meanwhile
             self.others.append(new)
             self._feed(new, Event.DRAIN)
@@ -480,6 +486,7 @@ class Supervisor:
     def _replacement_failed(self, new: Slot, why: str) -> None:
         old, new.replacing = new.replacing, None
         old.replaced_by = None
+        self.replacements.remove(new)
         old.replace_failures += 1
         log.error("worker %d.%d: its replacement %s; it serves on%s", old.generation, old.index,
                   why, "" if old.replace_failures < 5 else " (no more attempts)")
