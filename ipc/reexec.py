@@ -10,9 +10,12 @@ with E2BIG at execve(), which would abort the upgrade; so a large state (thousan
 workers) goes into an inherited memfd instead and the variable only says "memfd:<fd>".
 
 The new image calls take(): the variable is removed (our workers must never see it), every
-named fd is made close-on-exec again and checked to still be what the state says. A state
-that does not check out is refused whole: its fds are closed and the master starts fresh,
-which is safer than serving on a socket it cannot vouch for.
+named fd is checked to still be what the state says and made close-on-exec again. A state
+that does not decode or check out is refused whole, and take() then touches none of its fds:
+they stay as they came, inheritable, for the master to salvage (master/upgrade.salvaged: the
+listening sockets are kept by their address, everything else is closed). Closing them here
+took the service down: the old workers still hold copies of the listeners, so binding the
+addresses afresh fails, and the connections queued on them would be reset.
 """
 
 import os
@@ -23,7 +26,7 @@ from typing import NamedTuple
 import msgspec
 
 from .errors import ListenerMismatch, ReexecStateError
-from .fds import borrowed_socket, close_all
+from .fds import borrowed_socket
 from .listeners import ListenerDescriptor, check
 
 ENV_VAR = "SOCKHERD_REEXEC_STATE"
@@ -157,7 +160,8 @@ def _read_memfd(text: str) -> str:
 
 def take(environ=None) -> ReexecState | None:
     """The state left by the previous image, or None on a fresh start. Removes the
-    variable, makes every named fd close-on-exec, checks them all."""
+    variable, checks every named fd, makes them close-on-exec. Raises ReexecStateError
+    with every fd left as it came (see the module's docstring)."""
     env = os.environ if environ is None else environ
     text = env.pop(ENV_VAR, None)
     if text is None:
@@ -165,22 +169,20 @@ def take(environ=None) -> ReexecState | None:
     if text.startswith(_MEMFD):
         text = _read_memfd(text)
     state = decode(text)
-    try:
-        for fd in state.fds:
-            try:
-                os.set_inheritable(fd, False)
-            except OSError as exc:
-                raise ReexecStateError(f"{ENV_VAR}: fd {fd} is not open ({exc.strerror})") from None
-        for item in state.listeners:
-            try:
-                check(item.fd, item.listener)
-            except ListenerMismatch as exc:
-                raise ReexecStateError(f"{ENV_VAR}: {exc}") from None
-        for worker in state.workers:
-            _check_worker_fd(worker)
-    except BaseException:
-        close_all(state.fds)
-        raise
+    for fd in state.fds:
+        try:
+            os.fstat(fd)
+        except OSError as exc:
+            raise ReexecStateError(f"{ENV_VAR}: fd {fd} is not open ({exc.strerror})") from None
+    for item in state.listeners:
+        try:
+            check(item.fd, item.listener)
+        except ListenerMismatch as exc:
+            raise ReexecStateError(f"{ENV_VAR}: {exc}") from None
+    for worker in state.workers:
+        _check_worker_fd(worker)
+    for fd in state.fds:
+        os.set_inheritable(fd, False)             # open (fstat above): cannot fail
     return state
 
 

@@ -111,10 +111,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from sockherd.ipc.errors import ReexecStateError
     from sockherd.master import upgrade
 
+    salvaged = []
     try:
         state = reexec.take()             # set by the previous image of an upgrade
     except ReexecStateError as exc:
-        log.error("upgrade: the previous image's state is refused (%s): starting fresh", exc)
+        # its workers drain (their socketpairs are closed); its listening
+        # sockets are kept for the settings that still name them
+        salvaged = upgrade.salvaged()
+        log.error("upgrade: the previous image's state is refused (%s): starting fresh on "
+                  "the %d listening socket(s) it left", exc, len(salvaged))
         state = None
     try:
         if state is None:
@@ -140,27 +145,34 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     settings = own(settings)
     took_from = 0
-    if state is None and ns.takeover:
+    if state is None and (ns.takeover or salvaged):
         from sockherd.ipc.errors import HandoffError
         from sockherd.master.reload import Refused, reconcile
 
-        try:
-            fetched, took_from = upgrade.fetched_listeners(ns.takeover)
-        except HandoffError as exc:
-            log.error("takeover: %s", exc)
-            return 1
-        try:
-            listeners, _ = reconcile(fetched, [], settings)
-        except Refused as exc:
-            for lst in fetched:
+        what = "takeover" if ns.takeover else "upgrade"
+        fetched = salvaged
+        if ns.takeover:
+            for lst in salvaged:
                 lst.close()
-            log.error("takeover: %s", exc)
+            try:
+                fetched, took_from = upgrade.fetched_listeners(ns.takeover)
+            except HandoffError as exc:
+                log.error("takeover: %s", exc)
+                return 1
+        try:
+            listeners, _ = reconcile(fetched, inherited, settings)
+        except Refused as exc:
+            for lst in fetched + inherited:
+                lst.close()
+            log.error("%s: %s", what, exc)
             return 1
         for lst in fetched:
             if lst not in listeners:
-                lst.close()                          # not in our settings: the old one's
-        log.info("takeover: %d listener(s) from pid %d (%s)", len(fetched), took_from,
-                 ns.takeover)
+                log.info("%s: closing %s: not in the settings", what, lst.descriptor.address)
+                lst.close()
+        if ns.takeover:
+            log.info("takeover: %d listener(s) from pid %d (%s)", len(fetched), took_from,
+                     ns.takeover)
     elif state is None:
         try:
             listeners = inherited + bind_all(settings)

@@ -414,7 +414,8 @@ class Supervisor:
                 log.error("upgrade refused: bad setting: %s", exc)
                 return
             python = settings.python or sys.executable
-            why = upgrade.preflight(python) or upgrade.execute(self, python, HANDLED)
+            why = (upgrade.preflight(python, upgrade.state_of(self))
+                   or upgrade.execute(self, python, HANDLED))
             log.error("upgrade failed: %s; this master carries on", why)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)

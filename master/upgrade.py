@@ -47,14 +47,17 @@ def state_of(sup) -> reexec.ReexecState:
         workers=workers, board_fd=sup.board.fd)
 
 
-def preflight(python: str) -> str:
+def preflight(python: str, state: reexec.ReexecState) -> str:
     """Why `python` cannot run the new image ("" if it can): an exec that
-    works into an interpreter without sockherd would end the master."""
+    works into an interpreter without sockherd would end the master, and one
+    into a sockherd that refuses our re-exec state (another state version)
+    would start it afresh. The state goes to it on stdin (its fds are not
+    passed: only whether it decodes is asked)."""
     import subprocess
 
     try:
-        subprocess.run([python, "-c", "import sockherd.master.cli"], check=True, timeout=30,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        subprocess.run([python, "-m", "sockherd.master.upgrade"], check=True, timeout=30,
+                       input=reexec.encode(state).encode(), stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE)
     except FileNotFoundError:
         return f"cannot exec {python}: No such file or directory"
@@ -62,10 +65,76 @@ def preflight(python: str) -> str:
         return f"cannot exec {python}: Permission denied"
     except subprocess.CalledProcessError as exc:
         last = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
-        return f"{python} cannot import sockherd: {last[-1] if last else exc}"
+        last = last[-1] if last else str(exc)
+        if exc.returncode == _REFUSES_STATE:
+            return f"{python} refuses this master's re-exec state: {last}"
+        return f"{python} cannot import sockherd: {last}"
     except (subprocess.TimeoutExpired, OSError) as exc:
         return f"{python}: {exc}"
     return ""
+
+
+_REFUSES_STATE = 3          # preflight's exit status: sockherd is there, the state is not its
+
+
+def _check_state_on_stdin() -> int:
+    """python -m sockherd.master.upgrade: the preflight's other half, run by
+    the new image's interpreter: does the state on stdin decode?"""
+    from sockherd.ipc.errors import ReexecStateError
+
+    import sockherd.master.cli  # noqa: F401 - what the exec will import
+
+    try:
+        reexec.decode(sys.stdin.read())
+    except ReexecStateError as exc:
+        print(exc, file=sys.stderr)
+        return _REFUSES_STATE
+    return 0
+
+
+def salvaged() -> list[Listener]:
+    """After a refused re-exec state: the listening sockets the previous
+    image left us, each named by the address the kernel bound (a `bind` of
+    the settings then keeps it: no re-bind, which the old workers' copies of
+    it would make fail, and no queued connection lost). Every inheritable fd
+    from 3 up is the previous image's (Python opens its own close-on-exec);
+    those that are no listening socket are closed: a worker's socketpair
+    (that worker drains at the EOF: worker/bootstrap), the balance board."""
+    import socket
+
+    from sockherd.ipc.listeners import describe, format_address
+
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd < 3 or not os.get_inheritable(fd):
+                continue
+        except OSError:
+            continue                                   # listdir's own fd, gone now
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)                               # no socket: the board's memfd
+            continue
+        try:
+            listening = sock.type == socket.SOCK_STREAM and sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if not listening:
+                sock.close()
+                continue
+            sock.set_inheritable(False)
+            sock.setblocking(False)
+            where = format_address(sock.family, sock.getsockname())
+            text = f"unix:{where}" if sock.family == socket.AF_UNIX else where
+            try:
+                address = parse(text)
+            except AddressError:
+                address = parse(f"fd://{fd}")          # an abstract unix socket
+            out.append(_owning_file(Listener(address, sock, describe(sock, str(address)))))
+        except OSError:
+            sock.close()
+    return out
 
 
 def execute(sup, python: str, handled) -> str:
@@ -139,3 +208,7 @@ def _owning_file(lst: Listener) -> Listener:
         if stat.S_ISSOCK(st.st_mode):
             lst.created_path, lst.inode = lst.address.path, st.st_ino
     return lst
+
+
+if __name__ == "__main__":
+    sys.exit(_check_state_on_stdin())

@@ -114,27 +114,37 @@ def test_bad_memfd_reference():
         reexec.take({reexec.ENV_VAR: "memfd:x"})
 
 
-def test_take_checks_fds_and_closes_them_all_on_mismatch(listener):
+def test_take_checks_fds_and_leaves_them_all_on_mismatch(listener):
+    """Refused whole, and nothing touched: the fds stay inheritable for the
+    master to salvage (master/upgrade.salvaged)."""
     fd = os.dup(listener.fileno())
     a, b = socket.socketpair()
     worker_fd = a.detach()
+    for each in (fd, worker_fd):
+        os.set_inheritable(each, True)                # as the exec left them
     with b:
         wrong = ListenerDescriptor("web", "unix", "@somewhere-else")
         environ = {reexec.ENV_VAR: reexec.encode(state_with(fd, wrong, worker_fd))}
         with pytest.raises(ReexecStateError, match="is bound to @sockherd-test-"):
             reexec.take(environ)
         assert environ == {}
-        assert not is_open(fd) and not is_open(worker_fd)
+        assert os.get_inheritable(fd) and os.get_inheritable(worker_fd)
+        os.close(fd)
+        os.close(worker_fd)
 
 
 def test_take_refuses_a_worker_fd_that_is_not_a_socketpair(listener):
     fd = os.dup(listener.fileno())
     r, w = os.pipe()
     os.close(w)
+    for each in (fd, r):
+        os.set_inheritable(each, True)
     environ = {reexec.ENV_VAR: reexec.encode(state_with(fd, describe(listener, "web"), r))}
     with pytest.raises(ReexecStateError, match=rf"worker 1.0 \(pid 9\) fd {r} is not a socket"):
         reexec.take(environ)
-    assert not is_open(fd) and not is_open(r)
+    assert os.get_inheritable(fd) and os.get_inheritable(r)
+    os.close(fd)
+    os.close(r)
 
 
 def test_take_without_state():
@@ -173,7 +183,8 @@ def test_take_refuses_an_o_path_listener_fd():
                                                        "O_PATH reference to a socket .*, "
                                                        "not an open socket"):
                 reexec.take(environ)
-            assert not is_open(fd)
+            assert is_open(fd)
+            os.close(fd)
     finally:
         shutil.rmtree(path)
 

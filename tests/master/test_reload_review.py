@@ -188,12 +188,6 @@ def _refusing_python(tmp_path: Path) -> Path:
     return wrapper
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "master/cli.py:114-118 + 164-171: a refused re-exec state closes the listeners and the "
-    "workers' socketpairs (ipc/reexec.py:181-183) and 'starts fresh' with bind_all(): the "
-    "addresses are still held by the orphaned old workers (their listener copies), the bind "
-    "fails EADDRINUSE and the master exits 1: the whole service is down (the connections "
-    "queued on the old socket are reset too)"))
 def test_a_refused_reexec_state_does_not_take_the_service_down(master, tmp_path):
     write_app(tmp_path, "v1")
     config = tmp_path / "sockherd.toml"
@@ -201,21 +195,58 @@ def test_a_refused_reexec_state_does_not_take_the_service_down(master, tmp_path)
     port = free_port()
     m = master("verapp:app", "-w", "1", "-c", str(config), bind=f"127.0.0.1:{port}", ready=1)
     m.port = port
+    fds_before, inode = open_fds(m.proc.pid), listener_inode(port)
     config.write_text(f'python = "{_refusing_python(tmp_path)}"\n')
     clients = Clients(port, fresh=1, kept=1)
     try:
         wait_for(lambda: clients.ok > 10, 10, "traffic")
         m.proc.send_signal(signal.SIGUSR2)
-        m.wait_log(r"the previous image's state is refused")
+        m.wait_log(r"the previous image's state is refused .*: starting fresh on the 1 "
+                   r"listening socket\(s\) it left")
         wait_for(lambda: not alive(m) or len(m.wait_log(r"ready, pid")) >= 2, 30,
                  lambda: m.text())
-        time.sleep(1.0)
         assert alive(m), m.text()[-3000:]
+        # the old worker drains on its own (its socketpair closed) and is reaped
+        wait_for(lambda: len(children(m.proc.pid)) == 1, 30, "the old worker's exit")
         before = clients.ok
         wait_for(lambda: clients.ok > before + 10, 10, "traffic after the upgrade")
     finally:
         clients.stop()
     assert clients.failures == [], clients.failures[:5]
+    assert listener_inode(port) == inode, "the address was bound again"
+    assert open_fds(m.proc.pid) == fds_before, "fds of the old image left open"
+
+
+def test_an_upgrade_to_a_sockherd_that_refuses_the_state_is_refused_before_the_exec(
+        master, tmp_path):
+    """The preflight hands the state to the new interpreter (stdin): one
+    that would refuse it is never exec'd into, this image serves on."""
+    write_app(tmp_path, "v1")
+    config = tmp_path / "sockherd.toml"
+    config.write_text("")
+    m = master("verapp:app", "-w", "1", "-c", str(config), ready=1)
+    wrapper = tmp_path / "newerpython"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "if [ \"$2\" = sockherd.master.upgrade ]; then\n"
+        "  sed 's/\"version\":1,/\"version\":99,/' | exec " + sys.executable + " \"$@\"\n"
+        "  exit\n"
+        "fi\n"
+        f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    config.write_text(f'python = "{wrapper}"\n')
+    clients = Clients(m.port, fresh=1, kept=1)
+    try:
+        wait_for(lambda: clients.ok > 10, 10, "traffic")
+        m.proc.send_signal(signal.SIGUSR2)
+        m.wait_log(r"upgrade failed: \S+newerpython refuses this master's re-exec state: "
+                   r".*state version 99, expected 1; this master carries on")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 10, 10, "traffic after the refusal")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert "re-executing" not in m.text()
 
 
 def test_an_upgrade_to_a_python_without_sockherd_is_refused(master, tmp_path):
