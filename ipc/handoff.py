@@ -34,18 +34,21 @@ _UCRED = struct.Struct("3i")
 class _Session:
     """One client: waiting for its request, then for its confirmation."""
 
-    def __init__(self, channel: Channel, deadline: float):
+    def __init__(self, channel: Channel, deadline: float, pid: int):
         self.channel = channel
         self.deadline = deadline
+        self.pid = pid                 # the client's, by SO_PEERCRED (not its own word)
         self.sent_names: list[str] | None = None
 
 
 class HandoffServer:
     def __init__(self, path: str, listeners, on_handed_over=None, session_timeout: float = 10.0):
         """listeners() returns the current [(ListenerDescriptor, fd)] to hand out (fds stay
-        ours); on_handed_over(names) runs once a client confirmed it holds them."""
+        ours); on_handed_over(names, pid) runs once a client (process pid, by SO_PEERCRED)
+        confirmed it holds them."""
         self.path = path
         self.handed_over: set[str] = set()
+        self.handed_to = 0             # the pid of the last client that confirmed
         self._listeners = listeners
         self._on_handed_over = on_handed_over
         self._session_timeout = session_timeout
@@ -136,7 +139,7 @@ class HandoffServer:
                 # poll() reports it again; the serve loop must not die of it.
                 return
             try:
-                _, uid, _ = _UCRED.unpack(conn.getsockopt(
+                pid, uid, _ = _UCRED.unpack(conn.getsockopt(
                     socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
                 if uid != os.getuid():
                     conn.close()
@@ -146,7 +149,7 @@ class HandoffServer:
                 conn.close()
                 raise
             self._sessions[conn.fileno()] = _Session(
-                channel, time.monotonic() + self._session_timeout)
+                channel, time.monotonic() + self._session_timeout, pid)
 
     def _on_message(self, session: _Session, received) -> None:
         msg = received.msg
@@ -161,8 +164,9 @@ class HandoffServer:
                 session.channel.post(Error(f"confirmed {msg.names}, sent {session.sent_names}"))
                 return
             self.handed_over.update(msg.names)
+            self.handed_to = session.pid
             if self._on_handed_over is not None:
-                self._on_handed_over(list(msg.names))
+                self._on_handed_over(list(msg.names), session.pid)
             self._end(session.channel.fileno())
         else:
             session.channel.post(Error(f"unexpected {type(msg).__struct_config__.tag} message"))

@@ -188,8 +188,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     import prctl
     prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
     def serving():
-        """A takeover: every worker READY, the instance we took from drains."""
+        """A takeover: every worker READY, the instance we took from drains;
+        the unix socket files are ours to remove from now on."""
         import signal
+
+        for lst in listeners:
+            upgrade.owning_file(lst)
         try:
             os.kill(took_from, signal.SIGTERM)
             log.info("takeover: serving; told pid %d to drain and exit", took_from)

@@ -35,9 +35,12 @@ class Listener:
     descriptor: ListenerDescriptor
     created_path: str = ""    # unix: the file we created (removed at close)
     inode: int = 0            # ... and its inode, so we never remove a successor's
+    handed_to: int = 0        # a takeover's new instance (pid), which serves it too
 
     def close(self) -> None:
-        if self.created_path:
+        if self.sock.fileno() == -1:
+            return                    # closed already (a stop closes, then run() again)
+        if self.created_path and not (self.handed_to and _holds(self.handed_to, self.sock)):
             try:
                 st = os.lstat(self.created_path)
                 if stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode:
@@ -45,6 +48,24 @@ class Listener:
             except OSError:
                 pass
         self.sock.close()
+
+
+def _holds(pid: int, sock: socket.socket) -> bool:
+    """Whether process pid has this very socket open (a takeover's new
+    instance: its file is the new instance's to remove, unless that one died
+    after taking it, and then ours again; review)."""
+    try:
+        target = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _fail(address: Address, what: str, exc: OSError | None = None) -> BindError:

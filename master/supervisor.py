@@ -553,12 +553,12 @@ class Supervisor:
             return
         log.info("hand-off socket %s: a new instance may take the listeners over", path)
 
-    def _handed_over(self, names: list[str]) -> None:
+    def _handed_over(self, names: list[str], pid: int) -> None:
         # the new instance holds these sockets now: our close must not
-        # remove a unix socket's file, which it serves too
+        # remove a unix socket's file while it holds them too
         for lst in self.listeners:
             if lst.descriptor.name in names:
-                lst.created_path = ""
+                lst.handed_to = pid
         log.info("hand-off: %d listener(s) given to a new instance; it will tell us to drain "
                  "once it serves", len(names))
 

@@ -131,7 +131,7 @@ def salvaged() -> list[Listener]:
                 address = parse(text)
             except AddressError:
                 address = parse(f"fd://{fd}")          # an abstract unix socket
-            out.append(_owning_file(Listener(address, sock, describe(sock, str(address)))))
+            out.append(owning_file(Listener(address, sock, describe(sock, str(address)))))
         except OSError:
             sock.close()
     return out
@@ -169,7 +169,7 @@ def inherited_listeners(state: reexec.ReexecState) -> tuple[list[Listener], list
             address = parse(item.listener.name)
         except AddressError:
             address = parse(f"fd://{item.fd}")
-        lst = _owning_file(Listener(address, sock, item.listener))
+        lst = owning_file(Listener(address, sock, item.listener))
         out.append(lst)
         if item.activated:
             activated.append(lst)
@@ -179,7 +179,9 @@ def inherited_listeners(state: reexec.ReexecState) -> tuple[list[Listener], list
 def fetched_listeners(path: str) -> tuple[list[Listener], int]:
     """A takeover's listeners, fetched from the instance serving the
     hand-off socket at path (ipc.handoff), each with the address it was
-    configured as; and that instance's pid. Raises HandoffError."""
+    configured as; and that instance's pid. Raises HandoffError. A unix
+    listener's file is not ours yet: owning_file() once we serve (one that
+    fails to start must leave it to the instance that serves on)."""
     from sockherd.ipc.handoff import fetch_listeners_from
 
     pairs, pid = fetch_listeners_from(path)
@@ -190,14 +192,15 @@ def fetched_listeners(path: str) -> tuple[list[Listener], int]:
             address = parse(desc.name)
         except AddressError:
             address = parse(f"fd://{sock.fileno()}")
-        out.append(_owning_file(Listener(address, sock, desc)))
+        out.append(Listener(address, sock, desc))
     return out, pid
 
 
-def _owning_file(lst: Listener) -> Listener:
-    """A unix listener carried over (upgrade, takeover) owns its socket file
-    as the one that bound it did: removed at close if it is still the file
-    seen now (review: a dead socket file was left behind)."""
+def owning_file(lst: Listener) -> Listener:
+    """A unix listener carried over (upgrade, salvage; a takeover once it
+    serves) owns its socket file as the one that bound it did: removed at
+    close if it is still the file seen now (review: a dead socket file was
+    left behind)."""
     import stat
 
     if lst.address.kind == "unix":

@@ -64,8 +64,9 @@ def serving(short_dir):
 
     def start(pairs_fn, **kwargs):
         path = os.path.join(short_dir, "handoff")
-        calls = []
-        server = HandoffServer(path, pairs_fn, on_handed_over=calls.append, **kwargs)
+        calls, pids = [], []
+        server = HandoffServer(path, pairs_fn, **kwargs, on_handed_over=lambda names, pid: (
+            calls.append(names), pids.append(pid)))
         stop = threading.Event()
         thread = threading.Thread(target=server.serve, args=(120,), kwargs={"until": stop.is_set})
         thread.start()
@@ -111,6 +112,7 @@ def test_fetch_listeners_end_to_end(serving, listeners):
     names = [desc.name for desc, _ in listeners]
     wait_until(lambda: calls, what="the hand-off callback")
     assert calls == [names]
+    assert server.handed_to == os.getpid()           # SO_PEERCRED: this process took them
     assert server.handed_over == set(names)
 
 

@@ -448,10 +448,6 @@ def test_a_failed_takeover_leaves_the_old_instance_taking_over(master, tmp_path)
     serves(first.port, "v2")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "supervisor._handed_over (l.526-531) clears created_path as soon as a new instance "
-    "confirmed the fds, before it serves; if that instance dies the old one serves on, but "
-    "at its own TERM leaves the unix socket file behind"))
 def test_old_instance_removes_its_unix_file_after_a_failed_takeover(master, tmp_path):
     write_app(tmp_path, "v1")
     path = str(tmp_path / "app.sock")
