@@ -11,7 +11,7 @@ for every process of the machine.
 """
 
 import re
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -84,12 +84,19 @@ class Stop(_Message, tag="stop"):
 
 
 class StatsRequest(_Message, tag="stats_request"):
+    """Master -> worker: its figures, for the control channel and the metrics
+    (asked on demand: an idle tree stays idle). `what`: "proc" (requests,
+    connections, threads), "activity" (each loop thread's fdcore counters),
+    "fd" (its fd table; `fd` >= 0 for that one only)."""
     request_id: int
+    what: Literal["proc", "activity", "fd"] = "proc"
+    fd: Annotated[int, msgspec.Meta(ge=-1)] = -1
 
 
 class StatsReply(_Message, tag="stats_reply"):
+    """Worker -> master: the answer to the StatsRequest of the same id."""
     request_id: int
-    stats: dict[str, int | float]
+    stats: dict[str, Any]
 
 
 class Error(_Message, tag="error"):

@@ -164,6 +164,23 @@ SETTINGS: tuple[Setting, ...] = (
             '%(h)s - - [%(t)s] "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
             "access log line, gunicorn's atoms: h t r m U q H s b f a L D p",
             metavar="FORMAT", section="logging"),
+    Setting("runtime_dir", ("--runtime-dir",), str, "",
+            "where the control sockets live (created 0700); empty: $XDG_RUNTIME_DIR/sockherd, "
+            "else /run/sockherd as root, else a per-user directory under the temp dir",
+            metavar="DIR", section="control"),
+    Setting("control", ("--control",), str, "",
+            "the control endpoint (`sockherd ctl`): empty: ipc://RUNTIME_DIR/control; a "
+            "tcp:// endpoint needs control_curve_secret and control_curve_clients; `off`: none",
+            metavar="ENDPOINT", section="control"),
+    Setting("control_curve_secret", ("--control-curve-secret",), str, "",
+            "the control server's CURVE key pair (a zmq secret certificate file, as "
+            "zmq.auth.create_certificates writes)", metavar="FILE", section="control"),
+    Setting("control_curve_clients", ("--control-curve-clients",), str, "",
+            "a directory of the public certificates of the clients allowed on a tcp:// control "
+            "endpoint", metavar="DIR", section="control"),
+    Setting("metrics", ("--metrics",), str, "",
+            "host:port of a Prometheus metrics listener (/metrics) with the status page at "
+            "/-/status; empty: none", metavar="HOST:PORT", section="control"),
     Setting("log_level", ("--log-level",), Literal["debug", "info", "warning", "error"], "info",
             "least severe level logged (to stderr)", section="logging"),
 )

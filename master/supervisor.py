@@ -21,6 +21,7 @@ at a time.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -33,10 +34,14 @@ import time
 from dataclasses import dataclass, field
 
 from sockherd.ipc.errors import IPCError, PeerClosed
-from sockherd.ipc.messages import Drain, FailedBeforeReady, Heartbeat, Ready, Retiring
+from sockherd.ipc.messages import (
+    Drain, FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply,
+)
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
 from sockherd.master.listeners import Listener
 from sockherd.master.reload import Pending, Refused, reconcile
+from sockherd.master.events import Events
+from sockherd.master.inspect import Asker
 from sockherd.master.spawn import WorkerProcess, spawn
 from sockherd.worker.board import NOT_SERVING, SLOTS, Board
 
@@ -101,6 +106,14 @@ class Supervisor:
         self.ever_ready = False
         self.first_failure = ""
         self._wake_r, self._wake_w = socket.socketpair()
+        self.events = Events()
+        self.asker = Asker()                 # workers' figures, on demand (master/inspect.py)
+        # callables other threads hand to the loop (run_in_loop): the metrics server's
+        self._inbox: collections.deque = collections.deque()
+        self._inbox_r, self._inbox_w = socket.socketpair()
+        self.extras: list = []               # control server, metrics...: see add_extra()
+        self.started_at = time.time()
+        self.announced = False               # "serving" said (the first generation READY)
 
     # ---- timers --------------------------------------------------------------------
     def _at(self, delay: float, what: str, slot: Slot | None, pid: int = 0) -> None:
@@ -148,6 +161,7 @@ class Supervisor:
         if lifetime > 0:
             self._at(lifetime, "lifetime", slot, proc.pid)
         log.info("worker %d.%d: spawned, pid %d", slot.generation, slot.index, proc.pid)
+        self.events.emit("spawned", worker=_name(slot), pid=proc.pid)
 
     def _feed(self, slot: Slot, event: Event) -> None:
         if slot.life is None or slot.life.state is State.EXITED:
@@ -159,6 +173,7 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
             elif action is Action.SEND_DRAIN:
+                self.events.emit("draining", worker=_name(slot), pid=slot.proc.pid)
                 try:
                     slot.proc.channel.send(Drain(deadline=time.monotonic()
                                                  + self.settings.hard_stop_after), timeout=5)
@@ -179,6 +194,7 @@ class Supervisor:
             slot.last_heartbeat = time.monotonic()
             self._feed(slot, Event.READY)
             log.info("worker %d.%d: ready, pid %d", slot.generation, slot.index, msg.pid)
+            self.events.emit("ready", worker=_name(slot), pid=slot.proc.pid)
             if self.pending and slot in self.pending.slots:
                 self._maybe_commit()
                 return
@@ -186,6 +202,11 @@ class Supervisor:
                 self._replaced(slot)
                 return
             self.ever_ready = self.ever_ready or slot in self.slots
+            if not self.announced and all(s.life is not None and s.life.state is State.READY
+                                          for s in self._active()):
+                self.announced = True
+                self.events.emit("serving", generation=self.generation,
+                                 workers=len(self._active()))
             if self.stopping or slot.retired:
                 self._feed(slot, Event.DRAIN)
             elif self.on_serving is not None and all(
@@ -211,6 +232,8 @@ class Supervisor:
             slot.last_heartbeat = time.monotonic()
         elif isinstance(msg, Retiring):
             self._replace(slot, f"max_requests ({msg.requests} requests)")
+        elif isinstance(msg, StatsReply):
+            self.asker.on_reply(msg)
 
     def _reap(self) -> None:
         while True:
@@ -236,6 +259,9 @@ class Supervisor:
             outcome = slot.life.outcome
             log.info("worker %d.%d: exited with %s (%s), pid %d", slot.generation,
                      slot.index, how, outcome.value, pid)
+            self.events.emit("exited", worker=_name(slot), pid=pid, status=how,
+                             outcome=outcome.value)
+            self.asker.gone(pid)
             served = time.monotonic() - slot.started
             slot.proc = None
             if self.pending and slot in self.pending.slots:
@@ -295,11 +321,7 @@ class Supervisor:
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-                log.info("fast stop")
-                self.stopping = True
-                for slot in self._live():
-                    if slot.life is not None:
-                        self._feed(slot, Event.KILL)
+                self._fast_stop()
         if upgrade and not self.stopping:
             self._upgrade()
 
@@ -340,8 +362,18 @@ class Supervisor:
         if slot.life is not None and slot.proc is not None:
             self._feed(slot, Event.DRAIN)
 
+    def _fast_stop(self) -> None:
+        log.info("fast stop")
+        if not self.stopping:
+            self.events.emit("stopping", fast=True)
+        self.stopping = True
+        for slot in self._live():
+            if slot.life is not None:
+                self._feed(slot, Event.KILL)
+
     def _graceful_stop(self) -> None:
         log.info("graceful stop: draining every worker")
+        self.events.emit("stopping", fast=False)
         self.stopping = True
         # nothing follows this generation: refuse new connections now rather
         # than accept them into a queue nobody will serve
@@ -383,6 +415,7 @@ class Supervisor:
         for lst in added:
             log.info("listening on %s (new in generation %d)", lst.descriptor.address, gen)
         log.info("reload: starting generation %d (%d workers)", gen, count)
+        self.events.emit("reloading", generation=gen)
         for slot in list(self.pending.slots):
             if self.pending is None or self.pending.generation != gen:
                 return                                   # refused while starting them
@@ -414,6 +447,7 @@ class Supervisor:
                 log.error("upgrade refused: bad setting: %s", exc)
                 return
             python = settings.python or sys.executable
+            self.events.emit("upgrading", python=python)
             why = (upgrade.preflight(python, upgrade.state_of(self))
                    or upgrade.execute(self, python, HANDLED))
             log.error("upgrade failed: %s; this master carries on", why)
@@ -445,7 +479,7 @@ class Supervisor:
                 self._feed(slot, Event.DRAIN)       # again: the hard stop timer is ours now
             else:
                 self.slots.append(slot)
-        self.ever_ready = True
+        self.ever_ready = self.announced = True
         log.info("upgrade: adopted %d listener(s) and %d worker(s) of generation %d",
                  len(self.listeners), len(state.workers), state.generation)
         # a worker that exited while the exec happened is reaped now
@@ -515,8 +549,10 @@ class Supervisor:
         self.listeners, self.settings, self.config = p.listeners, p.settings, p.config
         previous, self.generation = self.generation, p.generation
         self.reloads_ok += 1
+        took = time.monotonic() - p.started
         log.info("reload: generation %d serving (ready in %.2fs); draining generation %d",
-                 p.generation, time.monotonic() - p.started, previous)
+                 p.generation, took, previous)
+        self.events.emit("reload_ok", generation=p.generation, seconds=round(took, 3))
 
     def _refuse(self, reason: str) -> None:
         """The pending reload fails: its workers are killed (reaped later),
@@ -536,6 +572,7 @@ class Supervisor:
         self.last_reload_failure = reason
         log.error("reload refused (generation %d): %s; generation %d keeps serving", gen,
                   reason, self.generation)
+        self.events.emit("reload_failed", generation=gen, reason=reason)
 
     # ---- hand-off (a new instance's --takeover) ---------------------------------------------
     def _serve_handoff(self) -> None:
@@ -627,10 +664,46 @@ class Supervisor:
             due = min(due, slot.last_heartbeat + timeout)
         self._at(max(0.0, due - now) + 0.05, "heartbeat", None)
 
+    # ---- other threads, other sockets ------------------------------------------------------
+    def run_in_loop(self, fn) -> None:
+        """From any thread: fn() runs in the master's loop, soon (the only
+        way another thread may touch the supervisor's state)."""
+        self._inbox.append(fn)
+        try:
+            self._inbox_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass                                   # a wake-up is pending already
+
+    def add_extra(self, extra) -> None:
+        """A server living in the master's loop (control channel, metrics):
+        extra.fds() are watched for reading, extra.poll() runs after every
+        wake-up (ZeroMQ's fds are edge-triggered: the extra reads all it
+        has each time), extra.next_deadline() bounds the wait, extra.close()
+        at the end."""
+        self.extras.append(extra)
+        for fd in extra.fds():
+            self.sel.register(fd, selectors.EVENT_READ, ("extra", fd))
+
+    def _run_inbox(self) -> None:
+        try:
+            while self._inbox_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while self._inbox:
+            fn = self._inbox.popleft()
+            try:
+                fn()
+            except Exception:                      # noqa: BLE001 - another thread's call
+                log.exception("a call handed to the master loop failed")
+
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> int:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        self._inbox_r.setblocking(False)
+        self._inbox_w.setblocking(False)
+        self.sel.register(self._inbox_r.fileno(), selectors.EVENT_READ, ("inbox", 0))
         old = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         previous = {s: signal.signal(s, lambda *_: None) for s in HANDLED}
         self.sel.register(self._wake_r.fileno(), selectors.EVENT_READ, None)
@@ -648,6 +721,8 @@ class Supervisor:
             self._at(self.settings.heartbeat_timeout, "heartbeat", None)
             return self._loop()
         finally:
+            for extra in self.extras:
+                extra.close()
             if self.handoff is not None:
                 self.handoff.close()
             signal.set_wakeup_fd(old)
@@ -671,9 +746,12 @@ class Supervisor:
             if not live and all(s.given_up for s in self._active()):
                 log.error("every worker slot was given up on: exiting")
                 return 1
-            timeout = None
-            if self.timers:
-                timeout = max(0.0, self.timers[0][0] - time.monotonic())
+            due = [t for t in [self.timers[0][0] if self.timers else None,
+                               self.asker.next_deadline(),
+                               *(x.next_deadline() for x in self.extras)] if t is not None]
+            timeout = max(0.0, min(due) - time.monotonic()) if due else None
+            if self._inbox:
+                timeout = 0.0
             self._sync_handoff()
             if len(self._handoff_fds) > 1:           # a session open: its expiry
                 timeout = 1.0 if timeout is None else min(timeout, 1.0)
@@ -681,7 +759,11 @@ class Supervisor:
                 if key.data is None:
                     self._on_signals()
                 elif isinstance(key.data, tuple):
-                    if key.data[1] in self._handoff_fds:
+                    if key.data[0] == "inbox":
+                        self._run_inbox()
+                    elif key.data[0] == "extra":
+                        pass                                # polled below, every time
+                    elif key.data[1] in self._handoff_fds:
                         self.handoff.handle(key.data[1],
                                             (1 if mask & selectors.EVENT_READ else 0)
                                             | (4 if mask & selectors.EVENT_WRITE else 0))
@@ -696,3 +778,13 @@ class Supervisor:
                 if pid and (slot.proc is None or slot.proc.pid != pid):
                     continue                        # armed for a worker that is gone
                 self._on_timer(what, slot)
+            self.asker.expire()
+            if self._inbox:
+                self._run_inbox()
+            for extra in self.extras:
+                extra.poll()
+
+
+def _name(slot: Slot) -> str:
+    """A worker as logs and the control channel name it: GEN.INDEX."""
+    return f"{slot.generation}.{slot.index}"

@@ -33,9 +33,10 @@ from sockherd.ipc.channel import Channel
 from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.listeners import adopt
 from sockherd.ipc.messages import (
-    Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Retiring, Stop,
+    Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply,
+    StatsRequest, Stop,
 )
-from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
+from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, report
 from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
@@ -199,6 +200,9 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 return 0
             elif isinstance(msg, Drain):
                 drain(msg.deadline, "the master asked")
+            elif isinstance(msg, StatsRequest):
+                ch.send(StatsReply(request_id=msg.request_id,
+                                   stats=report.answer(loop, msg.what, msg.fd)), timeout=5)
             else:
                 ch.send(Error(message=f"worker: {type(msg).__name__} is not handled"))
 

@@ -1,0 +1,48 @@
+"""What happens to the master's workers and generations, as events.
+
+The supervisor says what happened once, here; the subscribers decide what
+to do with it: the control channel publishes it (`sockherd ctl watch`),
+systemd is notified (master/notify.py), the metrics count it. An event is
+a flat dict: {"event": kind, "time": unix seconds, ...fields}; the kinds
+and their fields are listed in KINDS (the watch output and the tests read
+that list, so a new kind is declared here first).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+log = logging.getLogger("sockherd.master")
+
+KINDS = {
+    "spawned": ("worker", "pid"),
+    "ready": ("worker", "pid"),
+    "draining": ("worker", "pid"),
+    "exited": ("worker", "pid", "status", "outcome"),
+    "serving": ("generation", "workers"),           # the first generation is READY
+    "reloading": ("generation",),
+    "reload_ok": ("generation", "seconds"),
+    "reload_failed": ("generation", "reason"),
+    "upgrading": ("python",),
+    "stopping": ("fast",),
+}
+
+
+class Events:
+    def __init__(self) -> None:
+        self._subscribers: list[Callable[[dict], None]] = []
+
+    def subscribe(self, fn: Callable[[dict], None]) -> None:
+        self._subscribers.append(fn)
+
+    def emit(self, kind: str, **fields) -> None:
+        """Tells every subscriber; one that raises is logged and skipped
+        (an event's consumer never takes the supervisor down)."""
+        assert kind in KINDS and set(fields) == set(KINDS[kind]), (kind, fields)
+        event = {"event": kind, "time": round(time.time(), 6), **fields}
+        for fn in self._subscribers:
+            try:
+                fn(event)
+            except Exception:                      # noqa: BLE001 - logged, never fatal
+                log.exception("event subscriber %r failed on %s", fn, kind)

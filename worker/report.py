@@ -1,0 +1,43 @@
+"""A worker's figures for the master (a StatsRequest): what `sockherd ctl
+show proc / show activity / show fd` and the metrics print about it.
+
+Read from the main thread while the loop threads run: each counter is one
+word the C side writes, so a read is a recent value, never a torn one;
+a snapshot, not a transaction (HAProxy's `show activity` is the same).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from sockherd.fdcore.table import State
+
+STARTED = time.monotonic()
+
+
+def answer(loop, what: str, fd: int = -1) -> dict:
+    if what == "activity":
+        return {"threads": [
+            {"tid": th.tid, "tgid": th.tgid, **th.counters()} for th in loop.loop_threads]}
+    if what == "fd":
+        table = loop.table
+        try:
+            infos = [table.dump(fd)] if fd >= 0 else table.show_fd()
+        except Exception as exc:                   # noqa: BLE001 - said to the asker
+            return {"fds": [], "error": f"fd {fd}: {exc}"}
+        return {"fds": [_fd_row(i) for i in infos if i.tgid]}
+    engine = loop.engine
+    return {
+        "requests": engine.requests if engine is not None else None,
+        "connections": engine.count if engine is not None else len(loop.conns),
+        "threads": len(loop.loop_threads),
+        "groups": len({th.tgid for th in loop.loop_threads}),
+        "uptime": round(time.monotonic() - STARTED, 3),
+        "draining": loop.draining,
+    }
+
+
+def _fd_row(info) -> dict:
+    row = dataclasses.asdict(info)
+    row["state"] = "|".join(f.name.lower() for f in State if f and f in info.state) or "-"
+    return row
