@@ -36,12 +36,16 @@ class Events:
     def subscribe(self, fn: Callable[[dict], None]) -> None:
         self._subscribers.append(fn)
 
+    def unsubscribe(self, fn: Callable[[dict], None]) -> None:
+        if fn in self._subscribers:
+            self._subscribers.remove(fn)
+
     def emit(self, kind: str, **fields) -> None:
         """Tells every subscriber; one that raises is logged and skipped
         (an event's consumer never takes the supervisor down)."""
         assert kind in KINDS and set(fields) == set(KINDS[kind]), (kind, fields)
         event = {"event": kind, "time": round(time.time(), 6), **fields}
-        for fn in self._subscribers:
+        for fn in list(self._subscribers):       # one may unsubscribe itself
             try:
                 fn(event)
             except Exception:                      # noqa: BLE001 - logged, never fatal

@@ -49,7 +49,7 @@ def snapshot(sup) -> dict:
     workers.sort(key=lambda w: (w["generation"], w["index"], w["pid"]))
     return {
         "master": {
-            "pid": os.getpid(), "uptime": round(time.time() - sup.started_at, 3),
+            "pid": os.getpid(), "uptime": round(_process_uptime(), 3),
             "generation": sup.generation,
             "starting_generation": sup.pending.generation if sup.pending else None,
             "workers": len(sup._active()), "stopping": sup.stopping,
@@ -59,6 +59,17 @@ def snapshot(sup) -> dict:
         },
         "workers": workers,
     }
+
+
+def _process_uptime() -> float:
+    """Since the process started (the pid's start, so an upgrade's exec does
+    not reset it): /proc/self/stat's starttime, in clock ticks after boot."""
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 @dataclass(eq=False)

@@ -112,6 +112,7 @@ class Supervisor:
         self._inbox: collections.deque = collections.deque()
         self._inbox_r, self._inbox_w = socket.socketpair()
         self.extras: list = []               # control server, metrics...: see add_extra()
+        self.control = None                  # the control server (master/control.py)
         self.started_at = time.time()
         self.announced = False               # "serving" said (the first generation READY)
 
@@ -386,18 +387,22 @@ class Supervisor:
                 self._feed(slot, Event.DRAIN)
 
     # ---- reload --------------------------------------------------------------------------
-    def _reload(self) -> None:
+    def _reload(self) -> str:
         """HUP: the settings again, a new generation on their listeners;
-        the old one drains once every new worker is READY (_maybe_commit)."""
+        the old one drains once every new worker is READY (_maybe_commit).
+        Returns "" once the new generation is starting, else why not."""
+        why = ""
         if self.pending:
-            log.warning("reload refused: generation %d is still starting", self.pending.generation)
-            return
-        if not self.ever_ready:
-            log.warning("reload refused: the first generation is not ready yet")
-            return
-        if self.reload_settings is None:
-            log.warning("reload refused: no settings to read again")
-            return
+            why = f"generation {self.pending.generation} is still starting"
+        elif not self.ever_ready:
+            why = "the first generation is not ready yet"
+        elif self.reload_settings is None:
+            why = "no settings to read again"
+        elif self.stopping:
+            why = "the master is stopping"
+        if why:
+            log.warning("reload refused: %s", why)
+            return f"reload refused: {why}"
         gen = self.generation + 1
         try:
             try:
@@ -407,7 +412,7 @@ class Supervisor:
             listeners, added = reconcile(self.listeners, self.activated, settings)
         except Refused as exc:
             self._refused(gen, str(exc))
-            return
+            return f"reload refused (generation {gen}): {exc}"
         import msgspec
         count = settings.workers or os.cpu_count() or 1
         self.pending = Pending(gen, settings, msgspec.structs.asdict(settings), listeners, added,
@@ -418,25 +423,30 @@ class Supervisor:
         self.events.emit("reloading", generation=gen)
         for slot in list(self.pending.slots):
             if self.pending is None or self.pending.generation != gen:
-                return                                   # refused while starting them
+                # refused while starting them
+                return f"reload refused (generation {gen}): {self.last_reload_failure}"
             self._spawn(slot)
+        return ""
 
-    def _upgrade(self) -> None:
+    def _upgrade(self, before_exec=None) -> str:
         """USR2: re-exec in place (master/upgrade.py); returns only if the
-        exec failed or was refused, and then this master carries on."""
+        exec failed or was refused (and why), and then this master carries
+        on. before_exec() runs right before the exec (the control channel's
+        reply)."""
         from sockherd.master import upgrade
 
         if self.pending:
-            log.warning("upgrade refused: generation %d is still starting",
-                        self.pending.generation)
-            return
+            why = f"upgrade refused: generation {self.pending.generation} is still starting"
+            log.warning("%s", why)
+            return why
         starting = [s for s in self._live() if s.proc is not None
                     and s.life.state is State.STARTING]
         if not self.ever_ready or starting:
             # its READY would reach an image that adopted it as serving (review)
-            log.warning("upgrade refused: %d worker(s) still starting; try again once ready",
-                        len(starting) or len(self.slots))
-            return
+            why = (f"upgrade refused: {len(starting) or len(self.slots)} worker(s) still "
+                   f"starting; try again once ready")
+            log.warning("%s", why)
+            return why
         # from here to the exec, a signal waits for the new image (a TERM
         # read while the settings are read again would be lost at the exec)
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
@@ -445,12 +455,20 @@ class Supervisor:
                 settings = self.reload_settings() if self.reload_settings else self.settings
             except Exception as exc:                    # noqa: BLE001 - said, never fatal
                 log.error("upgrade refused: bad setting: %s", exc)
-                return
+                return f"upgrade refused: bad setting: {exc}"
             python = settings.python or sys.executable
-            self.events.emit("upgrading", python=python)
-            why = (upgrade.preflight(python, upgrade.state_of(self))
-                   or upgrade.execute(self, python, HANDLED))
+            why = upgrade.preflight(python, upgrade.state_of(self))
+            if not why:
+                self.events.emit("upgrading", python=python)
+                if before_exec is not None:
+                    before_exec()
+                if self.control is not None:
+                    self.control.before_exec()
+                why = upgrade.execute(self, python, HANDLED)
+                if self.control is not None:
+                    self.control.exec_failed()
             log.error("upgrade failed: %s; this master carries on", why)
+            return f"upgrade failed: {why}"
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
 

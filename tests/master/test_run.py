@@ -154,7 +154,11 @@ def master(tmp_path: Path):
             proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", *args,
                                      "--chdir", str(chdir), *(["-b", bind] if bind else [])],
                                     stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                    preexec_fn=limits if nofile else None)
+                                    preexec_fn=limits if nofile else None,
+                                    # its own control endpoint (tests run in parallel);
+                                    # masters of one test share it, as a takeover does
+                                    env={**os.environ,
+                                         "SOCKHERD_RUNTIME_DIR": str(tmp_path / "run")})
         m = Master(proc, log)
         started.append(m)
         if ready:

@@ -676,11 +676,20 @@ static PyObject *get_count(Server *s, void *c)
 	return PyLong_FromLong(s->count);
 }
 
+static PyObject *get_responses(Server *s, void *c)
+{
+	(void)c;
+	return Py_BuildValue("{sKsKsKsKsKsK}", "1xx", s->responses[1], "2xx", s->responses[2],
+	                     "3xx", s->responses[3], "4xx", s->responses[4],
+	                     "5xx", s->responses[5], "other", s->responses[0]);
+}
+
 static PyGetSetDef Server_getset[] = {
 	{"draining", (getter)get_draining, (setter)set_draining,
 	 "responses carry Connection: close", NULL},
 	{"count", (getter)get_count, NULL, "open connections", NULL},
 	{"requests", (getter)get_requests, NULL, "requests answered", NULL},
+	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
 	{NULL},
 };
 

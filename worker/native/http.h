@@ -127,6 +127,7 @@ typedef struct {
 	double header_timeout, keepalive_timeout, body_timeout;
 	int draining;
 	unsigned long long requests;       /* answered (every response framed) */
+	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
 	PyObject *on_retire;               /* called once when requests reach retire_at */
 } Server;
@@ -177,6 +178,8 @@ int hconn_flush(HttpConn *c);
  * -1 with ClientGone set on failure. */
 int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
 void hconn_refuse(HttpConn *c, int status, const char *reason);
+/* the responses[] index of a status code */
+static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }
 static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
 
 /* ---- the response (respond.c) ---- */
@@ -186,6 +189,7 @@ struct Respond {
 	unsigned http11 : 1, keep : 1, head_only : 1, bodiless : 1, headers_sent : 1,
 	         chunked : 1, started : 1, finished : 1;
 	long long length;                  /* the announced length, -1 unknown */
+	int code;                          /* the status code given, 0 before start_response */
 	unsigned long long sent;
 	PyObject *status, *prefix, *first; /* first: the held first chunk */
 };

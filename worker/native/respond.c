@@ -222,6 +222,7 @@ static Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
 	r->head_only = head_only;
 	r->bodiless = r->headers_sent = r->chunked = r->started = r->finished = 0;
 	r->length = -1;
+	r->code = 0;
 	r->sent = 0;
 	r->status = r->prefix = r->first = NULL;
 	return r;
@@ -335,6 +336,7 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	if (close)
 		r->keep = 0;
 	r->bodiless = (code >= 100 && code < 200) || code == 204 || code == 304;
+	r->code = code;
 	r->length = length;
 	return PyObject_GetAttrString((PyObject *)r, "write");
 }
@@ -719,6 +721,7 @@ int respond(HttpConn *c, PyObject *env)
 	if (s->access != Py_None)
 		access_log(s, env, r, started);
 	out = r->keep;
+	s->responses[status_class(r->code)]++;
 	if (++s->requests == s->retire_at && s->on_retire) {
 		/* max_requests: the worker asks to be replaced (once) */
 		PyObject *rc = PyObject_CallNoArgs(s->on_retire);

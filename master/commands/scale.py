@@ -1,0 +1,36 @@
+"""scale N: that many workers in the serving generation (TTIN/TTOU as many
+times as it takes); new ones start now, extra ones drain."""
+from typing import Annotated
+
+import msgspec
+
+from sockherd.master.commands import Command
+from sockherd.worker.board import SLOTS
+
+
+class Args(msgspec.Struct, forbid_unknown_fields=True):
+    workers: Annotated[int, msgspec.Meta(ge=1, le=SLOTS)]
+
+
+def run(sup, args: Args, reply) -> None:
+    if sup.pending:
+        reply.fail("a reload is under way: scale once it is done (or change `workers` and "
+                   "reload)")
+        return
+    if sup.stopping:
+        reply.fail("the master is stopping")
+        return
+    before = len(sup._active())
+    while len(sup._active()) < args.workers:
+        sup._scale_up()
+    while len(sup._active()) > args.workers:
+        sup._scale_down()
+    reply.ok({"before": before, "workers": len(sup._active())})
+
+
+def render(r: dict) -> str:
+    return f"scale: {r['before']} -> {r['workers']} workers"
+
+
+COMMAND = Command("scale", "that many workers: new ones start, extra ones drain", run, render,
+                  Args, timeout=5.0)

@@ -1,0 +1,327 @@
+"""The master's control channel: a ZeroMQ ROUTER for `sockherd ctl`, a PUB
+for the event stream, both living in the master's own loop (no thread).
+
+Where: `ipc://RUNTIME_DIR/control` and `ipc://RUNTIME_DIR/events` by
+default, the directory created 0700 and owned by us (refused otherwise),
+the sockets 0600: only our user reaches them (circus's unauthenticated
+endpoint is what not to do). A `tcp://` control endpoint is accepted only
+with CURVE keys: the server's key pair and a directory of the clients'
+public keys, checked by a ZAP authenticator driven from the same loop; an
+unauthorised client's handshake fails and it gets nothing. Without the keys
+the master refuses to start with that endpoint.
+
+A bound ipc path that answers belongs to another running master: we do not
+steal it (ZeroMQ would silently unlink and rebind); a stale one (nothing
+listening: a crash, or our own previous image across an upgrade's exec) is
+replaced. A takeover's new instance finds the old one's endpoint live and
+binds it once the old instance is gone (retried every second).
+
+Requests (ipc/control.py) go to master/commands: one module per command.
+A command may answer later (reload, upgrade: when the new generation is
+READY or refused); its Responder says where the reply goes.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import tempfile
+import time
+
+import zmq
+
+from sockherd.ipc import control as proto
+
+log = logging.getLogger("sockherd.master")
+
+RETRY = 1.0                  # a live ipc path held by another master: try again after
+
+
+def runtime_dir(values) -> str:
+    """The runtime directory the settings (a Settings or its dict) name."""
+    chosen = _get(values, "runtime_dir")
+    if chosen:
+        return chosen
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "sockherd")
+    if os.geteuid() == 0:
+        return "/run/sockherd"
+    return os.path.join(tempfile.gettempdir(), f"sockherd-{os.getuid()}")
+
+
+def endpoint_of(values) -> str | None:
+    """The control endpoint of settings (a Settings or its dict); None: off."""
+    chosen = _get(values, "control")
+    if chosen == "off":
+        return None
+    return chosen or f"ipc://{os.path.join(runtime_dir(values), 'control')}"
+
+
+def events_endpoint(control: str) -> str:
+    """The PUB endpoint beside a control endpoint: ipc://DIR/events, or the
+    tcp port after the control one."""
+    if control.startswith("ipc://"):
+        return f"ipc://{os.path.join(os.path.dirname(control[6:]), 'events')}"
+    host, _, port = control.rpartition(":")
+    return f"{host}:{int(port) + 1}"
+
+
+def _get(values, key: str):
+    return values.get(key, "") if isinstance(values, dict) else getattr(values, key, "")
+
+
+class Responder:
+    """Where one request's reply goes (exactly once)."""
+
+    def __init__(self, server: "ControlServer", envelope: list[bytes]):
+        self._server, self._envelope, self.done = server, envelope, False
+
+    def ok(self, result=None) -> None:
+        self._send(proto.Reply(ok=True, result=result))
+
+    def fail(self, error: str) -> None:
+        self._send(proto.Reply(ok=False, error=error))
+
+    def _send(self, reply: proto.Reply) -> None:
+        if self.done:
+            return
+        self.done = True
+        self._server.send(self._envelope, proto.encode(reply))
+
+
+class ControlServer:
+    def __init__(self, sup, endpoint: str):
+        self.sup = sup
+        self.endpoint = endpoint
+        self.events_at = events_endpoint(endpoint)
+        self.ctx = zmq.Context()
+        self.router: zmq.Socket | None = None
+        self.pub: zmq.Socket | None = None
+        self.auth = None
+        self._retry_at: float | None = None
+        self._said_busy = False
+        self._curve = None
+        if endpoint.startswith("tcp://"):
+            self._curve = _curve_keys(sup.settings)
+        elif not endpoint.startswith("ipc://"):
+            raise ValueError(f"control endpoint {endpoint!r}: ipc://PATH or tcp://HOST:PORT")
+        else:
+            _private_dir(os.path.dirname(endpoint[len("ipc://"):]))
+        self._open()
+
+    # ---- binding ---------------------------------------------------------------------------
+    def _open(self) -> None:
+        """Binds both sockets; a live ipc path of another master: retried."""
+        if self.endpoint.startswith("ipc://"):
+            for ep in (self.endpoint, self.events_at):
+                if _live(ep[len("ipc://"):]):
+                    if not self._said_busy:
+                        log.warning("control: %s is served by another running master; "
+                                    "bound once it is free", ep)
+                        self._said_busy = True
+                    self._retry_at = time.monotonic() + RETRY
+                    return
+        router = self.ctx.socket(zmq.ROUTER)
+        pub = self.ctx.socket(zmq.PUB)
+        try:
+            for sock in (router, pub):
+                sock.linger = 1000               # a reply sent just before stop or exec
+                sock.setsockopt(zmq.MAXMSGSIZE, 4 * proto.MAX_REQUEST)
+            router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            pub.sndhwm = 10000
+            if self._curve is not None:
+                self._start_auth()
+                for sock in (router, pub):
+                    sock.curve_secretkey, sock.curve_publickey = self._curve
+                    sock.curve_server = True
+            router.bind(self.endpoint)
+            pub.bind(self.events_at)
+        except zmq.ZMQError as exc:
+            router.close(0)
+            pub.close(0)
+            raise OSError(exc.errno, f"control endpoint {self.endpoint}: {exc.strerror}") \
+                from None
+        if self.endpoint.startswith("ipc://"):
+            for ep in (self.endpoint, self.events_at):
+                os.chmod(ep[len("ipc://"):], 0o600)
+        self.router, self.pub, self._retry_at = router, pub, None
+        log.info("control: %s (events: %s)", self.endpoint, self.events_at)
+
+    def _start_auth(self) -> None:
+        from zmq.auth.base import Authenticator
+
+        if self.auth is None:
+            self.auth = Authenticator(self.ctx, log=logging.getLogger("sockherd.master.zap"))
+            self.auth.start()
+            self.auth.configure_curve(domain="*", location=_get(self.sup.settings,
+                                                                "control_curve_clients"))
+
+    # ---- the master's loop (Supervisor.add_extra) ------------------------------------------
+    def fds(self) -> list[int]:
+        return []                  # ZeroMQ's own fds, registered by _reregister()
+
+    def next_deadline(self) -> float | None:
+        return self._retry_at
+
+    def poll(self) -> None:
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            self._open()
+            self._reregister()
+        if self.auth is not None:
+            while self.auth.zap_socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self.auth.handle_zap_message(self.auth.zap_socket.recv_multipart())
+        if self.router is None:
+            return
+        while self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._on_request(frames)
+
+    def _reregister(self) -> None:
+        """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
+        all there is every time the master wakes)."""
+        if self.router is None:
+            return
+        for sock in [self.router] + ([self.auth.zap_socket] if self.auth else []):
+            fd = sock.getsockopt(zmq.FD)
+            try:
+                self.sup.sel.register(fd, 1, ("extra", fd))
+            except KeyError:
+                pass
+
+    def _on_request(self, frames: list[bytes]) -> None:
+        from sockherd.master import commands
+
+        if len(frames) < 2:
+            return                                   # no identity: nothing to answer
+        envelope, frame = frames[:-1], frames[-1]
+        r = Responder(self, envelope)
+        try:
+            req = proto.decode_request(frame)
+        except proto.ProtocolError as exc:
+            r.fail(str(exc))
+            return
+        commands.dispatch(self.sup, req, r)
+
+    def send(self, envelope: list[bytes], frame: bytes) -> None:
+        if self.router is None:
+            return
+        try:
+            self.router.send_multipart(envelope + [frame], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:               # the client is gone: its loss
+            log.debug("control: reply not sent: %s", exc)
+
+    def publish(self, event: dict) -> None:
+        if self.pub is None:
+            return
+        try:
+            self.pub.send(proto.EVENT_TOPIC + proto.encode(event), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass                                  # no subscriber keeping up: dropped
+
+    # ---- an upgrade's exec ---------------------------------------------------------------
+    def before_exec(self) -> None:
+        """The reply to `upgrade` must leave before the exec ends this
+        image: the sockets closed and the context terminated, which waits
+        for what they still send (up to their linger, 1 s)."""
+        self._close_sockets()
+        self.ctx.term()
+
+    def exec_failed(self) -> None:
+        self.ctx = zmq.Context()
+        self._open()
+        self._reregister()
+
+    def _close_sockets(self) -> None:
+        for fd in self._zmq_fds():
+            try:
+                self.sup.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        for sock in (self.router, self.pub):
+            if sock is not None:
+                sock.close(linger=1000)
+        self.router = self.pub = None
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+
+    def _zmq_fds(self) -> list[int]:
+        out = []
+        for sock in [self.router] + ([self.auth.zap_socket] if self.auth else []):
+            if sock is not None:
+                try:
+                    out.append(sock.getsockopt(zmq.FD))
+                except zmq.ZMQError:
+                    pass
+        return out
+
+    def close(self) -> None:
+        self._close_sockets()
+        self.ctx.term()
+
+
+def _private_dir(path: str) -> None:
+    """The runtime directory: created 0700, or an existing one that is ours
+    (tightened to 0700); anybody else's is refused (ValueError)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ValueError(f"control: runtime directory {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"control: runtime directory {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"control: runtime directory {path} belongs to uid {st.st_uid}, "
+                         f"not to us ({os.geteuid()})")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+def _live(path: str) -> bool:
+    """Whether a unix socket at path has somebody listening."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError as exc:
+            return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    return True
+
+
+def _curve_keys(settings) -> tuple[bytes, bytes]:
+    """(secret, public) of the server's certificate; ValueError if a tcp
+    endpoint lacks its keys."""
+    import zmq.auth
+
+    secret_file = _get(settings, "control_curve_secret")
+    clients = _get(settings, "control_curve_clients")
+    if not secret_file or not clients:
+        raise ValueError("control: a tcp:// endpoint needs control_curve_secret and "
+                         "control_curve_clients (CURVE keys); refusing to start without them")
+    if not os.path.isdir(clients):
+        raise ValueError(f"control_curve_clients {clients!r}: not a directory")
+    try:
+        public, secret = zmq.auth.load_certificate(secret_file)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"control_curve_secret {secret_file!r}: {exc}") from None
+    if not secret:
+        raise ValueError(f"control_curve_secret {secret_file!r}: no secret key in it")
+    return secret, public
+
+
+def attach(sup) -> None:
+    """Called by `sockherd run` before the loop starts: serve the control
+    endpoint of the settings (none if `off`). Raises ValueError or OSError."""
+    endpoint = endpoint_of(sup.settings)
+    if endpoint is None:
+        return
+    server = ControlServer(sup, endpoint)
+    sup.add_extra(server)
+    server._reregister()
+    sup.events.subscribe(server.publish)
+    sup.control = server

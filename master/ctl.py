@@ -1,0 +1,208 @@
+"""`sockherd ctl`: one command to a running master, its answer printed.
+
+The command's words are matched against master/commands (longest name
+first: `show proc`), its arguments parsed from its typed definition, the
+request sent over ZeroMQ (REQ), the reply printed as the command's table or,
+with --json, as the exact JSON result. Exit 0 on success, 1 on an error
+reply (the reason on stderr), 2 on a usage error, 3 when no master answered
+in time. `upgrade` waits for the new image's new generation; `watch`
+prints the event stream until interrupted (or --count events).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import msgspec
+import zmq
+
+from sockherd.ipc import control as proto
+
+EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER = 1, 2, 3
+
+
+class CtlError(Exception):
+    """An error reply (timeout False) or no answer in time (timeout True)."""
+
+    def __init__(self, message: str, timeout: bool = False):
+        super().__init__(message)
+        self.timeout = timeout
+
+
+def _socket(ctx: zmq.Context, kind: int, endpoint: str, server_key: str | None,
+            client_cert: str | None) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    if endpoint.startswith("tcp://"):
+        if not server_key or not client_cert:
+            sock.close()
+            raise CtlError(f"{endpoint}: a tcp:// endpoint needs --curve-server-key and "
+                           f"--curve-client-cert")
+        import zmq.auth
+
+        public, secret = zmq.auth.load_certificate(client_cert)
+        server_public, _ = zmq.auth.load_certificate(server_key)
+        if not secret:
+            sock.close()
+            raise CtlError(f"{client_cert}: no secret key in it")
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.curve_serverkey = server_public
+    sock.connect(endpoint)
+    return sock
+
+
+def request(endpoint: str, command: str, args: dict | None = None, *, timeout: float = 5.0,
+            server_key: str | None = None, client_cert: str | None = None):
+    """The result of one command; CtlError on an error reply or no answer."""
+    ctx = zmq.Context.instance()
+    sock = _socket(ctx, zmq.REQ, endpoint, server_key, client_cert)
+    try:
+        sock.send(proto.encode(proto.Request(command=command, args=args or {})))
+        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
+            raise CtlError(f"no answer from {endpoint} within {timeout:g}s", timeout=True)
+        try:
+            reply = proto.decode_reply(sock.recv())
+        except proto.ProtocolError as exc:
+            raise CtlError(str(exc)) from None
+    finally:
+        sock.close(0)
+    if not reply.ok:
+        raise CtlError(reply.error)
+    return reply.result
+
+
+def _endpoint(ns) -> str:
+    from sockherd.master import settings as S
+    from sockherd.master.control import endpoint_of
+
+    if ns.endpoint:
+        return ns.endpoint
+    flags = {"runtime_dir": ns.runtime_dir} if ns.runtime_dir else {}
+    found = endpoint_of(S.resolve(flags, config=ns.config))
+    if found is None:
+        raise CtlError("the settings say control = off: no control endpoint")
+    return found
+
+
+def _arguments(cmd, words: list[str]) -> dict:
+    """The command's arguments from the words after its name, by its Args
+    fields: no default -> positional, bool -> --flag, other -> --name VALUE
+    (or positional after the required ones)."""
+    parser = argparse.ArgumentParser(prog=f"sockherd ctl {cmd.name}", description=cmd.help)
+    info = msgspec.inspect.type_info(cmd.args)
+    for f in info.fields:
+        kind = f.type
+        conv = int if isinstance(kind, msgspec.inspect.IntType) else str
+        if isinstance(kind, msgspec.inspect.BoolType):
+            parser.add_argument(f"--{f.name}", action="store_true")
+        elif f.required:
+            parser.add_argument(f.name, type=conv)
+        else:
+            parser.add_argument(f.name, type=conv, nargs="?", default=f.default)
+    return vars(parser.parse_args(words))
+
+
+def _print(cmd, result, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(cmd.render(result))
+
+
+def _upgrade(endpoint: str, first: dict, timeout: float, keys: dict) -> dict:
+    """After the old image's reply: the new one's generation, once it serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            st = request(endpoint, "status", timeout=2.0, **keys)
+        except CtlError as exc:
+            if not exc.timeout:
+                raise
+            continue                          # the new image is not serving control yet
+        if st["reloads_failed"] > first["reloads_failed"] and st["generation"] \
+                == first["generation"]:
+            raise CtlError(f"upgrade: the new image's reload failed: "
+                           f"{st['last_reload_failure']}")
+        if st["generation"] > first["generation"] and st["starting_generation"] is None:
+            return {"pid": st["pid"], "generation": st["generation"],
+                    "seconds": time.monotonic() - (deadline - timeout)}
+        time.sleep(0.1)
+    raise CtlError(f"upgrade: the new generation was not serving within {timeout:g}s",
+                   timeout=True)
+
+
+def _watch(endpoint: str, as_json: bool, count: int, keys: dict) -> int:
+    ctx = zmq.Context.instance()
+    sock = _socket(ctx, zmq.SUB, endpoint, keys.get("server_key"), keys.get("client_cert"))
+    sock.setsockopt(zmq.SUBSCRIBE, proto.EVENT_TOPIC)
+    print("watching", endpoint, file=sys.stderr, flush=True)
+    seen = 0
+    try:
+        while not count or seen < count:
+            frame = sock.recv()
+            event = json.loads(frame[len(proto.EVENT_TOPIC):])
+            if as_json:
+                print(json.dumps(event, sort_keys=True), flush=True)
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(event.pop("time")))
+                kind = event.pop("event")
+                print(f"{stamp} {kind:<14} " + " ".join(f"{k}={v}" for k, v in event.items()),
+                      flush=True)
+            seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close(0)
+    return 0
+
+
+def main(ns) -> int:
+    from sockherd.master.commands import COMMANDS
+    from sockherd.master.settings import SettingsError
+
+    words = list(ns.words)
+    count = 0
+    if words and words[0] == "watch" and "--count" in words:
+        i = words.index("--count")
+        try:
+            count = int(words[i + 1])
+        except (IndexError, ValueError):
+            print("sockherd ctl watch: --count takes a number", file=sys.stderr)
+            return EXIT_USAGE
+        del words[i:i + 2]
+    cmd = None
+    for n in range(min(len(words), 2), 0, -1):
+        cmd = COMMANDS.get(" ".join(words[:n]))
+        if cmd is not None:
+            rest = words[n:]
+            break
+    if cmd is None:
+        print(f"sockherd ctl: unknown command {' '.join(words) or '(none)'!r}; the commands: "
+              f"{', '.join(sorted(COMMANDS))}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        args = _arguments(cmd, rest)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code else 0
+    keys = {"server_key": ns.curve_server_key, "client_cert": ns.curve_client_cert}
+    timeout = ns.timeout if ns.timeout is not None else cmd.timeout
+    try:
+        endpoint = _endpoint(ns)
+        result = request(endpoint, cmd.name, args, timeout=timeout, **keys)
+        if cmd.name == "watch":
+            from sockherd.master.control import events_endpoint
+            return _watch(events_endpoint(endpoint), ns.json, count, keys)
+        if cmd.name == "upgrade" and result.get("upgrading"):
+            result = _upgrade(endpoint, result, timeout, keys)
+    except SettingsError as exc:
+        print(f"sockherd ctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CtlError as exc:
+        if ns.json:
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        print(f"sockherd ctl {cmd.name}: {exc}", file=sys.stderr)
+        return EXIT_NO_ANSWER if exc.timeout else EXIT_ERROR
+    _print(cmd, result, ns.json)
+    return 0
