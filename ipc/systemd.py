@@ -16,6 +16,14 @@ of libsystemd, src/libsystemd/sd-daemon/sd-daemon.c):
 
 We are stricter than libsystemd in one way only: numbers are plain decimal digits, at
 most 10 of them.
+
+And the sending half of sd_notify(3) (`notify`): one datagram of newline-separated
+KEY=VALUE lines on the AF_UNIX SOCK_DGRAM socket NOTIFY_SOCKET names, a filesystem path
+or, when it starts with '@', a name in the abstract namespace. sd_notify(3) declares this
+protocol stable and shows it reimplemented in a few lines without libsystemd ("Notes");
+see master/notify.py for why sockherd does that rather than use a library. Unlike
+sd_notify(), `notify` never unsets NOTIFY_SOCKET: the master notifies for its whole life,
+across its own re-exec (the workers are spawned without it: master/spawn.py).
 """
 
 import fcntl
@@ -37,6 +45,51 @@ _DECIMAL = re.compile(r"[0-9]{1,10}")
 class ActivatedFd(NamedTuple):
     fd: int
     name: str
+
+
+NOTIFY_VARIABLE = "NOTIFY_SOCKET"
+# sockaddr_un.sun_path: 108 bytes; a path needs its NUL, an abstract name does not
+_SUN_PATH = 108
+
+
+def notify_address(value: str) -> str | bytes:
+    """The socket address NOTIFY_SOCKET's value names: an absolute path, or '@name' for
+    the abstract namespace (a leading NUL byte, no terminating one). Raises ValueError
+    for anything else (systemd itself passes nothing else but vsock:, which we do not
+    speak)."""
+    raw = os.fsencode(value)
+    if raw.startswith(b"@") and len(raw) > 1:
+        if len(raw) > _SUN_PATH:
+            raise ValueError(f"{NOTIFY_VARIABLE}={value!r}: abstract name longer than "
+                             f"{_SUN_PATH - 1} bytes")
+        return b"\0" + raw[1:]
+    if raw.startswith(b"/"):
+        if b"\0" in raw or len(raw) >= _SUN_PATH:
+            raise ValueError(f"{NOTIFY_VARIABLE}={value!r}: not a usable socket path")
+        return value
+    raise ValueError(f"{NOTIFY_VARIABLE}={value!r}: neither an absolute path nor an '@' "
+                     "abstract name")
+
+
+def notify(message: str, address: str | None = None, *, timeout: float = 1.0) -> bool:
+    """Sends `message` (KEY=VALUE lines) to systemd as one datagram, to `address` or else
+    to $NOTIFY_SOCKET. False if there is none (not run by systemd: nothing to do), True
+    once sent. Raises ValueError for an unusable address and OSError when sending fails
+    (no socket there, refused, or still no room in systemd's queue after `timeout`
+    seconds: a full queue never blocks the caller longer)."""
+    value = os.environ.get(NOTIFY_VARIABLE) if address is None else address
+    if not value:
+        return False
+    target = notify_address(value)
+    data = message.encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        # connected, so that poll() waits for room in the receiver's queue
+        sock.connect(target)
+        sock.settimeout(timeout)
+        sent = sock.send(data)
+    if sent != len(data):                       # a datagram goes whole or not at all
+        raise OSError(f"short notify datagram ({sent} of {len(data)} bytes)")
+    return True
 
 
 def listen_fds(unset_environment: bool = True, environ=None) -> list[ActivatedFd]:

@@ -1,11 +1,24 @@
 """What a `bind` address says, before anything is bound.
 
-Four forms, as gunicorn, HAProxy and nginx operators write them:
+Five forms, as gunicorn, HAProxy, nginx and systemd operators write them:
 
     host:port        127.0.0.1:8000, localhost:80, 0.0.0.0:8000, :8000 (all IPv4)
     [v6]:port        [::1]:8000, [::]:8000
     unix:/path       a unix stream socket at an absolute path
     fd://N           an already-listening socket inherited as fd N
+    systemd:NAME     the socket systemd passed (socket activation) under the name
+                     NAME: the .socket unit's FileDescriptorName= (default: the
+                     unit's name, e.g. app.socket), i.e. LISTEN_FDNAMES. A name is
+                     1 to 255 printable ASCII characters without ':' (systemd's
+                     rule). If no passed socket has that name, the master does
+                     not start (exit 1) and a reload naming it is refused.
+
+With socket activation, any `bind` entry that is an activated socket (by name
+as systemd:NAME, by number as fd://N, or by address: host:port or unix:/path
+equal to the address the socket is bound to, 0.0.0.0:P also matching a
+dual-stack [::]:P) is served by that socket and never bound a second time; an
+activated socket that no entry names is served too (master/listeners.py
+claim_activated).
 
 Parsing is pure (no DNS, no syscalls): a host name stays a name, resolved when
 the listener is bound. A bad address raises AddressError naming the address
@@ -22,6 +35,8 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 # sun_path is 108 bytes including the terminating NUL
 UNIX_PATH_MAX = 107
+# systemd's FDNAME_MAX (fdname_is_valid(): printable ASCII, no ':', 1..255 characters)
+FDNAME_MAX = 255
 
 
 class AddressError(ValueError):
@@ -30,17 +45,20 @@ class AddressError(ValueError):
 
 @dataclass(frozen=True)
 class Address:
-    kind: Literal["tcp", "unix", "fd"]
+    kind: Literal["tcp", "unix", "fd", "systemd"]
     host: str = ""          # tcp: IPv4/IPv6 literal or a name; "" never (":8000" -> 0.0.0.0)
     port: int = 0           # tcp: 0 asks the kernel for an ephemeral port
     path: str = ""          # unix
     fd: int = -1            # fd
+    name: str = ""          # systemd: the FileDescriptorName= of an activated socket
 
     def __str__(self) -> str:
         if self.kind == "unix":
             return f"unix:{self.path}"
         if self.kind == "fd":
             return f"fd://{self.fd}"
+        if self.kind == "systemd":
+            return f"systemd:{self.name}"
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
@@ -68,6 +86,15 @@ def parse(address: str) -> Address:
         if not num.isdigit():
             raise AddressError(f"{address!r}: fd://N takes a file descriptor number")
         return Address("fd", fd=int(num))
+    if address.startswith("systemd:"):
+        name = address[len("systemd:"):]
+        if not name or len(name) > FDNAME_MAX:
+            raise AddressError(f"{address!r}: systemd:NAME takes the name of a socket systemd "
+                               f"passes (FileDescriptorName=), 1 to {FDNAME_MAX} characters")
+        if not all(" " <= ch <= "~" and ch != ":" for ch in name):
+            raise AddressError(f"{address!r}: a systemd socket name is printable ASCII "
+                               "without ':'")
+        return Address("systemd", name=name)
     if address.startswith("["):
         host, sep, port = address[1:].partition("]:")
         if not sep:
@@ -79,7 +106,8 @@ def parse(address: str) -> Address:
         return Address("tcp", host=str(ip), port=_port(port, address))
     host, sep, port = address.rpartition(":")
     if not sep:
-        raise AddressError(f"{address!r}: expected host:port, [v6]:port, unix:/path or fd://N")
+        raise AddressError(f"{address!r}: expected host:port, [v6]:port, unix:/path, fd://N "
+                           "or systemd:NAME")
     if ":" in host:
         raise AddressError(f"{address!r}: write an IPv6 address in brackets, [address]:port")
     if not host:

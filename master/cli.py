@@ -57,6 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="take the listeners of the instance serving the hand-off socket PATH "
                           "(its handoff_socket setting), start the workers, and once they are "
                           "ready tell that instance to drain and exit")
+    ctl = sub.add_parser("ctl", help="ask a running master (status, show, reload, ...)",
+                         description="Send one command to a running master over its control "
+                                     "endpoint and print the answer. `sockherd ctl help` lists "
+                                     "the commands. Exit 0 on success, 1 on an error reply, 3 "
+                                     "when no master answered in time.")
+    ctl.add_argument("--json", action="store_true", help="print the exact JSON reply")
+    ctl.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="how long to wait for the answer (default: the command's own)")
+    ctl.add_argument("-c", "--config", metavar="FILE",
+                     help="read runtime_dir and control from this settings file")
+    ctl.add_argument("--runtime-dir", metavar="DIR", help="the master's runtime_dir")
+    ctl.add_argument("--endpoint", metavar="ENDPOINT",
+                     help="the control endpoint (ipc:// or tcp://); default: the settings'")
+    ctl.add_argument("--curve-server-key", metavar="FILE",
+                     help="tcp://: the server's public certificate")
+    ctl.add_argument("--curve-client-cert", metavar="FILE",
+                     help="tcp://: this client's secret certificate")
+    ctl.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND ...")
     return parser
 
 
@@ -132,11 +150,36 @@ def cmd_run(ns: argparse.Namespace) -> int:
         log.error("socket activation: %s", exc)
         return 1
 
+    said = set()
+
     def own(settings):
+        """The settings with `bind` less what systemd's sockets serve: the
+        built-in default when any socket is activated, and every entry that
+        names an activated socket (systemd:NAME, fd://N, or its address:
+        master/listeners.py claim_activated). A systemd:NAME matching none
+        stays, for bind() to refuse: exit 1 at start, a refused reload."""
+        from sockherd.master.listeners import claim_activated
+
         if inherited and settings.bind == next(s.default for s in S.SETTINGS if s.key == "bind"):
             # systemd owns the addresses: the built-in default is not bound too
             return msgspec.structs.replace(settings, bind=[])
-        return settings
+        rest = []
+        for text in settings.bind:
+            lst = claim_activated(text, inherited) if inherited else None
+            if lst is None:
+                rest.append(text)
+                if text.startswith("systemd:"):
+                    names = ", ".join(repr(x.descriptor.name) for x in inherited)
+                    log.error("bind %s: systemd passed %s", text,
+                              f"the socket(s) {names} only" if names
+                              else "no socket (LISTEN_FDS is not set for this process)")
+            elif text not in said:
+                said.add(text)
+                log.info("bind %s: served by the socket systemd passed as %r (%s), not bound "
+                         "again", text, lst.descriptor.name, lst.descriptor.address)
+        if len(rest) == len(settings.bind):
+            return settings
+        return msgspec.structs.replace(settings, bind=rest)
 
     def reload():
         """The settings again for a reload (HUP): the same command line, the
@@ -200,9 +243,22 @@ def cmd_run(ns: argparse.Namespace) -> int:
         except ProcessLookupError:
             log.info("takeover: serving; pid %d is gone already", took_from)
 
-    return Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
-                      activated=inherited, adopted=state,
-                      on_serving=serving if took_from > 0 else None).run()
+    sup = Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
+                     activated=inherited, adopted=state,
+                     on_serving=serving if took_from > 0 else None)
+    from sockherd.master import control, metrics, notify
+    try:
+        control.attach(sup)                  # sockherd ctl (ZeroMQ): master/control.py
+        metrics.attach(sup)                  # --metrics: master/metrics.py
+    except (OSError, ValueError) as exc:
+        log.error("%s", exc)
+        for extra in sup.extras:
+            extra.close()
+        for lst in listeners:
+            lst.close()
+        return 1
+    notify.attach(sup)                       # systemd Type=notify: master/notify.py
+    return sup.run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,5 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check(ns)
     if ns.command == "run":
         return cmd_run(ns)
+    if ns.command == "ctl":
+        from sockherd.master.ctl import main as ctl_main
+        return ctl_main(ns)
     parser.print_help()
     return 0

@@ -172,7 +172,7 @@ class ControlServer:
             self._reregister()
         if self.auth is not None:
             while self.auth.zap_socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self.auth.handle_zap_message(self.auth.zap_socket.recv_multipart())
+                _done_now(self.auth.handle_zap_message(self.auth.zap_socket.recv_multipart()))
         if self.router is None:
             return
         while self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
@@ -264,6 +264,17 @@ class ControlServer:
     def close(self) -> None:
         self._close_sockets()
         self.ctx.term()
+
+
+def _done_now(coro) -> None:
+    """Runs pyzmq's ZAP handler (a coroutine, for async key callbacks) to
+    its end: with keys from a directory it never waits on anything."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("the ZAP handler waited on something: not supported here")
 
 
 def _private_dir(path: str) -> None:

@@ -167,6 +167,12 @@ def bind(text: str, *, name: str = "", backlog: int = 2048, unix_mode: str = "06
     """Binds (or adopts, for fd://N) one address. Raises AddressError or BindError."""
     address = parse(text)
     created = ""
+    if address.kind == "systemd":
+        # claim_activated() takes every entry an activated socket serves out
+        # of `bind` first: one that gets here names no socket systemd passed
+        raise BindError(errno.ENOENT, f"bind {address}: systemd passed no socket named "
+                                      f"{address.name!r} (the .socket unit's "
+                                      "FileDescriptorName=, LISTEN_FDNAMES)")
     if address.kind == "tcp":
         sock = _tcp(address, backlog)
     elif address.kind == "unix":
@@ -207,3 +213,62 @@ def activated() -> list[Listener]:
         sock.setblocking(False)
         out.append(Listener(parse(f"fd://{sock.fileno()}"), sock, desc))
     return out
+
+
+def claim_activated(text: str, activated: list[Listener]) -> Listener | None:
+    """The activated socket (systemd's) a `bind` entry asks for, if any: by
+    name (systemd:NAME, the socket's FileDescriptorName=), by number (fd://N)
+    or by address: a unix path, or a TCP address equal to the one the socket
+    is bound to (a host name is resolved as bind() would; 0.0.0.0:P also
+    matches a dual-stack [::]:P, which serves IPv4 too). Such an entry is
+    served by that socket: binding it again would fail (EADDRINUSE) or, for
+    fd://N, wrap the same fd twice. A systemd:NAME that matches nothing gives
+    None (bind() then says so)."""
+    from sockherd.master.addresses import AddressError
+
+    try:
+        address = parse(text)
+    except AddressError:
+        return None                          # bind() says what is wrong with it
+    kernel = _kernel_addresses(address) if address.kind == "tcp" and address.port else set()
+    for lst in activated:
+        if lst.sock.fileno() == -1:
+            continue
+        if address.kind == "systemd":
+            if lst.descriptor.name == address.name:
+                return lst
+        elif address.kind == "fd":
+            if lst.sock.fileno() == address.fd:
+                return lst
+        elif lst.descriptor.type != "stream":
+            continue                         # an address in `bind` is a stream listener
+        elif address.kind == "unix":
+            if lst.descriptor.family == "unix" and \
+                    os.path.normpath(lst.descriptor.address) == os.path.normpath(address.path):
+                return lst
+        elif lst.descriptor.family in ("inet", "inet6") and address.port:
+            if lst.descriptor.address in kernel or (
+                    address.host == "0.0.0.0"
+                    and lst.descriptor.address == f"[::]:{address.port}" and _dual_stack(lst)):
+                return lst
+    return None
+
+
+def _kernel_addresses(address: Address) -> set[str]:
+    """What getsockname() of a socket bound to a TCP address would say: the
+    address bind() would use first, and the others it resolves to."""
+    from sockherd.ipc.listeners import format_address
+
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV)
+    except OSError:
+        return set()
+    return {format_address(family, sockaddr[:2]) for family, _, _, _, sockaddr in infos}
+
+
+def _dual_stack(lst: Listener) -> bool:
+    try:
+        return not lst.sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+    except OSError:
+        return False

@@ -75,7 +75,7 @@ SETTINGS: tuple[Setting, ...] = (
             "thread groups per worker (at most 64 threads a group)",
             msgspec.Meta(ge=1, le=32), "G", section="workers"),
     Setting("bind", ("-b", "--bind"), list[str], ["127.0.0.1:8000"],
-            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N` (repeatable)",
+            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N`, `systemd:NAME` (a socket-activated one; repeatable)",
             msgspec.Meta(min_length=1), "ADDRESS", section="listeners"),
     Setting("backlog", ("--backlog",), int, 2048, "listen() backlog of each bound socket",
             msgspec.Meta(ge=1, le=65535), "N", section="listeners"),

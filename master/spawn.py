@@ -7,6 +7,12 @@ is close-on-exec. The first message on the socketpair is the Assignment, with
 the listener fds attached (SCM_RIGHTS, duplicates: the master keeps its own).
 Call it from the master's main thread: the worker's PR_SET_PDEATHSIG fires
 when the thread that spawned it exits.
+
+A worker's environment is the master's less what systemd meant for the master
+alone (MASTER_ONLY): NOTIFY_SOCKET stays in the master's own environment (it
+notifies across its re-exec: master/notify.py), but an app calling sd_notify
+in a worker must not speak for the service; the watchdog variables name the
+master's pid. (LISTEN_* are gone already: master/listeners.py activated().)
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from sockherd.ipc.channel import Channel
 from sockherd.ipc.messages import Assignment
 from sockherd.master.listeners import Listener
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
+
+MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC")
 
 
 @dataclass
@@ -59,7 +67,7 @@ def spawn(generation: int, index: int, config: dict, app: str, listeners: list[L
     """Starts worker generation.index and sends its assignment. On a failure
     to send, the new process is killed and reaped before the error propagates."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in MASTER_ONLY}
     env[ENV_FD] = str(child.fileno())
     env[ENV_MASTER] = str(os.getpid())
     passed = [child.fileno()]
