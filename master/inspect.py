@@ -33,6 +33,20 @@ def role(sup, slot) -> str:
     return "draining" if slot.life and slot.life.state is State.DRAINING else "stopping"
 
 
+def readiness(sup) -> tuple[bool, str]:
+    """Whether a balancer should send traffic here, and why not: the first
+    generation READY, no stop begun (unready_delay: the balancer notices
+    before the listeners close), a serving worker READY. Plain attribute
+    reads: safe from another thread (the metrics listener's)."""
+    if sup.unready or sup.stopping:
+        return False, "stopping"
+    if not sup.announced:
+        return False, "starting"
+    if not any(s.life is not None and s.life.state is State.READY for s in list(sup.slots)):
+        return False, "no serving worker ready"
+    return True, "ready"
+
+
 def snapshot(sup) -> dict:
     now = time.monotonic()
     workers = []
@@ -53,6 +67,7 @@ def snapshot(sup) -> dict:
             "generation": sup.generation,
             "starting_generation": sup.pending.generation if sup.pending else None,
             "workers": len(sup._active()), "stopping": sup.stopping,
+            "ready": readiness(sup)[0],
             "reloads_ok": sup.reloads_ok, "reloads_failed": sup.reloads_failed,
             "last_reload_failure": sup.last_reload_failure,
             "listeners": [lst.descriptor.address for lst in sup.listeners],

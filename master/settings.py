@@ -121,6 +121,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hard_stop_after", ("--hard-stop-after",), float, 30.0,
             "a draining worker still busy after this long is killed", _seconds(0, 86400), "S",
             section="supervision"),
+    Setting("unready_delay", ("--unready-delay",), float, 0.0,
+            "on a graceful stop (TERM, `ctl stop`), the readiness endpoint turns unready at once "
+            "and the listeners are served on for this long, so that a balancer's health check "
+            "stops sending before the drain starts (lame duck); 0: drain at once",
+            _seconds(0, 3600), "S", section="supervision"),
     Setting("idle_grace", ("--idle-grace",), float, 1.0,
             "while draining, an idle connection is closed after staying idle this long",
             _seconds(0, 3600), "S", section="supervision"),

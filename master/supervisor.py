@@ -8,7 +8,11 @@ arrive as SIGCHLD and are reaped with waitpid(WNOHANG) until none is left.
 
 Signals: TERM drains every worker and exits 0 once they are gone (the master
 closes its own listener copies first, so new connections are refused at once
-instead of accepted and then reset); a second TERM, INT or QUIT kills them.
+instead of accepted and then reset); with unready_delay, the readiness
+endpoint turns unready first and the listeners are served on that long (a
+balancer stops sending) before that. A TERM during a graceful stop changes
+nothing (Kubernetes sends one after a preStop hook that began the stop);
+INT or QUIT kill the workers.
 TTIN starts one worker more; TTOU drains the newest one (never the last).
 
 HUP reloads: the settings are read again and a new generation of workers
@@ -102,6 +106,8 @@ class Supervisor:
         self.timers: list[tuple[float, int, str, Slot | None, int]] = []
         self._seq = itertools.count()
         self.stopping = False
+        self.killing = False                 # a fast stop: the workers were killed
+        self.unready = False                 # the readiness endpoint says 503 (inspect.py)
         self.startup_failed = False
         self.ever_ready = False
         self.first_failure = ""
@@ -321,6 +327,8 @@ class Supervisor:
                 self._reload()
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
+            elif signum == signal.SIGTERM and not self.killing:
+                log.info("TERM: stopping gracefully already (INT or QUIT stops at once)")
             elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
                 self._fast_stop()
         if upgrade and not self.stopping:
@@ -367,21 +375,32 @@ class Supervisor:
         log.info("fast stop")
         if not self.stopping:
             self.events.emit("stopping", fast=True)
-        self.stopping = True
+        self.stopping = self.killing = self.unready = True
         for slot in self._live():
             if slot.life is not None:
                 self._feed(slot, Event.KILL)
 
     def _graceful_stop(self) -> None:
-        log.info("graceful stop: draining every worker")
         self.events.emit("stopping", fast=False)
-        self.stopping = True
+        self.stopping = self.unready = True
+        if self.pending:
+            self._refuse("the master is stopping")
+        delay = self.settings.unready_delay
+        if delay > 0:
+            log.info("graceful stop: unready; serving on for %gs (unready_delay), then draining",
+                     delay)
+            self._at(delay, "drain_all", None)
+        else:
+            self._drain_all()
+
+    def _drain_all(self) -> None:
+        if self.killing:
+            return
+        log.info("graceful stop: draining every worker")
         # nothing follows this generation: refuse new connections now rather
         # than accept them into a queue nobody will serve
         for lst in self.listeners:
             lst.close()
-        if self.pending:
-            self._refuse("the master is stopping")
         for slot in self._live():
             if slot.life is not None:
                 self._feed(slot, Event.DRAIN)
@@ -656,6 +675,8 @@ class Supervisor:
             self._feed(slot, Event.HARD_STOP)
         elif what == "heartbeat":
             self._heartbeat()
+        elif what == "drain_all":
+            self._drain_all()
         elif what == "lifetime":
             self._replace(slot, f"max_worker_lifetime ({self.settings.max_worker_lifetime:g}s)")
         elif what == "replace":

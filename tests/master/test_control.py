@@ -308,3 +308,24 @@ def test_a_second_master_does_not_steal_a_live_control_path(master, tmp_path):
     wait_for(lambda: ctl(tmp_path, "status", json_out=True, timeout=30).stdout and
              json.loads(ctl(tmp_path, "status", json_out=True).stdout)["pid"] == b.proc.pid,
              30, "the second master serving the path once it is free")
+
+
+def test_unready_delay_serves_on_while_unready_and_a_second_term_changes_nothing(
+        master, tmp_path):
+    import time
+
+    m = master("-w", "2", "--unready-delay", "3")
+    assert ok_json(tmp_path, "status")["ready"] is True
+    m.proc.send_signal(signal.SIGTERM)
+    m.wait_log(r"graceful stop: unready; serving on for 3s")
+    started = time.monotonic()
+    assert ok_json(tmp_path, "status")["ready"] is False
+    m.proc.send_signal(signal.SIGTERM)                # kubelet's, after a preStop
+    m.wait_log(r"TERM: stopping gracefully already")
+    served = 0
+    while time.monotonic() - started < 2.0:           # the lame duck still answers
+        get(m.port)
+        served += 1
+    assert served > 0 and "graceful stop: draining every worker" not in m.text()
+    assert m.proc.wait(timeout=30) == 0
+    assert "killed" not in m.text()
