@@ -129,7 +129,9 @@ class ControlServer:
         try:
             for sock in (router, pub):
                 sock.linger = 1000               # a reply sent just before stop or exec
-                sock.setsockopt(zmq.MAXMSGSIZE, 4 * proto.MAX_REQUEST)
+                # a larger request gets an error reply (ipc/control.py); past this
+                # ZeroMQ drops the connection before it is held in memory
+                sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
             router.setsockopt(zmq.ROUTER_MANDATORY, 0)
             pub.sndhwm = 10000
             if self._curve is not None:

@@ -329,3 +329,68 @@ def test_unready_delay_serves_on_while_unready_and_a_second_term_changes_nothing
     assert served > 0 and "graceful stop: draining every worker" not in m.text()
     assert m.proc.wait(timeout=30) == 0
     assert "killed" not in m.text()
+
+
+# ---- untrusted input -----------------------------------------------------------------------------
+
+SAFE = ["status", "show proc", "show activity", "show fd", "help", "watch"]
+MUTATING = {"reload", "upgrade", "drain", "scale", "stop"}
+
+
+def test_generated_garbage_leaves_the_master_serving_and_answering(master, tmp_path):
+    """Hypothesis: arbitrary frames, JSON of the wrong shape, wrong argument
+    types, unknown commands, huge payloads: every request gets an error (or,
+    for a well-formed read-only one, a result) as the last frame of the
+    reply, and the master keeps serving HTTP and `status`."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from sockherd.ipc import control as proto
+
+    m = master("-w", "2")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"ipc://{tmp_path / 'run' / 'control'}")
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                     max_size=4),
+        max_leaves=12)
+    requests = st.one_of(
+        st.binary(max_size=300),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries({"command": st.sampled_from(SAFE) | st.text(max_size=20),
+                               "args": st.dictionaries(st.text(max_size=10), json_values,
+                                                       max_size=3)}
+                              ).filter(lambda d: d["command"] not in MUTATING
+                                       ).map(lambda d: json.dumps(d).encode()),
+        st.integers(64 * 1024 + 1, 1 << 20).map(lambda n: b'{"command": "status", "x": "'
+                                                + b"a" * n + b'"}'),
+        st.just(b'[' * 10000 + b']' * 10000),
+    )
+    envelopes = st.lists(st.binary(max_size=20), max_size=3)
+
+    @settings(max_examples=120, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                     HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(envelopes, requests)
+    def one(envelope, payload):
+        sent.append(len(payload))
+        sock.send_multipart(envelope + [payload])
+        assert sock.poll(10000), f"no reply to {payload[:80]!r}"
+        frames = sock.recv_multipart()
+        assert frames[:-1] == envelope
+        reply = proto.decode_reply(frames[-1])
+        if not reply.ok:
+            assert reply.error and "Traceback" not in reply.error
+            if len(payload) > proto.MAX_REQUEST:
+                assert f"request of {len(payload)} bytes" in reply.error
+
+    sent: list[int] = []
+    try:
+        one()
+    finally:
+        sock.close(0)
+    assert len(sent) >= 100 and max(sent) > proto.MAX_REQUEST
+    assert ok_json(tmp_path, "status")["pid"] == m.proc.pid
+    get(m.port)
+    assert len(children(m.proc.pid)) == 2
