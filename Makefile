@@ -6,17 +6,31 @@
 # "Set up" installs only what is missing: Debian packages (libcap-dev for
 # python-prctl, a C compiler and Python headers for the cffi core and the HTTP
 # extension, node-llhttp for the llhttp C sources it compiles in, systemd for
-# systemd-socket-activate), then .venv and `pip install -e '.[test]'`.
+# systemd-socket-activate), then .venv and `pip install -e '.[test]'`;
+# `make test` also installs chromium and chromium-driver (the browser test).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp
+# only for `make test`: the status page's browser test (tests/master/
+# test_status_page.py) drives a headless Chromium through chromedriver. Not
+# fatal when apt cannot get them: that test is then skipped and says why.
+TEST_DEBS := chromium chromium-driver
 
-.PHONY: setup run test clean debs
+.PHONY: setup run test clean debs test-debs
 
 setup: $(STAMP)
+
+test-debs:
+	@missing=""; \
+	for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the tests:$$missing"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; } \
+	    || echo "could not install$$missing: the browser test will be skipped"; \
+	fi
 
 debs:
 	@missing=""; \
@@ -45,7 +59,7 @@ run: setup
 	@echo "sockherd: the embedded status page on http://127.0.0.1:8000/ (Ctrl-C stops)"
 	$(BIN)/sockherd run
 
-test: setup
+test: setup test-debs
 	$(BIN)/python -m pytest -n auto
 
 clean:

@@ -93,6 +93,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
                 takeover_after=float(cfg.get("takeover_after", 0.5)),
                 max_connections=int(cfg.get("max_connections", 0)))
     loop.identity = (msg.generation, msg.worker_index)
+    loop.config = cfg                   # the embedded page finds the control endpoint in it
     for s in socks:
         loop.add_listener(s)
     loop.start()

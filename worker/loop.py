@@ -87,6 +87,11 @@ class Loop:
         # past max_connections open connections (0: no cap) the listeners
         # are not polled until one closes: the backlog waits, nothing is refused
         self.max_connections = max_connections
+        # accept pauses, for the metrics (worker/report.py): EMFILE/ENFILE and
+        # the like, and max_connections reached (plain ints, bumped by the
+        # loop threads: a rare lost increment is fine for a statistic)
+        self.paused_emfile = 0
+        self.paused_cap = 0
         self._draining = threading.Event()
         self._listeners_deleted = threading.Lock()   # taken once, by the first drainer
         self.drained = threading.Event()             # draining and no connection left
@@ -555,6 +560,7 @@ class Loop:
 
     def _cap(self, th) -> None:
         if CAP not in self.gate.reasons:
+            self.paused_cap += 1
             log.warning("%d connections open (max_connections): not accepting until one "
                         "closes", len(self.conns))
         self.gate.off(th, CAP)
@@ -563,6 +569,7 @@ class Loop:
 
     def _pause_accepting(self, th, exc: OSError) -> None:
         self._accept_paused_until = time.monotonic() + self.emfile_pause
+        self.paused_emfile += 1
         if not self._emfile_logged:
             self._emfile_logged = True
             log.warning("%s; not accepting for %.1fs (logged once)", exc.strerror,

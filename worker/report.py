@@ -29,11 +29,15 @@ def answer(loop, what: str, fd: int = -1) -> dict:
     engine = loop.engine
     return {
         "requests": engine.requests if engine is not None else None,
+        "responses": engine.responses if engine is not None else None,
         "connections": engine.count if engine is not None else len(loop.conns),
         "threads": len(loop.loop_threads),
         "groups": len({th.tgid for th in loop.loop_threads}),
         "uptime": round(time.monotonic() - STARTED, 3),
         "draining": loop.draining,
+        # times this worker stopped accepting: out of fds (EMFILE, ENFILE...)
+        # and max_connections reached (worker/loop.py)
+        "accept_pauses": {"emfile": loop.paused_emfile, "max_connections": loop.paused_cap},
     }
 
 

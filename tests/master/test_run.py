@@ -391,7 +391,7 @@ def test_bare_run_serves_the_embedded_status_page(master):
     assert f"master pid {m.proc.pid}" in body
     assert re.search(r"worker 1\.[01], pid \d+", body)
     assert "thread group 1" in body and "thread group 2" in body
-    assert len(re.findall(r"<li>thread \d+ ", body)) == 3
+    assert len(re.findall(r'<tr class="thread" data-tid="\d+"', body)) == 6
     assert "accepted" in body and "poll_io" in body
     conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
     conn.request("HEAD", "/")

@@ -1,0 +1,441 @@
+"""--metrics HOST:PORT: Prometheus metrics and the live status page.
+
+One HTTP listener in the master, served from a thread of its own:
+
+    /metrics          Prometheus text format (OpenMetrics when asked)
+    /-/status         the live status page (master/status_page.py)
+    /-/status.json    what that page fetches every second
+    /-/ready          the readiness check for a balancer: 200 "ready", or 503
+                      and why not (starting, stopping: unready_delay's lame
+                      duck); read from the server thread (inspect.readiness),
+                      so it answers at once even while the loop is busy
+
+The master's loop is single-threaded and owns every figure, so the server
+thread never reads the supervisor: it hands the loop a call (run_in_loop)
+that takes the master's own view (inspect.snapshot) and starts
+inspect.tree(), and waits for the tree on a Future, SCRAPE_TIMEOUT at most.
+The tree asks every worker with a deadline (inspect.ASK_TIMEOUT per round,
+two rounds), so a stuck worker costs a scrape about four seconds and shows
+as `sockherd_worker_answered 0`. Past SCRAPE_TIMEOUT the scrape is answered
+with what there is, and `sockherd_scrape_complete 0`: the master's own view
+without the workers' figures if the loop ran the call, else (a master stuck
+in a long step) only the counters kept here. Scrapes arriving while one
+round is out join it: one round of questions for any number of scrapers
+and browsers at once (such an answer is as old as that round, a few
+milliseconds). Nothing is cached beyond that.
+
+Counters no worker can know, kept here from the master's events
+(master/events.py): restarts, i.e. workers that exited while serving
+without being told to drain (a crash, a SIGKILL from outside, a heartbeat
+lost), by how they ended. A planned drain, a stop, and the workers of a
+refused reload are no restarts. Everything else comes from the tree:
+reloads from the master's own counts, requests, responses and accept
+pauses from each worker's "proc" answer (worker/report.py), the fdcore
+counters per loop thread from its "activity" answer.
+
+The collector is registered in a registry of its own (never the global
+one): importing this module changes nothing until attach() runs.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import json
+import logging
+import socket
+import socketserver
+import threading
+import time
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from sockherd.master import inspect, status_page
+from sockherd.master.addresses import parse
+
+log = logging.getLogger("sockherd.master")
+
+SCRAPE_TIMEOUT = 2 * inspect.ASK_TIMEOUT + 1.0  # both rounds of a tree, and some slack
+RETRY = 1.0                  # a takeover: the address still the old instance's, try again after
+ROLES = ("starting", "serving", "replacing", "draining", "stopping")
+WORKER_LABELS = ("generation", "worker", "pid")
+THREAD_LABELS = WORKER_LABELS + ("thread", "tgid")
+
+
+# ---- counters kept from events ---------------------------------------------------------
+class Restarts:
+    """Counts the workers that exited while serving, unplanned: fed every
+    event in the master's loop, read from the server thread (under the lock).
+
+    Planned: a worker told to drain ("draining": a reload, TTOU, a
+    max_requests replacement, a stop; killed at hard_stop_after is still
+    planned), every exit once the master is stopping, and the workers of a
+    refused reload (their generation's "reload_failed": the master kills
+    them, READY or not). A worker that never was READY did not serve."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}      # outcome -> exits
+        self._generation: dict[int, int] = {}  # pid -> generation, while alive
+        self._ready: set[int] = set()
+        self._planned: set[int] = set()
+        self._stopping = False
+
+    def on_event(self, ev: dict) -> None:
+        kind = ev["event"]
+        if kind == "spawned":
+            self._generation[ev["pid"]] = int(ev["worker"].split(".")[0])
+        elif kind == "ready":
+            self._ready.add(ev["pid"])
+        elif kind == "draining":
+            self._planned.add(ev["pid"])
+        elif kind == "stopping":
+            self._stopping = True
+        elif kind == "reload_failed":
+            self._planned.update(pid for pid, gen in self._generation.items()
+                                 if gen == ev["generation"])
+        elif kind == "exited":
+            pid = ev["pid"]
+            # a pid never spawned by this image: adopted across an upgrade,
+            # which takes only READY workers
+            served = pid in self._ready or pid not in self._generation
+            planned = pid in self._planned or self._stopping
+            self._generation.pop(pid, None)
+            self._ready.discard(pid)
+            self._planned.discard(pid)
+            if served and not planned and ev["outcome"] != "drained":
+                with self._lock:
+                    self.counts[ev["outcome"]] = self.counts.get(ev["outcome"], 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+# ---- the tree, from the loop -------------------------------------------------------------
+class Gatherer:
+    """inspect.tree() from another thread, with a deadline (see the top)."""
+
+    def __init__(self, sup, timeout: float = SCRAPE_TIMEOUT):
+        self.sup = sup
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        # the round out: (when it was handed to the loop, snapshot, tree)
+        self._round: tuple[float, concurrent.futures.Future,
+                           concurrent.futures.Future] | None = None
+
+    def get(self) -> tuple[dict | None, bool]:
+        """(tree, complete): complete when the master and every worker
+        answered; else the master's view without the workers' figures, or
+        None when the master's loop did not even run the call in time."""
+        with self._lock:
+            # a round is joined while it is out, never past two deadlines
+            # (a tree that never came must not pin an old snapshot)
+            if self._round is None or self._round[2].done() \
+                    or time.monotonic() - self._round[0] > 2 * self.timeout:
+                self._round = (time.monotonic(), *self._start())
+            _, started, done = self._round
+        try:
+            tree = done.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            pass
+        except Exception:                          # noqa: BLE001 - answered as incomplete
+            log.exception("metrics: gathering the tree failed")
+        else:
+            return tree, all(w.get("stats") is not None and w.get("threads") is not None
+                             for w in tree["workers"])
+        if started.done() and started.exception() is None:
+            snap = started.result()
+            for w in snap["workers"]:
+                w["stats"] = w["threads"] = None
+            return snap, False
+        return None, False
+
+    def _start(self):
+        started: concurrent.futures.Future = concurrent.futures.Future()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        sup = self.sup
+
+        def in_loop() -> None:
+            try:
+                started.set_result(inspect.snapshot(sup))
+                inspect.tree(sup, done.set_result)
+            except BaseException as exc:          # reported to the waiting thread
+                for fut in (started, done):
+                    if not fut.done():
+                        fut.set_exception(exc)
+                raise
+        sup.run_in_loop(in_loop)
+        return started, done
+
+
+# ---- /metrics ----------------------------------------------------------------------------
+class TreeCollector(Collector):
+    """The tree as metric families, gathered afresh at each collect()."""
+
+    def __init__(self, gatherer: Gatherer, restarts: Restarts):
+        self.gatherer = gatherer
+        self.restarts = restarts
+
+    def collect(self):
+        tree, complete = self.gatherer.get()
+        yield from families(tree, complete, self.restarts.snapshot())
+
+
+def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
+    """The metric families of one tree (pure: unit-tested without a master)."""
+    g = GaugeMetricFamily("sockherd_scrape_complete",
+                          "1 when the master and every worker answered this scrape in time")
+    g.add_metric([], 1 if complete else 0)
+    yield g
+    c = CounterMetricFamily("sockherd_worker_restarts",
+                            "workers that exited while serving without being told to drain "
+                            "(respawned by the master), by how they ended", labels=["outcome"])
+    for outcome in sorted(set(restarts) | {"crashed", "killed"}):
+        c.add_metric([outcome], restarts.get(outcome, 0))
+    yield c
+    if tree is None:
+        return
+    m = tree["master"]
+    g = GaugeMetricFamily("sockherd_master_generation", "the serving generation")
+    g.add_metric([], m["generation"])
+    yield g
+    g = GaugeMetricFamily("sockherd_master_uptime_seconds", "since this master image started")
+    g.add_metric([], m["uptime"])
+    yield g
+    for key, doc in (("reloads_ok", "reloads whose new generation serves"),
+                     ("reloads_failed", "reloads refused (the old generation kept serving)")):
+        c = CounterMetricFamily(f"sockherd_{key}", doc + " since this master image started")
+        c.add_metric([], m[key])
+        yield c
+    roles = {r: 0 for r in ROLES}
+    for w in tree["workers"]:
+        roles[w["role"]] = roles.get(w["role"], 0) + 1
+    g = GaugeMetricFamily("sockherd_workers", "live workers by role (draining: told to drain, "
+                          "finishing their connections)", labels=["role"])
+    for role, n in roles.items():
+        g.add_metric([role], n)
+    yield g
+
+    info = InfoMetricFamily("sockherd_worker", "a live worker's role and lifecycle state",
+                            labels=WORKER_LABELS)
+    answered = GaugeMetricFamily("sockherd_worker_answered",
+                                 "1 if the worker answered this scrape in time",
+                                 labels=WORKER_LABELS)
+    uptime = GaugeMetricFamily("sockherd_worker_uptime_seconds", "since the worker was spawned",
+                               labels=WORKER_LABELS)
+    conns = GaugeMetricFamily("sockherd_worker_connections", "open connections",
+                              labels=WORKER_LABELS)
+    requests = CounterMetricFamily("sockherd_worker_requests", "HTTP requests answered",
+                                   labels=WORKER_LABELS)
+    responses = CounterMetricFamily("sockherd_worker_responses",
+                                    "HTTP responses by status class",
+                                    labels=WORKER_LABELS + ("class",))
+    pauses = CounterMetricFamily("sockherd_worker_accept_pauses",
+                                 "times the worker stopped accepting: emfile (out of file "
+                                 "descriptors) or max_connections (its cap reached)",
+                                 labels=WORKER_LABELS + ("reason",))
+    threads: dict[str, CounterMetricFamily] = {}
+    for w in tree["workers"]:
+        labels = [str(w["generation"]), w["worker"], str(w["pid"])]
+        info.add_metric(labels, {"role": w["role"], "state": w["state"]})
+        uptime.add_metric(labels, w["uptime"])
+        stats = w.get("stats")
+        answered.add_metric(labels, 0 if stats is None else 1)
+        if stats is None:
+            if w.get("connections") is not None:       # the balance board's count
+                conns.add_metric(labels, w["connections"])
+        else:
+            conns.add_metric(labels, stats["connections"])
+            if stats.get("requests") is not None:
+                requests.add_metric(labels, stats["requests"])
+            for cls, n in (stats.get("responses") or {}).items():
+                responses.add_metric(labels + [cls], n)
+            for why, n in (stats.get("accept_pauses") or {}).items():
+                pauses.add_metric(labels + [why], n)
+        for th in w.get("threads") or ():
+            tl = labels + [str(th["tid"]), str(th["tgid"])]
+            for name, value in th.items():
+                if name in ("tid", "tgid"):
+                    continue
+                fam = threads.get(name)
+                if fam is None:
+                    fam = threads[name] = CounterMetricFamily(
+                        f"sockherd_thread_{name}", f"fdcore counter {name} of a loop thread "
+                        "(`sockherd ctl show activity`)", labels=THREAD_LABELS)
+                fam.add_metric(tl, value)
+    yield from (info, answered, uptime, conns, requests, responses, pauses)
+    yield from threads.values()
+
+
+# ---- the HTTP side -------------------------------------------------------------------------
+class _Quiet(WSGIRequestHandler):
+    timeout = 10                          # a client that sends nothing lets go of its thread
+
+    def log_message(self, fmt, *args) -> None:      # a scrape a second is no log line
+        log.debug("metrics: %s %s", self.address_string(), fmt % args)
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True                 # a scrape waiting on the loop never holds an exit
+    allow_reuse_address = True            # re-bound at once by an upgrade's new image
+
+    def server_bind(self) -> None:
+        # HTTPServer's would ask for the host's FQDN: a DNS query at start-up
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+        self.setup_environ()
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def app(gatherer: Gatherer, restarts: Restarts, readiness):
+    """The listener's WSGI app: /metrics, /-/status, /-/status.json, /-/ready
+    (readiness() -> (ready, why))."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TreeCollector(gatherer, restarts))
+    metrics = make_wsgi_app(registry)
+
+    def route(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        method = environ["REQUEST_METHOD"]
+        if path in ("/metrics", "/-/status", "/-/status.json", "/-/ready") \
+                and method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"),
+                                                      ("Content-Type", "text/plain")])
+            return [b"GET or HEAD only\n"]
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path == "/-/ready":
+            ready, why = readiness()
+            body = f"{why}\n".encode()
+            start_response("200 OK" if ready else "503 Service Unavailable",
+                           [("Content-Type", "text/plain"), ("Cache-Control", "no-store"),
+                            ("Content-Length", str(len(body)))])
+            return [body if method == "GET" else b""]
+        if path in ("/-/status", "/-/status.json"):
+            tree, complete = gatherer.get()
+            note = "" if complete else ("some workers did not answer in time" if tree
+                                        else "the master did not answer in time")
+            if path.endswith(".json"):
+                body = status_page.document(tree, restarts=restarts.snapshot(),
+                                            complete=complete, note=note)
+                ctype = "application/json"
+            else:
+                body = status_page.page(
+                    status_page.render(tree, restarts=restarts.snapshot(), note=note),
+                    json_url="/-/status.json")
+                ctype = "text/html; charset=utf-8"
+            start_response("200 OK", [("Content-Type", ctype), ("Cache-Control", "no-store"),
+                                      ("Content-Length", str(len(body)))])
+            return [body if method == "GET" else b""]
+        if path == "/":
+            start_response("302 Found", [("Location", "/-/status"),
+                                         ("Content-Type", "text/plain")])
+            return [b"the status page is at /-/status, the metrics at /metrics\n"]
+        body = json.dumps({"error": f"no {path}: try /metrics, /-/status or /-/ready"}).encode()
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [body]
+
+    return route
+
+
+class MetricsServer:
+    """The listener and its thread; an extra of the supervisor's (no fd in
+    the master's selector: in the loop it only retries a busy address and
+    closes).
+
+    A takeover (`run --takeover`) starts while the instance it replaces
+    still serves the same metrics address: then, and only then, an address
+    in use is retried every RETRY seconds until that instance is gone
+    (the control endpoint does the same). At any other start it is an
+    error: a metrics address taken by somebody else must stop the start."""
+
+    def __init__(self, sup, address: str, *, wait_if_busy: bool = False):
+        self.addr = parse(address)
+        if self.addr.kind != "tcp":
+            raise ValueError(f"metrics {address!r}: expected host:port or [v6]:port")
+        self.text = address
+        self.restarts = Restarts()
+        self.gatherer = Gatherer(sup)
+        self.wsgi = app(self.gatherer, self.restarts, lambda: inspect.readiness(sup))
+        self.httpd: WSGIServer | None = None
+        self.thread: threading.Thread | None = None
+        self._retry_at: float | None = None
+        sup.events.subscribe(self.restarts.on_event)
+        try:
+            self._serve()
+        except OSError as exc:
+            if not (wait_if_busy and exc.errno == errno.EADDRINUSE):
+                raise
+            log.warning("%s; listening once the instance taken over is gone", exc)
+            self._retry_at = time.monotonic() + RETRY
+
+    @property
+    def address(self) -> str:
+        port = self.httpd.server_address[1] if self.httpd is not None else self.addr.port
+        return str(type(self.addr)("tcp", host=self.addr.host, port=port))
+
+    def _serve(self) -> None:
+        try:
+            family = socket.getaddrinfo(self.addr.host, self.addr.port,
+                                        type=socket.SOCK_STREAM)[0][0]
+            cls = _Server6 if family == socket.AF_INET6 else _Server
+            self.httpd = make_server(self.addr.host, self.addr.port, self.wsgi,
+                                     server_class=cls, handler_class=_Quiet)
+        except OSError as exc:
+            raise OSError(exc.errno, f"metrics: cannot listen on {self.text}: "
+                                     f"{exc.strerror or exc}") from None
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.2,),
+                                       name="sockherd-metrics", daemon=True)
+        self.thread.start()
+        log.info("metrics on http://%s/metrics, status page on http://%s/-/status",
+                 self.address, self.address)
+
+    # the supervisor's extra interface
+    def fds(self) -> list[int]:
+        return []
+
+    def poll(self) -> None:
+        if self._retry_at is None or time.monotonic() < self._retry_at:
+            return
+        try:
+            self._serve()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                log.error("%s; no metrics", exc)
+                self._retry_at = None
+                return
+            self._retry_at = time.monotonic() + RETRY
+            return
+        self._retry_at = None
+
+    def next_deadline(self) -> float | None:
+        return self._retry_at
+
+    def close(self) -> None:
+        self._retry_at = None
+        if self.thread is None:
+            return
+        self.httpd.shutdown()                 # serve_forever returns within its 0.2 s poll
+        self.httpd.server_close()
+        self.thread.join(5)
+        self.thread = None
+
+
+def attach(sup) -> None:
+    """Serves the metrics and the status page on sup.settings.metrics, if
+    set. Raises OSError (the address cannot be bound: the message names it)
+    or ValueError (not a host:port)."""
+    address = sup.settings.metrics
+    if not address:
+        return
+    # on_serving is set for a takeover only (master/cli.py): tell the old
+    # instance to go once we serve
+    sup.add_extra(MetricsServer(sup, address, wait_if_busy=sup.on_serving is not None))
