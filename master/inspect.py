@@ -11,6 +11,7 @@ tree(sup, done): both, for `show proc`, the metrics and the status page.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from sockherd.ipc.messages import StatsReply, StatsRequest
 from sockherd.master.lifecycle import State
 
 ASK_TIMEOUT = 2.0
+
+log = logging.getLogger("sockherd.master")
 
 
 def role(sup, slot) -> str:
@@ -107,14 +110,14 @@ class Asker:
         deadline; at once if none can be asked."""
         rnd = _Round(done, time.monotonic() + timeout)
         for slot in slots:
-            if slot.proc is None:
-                continue
+            if slot.proc is None or slot.proc.channel.fileno() < 0:
+                continue                             # gone (its channel closed at the reap)
             rid = next(self._ids)
             rnd.answers[slot.proc.pid] = None
             try:
                 slot.proc.channel.send(StatsRequest(request_id=rid, what=what, fd=fd), timeout=1)
-            except IPCError:
-                continue
+            except (IPCError, OSError):
+                continue                             # exiting: reported as no answer
             rnd.waiting.add(rid)
             self._out[rid] = (rnd, slot.proc.pid)
         self._rounds.append(rnd)
@@ -151,7 +154,10 @@ class Asker:
         if rnd.waiting or rnd not in self._rounds:
             return
         self._rounds.remove(rnd)
-        rnd.done(rnd.answers)
+        try:
+            rnd.done(rnd.answers)
+        except Exception:                          # noqa: BLE001 - never the master's end
+            log.exception("a worker figures callback failed")
 
 
 def tree(sup, done: Callable[[dict], None], *, activity: bool = True) -> None:
@@ -167,7 +173,9 @@ def tree(sup, done: Callable[[dict], None], *, activity: bool = True) -> None:
         if not activity:
             done(snap)
             return
-        sup.asker.ask(slots, "activity", with_activity)
+        # the workers live now (this may run inside a reap: one is gone)
+        sup.asker.ask([s for s in sup._live() if s.proc is not None], "activity",
+                      with_activity)
 
     def with_activity(answers: dict) -> None:
         for w in snap["workers"]:
