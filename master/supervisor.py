@@ -821,7 +821,10 @@ class Supervisor:
             if self._inbox:
                 self._run_inbox()
             for extra in self.extras:
-                extra.poll()
+                try:
+                    extra.poll()
+                except Exception:                  # noqa: BLE001 - a side server's bug
+                    log.exception("%s failed; the master carries on", type(extra).__name__)
 
 
 def _name(slot: Slot) -> str:
