@@ -37,6 +37,7 @@ from sockherd.ipc import control as proto
 log = logging.getLogger("sockherd.master")
 
 RETRY = 1.0                  # a live ipc path held by another master: try again after
+BATCH = 64                   # requests read per wake-up: signals and timers come between
 
 
 def runtime_dir(values) -> str:
@@ -74,10 +75,12 @@ def _get(values, key: str):
 
 
 class Responder:
-    """Where one request's reply goes (exactly once)."""
+    """Where one request's reply goes (exactly once); the server knows the
+    ones still owed (an upgrade's exec answers them first)."""
 
     def __init__(self, server: "ControlServer", envelope: list[bytes]):
         self._server, self._envelope, self.done = server, envelope, False
+        server.outstanding.add(self)
 
     def ok(self, result=None) -> None:
         self._send(proto.Reply(ok=True, result=result))
@@ -89,6 +92,7 @@ class Responder:
         if self.done:
             return
         self.done = True
+        self._server.outstanding.discard(self)
         self._server.send(self._envelope, proto.encode(reply))
 
 
@@ -102,20 +106,23 @@ class ControlServer:
         self.pub: zmq.Socket | None = None
         self.auth = None
         self._retry_at: float | None = None
+        self._more = False                        # requests left after a BATCH
+        self.outstanding: set[Responder] = set()
         self._said_busy = False
         self._curve = None
         if endpoint.startswith("tcp://"):
             self._curve = _curve_keys(sup.settings)
         elif not endpoint.startswith("ipc://"):
             raise ValueError(f"control endpoint {endpoint!r}: ipc://PATH or tcp://HOST:PORT")
-        else:
-            _private_dir(os.path.dirname(endpoint[len("ipc://"):]))
         self._open()
 
     # ---- binding ---------------------------------------------------------------------------
     def _open(self) -> None:
         """Binds both sockets; a live ipc path of another master: retried."""
         if self.endpoint.startswith("ipc://"):
+            # again at each try: the directory may have gone meanwhile (systemd
+            # removes a stopped unit's RuntimeDirectory; review)
+            _private_dir(os.path.dirname(self.endpoint[len("ipc://"):]))
             for ep in (self.endpoint, self.events_at):
                 if _live(ep[len("ipc://"):]):
                     if not self._said_busy:
@@ -166,23 +173,37 @@ class ControlServer:
         return []                  # ZeroMQ's own fds, registered by _reregister()
 
     def next_deadline(self) -> float | None:
+        if self._more:
+            return time.monotonic()               # requests waiting: no sleep
         return self._retry_at
 
     def poll(self) -> None:
         if self._retry_at is not None and time.monotonic() >= self._retry_at:
-            self._open()
+            try:
+                self._open()
+            except (OSError, ValueError) as exc:  # never the master's end: next second
+                log.error("%s; trying again in %gs", exc, RETRY)
+                self._retry_at = time.monotonic() + RETRY
+                return
             self._reregister()
         if self.auth is not None:
             while self.auth.zap_socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 _done_now(self.auth.handle_zap_message(self.auth.zap_socket.recv_multipart()))
         if self.router is None:
             return
-        while self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        # a bounded batch: one client's flood must not hold signals, timers
+        # and workers back (review); the rest is read on the next turn
+        for _ in range(BATCH):
+            if self.router is None or not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._more = False
+                return
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             self._on_request(frames)
+        self._more = self.router is not None and bool(
+            self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     def _reregister(self) -> None:
         """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
@@ -229,8 +250,20 @@ class ControlServer:
     # ---- an upgrade's exec ---------------------------------------------------------------
     def before_exec(self) -> None:
         """The reply to `upgrade` must leave before the exec ends this
-        image: the sockets closed and the context terminated, which waits
+        image, and so must every other one owed (a deferred `show proc`) or
+        still unread: each gets "ask again" (review: they never got any).
+        Then the sockets are closed and the context terminated, which waits
         for what they still send (up to their linger, 1 s)."""
+        why = "the master is re-executing (an upgrade): ask again in a moment"
+        for r in list(self.outstanding):
+            r.fail(why)
+        while self.router is not None and self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) >= 2:
+                Responder(self, frames[:-1]).fail(why)
         self._close_sockets()
         self.ctx.term()
 

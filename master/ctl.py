@@ -26,31 +26,45 @@ EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER = 1, 2, 3
 class CtlError(Exception):
     """An error reply (timeout False) or no answer in time (timeout True)."""
 
-    def __init__(self, message: str, timeout: bool = False):
+    def __init__(self, message: str, timeout: bool = False, usage: bool = False):
         super().__init__(message)
-        self.timeout = timeout
+        self.timeout, self.usage = timeout, usage
 
 
 def _socket(ctx: zmq.Context, kind: int, endpoint: str, server_key: str | None,
             client_cert: str | None) -> zmq.Socket:
+    """A connected socket; CtlError (usage) for keys or an endpoint that
+    cannot be used, never a traceback (review)."""
     sock = ctx.socket(kind)
     sock.linger = 0
-    if endpoint.startswith("tcp://"):
-        if not server_key or not client_cert:
-            sock.close()
-            raise CtlError(f"{endpoint}: a tcp:// endpoint needs --curve-server-key and "
-                           f"--curve-client-cert")
-        import zmq.auth
-
-        public, secret = zmq.auth.load_certificate(client_cert)
-        server_public, _ = zmq.auth.load_certificate(server_key)
-        if not secret:
-            sock.close()
-            raise CtlError(f"{client_cert}: no secret key in it")
-        sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.curve_serverkey = server_public
-    sock.connect(endpoint)
+    try:
+        if endpoint.startswith("tcp://"):
+            if not server_key or not client_cert:
+                raise CtlError(f"{endpoint}: a tcp:// endpoint needs --curve-server-key and "
+                               f"--curve-client-cert", usage=True)
+            public, secret = _certificate(client_cert)
+            server_public, _ = _certificate(server_key)
+            if not secret:
+                raise CtlError(f"{client_cert}: no secret key in it", usage=True)
+            sock.curve_publickey, sock.curve_secretkey = public, secret
+            sock.curve_serverkey = server_public
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            raise CtlError(f"endpoint {endpoint!r}: {exc}", usage=True) from None
+    except BaseException:
+        sock.close(0)
+        raise
     return sock
+
+
+def _certificate(path: str):
+    import zmq.auth
+
+    try:
+        return zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"certificate {path}: {exc}", usage=True) from None
 
 
 def request(endpoint: str, command: str, args: dict | None = None, *, timeout: float = 5.0,
@@ -121,6 +135,9 @@ def _upgrade(endpoint: str, first: dict, timeout: float, keys: dict) -> dict:
             if not exc.timeout:
                 raise
             continue                          # the new image is not serving control yet
+        if st.get("upgrades_failed", 0) > first.get("upgrades_failed", 0):
+            raise CtlError(f"upgrade failed: {st['last_upgrade_failure']}; this master "
+                           f"carries on")
         if st["reloads_failed"] > first["reloads_failed"] and st["generation"] \
                 == first["generation"]:
             raise CtlError(f"upgrade: the new image's reload failed: "
@@ -203,6 +220,6 @@ def main(ns) -> int:
         if ns.json:
             print(json.dumps({"ok": False, "error": str(exc)}))
         print(f"sockherd ctl {cmd.name}: {exc}", file=sys.stderr)
-        return EXIT_NO_ANSWER if exc.timeout else EXIT_ERROR
+        return EXIT_NO_ANSWER if exc.timeout else EXIT_USAGE if exc.usage else EXIT_ERROR
     _print(cmd, result, ns.json)
     return 0

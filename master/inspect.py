@@ -73,6 +73,8 @@ def snapshot(sup) -> dict:
             "ready": readiness(sup)[0],
             "reloads_ok": sup.reloads_ok, "reloads_failed": sup.reloads_failed,
             "last_reload_failure": sup.last_reload_failure,
+            "upgrades_failed": sup.upgrades_failed,
+            "last_upgrade_failure": sup.last_upgrade_failure,
             "listeners": [lst.descriptor.address for lst in sup.listeners],
         },
         "workers": workers,

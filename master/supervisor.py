@@ -89,7 +89,8 @@ class Supervisor:
         # not found through the slot they replace (that one may be reaped
         # first: a reload committed meanwhile and it drained)
         self.replacements: list[Slot] = []
-        self.reloads_ok = self.reloads_failed = 0
+        self.reloads_ok = self.reloads_failed = self.upgrades_failed = 0
+        self.last_upgrade_failure = ""
         self.last_reload_failure = ""
         # called once every worker of the first generation is READY (a
         # takeover: tell the instance we took the listeners from to drain)
@@ -137,16 +138,19 @@ class Supervisor:
     def _board_row(self) -> int:
         """The lowest balance-board row no live worker holds."""
         taken = {s.board for s in self._live() if s.proc is not None or s.board >= 0}
-        return next(i for i in range(SLOTS) if i not in taken)
+        row = next((i for i in range(SLOTS) if i not in taken), None)
+        if row is None:                       # _spawn says why the worker cannot start
+            raise OSError(f"all {SLOTS} balance-board rows are taken by live workers")
+        return row
 
     def _spawn(self, slot: Slot) -> None:
         pending = self.pending if self.pending and slot in self.pending.slots else None
         config = pending.config if pending else self.config
         listeners = pending.listeners if pending else self.listeners
         ready_timeout = (pending.settings if pending else self.settings).ready_timeout
-        if slot.board < 0:
-            slot.board = self._board_row()
         try:
+            if slot.board < 0:
+                slot.board = self._board_row()
             self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
             proc = spawn(slot.generation, slot.index, config, config.get("app", ""),
                          listeners, board_fd=self.board.fd, board_row=slot.board)
@@ -190,11 +194,28 @@ class Supervisor:
                 self._at(self.settings.hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
 
     def _on_channel(self, slot: Slot) -> None:
+        """Every message the worker's channel holds: one read can bring
+        several (replies to concurrent control requests, a READY and a
+        heartbeat), and select() cannot see those left in the inbox (review:
+        they waited for the worker's next heartbeat, 25 s)."""
+        ch = slot.proc.channel
         try:
-            got = slot.proc.channel.recv(timeout=5)
+            got = ch.recv(timeout=5)
         except (PeerClosed, IPCError):
-            self.sel.unregister(slot.proc.channel.fileno())
+            self.sel.unregister(ch.fileno())
             return                                  # the exit itself comes as SIGCHLD
+        while got is not None:
+            self._on_message(slot, got)
+            if slot.proc is None or slot.proc.channel is not ch or ch.fileno() < 0:
+                return
+            while True:
+                try:
+                    got = ch.next_message()         # None once the inbox is empty
+                    break
+                except IPCError as exc:             # a malformed one (dropped): the next
+                    log.error("worker %d.%d: %s", slot.generation, slot.index, exc)
+
+    def _on_message(self, slot: Slot, got) -> None:
         got.close_fds()
         msg = got.msg
         if isinstance(msg, Ready):
@@ -484,6 +505,8 @@ class Supervisor:
                 if self.control is not None:
                     self.control.before_exec()
                 why = upgrade.execute(self, python, HANDLED)
+                self.upgrades_failed += 1            # `ctl upgrade` waits on it (status)
+                self.last_upgrade_failure = why
                 if self.control is not None:
                     self.control.exec_failed()
             log.error("upgrade failed: %s; this master carries on", why)
@@ -523,19 +546,21 @@ class Supervisor:
         self._reap()
 
     # ---- max_requests, max_worker_lifetime: one worker replaced ---------------------------
-    def _replace(self, slot: Slot, why: str) -> None:
+    def _replace(self, slot: Slot, why: str) -> bool:
         """A worker to replace: a new one starts in its place, and the old
-        one drains once the new one is READY (never a gap in serving)."""
+        one drains once the new one is READY (never a gap in serving).
+        Whether a replacement started."""
         if slot not in self.slots or slot.retired or self.stopping or slot.proc is None \
                 or slot.life.state is not State.READY or slot.replaced_by is not None:
-            return
+            return False
         if self.pending:
-            return            # the reload under way replaces every worker anyway
+            return False      # the reload under way replaces every worker anyway
         new = Slot(slot.index, slot.generation)
         new.replacing, slot.replaced_by = slot, new
         self.replacements.append(new)
         log.info("worker %d.%d: %s: starting its replacement", slot.generation, slot.index, why)
         self._spawn(new)
+        return True
 
     def _replaced(self, new: Slot) -> None:
         """The replacement is READY: it takes the slot's place, the old drains."""

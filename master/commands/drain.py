@@ -12,7 +12,11 @@ class Args(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def run(sup, args: Args, reply) -> None:
-    if args.target.isdigit() and "." not in args.target and int(args.target) < 1 << 20:
+    if sup.stopping:
+        reply.fail("the master is stopping: every worker drains already")
+        return
+    # ASCII digits only ("²" is a digit to str.isdigit, not to int), and few
+    if args.target.isascii() and args.target.isdigit() and len(args.target) < 8:
         gen = int(args.target)
         if gen == sup.generation:
             reply.fail(f"generation {gen} is the one serving: `reload` replaces it")
@@ -45,7 +49,9 @@ def run(sup, args: Args, reply) -> None:
         if sup.pending:
             reply.fail("a reload is under way: it replaces every worker")
             return
-        sup._replace(slot, "drain asked (control)")
+        if not sup._replace(slot, "drain asked (control)"):
+            reply.fail(f"worker {name} cannot be replaced now (see the master's log)")
+            return
         reply.ok({"replacing": name, "pid": slot.proc.pid})
         return
     sup._feed(slot, Event.DRAIN)

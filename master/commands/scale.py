@@ -21,10 +21,16 @@ def run(sup, args: Args, reply) -> None:
         reply.fail("the master is stopping")
         return
     before = len(sup._active())
-    while len(sup._active()) < args.workers:
+    # each step must change the count (TTIN refuses past SLOTS slots while
+    # retired ones still drain): never a loop that cannot end (review)
+    while (now := len(sup._active())) < args.workers:
         sup._scale_up()
-    while len(sup._active()) > args.workers:
+        if len(sup._active()) == now:
+            break
+    while (now := len(sup._active())) > args.workers:
         sup._scale_down()
+        if len(sup._active()) == now:
+            break
     reply.ok({"before": before, "workers": len(sup._active())})
 
 

@@ -10,7 +10,7 @@ from sockherd.master.commands import Command
 
 def run(sup, args, reply) -> None:
     before = {"pid": os.getpid(), "generation": sup.generation,
-              "reloads_failed": sup.reloads_failed}
+              "reloads_failed": sup.reloads_failed, "upgrades_failed": sup.upgrades_failed}
     why = sup._upgrade(before_exec=lambda: reply.ok({"upgrading": True, **before}))
     if why:
         reply.fail(why)

@@ -394,3 +394,25 @@ def test_generated_garbage_leaves_the_master_serving_and_answering(master, tmp_p
     assert ok_json(tmp_path, "status")["pid"] == m.proc.pid
     get(m.port)
     assert len(children(m.proc.pid)) == 2
+
+
+def test_a_failed_exec_after_the_upgrade_reply_is_reported_at_once(master, tmp_path):
+    """The exec fails after the old image answered "upgrading" (an
+    interpreter that passes the preflight and then cannot be exec'd): ctl
+    says why at once instead of waiting for a generation that never comes."""
+    import time
+
+    config = tmp_path / "sockherd.toml"
+    config.write_text("")
+    m = master("-w", "1", "-c", str(config), ready=1)
+    flaky = tmp_path / "flakypython"
+    # passes the preflight (runs it), then is no longer executable at the exec
+    flaky.write_text(f"#!/bin/sh\nchmod -x {flaky}\nexec {sys.executable} \"$@\"\n")
+    flaky.chmod(0o755)
+    config.write_text(f'python = "{flaky}"\n')
+    started = time.monotonic()
+    done = ctl(tmp_path, "upgrade", timeout=120)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "upgrade failed: cannot exec" in done.stderr and "carries on" in done.stderr
+    assert time.monotonic() - started < 30
+    assert ok_json(tmp_path, "status")["upgrades_failed"] == 1
