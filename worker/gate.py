@@ -153,7 +153,12 @@ class Gate:
         review finding 1); None where unknown (a unix socket)."""
         total, seen = 0, set()
         for fd in list(self.loop.listeners):
-            s = socket.socket(fileno=fd)
+            try:
+                # a draining thread may have deleted (and so closed) it since
+                # the list was read: EBADF here, never out of the loop thread
+                s = socket.socket(fileno=fd)
+            except OSError:
+                return None
             try:
                 st = os.fstat(fd)
                 if (st.st_dev, st.st_ino) in seen:

@@ -163,3 +163,19 @@ def test_a_busy_ticker_thread_does_not_strand_connections(rig):
         RELEASE.set()
         for c in held:
             c.close()
+
+
+# Was: a loop thread died with EBADF (the multi-host benchmark, an upgrade's drain): the
+# gate's accept-queue check made a socket object of a listener fd that a draining
+# thread had deleted, and so closed, since the listener set was read.
+def test_the_queue_check_survives_a_listener_closed_under_it(rig):
+    import os
+
+    loop, _ = rig(threads=1)
+    closed = os.open("/dev/null", os.O_RDONLY)
+    os.close(closed)                            # a number that is no open fd now
+    loop.listeners.add(closed)
+    try:
+        assert loop.gate._accept_queue() is None
+    finally:
+        loop.listeners.discard(closed)
