@@ -15,9 +15,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp
 # only for `make test`: the status page's browser test (tests/master/
-# test_status_page.py) drives a headless Chromium through chromedriver. Not
-# fatal when apt cannot get them: that test is then skipped and says why.
-TEST_DEBS := chromium chromium-driver
+# test_status_page.py) drives a headless Chromium through chromedriver; the
+# multi-host proof (tests/deploy/test_multihost.py) runs HAProxy in network
+# namespaces (ip netns). Not fatal when apt cannot get them: those tests are
+# then skipped and say why.
+TEST_DEBS := chromium chromium-driver haproxy iproute2
 
 .PHONY: setup run test clean debs test-debs
 
