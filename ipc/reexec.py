@@ -59,11 +59,15 @@ class ReexecState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listeners: list[InheritedListener] = []
     workers: list[InheritedWorker] = []
     board_fd: int = -1             # the balance board's memfd, shared with the workers
+    # the metrics listener (/-/ready): kept, so a balancer's health check is
+    # never refused across the exec (multi-host proof: it was re-bound)
+    metrics_fd: int = -1
 
     @property
     def fds(self) -> list[int]:
         return ([item.fd for item in self.listeners] + [item.fd for item in self.workers]
-                + ([self.board_fd] if self.board_fd >= 0 else []))
+                + ([self.board_fd] if self.board_fd >= 0 else [])
+                + ([self.metrics_fd] if self.metrics_fd >= 0 else []))
 
 
 def encode(state: ReexecState) -> str:
@@ -181,9 +185,22 @@ def take(environ=None) -> ReexecState | None:
             raise ReexecStateError(f"{ENV_VAR}: {exc}") from None
     for worker in state.workers:
         _check_worker_fd(worker)
+    if state.metrics_fd >= 0:
+        _check_listening(state.metrics_fd)
     for fd in state.fds:
         os.set_inheritable(fd, False)             # open (fstat above): cannot fail
     return state
+
+
+def _check_listening(fd: int) -> None:
+    where = f"{ENV_VAR}: metrics fd {fd}"
+    try:
+        with borrowed_socket(fd) as sock:
+            if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET,
+                                                                      socket.SO_ACCEPTCONN):
+                raise ReexecStateError(f"{where} is not a listening stream socket")
+    except OSError as exc:
+        raise ReexecStateError(f"{where} is not a socket ({exc.strerror})") from None
 
 
 def _check_worker_fd(worker: InheritedWorker) -> None:

@@ -357,7 +357,7 @@ class MetricsServer:
     (the control endpoint does the same). At any other start it is an
     error: a metrics address taken by somebody else must stop the start."""
 
-    def __init__(self, sup, address: str, *, wait_if_busy: bool = False):
+    def __init__(self, sup, address: str, *, wait_if_busy: bool = False, inherited: int = -1):
         self.addr = parse(address)
         if self.addr.kind != "tcp":
             raise ValueError(f"metrics {address!r}: expected host:port or [v6]:port")
@@ -370,7 +370,7 @@ class MetricsServer:
         self._retry_at: float | None = None
         sup.events.subscribe(self.restarts.on_event)
         try:
-            self._serve()
+            self._serve(inherited)
         except OSError as exc:
             if not (wait_if_busy and exc.errno == errno.EADDRINUSE):
                 raise
@@ -382,13 +382,26 @@ class MetricsServer:
         port = self.httpd.server_address[1] if self.httpd is not None else self.addr.port
         return str(type(self.addr)("tcp", host=self.addr.host, port=port))
 
-    def _serve(self) -> None:
+    def _serve(self, inherited: int = -1) -> None:
+        """Listens on the address, or on `inherited`: the socket an upgrade's
+        previous image served it on (one socket, never refused meanwhile)."""
         try:
             family = socket.getaddrinfo(self.addr.host, self.addr.port,
                                         type=socket.SOCK_STREAM)[0][0]
             cls = _Server6 if family == socket.AF_INET6 else _Server
-            self.httpd = make_server(self.addr.host, self.addr.port, self.wsgi,
-                                     server_class=cls, handler_class=_Quiet)
+            if inherited >= 0:
+                self.httpd = cls((self.addr.host, self.addr.port), _Quiet,
+                                 bind_and_activate=False)
+                self.httpd.socket.close()
+                self.httpd.socket = socket.socket(fileno=inherited)
+                self.httpd.server_address = self.httpd.socket.getsockname()
+                self.httpd.server_name = str(self.httpd.server_address[0])
+                self.httpd.server_port = self.httpd.server_address[1]
+                self.httpd.setup_environ()
+                self.httpd.set_app(self.wsgi)
+            else:
+                self.httpd = make_server(self.addr.host, self.addr.port, self.wsgi,
+                                         server_class=cls, handler_class=_Quiet)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics: cannot listen on {self.text}: "
                                      f"{exc.strerror or exc}") from None
@@ -401,6 +414,10 @@ class MetricsServer:
     # the supervisor's extra interface
     def fds(self) -> list[int]:
         return []
+
+    def exec_fd(self) -> int:
+        """The listening socket an upgrade carries across its exec (ipc.reexec)."""
+        return self.httpd.socket.fileno() if self.httpd is not None else -1
 
     def poll(self) -> None:
         if self._retry_at is None or time.monotonic() < self._retry_at:
@@ -435,7 +452,34 @@ def attach(sup) -> None:
     or ValueError (not a host:port)."""
     address = sup.settings.metrics
     if not address:
+        _inherited(sup, "")                # an upgrade's, no longer asked for: closed
         return
     # on_serving is set for a takeover only (master/cli.py): tell the old
     # instance to go once we serve
-    sup.add_extra(MetricsServer(sup, address, wait_if_busy=sup.on_serving is not None))
+    inherited = _inherited(sup, address)
+    sup.add_extra(MetricsServer(sup, address, wait_if_busy=sup.on_serving is not None,
+                                inherited=inherited))
+
+
+def _inherited(sup, address: str) -> int:
+    """The metrics socket of the previous image (an upgrade), if it listens
+    where the settings say; one that does not is closed (the port may be
+    asked again)."""
+    state = sup.adopted
+    fd = state.metrics_fd if state is not None else -1
+    if fd < 0:
+        return -1
+    sock = socket.socket(fileno=fd)
+    try:
+        bound = sock.getsockname()[:2]
+        want = parse(address)
+        same = bound[1] == want.port and any(
+            info[4][:2] == bound for info in socket.getaddrinfo(
+                want.host, want.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))
+    except (OSError, ValueError):
+        same = False
+    if same and address:
+        sock.detach()
+        return fd
+    sock.close()
+    return -1

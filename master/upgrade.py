@@ -44,7 +44,9 @@ def state_of(sup) -> reexec.ReexecState:
         listeners=[reexec.InheritedListener(fd=lst.sock.fileno(), listener=lst.descriptor,
                                             activated=lst in sup.activated)
                    for lst in sup.listeners],
-        workers=workers, board_fd=sup.board.fd)
+        workers=workers, board_fd=sup.board.fd,
+        metrics_fd=next((x.exec_fd() for x in sup.extras if hasattr(x, "exec_fd")
+                         and x.exec_fd() >= 0), -1))
 
 
 def preflight(python: str, state: reexec.ReexecState) -> str:

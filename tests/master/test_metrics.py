@@ -301,10 +301,40 @@ def test_a_metrics_address_that_cannot_be_bound_stops_the_start(master, tmp_path
 
 
 def test_an_upgrade_serves_the_metrics_again_from_the_new_image(master, tmp_path):
+    """The same listening socket across the exec (ipc.reexec metrics_fd):
+    /-/ready is never refused meanwhile (the multi-host proof saw a balancer
+    take a host out at every other upgrade when it was bound again)."""
+    import threading
+
+    from test_run import listener_inode
+
     m, mport = start(master, tmp_path)
-    m.proc.send_signal(signal.SIGUSR2)
-    m.wait_log(r"reload: generation 2 serving")
-    m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics", count=2)
+    inode = listener_inode(mport)
+    refused, answered, stop = [], [], threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{mport}/-/ready",
+                                            timeout=10) as r:
+                    answered.append(r.status)
+            except urllib.error.HTTPError as exc:
+                answered.append(exc.code)
+            except (ConnectionRefusedError, urllib.error.URLError) as exc:
+                refused.append(repr(exc))
+            stop.wait(0.01)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        m.proc.send_signal(signal.SIGUSR2)
+        m.wait_log(r"reload: generation 2 serving")
+        m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics", count=2)
+    finally:
+        stop.set()
+        prober.join(30)
+    assert refused == [] and len(answered) > 5, refused[:3]
+    assert listener_inode(mport) == inode
     fams = scrape(mport)
     assert value(fams, "sockherd_master_generation") == 2
     assert sorted(per_worker(fams, "sockherd_worker_uptime_seconds", generation="2")) == \
