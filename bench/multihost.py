@@ -684,9 +684,14 @@ class Run:
     def final_check(self) -> dict:
         out = {"version": self.version, "hosts": {}, "ok": True}
         for h in self.hosts:
-            v = verify_version(h.ip, APP_PORT, self.version, timeout=5)
+            # 20 s: under a busy CI box (pytest -n auto on 2 cores) 12 answers
+            # from both workers took longer than 5 s once
+            v = verify_version(h.ip, APP_PORT, self.version, timeout=20)
             out["hosts"][h.name] = v["ok"]
             out["ok"] &= v["ok"]
+            if not v["ok"]:
+                out.setdefault("why", {})[h.name] = {"last": v.get("last"),
+                                                     "stale": v.get("stale")}
         via = verify_version(LB["ip"], LB_PORT, self.version, n=16, timeout=5)
         out["lb_ok"] = via["ok"] and via.get("hosts") == sorted(h.name for h in self.hosts)
         out["lb_hosts"] = via.get("hosts")

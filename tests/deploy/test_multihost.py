@@ -98,7 +98,7 @@ def test_rolling_versions_across_hosts_lose_no_request(run):
         assert s["down_s"] < M.UNREADY_DELAY, summary
         assert s["exit_status"] == 0, summary
         assert s["exit_s"] >= M.UNREADY_DELAY, summary
-    assert final["ok"], summary                             # last version everywhere
+    assert final["ok"], summary + f"\n{final.get('why')}"  # last version everywhere
     assert final["lb_hosts"] == ["h1", "h2"], summary
     assert bad_logs == [], summary
     # the clean-up (the fixture's too, idempotent): nothing of ours left
