@@ -53,6 +53,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def recv_all(sock) -> bytes:
+    """Everything a socket sends until its end (EOF)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
 def can_connect(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):

@@ -259,12 +259,7 @@ def http_get(ip: str, port: int, path: str = "/", timeout: float = 2.0) -> tuple
     try:
         with socket.create_connection((ip, port), timeout=timeout) as s:
             s.sendall(f"GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n".encode())
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = B.recv_all(s)
     except OSError as e:
         return 0, str(e)
     head, _, body = data.partition(b"\r\n\r\n")
@@ -338,13 +333,7 @@ def haproxy_cmd(sock: str, cmd: str) -> str:
         s.settimeout(2.0)
         s.connect(sock)
         s.sendall(cmd.encode() + b"\n")
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode()
+        return B.recv_all(s).decode()
 
 
 def haproxy_stats(sock: str) -> dict[str, dict]:

@@ -20,6 +20,9 @@ from typing import Any
 import msgspec
 
 MAX_REQUEST = 64 * 1024
+# the error every request still owed or unread gets at an upgrade's exec: a
+# client asks again (ctl upgrade's own wait does)
+REEXECUTING = "the master is re-executing (an upgrade): ask again in a moment"
 EVENT_TOPIC = b"sockherd.event "
 
 

@@ -254,7 +254,7 @@ class ControlServer:
         still unread: each gets "ask again" (review: they never got any).
         Then the sockets are closed and the context terminated, which waits
         for what they still send (up to their linger, 1 s)."""
-        why = "the master is re-executing (an upgrade): ask again in a moment"
+        why = proto.REEXECUTING
         for r in list(self.outstanding):
             r.fail(why)
         while self.router is not None and self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:

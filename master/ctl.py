@@ -132,9 +132,11 @@ def _upgrade(endpoint: str, first: dict, timeout: float, keys: dict) -> dict:
         try:
             st = request(endpoint, "status", timeout=2.0, **keys)
         except CtlError as exc:
-            if not exc.timeout:
+            # no answer: the new image is not serving control yet; "ask
+            # again": our status reached the old image just before its exec
+            if not exc.timeout and str(exc) != proto.REEXECUTING:
                 raise
-            continue                          # the new image is not serving control yet
+            continue
         if st.get("upgrades_failed", 0) > first.get("upgrades_failed", 0):
             raise CtlError(f"upgrade failed: {st['last_upgrade_failure']}; this master "
                            f"carries on")

@@ -11,6 +11,7 @@ import dataclasses
 import time
 
 from sockherd.fdcore.table import State
+from sockherd.worker.loop import KIND_CONN, KIND_LISTENER
 
 STARTED = time.monotonic()
 
@@ -41,7 +42,11 @@ def answer(loop, what: str, fd: int = -1) -> dict:
     }
 
 
+KINDS = {KIND_LISTENER: "listener", KIND_CONN: "connection"}
+
+
 def _fd_row(info) -> dict:
     row = dataclasses.asdict(info)
+    row["owner_kind"] = KINDS.get(info.kind, str(info.kind))
     row["state"] = "|".join(f.name.lower() for f in State if f and f in info.state) or "-"
     return row

@@ -35,7 +35,7 @@ def render(r: dict) -> str:
     rows = [{**f, "masks": f"run={f['running_mask']:x} thr={f['thread_mask']:x} "
              f"upd={f['update_mask']:x} poll={f['polled_recv']:x}/{f['polled_send']:x}"}
             for f in r["fds"]]
-    return table(rows, ["fd", "tgid", "refcount", "state", "generation", "kind", "owner",
+    return table(rows, ["fd", "tgid", "refcount", "state", "generation", "owner_kind", "owner",
                         "masks", "nb_takeover", "ctl_errno"])
 
 

@@ -61,6 +61,7 @@ def test_every_show_command_in_table_and_json_form(master, tmp_path):
 
     fds = ok_json(tmp_path, "show", "fd", "1.0")["fds"]
     assert fds and all(f["tgid"] >= 1 for f in fds)
+    assert fds[0]["owner_kind"] == "listener"
     listener = fds[0]["fd"]
     only = ok_json(tmp_path, "show", "fd", "1.0", str(listener))["fds"]
     assert [f["fd"] for f in only] == [listener]
@@ -416,3 +417,29 @@ def test_a_failed_exec_after_the_upgrade_reply_is_reported_at_once(master, tmp_p
     assert "upgrade failed: cannot exec" in done.stderr and "carries on" in done.stderr
     assert time.monotonic() - started < 30
     assert ok_json(tmp_path, "status")["upgrades_failed"] == 1
+
+
+def test_ctl_upgrade_asks_again_when_its_status_reached_the_old_image(monkeypatch):
+    """CI caught it: ctl's first `status` after the "upgrading" reply can
+    reach the old image just before its exec, which answers "ask again";
+    that is no failure of the upgrade."""
+    from sockherd.ipc import control as proto
+    from sockherd.master import ctl as ctl_mod
+
+    answers = [ctl_mod.CtlError(proto.REEXECUTING),
+               ctl_mod.CtlError("no answer", timeout=True),
+               {"pid": 7, "generation": 2, "starting_generation": None, "reloads_failed": 0,
+                "upgrades_failed": 0, "last_reload_failure": ""}]
+
+    def fake(endpoint, command, args=None, **kw):
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    monkeypatch.setattr(ctl_mod, "request", fake)
+    monkeypatch.setattr(ctl_mod.time, "sleep", lambda s: None)
+    first = {"upgrading": True, "pid": 7, "generation": 1, "reloads_failed": 0,
+             "upgrades_failed": 0}
+    got = ctl_mod._upgrade("ipc:///nowhere", first, 30, {})
+    assert got["generation"] == 2 and got["pid"] == 7 and answers == []
