@@ -372,6 +372,21 @@ def _kept_on(port: int, pid: int):
     return wait_for(attempt, 20, f"a connection on worker {pid}")
 
 
+def _reach_max_requests(m, conn=None) -> None:
+    """Requests until the worker reached max_requests and the master said
+    it is starting the replacement (or 30 requests, whichever first)."""
+    for _ in range(30):
+        get(m.port, conn)
+        if "starting its replacement" in m.text():
+            return
+
+
+def _replacement_pid(m) -> int:
+    """The pid of worker 1.0's replacement (its second `spawned` line)."""
+    _reach_max_requests(m)
+    return int(m.wait_log(r"worker 1\.0: spawned, pid (\d+)", count=2)[1])
+
+
 def test_ttou_during_a_max_requests_replacement_is_not_undone(master, tmp_path):
     write_slow_app(tmp_path, "v1")
     m = master("verapp:app", "-w", "2", "--max-requests", "20")
@@ -379,10 +394,7 @@ def test_ttou_during_a_max_requests_replacement_is_not_undone(master, tmp_path):
     (tmp_path / "slow").write_text("")          # the replacement takes 2 s to start
     conn = _kept_on(m.port, pid)
     try:
-        for _ in range(30):
-            get(m.port, conn)
-            if "starting its replacement" in m.text():
-                break
+        _reach_max_requests(m, conn)
     finally:
         conn.close()
     m.wait_log(r"worker 1\.1: max_requests \(\d+ requests\): starting its replacement")
@@ -400,11 +412,7 @@ def test_term_after_a_reload_that_overtook_a_replacement_waits_for_it(master, tm
     (tmp_path / "slow").write_text("")
     replacement = 0
     try:
-        for _ in range(30):
-            get(m.port)
-            if "starting its replacement" in m.text():
-                break
-        replacement = int(m.wait_log(r"worker 1\.0: spawned, pid (\d+)", count=2)[1])
+        replacement = _replacement_pid(m)
         wait_for(lambda: "nanosleep" in _wchan(replacement), 10, "the replacement's slow import")
         (tmp_path / "slow").unlink()          # generation 2 starts fast and commits first
         m.proc.send_signal(signal.SIGHUP)
@@ -627,11 +635,7 @@ def test_term_during_a_max_requests_replacement_exits_0(master, tmp_path):
     write_slow_app(tmp_path, "v1")
     m = master("verapp:app", "-w", "1", "--max-requests", "20", ready=1)
     (tmp_path / "slow").write_text("")
-    for _ in range(30):
-        get(m.port)
-        if "starting its replacement" in m.text():
-            break
-    replacement = int(m.wait_log(r"worker 1\.0: spawned, pid (\d+)", count=2)[1])
+    replacement = _replacement_pid(m)
     kids = set(children(m.proc.pid))
     m.proc.send_signal(signal.SIGTERM)
     assert m.proc.wait(timeout=30) == 0
@@ -645,11 +649,7 @@ def test_reload_while_a_replacement_starts_then_it_serves_last(master, tmp_path)
     write_slow_app(tmp_path, "v1")
     m = master("verapp:app", "-w", "1", "--max-requests", "20", ready=1)
     (tmp_path / "slow").write_text("")
-    for _ in range(30):
-        get(m.port)
-        if "starting its replacement" in m.text():
-            break
-    replacement = int(m.wait_log(r"worker 1\.0: spawned, pid (\d+)", count=2)[1])
+    replacement = _replacement_pid(m)
     write_slow_app(tmp_path, "v2")
     time.sleep(0.3)                        # generation 2 becomes ready a bit later
     m.proc.send_signal(signal.SIGHUP)
