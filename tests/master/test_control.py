@@ -264,7 +264,11 @@ def _free_port() -> int:
                 continue
 
 
-def test_curve_only_authorised_clients_get_answers(master, tmp_path):
+def curve_master(master, tmp_path):
+    """A master on a tcp:// control endpoint with CURVE: (master, endpoint,
+    the allowed client's secret certificate, a stranger's secret one, the
+    stranger's public one); the server's public certificate is
+    tmp_path/keys/server.key."""
     import zmq.auth
 
     keys, allowed, other = tmp_path / "keys", tmp_path / "allowed", tmp_path / "other"
@@ -274,11 +278,15 @@ def test_curve_only_authorised_clients_get_answers(master, tmp_path):
     client_public, client_secret = zmq.auth.create_certificates(str(keys), "client")
     _, stranger_secret = zmq.auth.create_certificates(str(other), "stranger")
     os.rename(client_public, allowed / "client.key")
-    port = _free_port()
-    endpoint = f"tcp://127.0.0.1:{port}"
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
     m = master("-w", "1", "--control", endpoint, "--control-curve-secret", server_secret,
                "--control-curve-clients", str(allowed), ready=1)
-    server_public = str(keys / "server.key")
+    return m, endpoint, client_secret, stranger_secret, str(other / "stranger.key")
+
+
+def test_curve_only_authorised_clients_get_answers(master, tmp_path):
+    m, endpoint, client_secret, stranger_secret, _ = curve_master(master, tmp_path)
+    server_public = str(tmp_path / "keys" / "server.key")
     good = ctl(tmp_path, "status", json_out=True, extra=(
         "--endpoint", endpoint, "--curve-server-key", server_public,
         "--curve-client-cert", client_secret))

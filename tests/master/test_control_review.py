@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from test_control import ctl, ok_json
+from test_control import ctl, curve_master, ok_json
 from test_reload import write_app
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
 
@@ -549,23 +549,6 @@ def test_guard_a_stale_file_at_the_socket_path_is_replaced_0600(master, tmp_path
         assert (st.st_mode & 0o777) == 0o600, name
 
 
-def _curve_master(master, tmp_path):
-    import zmq.auth
-    from test_control import _free_port
-
-    keys, allowed, other = tmp_path / "keys", tmp_path / "allowed", tmp_path / "other"
-    for d in (keys, allowed, other):
-        d.mkdir()
-    _, server_secret = zmq.auth.create_certificates(str(keys), "server")
-    client_public, client_secret = zmq.auth.create_certificates(str(keys), "client")
-    _, impostor_secret = zmq.auth.create_certificates(str(other), "impostor")
-    os.rename(client_public, allowed / "client.key")
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    m = master("-w", "1", "--control", endpoint, "--control-curve-secret", server_secret,
-               "--control-curve-clients", str(allowed), ready=1)
-    return m, endpoint, client_secret, impostor_secret, str(other / "impostor.key")
-
-
 def _curve_client(endpoint: str, client_secret: str, server_public_file: str) -> Client:
     import zmq.auth
 
@@ -578,7 +561,7 @@ def test_guard_curve_wrong_server_key_and_handshake_floods(master, tmp_path):
     """A client with the right certificate but the wrong server key, and
     50 unauthorised handshakes: no answer to any, and the authorised
     client is answered right after (the ZAP handler runs in the loop)."""
-    m, endpoint, good, impostor, impostor_public = _curve_master(master, tmp_path)
+    m, endpoint, good, impostor, impostor_public = curve_master(master, tmp_path)
     server_public = str(tmp_path / "keys" / "server.key")
     wrong = _curve_client(endpoint, good, impostor_public)
     strangers = [_curve_client(endpoint, impostor, server_public) for _ in range(50)]
