@@ -401,3 +401,75 @@ class BoxMeter:
         ru = self._r.getrusage(self._r.RUSAGE_CHILDREN)
         self.children_cpu = ru.ru_utime + ru.ru_stime - self.c0
         return False
+
+
+class ReloadClient:
+    """bench/reload_client.c in the background (the closed-loop load of the
+    reload benchmarks) until stop(); its stdout read by a thread: newpid and
+    fail lines as they come, the RESULT line's figures at the end. addr:
+    the IPv4 address it connects to (default 127.0.0.1)."""
+
+    def __init__(self, procs: Procs, port: int, close_conns: int, ka_conns: int,
+                 long_path: str, timeout: float, addr: str = ""):
+        import threading
+
+        self.newpids: list[tuple[int, float]] = []
+        self.fails: list[tuple[str, float, str]] = []
+        self.result: dict | None = None
+        target = f"{addr}:{port}" if addr else str(port)
+        self.p = subprocess.Popen(
+            [build_c("reload_client"), target, str(close_conns), str(ka_conns), long_path,
+             str(timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        procs.procs.append(self.p)
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            f = line.split()
+            if not f:
+                continue
+            with self.lock:
+                if f[0] == "newpid":
+                    self.newpids.append((int(f[1]), float(f[2])))
+                elif f[0] == "fail":
+                    self.fails.append((f[1], float(f[2]), " ".join(f[3:])))
+                elif f[0] == "RESULT":
+                    d = {}
+                    for kv in f[1:]:
+                        k, v = kv.split("=", 1)
+                        d[k] = float(v) if "." in v else int(v)
+                    self.result = d
+
+    def pids_since(self, t: float) -> list[tuple[int, float]]:
+        with self.lock:
+            return [(p, tt) for p, tt in self.newpids if tt >= t]
+
+    def stop(self, timeout: float = 15.0) -> dict:
+        """EOF on its stdin: it prints RESULT and exits (TERM, then KILL,
+        if it does not within timeout). The RESULT figures; BenchError
+        without them."""
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+        self.reader.join(timeout=5)
+        err = self.p.stderr.read()
+        self.p.stdout.close()
+        self.p.stderr.close()
+        if self.result is None:
+            raise BenchError(f"reload_client gave no RESULT (exit {self.p.returncode}): "
+                             + err[-2000:])
+        return self.result

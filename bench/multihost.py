@@ -26,8 +26,8 @@ idempotent, and an empty response is what HAProxy sees when a server closes
 an idle pooled backend connection as a request is sent on it (the keep-alive
 race); `both` runs every mode under each.
 
-Load: bench/reload_client.c (compiled with its connect address made
-MH_ADDR, into the run's temporary directory), closed loop: --close-conns
+Load: bench/reload_client.c (benchlib.ReloadClient, pointed at the LB's
+address), closed loop: --close-conns
 connections opening a new connection per request, --ka-conns keep-alive
 ones, and one long request (/sleep?1, 1 s) always in flight, all to the
 LB's 10.251.7.10:8080. Failures by kind as reload_client counts them:
@@ -431,78 +431,6 @@ class Host:
         return out
 
 
-# ---- the client -----------------------------------------------------------------------------
-def build_client(tmp: str) -> str:
-    """bench/reload_client.c with its connect address taken from MH_ADDR
-    (it connects to 127.0.0.1 only), compiled into tmp."""
-    with open(os.path.join(HERE, "reload_client.c")) as f:
-        src = f.read()
-    old = "a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);"
-    if old not in src:
-        raise SetupError(f"bench/reload_client.c changed: no `{old}` to point at MH_ADDR")
-    src = src.replace(old, 'a.sin_addr.s_addr = inet_addr(getenv("MH_ADDR") ? '
-                           'getenv("MH_ADDR") : "127.0.0.1");')
-    c = os.path.join(tmp, "multihost_client.c")
-    out = os.path.join(tmp, "multihost_client")
-    with open(c, "w") as f:
-        f.write(src)
-    subprocess.run(["gcc", "-O2", "-Wall", "-o", out, c], check=True, timeout=120)
-    return out
-
-
-class Client:
-    """The load, to the LB, until stop(): the RESULT line's figures, and each
-    failure line (kind, time, details)."""
-
-    def __init__(self, binary: str, procs: B.Procs, a):
-        import threading
-        env = dict(os.environ, MH_ADDR=LB["ip"])
-        self.p = subprocess.Popen(
-            [binary, str(LB_PORT), str(a.close_conns), str(a.ka_conns), "/sleep?1",
-             str(a.timeout)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True)
-        procs.procs.append(self.p)
-        self.fails: list[tuple[str, float, str]] = []
-        self.result: dict | None = None
-        self.lock = threading.Lock()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.p.stdout:
-            f = line.split()
-            if not f:
-                continue
-            with self.lock:
-                if f[0] == "fail":
-                    self.fails.append((f[1], float(f[2]), " ".join(f[3:])))
-                elif f[0] == "RESULT":
-                    d = {}
-                    for kv in f[1:]:
-                        k, v = kv.split("=", 1)
-                        d[k] = float(v) if "." in v else int(v)
-                    self.result = d
-
-    def stop(self) -> dict:
-        try:
-            self.p.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait(timeout=10)
-        self.reader.join(timeout=5)
-        err = self.p.stderr.read()
-        self.p.stdout.close()
-        self.p.stderr.close()
-        if self.result is None:
-            raise B.BenchError(f"the load client gave no RESULT (exit {self.p.returncode}): "
-                               + err[-2000:])
-        return self.result
-
-
 # ---- one mode -------------------------------------------------------------------------------
 class Run:
     """The whole thing: network, haproxy, hosts; run_mode() per mode."""
@@ -518,7 +446,6 @@ class Run:
         self.hosts: list[Host] = []
         self.haproxy: subprocess.Popen | None = None
         self.version = 0
-        self.client_bin = ""
         self.lb_mode = ""
 
     def __enter__(self):
@@ -538,7 +465,6 @@ class Run:
         if left:
             self.log(f"multihost: removed leftovers of an earlier run: {', '.join(left)}")
         check_free()
-        self.client_bin = build_client(self.tmp)
         setup_net()
         self.hosts = [Host(h, self.procs, self.tmp) for h in HOSTS]
         self.version = 1
@@ -632,7 +558,8 @@ class Run:
         rec = {"mode": mode, "lb": self.lb_mode, "rounds": a.rounds, "rolls": 0,
                "incomplete": 0, "notes": [], "steps": [], "first_version": self.version + 1}
         stats0 = haproxy_stats(self.lb_sock)
-        client = Client(self.client_bin, self.procs, a)
+        client = B.ReloadClient(self.procs, LB_PORT, a.close_conns, a.ka_conns, "/sleep?1",
+                                 a.timeout, addr=LB["ip"])
         try:
             time.sleep(a.warmup)
             for _r in range(a.rounds):

@@ -1,8 +1,9 @@
 /* reload_client: the closed-loop HTTP/1.1 client of bench/reload_under_load.py.
  *
- *   reload_client PORT N_CLOSE N_KA LONG_PATH TIMEOUT_S [LONG_TIMEOUT_S]
+ *   reload_client [ADDR:]PORT N_CLOSE N_KA LONG_PATH TIMEOUT_S [LONG_TIMEOUT_S]
  *
- * One thread, one epoll instance, on 127.0.0.1:PORT:
+ * One thread, one epoll instance, on ADDR:PORT (an IPv4 address; default
+ * 127.0.0.1: bench/multihost.py points it at its balancer):
  *   N_CLOSE connections that each send `GET / ... Connection: close`, read
  *           the response, close, connect again: a new connection per request;
  *   N_KA    keep-alive connections: `GET /` again and again on the same
@@ -92,6 +93,8 @@ struct conn {
 };
 
 static int port, epfd;
+static struct in_addr server = { .s_addr = 0 };   /* set in main: ADDR, or loopback */
+static char host[64] = "127.0.0.1";
 static double timeout_s, long_timeout_s;
 static const char *long_path;
 static char req_close[256], req_ka[256], req_long[512];
@@ -189,7 +192,7 @@ static void start_request(struct conn *c)
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_addr = server;
 	c->fd = fd;
 	c->served = 0;
 	connects++;
@@ -382,21 +385,35 @@ static void on_writable(struct conn *c)
 int main(int argc, char **argv)
 {
 	if (argc < 6) {
-		fprintf(stderr, "usage: %s PORT N_CLOSE N_KA LONG_PATH TIMEOUT_S [LONG_TIMEOUT_S]\n",
-			argv[0]);
+		fprintf(stderr, "usage: %s [ADDR:]PORT N_CLOSE N_KA LONG_PATH TIMEOUT_S "
+			"[LONG_TIMEOUT_S]\n", argv[0]);
 		return 2;
 	}
-	port = atoi(argv[1]);
+	const char *colon = strrchr(argv[1], ':');
+	if (colon) {
+		size_t n = (size_t)(colon - argv[1]);
+		if (n >= sizeof host) {
+			fprintf(stderr, "address too long: %s\n", argv[1]);
+			return 2;
+		}
+		memcpy(host, argv[1], n);
+		host[n] = 0;
+	}
+	if (inet_pton(AF_INET, host, &server) != 1) {
+		fprintf(stderr, "not an IPv4 address: %s\n", host);
+		return 2;
+	}
+	port = atoi(colon ? colon + 1 : argv[1]);
 	int n_close = atoi(argv[2]), n_ka = atoi(argv[3]);
 	long_path = argv[4];
 	timeout_s = atof(argv[5]);
 	long_timeout_s = argc > 6 ? atof(argv[6]) : timeout_s + 3;
 	snprintf(req_close, sizeof req_close,
-		 "GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n", port);
-	snprintf(req_ka, sizeof req_ka, "GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n", port);
+		 "GET / HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n", host, port);
+	snprintf(req_ka, sizeof req_ka, "GET / HTTP/1.1\r\nHost: %s:%d\r\n\r\n", host, port);
 	snprintf(req_long, sizeof req_long,
-		 "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n", long_path,
-		 port);
+		 "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n", long_path,
+		 host, port);
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
 	signal(SIGPIPE, SIG_IGN);

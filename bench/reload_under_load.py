@@ -72,7 +72,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import benchlib as B
@@ -205,64 +204,7 @@ def has_takeover() -> bool:
     return re.search(r"--takeover(?![-\w])", r.stdout) is not None
 
 
-# ---- the client --------------------------------------------------------------------------------
-class Client:
-    """reload_client in the background; its stdout read by a thread (newpid
-    and fail lines as they come; the RESULT line at the end)."""
-
-    def __init__(self, procs: B.Procs, port: int, long_path: str, a):
-        self.newpids: list[tuple[int, float]] = []
-        self.fails: list[tuple[str, float, str]] = []
-        self.result: dict | None = None
-        self.p = subprocess.Popen(
-            [B.build_c("reload_client"), str(port), str(a.close_conns), str(a.ka_conns),
-             long_path, str(a.timeout)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
-        procs.procs.append(self.p)
-        self.lock = threading.Lock()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.p.stdout:
-            f = line.split()
-            if not f:
-                continue
-            with self.lock:
-                if f[0] == "newpid":
-                    self.newpids.append((int(f[1]), float(f[2])))
-                elif f[0] == "fail":
-                    self.fails.append((f[1], float(f[2]), " ".join(f[3:])))
-                elif f[0] == "RESULT":
-                    d = {}
-                    for kv in f[1:]:
-                        k, v = kv.split("=", 1)
-                        d[k] = float(v) if "." in v else int(v)
-                    self.result = d
-
-    def pids_since(self, t: float) -> list[tuple[int, float]]:
-        with self.lock:
-            return [(p, tt) for p, tt in self.newpids if tt >= t]
-
-    def stop(self, timeout: float = 15.0) -> dict:
-        try:
-            self.p.stdin.close()                 # EOF: the client prints RESULT and exits
-        except OSError:
-            pass
-        deadline = time.monotonic() + timeout
-        while self.p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            B.wait_for(lambda: self.p.poll() is not None, 5, "reload_client to exit")
-        self.reader.join(timeout=5)
-        if self.result is None:
-            raise B.BenchError(f"reload_client gave no RESULT (exit {self.p.returncode}): "
-                               + self.p.stderr.read()[-2000:])
-        return self.result
-
-
+# ---- the failures ------------------------------------------------------------------------------
 def after_signal(fails, signals) -> dict:
     """Each failure's delay since the last reload signal before it: how many
     came within 2 s of one, the longest such delay, the signals followed by
@@ -338,7 +280,7 @@ def _run_server(procs: B.Procs, tmp: str, name: str, a, started: list) -> dict:
                                + text()[-3000:])
         return B.can_connect(port)
     B.wait_for(answering, 60, f"{name} listening", interval=0.1)
-    client = Client(procs, port, spec["long"], a)
+    client = B.ReloadClient(procs, port, a.close_conns, a.ka_conns, spec["long"], a.timeout)
     try:
         # the first generation answers: every worker process, or 10 s
         try:
@@ -455,7 +397,7 @@ def run_takeovers(procs: B.Procs, tmp: str, a) -> dict:
     client = None
     try:
         B.wait_sockherd_ready(cur, logs[0], WORKERS, timeout=60)
-        client = Client(procs, port, spec["long"], a)
+        client = B.ReloadClient(procs, port, a.close_conns, a.ka_conns, spec["long"], a.timeout)
         time.sleep(a.warmup)
         last = 0.0
         for i in range(1, a.takeovers + 1):
