@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import selectors
 import socket
 import stat
 import tempfile
@@ -208,14 +209,11 @@ class ControlServer:
     def _reregister(self) -> None:
         """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
         all there is every time the master wakes)."""
-        if self.router is None:
-            return
-        for sock in [self.router] + ([self.auth.zap_socket] if self.auth else []):
-            fd = sock.getsockopt(zmq.FD)
+        for fd in self._zmq_fds():
             try:
-                self.sup.sel.register(fd, 1, ("extra", fd))
+                self.sup.sel.register(fd, selectors.EVENT_READ, ("extra", fd))
             except KeyError:
-                pass
+                pass                                  # registered already
 
     def _on_request(self, frames: list[bytes]) -> None:
         from sockherd.master import commands

@@ -41,7 +41,7 @@ def readiness(sup) -> tuple[bool, str]:
     generation READY, no stop begun (unready_delay: the balancer notices
     before the listeners close), a serving worker READY. Plain attribute
     reads: safe from another thread (the metrics listener's)."""
-    if sup.unready or sup.stopping:
+    if sup.stopping:
         return False, "stopping"
     if not sup.announced:
         return False, "starting"

@@ -108,7 +108,6 @@ class Supervisor:
         self._seq = itertools.count()
         self.stopping = False
         self.killing = False                 # a fast stop: the workers were killed
-        self.unready = False                 # the readiness endpoint says 503 (inspect.py)
         self.startup_failed = False
         self.ever_ready = False
         self.first_failure = ""
@@ -396,14 +395,14 @@ class Supervisor:
         log.info("fast stop")
         if not self.stopping:
             self.events.emit("stopping", fast=True)
-        self.stopping = self.killing = self.unready = True
+        self.stopping = self.killing = True
         for slot in self._live():
             if slot.life is not None:
                 self._feed(slot, Event.KILL)
 
     def _graceful_stop(self) -> None:
         self.events.emit("stopping", fast=False)
-        self.stopping = self.unready = True
+        self.stopping = True                 # readiness says 503 from now (inspect.py)
         if self.pending:
             self._refuse("the master is stopping")
         delay = self.settings.unready_delay

@@ -3,7 +3,7 @@
 The live status page (master/status_page.py): master -> generations ->
 workers -> thread groups -> threads with their fdcore counters, the same
 tree the metrics listener's /-/status shows. The worker that answers asks
-its master over the control channel (`show proc` and `show activity`, as
+its master over the control channel (`show proc --threads`, as
 `sockherd ctl` would); when it cannot (control off, a tcp:// endpoint that
 needs keys, a master too busy to answer in ASK_TIMEOUT), the page shows
 what this worker knows of itself and says why.
@@ -51,22 +51,12 @@ def _from_master(loop) -> dict:
     if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://"):]):
         raise LookupError(f"no control socket at {endpoint}")   # else a wait for nobody
     try:
-        tree = ctl.request(endpoint, "show proc", {}, timeout=ASK_TIMEOUT)
-        if tree["master"]["pid"] != os.getppid():
-            raise LookupError(f"{endpoint} is another master's (pid {tree['master']['pid']})")
-        rows = ctl.request(endpoint, "show activity", {}, timeout=ASK_TIMEOUT)["threads"]
+        # two rounds of questions in the master (figures, then threads)
+        tree = ctl.request(endpoint, "show proc", {"threads": True}, timeout=2 * ASK_TIMEOUT)
     except ctl.CtlError as exc:
         raise LookupError(f"{endpoint}: {exc}") from None
-    threads: dict[int, list] = {}
-    late: set[int] = set()
-    for row in rows:
-        if not row.get("answered", True):
-            late.add(row["pid"])
-            continue
-        threads.setdefault(row["pid"], []).append(
-            {k: v for k, v in row.items() if k not in ("worker", "pid", "answered")})
-    for w in tree["workers"]:
-        w["threads"] = None if w["pid"] in late else threads.get(w["pid"], [])
+    if tree["master"]["pid"] != os.getppid():
+        raise LookupError(f"{endpoint} is another master's (pid {tree['master']['pid']})")
     return tree
 
 

@@ -1,11 +1,18 @@
-"""show proc: the master and every worker with its figures (each worker is
-asked: requests, connections, threads)."""
+"""show proc [--threads]: the master and every worker with its figures
+(each worker is asked: requests, connections, threads); with --threads also
+each worker's loop threads and their counters (the status pages' tree)."""
+import msgspec
+
 from sockherd.master.commands import Command, table
 from sockherd.master.inspect import tree
 
 
-def run(sup, args, reply) -> None:
-    tree(sup, reply.ok, activity=False)
+class Args(msgspec.Struct, forbid_unknown_fields=True):
+    threads: bool = False
+
+
+def run(sup, args: Args, reply) -> None:
+    tree(sup, reply.ok, activity=args.threads)
 
 
 def render(r: dict) -> str:
@@ -26,4 +33,5 @@ def render(r: dict) -> str:
 
 
 COMMAND = Command("show proc", "the master and every worker: generation, pid, state, uptime, "
-                  "requests, connections; reloads", run, render, timeout=5.0)
+                  "requests, connections; reloads (--threads: each worker's threads too)",
+                  run, render, Args, timeout=5.0)
