@@ -318,7 +318,8 @@ fail:
 
 /* One accepted connection into the table and the engine, owned by loop
  * thread pos, reading, with its header timer. 1 taken, 0 dropped (closed:
- * beyond the table, or refused by it), -1 with a Python error (closed). */
+ * beyond the table, or refused by it), -1 with a Python error (closed; not
+ * for ValueError: the number is a live connection's, left alone). */
 static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 {
 	int one = 1;
@@ -328,6 +329,11 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 
 	/* not for a unix socket: EOPNOTSUPP, harmless */
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (fd < s->maxfd && s->conns[fd]) {
+		/* a live connection's number (a caller's mistake): never closed here */
+		PyErr_Format(PyExc_ValueError, "fd %d is a live connection of this engine", fd);
+		return -1;
+	}
 	if (fd >= s->maxfd ||
 	    s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit, FDC_ACCEPTED) < 0) {
 		close(fd);                              /* beyond the table: nothing else to do */

@@ -401,7 +401,7 @@ void hconn_refuse(HttpConn *c, int status, const char *reason)
 	char buf[1024];
 	char body[600];
 	int bn = snprintf(body, sizeof(body), "%d %s: %.500s\n", status, REASONS(status), reason);
-	c->srv->responses[status_class(status)]++;
+	srv_count(c->srv, status);
 	int hn = snprintf(buf, sizeof(buf),
 	                  "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
 	                  "Connection: close\r\n\r\n%s", status, REASONS(status), bn, body);

@@ -126,7 +126,7 @@ typedef struct {
 	PyObject *script_name, *server_line;
 	double header_timeout, keepalive_timeout, body_timeout;
 	int draining;
-	unsigned long long requests;       /* answered (every response framed) */
+	unsigned long long requests;       /* answered: the app's, and our refusals */
 	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
 	PyObject *on_retire;               /* called once when requests reach retire_at */
@@ -136,6 +136,16 @@ extern PyTypeObject ServerType;
 
 /* The loop thread the calling OS thread is (Server.bind / turn), or -1. */
 int srv_current(Server *s);
+/* the responses[] index of a status code (0: other, or no response) */
+static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }
+/* One request answered (by the app, or refused by the engine): requests
+ * and responses[] count the same events, so the classes add up. Caller:
+ * a loop thread, GIL held. */
+static inline void srv_count(Server *s, int code)
+{
+	s->responses[status_class(code)]++;
+	s->requests++;
+}
 double mono_now(void);
 void timer_arm(HttpConn *c, int kind);
 void timer_cancel(HttpConn *c);
@@ -178,8 +188,6 @@ int hconn_flush(HttpConn *c);
  * -1 with ClientGone set on failure. */
 int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
 void hconn_refuse(HttpConn *c, int status, const char *reason);
-/* the responses[] index of a status code */
-static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }
 static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
 
 /* ---- the response (respond.c) ---- */

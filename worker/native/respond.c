@@ -649,6 +649,7 @@ int respond(HttpConn *c, PyObject *env)
 	PyObject *result = NULL;
 	Respond *r = respond_new(c, http11, keep, head_only);
 	int rc = 0, out;
+	int count = 1;          /* 1: as r->code at the end; 0: no response; -1: counted */
 
 	if (!r)
 		return -1;
@@ -668,6 +669,8 @@ int respond(HttpConn *c, PyObject *env)
 		if (PyErr_ExceptionMatches(ClientGone)) {
 			/* gone, or not reading: what is buffered goes nowhere */
 			PyErr_Clear();
+			if (!r->headers_sent)
+				count = 0;                  /* no response at all: "other" */
 			if (!c->closed && hconn_close_now(c) < 0)
 				PyErr_WriteUnraisable((PyObject *)c);
 		}
@@ -689,8 +692,10 @@ int respond(HttpConn *c, PyObject *env)
 					reason = "bad request body";
 				}
 			}
-			if (!r->headers_sent)
+			if (!r->headers_sent) {
 				hconn_refuse(c, status, reason);    /* the app let it through: ours to say */
+				count = -1;                         /* counted by the refusal */
+			}
 			Py_XDECREF(a);
 			Py_XDECREF(t);
 			Py_XDECREF(v);
@@ -721,13 +726,20 @@ int respond(HttpConn *c, PyObject *env)
 	if (s->access != Py_None)
 		access_log(s, env, r, started);
 	out = r->keep;
-	s->responses[status_class(r->code)]++;
-	if (++s->requests == s->retire_at && s->on_retire) {
-		/* max_requests: the worker asks to be replaced (once) */
-		PyObject *rc = PyObject_CallNoArgs(s->on_retire);
+	if (count >= 0)
+		srv_count(s, count ? r->code : 0);
+	if (s->on_retire && s->requests >= s->retire_at) {
+		/* max_requests: the worker asks to be replaced, once (>=: a
+		 * limit set after that many requests, or passed by refusals,
+		 * still fires at the next one) */
+		PyObject *fn = s->on_retire, *rc;
+
+		s->on_retire = NULL;
+		rc = PyObject_CallNoArgs(fn);
 		if (!rc)
-			PyErr_WriteUnraisable(s->on_retire);
+			PyErr_WriteUnraisable(fn);
 		Py_XDECREF(rc);
+		Py_DECREF(fn);
 	}
 	Py_DECREF(r);
 	return out;
