@@ -28,9 +28,12 @@ def answer(loop, what: str, fd: int = -1) -> dict:
             return {"fds": [], "error": f"fd {fd}: {exc}"}
         return {"fds": [_fd_row(i) for i in infos if i.tgid]}
     engine = loop.engine
+    # one read of the engine's counts: requests is their sum (srv_count),
+    # so the two always agree in an answer (two reads could straddle one)
+    responses = engine.responses if engine is not None else None
     return {
-        "requests": engine.requests if engine is not None else None,
-        "responses": engine.responses if engine is not None else None,
+        "requests": sum(responses.values()) if responses is not None else None,
+        "responses": responses,
         "connections": engine.count if engine is not None else len(loop.conns),
         "threads": len(loop.loop_threads),
         "groups": len({th.tgid for th in loop.loop_threads}),
