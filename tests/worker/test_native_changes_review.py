@@ -20,19 +20,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from test_engine_review import closed_within, recv_until  # noqa: E402
+from test_http_review import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
 CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "other")
-
-
-def wait_for(pred, timeout=10.0, step=0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
 
 
 def expect(**by_class) -> dict:
