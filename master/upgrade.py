@@ -49,6 +49,46 @@ def state_of(sup) -> reexec.ReexecState:
                          and x.exec_fd() >= 0), -1))
 
 
+def run(sup, handled, before_exec=None) -> str:
+    """USR2: re-exec in place; returns only if the exec failed or was
+    refused (and why), and then this master carries on. before_exec() runs
+    right before the exec (the control channel's reply)."""
+    from sockherd.master.generations import upgrade_refusal
+    from sockherd.master.lifecycle import State
+
+    starting = [s for s in sup._live() if s.proc is not None and s.life.state is State.STARTING]
+    why = upgrade_refusal(sup.pending, sup.ever_ready, len(starting), len(sup.slots))
+    if why:
+        log.warning("upgrade refused: %s", why)
+        return f"upgrade refused: {why}"
+    # from here to the exec, a signal waits for the new image (a TERM read
+    # while the settings are read again would be lost at the exec)
+    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    try:
+        try:
+            settings = sup.reload_settings() if sup.reload_settings else sup.settings
+        except Exception as exc:                    # noqa: BLE001 - said, never fatal
+            log.error("upgrade refused: bad setting: %s", exc)
+            return f"upgrade refused: bad setting: {exc}"
+        python = settings.python or sys.executable
+        why = preflight(python, state_of(sup))
+        if not why:
+            sup.events.emit("upgrading", python=python)
+            if before_exec is not None:
+                before_exec()
+            if sup.control is not None:
+                sup.control.before_exec()
+            why = execute(sup, python, handled)
+            sup.upgrades_failed += 1                 # `ctl upgrade` waits on it (status)
+            sup.last_upgrade_failure = why
+            if sup.control is not None:
+                sup.control.exec_failed()
+        log.error("upgrade failed: %s; this master carries on", why)
+        return f"upgrade failed: {why}"
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+
+
 def preflight(python: str, state: reexec.ReexecState) -> str:
     """Why `python` cannot run the new image ("" if it can): an exec that
     works into an interpreter without sockherd would end the master, and one

@@ -1,0 +1,83 @@
+"""Hand-off: this master gives its listeners to a new instance (`run --takeover`).
+
+The hand-off socket (the handoff_socket setting) is served from the master's
+loop by ipc.handoff's server: its sessions come and go, and their fds are
+kept in the loop's selector here (`sync`). A takeover serves its own only
+once it serves (a takeover that failed must leave the old instance's in
+place): the loop calls `serve` then.
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+
+log = logging.getLogger("sockherd.master")
+
+
+class Handoff:
+    def __init__(self, sel: selectors.BaseSelector):
+        self.sel = sel
+        self.server = None                   # ipc.handoff.HandoffServer, once served
+        self.fds: set[int] = set()
+
+    def serve(self, path: str, listeners) -> None:
+        """Serves the hand-off socket at path (none if ""); listeners() ->
+        the listeners to give, at the time they are asked for."""
+        from sockherd.ipc.handoff import HandoffServer
+
+        if not path:
+            return
+
+        def handed_over(names: list[str], pid: int) -> None:
+            # the new instance holds these sockets now: our close must not
+            # remove a unix socket's file while it holds them too
+            for lst in listeners():
+                if lst.descriptor.name in names:
+                    lst.handed_to = pid
+            log.info("hand-off: %d listener(s) given to a new instance; it will tell us to "
+                     "drain once it serves", len(names))
+
+        try:
+            self.server = HandoffServer(
+                path, lambda: [(lst.descriptor, lst.sock.fileno()) for lst in listeners()],
+                on_handed_over=handed_over)
+        except OSError as exc:
+            log.error("hand-off socket %s: %s; no takeover possible", path, exc.strerror or exc)
+            return
+        log.info("hand-off socket %s: a new instance may take the listeners over", path)
+
+    def sync(self) -> None:
+        """The hand-off server's fds in the selector (its sessions come and go)."""
+        h = self.server
+        if h is None:
+            return
+        h.expire()
+        want = {fd: mask for fd, mask in h.poll_fds()}
+        for fd in self.fds - set(want):
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        for fd, mask in want.items():
+            events = (selectors.EVENT_READ if mask & 1 else 0) | \
+                (selectors.EVENT_WRITE if mask & 4 else 0)
+            try:
+                self.sel.modify(fd, events or selectors.EVENT_READ, ("handoff", fd))
+            except KeyError:
+                self.sel.register(fd, events or selectors.EVENT_READ, ("handoff", fd))
+        self.fds = set(want)
+
+    def session_open(self) -> bool:
+        """A session is open (beside the listening fd): its expiry bounds the wait."""
+        return len(self.fds) > 1
+
+    def handle(self, fd: int, mask: int) -> None:
+        self.server.handle(fd, (1 if mask & selectors.EVENT_READ else 0)
+                           | (4 if mask & selectors.EVENT_WRITE else 0))
+        # a session it ended closed its fd: out of the selector now, before
+        # anything can get that number again
+        self.sync()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()

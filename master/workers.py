@@ -1,0 +1,225 @@
+"""The process table: the master's live worker processes, one Slot each.
+
+Spawning (a row on the balance board, the socketpair in the master's
+selector, the READY timeout and the lifetime timer armed), feeding a
+worker's lifecycle (lifecycle.py) and carrying out the Actions it returns,
+reaping (waitpid(WNOHANG) until none is left), the exit policy (respawn,
+give up, or stop the master) and the heartbeat check live here. Which
+generation a slot belongs to is generations.py's business; the decisions
+(`exit_policy`, `heartbeat_check`, `finished`) are pure and unit-tested
+without processes (tests/master/test_process_table.py).
+
+Heartbeats and reports: a worker's Heartbeat message only refreshes
+`Slot.last_heartbeat` (`ProcessTable.on_heartbeat`); `heartbeat_check`
+decides which silent worker is killed and when to look again. What a
+worker reports about itself on demand (figures, threads) goes through
+master/inspect.py's Asker, fed from the loop's message dispatch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple
+
+from sockherd.ipc.errors import IPCError
+from sockherd.ipc.messages import Drain
+from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
+from sockherd.master.spawn import WorkerProcess, adopt, spawn
+from sockherd.worker.board import NOT_SERVING, SLOTS
+
+log = logging.getLogger("sockherd.master")
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int                     # its place in its generation: worker GEN.INDEX
+    generation: int = 1
+    board: int = -1                # its row on the balance board, unique among live workers
+    backoff: Backoff = field(default_factory=Backoff)
+    proc: WorkerProcess | None = None
+    life: Worker | None = None
+    started: float = 0.0
+    last_heartbeat: float = 0.0
+    given_up: bool = False
+    retired: bool = False          # scaled down (TTOU): drained and never respawned
+    replacing: "Slot | None" = None   # max_requests / lifetime: the worker this one replaces
+    replaced_by: "Slot | None" = None # ... and the one replacing this one, while it starts
+    replace_failures: int = 0
+
+
+def name(slot: Slot) -> str:
+    """A worker as logs and the control channel name it: GEN.INDEX."""
+    return f"{slot.generation}.{slot.index}"
+
+
+def ready(slots) -> bool:
+    """Whether every one of slots has a READY worker."""
+    return all(s.life is not None and s.life.state is State.READY for s in slots)
+
+
+# ---- pure decisions ---------------------------------------------------------------------------
+class AfterExit(NamedTuple):
+    """What follows a serving slot's exit: "respawn" after delay seconds,
+    "give_up" on the slot, or "stop" the master (a first start failed)."""
+    what: str
+    delay: float = 0.0
+
+
+def exit_policy(backoff: Backoff, outcome: Outcome, served: float, ever_ready: bool) -> AfterExit:
+    """A first start that failed before anything ever served stops the
+    master (retrying the same code and settings will not help, and the
+    operator needs the reason now); else the slot's back-off decides."""
+    if outcome is Outcome.FAILED_START and not ever_ready:
+        return AfterExit("stop")
+    delay = backoff.after_exit(outcome, served)
+    return AfterExit("give_up") if delay is None else AfterExit("respawn", delay)
+
+
+def heartbeat_check(slots, now: float, timeout: float) -> tuple[list[Slot], float]:
+    """(the workers silent past timeout: to kill, when to check again).
+    Only serving and draining workers are watched (a starting one has its
+    READY timeout); the next check is due when the quietest one left would
+    be late, so an idle tree costs one wake-up per heartbeat."""
+    lost, due = [], now + timeout
+    for slot in slots:
+        if slot.proc is None or slot.life.state not in (State.READY, State.DRAINING):
+            continue
+        if now - slot.last_heartbeat > timeout:
+            lost.append(slot)
+            continue
+        due = min(due, slot.last_heartbeat + timeout)
+    return lost, due
+
+
+def finished(stopping: bool, startup_failed: bool, live, active) -> int | None:
+    """The master's exit status once it is done, else None. A stop (TERM,
+    INT, QUIT, a failed first start) waits for every live worker process,
+    of any generation, to be reaped; without a stop, the master ends only
+    once every serving slot was given up on (slots are given up only after
+    a READY: a failure before any ends the master as startup_failed)."""
+    if any(s.proc is not None for s in live):
+        return None
+    if stopping:
+        return 1 if startup_failed else 0
+    if all(s.given_up for s in active):
+        return 1
+    return None
+
+
+# ---- the table --------------------------------------------------------------------------------
+class ProcessTable:
+    """Live worker processes by pid; `at(delay, what, slot, pid)` arms a
+    loop timer (supervisor.py), `events` is the master's (events.py)."""
+
+    def __init__(self, board, sel: selectors.BaseSelector, events, at):
+        self.board = board
+        self.sel = sel
+        self.events = events
+        self.at = at
+        self.by_pid: dict[int, Slot] = {}
+
+    def board_row(self, live) -> int:
+        """The lowest balance-board row no live worker holds."""
+        taken = {s.board for s in live if s.proc is not None or s.board >= 0}
+        row = next((i for i in range(SLOTS) if i not in taken), None)
+        if row is None:                       # spawn() says why the worker cannot start
+            raise OSError(f"all {SLOTS} balance-board rows are taken by live workers")
+        return row
+
+    def spawn(self, slot: Slot, config: dict, listeners, settings, live) -> str:
+        """Starts slot's worker with the generation's config, listeners and
+        settings; "" once it runs, else why it cannot start (logged)."""
+        try:
+            if slot.board < 0:
+                slot.board = self.board_row(live)
+            self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
+            proc = spawn(slot.generation, slot.index, config, config.get("app", ""),
+                         listeners, board_fd=self.board.fd, board_row=slot.board)
+        except (OSError, IPCError) as exc:
+            log.error("worker %s: cannot start: %s", name(slot), exc)
+            return f"cannot start: {exc}"
+        slot.proc, slot.life = proc, Worker(slot.generation, slot.index)
+        slot.started = slot.last_heartbeat = time.monotonic()
+        self._watch(slot, settings)
+        self.at(settings.ready_timeout, "ready_timeout", slot, proc.pid)
+        log.info("worker %s: spawned, pid %d", name(slot), proc.pid)
+        self.events.emit("spawned", worker=name(slot), pid=proc.pid)
+        return ""
+
+    def adopt(self, worker, settings) -> Slot:
+        """A worker of the previous image (an upgrade), READY as it was."""
+        slot = Slot(worker.index, worker.generation, worker.board)
+        slot.proc = adopt(worker.generation, worker.index, worker.pid, worker.fd)
+        slot.life = Worker(worker.generation, worker.index)
+        slot.started = slot.last_heartbeat = time.monotonic()
+        self._watch(slot, settings)
+        self.feed(slot, Event.READY, settings.hard_stop_after)
+        return slot
+
+    def _watch(self, slot: Slot, settings) -> None:
+        self.by_pid[slot.proc.pid] = slot
+        self.sel.register(slot.proc.channel.fileno(), selectors.EVENT_READ, slot)
+        if settings.max_worker_lifetime > 0:
+            self.at(settings.max_worker_lifetime, "lifetime", slot, slot.proc.pid)
+
+    def feed(self, slot: Slot, event: Event, hard_stop_after: float) -> None:
+        """event to slot's lifecycle; the actions it returns carried out."""
+        if slot.life is None or slot.life.state is State.EXITED:
+            return
+        for action in slot.life.handle(event):
+            if action is Action.KILL:
+                try:
+                    os.kill(slot.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            elif action is Action.SEND_DRAIN:
+                self.events.emit("draining", worker=name(slot), pid=slot.proc.pid)
+                try:
+                    slot.proc.channel.send(Drain(deadline=time.monotonic() + hard_stop_after),
+                                           timeout=5)
+                except IPCError:
+                    pass
+            elif action is Action.ARM_HARD_STOP:
+                self.at(hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
+
+    def on_heartbeat(self, slot: Slot) -> None:
+        """A worker's heartbeat (or READY): it is alive now."""
+        slot.last_heartbeat = time.monotonic()
+
+    def forget_channel(self, slot: Slot) -> None:
+        try:
+            self.sel.unregister(slot.proc.channel.fileno())
+        except (KeyError, ValueError):
+            pass
+
+    def reap(self) -> Iterator[tuple[Slot, int, str, float]]:
+        """Every exited worker of ours: (slot, pid, how it exited, seconds
+        it served), its lifecycle EXITED and its process forgotten."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            slot = self.by_pid.pop(pid, None)
+            if slot is None or slot.proc is None or slot.proc.pid != pid:
+                continue
+            self.board.slots[slot.board] = NOT_SERVING
+            code = os.waitstatus_to_exitcode(status)
+            slot.proc.exited(code)
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+            self.forget_channel(slot)
+            slot.proc.channel.close()
+            self.feed(slot, Event.EXITED, 0.0)
+            outcome = slot.life.outcome
+            log.info("worker %s: exited with %s (%s), pid %d", name(slot), how, outcome.value, pid)
+            self.events.emit("exited", worker=name(slot), pid=pid, status=how,
+                             outcome=outcome.value)
+            served = time.monotonic() - slot.started
+            slot.proc = None
+            yield slot, pid, how, served
