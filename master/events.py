@@ -24,6 +24,9 @@ KINDS = {
     "reloading": ("generation",),
     "reload_ok": ("generation", "seconds"),
     "reload_failed": ("generation", "reason"),
+    # a reload refused before any generation started (the first one not
+    # ready yet, another still starting, a stop under way): no generation
+    "reload_refused": ("reason",),
     "upgrading": ("python",),
     "stopping": ("fast",),
 }

@@ -131,6 +131,7 @@ class Generations:
                              self.host.stopping)
         if why:
             log.warning("reload refused: %s", why)
+            self.host.events.emit("reload_refused", reason=why)
             return f"reload refused: {why}"
         gen = self.generation + 1
         try:

@@ -206,3 +206,14 @@ def test_failed_replacement_retries_with_backoff_then_stops():
     assert [t for t in host.timers] == [(1.0, "replace"), (2.0, "replace"), (4.0, "replace"),
                                         (8.0, "replace")]
     assert gens.slots == [old] and gens.replacements == []
+
+
+def test_a_reload_refused_before_it_begins_is_an_event():
+    """Issue 18 §5: a refused HUP was only logged; now `reload_refused`
+    says why (no generation began: no reload_failed, nothing counted)."""
+    gens, host = serving()
+    gens.pending = pending(2)
+    assert gens.reload(lambda: settings(), ever_ready=True) == \
+        "reload refused: generation 2 is still starting"
+    assert host.emitted == [("reload_refused", {"reason": "generation 2 is still starting"})]
+    assert gens.reloads_failed == 0 and host.spawned == []
