@@ -77,9 +77,13 @@ class Restarts:
     refused reload (their generation's "reload_failed": the master kills
     them, READY or not). A worker that never was READY did not serve."""
 
-    def __init__(self) -> None:
+    def __init__(self, counts: dict | None = None) -> None:
         self._lock = threading.Lock()
-        self.counts: dict[str, int] = {}      # outcome -> exits
+        # outcome -> exits; an upgrade's previous image's to begin with
+        self.counts: dict[str, int] = {}
+        for outcome, n in (counts or {}).items():
+            if isinstance(n, int):
+                self.counts[str(outcome)] = n
         self._generation: dict[int, int] = {}  # pid -> generation, while alive
         self._ready: set[int] = set()
         self._planned: set[int] = set()
@@ -209,7 +213,8 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     yield g
     for key, doc in (("reloads_ok", "reloads whose new generation serves"),
                      ("reloads_failed", "reloads refused (the old generation kept serving)")):
-        c = CounterMetricFamily(f"sockherd_{key}", doc + " since this master image started")
+        c = CounterMetricFamily(f"sockherd_{key}", doc + " since the master started "
+                                "(carried across upgrades)")
         c.add_metric([], m[key])
         yield c
     roles = {r: 0 for r in ROLES}
@@ -357,18 +362,18 @@ class MetricsServer:
     (the control endpoint does the same). At any other start it is an
     error: a metrics address taken by somebody else must stop the start."""
 
-    def __init__(self, sup, address: str, *, wait_if_busy: bool = False, inherited: int = -1):
+    def __init__(self, sup, address: str, restarts: Restarts, *, wait_if_busy: bool = False,
+                 inherited: int = -1):
         self.addr = parse(address)
         if self.addr.kind != "tcp":
             raise ValueError(f"metrics {address!r}: expected host:port or [v6]:port")
         self.text = address
-        self.restarts = Restarts()
+        self.restarts = restarts
         self.gatherer = Gatherer(sup)
         self.wsgi = app(self.gatherer, self.restarts, lambda: inspect.readiness(sup))
         self.httpd: WSGIServer | None = None
         self.thread: threading.Thread | None = None
         self._retry_at: float | None = None
-        sup.events.subscribe(self.restarts.on_event)
         try:
             self._serve(inherited)
         except OSError as exc:
@@ -447,18 +452,64 @@ class MetricsServer:
 
 
 def attach(sup) -> None:
-    """Serves the metrics and the status page on sup.settings.metrics, if
-    set. Raises OSError (the address cannot be bound: the message names it)
-    or ValueError (not a host:port)."""
+    """Counts the restarts (sup.restarts, from an upgrade's previous image's
+    counts), and serves the metrics and the status page on
+    sup.settings.metrics if set, and wherever a reload sets it later
+    (Follower). Raises OSError (the address cannot be bound: the message
+    names it) or ValueError (not a host:port)."""
+    sup.restarts = Restarts(sup.carried.get("restarts"))
+    sup.events.subscribe(sup.restarts.on_event)
+    follower = Follower(sup)
     address = sup.settings.metrics
-    if not address:
-        _inherited(sup, "")                # an upgrade's, no longer asked for: closed
-        return
-    # on_serving is set for a takeover only (master/cli.py): tell the old
-    # instance to go once we serve
+    # an upgrade's socket: kept if still asked for, else closed
     inherited = _inherited(sup, address)
-    sup.add_extra(MetricsServer(sup, address, wait_if_busy=sup.on_serving is not None,
-                                inherited=inherited))
+    if address:
+        # on_serving is set for a takeover only (master/cli.py): tell the old
+        # instance to go once we serve
+        follower.start(address, wait_if_busy=sup.on_serving is not None, inherited=inherited)
+    sup.events.subscribe(follower.on_event)
+
+
+class Follower:
+    """The metrics listener where the serving generation's settings say:
+    when a reload commits (reload_ok, in the master's loop: sup.settings is
+    the new generation's then), one at a new address is started before the
+    old one closes (so an address that cannot be bound leaves the old one
+    serving, said in the log; the same port spelled otherwise is one), one
+    removed from the settings is closed. The restart counts
+    are the master's (sup.restarts): they go on across the move."""
+
+    def __init__(self, sup):
+        self.sup = sup
+        self.server: MetricsServer | None = None
+
+    def start(self, address: str, **kw) -> None:
+        self.server = MetricsServer(self.sup, address, self.sup.restarts, **kw)
+        self.sup.add_extra(self.server)
+
+    def on_event(self, ev: dict) -> None:
+        if ev["event"] != "reload_ok":
+            return
+        want, old = self.sup.settings.metrics, self.server
+        if want == (old.text if old is not None else ""):
+            return
+        new = None
+        if want:
+            try:
+                new = MetricsServer(self.sup, want, self.sup.restarts)
+            except (OSError, ValueError) as exc:
+                # (the same port spelled otherwise is in use too: by the old one)
+                log.error("%s; %s", exc, f"the metrics stay on {old.text}" if old is not None
+                          else "no metrics")
+                return
+        if old is not None:
+            self.sup.extras.remove(old)
+            old.close()
+            log.info("metrics: no longer on %s (generation %d's settings)", old.text,
+                     self.sup.generation)
+        self.server = new
+        if new is not None:
+            self.sup.add_extra(new)
 
 
 def _inherited(sup, address: str) -> int:

@@ -34,6 +34,7 @@ import time
 
 from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.messages import FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply
+from sockherd.master import upgrade
 from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
@@ -91,6 +92,13 @@ class Supervisor:
         self._inbox_r, self._inbox_w = socket.socketpair()
         self.extras: list = []               # control server, metrics...: see add_extra()
         self.control = None                  # the control server (master/control.py)
+        # workers that exited unplanned, by outcome (metrics.Restarts): kept
+        # by metrics.attach, whether or not the metrics are served
+        self.restarts = None
+        # an upgrade's previous image's counts, carried on (upgrade.py)
+        carried = upgrade.carried_counters()   # out of the environment in any case
+        self.carried = carried if adopted is not None else {}
+        self._carry_on(self.carried)
         self.started_at = time.time()
         self.announced = False               # "serving" said (the first generation READY)
 
@@ -108,6 +116,16 @@ class Supervisor:
 
     def _live(self) -> list[Slot]:
         return self.gens.live()
+
+    def _carry_on(self, counters: dict) -> None:
+        """The previous image's counts (an upgrade) as this one's start."""
+        try:
+            self.gens.reloads_ok = int(counters.get("reloads_ok", 0))
+            self.gens.reloads_failed = int(counters.get("reloads_failed", 0))
+            self.gens.last_reload_failure = str(counters.get("last_reload_failure", ""))
+            self.upgrades_failed = int(counters.get("upgrades_failed", 0))
+        except (TypeError, ValueError) as exc:
+            log.warning("upgrade: the previous image's counters are unreadable (%s)", exc)
 
     def _active(self) -> list[Slot]:
         return self.gens.active()
@@ -136,8 +154,6 @@ class Supervisor:
         return self.gens.reload(self.reload_settings, self.ever_ready)
 
     def _upgrade(self, before_exec=None) -> str:
-        from sockherd.master import upgrade
-
         return upgrade.run(self, HANDLED, before_exec)
 
     def _replace(self, slot: Slot, why: str) -> bool:

@@ -3,7 +3,8 @@
 The pid stays (workers keep their parent, systemd its MAINPID). Across the
 exec go the listeners, every live worker's socketpair and the balance
 board, named by the re-exec state (ipc.reexec: those fds alone are made
-inheritable, right before the exec). The new image adopts the workers
+inheritable, right before the exec), and the master's own counters
+(reloads, restarts: COUNTERS_VAR). The new image adopts the workers
 (supervising and, in time, draining them) and proceeds as a reload: a new
 generation of its own, the adopted one drained once that is READY.
 
@@ -15,6 +16,7 @@ the signals are unblocked and this master carries on, saying why.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -87,6 +89,33 @@ def run(sup, handled, before_exec=None) -> str:
         return f"upgrade failed: {why}"
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+
+
+COUNTERS_VAR = "SOCKHERD_UPGRADE_COUNTERS"
+
+
+def counters_of(sup) -> dict:
+    """The counts the master keeps itself, for the new image: counters never
+    go down while the pid lives (Prometheus reads a drop as a restart of the
+    process; `ctl upgrade` compares reloads_failed before and after). The
+    workers' own figures need nothing: they live in the workers, adopted."""
+    return {"reloads_ok": sup.reloads_ok, "reloads_failed": sup.reloads_failed,
+            "last_reload_failure": sup.last_reload_failure,
+            "upgrades_failed": sup.upgrades_failed,
+            "restarts": sup.restarts.snapshot() if sup.restarts is not None else {}}
+
+
+def carried_counters(environ=None) -> dict:
+    """The previous image's counters_of() (an upgrade), else {}; taken out
+    of the environment (no worker inherits them). Beside the re-exec state,
+    not in it: an image without them reads that state all the same."""
+    text = (os.environ if environ is None else environ).pop(COUNTERS_VAR, "")
+    try:
+        counters = json.loads(text) if text else {}
+    except ValueError as exc:
+        log.warning("upgrade: the previous image's counters are unreadable (%s): from 0", exc)
+        return {}
+    return counters if isinstance(counters, dict) else {}
 
 
 def preflight(python: str, state: reexec.ReexecState) -> str:
@@ -184,6 +213,7 @@ def execute(sup, python: str, handled) -> str:
     state = state_of(sup)
     argv = [python, "-m", "sockherd.master", *sys.argv[1:]]
     plan = reexec.prepare_exec(state)
+    plan.env[COUNTERS_VAR] = json.dumps(counters_of(sup))
     signal.pthread_sigmask(signal.SIG_BLOCK, handled)     # (the caller blocked them already)
     log.info("upgrade: re-executing %s with %d listener(s) and %d worker(s)", python,
              len(state.listeners), len(state.workers))

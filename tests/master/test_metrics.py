@@ -9,6 +9,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -96,6 +97,19 @@ def start(master, tmp_path: Path, *args: str) -> tuple[object, int]:
     return m, mport
 
 
+def crash(m, mport: int, worker: str, restarts: int = 1, within: float = 10) -> tuple[int, dict]:
+    """Kills `worker` from outside (a restart): (its pid, the first scrape
+    that counts `restarts` restarts, once its successor is READY)."""
+    victim = int(next(s.labels["pid"] for s in scrape(mport)["sockherd_worker_info"]
+                      if s.labels["worker"] == worker))
+    os.kill(victim, signal.SIGKILL)
+    m.wait_log(r"worker %s: ready, pid (?!%d\b)\d+" % (re.escape(worker), victim))
+    fams = wait_for(lambda: (f := scrape(mport))
+                    and value(f, "sockherd_worker_restarts_total") == restarts and f,
+                    within, f"{restarts} restart(s) counted")
+    return victim, fams
+
+
 def test_requests_and_responses_add_up_per_worker_and_per_status_class(master, tmp_path):
     m, mport = start(master, tmp_path)
     sent = {"/": 30, "/missing": 7, "/fail": 3}
@@ -168,13 +182,7 @@ def test_reloads_and_restarts_are_counted(master, tmp_path):
     assert value(fams, "sockherd_reloads_ok_total") == 1
 
     # a serving worker killed from outside: a restart, and its successor is listed
-    victim = int(next(s.labels["pid"] for s in fams["sockherd_worker_info"]
-                      if s.labels["worker"] == "2.0"))
-    os.kill(victim, signal.SIGKILL)
-    m.wait_log(r"worker 2\.0: ready, pid (?!%d\b)\d+" % victim)
-    fams = wait_for(lambda: (f := scrape(mport))
-                    and value(f, "sockherd_worker_restarts_total") == 1 and f,
-                    10, "one restart counted")
+    victim, fams = crash(m, mport, "2.0")
     assert value(fams, "sockherd_worker_restarts_total", outcome="crashed") == 1
     assert value(fams, "sockherd_workers", role="serving") == 2
     assert str(victim) not in {s.labels["pid"] for s in fams["sockherd_worker_info"]}
