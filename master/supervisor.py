@@ -216,6 +216,8 @@ class Supervisor:
     def _on_ready(self, slot: Slot, msg: Ready) -> None:
         self.table.on_heartbeat(slot)
         self._feed(slot, Event.READY)
+        if slot.life.state is State.READY:
+            self.table.serving(slot, self.gens.of(slot)[0])
         log.info("worker %s: ready, pid %d", name(slot), msg.pid)
         self.events.emit("ready", worker=name(slot), pid=slot.proc.pid)
         if self.gens.on_ready(slot):

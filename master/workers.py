@@ -144,7 +144,7 @@ class ProcessTable:
             return f"cannot start: {exc}"
         slot.proc, slot.life = proc, Worker(slot.generation, slot.index)
         slot.started = slot.last_heartbeat = time.monotonic()
-        self._watch(slot, settings)
+        self._watch(slot)
         self.at(settings.ready_timeout, "ready_timeout", slot, proc.pid)
         log.info("worker %s: spawned, pid %d", name(slot), proc.pid)
         self.events.emit("spawned", worker=name(slot), pid=proc.pid)
@@ -156,13 +156,20 @@ class ProcessTable:
         slot.proc = adopt(worker.generation, worker.index, worker.pid, worker.fd)
         slot.life = Worker(worker.generation, worker.index)
         slot.started = slot.last_heartbeat = time.monotonic()
-        self._watch(slot, settings)
+        self._watch(slot)
         self.feed(slot, Event.READY, settings.hard_stop_after)
+        self.serving(slot, settings)
         return slot
 
-    def _watch(self, slot: Slot, settings) -> None:
+    def _watch(self, slot: Slot) -> None:
         self.by_pid[slot.proc.pid] = slot
         self.sel.register(slot.proc.channel.fileno(), selectors.EVENT_READ, slot)
+
+    def serving(self, slot: Slot, settings) -> None:
+        """slot's worker is READY: its max_worker_lifetime counts from now
+        ("a worker serving for this long"). Armed at the spawn, it could
+        fire while the worker was still starting, be refused (not ready)
+        and never come back: that worker then served for ever."""
         if settings.max_worker_lifetime > 0:
             self.at(settings.max_worker_lifetime, "lifetime", slot, slot.proc.pid)
 

@@ -402,7 +402,9 @@ def test_ttou_during_a_max_requests_replacement_is_not_undone(master, tmp_path):
     m.wait_log(r"TTOU: 1 workers; draining worker slot 1")
     wait_for(lambda: pid not in children(m.proc.pid), 30, "the drained worker's exit")
     # the replacement either never serves or is drained in turn: one worker
-    time.sleep(3.0)
+    # (its exit awaited: a bare 3 s sleep lost the race to a slow start under load)
+    replacement = int(m.wait_log(r"worker 1\.1: spawned, pid (\d+)", count=2)[1])
+    m.wait_log(rf"worker 1\.1: exited with .*, pid {replacement}\b", timeout=60)
     assert len(children(m.proc.pid)) == 1, m.text()[-3000:]
 
 
