@@ -199,12 +199,35 @@ class ControlServer:
                 self._more = False
                 return
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames, refusal = self._recv()
             except zmq.Again:
                 break
-            self._on_request(frames)
+            if refusal:
+                Responder(self, frames).fail(refusal)
+            else:
+                self._on_request(frames)
         self._more = self.router is not None and bool(
             self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def _recv(self) -> tuple[list[bytes], str]:
+        """One request's frames, read one at a time, and "" or the refusal of
+        one too large: past MAX_REQUEST bytes or MAX_FRAMES frames in all
+        (after the identity) the rest is read and dropped, never kept or
+        echoed back, and only the identity and a REQ's empty delimiter stay,
+        to route the refusal. (libzmq itself holds a multipart message until
+        its last frame arrives; MAXMSGSIZE bounds each frame there.)"""
+        router = self.router
+        frames = [router.recv(zmq.NOBLOCK)]                  # the identity
+        size = count = 0
+        while router.getsockopt(zmq.RCVMORE):
+            part = router.recv(copy=False)
+            size, count = size + len(part), count + 1
+            if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
+                frames.append(part.bytes)
+        if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
+            return frames, ""
+        return frames[:2] if frames[1:2] == [b""] else frames[:1], \
+            proto.too_large(size, count)
 
     def _reregister(self) -> None:
         """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
@@ -257,10 +280,12 @@ class ControlServer:
             r.fail(why)
         while self.router is not None and self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames, refusal = self._recv()
             except zmq.Again:
                 break
-            if len(frames) >= 2:
+            if refusal:                           # frames: the envelope alone
+                Responder(self, frames).fail(why)
+            elif len(frames) >= 2:
                 Responder(self, frames[:-1]).fail(why)
         self._close_sockets()
         self.ctx.term()
