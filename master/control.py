@@ -14,7 +14,10 @@ A bound ipc path that answers belongs to another running master: we do not
 steal it (ZeroMQ would silently unlink and rebind); a stale one (nothing
 listening: a crash, or our own previous image across an upgrade's exec) is
 replaced. A takeover's new instance finds the old one's endpoint live and
-binds it once the old instance is gone (retried every second).
+binds it once the old instance is gone (retried every second). Any other
+master finding it live refuses to start, before it binds anything
+(check_free): two masters of one user with default settings would share one
+endpoint, and `sockherd ctl` would silently talk to the first (review).
 
 Requests (ipc/control.py) go to master/commands: one module per command.
 A command may answer later (reload, upgrade: when the new generation is
@@ -73,6 +76,21 @@ def events_endpoint(control: str) -> str:
 
 def _get(values, key: str):
     return values.get(key, "") if isinstance(values, dict) else getattr(values, key, "")
+
+
+def check_free(values) -> None:
+    """OSError naming what to do if the control endpoint of the settings
+    is an ipc path another running master serves (`sockherd run` without
+    --takeover, before it binds its listeners)."""
+    endpoint = endpoint_of(values)
+    if endpoint is None or not endpoint.startswith("ipc://"):
+        return                      # off, or tcp: a bind that fails says so itself
+    for ep in (endpoint, events_endpoint(endpoint)):
+        if _live(ep[len("ipc://"):]):
+            raise OSError(                  # an address in use, as a bind's would be
+                f"control: {ep} is served by another running master; give this one its "
+                f"own with --runtime-dir DIR (or --control ENDPOINT, or --control off), or "
+                f"take that one's listeners over with --takeover")
 
 
 class Responder:
