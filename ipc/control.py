@@ -48,16 +48,19 @@ _reply_decoder = msgspec.json.Decoder(Reply)
 _encoder = msgspec.json.Encoder()
 
 
-def too_large(size: int, frames: int) -> str:
-    """The error reply to a request of size bytes in frames frames."""
+def too_large(size: int, frames: int, last: int) -> str:
+    """The error reply to a request of size bytes in all, in frames frames
+    after the identity, the last (the request itself) of last bytes."""
     if frames > MAX_FRAMES:
         return f"request of {frames} frames: at most {MAX_FRAMES}"
-    return f"request of {size} bytes: at most {MAX_REQUEST}"
+    if last > MAX_REQUEST:
+        return f"request of {last} bytes: at most {MAX_REQUEST}"
+    return f"request of {size} bytes in {frames} frames: at most {MAX_REQUEST} in all"
 
 
 def decode_request(frame: bytes) -> Request:
     if len(frame) > MAX_REQUEST:
-        raise ProtocolError(too_large(len(frame), 1))
+        raise ProtocolError(too_large(len(frame), 1, len(frame)))
     try:
         return _decoder.decode(frame)
     except msgspec.ValidationError as exc:

@@ -231,21 +231,21 @@ class ControlServer:
         """One request's frames, read one at a time, and "" or the refusal of
         one too large: past MAX_REQUEST bytes or MAX_FRAMES frames in all
         (after the identity) the rest is read and dropped, never kept or
-        echoed back, and only the identity and a REQ's empty delimiter stay,
-        to route the refusal. (libzmq itself holds a multipart message until
-        its last frame arrives; MAXMSGSIZE bounds each frame there.)"""
+        echoed back; the refusal goes to the frames kept (the envelope, or
+        as much of it as fitted). (libzmq itself holds a multipart message
+        until its last frame arrives; MAXMSGSIZE bounds each frame there.)"""
         router = self.router
         frames = [router.recv(zmq.NOBLOCK)]                  # the identity
-        size = count = 0
+        size = count = last = 0
         while router.getsockopt(zmq.RCVMORE):
             part = router.recv(copy=False)
-            size, count = size + len(part), count + 1
+            last = len(part)
+            size, count = size + last, count + 1
             if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
                 frames.append(part.bytes)
         if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
             return frames, ""
-        return frames[:2] if frames[1:2] == [b""] else frames[:1], \
-            proto.too_large(size, count)
+        return frames, proto.too_large(size, count, last)
 
     def _reregister(self) -> None:
         """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
