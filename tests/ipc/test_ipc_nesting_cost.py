@@ -24,13 +24,15 @@ def test_a_16_mb_frame_built_to_be_slow_is_checked_in_milliseconds():
     frame (the channel's MAX_FRAME) built of container headers."""
     payload = _slowest(MAX_FRAME - 5)
     best = min(_timed(payload) for _ in range(3))
-    assert best < 0.25, f"{best:.3f}s for {len(payload)} bytes"
+    # CPU time of this thread (the walk runs in it): the machine's load does
+    # not count; the Python walk took 2-4 s, the C one ~0.05 s
+    assert best < 0.5, f"{best:.3f}s for {len(payload)} bytes"
 
 
 def _timed(payload: bytes) -> float:
-    t = time.perf_counter()
+    t = time.thread_time()
     assert first_too_deep(payload, m.MAX_DEPTH) is None
-    return time.perf_counter() - t
+    return time.thread_time() - t
 
 
 def test_the_deep_one_is_still_found_at_its_header():
