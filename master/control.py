@@ -46,15 +46,27 @@ BATCH = 64                   # requests read per wake-up: signals and timers com
 
 def runtime_dir(values) -> str:
     """The runtime directory the settings (a Settings or its dict) name."""
-    chosen = _get(values, "runtime_dir")
-    if chosen:
-        return chosen
+    return _get(values, "runtime_dir") or default_runtime_dirs()[0]
+
+
+def default_runtime_dirs() -> list[str]:
+    """Where a master without a runtime_dir puts its control sockets, the
+    first the one it uses here; the others are where one started in another
+    environment (systemd as root, a shell without XDG_RUNTIME_DIR) has them:
+    `sockherd ctl` looks there when the first has nobody (master/ctl.py)."""
+    out = []
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
-        return os.path.join(xdg, "sockherd")
+        out.append(os.path.join(xdg, "sockherd"))
     if os.geteuid() == 0:
-        return "/run/sockherd"
-    return os.path.join(tempfile.gettempdir(), f"sockherd-{os.getuid()}")
+        out.append("/run/sockherd")
+    out.append(os.path.join(tempfile.gettempdir(), f"sockherd-{os.getuid()}"))
+    return out
+
+
+def live_endpoint(endpoint: str) -> bool:
+    """Whether an ipc:// endpoint has a master listening (tcp: assumed)."""
+    return not endpoint.startswith("ipc://") or _live(endpoint[len("ipc://"):])
 
 
 def endpoint_of(values) -> str | None:
@@ -86,7 +98,7 @@ def check_free(values) -> None:
     if endpoint is None or not endpoint.startswith("ipc://"):
         return                      # off, or tcp: a bind that fails says so itself
     for ep in (endpoint, events_endpoint(endpoint)):
-        if _live(ep[len("ipc://"):]):
+        if live_endpoint(ep):
             raise OSError(                  # an address in use, as a bind's would be
                 f"control: {ep} is served by another running master; give this one its "
                 f"own with --runtime-dir DIR (or --control ENDPOINT, or --control off), or "

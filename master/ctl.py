@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -88,16 +89,29 @@ def request(endpoint: str, command: str, args: dict | None = None, *, timeout: f
 
 
 def _endpoint(ns) -> str:
+    """The endpoint to ask: --endpoint, else the settings' (flags, file,
+    environment). With none of them naming one and nobody at the default
+    path, the other default runtime directories are looked at: one master
+    there is the one asked; several are listed (a usage error), never one
+    picked silently."""
     from sockherd.master import settings as S
-    from sockherd.master.control import endpoint_of
+    from sockherd.master.control import default_runtime_dirs, endpoint_of, live_endpoint
 
     if ns.endpoint:
         return ns.endpoint
     flags = {"runtime_dir": ns.runtime_dir} if ns.runtime_dir else {}
-    found = endpoint_of(S.resolve(flags, config=ns.config))
+    settings = S.resolve(flags, config=ns.config)
+    found = endpoint_of(settings)
     if found is None:
         raise CtlError("the settings say control = off: no control endpoint")
-    return found
+    if settings.runtime_dir or settings.control or live_endpoint(found):
+        return found
+    live = [ep for ep in (f"ipc://{os.path.join(d, 'control')}"
+                          for d in default_runtime_dirs()[1:]) if live_endpoint(ep)]
+    if len(live) > 1:
+        raise CtlError(f"nobody at {found}; masters at {', '.join(live)}: say which with "
+                       f"--runtime-dir DIR or --endpoint ENDPOINT", usage=True)
+    return live[0] if live else found
 
 
 def _arguments(cmd, words: list[str]) -> dict:
