@@ -27,5 +27,10 @@ setup(
         # (it skips any two bytes after chunk data: request smuggling; review)
         define_macros=[("LLHTTP_STRICT_MODE", "1")],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+    ), Extension(
+        # the ipc layer's nesting bound, walked in C (ipc/nesting.py)
+        "sockherd.ipc._depth",
+        sources=["ipc/native/depth.c"],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
     )],
 )

@@ -8,7 +8,8 @@ master's ROUTER socket sees [identity, b"", frame] from a REQ client and
     request  {"command": "show proc", "args": {...}}
     reply    {"ok": true, "result": ...}   or   {"ok": false, "error": "why"}
 
-A request larger than MAX_REQUEST, not JSON, of the wrong shape, naming an
+A request larger than MAX_REQUEST (its frames after the identity, in all) or
+of more than MAX_FRAMES frames, not JSON, of the wrong shape, naming an
 unknown command or giving it arguments it does not take gets an error reply
 that says which; it never reaches a command's code. Events (the PUB socket)
 are one frame each: b"sockherd.event " + the event's JSON (master/events.py).
@@ -20,6 +21,7 @@ from typing import Any
 import msgspec
 
 MAX_REQUEST = 64 * 1024
+MAX_FRAMES = 32        # a REQ sends 2 after the identity; room for proxies' envelopes
 # the error every request still owed or unread gets at an upgrade's exec: a
 # client asks again (ctl upgrade's own wait does)
 REEXECUTING = "the master is re-executing (an upgrade): ask again in a moment"
@@ -46,9 +48,19 @@ _reply_decoder = msgspec.json.Decoder(Reply)
 _encoder = msgspec.json.Encoder()
 
 
+def too_large(size: int, frames: int, last: int) -> str:
+    """The error reply to a request of size bytes in all, in frames frames
+    after the identity, the last (the request itself) of last bytes."""
+    if frames > MAX_FRAMES:
+        return f"request of {frames} frames: at most {MAX_FRAMES}"
+    if last > MAX_REQUEST:
+        return f"request of {last} bytes: at most {MAX_REQUEST}"
+    return f"request of {size} bytes in {frames} frames: at most {MAX_REQUEST} in all"
+
+
 def decode_request(frame: bytes) -> Request:
     if len(frame) > MAX_REQUEST:
-        raise ProtocolError(f"request of {len(frame)} bytes: at most {MAX_REQUEST}")
+        raise ProtocolError(too_large(len(frame), 1, len(frame)))
     try:
         return _decoder.decode(frame)
     except msgspec.ValidationError as exc:

@@ -29,6 +29,11 @@ from .listeners import adopt
 from .messages import Error, HandoffConfirm, HandoffListeners, HandoffRequest
 
 _UCRED = struct.Struct("3i")
+# How long a whole hand-off may take: the client's budget from its connect,
+# and the server's session lifetime from its accept, so a session never
+# holds copies of the listeners (the fd batches still owed) past the point
+# where its client gave up, nor for a stalled one that never reads or closes
+HANDOFF_TIMEOUT = 10.0
 
 
 class _Session:
@@ -42,7 +47,8 @@ class _Session:
 
 
 class HandoffServer:
-    def __init__(self, path: str, listeners, on_handed_over=None, session_timeout: float = 10.0):
+    def __init__(self, path: str, listeners, on_handed_over=None,
+                 session_timeout: float = HANDOFF_TIMEOUT):
         """listeners() returns the current [(ListenerDescriptor, fd)] to hand out (fds stay
         ours); on_handed_over(names, pid) runs once a client (process pid, by SO_PEERCRED)
         confirmed it holds them."""
@@ -203,13 +209,14 @@ def _bind_private(path: str) -> socket.socket:
     return sock
 
 
-def fetch_listeners(path: str, timeout: float = 10.0) -> list[tuple]:
+def fetch_listeners(path: str, timeout: float = HANDOFF_TIMEOUT) -> list[tuple]:
     """Ask the instance serving `path` for its listeners: [(ListenerDescriptor, socket)].
     Every socket is checked against its descriptor; on any failure nothing stays open."""
     return fetch_listeners_from(path, timeout)[0]
 
 
-def fetch_listeners_from(path: str, timeout: float = 10.0) -> tuple[list[tuple], int]:
+def fetch_listeners_from(path: str,
+                         timeout: float = HANDOFF_TIMEOUT) -> tuple[list[tuple], int]:
     """fetch_listeners(), and the pid of the process that served them (its
     SO_PEERCRED): the instance a takeover tells to drain once it serves."""
     deadline = time.monotonic() + timeout

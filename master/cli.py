@@ -217,7 +217,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
             log.info("takeover: %d listener(s) from pid %d (%s)", len(fetched), took_from,
                      ns.takeover)
     elif state is None:
+        from sockherd.master.control import check_free
         try:
+            check_free(settings)             # another master's endpoint: refused
             listeners = inherited + bind_all(settings)
         except (BindError, OSError) as exc:
             for lst in inherited:

@@ -14,7 +14,10 @@ A bound ipc path that answers belongs to another running master: we do not
 steal it (ZeroMQ would silently unlink and rebind); a stale one (nothing
 listening: a crash, or our own previous image across an upgrade's exec) is
 replaced. A takeover's new instance finds the old one's endpoint live and
-binds it once the old instance is gone (retried every second).
+binds it once the old instance is gone (retried every second). Any other
+master finding it live refuses to start, before it binds anything
+(check_free): two masters of one user with default settings would share one
+endpoint, and `sockherd ctl` would silently talk to the first (review).
 
 Requests (ipc/control.py) go to master/commands: one module per command.
 A command may answer later (reload, upgrade: when the new generation is
@@ -43,15 +46,27 @@ BATCH = 64                   # requests read per wake-up: signals and timers com
 
 def runtime_dir(values) -> str:
     """The runtime directory the settings (a Settings or its dict) name."""
-    chosen = _get(values, "runtime_dir")
-    if chosen:
-        return chosen
+    return _get(values, "runtime_dir") or default_runtime_dirs()[0]
+
+
+def default_runtime_dirs() -> list[str]:
+    """Where a master without a runtime_dir puts its control sockets, the
+    first the one it uses here; the others are where one started in another
+    environment (systemd as root, a shell without XDG_RUNTIME_DIR) has them:
+    `sockherd ctl` looks there when the first has nobody (master/ctl.py)."""
+    out = []
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
-        return os.path.join(xdg, "sockherd")
+        out.append(os.path.join(xdg, "sockherd"))
     if os.geteuid() == 0:
-        return "/run/sockherd"
-    return os.path.join(tempfile.gettempdir(), f"sockherd-{os.getuid()}")
+        out.append("/run/sockherd")
+    out.append(os.path.join(tempfile.gettempdir(), f"sockherd-{os.getuid()}"))
+    return out
+
+
+def live_endpoint(endpoint: str) -> bool:
+    """Whether an ipc:// endpoint has a master listening (tcp: assumed)."""
+    return not endpoint.startswith("ipc://") or _live(endpoint[len("ipc://"):])
 
 
 def endpoint_of(values) -> str | None:
@@ -73,6 +88,21 @@ def events_endpoint(control: str) -> str:
 
 def _get(values, key: str):
     return values.get(key, "") if isinstance(values, dict) else getattr(values, key, "")
+
+
+def check_free(values) -> None:
+    """OSError naming what to do if the control endpoint of the settings
+    is an ipc path another running master serves (`sockherd run` without
+    --takeover, before it binds its listeners)."""
+    endpoint = endpoint_of(values)
+    if endpoint is None or not endpoint.startswith("ipc://"):
+        return                      # off, or tcp: a bind that fails says so itself
+    for ep in (endpoint, events_endpoint(endpoint)):
+        if live_endpoint(ep):
+            raise OSError(                  # an address in use, as a bind's would be
+                f"control: {ep} is served by another running master; give this one its "
+                f"own with --runtime-dir DIR (or --control ENDPOINT, or --control off), or "
+                f"take that one's listeners over with --takeover")
 
 
 class Responder:
@@ -199,12 +229,35 @@ class ControlServer:
                 self._more = False
                 return
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames, refusal = self._recv()
             except zmq.Again:
                 break
-            self._on_request(frames)
+            if refusal:
+                Responder(self, frames).fail(refusal)
+            else:
+                self._on_request(frames)
         self._more = self.router is not None and bool(
             self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def _recv(self) -> tuple[list[bytes], str]:
+        """One request's frames, read one at a time, and "" or the refusal of
+        one too large: past MAX_REQUEST bytes or MAX_FRAMES frames in all
+        (after the identity) the rest is read and dropped, never kept or
+        echoed back; the refusal goes to the frames kept (the envelope, or
+        as much of it as fitted). (libzmq itself holds a multipart message
+        until its last frame arrives; MAXMSGSIZE bounds each frame there.)"""
+        router = self.router
+        frames = [router.recv(zmq.NOBLOCK)]                  # the identity
+        size = count = last = 0
+        while router.getsockopt(zmq.RCVMORE):
+            part = router.recv(copy=False)
+            last = len(part)
+            size, count = size + last, count + 1
+            if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
+                frames.append(part.bytes)
+        if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
+            return frames, ""
+        return frames, proto.too_large(size, count, last)
 
     def _reregister(self) -> None:
         """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
@@ -257,10 +310,12 @@ class ControlServer:
             r.fail(why)
         while self.router is not None and self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames, refusal = self._recv()
             except zmq.Again:
                 break
-            if len(frames) >= 2:
+            if refusal:                           # frames: the envelope alone
+                Responder(self, frames).fail(why)
+            elif len(frames) >= 2:
                 Responder(self, frames[:-1]).fail(why)
         self._close_sockets()
         self.ctx.term()

@@ -3,15 +3,16 @@
 The command's words are matched against master/commands (longest name
 first: `show proc`), its arguments parsed from its typed definition, the
 request sent over ZeroMQ (REQ), the reply printed as the command's table or,
-with --json, as the exact JSON result. Exit 0 on success, 1 on an error
-reply (the reason on stderr), 2 on a usage error, 3 when no master answered
-in time. `upgrade` waits for the new image's new generation; `watch`
+with --json (before or after the command's words), as the exact JSON
+result. Exit 0 on success, 1 on an error reply (the reason on stderr), 2 on
+a usage error, 3 when no master answered in time. `upgrade` waits for the new image's new generation; `watch`
 prints the event stream until interrupted (or --count events).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -88,16 +89,29 @@ def request(endpoint: str, command: str, args: dict | None = None, *, timeout: f
 
 
 def _endpoint(ns) -> str:
+    """The endpoint to ask: --endpoint, else the settings' (flags, file,
+    environment). With none of them naming one and nobody at the default
+    path, the other default runtime directories are looked at: one master
+    there is the one asked; several are listed (a usage error), never one
+    picked silently."""
     from sockherd.master import settings as S
-    from sockherd.master.control import endpoint_of
+    from sockherd.master.control import default_runtime_dirs, endpoint_of, live_endpoint
 
     if ns.endpoint:
         return ns.endpoint
     flags = {"runtime_dir": ns.runtime_dir} if ns.runtime_dir else {}
-    found = endpoint_of(S.resolve(flags, config=ns.config))
+    settings = S.resolve(flags, config=ns.config)
+    found = endpoint_of(settings)
     if found is None:
         raise CtlError("the settings say control = off: no control endpoint")
-    return found
+    if settings.runtime_dir or settings.control or live_endpoint(found):
+        return found
+    live = [ep for ep in (f"ipc://{os.path.join(d, 'control')}"
+                          for d in default_runtime_dirs()[1:]) if live_endpoint(ep)]
+    if len(live) > 1:
+        raise CtlError(f"nobody at {found}; masters at {', '.join(live)}: say which with "
+                       f"--runtime-dir DIR or --endpoint ENDPOINT", usage=True)
+    return live[0] if live else found
 
 
 def _arguments(cmd, words: list[str]) -> dict:
@@ -201,6 +215,9 @@ def main(ns) -> int:
         print(f"sockherd ctl: unknown command {' '.join(words) or '(none)'!r}; the commands: "
               f"{', '.join(sorted(COMMANDS))}", file=sys.stderr)
         return EXIT_USAGE
+    # ctl's own --json may come after the command's words too (`status --json`)
+    as_json = ns.json or "--json" in rest
+    rest = [w for w in rest if w != "--json"]
     try:
         args = _arguments(cmd, rest)
     except SystemExit as exc:
@@ -212,16 +229,16 @@ def main(ns) -> int:
         result = request(endpoint, cmd.name, args, timeout=timeout, **keys)
         if cmd.name == "watch":
             from sockherd.master.control import events_endpoint
-            return _watch(events_endpoint(endpoint), ns.json, count, keys)
+            return _watch(events_endpoint(endpoint), as_json, count, keys)
         if cmd.name == "upgrade" and result.get("upgrading"):
             result = _upgrade(endpoint, result, timeout, keys)
     except SettingsError as exc:
         print(f"sockherd ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CtlError as exc:
-        if ns.json:
+        if as_json:
             print(json.dumps({"ok": False, "error": str(exc)}))
         print(f"sockherd ctl {cmd.name}: {exc}", file=sys.stderr)
         return EXIT_NO_ANSWER if exc.timeout else EXIT_USAGE if exc.usage else EXIT_ERROR
-    _print(cmd, result, ns.json)
+    _print(cmd, result, as_json)
     return 0

@@ -22,6 +22,8 @@ import html
 import json
 import time
 
+from sockherd.master.commands import duration
+
 REFRESH_MS = 1000          # the script's period
 NOSCRIPT_REFRESH_S = 5     # the plain-HTML fallback's
 CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "other")
@@ -31,25 +33,13 @@ def _e(value) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _secs(value) -> str:
-    if value is None:
-        return "?"
-    value = float(value)
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.1f}min"
-    if value < 172800:
-        return f"{value / 3600:.1f}h"
-    return f"{value / 86400:.1f}d"
-
-
 def _worker(w: dict) -> str:
     stats = w.get("stats")
     threads = w.get("threads")
     role = w.get("role", "?")
     head = (f'<span class="name">worker {_e(w.get("worker"))}, pid {_e(w.get("pid"))}</span> '
-            f'<span class="role role-{_e(role)}">{_e(role)}</span> · up {_secs(w.get("uptime"))}')
+            f'<span class="role role-{_e(role)}">{_e(role)}</span> '
+            f'· up {duration(w.get("uptime"))}')
     if stats is None:
         body = '<p class="late">did not answer in time</p>'
         conns = w.get("connections")
@@ -106,7 +96,7 @@ def render(tree: dict | None, *, restarts: dict | None = None, note: str = "") -
     m = tree.get("master") or {}
     facts = [f'<span class="name">master pid {_e(m.get("pid", "?"))}</span>']
     if m.get("uptime") is not None:
-        facts.append(f"up {_secs(m['uptime'])}")
+        facts.append(f"up {duration(m['uptime'])}")
     if m.get("generation") is not None:
         facts.append(f"generation {_e(m['generation'])} serving")
     if m.get("starting_generation"):

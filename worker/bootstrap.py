@@ -71,7 +71,9 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
         for s in socks:
             s.close()
         raise BootstrapError(str(exc)) from None
-    prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} [{msg.app}]")
+    # no app: the embedded status page, named as the master names it (cli.py)
+    prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} "
+                        f"[{msg.app or 'embedded'}]")
     interface = cfg.get("interface", "wsgi")
     if not msg.app:
         handler = make_handler(status_app, cfg)     # the embedded default

@@ -108,6 +108,7 @@ class Loop:
         self._timer_seq = itertools.count()
         self.relief = Relief(self, takeover_after)
         self._stragglers: list[tuple[int, int, int]] = []   # (dup, fd, gen): _delete_listeners
+        self._posted: set[int] = set()      # accepted by _take_queued, not adopted yet
         # the wsgi interface's native engine (worker/native/engine.c): it
         # runs the connections' side of each turn; None for a stream handler
         make_engine = getattr(handler_class, "make_engine", None)
@@ -204,6 +205,7 @@ class Loop:
         self.gate.leave_board()
         if self.control is not None and self._listeners_deleted.acquire(blocking=False):
             self._delete_listeners(self.control, drain=True)
+            self._take_queued()
         self._draining.set()
         for th in self.loop_threads:
             self.table.wake(th.tid)
@@ -226,22 +228,54 @@ class Loop:
             th.delete(fd)
         self.listeners.clear()
 
+    def _take_queued(self) -> None:
+        """drain()'s thread (the main one, whatever the loop threads are
+        doing): what is queued on the deleted listeners is accepted now and
+        each dup closed, so from here on new connections are refused, not
+        queued behind a slow handler and served late or reset at the
+        worker's exit (review, TERM with the only loop thread in a 3 s
+        handler). Each accepted fd goes to a loop thread that is not in app
+        code if there is one (served at once), else to the first, which
+        serves it once its handler returns. A listener whose delete is
+        deferred has a loop thread inside it, accepting: its own drain step
+        empties it (_accept_stragglers)."""
+        self._empty_queued(self._post_accepted)
+
+    def _post_accepted(self, fd: int) -> None:
+        me = next((i for i, since in enumerate(self.relief.busy) if not since), 0)
+        self._posted.add(fd)                 # not drained until it is adopted
+        self._mail[me].append((self._adopt_posted, (me, fd)))
+        self.table.wake(self.loop_threads[me].tid)
+
+    def _adopt_posted(self, me: int, fd: int) -> None:
+        """_take_queued's connection, on loop thread `me` (its mail)."""
+        try:
+            self._adopt_accepted(self.loop_threads[me], me, fd)
+        finally:
+            self._posted.discard(fd)
+
     def _accept_stragglers(self, th, me: int) -> int:
         """A draining thread's part of _delete_listeners(drain=True): once a
         deleted listener is out of every poller of ours (released), new
         connections wake the other workers' pollers; what is queued now
         came before, and is taken and served here (Connection: close).
         Returns a poll timeout (ms) while a delete is still deferred, else -1."""
-        later = []
+        deferred = self._empty_queued(lambda fd: self._adopt_accepted(th, me, fd))
+        return 10 if deferred else -1
+
+    def _empty_queued(self, adopt) -> bool:
+        """Accepts what is queued on each deleted listener that is released
+        (adopt(fd) each), closing its dup; True if some delete is still
+        deferred (its straggler kept for later)."""
+        later, taken = [], 0
         while self._stragglers:
             try:
                 dup, fd, gen = self._stragglers.pop()
             except IndexError:
-                break
+                break                       # another thread took the last one
             if not self.table.released(fd, gen):
                 later.append((dup, fd, gen))
                 continue
-            taken = 0
             try:
                 while True:
                     try:
@@ -252,13 +286,13 @@ class Loop:
                         log.warning("emptying a deleted listener: %s", exc.strerror)
                         break
                     taken += 1
-                    self._adopt_accepted(th, me, conn)
+                    adopt(conn)
             finally:
                 os.close(dup)
-            if taken:
-                log.info("drain: took %d connection(s) queued on a deleted listener", taken)
         self._stragglers.extend(later)
-        return 10 if later else -1
+        if taken:
+            log.info("drain: took %d connection(s) queued on a deleted listener", taken)
+        return bool(later)
 
     def _adopt_accepted(self, th, me: int, fd: int) -> None:
         """A connection accepted outside fdcore's accept, made ours."""
@@ -314,7 +348,8 @@ class Loop:
                 else:
                     conn.close()
             self.relief.busy[me] = 0.0
-        if not self.conns and not self._stragglers and not self.drained.is_set():
+        if not self.conns and not self._stragglers and not self._posted \
+                and not self.drained.is_set():
             self.drained.set()
             os.eventfd_write(self.drained_fd, 1)
         if next_due is None:

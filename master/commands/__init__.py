@@ -81,6 +81,20 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def duration(value) -> str:
+    """Seconds as the tables and the status page show them: with a unit."""
+    if value is None:
+        return "?"
+    value = float(value)
+    if value < 120:
+        return f"{value:.1f}s"
+    if value < 7200:
+        return f"{value / 60:.1f}min"
+    if value < 172800:
+        return f"{value / 3600:.1f}h"
+    return f"{value / 86400:.1f}d"
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"

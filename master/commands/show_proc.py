@@ -3,7 +3,7 @@
 each worker's loop threads and their counters (the status pages' tree)."""
 import msgspec
 
-from sockherd.master.commands import Command, table
+from sockherd.master.commands import Command, duration, table
 from sockherd.master.inspect import tree
 
 
@@ -18,10 +18,10 @@ def run(sup, args: Args, reply) -> None:
 def render(r: dict) -> str:
     m = r["master"]
     rows = [{"worker": "master", "pid": m["pid"], "state": "stopping" if m["stopping"]
-             else "running", "role": f"generation {m['generation']}", "uptime": m["uptime"]}]
+             else "running", "role": f"generation {m['generation']}", "uptime": duration(m["uptime"])}]
     for w in r["workers"]:
         st = w.get("stats") or {}
-        rows.append({**w, "requests": st.get("requests"),
+        rows.append({**w, "uptime": duration(w["uptime"]), "requests": st.get("requests"),
                      "connections": st.get("connections", w["connections"]),
                      "threads": st.get("threads"),
                      "answered": "yes" if w.get("stats") else "no"})

@@ -308,8 +308,12 @@ def test_curve_only_authorised_clients_get_answers(master, tmp_path):
 
 
 def test_a_second_master_does_not_steal_a_live_control_path(master, tmp_path):
-    a = master("-w", "1", ready=1)
-    b = master("-w", "1", ready=1)
+    # a takeover's new instance, the one master that waits for the path
+    # (any other refuses to start: test_control_endpoint_shared.py); the old
+    # one serves on for its unready_delay after the new one's TERM
+    handoff = str(tmp_path / "handoff.sock")
+    a = master("-w", "1", "--handoff-socket", handoff, "--unready-delay", "5", ready=1)
+    b = master("-w", "1", "--takeover", handoff, ready=1)
     b.wait_log(r"control: ipc://\S+/control is served by another running master")
     assert ok_json(tmp_path, "status")["pid"] == a.proc.pid
     a.proc.send_signal(signal.SIGTERM)

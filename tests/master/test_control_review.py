@@ -194,8 +194,12 @@ def test_a_waiting_master_survives_its_runtime_dir_being_removed(master, tmp_pat
     RuntimeDirectory= when the old unit stops, tmp cleaners, an operator)
     makes the bind fail with ENOENT. _open() should re-create the private
     dir (_private_dir) and catch OSError (log, retry later)."""
-    a = master("-w", "1", ready=1)
-    b = master("-w", "1", ready=1)
+    # only a takeover's new instance waits (any other master refuses to
+    # start: test_control_endpoint_shared.py); the old one stays up for its
+    # unready_delay after the new one's TERM, its endpoint live meanwhile
+    handoff = str(tmp_path / "handoff.sock")
+    a = master("-w", "1", "--handoff-socket", handoff, "--unready-delay", "8", ready=1)
+    b = master("-w", "1", "--takeover", handoff, ready=1)
     b.wait_log(r"control: ipc://\S+/control is served by another running master")
     shutil.rmtree(tmp_path / "run")
     assert _alive_for(b.proc, 4.0), "the waiting master died:\n" + b.text()[-3000:]
