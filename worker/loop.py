@@ -142,8 +142,16 @@ class Loop:
         if watchdog is not None:
             self._threads.append(watchdog)
 
+    def _not_from_a_loop_thread(self, what: str) -> None:
+        """stop() and drain() are the worker's main thread's: from a loop
+        thread (an app reaches the loop through environ["sockherd.loop"])
+        stop() ended every loop thread with no error, the worker silent."""
+        if getattr(self.local, "th", None) is not None:
+            raise RuntimeError(f"Loop.{what}() from a loop thread: the worker's main thread's")
+
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the threads, then closes every connection and listener."""
+        self._not_from_a_loop_thread("stop")
         self._stop.set()
         if self.drained_fd < 0:
             return                              # stopped already
@@ -205,6 +213,7 @@ class Loop:
         on reload). `drained` is set once none remains. The thread that owns
         the control context if there is one (it deletes the listeners with
         it), else any thread."""
+        self._not_from_a_loop_thread("drain")
         self.idle_grace = idle_grace
         if self.engine is not None:
             self.engine.draining = True          # responses carry Connection: close

@@ -124,7 +124,8 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
 def _report(env, what: str) -> None:
     """Logs the exception being handled (set by the engine)."""
     if what == "app" and env is not None:
-        log.exception("app failed on %s %s", env["REQUEST_METHOD"], env["RAW_URI"])
+        # .get: the app may have emptied its environ (its error still logged)
+        log.exception("app failed on %s %s", env.get("REQUEST_METHOD"), env.get("RAW_URI"))
     else:
         log.exception("%s failed", what)
 

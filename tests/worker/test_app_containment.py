@@ -389,3 +389,33 @@ def test_an_exception_on_the_slow_path_is_a_500(serve, where, exc, wait_continue
     for _ in range(2):
         assert is_500(slow_request(addr, wait_continue))
     still_serves(addr)
+
+
+def test_an_app_that_empties_its_environ_still_gets_its_error_logged(serve, caplog):
+    """Found trying: the error report read environ["REQUEST_METHOD"] after
+    the app ran; an app that cleared its environ lost its own error's log
+    line (a KeyError in the report instead)."""
+    def bad(environ, start_response):
+        environ.clear()
+        raise ValueError("after clearing")
+
+    _, addr = serve(routed(bad))
+    assert is_500(raw(addr, GET, timeout=5))
+    assert "app failed on None None" in caplog.text and "ValueError: after clearing" in \
+        caplog.text
+    still_serves(addr)
+
+
+@pytest.mark.parametrize("status", [-5, 200, 999, 2 ** 70])
+def test_a_bad_body_error_the_app_raises_is_a_4xx(serve, status):
+    """Found trying: a BadBody the app raised itself went out with its own
+    status, whatever it was ("HTTP/1.1 -5 Error")."""
+    from sockherd.worker.wsgi import BadBody
+
+    def bad(environ, start_response):
+        raise BadBody(status, "the app's own")
+
+    _, addr = serve(routed(bad))
+    out = raw(addr, GET, timeout=5)
+    assert out.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in out, out
+    still_serves(addr)

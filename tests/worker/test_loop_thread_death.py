@@ -88,3 +88,30 @@ def test_an_ended_loop_thread_closes_its_connections_and_tells_the_worker(serve_
         for s in [*by_tid.values(), *spare]:
             s.close()
         loop.errors.clear()                     # expected here: not the fixture's failure
+
+
+@pytest.mark.parametrize("call", ["stop", "drain"])
+def test_the_app_cannot_stop_or_drain_the_loop_from_a_loop_thread(serve_wsgi, call):
+    """Found while trying to end a loop thread from an app: environ's
+    "sockherd.loop" is the Loop, and its stop() called from the app set the
+    stop flag before failing to join its own thread: every loop thread then
+    left its loop normally, with no error, and the worker answered nothing
+    more while its main thread and the master saw nothing wrong. Now both
+    refuse a loop thread's call: the app's error, a 500."""
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/bad":
+            loop = environ["sockherd.loop"]
+            loop.stop() if call == "stop" else loop.drain(0.1)
+        return which_thread(environ, start_response)
+
+    loop, addr = serve_wsgi(app, threads=1)
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(b"GET /bad HTTP/1.1\r\nHost: h\r\n\r\n")
+        got = b""
+        while chunk := s.recv(4096):
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 500 "), got
+    for _ in range(3):
+        with socket.create_connection(addr, timeout=5) as s:
+            assert ask(s) == b"%d" % loop.loop_threads[0].tid
+    assert loop.threads_alive == 1 and not loop.draining

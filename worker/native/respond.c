@@ -714,7 +714,9 @@ int respond(HttpConn *c, PyObject *env)
 				status = (int)PyLong_AsLong(PyTuple_GET_ITEM(a, 0));
 				if (PyUnicode_Check(PyTuple_GET_ITEM(a, 1)))
 					reason = PyUnicode_AsUTF8(PyTuple_GET_ITEM(a, 1));
-				if (PyErr_Occurred() || !reason) {
+				/* a BadBody the app raised itself may say anything: a
+				 * refusal is a 4xx (it wrote "HTTP/1.1 -5 Error") */
+				if (PyErr_Occurred() || !reason || status < 400 || status > 499) {
 					PyErr_Clear();
 					status = 400;
 					reason = "bad request body";
