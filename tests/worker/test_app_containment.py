@@ -419,3 +419,28 @@ def test_a_bad_body_error_the_app_raises_is_a_4xx(serve, status):
     out = raw(addr, GET, timeout=5)
     assert out.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in out, out
     still_serves(addr)
+
+
+def test_a_wsgi_input_kept_past_its_request_reads_nothing(serve):
+    """Found trying: a slow-path wsgi.input the app kept and read during a
+    later request (of another client) waited body_timeout on the loop
+    thread, polling and reading the first connection's fd number, which
+    may be another client's socket by then: the thread stuck, the other
+    requests unanswered. Now it reads b"" once its request ended."""
+    kept = {}
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/keep":
+            kept["input"] = environ["wsgi.input"]      # the body is never read
+        elif environ["PATH_INFO"] == "/read":
+            start_response("200 OK", [])
+            return [b"read:" + kept["input"].read(100)]
+        return hello(environ, start_response)
+
+    _, addr = serve(app, body_timeout=30)
+    out = raw(addr, b"POST /keep HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n"
+                    b"Expect: 100-continue\r\nConnection: close\r\n\r\n", timeout=5)
+    assert out.startswith(b"HTTP/1.1 200 OK")
+    out = raw(addr, b"GET /read HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"read:"), out
+    still_serves(addr)
