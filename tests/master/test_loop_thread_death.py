@@ -45,13 +45,15 @@ def get(port: int, path: str = "/") -> bytes:
     return out.split(b"\r\n\r\n", 1)[1]
 
 
-def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path):
+@pytest.mark.parametrize("threads", [2, 1])
+def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path, threads):
     """Issue 18 §1 acceptance: a loop thread killed on purpose; the worker
-    logs why, stops accepting, drains and exits (status 70); the master
+    logs why, stops accepting, drains (its other thread finishes its work;
+    with none left it exits at once) and exits (status 70); the master
     replaces it; under load, no request fails but those in flight on the
     dead thread."""
     (tmp_path / "killapp.py").write_text(KILLAPP)
-    m = master("killapp:app", "-w", "2", "-t", "2")
+    m = master("killapp:app", "-w", "2", "-t", str(threads))
     stop, ok, failed = threading.Event(), [0], []
 
     def client():
@@ -68,9 +70,12 @@ def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path
     try:
         wait_for(lambda: ok[0] > 50, 20, "load running")
         victim = int(get(m.port, "/kill"))
-        m.wait_log(rf"\[worker {victim}\] CRITICAL loop thread \d+ ended \(Killed\), 1 of 2 left")
-        m.wait_log(rf"\[worker {victim}\] ERROR 1 of 2 loop threads ended "
+        m.wait_log(rf"\[worker {victim}\] CRITICAL loop thread \d+ ended \(Killed\), "
+                   rf"{threads - 1} of {threads} left")
+        m.wait_log(rf"\[worker {victim}\] ERROR 1 of {threads} loop threads ended "
                    r"\(Killed: a loop thread killed on purpose\): draining")
+        if threads == 1:
+            m.wait_log(rf"\[worker {victim}\] ERROR no loop thread left: exiting")
         m.wait_log(rf"exited with status 70 \(crashed\), pid {victim}")
         wait_for(lambda: gone(victim), 10, "the victim reaped")
         m.wait_log(r"worker \d+\.\d+: ready", count=3)
@@ -85,3 +90,19 @@ def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path
     assert victim not in children(m.proc.pid) and len(children(m.proc.pid)) == 2
     pids = {int(get(m.port)) for _ in range(40)}
     assert victim not in pids
+
+
+def test_show_proc_prints_each_workers_live_loop_threads():
+    """The master's view of a worker's live loop threads: its "proc"
+    answer (worker/report.py threads_alive), printed by show proc."""
+    from sockherd.master.commands.show_proc import render
+
+    worker = {"worker": "1.0", "pid": 42, "state": "ready", "role": "serving", "uptime": 1.0,
+              "connections": 0, "stats": {"requests": 7, "connections": 0, "threads": 2,
+                                           "threads_alive": 1}}
+    out = render({"master": {"pid": 1, "stopping": False, "generation": 1, "uptime": 2.0,
+                             "reloads_ok": 0, "reloads_failed": 0, "last_reload_failure": None},
+                  "workers": [worker]})
+    head, row = out.splitlines()[:2]
+    assert head.split()[-2:] == ["ALIVE", "ANSWERED"], head
+    assert row.split()[-3:] == ["2", "1", "yes"], row

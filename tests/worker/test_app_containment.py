@@ -378,8 +378,18 @@ def slow_request(addr, wait_continue: bool = False) -> bytes:
             out += chunk
 
 
-@pytest.mark.parametrize("where", [at_call, at_call_after_start, at_first_next, at_input],
-                         ids=lambda f: f.__name__)
+def at_bad_exc_info(exc):
+    """start_response given a non-exception exc_info (exc is not raised:
+    the same TypeError whatever the parametrisation)."""
+    def bad(environ, start_response):
+        start_response("200 OK", [])
+        start_response("500 Oops", [], sys.exc_info())     # (None, None, None)
+        return [b"never"]
+    return bad
+
+
+@pytest.mark.parametrize("where", [at_call, at_call_after_start, at_first_next, at_input,
+                                   at_bad_exc_info], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("exc", BASE + [ValueError], ids=lambda e: e.__name__)
 @pytest.mark.parametrize("wait_continue", [False, True], ids=["body-arriving", "expect-100"])
 def test_an_exception_on_the_slow_path_is_a_500(serve, where, exc, wait_continue):
