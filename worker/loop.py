@@ -423,6 +423,9 @@ class Loop:
         self.errors.append(exc)
         self.ended.add(me)
         self.relief.busy[me] = 0.0
+        # never picked by the watchdog as the idle sibling to relieve another
+        # (a non-None ask is one in progress): nobody would ever take it
+        self.relief.asked[me] = me
         log.critical("loop thread %d ended (%s), %d of %d left: this worker stops accepting, "
                      "drains and exits to be replaced", th.tid, type(exc).__name__,
                      self.threads_alive, len(self.loop_threads), exc_info=exc)
