@@ -454,3 +454,30 @@ def test_a_wsgi_input_kept_past_its_request_reads_nothing(serve):
     out = raw(addr, b"GET /read HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
     assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"read:"), out
     still_serves(addr)
+
+
+@pytest.mark.parametrize("exc", BASE + [ValueError], ids=lambda e: e.__name__)
+def test_a_result_whose_len_raises_and_a_status_whose_str_raises_are_served(serve, exc):
+    """__len__ of the result and __str__ of the status are never asked
+    (the engine iterates, and reads the status's characters): raising
+    there changes nothing."""
+    class Body:
+        def __len__(self):
+            _raise(exc)
+
+        def __iter__(self):
+            yield b"body"
+
+    class Status(str):
+        def __str__(self):
+            _raise(exc)
+
+    def bad(environ, start_response):
+        start_response(Status("200 OK"), [])
+        return Body()
+
+    _, addr = serve(routed(bad))
+    for _ in range(2):
+        out = raw(addr, b"GET /bad HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
+        assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"body"), out
+    still_serves(addr)
