@@ -481,3 +481,43 @@ def test_a_result_whose_len_raises_and_a_status_whose_str_raises_are_served(serv
         out = raw(addr, b"GET /bad HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
         assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"body"), out
     still_serves(addr)
+
+
+@pytest.mark.parametrize("exc", BASE, ids=lambda e: e.__name__)
+def test_two_loop_threads_with_siblings_contain_it_too(serve, exc):
+    """The relieved loop (a thread with siblings leaves its batch and
+    enters each fd again, engine.c) takes its own branch in the turn:
+    the same containment there, on every thread."""
+    loop, addr = serve(routed(at_call(exc)), threads=2)
+    for _ in range(6):
+        assert is_500(raw(addr, GET, timeout=5))
+    still_serves(addr, times=4)
+    assert loop.threads_alive == 2
+
+
+@pytest.mark.parametrize("exc", BASE + [ValueError], ids=lambda e: e.__name__)
+def test_a_regular_file_whose_tell_raises_is_a_500(serve, exc, tmp_path):
+    """wsgi.file_wrapper over a regular file goes to sendfile
+    (wsgi.py's sendfile_response, called from C): its tell() raising
+    before the head went out is the app's error."""
+    path = tmp_path / "f"
+    path.write_bytes(b"file body")
+
+    def bad(environ, start_response):
+        f = open(path, "rb")
+
+        class File:
+            fileno = f.fileno
+            read = f.read
+            close = f.close
+
+            def tell(self):
+                _raise(exc)
+
+        start_response("200 OK", [])
+        return environ["wsgi.file_wrapper"](File())
+
+    _, addr = serve(routed(bad))
+    for _ in range(2):
+        assert is_500(raw(addr, GET, timeout=5))
+    still_serves(addr)
