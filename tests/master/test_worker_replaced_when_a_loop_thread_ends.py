@@ -7,6 +7,8 @@ app's own errors are contained, tests/worker/test_app_containment.py)."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import threading
 
@@ -107,3 +109,40 @@ def test_show_proc_prints_each_workers_live_loop_threads():
     head, row = lines[0], next(line for line in lines if line.startswith("1.0"))
     assert head.split()[-2:] == ["ALIVE", "ANSWERED"], head
     assert row.split()[-3:] == ["2", "1", "yes"], row
+
+
+EXCINFOAPP = """
+import os, sys
+
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    if environ["PATH_INFO"] == "/bad":
+        yield b"first"
+        yield b"second"
+        start_response("500 Oops", [], sys.exc_info())     # (None, None, None)
+    yield b"%d" % os.getpid()
+"""
+
+
+def test_bad_exc_info_requests_leave_a_2x2_server_serving_and_stopping_cleanly(master, tmp_path):
+    """Issue 18 §1 as reported: four requests whose app passes
+    sys.exc_info() outside an except block after body bytes killed all
+    four loop threads of a 2x2 server (it stopped answering, the master saw
+    nothing wrong) and the workers died of SIGSEGV at TERM. Now each such
+    request is cut, the server answers, and TERM stops everything with 0."""
+    (tmp_path / "excinfoapp.py").write_text(EXCINFOAPP)
+    m = master("excinfoapp:app", "-w", "2", "-t", "2")
+    for _ in range(8):
+        with socket.create_connection(("127.0.0.1", m.port), timeout=10) as c:
+            c.sendall(b"GET /bad HTTP/1.1\r\nHost: h\r\n\r\n")
+            out = b""
+            while chunk := c.recv(4096):
+                out += chunk
+        assert out.startswith(b"HTTP/1.1 200 OK") and not out.endswith(b"0\r\n\r\n"), out
+    for _ in range(20):
+        assert get(m.port).isdigit()
+    assert "exc_info must hold an exception" in m.text()
+    os.kill(m.proc.pid, signal.SIGTERM)
+    assert m.proc.wait(60) == 0
+    assert "SIGSEGV" not in m.text() and "ended" not in m.text()
+    assert len(re.findall(r"exited with status 0 \(drained\)", m.text())) == 2, m.text()
