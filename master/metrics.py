@@ -244,6 +244,9 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                                  "times the worker stopped accepting: emfile (out of file "
                                  "descriptors) or max_connections (its cap reached)",
                                  labels=WORKER_LABELS + ("reason",))
+    alive = GaugeMetricFamily("sockherd_worker_loop_threads_alive",
+                              "loop threads running (fewer than configured: one ended, the "
+                              "worker drains to be replaced)", labels=WORKER_LABELS)
     threads: dict[str, CounterMetricFamily] = {}
     for w in tree["workers"]:
         labels = [str(w["generation"]), w["worker"], str(w["pid"])]
@@ -262,6 +265,8 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                 responses.add_metric(labels + [cls], n)
             for why, n in (stats.get("accept_pauses") or {}).items():
                 pauses.add_metric(labels + [why], n)
+            if stats.get("threads_alive") is not None:
+                alive.add_metric(labels, stats["threads_alive"])
         for th in w.get("threads") or ():
             tl = labels + [str(th["tid"]), str(th["tgid"])]
             for name, value in th.items():
@@ -273,7 +278,7 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                         f"sockherd_thread_{name}", f"fdcore counter {name} of a loop thread "
                         "(`sockherd ctl show activity`)", labels=THREAD_LABELS)
                 fam.add_metric(tl, value)
-    yield from (info, answered, uptime, conns, requests, responses, pauses)
+    yield from (info, answered, uptime, conns, requests, responses, pauses, alive)
     yield from threads.values()
 
 

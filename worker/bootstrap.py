@@ -102,6 +102,11 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     return loop
 
 
+# the worker's exit status after a loop thread ended (sysexits' EX_SOFTWARE):
+# the master logs it and respawns the slot as it does a crash
+EXIT_THREAD_ENDED = 70
+
+
 def _retire_after(loop: Loop, cfg: dict) -> tuple[int, int]:
     """max_requests (plus up to max_requests_jitter): the engine calls back
     on the request that reaches it; the callback only wakes the main thread
@@ -129,6 +134,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
     beat = float(cfg.get("heartbeat_interval", 25.0))
     retire_fd, retire_limit = retire       # max_requests (_retire_after)
     deadline = None                    # monotonic time by which a drain must end
+    status = 0                         # EXIT_THREAD_ENDED once a loop thread ended
     channel_open = True
     next_beat = time.monotonic() + beat
     beats = 0
@@ -147,12 +153,16 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
         if deadline is not None:
             if loop.drained.is_set():
                 log.info("drained: no connection left")
-                return 0
+                return status
+            if not loop.threads_alive:
+                # nobody left to serve or to drain: what they owned is closed
+                log.error("no loop thread left: exiting")
+                return status
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 log.warning("drain deadline reached with %d connections: exiting",
                             len(loop.conns))
-                return 0
+                return status
         if channel_open:
             # our heartbeat: the master only listens (one wake-up each side
             # per interval; its check timer fires only when one is late)
@@ -165,9 +175,19 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                     pass                         # EOF is seen by the read below
                 next_beat = now + beat
             timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
-        watch = [sig_r, loop.drained_fd] + ([ch.fileno()] if channel_open else []) + \
-            ([retire_fd] if retire_fd >= 0 else [])
+        watch = [sig_r, loop.drained_fd, loop.failed_fd] + \
+            ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else [])
         ready, _, _ = select.select(watch, [], [], timeout)
+        if loop.failed_fd in ready:
+            # a loop thread ended (logged with its traceback by that thread):
+            # a worker short of a thread is replaced, never left half-serving
+            os.eventfd_read(loop.failed_fd)
+            status = EXIT_THREAD_ENDED
+            why = "; ".join(f"{type(e).__name__}: {e}" for e in loop.errors) or "?"
+            log.error("%d of %d loop threads ended (%s): draining, to be replaced",
+                      len(loop.ended), len(loop.loop_threads), why)
+            drain(time.monotonic() + hard, "a loop thread ended")
+            continue
         if retire_fd in ready:
             os.eventfd_read(retire_fd)
             os.close(retire_fd)
@@ -200,7 +220,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
             if isinstance(msg, Heartbeat):
                 ch.send(msg)
             elif isinstance(msg, Stop):
-                return 0
+                return status
             elif isinstance(msg, Drain):
                 drain(msg.deadline, "the master asked")
             elif isinstance(msg, StatsRequest):

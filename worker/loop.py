@@ -99,6 +99,12 @@ class Loop:
         self.drained_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.idle_grace = 1.0
         self.errors: list[BaseException] = []
+        # loop threads that ended (positions), by a bug of ours or a kill:
+        # what the app raises never ends one (worker/native/respond.c). The
+        # worker's main thread watches failed_fd: it drains and exits, so
+        # the master replaces the worker (bootstrap.py); `errors` says why
+        self.ended: set[int] = set()
+        self.failed_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.local = threading.local()          # .th: this loop thread's context
         self._pos = {th.tid: i for i, th in enumerate(self.loop_threads)}
         self._mail = [collections.deque() for _ in self.loop_threads]
@@ -137,8 +143,16 @@ class Loop:
         if watchdog is not None:
             self._threads.append(watchdog)
 
+    def _not_from_a_loop_thread(self, what: str) -> None:
+        """stop() and drain() are the worker's main thread's: from a loop
+        thread (an app reaches the loop through environ["sockherd.loop"])
+        stop() ended every loop thread with no error, the worker silent."""
+        if getattr(self.local, "th", None) is not None:
+            raise RuntimeError(f"Loop.{what}() from a loop thread: the worker's main thread's")
+
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the threads, then closes every connection and listener."""
+        self._not_from_a_loop_thread("stop")
         self._stop.set()
         if self.drained_fd < 0:
             return                              # stopped already
@@ -165,6 +179,7 @@ class Loop:
             os.close(self._stragglers.pop()[0])
         os.close(self.drained_fd)
         self.drained_fd = -1
+        os.close(self.failed_fd)
         self.relief.close()
 
     def post(self, conn: Connection, fn, *args) -> None:
@@ -199,6 +214,7 @@ class Loop:
         on reload). `drained` is set once none remains. The thread that owns
         the control context if there is one (it deletes the listeners with
         it), else any thread."""
+        self._not_from_a_loop_thread("drain")
         self.idle_grace = idle_grace
         if self.engine is not None:
             self.engine.draining = True          # responses carry Connection: close
@@ -424,9 +440,38 @@ class Loop:
                     self._fire_timers(th, me, heap)
                 if relief.asked[me] is not None:
                     relief.take_from(th, me)
-        except BaseException as exc:  # reported to whoever runs the loop
-            self.errors.append(exc)
-            log.exception("loop thread %d failed", th.tid)
+        except BaseException as exc:  # noqa: BLE001 - a loop thread's end, reported
+            self._ended(th, me, exc)
+
+    @property
+    def threads_alive(self) -> int:
+        """Loop threads still running their loop (the worker's report)."""
+        return len(self.loop_threads) - len(self.ended)
+
+    def _ended(self, th, me: int, exc: BaseException) -> None:
+        """Loop thread `me` ends (a bug of ours: the app's errors are
+        contained before they get here). What it owned is nobody's now:
+        its batch is left and its connections closed, so their clients see
+        an end instead of waiting forever (a request in flight on it is
+        lost; the other threads' are not). Then the main thread is told
+        (failed_fd): it stops accepting, drains and exits to be replaced."""
+        self.errors.append(exc)
+        self.ended.add(me)
+        self.relief.busy[me] = 0.0
+        # never picked by the watchdog as the idle sibling to relieve another
+        # (a non-None ask is one in progress): nobody would ever take it
+        self.relief.asked[me] = me
+        log.critical("loop thread %d ended (%s), %d of %d left: this worker stops accepting, "
+                     "drains and exits to be replaced", th.tid, type(exc).__name__,
+                     self.threads_alive, len(self.loop_threads), exc_info=exc)
+        try:
+            th.leave_all()
+            for conn in [c for c in list(self.conns.values()) if c.th is th]:
+                conn._close_now()
+        except BaseException:  # noqa: BLE001 - the main thread must still be told
+            log.exception("loop thread %d: closing its connections failed", th.tid)
+        finally:
+            os.eventfd_write(self.failed_fd, 1)
 
     # ---- connection timers -------------------------------------------------------------
     def arm(self, conn: Connection, when: float) -> None:

@@ -36,6 +36,8 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         "responses": responses,
         "connections": engine.count if engine is not None else len(loop.conns),
         "threads": len(loop.loop_threads),
+        # fewer than threads: one ended, the worker drains to be replaced
+        "threads_alive": loop.threads_alive,
         "groups": len({th.tgid for th in loop.loop_threads}),
         "uptime": round(time.monotonic() - STARTED, 3),
         "draining": loop.draining,

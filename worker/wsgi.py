@@ -124,7 +124,8 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
 def _report(env, what: str) -> None:
     """Logs the exception being handled (set by the engine)."""
     if what == "app" and env is not None:
-        log.exception("app failed on %s %s", env["REQUEST_METHOD"], env["RAW_URI"])
+        # .get: the app may have emptied its environ (its error still logged)
+        log.exception("app failed on %s %s", env.get("REQUEST_METHOD"), env.get("RAW_URI"))
     else:
         log.exception("%s failed", what)
 
@@ -230,7 +231,8 @@ class _Streaming:
     on demand from the parser's buffer and, when that is empty, from the
     socket itself."""
 
-    __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline", "abandoned")
+    __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline", "abandoned",
+                 "over")
 
     def __init__(self, conn, limits: _Limits, continue_due: bool):
         self.conn = conn
@@ -240,9 +242,13 @@ class _Streaming:
         self.continue_due = continue_due
         self._deadline = None
         self.abandoned = False            # a 100-continue body not asked for in time
+        # the request ended: a wsgi.input kept by the app reads nothing more
+        # (it waited body_timeout on the loop thread, polling an fd number
+        # that may be another client's by then, and read that client's bytes)
+        self.over = False
 
     def _body_chunk(self, size: int = -1) -> bytes:
-        if self.abandoned:
+        if self.abandoned or self.over:
             return b""
         if self._unread:
             take = self._unread if size < 0 else self._unread[:size]
@@ -313,19 +319,22 @@ def serve_slow(limits: _Limits, conn, env: dict) -> bool:
     body = _Streaming(conn, limits,
                       parser.expect_continue and env["SERVER_PROTOCOL"] == "HTTP/1.1")
     env["wsgi.input"] = Input(body)
-    keep = conn.respond(env)
-    if not keep or body.continue_due or body.abandoned:
-        # closing anyway (or the client never got its 100): reading the rest
-        # of an upload nobody wants would hold the thread for nothing
-        return False
-    # the body must be consumed before the next request: drain what
-    # the app left unread (bounded by the body limit and timeout)
     try:
-        while body._body_chunk():
-            pass
-    except (ClientGone, BadBody):
-        return False                         # answered already: just close
-    return keep and parser.finish()
+        keep = conn.respond(env)
+        if not keep or body.continue_due or body.abandoned:
+            # closing anyway (or the client never got its 100): reading the
+            # rest of an upload nobody wants would hold the thread for nothing
+            return False
+        # the body must be consumed before the next request: drain what
+        # the app left unread (bounded by the body limit and timeout)
+        try:
+            while body._body_chunk():
+                pass
+        except (ClientGone, BadBody):
+            return False                         # answered already: just close
+        return keep and parser.finish()
+    finally:
+        body.over = True
 
 
 def sendfile_response(limits: _Limits, conn, resp, wrapper: FileWrapper, ffd: int) -> None:

@@ -47,6 +47,19 @@ double mono_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* ---- containment ------------------------------------------------------------------------------- */
+
+/* An error out of a connection's handler (an event's or a timer's) that
+ * is not the app's (those are answered in respond.c): ours, or no memory.
+ * Logged, and that connection closes; the loop thread serves on: a loop
+ * thread never ends while its worker serves (DESIGN §5, issue 18 §1). */
+static void contain(HttpConn *c)
+{
+	report_exc(c->srv, NULL, "a connection's handler");
+	if (!c->closed && hconn_close_now(c) < 0)
+		report_exc(c->srv, NULL, "closing a failed connection");
+}
+
 /* ---- timers ------------------------------------------------------------------------------------ */
 
 static struct timer_list *list_of(HttpConn *c)
@@ -146,12 +159,13 @@ static int fire_timers(Server *s, int pos)
 	for (int i = 0; i < n; i++) {
 		HttpConn *c = due[i];
 		uint32_t gen;
-		int rc = 0, fired = 0;
+		int fired = 0;
 
 		/* the handler runs under the running bit, as for an event */
 		if (!c->closed && c->pos == pos && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
 			if (!c->closed && c->pos == pos) {
-				rc = hconn_on_timeout(c, kinds[i]);
+				if (hconn_on_timeout(c, kinds[i]) < 0)
+					contain(c);
 				fired = 1;
 			}
 			s->api.leave(t->th, c->fd, gen);
@@ -164,11 +178,6 @@ static int fire_timers(Server *s, int pos)
 			timer_arm(c, -1);
 		}
 		Py_DECREF(c);
-		if (rc < 0) {
-			for (i++; i < n; i++)
-				Py_DECREF(due[i]);
-			return -1;
-		}
 	}
 	return 0;
 }
@@ -282,24 +291,24 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 			Py_DECREF(c);
 			goto fail;
 		}
-		int rc = 0;
+		/* an error is contained under the running bit, before the leave */
 		if (relieved) {
 			uint32_t gen;
 
 			if (s->api.enter(t->th, ev->fd, &gen) == FDC_DONE) {
-				if (gen == ev->gen && c->pos == pos && !c->closed)
-					rc = hconn_on_events(c, ev->events);
+				if (gen == ev->gen && c->pos == pos && !c->closed &&
+				    hconn_on_events(c, ev->events) < 0)
+					contain(c);
 				s->api.leave(t->th, ev->fd, gen);
 			}
 		}
 		else {
-			rc = hconn_on_events(c, ev->events);
+			if (hconn_on_events(c, ev->events) < 0)
+				contain(c);
 			s->api.leave(t->th, ev->fd, ev->gen);
 		}
 		Py_DECREF(c);
 		handled++;
-		if (rc < 0)
-			goto fail;
 	}
 	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);

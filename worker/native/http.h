@@ -207,8 +207,12 @@ extern PyTypeObject RespondType;
 /* Runs the app for env (wsgi.input already set) and frames its response:
  * 1 if the connection may serve another request (as far as the response
  * goes), 0 if it must close, -1 with a Python error that is not the app's
- * (a BaseException the app raised included). */
+ * (the app's, any BaseException, are answered and logged in there). */
 int respond(HttpConn *c, PyObject *env);
+
+/* Logs the pending exception (taken, cleared) through the worker's report
+ * (wsgi.py's _report) with env (or NULL) and what failed. */
+void report_exc(Server *s, PyObject *env, const char *what);
 
 #define HIGH_WATER (1u << 20)      /* pending output that blocks the writing app */
 #define LOW_WATER (64u << 10)      /* ... until it drains below this */

@@ -11,9 +11,11 @@
  *    closes), and fewer than announced closes it too;
  *  - HEAD, 1xx, 204 and 304 send no body, whatever the app gives;
  *  - start_response's exc_info: the status may change until body bytes
- *    were given; after that the app's exception is raised again;
- *  - an exception of the app: 500 if nothing was sent, else the
- *    connection closes; logged with the request line, the worker serves on.
+ *    were given; after that the app's exception is raised again; one that
+ *    is not an exception triple is a TypeError (check_exc_info);
+ *  - an exception of the app, any BaseException: 500 if nothing was sent,
+ *    else the connection closes; logged with the request line, the loop
+ *    thread serves on (tests/worker/test_app_containment.py).
  * Pending output past HIGH_WATER makes the writing app wait (bounded by
  * body_timeout) for the client to read: a client that does not read never
  * costs more than a bounded buffer.
@@ -289,6 +291,35 @@ static int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, l
 	return 0;
 }
 
+/* exc_info is a sys.exc_info() triple of an exception: (type, instance
+ * of it, traceback or None); 0, or -1 with a TypeError. Checked before
+ * it may be raised again: PyErr_Restore takes anything, and a restored
+ * non-exception (the (None, None, None) of sys.exc_info() outside an
+ * except block, a class, a string) corrupted memory and ended the loop
+ * thread (issue 18 §1). The message names types only: the app's own
+ * __repr__ is not called here. */
+static int check_exc_info(PyObject *exc_info)
+{
+	PyObject *t, *v, *tb;
+
+	if (!PyTuple_Check(exc_info) || PyTuple_GET_SIZE(exc_info) != 3) {
+		PyErr_Format(PyExc_TypeError, "start_response: exc_info must be None or a "
+		             "sys.exc_info() triple, not %.100s", Py_TYPE(exc_info)->tp_name);
+		return -1;
+	}
+	t = PyTuple_GET_ITEM(exc_info, 0);
+	v = PyTuple_GET_ITEM(exc_info, 1);
+	tb = PyTuple_GET_ITEM(exc_info, 2);
+	if (!PyExceptionClass_Check(t) || !PyExceptionInstance_Check(v) ||
+	    !PyObject_TypeCheck(v, (PyTypeObject *)t) || (tb != Py_None && !PyTraceBack_Check(tb))) {
+		PyErr_Format(PyExc_TypeError, "start_response: exc_info must hold an exception "
+		             "(type, instance, traceback), not (%.100s, %.100s, %.100s)",
+		             Py_TYPE(t)->tp_name, Py_TYPE(v)->tp_name, Py_TYPE(tb)->tp_name);
+		return -1;
+	}
+	return 0;
+}
+
 /* start_response(status, headers, exc_info=None) -> write */
 static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 {
@@ -307,19 +338,16 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	                                      &headers, &exc_info))
 		return NULL;
 	if (exc_info != Py_None) {
+		if (check_exc_info(exc_info) < 0)
+			return NULL;
 		/* PEP 3333: too late to change the status once body bytes were
 		 * given or the head went out (even with an empty body so far) */
 		if (r->started || r->headers_sent || r->finished) {
-			PyObject *t, *v, *tb;
+			PyObject *v = PyTuple_GET_ITEM(exc_info, 1), *tb = PyTuple_GET_ITEM(exc_info, 2);
 
-			if (!PyTuple_Check(exc_info) || PyTuple_GET_SIZE(exc_info) != 3) {
-				PyErr_SetString(PyExc_TypeError, "exc_info must be a sys.exc_info() tuple");
-				return NULL;
-			}
-			t = PyTuple_GET_ITEM(exc_info, 0);
-			v = PyTuple_GET_ITEM(exc_info, 1);
-			tb = PyTuple_GET_ITEM(exc_info, 2);
-			PyErr_Restore(Py_NewRef(t), Py_NewRef(v), tb == Py_None ? NULL : Py_NewRef(tb));
+			/* normalized: the instance's own type, checked above */
+			PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(v)), Py_NewRef(v),
+			              tb == Py_None ? NULL : Py_NewRef(tb));
 			return NULL;
 		}
 	}
@@ -551,7 +579,7 @@ static int body_file(Respond *r, PyObject *result)
 	return 1;
 }
 
-static void report_exc(Server *s, PyObject *env, const char *what)
+void report_exc(Server *s, PyObject *env, const char *what)
 {
 	/* the exception as the handled one while report() runs: it logs
 	 * with exc_info=True, as log.exception would in an except block */
@@ -686,7 +714,9 @@ int respond(HttpConn *c, PyObject *env)
 				status = (int)PyLong_AsLong(PyTuple_GET_ITEM(a, 0));
 				if (PyUnicode_Check(PyTuple_GET_ITEM(a, 1)))
 					reason = PyUnicode_AsUTF8(PyTuple_GET_ITEM(a, 1));
-				if (PyErr_Occurred() || !reason) {
+				/* a BadBody the app raised itself may say anything: a
+				 * refusal is a 4xx (it wrote "HTTP/1.1 -5 Error") */
+				if (PyErr_Occurred() || !reason || status < 400 || status > 499) {
 					PyErr_Clear();
 					status = 400;
 					reason = "bad request body";
@@ -701,22 +731,15 @@ int respond(HttpConn *c, PyObject *env)
 			Py_XDECREF(v);
 			Py_XDECREF(tb);
 		}
-		else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+		else {
+			/* any other exception is the app's error, a BaseException
+			 * (SystemExit, KeyboardInterrupt, GeneratorExit, its own)
+			 * too: raised on, it ended the loop thread and left its
+			 * connection open with no timer (issue 18 §1); a loop thread
+			 * never ends while its worker serves (DESIGN §5) */
 			report_exc(s, env, "app");
 			if (!r->headers_sent && !c->closed && internal_error(c, env, &r, http11, head_only) < 0)
 				report_exc(s, env, "the 500 response");
-		}
-		else {
-			/* a BaseException (SystemExit, KeyboardInterrupt): not the
-			 * app's to swallow; the connection closes, the loop ends */
-			PyObject *t, *v, *tb;
-			PyErr_Fetch(&t, &v, &tb);
-			r->finished = 1;
-			close_result(s, env, result);
-			Py_XDECREF(result);
-			Py_DECREF(r);
-			PyErr_Restore(t, v, tb);
-			return -1;
 		}
 		r->keep = 0;
 	}
