@@ -119,3 +119,30 @@ def test_head_of_a_streamed_response_has_no_content_length(serve, method):
     assert b"Content-Length" not in head, out
     if method == b"GET":
         assert b"Transfer-Encoding: chunked" in head
+
+
+def test_flask_stream_with_context_first_block_is_not_held(serve):
+    """Defect: Flask's stream_with_context response (werkzeug's
+    ClosingIterator over a generator) had its first block held like any
+    first block, until the view yielded the second."""
+    flask = pytest.importorskip("flask")
+    app = flask.Flask(__name__)
+    release = threading.Event()
+
+    @app.route("/events")
+    def events():
+        def gen():
+            yield "data: first\n\n"
+            release.wait(20)
+            yield "data: second\n\n"
+        return flask.Response(flask.stream_with_context(gen()), mimetype="text/event-stream")
+
+    _, addr = serve(app)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
+        first = read_until(c, b"data: first", timeout=10)
+        got_first_alone = b"data: first" in first and b"data: second" not in first
+        release.set()
+        rest = read_until(c, b"0\r\n\r\n")
+    assert got_first_alone, first
+    assert b"data: second" in rest
