@@ -4,11 +4,12 @@ request's body is awaited, nor thrown away when that body times out (the
 connection then closes after what was owed is sent). Issue 18 section 4."""
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 
-from test_http_review import wait_for
+from test_http_review import _owner_conn, wait_for
 from test_response_streaming import read_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,7 +30,13 @@ def app_for(big: bytes, seen: list):
                 raise
             start_response("200 OK", [("Content-Length", str(len(data)))])
             return [data]
-        body = big if environ["PATH_INFO"] == "/big" else b"first done"
+        body = b"first done"
+        if environ["PATH_INFO"] == "/big":
+            # a small fixed send buffer (no autotuning): most of the
+            # answer stays in our output buffer while the client does not read
+            with socket.socket(fileno=os.dup(_owner_conn(environ).fd)) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            body = big
         start_response("200 OK", [("Content-Length", str(len(body)))])
         return [body]
     return app
