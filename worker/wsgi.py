@@ -300,6 +300,8 @@ class _Streaming:
         while True:
             if conn.pending:
                 conn.flush()
+                if conn.closed:                  # the write failed: reset, EPIPE
+                    raise ClientGone("the client went away")
             try:
                 wait_ready(fd, select.POLLIN | select.POLLOUT if conn.pending else select.POLLIN,
                            self._deadline, "timed out waiting for the request body")
