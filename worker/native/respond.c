@@ -34,25 +34,37 @@ static _Thread_local time_t date_sec = -1;
 static _Thread_local char date_line[48];
 static _Thread_local size_t date_len;
 
-void http_date(const char **s, size_t *n)
+/* A new second: the line again (once a second per thread, off the hot path). */
+static __attribute__((noinline)) void date_format(time_t t)
 {
 	static const char days[] = "SunMonTueWedThuFriSat";
 	static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	/* by hand: strftime's %a and %b follow the locale */
+	date_len = (size_t)snprintf(date_line, sizeof(date_line),
+	                            "Date: %.3s, %02d %.3s %04d %02d:%02d:%02d GMT\r\n",
+	                            days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
+	                            tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+	date_sec = t;
+}
+
+/* static inline for emit_head (the hot path: an exported function is
+ * called through the PLT under -fPIC); http_date for hconn.c's refusals */
+static inline void date_now(const char **s, size_t *n)
+{
 	time_t t = time(NULL);
 
-	if (t != date_sec) {
-		struct tm tm;
-
-		gmtime_r(&t, &tm);
-		/* by hand: strftime's %a and %b follow the locale */
-		date_len = (size_t)snprintf(date_line, sizeof(date_line),
-		                            "Date: %.3s, %02d %.3s %04d %02d:%02d:%02d GMT\r\n",
-		                            days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
-		                            tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
-		date_sec = t;
-	}
+	if (t != date_sec)
+		date_format(t);
 	*s = date_line;
 	*n = date_len;
+}
+
+void http_date(const char **s, size_t *n)
+{
+	date_now(s, n);
 }
 
 /* ---- framing --------------------------------------------------------------------------- */
@@ -73,7 +85,7 @@ static int emit_head(Respond *r, long long known)
 
 	if (emit(r, PyBytes_AS_STRING(r->prefix), (size_t)PyBytes_GET_SIZE(r->prefix)) < 0)
 		return -1;
-	http_date(&d, &dn);
+	date_now(&d, &dn);
 	if ((!r->app_date && emit(r, d, dn) < 0) ||
 	    (!r->app_server &&
 	     emit(r, PyBytes_AS_STRING(s->server_line), (size_t)PyBytes_GET_SIZE(s->server_line)) < 0))
