@@ -29,8 +29,8 @@ Counters no worker can know, kept here from the master's events
 without being told to drain (a crash, a SIGKILL from outside, a heartbeat
 lost), by how they ended. A planned drain, a stop, and the workers of a
 refused reload are no restarts. Everything else comes from the tree:
-reloads from the master's own counts, requests, responses and accept
-pauses from each worker's "proc" answer (worker/report.py), the fdcore
+reloads from the master's own counts, requests, responses, refused
+requests and accept pauses from each worker's "proc" answer (worker/report.py), the fdcore
 counters per loop thread from its "activity" answer.
 
 The collector is registered in a registry of its own (never the global
@@ -247,6 +247,9 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     alive = GaugeMetricFamily("sockherd_worker_loop_threads_alive",
                               "loop threads running (fewer than configured: one ended, the "
                               "worker drains to be replaced)", labels=WORKER_LABELS)
+    refused = CounterMetricFamily("sockherd_http_rejected",
+                                  "requests the engine refused itself (its own 400, 408, 413, "
+                                  "414, 431, 500, 505), by reason", labels=WORKER_LABELS + ("reason",))
     threads: dict[str, CounterMetricFamily] = {}
     for w in tree["workers"]:
         labels = [str(w["generation"]), w["worker"], str(w["pid"])]
@@ -267,6 +270,8 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                 pauses.add_metric(labels + [why], n)
             if stats.get("threads_alive") is not None:
                 alive.add_metric(labels, stats["threads_alive"])
+            for why, n in (stats.get("refused") or {}).items():
+                refused.add_metric(labels + [why], n)
         for th in w.get("threads") or ():
             tl = labels + [str(th["tid"]), str(th["tgid"])]
             for name, value in th.items():
@@ -278,7 +283,7 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                         f"sockherd_thread_{name}", f"fdcore counter {name} of a loop thread "
                         "(`sockherd ctl show activity`)", labels=THREAD_LABELS)
                 fam.add_metric(tl, value)
-    yield from (info, answered, uptime, conns, requests, responses, pauses, alive)
+    yield from (info, answered, uptime, conns, requests, responses, pauses, alive, refused)
     yield from threads.values()
 
 

@@ -34,6 +34,8 @@ def answer(loop, what: str, fd: int = -1) -> dict:
     return {
         "requests": sum(responses.values()) if responses is not None else None,
         "responses": responses,
+        # requests the engine refused itself (400, 408, 413...), by reason
+        "refused": engine.refused if engine is not None else None,
         "connections": engine.count if engine is not None else len(loop.conns),
         "threads": len(loop.loop_threads),
         # fewer than threads: one ended, the worker drains to be replaced

@@ -106,7 +106,7 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
     from sockherd.worker.loop import KIND_CONN
 
     relief = loop.relief
-    return Server(
+    engine = Server(
         loop=loop, api=loop.table.c_api(),
         threads=[(th, th.address, th.tgid, th.bit) for th in loop.loop_threads],
         maxfd=loop.table.maxfd, kind_conn=KIND_CONN, app=app, base=_shared_environ(loop, lim),
@@ -119,6 +119,16 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         limits=(lim.line, lim.header_bytes, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout)
+    engine.log_refusals(_log_refusal)
+    return engine
+
+
+def _log_refusal(peer, status: int, reason: str, count: int) -> None:
+    """A request the engine refused (called at most once a second per
+    worker: count is how many since the last line, this one included)."""
+    who = "%s:%s" % peer if isinstance(peer, tuple) else (peer or "unix socket")
+    more = f" ({count} refused since the last line)" if count > 1 else ""
+    log.warning("refused %d from %s: %s%s", status, who, reason, more)
 
 
 def _report(env, what: str) -> None:
@@ -286,14 +296,21 @@ class _Streaming:
         while it runs) and feeds them to the parser. The body has a deadline
         of its own, not an idle timer: body_timeout from its first wait,
         extended by one second per MIN_BODY_RATE bytes received, so a
-        client trickling a byte at a time cannot hold the thread (review)."""
-        fd = self.conn.fd
+        client trickling a byte at a time cannot hold the thread (review).
+        What is framed already (a pipelined request's answer, this one's)
+        goes out meanwhile: the client never waits for it on our wait."""
+        conn = self.conn
+        fd = conn.fd
         if self._deadline is None:
             self._deadline = time.monotonic() + self.limits.body_timeout
         while True:
+            if conn.pending:
+                conn.flush()
+                if conn.closed:                  # the write failed: reset, EPIPE
+                    raise ClientGone("the client went away")
             try:
-                wait_ready(fd, select.POLLIN, self._deadline,
-                           "timed out waiting for the request body")
+                wait_ready(fd, select.POLLIN | select.POLLOUT if conn.pending else select.POLLIN,
+                           self._deadline, "timed out waiting for the request body")
             except TimeoutError as exc:
                 raise ClientGone(str(exc)) from None
             try:

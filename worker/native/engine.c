@@ -595,6 +595,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->enter_app);
 	Py_VISIT(s->busy);
 	Py_VISIT(s->on_retire);
+	Py_VISIT(s->on_refusal);
 	return 0;
 }
 
@@ -613,6 +614,7 @@ static int Server_clear(Server *s)
 	Py_CLEAR(s->enter_app);
 	Py_CLEAR(s->busy);
 	Py_CLEAR(s->on_retire);
+	Py_CLEAR(s->on_refusal);
 	return 0;
 }
 
@@ -651,6 +653,12 @@ static PyObject *Server_retire_after(Server *s, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+static PyObject *Server_log_refusals(Server *s, PyObject *fn)
+{
+	Py_XSETREF(s->on_refusal, fn == Py_None ? NULL : Py_NewRef(fn));
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef Server_methods[] = {
 	{"turn", (PyCFunction)Server_turn, METH_VARARGS, turn_doc},
 	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
@@ -659,6 +667,9 @@ static PyMethodDef Server_methods[] = {
 	{"retire_after", (PyCFunction)Server_retire_after, METH_VARARGS,
 	 "retire_after(n, fn): fn() is called once, on the loop thread that answers the n-th "
 	 "request (0: never)."},
+	{"log_refusals", (PyCFunction)Server_log_refusals, METH_O,
+	 "log_refusals(fn): fn(peer, status, reason, count) for a refused request, at most once a "
+	 "second; count: the refusals since the last call, this one included (None: no log)."},
 	{NULL},
 };
 
@@ -699,12 +710,32 @@ static PyObject *get_responses(Server *s, void *c)
 	                     "5xx", s->responses[5], "other", s->responses[0]);
 }
 
+static PyObject *get_refused(Server *s, void *c)
+{
+	static const char *names[REFUSALS] = REFUSAL_NAMES;
+	PyObject *d = PyDict_New();
+
+	(void)c;
+	for (int i = 0; d && i < REFUSALS; i++) {
+		PyObject *n = PyLong_FromUnsignedLongLong(s->refused[i]);
+
+		if (!n || PyDict_SetItemString(d, names[i], n) < 0) {
+			Py_XDECREF(n);
+			Py_CLEAR(d);
+			break;
+		}
+		Py_DECREF(n);
+	}
+	return d;
+}
+
 static PyGetSetDef Server_getset[] = {
 	{"draining", (getter)get_draining, (setter)set_draining,
 	 "responses carry Connection: close", NULL},
 	{"count", (getter)get_count, NULL, "open connections", NULL},
 	{"requests", (getter)get_requests, NULL, "requests answered", NULL},
 	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
+	{"refused", (getter)get_refused, NULL, "requests the engine refused, by reason", NULL},
 	{NULL},
 };
 

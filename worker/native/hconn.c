@@ -380,6 +380,9 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 			break;
 		left = deadline - mono_now();
 		if (left <= 0) {
+			/* nothing more will reach it: closed here, so a ClientGone
+			 * on an open connection is always a read side's (respond) */
+			fail(c);
 			PyErr_SetString(ClientGone, "the client does not read");
 			return -1;
 		}
@@ -396,15 +399,45 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 	return 0;
 }
 
+/* A refusal counted by kind, and logged with the peer and the reason: a
+ * line at most a second per worker (a flood of bad requests must not
+ * flood the log), saying how many were refused since the last one. */
+static void note_refusal(HttpConn *c, int status, const char *reason)
+{
+	Server *s = c->srv;
+	double now;
+	PyObject *rc;
+
+	s->refused[refusal_kind(status)]++;
+	s->refusal_unlogged++;
+	if (!s->on_refusal)
+		return;
+	now = mono_now();
+	if (s->refusal_logged && now - s->refusal_logged < 1.0)
+		return;
+	rc = PyObject_CallFunction(s->on_refusal, "OisK", c->peer, status, reason,
+	                           s->refusal_unlogged);
+	s->refusal_logged = now;
+	s->refusal_unlogged = 0;
+	if (!rc)
+		PyErr_WriteUnraisable(s->on_refusal);
+	Py_XDECREF(rc);
+}
+
 void hconn_refuse(HttpConn *c, int status, const char *reason)
 {
-	char buf[1024];
+	char buf[1100];
 	char body[600];
+	const char *date;
+	size_t dn;
 	int bn = snprintf(body, sizeof(body), "%d %s: %.500s\n", status, REASONS(status), reason);
 	srv_count(c->srv, status);
+	note_refusal(c, status, reason);
+	http_date(&date, &dn);
 	int hn = snprintf(buf, sizeof(buf),
-	                  "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-	                  "Connection: close\r\n\r\n%s", status, REASONS(status), bn, body);
+	                  "HTTP/1.1 %d %s\r\n%.*sContent-Type: text/plain\r\nContent-Length: %d\r\n"
+	                  "Connection: close\r\n\r\n%s", status, REASONS(status), (int)dn, date, bn,
+	                  body);
 
 	if (hconn_send(c, buf, (size_t)hn, 0) < 0)
 		PyErr_Clear();                         /* no memory: the close says enough */
@@ -678,6 +711,13 @@ static PyObject *HttpConn_flush_now(HttpConn *c, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+static PyObject *HttpConn_flush(HttpConn *c, PyObject *noarg)
+{
+	(void)noarg;
+	hconn_flush(c);
+	Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(adopted_by_doc,
 "adopted_by(th): th took the connection over (fdcore takeover, recv\n"
 "stopped): it owns it from now on, timer included. Work was waiting on\n"
@@ -746,6 +786,8 @@ static PyMethodDef HttpConn_methods[] = {
 	{"close", (PyCFunction)HttpConn_close, METH_NOARGS, "Closes once the output is sent."},
 	{"_close_now", (PyCFunction)HttpConn_close_now, METH_NOARGS, "Closes at once."},
 	{"flush_now", (PyCFunction)HttpConn_flush_now, METH_VARARGS, flush_now_doc},
+	{"flush", (PyCFunction)HttpConn_flush, METH_NOARGS,
+	 "flush(): one write of the buffered output, what the kernel takes (no wait)."},
 	{"adopted_by", (PyCFunction)HttpConn_adopted_by, METH_O, adopted_by_doc},
 	{"respond", (PyCFunction)HttpConn_respond, METH_O, respond_doc},
 	{"refuse", (PyCFunction)HttpConn_refuse, METH_VARARGS,

@@ -55,10 +55,14 @@ PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
 
 /* Checks and serialises start_response's status and headers (the
  * response_head() of the module): *prefix gets the status line and the
- * app's fields, *length the app's Content-Length or -1, *close whether
- * the app asked for Connection: close, *code the status code. 0 or -1. */
+ * app's fields, *length the app's Content-Length or -1, *flags whether
+ * the app asked for Connection: close and gave its own Date or Server
+ * (HEAD_*), *code the status code. 0 or -1. */
+enum { HEAD_CLOSE = 1, HEAD_APP_DATE = 2, HEAD_APP_SERVER = 4 };
 int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
-              int *close, int *code);
+              int *flags, int *code);
+/* "Date: <IMF-fixdate>\r\n" of now, formatted once a second per thread (respond.c). */
+void http_date(const char **line, size_t *len);
 
 /* ---- fdcore, reached through function pointers ----
  * The one fdcore implementation is the cffi module's (sockherd.fdcore);
@@ -107,6 +111,25 @@ struct srv_thread {
 	struct fdc_event ev[FDC_EVBATCH];
 };
 
+/* What the engine refuses a request for (its status): the labels of
+ * Server.refused, in this order. */
+#define REFUSAL_NAMES {"bad_request", "header_timeout", "body_too_large", "uri_too_long", \
+                       "header_fields_too_large", "http_version", "server_error", "other"}
+enum { REFUSALS = 8 };
+static inline int refusal_kind(int status)
+{
+	switch (status) {
+	case 400: return 0;
+	case 408: return 1;
+	case 413: return 2;
+	case 414: return 3;
+	case 431: return 4;
+	case 505: return 5;
+	case 500: return 6;
+	default: return 7;
+	}
+}
+
 /* ---- the server: one per worker (engine.c) ---- */
 typedef struct {
 	PyObject_HEAD
@@ -130,6 +153,11 @@ typedef struct {
 	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
 	PyObject *on_retire;               /* called once when requests reach retire_at */
+	unsigned long long refused[REFUSALS];  /* requests the engine refused, by refusal_kind() */
+	/* the refusal log: at most a line a second (log_refusals' fn) */
+	PyObject *on_refusal;
+	double refusal_logged;             /* mono_now() of the last line */
+	unsigned long long refusal_unlogged;   /* refusals since that line */
 } Server;
 
 extern PyTypeObject ServerType;
@@ -195,7 +223,7 @@ struct Respond {
 	PyObject_HEAD
 	HttpConn *conn;
 	unsigned http11 : 1, keep : 1, head_only : 1, bodiless : 1, headers_sent : 1,
-	         chunked : 1, started : 1, finished : 1;
+	         chunked : 1, started : 1, finished : 1, app_date : 1, app_server : 1;
 	long long length;                  /* the announced length, -1 unknown */
 	int code;                          /* the status code given, 0 before start_response */
 	unsigned long long sent;

@@ -675,11 +675,11 @@ PyDoc_STRVAR(response_head_doc,
 "Content-Length not one number in digits).");
 
 int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
-              int *close_out, int *code_out)
+              int *flags_out, int *code_out)
 {
 	PyObject *seq = NULL, *out = NULL;
 	long long length = -1;
-	int close = 0, code;
+	int close = 0, flags = 0, code;
 	Py_ssize_t n, size;
 	char *w;
 
@@ -748,6 +748,10 @@ int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long 
 		}
 		else if (lower_is(name, "transfer-encoding"))
 			continue;
+		else if (lower_is(name, "date"))
+			flags |= HEAD_APP_DATE;            /* the app's wins: ours is left out */
+		else if (lower_is(name, "server"))
+			flags |= HEAD_APP_SERVER;
 		size += nl + 2 + PyUnicode_GET_LENGTH(value) + 2;
 	}
 	if ((code >= 100 && code < 200) || code == 204)
@@ -782,7 +786,7 @@ int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long 
 	Py_DECREF(seq);
 	*prefix = out;
 	*length_out = length;
-	*close_out = close;
+	*flags_out = flags | (close ? HEAD_CLOSE : 0);
 	*code_out = code;
 	return 0;
 bad_length:
@@ -796,16 +800,16 @@ static PyObject *response_head(PyObject *mod, PyObject *const *args, Py_ssize_t 
 {
 	PyObject *prefix;
 	long long length;
-	int close, code;
+	int flags, code;
 
 	(void)mod;
 	if (nargs != 2) {
 		PyErr_SetString(PyExc_TypeError, "response_head(status, headers)");
 		return NULL;
 	}
-	if (head_from(args[0], args[1], &prefix, &length, &close, &code) < 0)
+	if (head_from(args[0], args[1], &prefix, &length, &flags, &code) < 0)
 		return NULL;
-	return Py_BuildValue("(NLO)", prefix, length, close ? Py_True : Py_False);
+	return Py_BuildValue("(NLO)", prefix, length, flags & HEAD_CLOSE ? Py_True : Py_False);
 }
 
 static PyMethodDef module_methods[] = {

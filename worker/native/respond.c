@@ -1,15 +1,20 @@
 /* One request's response: start_response, write() and the framing, and
  * respond(), which runs the app and frames what it returns (PEP 3333).
  *
- * The rules (each has a test in tests/worker/test_wsgi.py):
- *  - the first body chunk is held until a second one, or the end: a body
- *    given whole (the usual list of one bytes) gets a Content-Length, and
- *    its head and body go out in one write;
+ * The rules (each has a test in tests/worker/test_wsgi.py or
+ * test_response_*.py):
+ *  - a body given whole (a list or tuple of bytes, an iterable of one
+ *    item, an iterator exhausted after its first) gets a Content-Length,
+ *    and its head and body go out in one write; any other block goes out
+ *    as it comes (PEP 3333: the server must not delay any block): an
+ *    event stream's first event does not wait for its second;
+ *  - the app's Date and Server fields win: ours are left out;
+ *  - a 1xx is not a final status: start_response refuses it (a 500);
  *  - a length the app did not give and cannot be known: chunked on
  *    HTTP/1.1, else the connection closes after the body;
  *  - never more bytes than announced (the rest is cut and the connection
  *    closes), and fewer than announced closes it too;
- *  - HEAD, 1xx, 204 and 304 send no body, whatever the app gives;
+ *  - HEAD, 204 and 304 send no body, whatever the app gives;
  *  - start_response's exc_info: the status may change until body bytes
  *    were given; after that the app's exception is raised again; one that
  *    is not an exception triple is a TypeError (check_exc_info);
@@ -31,25 +36,37 @@ static _Thread_local time_t date_sec = -1;
 static _Thread_local char date_line[48];
 static _Thread_local size_t date_len;
 
-static void date_now(const char **s, size_t *n)
+/* A new second: the line again (once a second per thread, off the hot path). */
+static __attribute__((noinline)) void date_format(time_t t)
 {
 	static const char days[] = "SunMonTueWedThuFriSat";
 	static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	/* by hand: strftime's %a and %b follow the locale */
+	date_len = (size_t)snprintf(date_line, sizeof(date_line),
+	                            "Date: %.3s, %02d %.3s %04d %02d:%02d:%02d GMT\r\n",
+	                            days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
+	                            tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+	date_sec = t;
+}
+
+/* static inline for emit_head (the hot path: an exported function is
+ * called through the PLT under -fPIC); http_date for hconn.c's refusals */
+static inline void date_now(const char **s, size_t *n)
+{
 	time_t t = time(NULL);
 
-	if (t != date_sec) {
-		struct tm tm;
-
-		gmtime_r(&t, &tm);
-		/* by hand: strftime's %a and %b follow the locale */
-		date_len = (size_t)snprintf(date_line, sizeof(date_line),
-		                            "Date: %.3s, %02d %.3s %04d %02d:%02d:%02d GMT\r\n",
-		                            days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
-		                            tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
-		date_sec = t;
-	}
+	if (t != date_sec)
+		date_format(t);
 	*s = date_line;
 	*n = date_len;
+}
+
+void http_date(const char **s, size_t *n)
+{
+	date_now(s, n);
 }
 
 /* ---- framing --------------------------------------------------------------------------- */
@@ -71,11 +88,15 @@ static int emit_head(Respond *r, long long known)
 	if (emit(r, PyBytes_AS_STRING(r->prefix), (size_t)PyBytes_GET_SIZE(r->prefix)) < 0)
 		return -1;
 	date_now(&d, &dn);
-	if (emit(r, d, dn) < 0 ||
-	    emit(r, PyBytes_AS_STRING(s->server_line), (size_t)PyBytes_GET_SIZE(s->server_line)) < 0)
+	if ((!r->app_date && emit(r, d, dn) < 0) ||
+	    (!r->app_server &&
+	     emit(r, PyBytes_AS_STRING(s->server_line), (size_t)PyBytes_GET_SIZE(s->server_line)) < 0))
 		return -1;
-	if (r->bodiless)
-		known = -1;                          /* nothing to count: no body goes out */
+	if (r->bodiless || (r->head_only && known == 0))
+		/* nothing to count: no body goes out; a HEAD answered with no
+		 * body at all (werkzeug gives () for HEAD) says nothing of the
+		 * GET's length, which may be a stream: no Content-Length: 0 */
+		known = -1;
 	if (r->length < 0 && known >= 0) {
 		r->length = known;
 		if (emit(r, line, (size_t)snprintf(line, sizeof(line), "Content-Length: %lld\r\n",
@@ -112,12 +133,12 @@ static int send_body(Respond *r, const char *data, size_t n, int now)
 		return -1;
 	}
 	if (r->head_only || r->bodiless || !n)
-		return 0;
+		return now ? hconn_flush(c) : 0;         /* the head, at least, goes now */
 	if (r->length >= 0 && r->sent + n > (unsigned long long)r->length) {
 		n = (size_t)((unsigned long long)r->length - r->sent);   /* never past what we announced */
 		r->keep = 0;
 		if (!n)
-			return 0;
+			return now ? hconn_flush(c) : 0;
 	}
 	r->sent += n;
 	if (r->chunked) {
@@ -157,8 +178,10 @@ static int check_started(Respond *r, const char *what)
 	return 0;
 }
 
-/* write(data): the app's write callable, and each chunk of its iterable. */
-static int write_chunk(Respond *r, PyObject *data, int now)
+/* write(data): the app's write callable, and each chunk of its iterable;
+ * `hold`: the body may be whole with this chunk (its length known at the
+ * end: a Content-Length), so a first chunk waits for finish(). */
+static int write_chunk(Respond *r, PyObject *data, int now, int hold)
 {
 	Py_buffer b;
 	int rc;
@@ -180,13 +203,15 @@ static int write_chunk(Respond *r, PyObject *data, int now)
 		return -1;
 	if (b.len)
 		r->started = 1;
-	if (!r->headers_sent && !r->first) {
-		/* the first chunk: maybe the whole body */
+	if (hold && !r->headers_sent && !r->first) {
+		/* the first chunk, and the caller knows it may be the whole body */
 		r->first = PyBytes_CheckExact(data) ? Py_NewRef(data)
 		                                     : PyBytes_FromStringAndSize(b.buf, b.len);
 		PyBuffer_Release(&b);
 		return r->first ? 0 : -1;
 	}
+	/* the head goes out with this chunk (a held one first): the length
+	 * is unknown unless the app gave it */
 	rc = flush_first(r, -1);
 	if (rc == 0)
 		rc = send_body(r, b.buf, (size_t)b.len, now);
@@ -223,6 +248,7 @@ static Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
 	r->keep = keep;
 	r->head_only = head_only;
 	r->bodiless = r->headers_sent = r->chunked = r->started = r->finished = 0;
+	r->app_date = r->app_server = 0;
 	r->length = -1;
 	r->code = 0;
 	r->sent = 0;
@@ -248,28 +274,28 @@ static _Thread_local struct {
 	PyObject *status, *prefix, *items[HEAD_CACHE_MAX];
 	Py_ssize_t n;
 	long long length;
-	int close, code;
+	int flags, code;
 } hc;
 
 static int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
-                       int *close, int *code)
+                       int *flags, int *code)
 {
 	PyObject **items;
 	Py_ssize_t n;
 
 	if (!PyList_CheckExact(headers) && !PyTuple_CheckExact(headers))
-		return head_from(status, headers, prefix, length, close, code);
+		return head_from(status, headers, prefix, length, flags, code);
 	n = PySequence_Fast_GET_SIZE(headers);
 	items = PySequence_Fast_ITEMS(headers);
 	if (hc.prefix && hc.status == status && hc.n == n &&
 	    (!n || !memcmp(hc.items, items, (size_t)n * sizeof(*items)))) {
 		*prefix = Py_NewRef(hc.prefix);
 		*length = hc.length;
-		*close = hc.close;
+		*flags = hc.flags;
 		*code = hc.code;
 		return 0;
 	}
-	if (head_from(status, headers, prefix, length, close, code) < 0)
+	if (head_from(status, headers, prefix, length, flags, code) < 0)
 		return -1;
 	if (n > HEAD_CACHE_MAX || !PyUnicode_CheckExact(status))
 		return 0;
@@ -286,7 +312,7 @@ static int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, l
 		hc.items[i] = Py_NewRef(items[i]);
 	hc.n = n;
 	hc.length = *length;
-	hc.close = *close;
+	hc.flags = *flags;
 	hc.code = *code;
 	return 0;
 }
@@ -326,7 +352,7 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	static char *names[] = {"status", "headers", "exc_info", NULL};
 	PyObject *status, *headers, *exc_info = Py_None, *prefix;
 	long long length;
-	int close, code;
+	int flags, code;
 
 	if (!kw && PyTuple_GET_SIZE(args) >= 2 && PyTuple_GET_SIZE(args) <= 3) {
 		status = PyTuple_GET_ITEM(args, 0);            /* the usual call: no keywords */
@@ -357,13 +383,22 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	}
 	/* checked and serialised in C: status, token names, values without
 	 * CTL, one Content-Length in digits; hop-by-hop headers dropped */
-	if (head_cached(status, headers, &prefix, &length, &close, &code) < 0)
+	if (head_cached(status, headers, &prefix, &length, &flags, &code) < 0)
 		return NULL;
+	if (code < 200) {
+		/* a 1xx is interim, never the answer: sent as one, the request
+		 * would stay unanswered and the next answer pair with it */
+		Py_DECREF(prefix);
+		PyErr_Format(PyExc_ValueError, "%R: a 1xx status is not a final response", status);
+		return NULL;
+	}
 	Py_XSETREF(r->prefix, prefix);
 	Py_XSETREF(r->status, Py_NewRef(status));
-	if (close)
+	if (flags & HEAD_CLOSE)
 		r->keep = 0;
-	r->bodiless = (code >= 100 && code < 200) || code == 204 || code == 304;
+	r->app_date = (flags & HEAD_APP_DATE) != 0;
+	r->app_server = (flags & HEAD_APP_SERVER) != 0;
+	r->bodiless = code == 204 || code == 304;
 	r->code = code;
 	r->length = length;
 	return PyObject_GetAttrString((PyObject *)r, "write");
@@ -371,7 +406,7 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 
 static PyObject *Respond_write(Respond *r, PyObject *data)
 {
-	if (write_chunk(r, data, 1) < 0)
+	if (write_chunk(r, data, 1, 0) < 0)
 		return NULL;
 	Py_RETURN_NONE;
 }
@@ -522,7 +557,7 @@ one_by_one:
 		int rc = 0;
 
 		if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item))
-			rc = write_chunk(r, item, 0);
+			rc = write_chunk(r, item, 0, 1);     /* all here: the length may be known */
 		Py_DECREF(item);
 		if (rc < 0)
 			return -1;
@@ -530,17 +565,33 @@ one_by_one:
 	return 0;
 }
 
+/* Any other iterable: each block goes out as the app gives it, but for a
+ * body given whole: an iterable of one item (its len()), or an iterator
+ * that says it is exhausted after its first block (a list's, Django's
+ * response): that block is held for a Content-Length and one write. The
+ * hints are the app's code: an exception there is the app's. */
 static int body_iterable(Respond *r, PyObject *result)
 {
-	PyObject *it = PyObject_GetIter(result), *item;
+	Py_ssize_t items = PyObject_LengthHint(result, -1);
+	PyObject *it, *item;
 
+	if (items < 0 && PyErr_Occurred())
+		return -1;
+	it = PyObject_GetIter(result);
 	if (!it)
 		return -1;
 	while ((item = PyIter_Next(it))) {
-		int rc = 0;
+		int rc = 0, whole = 0;
 
-		if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item))
-			rc = write_chunk(r, item, 1);
+		if (!r->headers_sent && !r->first) {
+			Py_ssize_t left = items == 1 ? 0 : PyObject_LengthHint(it, -1);
+
+			if (left < 0 && PyErr_Occurred())
+				rc = -1;
+			whole = left == 0;
+		}
+		if (rc == 0 && (!PyBytes_Check(item) || PyBytes_GET_SIZE(item)))
+			rc = write_chunk(r, item, !whole, whole);
 		Py_DECREF(item);
 		if (rc < 0) {
 			Py_DECREF(it);
@@ -656,7 +707,7 @@ static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, 
 		Py_XDECREF(args);
 		if (w) {
 			Py_DECREF(w);
-			if (write_chunk(r, chunk, 0) == 0 && finish(r) == 0)
+			if (write_chunk(r, chunk, 0, 1) == 0 && finish(r) == 0)
 				rc = 0;
 		}
 	}
@@ -695,12 +746,14 @@ int respond(HttpConn *c, PyObject *env)
 	}
 	if (!result || rc < 0) {
 		if (PyErr_ExceptionMatches(ClientGone)) {
-			/* gone, or not reading: what is buffered goes nowhere */
+			/* gone, or not reading: closed already (hconn_flush_wait), what
+			 * is buffered goes nowhere. Still open: a request body that did
+			 * not come; the answers owed before it (pipelined) still go
+			 * out, then the connection closes (keep = 0 below; the send
+			 * timer bounds the wait) */
 			PyErr_Clear();
 			if (!r->headers_sent)
 				count = 0;                  /* no response at all: "other" */
-			if (!c->closed && hconn_close_now(c) < 0)
-				PyErr_WriteUnraisable((PyObject *)c);
 		}
 		else if (PyErr_ExceptionMatches(BadBody)) {
 			PyObject *t, *v, *tb;
