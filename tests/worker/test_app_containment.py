@@ -207,9 +207,12 @@ def at_first_next(exc):
 
 
 def at_write(exc):
+    """Raising while holding the write callable, before using it. (A
+    write() sends the head at once, PEP 3333, empty or not, so an exception
+    after one is an 'after body bytes' case.)"""
     def bad(environ, start_response):
         write = start_response("200 OK", [])
-        write(b"")
+        assert callable(write)
         _raise(exc)
     return bad
 
@@ -326,7 +329,8 @@ def test_an_exception_in_close_is_logged_and_the_response_stands(serve, exc, cap
         for _ in range(2):
             c.sendall(GET)
             got = b""
-            while not got.endswith(b"whole"):      # one chunk: a Content-Length
+            # a generator's one block goes out as it comes (chunked)
+            while not got.endswith(b"\r\n0\r\n\r\n"):
                 chunk = c.recv(65536)
                 assert chunk, got
                 got += chunk
@@ -457,10 +461,12 @@ def test_a_wsgi_input_kept_past_its_request_reads_nothing(serve):
 
 
 @pytest.mark.parametrize("exc", BASE + [ValueError], ids=lambda e: e.__name__)
-def test_a_result_whose_len_raises_and_a_status_whose_str_raises_are_served(serve, exc):
-    """__len__ of the result and __str__ of the status are never asked
-    (the engine iterates, and reads the status's characters): raising
-    there changes nothing."""
+def test_a_result_whose_len_raises_is_a_500_and_a_status_whose_str_raises_is_served(serve, exc):
+    """__str__ of the status is never asked (the engine reads the status's
+    characters): raising there changes nothing. __len__ of the result is
+    asked (a one-item body is sent whole with a Content-Length, PEP 3333
+    allows it): raising there is the app's error, a 500, and the thread
+    serves on."""
     class Body:
         def __len__(self):
             _raise(exc)
@@ -474,12 +480,14 @@ def test_a_result_whose_len_raises_and_a_status_whose_str_raises_are_served(serv
 
     def bad(environ, start_response):
         start_response(Status("200 OK"), [])
-        return Body()
+        return [b"body"] if environ["QUERY_STRING"] == "status" else Body()
 
     _, addr = serve(routed(bad))
     for _ in range(2):
-        out = raw(addr, b"GET /bad HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
+        out = raw(addr, b"GET /bad?status HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
         assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"body"), out
+        out = raw(addr, b"GET /bad HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", timeout=5)
+        assert is_500(out), out
     still_serves(addr)
 
 
