@@ -47,14 +47,186 @@ static int put(struct hp_parser *p, const char *at, size_t n)
 	return 0;
 }
 
+/* ---- the raw line scanner ---------------------------------------------------------------------
+ * llhttp's callbacks see spans of the method, target, names and values,
+ * never the line ends, the whitespace around values, the empty lines
+ * before a request, or a chunk-size line's leading zeros; and llhttp 8.1
+ * takes a bare LF for CRLF in places. So the bytes llhttp consumed are
+ * scanned again here, line by line, after each llhttp_execute: each LF
+ * must follow a CR, each line counts toward its limit, and the request
+ * line's shape is checked. The scanner's state (p->scan) carries across
+ * calls; a refusal records the status and returns the offset of the byte
+ * at fault, which the caller reports as consumed. */
+enum { SC_REQLINE, SC_FIELDS, SC_HEAD_DONE, SC_SIZE, SC_DATA, SC_DATA_END, SC_TRAILER, SC_DONE };
+
+/* Refuses at a scanned byte: the scanner sees bytes llhttp already took,
+ * so its finding comes first in the input and replaces llhttp's. */
+static int scan_refuse(struct hp_parser *p, int status, const char *reason)
+{
+	p->status = status;
+	p->reason = reason;
+	return 1;
+}
+
+/* What byte c is to the line it is in: a CR LF pair is the only line end
+ * (RFC 9112 2.2); a CR is held until the LF it must precede. */
+enum { LINE_BYTE, LINE_CR, LINE_END, LINE_BARE };
+
+static int line_byte(struct hp_parser *p, unsigned char c)
+{
+	if (c == '\n') {
+		if (!p->scan.cr)
+			return LINE_BARE;
+		p->scan.cr = 0;
+		return LINE_END;
+	}
+	if (p->scan.cr)
+		return LINE_BARE;
+	if (c == '\r') {
+		p->scan.cr = 1;
+		return LINE_CR;
+	}
+	return LINE_BYTE;
+}
+
+/* The request head: returns the bytes scanned, len unless refused. */
+static size_t scan_head(struct hp_parser *p, const char *data, size_t len)
+{
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)data[i];
+		int kind = line_byte(p, c);
+
+		if (kind == LINE_BARE)
+			return scan_refuse(p, 400, "bare LF or CR in the request head (CRLF ends a line)"), i;
+		if (kind == LINE_CR)
+			continue;
+		if (kind == LINE_END) {
+			if (p->scan.where == SC_REQLINE) {
+				if (!p->scan.len) {
+					/* an empty line before the request line (RFC 9112 2.2):
+					 * ignored, but its bytes count toward the line */
+					p->scan.extra += 2;
+					if (p->scan.extra > p->lim.line)
+						return scan_refuse(p, 414, "request line too long (empty lines before it included)"), i;
+				}
+				else if (p->scan.sp != 2)
+					return scan_refuse(p, 400, "request line without an HTTP version"), i;
+				else
+					p->scan.where = SC_FIELDS;
+			}
+			else if (p->scan.where == SC_FIELDS && !p->scan.len)
+				p->scan.where = SC_HEAD_DONE;
+			p->scan.len = 0;
+			continue;
+		}
+		if (p->scan.where == SC_REQLINE) {
+			if (++p->scan.len + p->scan.extra > p->lim.line)
+				return scan_refuse(p, 414, "request line too long"), i;
+			if (c == ' ') {
+				/* RFC 9112 3: method SP request-target SP HTTP-version */
+				if (p->scan.len == 1 || p->scan.after_sp || ++p->scan.sp > 2)
+					return scan_refuse(p, 400, "request line: one space between its three parts"), i;
+			}
+			p->scan.after_sp = c == ' ';
+		}
+		else if (p->scan.where == SC_FIELDS) {
+			if (!p->scan.len && (c == ' ' || c == '\t'))
+				/* obs-fold, or whitespace before the first field: a
+				 * proxy may read either as a field of its own (5.2, 2.2) */
+				return scan_refuse(p, 400, "obsolete line folding"), i;
+			if (++p->scan.len > p->lim.field_size)
+				return scan_refuse(p, 431, "request header field too large"), i;
+		}
+	}
+	return len;
+}
+
+/* Starts a line of the chunked framing. */
+static void scan_line(struct hp_parser *p, int where)
+{
+	p->scan.where = (uint8_t)where;
+	p->scan.cr = 0;
+	p->scan.len = 0;
+	p->scan.sig = 0;
+	p->scan.digits = 1;
+	p->scan.zeros = 0;
+}
+
+/* A chunked body's framing: the bytes hp_body consumed that are not chunk
+ * data (on_body's spans are skipped). Chunk extensions, whitespace and
+ * leading zeros of a size are body bytes for lim.body (scan.extra): only
+ * the size's significant digits and the CRLFs are free (RFC 9112 7.1).
+ * Trailer lines count as field lines. Returns the bytes scanned. */
+static size_t scan_body(struct hp_parser *p, const char *data, size_t len)
+{
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)data[i];
+		int kind;
+
+		if (p->scan.where == SC_DATA)
+			scan_line(p, SC_DATA_END);        /* the data's CRLF */
+		kind = line_byte(p, c);
+		if (kind == LINE_BARE)
+			return scan_refuse(p, 400, "bare LF or CR in the chunked framing (CRLF ends a line)"), i;
+		if (kind == LINE_CR)
+			continue;
+		if (kind == LINE_END) {
+			switch (p->scan.where) {
+			case SC_SIZE:
+				scan_line(p, p->scan.sig ? SC_DATA : SC_TRAILER);
+				break;
+			case SC_DATA_END:
+				scan_line(p, SC_SIZE);
+				break;
+			case SC_TRAILER:
+				if (!p->scan.len) {
+					scan_line(p, SC_DONE);
+					break;
+				}
+				if (++p->scan.lines + p->nfields > p->lim.fields)
+					return scan_refuse(p, 431, "too many request header and trailer fields"), i;
+				scan_line(p, SC_TRAILER);
+				break;
+			}
+			continue;
+		}
+		p->scan.len++;
+		if (p->scan.where == SC_SIZE) {
+			int hex = (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+
+			if (p->scan.digits && hex && c == '0' && !p->scan.sig) {
+				/* one zero is the last chunk's size; more are padding */
+				if (++p->scan.zeros > 1)
+					p->scan.extra++;
+			}
+			else if (p->scan.digits && hex) {
+				if (!p->scan.sig && p->scan.zeros)
+					p->scan.extra++;          /* the first zero was padding too */
+				p->scan.sig = 1;
+			}
+			else {
+				p->scan.digits = 0;
+				p->scan.extra++;              /* an extension, or whitespace */
+			}
+			if (p->lim.body && p->body_seen + p->scan.extra > p->lim.body)
+				return scan_refuse(p, 413, "request body too large (chunk extensions and padding count)"), i;
+		}
+		else if (p->scan.where == SC_TRAILER && p->scan.len > p->lim.field_size)
+			return scan_refuse(p, 431, "request trailer field too large"), i;
+	}
+	return len;
+}
+
 static int on_message_begin(llhttp_t *ll)
 {
 	struct hp_parser *p = P(ll);
 
 	p->head_len = p->url_len = p->nfields = 0;
 	p->in_field = p->in_value = 0;
-	p->line_bytes = p->field_bytes = 0;
-	p->hosts = 0;
+	p->field_bytes = 0;
+	p->hosts = p->te_fields = 0;
+	p->version_done = 0;
+	p->host = -1;
 	p->length = -1;
 	p->body_seen = 0;
 	p->state = HP_HEAD;
@@ -62,22 +234,13 @@ static int on_message_begin(llhttp_t *ll)
 	return 0;
 }
 
-static int on_method(llhttp_t *ll, const char *at, size_t n)
-{
-	struct hp_parser *p = P(ll);
-
-	(void)at;
-	p->line_bytes += (uint32_t)n;
-	if (p->line_bytes > p->lim.line)
-		return refuse(p, 414, "request line too long");
-	return 0;
-}
-
 static int on_url(llhttp_t *ll, const char *at, size_t n)
 {
 	struct hp_parser *p = P(ll);
 
-	if (n > p->lim.line || (p->line_bytes += (uint32_t)n) > p->lim.line)
+	/* the scanner counts the whole line; this bounds what is kept of it
+	 * before the scanner sees the bytes (after llhttp) */
+	if (n > p->lim.line || p->url_len + n > p->lim.line)
 		return refuse(p, 414, "request line too long");
 	p->url_len += (uint32_t)n;
 	return put(p, at, n);
@@ -91,13 +254,16 @@ static int on_version_complete(llhttp_t *ll)
 		refuse(p, 505, "HTTP version not supported");
 		return -1;
 	}
+	p->version_done = 1;
 	return 0;
 }
 
+/* A field's name and value: bounded here as they are kept, before the
+ * scanner counts the whole line (whitespace included) after llhttp. */
 static int field_data(struct hp_parser *p, size_t n)
 {
-	if (n > p->lim.header_bytes || (p->field_bytes += (uint32_t)n) > p->lim.header_bytes)
-		return refuse(p, 431, "request header fields too large");
+	if (n > p->lim.field_size || (p->field_bytes += (uint32_t)n) > p->lim.field_size)
+		return refuse(p, 431, "request header field too large");
 	return 0;
 }
 
@@ -105,6 +271,8 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t n)
 {
 	struct hp_parser *p = P(ll);
 
+	if (!p->in_field && p->state != HP_BODY)
+		p->field_bytes = 0;                 /* a new field starts */
 	if (field_data(p, n))
 		return HPE_USER;
 	if (p->state == HP_BODY) {
@@ -117,7 +285,7 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t n)
 	if (!p->in_field) {
 		struct hp_field *f;
 
-		if (p->nfields >= p->lim.headers)
+		if (p->nfields >= p->lim.fields)
 			return refuse(p, 431, "too many request header fields");
 		if (p->nfields == p->cap_fields) {
 			uint32_t cap = p->cap_fields ? 2 * p->cap_fields : 32;
@@ -150,6 +318,7 @@ static int on_header_field_complete(llhttp_t *ll)
 		uint32_t len = p->trailer_len;
 
 		p->trailer_len = 0;
+		p->field_bytes = 0;
 		if (len <= sizeof(p->trailer) &&
 		    (is_name(p->trailer, len, "content-length") ||
 		     is_name(p->trailer, len, "transfer-encoding") ||
@@ -165,10 +334,18 @@ static int on_header_field_complete(llhttp_t *ll)
 		return -1;
 	}
 	p->in_field = 0;
-	if (is_name(p->head + p->fields[p->nfields - 1].name,
-	            p->fields[p->nfields - 1].name_len, "host") && ++p->hosts > 1) {
-		refuse(p, 400, "repeated Host field");
-		return -1;
+	{
+		const struct hp_field *f = &p->fields[p->nfields - 1];
+
+		if (is_name(p->head + f->name, f->name_len, "host")) {
+			if (++p->hosts > 1) {
+				refuse(p, 400, "repeated Host field");
+				return -1;
+			}
+			p->host = (int)p->nfields - 1;
+		}
+		else if (is_name(p->head + f->name, f->name_len, "transfer-encoding"))
+			p->te_fields++;
 	}
 	return 0;
 }
@@ -194,21 +371,154 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t n)
 static int on_header_value_complete(llhttp_t *ll)
 {
 	P(ll)->in_value = 0;
+	P(ll)->field_bytes = 0;             /* the next field counts from 0 */
 	return 0;
+}
+
+/* The field's value without the OWS llhttp leaves after it. */
+static const char *field_value(const struct hp_parser *p, const struct hp_field *f, uint32_t *len)
+{
+	const char *v = p->head + f->value;
+	uint32_t n = f->value_len;
+
+	while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+		n--;
+	*len = n;
+	return v;
+}
+
+/* RFC 9112 6.1, 6.3: the Transfer-Encoding fields as one list. llhttp
+ * frames by it when it ends in chunked (whatever comes before) and lets an
+ * empty one stand beside Content-Length. We decode chunked only: it must
+ * be there exactly once and last, with nothing before it (else 501, as 6.1
+ * says for a coding the server does not understand). Empty list elements
+ * are ignored (RFC 9110 5.6.1). 0, or refused. */
+static int check_transfer_encoding(struct hp_parser *p)
+{
+	int tokens = 0, chunked = 0, last_chunked = 0;
+
+	for (uint32_t i = 0; i < p->nfields; i++) {
+		const struct hp_field *f = &p->fields[i];
+		uint32_t len, a = 0;
+		const char *v;
+
+		if (!is_name(p->head + f->name, f->name_len, "transfer-encoding"))
+			continue;
+		v = field_value(p, f, &len);
+		while (a <= len) {
+			uint32_t b = a, e;
+
+			while (b < len && v[b] != ',')
+				b++;
+			e = b;
+			while (a < e && (v[a] == ' ' || v[a] == '\t'))
+				a++;
+			while (e > a && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+				e--;
+			if (e > a) {
+				tokens++;
+				last_chunked = is_name(v + a, e - a, "chunked");
+				chunked += last_chunked;
+			}
+			a = b + 1;
+		}
+	}
+	if (!tokens)
+		return refuse(p, 400, "empty Transfer-Encoding");
+	if (!last_chunked)
+		return refuse(p, 400, "Transfer-Encoding does not end in chunked");
+	if (chunked > 1)
+		return refuse(p, 400, "Transfer-Encoding applies chunked more than once");
+	if (tokens > 1)
+		return refuse(p, 501, "transfer coding not implemented (only chunked is decoded)");
+	return 0;
+}
+
+/* RFC 9112 3.2 (RFC 3986 3.2.2, 3.2.3): Host is one uri-host [":" port].
+ * Bytes outside reg-name, IP-literal and port are refused, the comma
+ * first: "a, b" is two Host values joined, read by some as the first,
+ * by others as the last. An empty Host is allowed (3.2). */
+static int valid_host(const char *v, uint32_t len)
+{
+	static const char ok[] = "-._~%!$&'()*+;=:[]";
+
+	for (uint32_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)v[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      (c && strchr(ok, c))))
+			return 0;
+	}
+	return 1;
+}
+
+int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, uint32_t *path)
+{
+	const char *t = p->head, *end = p->head + p->url_len, *a, *e, *at;
+
+	if (p->url_len < 7 || t[0] == '/' || t[0] == '*')
+		return 0;
+	a = memchr(t, ':', p->url_len);
+	if (!a || end - a < 3 || a[1] != '/' || a[2] != '/')
+		return 0;
+	a += 3;
+	for (e = a; e < end && *e != '/' && *e != '?' && *e != '#'; e++)
+		;
+	/* userinfo is not part of the host (RFC 3986 3.2.1) */
+	for (at = e; at > a && at[-1] != '@'; at--)
+		;
+	if (at > a)
+		a = at;
+	*host = (uint32_t)(a - t);
+	*host_len = (uint32_t)(e - a);
+	*path = (uint32_t)(e - t);
+	return 1;
 }
 
 static int on_headers_complete(llhttp_t *ll)
 {
 	struct hp_parser *p = P(ll);
 	int has_length = !!(ll->flags & F_CONTENT_LENGTH);
+	uint32_t host, host_len, path;
 
+	if (ll->http_major != 1) {
+		/* HTTP/0.9 (llhttp takes a line without a version for one) */
+		refuse(p, 400, "request line without an HTTP version");
+		return -1;
+	}
 	if (ll->http_minor == 1 && !p->hosts) {
 		refuse(p, 400, "missing Host field");
 		return -1;
 	}
-	if (ll->http_minor == 0 && (ll->flags & F_TRANSFER_ENCODING)) {
-		refuse(p, 400, "Transfer-Encoding in an HTTP/1.0 request");
+	if (p->host >= 0) {
+		uint32_t len;
+		const char *v = field_value(p, &p->fields[p->host], &len);
+
+		if (!valid_host(v, len)) {
+			refuse(p, 400, "Host is not one host[:port]");
+			return -1;
+		}
+	}
+	if (p->url_len == 1 && p->head[0] == '*' && ll->method != HTTP_OPTIONS) {
+		refuse(p, 400, "a * request-target is for OPTIONS only");
 		return -1;
+	}
+	if (hp_absolute(p, &host, &host_len, &path) &&
+	    (!host_len || !valid_host(p->head + host, host_len))) {
+		refuse(p, 400, "absolute-form request-target without a valid host");
+		return -1;
+	}
+	if (p->te_fields) {
+		if (ll->http_minor == 0) {
+			refuse(p, 400, "Transfer-Encoding in an HTTP/1.0 request");
+			return -1;
+		}
+		if (has_length) {
+			refuse(p, 400, "Transfer-Encoding with Content-Length");
+			return -1;
+		}
+		if (check_transfer_encoding(p))
+			return -1;
 	}
 	p->length = has_length ? (int64_t)ll->content_length : -1;
 	if (p->lim.body && has_length && ll->content_length > p->lim.body) {
@@ -228,8 +538,16 @@ static int on_body(llhttp_t *ll, const char *at, size_t n)
 {
 	struct hp_parser *p = P(ll);
 
+	/* the framing between the last data and this one (chunked only) */
+	if (p->scan.gap) {
+		size_t gap = (size_t)(at - p->scan.gap);
+
+		if (scan_body(p, p->scan.gap, gap) < gap)
+			return HPE_USER;
+		p->scan.gap = at + n;
+	}
 	p->body_seen += n;
-	if (p->lim.body && p->body_seen > p->lim.body)
+	if (p->lim.body && p->body_seen + p->scan.extra > p->lim.body)
 		return refuse(p, 413, "request body too large");
 	if (n)
 		memcpy(p->out + p->out_len, at, n);   /* hp_body: room for all input */
@@ -251,7 +569,6 @@ static int on_message_complete(llhttp_t *ll)
 
 static const llhttp_settings_t settings = {
 	.on_message_begin = on_message_begin,
-	.on_method = on_method,
 	.on_url = on_url,
 	.on_version_complete = on_version_complete,
 	.on_header_field = on_header_field,
@@ -306,7 +623,12 @@ static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_e
 		refuse(p, 505, "HTTP/2 is not served on this connection");
 		break;
 	case HPE_INVALID_VERSION:
-		refuse(p, 505, "HTTP version not supported");
+		/* llhttp says so too for a bad byte after a good version
+		 * ("HTTP/1.1\rX"): that is syntax, not a version to support */
+		if (p->version_done)
+			refuse(p, 400, "expected CRLF after the HTTP version");
+		else
+			refuse(p, 505, "HTTP version not supported");
 		break;
 	default:
 		if (!p->status)
@@ -317,22 +639,15 @@ static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_e
 	return len;
 }
 
-/* Whether the head bytes data[0 .. len) hold an obsolete line folding: a
- * line starting with SP or HTAB (the request line cannot: llhttp refuses
- * it). llhttp in strict mode still joins such a line onto the field above
- * it; RFC 9112 5.2 lets a server refuse it, and a proxy in front may have
- * read it as a field of its own. Scanned on the raw bytes, across calls. */
-static int folded(struct hp_parser *p, const char *data, size_t len)
+/* The scanner found a fault within the used bytes: the request ends
+ * there, whatever llhttp made of them. */
+static size_t scanned(struct hp_parser *p, size_t used, size_t ok)
 {
-	const char *end = data + len, *lf;
-
-	if (len && p->prev_lf && (data[0] == ' ' || data[0] == '\t'))
-		return 1;
-	for (const char *s = data; (lf = memchr(s, '\n', (size_t)(end - s))); s = lf + 1)
-		if (lf + 1 < end && (lf[1] == ' ' || lf[1] == '\t'))
-			return 1;
-	p->prev_lf = len && end[-1] == '\n';
-	return 0;
+	if (ok < used) {
+		p->state = HP_ERROR;
+		return ok;
+	}
+	return used;
 }
 
 size_t hp_head(struct hp_parser *p, const char *data, size_t len)
@@ -341,12 +656,11 @@ size_t hp_head(struct hp_parser *p, const char *data, size_t len)
 
 	if (p->state != HP_HEAD || !len)
 		return 0;
+	/* the header timer runs from the first byte, an empty line's included:
+	 * llhttp begins the message only at the method */
+	p->started = 1;
 	used = settle(p, data, len, llhttp_execute(&p->ll, data, len));
-	if (p->state != HP_ERROR && folded(p, data, used)) {
-		refuse(p, 400, "obsolete line folding");
-		p->state = HP_ERROR;
-	}
-	return used;
+	return scanned(p, used, scan_head(p, data, used));
 }
 
 size_t hp_body(struct hp_parser *p, const char *data, size_t len, char *out, size_t *out_len)
@@ -356,11 +670,22 @@ size_t hp_body(struct hp_parser *p, const char *data, size_t len, char *out, siz
 	*out_len = 0;
 	if (p->state != HP_BODY || !len)
 		return 0;
+	if (p->scan.where == SC_HEAD_DONE) {
+		/* the head was scanned: a chunked body's framing is next */
+		scan_line(p, SC_SIZE);
+		p->scan.extra = 0;
+		p->scan.lines = 0;
+	}
 	p->out = out;
 	p->out_len = 0;
+	p->scan.gap = hp_chunked(p) ? data : NULL;
 	used = settle(p, data, len, llhttp_execute(&p->ll, data, len));
+	if (p->scan.gap && p->state != HP_ERROR && p->scan.gap <= data + used)
+		used = scanned(p, used, (size_t)(p->scan.gap - data) +
+		               scan_body(p, p->scan.gap, (size_t)(data + used - p->scan.gap)));
 	*out_len = p->out_len;
 	p->out = NULL;
+	p->scan.gap = NULL;
 	return used;
 }
 
@@ -370,8 +695,8 @@ int hp_next(struct hp_parser *p)
 		return -1;
 	p->state = HP_HEAD;
 	p->head_len = p->url_len = p->nfields = 0;
-	p->prev_lf = 0;
 	p->started = 0;
+	memset(&p->scan, 0, sizeof(p->scan));
 	return 0;
 }
 
