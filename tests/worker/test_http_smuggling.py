@@ -171,16 +171,22 @@ def test_refusal_reasons_are_precise(served):
         assert words in out, out
 
 
-@pytest.mark.parametrize("data", [
-    b"\r\nGET /ok HTTP/1.1\r\nHost: h\r\n\r\n",
-    CHUNKED.replace(b"POST /", b"POST /ok") + b"1;a=b\r\nx\r\n0\r\nX: 1\r\n\r\n",
-    CHUNKED.replace(b"POST /", b"POST /ok").replace(b"chunked", b"Chunked") + b"0\r\n\r\n",
-    b"OPTIONS /ok HTTP/1.1\r\nHost: h\r\n\r\n",
-    b"GET /ok HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
-    b"GET /ok HTTP/1.1\r\nHost:\r\n\r\n",
-    b"GET /ok HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-], ids=["leading-crlf", "chunk-ext-and-trailer", "te-case", "options", "host-v6", "host-empty",
-        "http10-no-host"])
+VALID = [
+    ("leading-crlf", b"\r\nGET /ok HTTP/1.1\r\nHost: h\r\n\r\n"),
+    ("chunk-ext-and-trailer",
+     CHUNKED.replace(b"POST /", b"POST /ok") + b"1;a=b\r\nx\r\n0\r\nX: 1\r\n\r\n"),
+    ("te-case", CHUNKED.replace(b"POST /", b"POST /ok").replace(b"chunked", b"Chunked") +
+     b"0\r\n\r\n"),
+    ("chunk-sizes", CHUNKED.replace(b"POST /", b"POST /ok") + b"A\r\n0123456789\r\n"
+     b"01\r\nx\r\n00\r\n\r\n"),
+    ("options", b"OPTIONS /ok HTTP/1.1\r\nHost: h\r\n\r\n"),
+    ("host-v6", b"GET /ok HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n"),
+    ("host-empty", b"GET /ok HTTP/1.1\r\nHost:\r\n\r\n"),
+    ("http10-no-host", b"GET /ok HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
+]
+
+
+@pytest.mark.parametrize("data", [c[1] for c in VALID], ids=[c[0] for c in VALID])
 def test_strict_but_valid_requests_are_served(served, data):
     """Guards for the fixes above: what RFC 9112 allows stays served
     (§2.2 one leading empty line, §7.1.1 extensions, §7.1.2 trailers,
@@ -221,3 +227,47 @@ def test_absolute_form_authority_is_the_host(serve_wsgi):
     assert seen[2]["PATH_INFO"] == "/" and seen[2]["QUERY_STRING"] == "a"
     assert seen[3]["PATH_INFO"] == "" and seen[3]["REQUEST_URI"] == "*"
     assert seen[4]["PATH_INFO"] == "" and seen[4]["HTTP_HOST"] == "example.com"
+
+
+def _parse_split(data: bytes, cut: int):
+    """The requests of data fed in two pieces at cut: [(PATH_INFO, body)],
+    or the HttpError's (status, reason)."""
+    from test_http_parser import BASE, HttpError, RequestParser
+    p, out, env, body = RequestParser(), [], None, b""
+    try:
+        for piece in (data[:cut], data[cut:]):
+            p.feed(piece)
+            while True:
+                if env is None:
+                    env = p.next_request(BASE)
+                    if env is None:
+                        break
+                while not p.body_done and (chunk := p.read_body()):
+                    body += chunk
+                if not p.body_done:
+                    break
+                out.append((env["PATH_INFO"], body))
+                env, body = None, b""
+                if not p.finish():
+                    return out
+    except HttpError as exc:
+        return exc.args[0]
+    return out
+
+
+@pytest.mark.parametrize("data,status", [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_refusals_hold_wherever_the_input_is_split(data, status):
+    """Issue 18 §2: the scanner keeps its line state across reads: each
+    case is refused with its status whatever byte a read ends on."""
+    for cut in range(len(data) + 1):
+        assert _parse_split(data + SMUGGLED, cut) == status, cut
+
+
+@pytest.mark.parametrize("data", [c[1] for c in VALID], ids=[c[0] for c in VALID])
+def test_valid_requests_parse_alike_wherever_split(data):
+    """Guard for issue 18 §2: the scanner never refuses a valid request
+    because a read ended inside a line, a CRLF or a chunk size."""
+    whole = _parse_split(data + SMUGGLED, len(data) + len(SMUGGLED))
+    assert [path for path, _ in whole] == ["/ok", "/smuggled"]
+    for cut in range(len(data) + len(SMUGGLED)):
+        assert _parse_split(data + SMUGGLED, cut) == whole, cut
