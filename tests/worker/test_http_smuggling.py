@@ -111,6 +111,14 @@ CASES = [
     ("host-list", b"GET / HTTP/1.1\r\nHost: a, b\r\n\r\n", 400, "3.2"),
     ("host-list-no-space", b"GET / HTTP/1.1\r\nHost: a,b\r\n\r\n", 400, "3.2"),
     ("host-space", b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "3.2"),
+    ("host-port-letters", b"GET / HTTP/1.1\r\nHost: a:b\r\n\r\n", 400, "3.2"),
+    ("host-two-ports", b"GET / HTTP/1.1\r\nHost: a:1:2\r\n\r\n", 400, "3.2"),
+    ("host-userinfo", b"GET / HTTP/1.1\r\nHost: u@a\r\n\r\n", 400, "3.2"),
+    ("host-v6-unclosed", b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", 400, "3.2"),
+    # §3.2.2: absolute-form of http(s), with a host
+    ("absolute-ftp", b"GET ftp://a/x HTTP/1.1\r\nHost: h\r\n\r\n", 400, "3.2.2"),
+    ("absolute-no-host", b"GET http:///x HTTP/1.1\r\nHost: h\r\n\r\n", 400, "3.2.2"),
+    ("absolute-bad-port", b"GET http://a:b/x HTTP/1.1\r\nHost: h\r\n\r\n", 400, "3.2.2"),
     ("host-twice", b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400, "3.2"),
     ("host-missing", b"GET / HTTP/1.1\r\n\r\n", 400, "3.2"),
     # §3.2.4: asterisk-form only with OPTIONS
@@ -182,6 +190,7 @@ VALID = [
     ("options", b"OPTIONS /ok HTTP/1.1\r\nHost: h\r\n\r\n"),
     ("host-v6", b"GET /ok HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n"),
     ("host-empty", b"GET /ok HTTP/1.1\r\nHost:\r\n\r\n"),
+    ("host-empty-port", b"GET /ok HTTP/1.1\r\nHost: a.b-c_d~e%41!$&'()*+;=:\r\n\r\n"),
     ("http10-no-host", b"GET /ok HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
 ]
 

@@ -434,21 +434,39 @@ static int check_transfer_encoding(struct hp_parser *p)
 	return 0;
 }
 
-/* RFC 9112 3.2 (RFC 3986 3.2.2, 3.2.3): Host is one uri-host [":" port].
- * Bytes outside reg-name, IP-literal and port are refused, the comma
- * first: "a, b" is two Host values joined, read by some as the first,
- * by others as the last. An empty Host is allowed (3.2). */
+/* RFC 9112 3.2 (RFC 3986 3.2.2, 3.2.3): Host is one uri-host [":" port],
+ * uri-host an IP-literal in brackets or a reg-name. Anything else is
+ * refused, the comma first: "a, b" is two Host values joined, read by
+ * some as the first, by others as the last. An empty Host is allowed
+ * (3.2), so is an empty port (RFC 3986: port = *DIGIT). */
+static int ascii_alnum(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
 static int valid_host(const char *v, uint32_t len)
 {
-	static const char ok[] = "-._~%!$&'()*+;=:[]";
+	static const char reg[] = "-._~%!$&'()*+;=";          /* ALPHA DIGIT besides */
+	static const char literal[] = "-._~%!$&'()*+;=:";      /* v6, IPvFuture */
+	const char *end = v + len, *s = v;
 
-	for (uint32_t i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)v[i];
-
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-		      (c && strchr(ok, c))))
-			return 0;
+	if (s < end && *s == '[') {
+		for (s++; s < end && *s != ']'; s++)
+			if (!ascii_alnum(*s) && (!*s || !strchr(literal, *s)))
+				return 0;
+		if (s == end)
+			return 0;                            /* no closing bracket */
+		s++;
 	}
+	else
+		for (; s < end && *s != ':'; s++)
+			if (!ascii_alnum(*s) && (!*s || !strchr(reg, *s)))
+				return 0;
+	if (s < end && *s++ != ':')
+		return 0;
+	for (; s < end; s++)
+		if (*s < '0' || *s > '9')
+			return 0;
 	return 1;
 }
 
@@ -461,7 +479,7 @@ int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, u
 	a = memchr(t, ':', p->url_len);
 	if (!a || end - a < 3 || a[1] != '/' || a[2] != '/')
 		return 0;
-	a += 3;
+	a += 3;                                  /* llhttp took only "scheme://" */
 	for (e = a; e < end && *e != '/' && *e != '?' && *e != '#'; e++)
 		;
 	/* userinfo is not part of the host (RFC 3986 3.2.1) */
@@ -503,10 +521,17 @@ static int on_headers_complete(llhttp_t *ll)
 		refuse(p, 400, "a * request-target is for OPTIONS only");
 		return -1;
 	}
-	if (hp_absolute(p, &host, &host_len, &path) &&
-	    (!host_len || !valid_host(p->head + host, host_len))) {
-		refuse(p, 400, "absolute-form request-target without a valid host");
-		return -1;
+	if (hp_absolute(p, &host, &host_len, &path)) {
+		/* the URI of an origin server is http or https (RFC 9110 4.2),
+		 * its host never empty there (4.2.1) */
+		if (strncasecmp(p->head, "http://", 7) && strncasecmp(p->head, "https://", 8)) {
+			refuse(p, 400, "absolute-form request-target of a scheme other than http(s)");
+			return -1;
+		}
+		if (!host_len || !valid_host(p->head + host, host_len)) {
+			refuse(p, 400, "absolute-form request-target without a valid host");
+			return -1;
+		}
 	}
 	if (p->te_fields) {
 		if (ll->http_minor == 0) {

@@ -26,7 +26,8 @@
  *     chunk extensions and leading zeros of chunk sizes count as body;
  *   - a version other than HTTP/1.0 and 1.1, and the HTTP/2 preface (505);
  *   - a missing or repeated Host on HTTP/1.1, a Host that is not one
- *     host[:port] (a list), an absolute-form target without a host (400);
+ *     host[:port] (a list, letters in the port), an absolute-form target
+ *     not of http(s) or without a valid host (400);
  *   - Transfer-Encoding with Content-Length, on HTTP/1.0, empty, or not
  *     ending in chunked (400); a coding other than chunked before it (501:
  *     we decode none, RFC 9112 6.1);
