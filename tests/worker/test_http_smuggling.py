@@ -92,6 +92,9 @@ CASES = [
     ("request-line-double-sp-2", b"GET /  HTTP/1.1\r\nHost: h\r\n\r\n", 400, "3"),
     ("request-line-http09", b"GET /\r\nHost: h\r\n\r\n", 400, "3, 2.3"),
     ("request-line-http09-bare", b"GET /\r\n\r\n", 400, "3, 2.3"),
+    # llhttp issue 877: HTTP/0.9 line ended by a bare LF, then a framed body
+    ("http09-bare-lf-with-body", b"GET /x\nHost: a\r\nContent-Length: 5\r\n\r\nhello", 400,
+     "3, 2.2"),
     # §6.1: a coding we do not decode is 501; chunked not last, or twice, 400
     ("te-gzip-chunked", b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n"
      b"\r\n0\r\n\r\n", 501, "6.1"),
@@ -150,6 +153,7 @@ CASES = [
     # §7.1.2: no framing field in the trailer section
     ("trailer-cl", CHUNKED + b"0\r\nContent-Length: 5\r\n\r\n", 400, "7.1.2"),
     ("trailer-te", CHUNKED + b"0\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "7.1.2"),
+    ("trailer-obs-fold", CHUNKED + b"0\r\nX: 1\r\n\tY\r\n\r\n", 400, "5.2, 7.1.2"),
 ]
 
 

@@ -211,8 +211,13 @@ static size_t scan_body(struct hp_parser *p, const char *data, size_t len)
 			if (p->lim.body && p->body_seen + p->scan.extra > p->lim.body)
 				return scan_refuse(p, 413, "request body too large (chunk extensions and padding count)"), i;
 		}
-		else if (p->scan.where == SC_TRAILER && p->scan.len > p->lim.field_size)
-			return scan_refuse(p, 431, "request trailer field too large"), i;
+		else if (p->scan.where == SC_TRAILER) {
+			if (p->scan.len == 1 && (c == ' ' || c == '\t'))
+				/* llhttp joins it to the trailer above, a proxy may not */
+				return scan_refuse(p, 400, "obsolete line folding"), i;
+			if (p->scan.len > p->lim.field_size)
+				return scan_refuse(p, 431, "request trailer field too large"), i;
+		}
 	}
 	return len;
 }
