@@ -89,54 +89,98 @@ static int line_byte(struct hp_parser *p, unsigned char c)
 	return LINE_BYTE;
 }
 
-/* The request head: returns the bytes scanned, len unless refused. */
+/* The bytes of a head line before its CRLF, s[0 .. n), maybe a part of
+ * it (a read may end anywhere). llhttp refused a CR anywhere else, and a
+ * control byte, so only the spaces, the line's start and its length are
+ * left to check. 0, or refused. */
+static int head_line_bytes(struct hp_parser *p, const char *s, size_t n)
+{
+	if (!n)
+		return 0;
+	if (p->scan.where == SC_REQLINE) {
+		/* RFC 9112 3: method SP request-target SP HTTP-version */
+		const char *q = s, *e = s + n, *sp;
+
+		while ((sp = memchr(q, ' ', (size_t)(e - q)))) {
+			int after_sp = sp > s ? sp[-1] == ' ' : p->scan.after_sp;
+
+			if ((sp == s && !p->scan.len) || after_sp || ++p->scan.sp > 2)
+				return scan_refuse(p, 400, "request line: one space between its three parts");
+			q = sp + 1;
+		}
+		p->scan.after_sp = s[n - 1] == ' ';
+		if ((p->scan.len += n) + p->scan.extra > p->lim.line)
+			return scan_refuse(p, 414, "request line too long");
+	}
+	else if (p->scan.where == SC_FIELDS) {
+		if (!p->scan.len && (s[0] == ' ' || s[0] == '\t'))
+			/* obs-fold, or whitespace before the first field: a proxy
+			 * may read either as a field of its own (5.2, 2.2) */
+			return scan_refuse(p, 400, "obsolete line folding");
+		if ((p->scan.len += n) > p->lim.field_size)
+			return scan_refuse(p, 431, "request header field too large");
+	}
+	return 0;
+}
+
+/* A head line's CRLF. 0, or refused. */
+static int head_line_end(struct hp_parser *p)
+{
+	p->scan.cr = 0;
+	if (p->scan.where == SC_REQLINE) {
+		if (!p->scan.len) {
+			/* an empty line before the request line (RFC 9112 2.2):
+			 * ignored, but its bytes count toward the line */
+			if ((p->scan.extra += 2) > p->lim.line)
+				return scan_refuse(p, 414, "request line too long (empty lines before it included)");
+			return 0;
+		}
+		if (p->scan.sp != 2)
+			return scan_refuse(p, 400, "request line without an HTTP version");
+		p->scan.where = SC_FIELDS;
+	}
+	else if (p->scan.where == SC_FIELDS && !p->scan.len)
+		p->scan.where = SC_HEAD_DONE;
+	p->scan.len = 0;
+	return 0;
+}
+
+/* The request head, a line at a time (memchr: the hot path). Returns the
+ * bytes scanned, len unless refused. */
 static size_t scan_head(struct hp_parser *p, const char *data, size_t len)
 {
-	for (size_t i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)data[i];
-		int kind = line_byte(p, c);
+	static const char *bare = "bare LF or CR in the request head (CRLF ends a line)";
+	size_t i = 0;
 
-		if (kind == LINE_BARE)
-			return scan_refuse(p, 400, "bare LF or CR in the request head (CRLF ends a line)"), i;
-		if (kind == LINE_CR)
-			continue;
-		if (kind == LINE_END) {
-			if (p->scan.where == SC_REQLINE) {
-				if (!p->scan.len) {
-					/* an empty line before the request line (RFC 9112 2.2):
-					 * ignored, but its bytes count toward the line */
-					p->scan.extra += 2;
-					if (p->scan.extra > p->lim.line)
-						return scan_refuse(p, 414, "request line too long (empty lines before it included)"), i;
-				}
-				else if (p->scan.sp != 2)
-					return scan_refuse(p, 400, "request line without an HTTP version"), i;
-				else
-					p->scan.where = SC_FIELDS;
-			}
-			else if (p->scan.where == SC_FIELDS && !p->scan.len)
-				p->scan.where = SC_HEAD_DONE;
-			p->scan.len = 0;
+	while (i < len) {
+		const char *lf;
+		size_t end, n;
+		int cr;
+
+		if (p->scan.cr) {
+			/* the last read ended on a CR: its LF comes first */
+			if (data[i] != '\n')
+				return scan_refuse(p, 400, bare), i;
+			if (head_line_end(p))
+				return i;
+			i++;
 			continue;
 		}
-		if (p->scan.where == SC_REQLINE) {
-			if (++p->scan.len + p->scan.extra > p->lim.line)
-				return scan_refuse(p, 414, "request line too long"), i;
-			if (c == ' ') {
-				/* RFC 9112 3: method SP request-target SP HTTP-version */
-				if (p->scan.len == 1 || p->scan.after_sp || ++p->scan.sp > 2)
-					return scan_refuse(p, 400, "request line: one space between its three parts"), i;
-			}
-			p->scan.after_sp = c == ' ';
+		lf = memchr(data + i, '\n', len - i);
+		end = lf ? (size_t)(lf - data) : len;
+		n = end - i;
+		cr = n && data[end - 1] == '\r';
+		if (head_line_bytes(p, data + i, n - (size_t)cr))
+			return i;
+		if (!lf) {
+			p->scan.cr = (uint8_t)cr;
+			return len;
 		}
-		else if (p->scan.where == SC_FIELDS) {
-			if (!p->scan.len && (c == ' ' || c == '\t'))
-				/* obs-fold, or whitespace before the first field: a
-				 * proxy may read either as a field of its own (5.2, 2.2) */
-				return scan_refuse(p, 400, "obsolete line folding"), i;
-			if (++p->scan.len > p->lim.field_size)
-				return scan_refuse(p, 431, "request header field too large"), i;
-		}
+		if (!cr)
+			return scan_refuse(p, 400, bare), end;
+		if (head_line_end(p))
+			return end;
+		i = end + 1;
 	}
 	return len;
 }
