@@ -6,15 +6,18 @@
  * (httpmodule.c) builds environ from what it collects, and the native fuzz
  * and sanitizer tests drive it directly.
  *
- * llhttp 8.1 strict still accepts, and we refuse (400 unless said): a bare
- * LF ending the request line, a field line, the head, a chunk-size line,
- * the last chunk or the trailer section (RFC 9112 2.2, 7.1: it would serve
- * the bytes after "0\r\n\n" as a new request); doubled spaces in the
- * request line and a request line without a version (HTTP/0.9, RFC 9112 3);
- * an empty Transfer-Encoding (with Content-Length it framed by the length);
- * chunked applied twice; obsolete line folding (5.2). These are checked on
- * the raw bytes by a line scanner (scan.* below) that llhttp's callbacks
- * cannot replace: they never see line ends, whitespace or leading zeros.
+ * llhttp 8.1 strict still accepts, and we refuse (400): a bare LF ending
+ * the request line, an empty line before it, or the head; a bare LF
+ * ending the last chunk's trailer section ("0\r\n\n", "0\r\nX: 1\r\n\n":
+ * it served the bytes after it as a new request; RFC 9112 2.2, 7.1);
+ * doubled spaces in the request line and a request line without a
+ * version (HTTP/0.9, then served with headers and no Host check; 3);
+ * an empty Transfer-Encoding (beside Content-Length it framed by the
+ * length; 6.1); obsolete line folding in the head and in trailers (5.2:
+ * llhttp joins the line to the field above). These are found on the raw
+ * bytes by a line scanner (scan_* in httpparse.c) that re-reads what
+ * llhttp consumed: its callbacks never see line ends, whitespace, empty
+ * lines or the leading zeros of a chunk size.
  *
  * What else it adds to llhttp (each answered with a status and the
  * connection closed):
@@ -35,9 +38,11 @@
  *   - Content-Length, Transfer-Encoding or Host in chunked trailers (400);
  *     other trailer fields are dropped, never merged into the head.
  * llhttp itself refuses bad or overflowing lengths (a sign, a list, two
- * fields) and chunk sizes, a missing CRLF after chunk data, bare CR, NUL,
+ * fields) and chunk sizes (a sign, whitespace), a bare LF after a field
+ * line, a chunk-size line or chunk data, chunked twice, bare CR, NUL,
  * CR or LF in a quoted chunk extension, whitespace before a colon, invalid
- * methods and field names.
+ * methods and field names (the tests in test_http_smuggling.py keep
+ * every one of these as a guard).
  */
 #ifndef SOCKHERD_HTTPPARSE_H
 #define SOCKHERD_HTTPPARSE_H
