@@ -150,7 +150,7 @@ SETTINGS: tuple[Setting, ...] = (
                                          "--limit-request-header-bytes"), int, 8190,
             "longest header or trailer field line, CRLF excluded (longer: 431); "
             "limit_request_header_bytes is its former name",
-            msgspec.Meta(ge=64, le=1 << 20), "BYTES", section="http",
+            msgspec.Meta(ge=1, le=1 << 20), "BYTES", section="http",
             aliases=("limit_request_header_bytes",)),
     Setting("limit_request_fields", ("--limit-request-fields",), int, 100,
             "most header and trailer fields in a request (more: 431)",

@@ -209,3 +209,17 @@ def test_settings_have_gunicorns_names_and_defaults():
     assert resolve({}, env=env).limit_request_field_size == 2000
     env["SOCKHERD_LIMIT_REQUEST_FIELD_SIZE"] = "3000"
     assert resolve({}, env=env).limit_request_field_size == 3000
+
+
+@pytest.mark.parametrize("settings,data", [
+    ({"limit_request_field_size": 10}, b"GET / HTTP/1.1\r\nHost: h\r\nUser-Agent: x\r\n\r\n"),
+    ({"limit_request_fields": 2}, b"GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\n\r\n"),
+    ({"limit_request_field_size": 98}, b"GET / HTTP/1.1\r\nHost: h\r\nX:" + b" " * 96 + b"x\r\n\r\n"),
+], ids=["010-field-size-10", "011-fields-2", "012-field-size-98-with-ows"])
+def test_gunicorn_limit_cases_with_their_settings(serve_wsgi, settings, data):
+    """Issue 18 §3: gunicorn's corpus sets small limits for some cases
+    (010, 011, 012): the settings take such values and refuse with 431;
+    whitespace before a value counts."""
+    _, addr = serve_wsgi(app, **settings)
+    statuses, out, closed = exchange(addr, data + SMUGGLED)
+    assert statuses == [431] and closed, out[:300]
