@@ -15,7 +15,7 @@
  * an empty Transfer-Encoding (beside Content-Length it framed by the
  * length; 6.1); obsolete line folding in the head and in trailers (5.2:
  * llhttp joins the line to the field above). These are found on the raw
- * bytes by a line scanner (scan_* in httpparse.c) that re-reads what
+ * bytes by a line scanner (httpscan.c) that re-reads what
  * llhttp consumed: its callbacks never see line ends, whitespace, empty
  * lines or the leading zeros of a chunk size.
  *
