@@ -16,13 +16,14 @@ setup(
     ext_modules=[Extension(
         "sockherd.worker._http",
         sources=["worker/native/httpmodule.c", "worker/native/httpparse.c",
-                 "worker/native/respond.c", "worker/native/hconn.c", "worker/native/engine.c",
+                 "worker/native/httpscan.c", "worker/native/respond.c", "worker/native/hconn.c",
+                 "worker/native/engine.c",
                  f"{COPY}/api.c", f"{COPY}/http.c", f"{COPY}/llhttp.c"],
         # fdcore's headers for its types: its functions are reached through
         # the addresses the cffi module hands over (worker/native/http.h)
         include_dirs=["worker/native", "fdcore", "/usr/share/include/llhttp"],
-        depends=["worker/native/httpparse.h", "worker/native/http.h", "fdcore/fd.h",
-                 "fdcore/fd-t.h"],
+        depends=["worker/native/httpparse.h", "worker/native/httpscan.h", "worker/native/http.h",
+                 "fdcore/fd.h", "fdcore/fd-t.h"],
         # llhttp.c holds two parsers and compiles the loose one unless told
         # (it skips any two bytes after chunk data: request smuggling; review)
         define_macros=[("LLHTTP_STRICT_MODE", "1")],

@@ -33,10 +33,19 @@ class Setting:
     metavar: str | None = None
     section: str = "server"
     positional: bool = field(default=False)
+    # former keys still read (file and environment; their flags are in
+    # flags), for a renamed setting the README documented
+    aliases: tuple[str, ...] = ()
 
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.key.upper()
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """The environment variables read, the alias ones first (the
+        setting's own name wins when both are set)."""
+        return tuple(ENV_PREFIX + a.upper() for a in self.aliases) + (self.env,)
 
     @property
     def annotated(self) -> Any:
@@ -132,17 +141,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("takeover_after", ("--takeover-after",), float, 0.5,
             "connections of a thread stuck this long in one handler move to an idle thread",
             _seconds(0.001, 3600), "S", section="workers"),
-    Setting("limit_request_line", ("--limit-request-line",), int, 8190,
-            "longest request line: method and target (longer: 414)",
+    # gunicorn's names and defaults; every byte before the body counts
+    # toward one of them (worker/native/httpparse.h)
+    Setting("limit_request_line", ("--limit-request-line",), int, 4094,
+            "longest request line, CRLF excluded, empty lines before it included (longer: 414)",
             msgspec.Meta(ge=64, le=1 << 20), "BYTES", section="http"),
-    Setting("limit_request_header_bytes", ("--limit-request-header-bytes",), int, 32768,
-            "most bytes of header field names and values (more: 431)",
-            msgspec.Meta(ge=256, le=1 << 24), "BYTES", section="http"),
+    Setting("limit_request_field_size", ("--limit-request-field-size",
+                                         "--limit-request-header-bytes"), int, 8190,
+            "longest header or trailer field line, CRLF excluded (longer: 431); "
+            "limit_request_header_bytes is its former name",
+            msgspec.Meta(ge=1, le=1 << 20), "BYTES", section="http",
+            aliases=("limit_request_header_bytes",)),
     Setting("limit_request_fields", ("--limit-request-fields",), int, 100,
-            "most header fields in a request (more: 431)",
+            "most header and trailer fields in a request (more: 431)",
             msgspec.Meta(ge=1, le=32768), "N", section="http"),
     Setting("limit_request_body", ("--limit-request-body",), int, 0,
-            "largest request body; 0: no limit (larger: 413)",
+            "largest request body, chunk extensions and size padding included; "
+            "0: no limit (larger: 413)",
             msgspec.Meta(ge=0), "BYTES", section="http"),
     Setting("body_timeout", ("--body-timeout",), float, 30.0,
             "an app reading the request body waits this long for more bytes",
@@ -191,6 +206,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_KEY = {s.key: s for s in SETTINGS}
+ALIASES = {a: s.key for s in SETTINGS for a in s.aliases}
 
 Settings = msgspec.defstruct(
     "Settings",
@@ -245,9 +261,10 @@ def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
     """The SOCKHERD_* variables of env; list settings are comma-separated."""
     raw: dict[str, Any] = {}
     for s in SETTINGS:
-        if s.env in env:
-            value = env[s.env]
-            raw[s.key] = [v for v in value.split(",") if v] if s.is_list else value
+        for name in s.envs:
+            if name in env:
+                value = env[name]
+                raw[s.key] = [v for v in value.split(",") if v] if s.is_list else value
     return _layer(raw, "environment", strict=False)
 
 
@@ -260,6 +277,10 @@ def from_file(path: str) -> dict[str, Any]:
         raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    for alias, key in ALIASES.items():
+        if alias in data:
+            data.setdefault(key, data[alias])
+            del data[alias]
     return _layer(data, path, strict=True)
 
 
@@ -334,7 +355,8 @@ def docs_markdown() -> str:
         flag = s.metavar if s.positional else ", ".join(f"`{f}`" for f in s.flags)
         default = ", ".join(s.default) if isinstance(s.default, list) else s.default
         default = f"`{default}`" if default != "" else "(none)"
-        rows.append(f"| `{s.key}` | {flag} | `{s.env}` | {default} | {s.help} |")
+        env = ", ".join(f"`{e}`" for e in (s.env,) + s.envs[:-1])
+        rows.append(f"| `{s.key}` | {flag} | {env} | {default} | {s.help} |")
     return "\n".join(rows) + "\n"
 
 

@@ -40,8 +40,8 @@ MIN_BODY_RATE = 64 << 10       # bytes/s a request body must average past body_t
 
 class _Limits:
     def __init__(self, cfg: dict):
-        self.line = int(cfg.get("limit_request_line", 8190))
-        self.header_bytes = int(cfg.get("limit_request_header_bytes", 32768))
+        self.line = int(cfg.get("limit_request_line", 4094))
+        self.field_size = int(cfg.get("limit_request_field_size", 8190))
         self.headers = int(cfg.get("limit_request_fields", 100))
         self.body = int(cfg.get("limit_request_body", 0))
         self.body_timeout = float(cfg.get("body_timeout", 30.0))
@@ -116,7 +116,7 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         # the relief's stamps only where there is a sibling to relieve
         busy=relief.busy if relief.enabled else None,
         enter_app=loop._enter_app if relief.enabled else None,
-        limits=(lim.line, lim.header_bytes, lim.headers, lim.body), script_name=lim.root_path,
+        limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout)
     engine.log_refusals(_log_refusal)

@@ -1,7 +1,9 @@
 """The native HTTP extension under AddressSanitizer + UBSan: it is compiled
 again with the sanitizers (same sources, llhttp's included), and
 test_http_parser.py (its strictness cases, the split-anywhere and garbage
-hypothesis fuzzing), test_http_review.py (the adversarial review's cases)
+hypothesis fuzzing), test_http_review.py (the adversarial review's cases),
+test_http_smuggling.py and test_http_limits.py (the raw line scanner's
+refusals and limits, over real sockets),
 test_wsgi.py (the whole engine: loop turns, connections, responses,
 over real sockets) and test_engine_fuzz.py (generated and garbage requests
 split anywhere, over real sockets) run against that build in a child interpreter with
@@ -28,7 +30,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
     so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
     flags = ["-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
              "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
-    sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c", NATIVE / "respond.c",
+    sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c", NATIVE / "httpscan.c",
+               NATIVE / "respond.c",
                NATIVE / "hconn.c", NATIVE / "engine.c",
                LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
     subprocess.run(["gcc", *flags, f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
@@ -45,6 +48,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                           "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
                           str(ROOT / "tests" / "worker" / "test_http_review.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_smuggling.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_limits.py"),
                           str(ROOT / "tests" / "worker" / "test_wsgi.py"),
                           str(ROOT / "tests" / "worker" / "test_engine_fuzz.py")],
                          env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)

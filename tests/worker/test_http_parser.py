@@ -173,14 +173,19 @@ def test_http2_preface_gets_505():
 # ---- limits ------------------------------------------------------------------------
 
 def test_request_line_limit_414():
-    ok = b"GET /" + b"a" * 90 + b" HTTP/1.1\r\nHost: h\r\n\r\n"
+    # the whole line counts, CRLF excluded (gunicorn's limit_request_line)
+    ok = b"GET /" + b"a" * 86 + b" HTTP/1.1\r\nHost: h\r\n\r\n"
     assert parse(ok, max_line=100)
-    assert refused(b"GET /" + b"a" * 100 + b" HTTP/1.1\r\nHost: h\r\n\r\n", max_line=100)[0] == 414
+    assert refused(b"GET /" + b"a" * 87 + b" HTTP/1.1\r\nHost: h\r\n\r\n", max_line=100)[0] == 414
 
 
-def test_header_bytes_and_count_limits_431():
+def test_field_size_and_count_limits_431():
     big = b"GET / HTTP/1.1\r\nHost: h\r\nX: " + b"v" * 200 + b"\r\n\r\n"
-    assert refused(big, max_header_bytes=100)[0] == 431
+    assert refused(big, max_field_size=100)[0] == 431
+    # one field line each (whitespace included), not all together
+    fits = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"X: " + b"v" * 97 + b"\r\nY:" + b" " * 97 + b"y\r\n"
+    assert parse(fits + b"\r\n", max_field_size=100)
+    assert refused(fits.replace(b"Y:", b"Y: ") + b"\r\n", max_field_size=100)[0] == 431
     many = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"".join(b"X%d: 1\r\n" % i for i in range(20))
     assert refused(many + b"\r\n", max_headers=10)[0] == 431
     assert parse(many + b"\r\n", max_headers=21)

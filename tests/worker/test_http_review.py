@@ -520,7 +520,8 @@ def test_held_environ_edge_cases():
     [(env, _, _)] = parse(b"GET http://u@[::1]:80/p?q HTTP/1.1\r\nHost: h\r\n\r\n")
     assert env["PATH_INFO"] == "/p" and env["QUERY_STRING"] == "q"
     [(env, _, _)] = parse(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n")
-    assert env["PATH_INFO"] == "*"
+    # issue 18 §2: the application root (PEP 3333), routable; was "*"
+    assert env["PATH_INFO"] == "" and env["REQUEST_URI"] == "*"
     long_name = b"X-" + b"N" * 300
     [(env, _, _)] = parse(b"GET / HTTP/1.1\r\nHost: h\r\n" + long_name + b": v\r\n\r\n")
     assert env["HTTP_HOST"] == "h"

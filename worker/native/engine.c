@@ -471,7 +471,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	                        "body_timeout", NULL};
 	PyObject *loop, *api, *threads, *app, *base, *slow, *access, *report, *sendfile, *fw, *bio, *nob;
 	PyObject *evt, *busy, *enter_app, *script_name, *server_line, *seq;
-	unsigned int line, hbytes, nheaders;
+	unsigned int line, field_size, nheaders;
 	unsigned long long body;
 	int maxfd;
 	unsigned int kind;
@@ -484,11 +484,11 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!ddd", names, &loop,
 	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
 	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
-	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &hbytes, &nheaders,
+	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &field_size, &nheaders,
 	                                 &body, &script_name, &PyBytes_Type, &server_line, &ht, &kt,
 	                                 &bt))
 		return -1;
-	if (maxfd <= 0 || !line || !hbytes || !nheaders) {
+	if (maxfd <= 0 || !line || !field_size || !nheaders) {
 		PyErr_SetString(PyExc_ValueError, "maxfd and the limits must be positive");
 		return -1;
 	}
@@ -559,8 +559,8 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	s->busy = Py_NewRef(busy);
 	s->enter_app = Py_NewRef(enter_app);
 	s->lim.line = line;
-	s->lim.header_bytes = hbytes;
-	s->lim.headers = nheaders;
+	s->lim.field_size = field_size;
+	s->lim.fields = nheaders;
 	s->lim.body = body;
 	s->script_name = Py_NewRef(script_name);
 	s->server_line = Py_NewRef(server_line);

@@ -43,6 +43,7 @@ static const char *REASONS(int status)
 	case 414: return "URI Too Long";
 	case 431: return "Request Header Fields Too Large";
 	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
 	case 505: return "HTTP Version Not Supported";
 	default: return "Error";
 	}
@@ -451,7 +452,12 @@ static int set_addr(HttpConn *c, PyObject *env)
 {
 	PyObject *keys[] = {K_SERVER_NAME, K_SERVER_PORT, K_REMOTE_ADDR, K_REMOTE_PORT};
 
-	for (int i = 0; i < 4; i++)
+	/* SERVER_NAME and SERVER_PORT are already set when the target was in
+	 * absolute-form: its authority is the request's (RFC 9112 3.2.2) */
+	for (int i = 0; i < 2; i++)
+		if (!PyDict_SetDefault(env, keys[i], PyTuple_GET_ITEM(c->addr, i)))
+			return -1;
+	for (int i = 2; i < 4; i++)
 		if (PyDict_SetItem(env, keys[i], PyTuple_GET_ITEM(c->addr, i)) < 0)
 			return -1;
 	return 0;

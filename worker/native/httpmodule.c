@@ -101,7 +101,7 @@ static PyObject *unquote_latin1(const char *s, size_t n)
  * request). Shared with hconn.c (http.h). */
 PyObject *K_SERVER_NAME, *K_SERVER_PORT, *K_REMOTE_ADDR, *K_REMOTE_PORT, *K_WSGI_INPUT;
 static PyObject *K_REQUEST_METHOD, *K_RAW_URI, *K_REQUEST_URI, *K_QUERY_STRING, *K_PATH_INFO,
-                *K_SERVER_PROTOCOL, *V_HTTP11, *V_HTTP10, *K_EMPTY;
+                *K_SERVER_PROTOCOL, *V_HTTP11, *V_HTTP10, *K_EMPTY, *K_HTTP_HOST;
 static PyObject *method_names[64];
 
 static int make_keys(void)
@@ -113,7 +113,7 @@ static int make_keys(void)
 		{&K_RAW_URI, "RAW_URI"}, {&K_REQUEST_URI, "REQUEST_URI"},
 		{&K_QUERY_STRING, "QUERY_STRING"}, {&K_PATH_INFO, "PATH_INFO"},
 		{&K_SERVER_PROTOCOL, "SERVER_PROTOCOL"}, {&V_HTTP11, "HTTP/1.1"},
-		{&V_HTTP10, "HTTP/1.0"}, {&K_EMPTY, ""},
+		{&V_HTTP10, "HTTP/1.0"}, {&K_EMPTY, ""}, {&K_HTTP_HOST, "HTTP_HOST"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -187,12 +187,46 @@ static size_t field_key(const char *name, size_t n, char *key, size_t cap)
 	return k;
 }
 
+/* RFC 9112 3.2.2: an absolute-form target's authority replaces Host:
+ * HTTP_HOST is the authority, SERVER_NAME its host, SERVER_PORT its port
+ * or the scheme's. -1 with an exception, or 0. */
+static int set_authority(PyObject *env, const char *a, size_t len, const char *target)
+{
+	const char *colon = NULL;
+	const char *port;
+	size_t plen;
+
+	for (size_t i = len; i-- > 0 && a[i] != ']';)
+		if (a[i] == ':') {
+			colon = a + i;
+			break;
+		}
+	if (set_str(env, K_HTTP_HOST, a, len) < 0 ||
+	    set_str(env, K_SERVER_NAME, a, colon ? (size_t)(colon - a) : len) < 0)
+		return -1;
+	if (colon && a + len > colon + 1) {
+		port = colon + 1;
+		plen = len - (size_t)(port - a);
+	}
+	else if (!strncasecmp(target, "https:", 6)) {
+		port = "443";
+		plen = 3;
+	}
+	else {
+		port = "80";
+		plen = 2;
+	}
+	return set_str(env, K_SERVER_PORT, port, plen);
+}
+
 static PyObject *build_environ(Parser *self, PyObject *base)
 {
 	struct hp_parser *hp = &self->hp;
 	const char *target = hp->head;
 	size_t tlen = hp->url_len, plen, qoff = 0, qlen = 0;
 	const char *path = target;
+	uint32_t host = 0, host_len = 0, path_off = 0;
+	int absolute;
 	PyObject *env, *v;
 	char keybuf[256];
 
@@ -218,15 +252,11 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 	if (!v || PyDict_SetItem(env, K_RAW_URI, v) < 0 || PyDict_SetItem(env, K_REQUEST_URI, v) < 0)
 		goto fail_v;
 	Py_DECREF(v);
-	/* absolute-form (a proxy's request): the authority ends at the first
-	 * '/', '?' or '#' (RFC 3986 3.2); the path (maybe empty) follows */
-	if (tlen > 7 && (!strncasecmp(target, "http://", 7) || !strncasecmp(target, "https://", 8))) {
-		const char *end = target + tlen;
-
-		path = (const char *)memchr(target, ':', tlen) + 3;
-		while (path < end && *path != '/' && *path != '?' && *path != '#')
-			path++;
-	}
+	/* absolute-form (a proxy's request): the path (maybe empty) follows
+	 * the authority, which is the request's host (below) */
+	absolute = hp_absolute(hp, &host, &host_len, &path_off);
+	if (absolute)
+		path = target + path_off;
 	plen = tlen - (size_t)(path - target);
 	{
 		const char *hash = memchr(path, '#', plen);
@@ -248,6 +278,16 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 
 		if (!decoded)
 			goto fail;
+		/* "*" (OPTIONS, the server as a whole) and an absolute-form
+		 * target's empty path: an OPTIONS on the application root,
+		 * PATH_INFO empty (PEP 3333); for another method the empty path
+		 * is "/" (RFC 9112 3.2.1, 3.2.4); REQUEST_URI keeps the target */
+		if ((tlen == 1 && *target == '*') || (absolute && !plen)) {
+			Py_SETREF(decoded, hp->ll.method == HTTP_OPTIONS ? Py_NewRef(K_EMPTY)
+			                   : PyUnicode_FromStringAndSize("/", 1));
+			if (!decoded)
+				goto fail;
+		}
 		/* SCRIPT_NAME (root path) is in base; PATH_INFO is what follows it */
 		if (sn && PyUnicode_Tailmatch(decoded, self->script_name, 0, sn, -1) == 1 &&
 		    (PyUnicode_GET_LENGTH(decoded) == sn || PyUnicode_READ_CHAR(decoded, sn) == '/')) {
@@ -308,6 +348,8 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 		if (rc < 0)
 			goto fail;
 	}
+	if (absolute && set_authority(env, target + host, host_len, target) < 0)
+		goto fail;
 	return env;
 fail_v:
 	Py_XDECREF(v);
@@ -320,23 +362,24 @@ fail:
 
 static int Parser_init(Parser *self, PyObject *args, PyObject *kw)
 {
-	static char *names[] = {"max_line", "max_header_bytes", "max_headers", "max_body",
+	static char *names[] = {"max_line", "max_field_size", "max_headers", "max_body",
 	                        "script_name", NULL};
-	unsigned int max_line = 8190, max_header_bytes = 32768, max_headers = 100;
+	/* gunicorn's defaults: limit_request_line, _field_size, _fields */
+	unsigned int max_line = 4094, max_field_size = 8190, max_headers = 100;
 	unsigned long long max_body = 0;
 	PyObject *script_name = NULL;
 	struct hp_limits lim;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|IIIKU", names, &max_line, &max_header_bytes,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|IIIKU", names, &max_line, &max_field_size,
 	                                 &max_headers, &max_body, &script_name))
 		return -1;
-	if (!max_line || !max_header_bytes || !max_headers) {
+	if (!max_line || !max_field_size || !max_headers) {
 		PyErr_SetString(PyExc_ValueError, "limits must be positive");
 		return -1;
 	}
 	lim.line = max_line;
-	lim.header_bytes = max_header_bytes;
-	lim.headers = max_headers;
+	lim.field_size = max_field_size;
+	lim.fields = max_headers;
 	lim.body = max_body;
 	hp_free(&self->hp);
 	hp_init(&self->hp, &lim);

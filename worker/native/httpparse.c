@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "httpparse.h"
+#include "httpscan.h"
 
 static struct hp_parser *P(llhttp_t *ll)
 {
@@ -53,8 +53,10 @@ static int on_message_begin(llhttp_t *ll)
 
 	p->head_len = p->url_len = p->nfields = 0;
 	p->in_field = p->in_value = 0;
-	p->line_bytes = p->field_bytes = 0;
-	p->hosts = 0;
+	p->field_bytes = 0;
+	p->hosts = p->te_fields = 0;
+	p->version_done = 0;
+	p->host = -1;
 	p->length = -1;
 	p->body_seen = 0;
 	p->state = HP_HEAD;
@@ -62,22 +64,13 @@ static int on_message_begin(llhttp_t *ll)
 	return 0;
 }
 
-static int on_method(llhttp_t *ll, const char *at, size_t n)
-{
-	struct hp_parser *p = P(ll);
-
-	(void)at;
-	p->line_bytes += (uint32_t)n;
-	if (p->line_bytes > p->lim.line)
-		return refuse(p, 414, "request line too long");
-	return 0;
-}
-
 static int on_url(llhttp_t *ll, const char *at, size_t n)
 {
 	struct hp_parser *p = P(ll);
 
-	if (n > p->lim.line || (p->line_bytes += (uint32_t)n) > p->lim.line)
+	/* the scanner counts the whole line; this bounds what is kept of it
+	 * before the scanner sees the bytes (after llhttp) */
+	if (n > p->lim.line || p->url_len + n > p->lim.line)
 		return refuse(p, 414, "request line too long");
 	p->url_len += (uint32_t)n;
 	return put(p, at, n);
@@ -91,13 +84,16 @@ static int on_version_complete(llhttp_t *ll)
 		refuse(p, 505, "HTTP version not supported");
 		return -1;
 	}
+	p->version_done = 1;
 	return 0;
 }
 
+/* A field's name and value: bounded here as they are kept, before the
+ * scanner counts the whole line (whitespace included) after llhttp. */
 static int field_data(struct hp_parser *p, size_t n)
 {
-	if (n > p->lim.header_bytes || (p->field_bytes += (uint32_t)n) > p->lim.header_bytes)
-		return refuse(p, 431, "request header fields too large");
+	if (n > p->lim.field_size || (p->field_bytes += (uint32_t)n) > p->lim.field_size)
+		return refuse(p, 431, "request header field too large");
 	return 0;
 }
 
@@ -105,6 +101,8 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t n)
 {
 	struct hp_parser *p = P(ll);
 
+	if (!p->in_field && p->state != HP_BODY)
+		p->field_bytes = 0;                 /* a new field starts */
 	if (field_data(p, n))
 		return HPE_USER;
 	if (p->state == HP_BODY) {
@@ -117,7 +115,7 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t n)
 	if (!p->in_field) {
 		struct hp_field *f;
 
-		if (p->nfields >= p->lim.headers)
+		if (p->nfields >= p->lim.fields)
 			return refuse(p, 431, "too many request header fields");
 		if (p->nfields == p->cap_fields) {
 			uint32_t cap = p->cap_fields ? 2 * p->cap_fields : 32;
@@ -150,6 +148,7 @@ static int on_header_field_complete(llhttp_t *ll)
 		uint32_t len = p->trailer_len;
 
 		p->trailer_len = 0;
+		p->field_bytes = 0;
 		if (len <= sizeof(p->trailer) &&
 		    (is_name(p->trailer, len, "content-length") ||
 		     is_name(p->trailer, len, "transfer-encoding") ||
@@ -165,10 +164,18 @@ static int on_header_field_complete(llhttp_t *ll)
 		return -1;
 	}
 	p->in_field = 0;
-	if (is_name(p->head + p->fields[p->nfields - 1].name,
-	            p->fields[p->nfields - 1].name_len, "host") && ++p->hosts > 1) {
-		refuse(p, 400, "repeated Host field");
-		return -1;
+	{
+		const struct hp_field *f = &p->fields[p->nfields - 1];
+
+		if (is_name(p->head + f->name, f->name_len, "host")) {
+			if (++p->hosts > 1) {
+				refuse(p, 400, "repeated Host field");
+				return -1;
+			}
+			p->host = (int)p->nfields - 1;
+		}
+		else if (is_name(p->head + f->name, f->name_len, "transfer-encoding"))
+			p->te_fields++;
 	}
 	return 0;
 }
@@ -194,21 +201,179 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t n)
 static int on_header_value_complete(llhttp_t *ll)
 {
 	P(ll)->in_value = 0;
+	P(ll)->field_bytes = 0;             /* the next field counts from 0 */
 	return 0;
+}
+
+/* The field's value without the OWS llhttp leaves after it. */
+static const char *field_value(const struct hp_parser *p, const struct hp_field *f, uint32_t *len)
+{
+	const char *v = p->head + f->value;
+	uint32_t n = f->value_len;
+
+	while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+		n--;
+	*len = n;
+	return v;
+}
+
+/* RFC 9112 6.1, 6.3: the Transfer-Encoding fields as one list. llhttp
+ * frames by it when it ends in chunked (whatever comes before) and lets an
+ * empty one stand beside Content-Length. We decode chunked only: it must
+ * be there exactly once and last, with nothing before it (else 501, as 6.1
+ * says for a coding the server does not understand). Empty list elements
+ * are ignored (RFC 9110 5.6.1). 0, or refused. */
+static int check_transfer_encoding(struct hp_parser *p)
+{
+	int tokens = 0, chunked = 0, last_chunked = 0;
+
+	for (uint32_t i = 0; i < p->nfields; i++) {
+		const struct hp_field *f = &p->fields[i];
+		uint32_t len, a = 0;
+		const char *v;
+
+		if (!is_name(p->head + f->name, f->name_len, "transfer-encoding"))
+			continue;
+		v = field_value(p, f, &len);
+		while (a <= len) {
+			uint32_t b = a, e;
+
+			while (b < len && v[b] != ',')
+				b++;
+			e = b;
+			while (a < e && (v[a] == ' ' || v[a] == '\t'))
+				a++;
+			while (e > a && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+				e--;
+			if (e > a) {
+				tokens++;
+				last_chunked = is_name(v + a, e - a, "chunked");
+				chunked += last_chunked;
+			}
+			a = b + 1;
+		}
+	}
+	if (!tokens)
+		return refuse(p, 400, "empty Transfer-Encoding");
+	if (!last_chunked)
+		return refuse(p, 400, "Transfer-Encoding does not end in chunked");
+	if (chunked > 1)
+		return refuse(p, 400, "Transfer-Encoding applies chunked more than once");
+	if (tokens > 1)
+		return refuse(p, 501, "transfer coding not implemented (only chunked is decoded)");
+	return 0;
+}
+
+/* RFC 9112 3.2 (RFC 3986 3.2.2, 3.2.3): Host is one uri-host [":" port],
+ * uri-host an IP-literal in brackets or a reg-name. Anything else is
+ * refused, the comma first: "a, b" is two Host values joined, read by
+ * some as the first, by others as the last. An empty Host is allowed
+ * (3.2), so is an empty port (RFC 3986: port = *DIGIT). */
+static int ascii_alnum(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+static int valid_host(const char *v, uint32_t len)
+{
+	static const char reg[] = "-._~%!$&'()*+;=";          /* ALPHA DIGIT besides */
+	static const char literal[] = "-._~%!$&'()*+;=:";      /* v6, IPvFuture */
+	const char *end = v + len, *s = v;
+
+	if (s < end && *s == '[') {
+		for (s++; s < end && *s != ']'; s++)
+			if (!ascii_alnum(*s) && (!*s || !strchr(literal, *s)))
+				return 0;
+		if (s == end)
+			return 0;                            /* no closing bracket */
+		s++;
+	}
+	else
+		for (; s < end && *s != ':'; s++)
+			if (!ascii_alnum(*s) && (!*s || !strchr(reg, *s)))
+				return 0;
+	if (s < end && *s++ != ':')
+		return 0;
+	for (; s < end; s++)
+		if (*s < '0' || *s > '9')
+			return 0;
+	return 1;
+}
+
+int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, uint32_t *path)
+{
+	const char *t = p->head, *end = p->head + p->url_len, *a, *e, *at;
+
+	if (p->url_len < 7 || t[0] == '/' || t[0] == '*')
+		return 0;
+	a = memchr(t, ':', p->url_len);
+	if (!a || end - a < 3 || a[1] != '/' || a[2] != '/')
+		return 0;
+	a += 3;                                  /* llhttp took only "scheme://" */
+	for (e = a; e < end && *e != '/' && *e != '?' && *e != '#'; e++)
+		;
+	/* userinfo is not part of the host (RFC 3986 3.2.1) */
+	for (at = e; at > a && at[-1] != '@'; at--)
+		;
+	if (at > a)
+		a = at;
+	*host = (uint32_t)(a - t);
+	*host_len = (uint32_t)(e - a);
+	*path = (uint32_t)(e - t);
+	return 1;
 }
 
 static int on_headers_complete(llhttp_t *ll)
 {
 	struct hp_parser *p = P(ll);
 	int has_length = !!(ll->flags & F_CONTENT_LENGTH);
+	uint32_t host, host_len, path;
 
+	if (ll->http_major != 1) {
+		/* HTTP/0.9 (llhttp takes a line without a version for one) */
+		refuse(p, 400, "request line without an HTTP version");
+		return -1;
+	}
 	if (ll->http_minor == 1 && !p->hosts) {
 		refuse(p, 400, "missing Host field");
 		return -1;
 	}
-	if (ll->http_minor == 0 && (ll->flags & F_TRANSFER_ENCODING)) {
-		refuse(p, 400, "Transfer-Encoding in an HTTP/1.0 request");
+	if (p->host >= 0) {
+		uint32_t len;
+		const char *v = field_value(p, &p->fields[p->host], &len);
+
+		if (!valid_host(v, len)) {
+			refuse(p, 400, "Host is not one host[:port]");
+			return -1;
+		}
+	}
+	if (p->url_len == 1 && p->head[0] == '*' && ll->method != HTTP_OPTIONS) {
+		refuse(p, 400, "a * request-target is for OPTIONS only");
 		return -1;
+	}
+	if (hp_absolute(p, &host, &host_len, &path)) {
+		/* the URI of an origin server is http or https (RFC 9110 4.2),
+		 * its host never empty there (4.2.1) */
+		if (strncasecmp(p->head, "http://", 7) && strncasecmp(p->head, "https://", 8)) {
+			refuse(p, 400, "absolute-form request-target of a scheme other than http(s)");
+			return -1;
+		}
+		if (!host_len || !valid_host(p->head + host, host_len)) {
+			refuse(p, 400, "absolute-form request-target without a valid host");
+			return -1;
+		}
+	}
+	if (p->te_fields) {
+		if (ll->http_minor == 0) {
+			refuse(p, 400, "Transfer-Encoding in an HTTP/1.0 request");
+			return -1;
+		}
+		if (has_length) {
+			refuse(p, 400, "Transfer-Encoding with Content-Length");
+			return -1;
+		}
+		if (check_transfer_encoding(p))
+			return -1;
 	}
 	p->length = has_length ? (int64_t)ll->content_length : -1;
 	if (p->lim.body && has_length && ll->content_length > p->lim.body) {
@@ -228,8 +393,16 @@ static int on_body(llhttp_t *ll, const char *at, size_t n)
 {
 	struct hp_parser *p = P(ll);
 
+	/* the framing between the last data and this one (chunked only) */
+	if (p->scan.gap) {
+		size_t gap = (size_t)(at - p->scan.gap);
+
+		if (hp_scan_body(p, p->scan.gap, gap) < gap)
+			return HPE_USER;
+		p->scan.gap = at + n;
+	}
 	p->body_seen += n;
-	if (p->lim.body && p->body_seen > p->lim.body)
+	if (p->lim.body && p->body_seen + p->scan.extra > p->lim.body)
 		return refuse(p, 413, "request body too large");
 	if (n)
 		memcpy(p->out + p->out_len, at, n);   /* hp_body: room for all input */
@@ -251,7 +424,6 @@ static int on_message_complete(llhttp_t *ll)
 
 static const llhttp_settings_t settings = {
 	.on_message_begin = on_message_begin,
-	.on_method = on_method,
 	.on_url = on_url,
 	.on_version_complete = on_version_complete,
 	.on_header_field = on_header_field,
@@ -306,7 +478,12 @@ static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_e
 		refuse(p, 505, "HTTP/2 is not served on this connection");
 		break;
 	case HPE_INVALID_VERSION:
-		refuse(p, 505, "HTTP version not supported");
+		/* llhttp says so too for a bad byte after a good version
+		 * ("HTTP/1.1\rX"): that is syntax, not a version to support */
+		if (p->version_done)
+			refuse(p, 400, "expected CRLF after the HTTP version");
+		else
+			refuse(p, 505, "HTTP version not supported");
 		break;
 	default:
 		if (!p->status)
@@ -317,22 +494,15 @@ static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_e
 	return len;
 }
 
-/* Whether the head bytes data[0 .. len) hold an obsolete line folding: a
- * line starting with SP or HTAB (the request line cannot: llhttp refuses
- * it). llhttp in strict mode still joins such a line onto the field above
- * it; RFC 9112 5.2 lets a server refuse it, and a proxy in front may have
- * read it as a field of its own. Scanned on the raw bytes, across calls. */
-static int folded(struct hp_parser *p, const char *data, size_t len)
+/* The scanner found a fault within the used bytes: the request ends
+ * there, whatever llhttp made of them. */
+static size_t scanned(struct hp_parser *p, size_t used, size_t ok)
 {
-	const char *end = data + len, *lf;
-
-	if (len && p->prev_lf && (data[0] == ' ' || data[0] == '\t'))
-		return 1;
-	for (const char *s = data; (lf = memchr(s, '\n', (size_t)(end - s))); s = lf + 1)
-		if (lf + 1 < end && (lf[1] == ' ' || lf[1] == '\t'))
-			return 1;
-	p->prev_lf = len && end[-1] == '\n';
-	return 0;
+	if (ok < used) {
+		p->state = HP_ERROR;
+		return ok;
+	}
+	return used;
 }
 
 size_t hp_head(struct hp_parser *p, const char *data, size_t len)
@@ -341,12 +511,11 @@ size_t hp_head(struct hp_parser *p, const char *data, size_t len)
 
 	if (p->state != HP_HEAD || !len)
 		return 0;
+	/* the header timer runs from the first byte, an empty line's included:
+	 * llhttp begins the message only at the method */
+	p->started = 1;
 	used = settle(p, data, len, llhttp_execute(&p->ll, data, len));
-	if (p->state != HP_ERROR && folded(p, data, used)) {
-		refuse(p, 400, "obsolete line folding");
-		p->state = HP_ERROR;
-	}
-	return used;
+	return scanned(p, used, hp_scan_head(p, data, used));
 }
 
 size_t hp_body(struct hp_parser *p, const char *data, size_t len, char *out, size_t *out_len)
@@ -356,11 +525,18 @@ size_t hp_body(struct hp_parser *p, const char *data, size_t len, char *out, siz
 	*out_len = 0;
 	if (p->state != HP_BODY || !len)
 		return 0;
+	if (p->scan.where == SC_HEAD_DONE)
+		hp_scan_body_start(p);     /* the head was scanned: the body is next */
 	p->out = out;
 	p->out_len = 0;
+	p->scan.gap = hp_chunked(p) ? data : NULL;
 	used = settle(p, data, len, llhttp_execute(&p->ll, data, len));
+	if (p->scan.gap && p->state != HP_ERROR && p->scan.gap <= data + used)
+		used = scanned(p, used, (size_t)(p->scan.gap - data) +
+		               hp_scan_body(p, p->scan.gap, (size_t)(data + used - p->scan.gap)));
 	*out_len = p->out_len;
 	p->out = NULL;
+	p->scan.gap = NULL;
 	return used;
 }
 
@@ -370,8 +546,8 @@ int hp_next(struct hp_parser *p)
 		return -1;
 	p->state = HP_HEAD;
 	p->head_len = p->url_len = p->nfields = 0;
-	p->prev_lf = 0;
 	p->started = 0;
+	memset(&p->scan, 0, sizeof(p->scan));
 	return 0;
 }
 
