@@ -3,8 +3,11 @@ again with the sanitizers (same sources, llhttp's included), and
 test_http_parser.py (its strictness cases, the split-anywhere and garbage
 hypothesis fuzzing), test_http_review.py (the adversarial review's cases)
 test_wsgi.py (the whole engine: loop turns, connections, responses,
-over real sockets) and test_engine_fuzz.py (generated and garbage requests
-split anywhere, over real sockets) run against that build in a child interpreter with
+over real sockets), test_engine_fuzz.py (generated and garbage requests
+split anywhere, over real sockets) and test_http_framing_fuzz.py /
+test_http_framing_known.py (the whole request path framed against a strict
+reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES passes through
+for bench/fuzz_http.sh's longer runs) run against that build in a child interpreter with
 libasan preloaded (conftest.py swaps it in). Any sanitizer report fails the
 run."""
 from __future__ import annotations
@@ -17,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+# bench/fuzz_http.sh --asan lengthens the run: FUZZ_HTTP_TIMEOUT seconds more
+LONGER = int(os.environ.get("FUZZ_HTTP_TIMEOUT", "0"))
+pytestmark = pytest.mark.timeout(600 + LONGER)
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "worker" / "native"
@@ -46,8 +51,10 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
                           str(ROOT / "tests" / "worker" / "test_http_review.py"),
                           str(ROOT / "tests" / "worker" / "test_wsgi.py"),
-                          str(ROOT / "tests" / "worker" / "test_engine_fuzz.py")],
-                         env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
+                          str(ROOT / "tests" / "worker" / "test_engine_fuzz.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_framing_fuzz.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_framing_known.py")],
+                         env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, report
