@@ -29,7 +29,7 @@ round=0
 while [ "$(date +%s)" -lt "$end" ]; do
   round=$((round + 1))
   echo "round $round: $FUZZ_HTTP_EXAMPLES examples per test ($TARGET)"
-  # no example database: every round explores afresh
+  # a fresh seed each round (hypothesis still replays a saved failing example first)
   "$PY" -m pytest -q -p no:cacheprovider -p no:xdist "$TARGET" \
       --hypothesis-seed="$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')"
 done
