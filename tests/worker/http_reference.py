@@ -94,8 +94,10 @@ def frame(data: bytes) -> Framing:
         return Framing(out, "reject", str(exc), bool(getattr(exc, "head_ok", False)))
 
 
-def _line(data: bytes, pos: int, where: str) -> tuple[bytes, int]:
-    """The line at pos without its CRLF, and where the next one starts."""
+def _line(data: bytes, pos: int, where: str, empty: str = "") -> tuple[bytes, int]:
+    """The line at pos without its CRLF, and where the next one starts;
+    `where` names the line in a refusal, `empty` an empty one (the end of
+    a section) when that is a different place."""
     lf = data.find(b"\n", pos)
     if lf < 0:
         cr = data.find(b"\r", pos)
@@ -103,7 +105,8 @@ def _line(data: bytes, pos: int, where: str) -> tuple[bytes, int]:
             raise Reject(f"bare CR in {where}")
         raise Partial()
     if lf == pos or data[lf - 1] != 0x0D:
-        raise Reject(f"bare LF ending {where}")
+        raise Reject(f"bare LF ending {empty or where}" if data[pos:lf] in (b"", b"\r")
+                     else f"bare LF ending {where}")
     content = data[pos:lf - 1]
     if b"\r" in content:
         raise Reject(f"bare CR in {where}")
@@ -111,7 +114,7 @@ def _line(data: bytes, pos: int, where: str) -> tuple[bytes, int]:
 
 
 def _request(data: bytes, pos: int, out: list) -> tuple[Request, int]:
-    line, pos = _line(data, pos, "the request line")
+    line, pos = _line(data, pos, "the request line", "an empty line before a request")
     parts = line.split(b" ")
     if len(parts) == 2 and parts[0] and parts[1]:
         raise Reject("request line without a version")
@@ -131,7 +134,7 @@ def _request(data: bytes, pos: int, out: list) -> tuple[Request, int]:
     _target(method, target)
     fields, count = [], 0
     while True:
-        line, pos = _line(data, pos, "the head" if not fields else "a field line")
+        line, pos = _line(data, pos, "a field line", "the head")
         if not line:
             break
         fields.append(_field(line, "header"))
@@ -270,10 +273,8 @@ def _chunked(data: bytes, pos: int) -> tuple[bytes, int]:
             raise Reject("chunk data not followed by CRLF")
         body.append(data[pos:pos + size])
         pos += size + 2
-    first = True
     while True:
-        line, pos = _line(data, pos, "the last chunk's end" if first else "the trailers")
-        first = False
+        line, pos = _line(data, pos, "a trailer field line", "the trailers")
         if not line:
             return b"".join(body), pos
         name, _ = _field(line, "trailer")
