@@ -6,10 +6,10 @@ test_wsgi.py (the whole engine: loop turns, connections, responses,
 over real sockets), test_engine_fuzz.py (generated and garbage requests
 split anywhere, over real sockets) and test_http_framing_fuzz.py /
 test_http_framing_known.py (the whole request path framed against a strict
-reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES passes through
-for bench/fuzz_http.sh's longer runs) run against that build in a child interpreter with
-libasan preloaded (conftest.py swaps it in). Any sanitizer report fails the
-run."""
+reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES, 100 here unless
+set, passes through for bench/fuzz_http.sh's longer runs) run against that
+build in a child interpreter with libasan preloaded (conftest.py swaps it
+in). Any sanitizer report fails the run."""
 from __future__ import annotations
 
 import os
@@ -45,7 +45,9 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                # CPython's own allocations are not ours to judge (leaks at exit)
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
-               PYTHONMALLOC="malloc")
+               PYTHONMALLOC="malloc",
+               # the framing fuzz's share of this run: tens of seconds unless asked for more
+               FUZZ_HTTP_EXAMPLES=os.environ.get("FUZZ_HTTP_EXAMPLES", "100"))
     # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                           "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
