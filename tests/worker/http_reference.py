@@ -187,7 +187,9 @@ def _field(line: bytes, where: str) -> tuple[bytes, bytes]:
     if line[:1] in (b" ", b"\t"):
         raise Reject(f"obsolete line folding in a {where} field")
     name, colon, value = line.partition(b":")
-    if not colon or not name or not set(name) <= TCHAR:
+    if colon and not name:
+        raise Reject(f"empty {where} field name")
+    if not colon or not set(name) <= TCHAR:
         raise Reject(f"malformed {where} field name")
     value = value.strip(WS)
     if not set(value) <= FIELD_CHAR:
