@@ -211,11 +211,12 @@ def _framing(version: bytes, fields: list) -> tuple[bool, int, bool]:
     te, cl = _values(fields, b"transfer-encoding"), _values(fields, b"content-length")
     chunked, length = False, 0
     if te:
+        if not any(v.strip(WS) for v in te):
+            raise Reject("empty Transfer-Encoding" + (" with Content-Length" if cl else ""))
         if version == b"HTTP/1.0":
             raise Reject("Transfer-Encoding on HTTP/1.0")
         if cl:
-            raise Reject("Transfer-Encoding with Content-Length" if any(te)
-                         else "empty Transfer-Encoding with Content-Length")
+            raise Reject("Transfer-Encoding with Content-Length")
         codings = [c.strip(WS).lower() for v in te for c in v.split(b",")]
         codings = [c for c in codings if c]                  # RFC 9110 §5.6.1: empty elements
         if not codings:

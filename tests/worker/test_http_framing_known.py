@@ -34,6 +34,13 @@ REFUSED = {
     "empty te with cl": (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding:\r\nContent-Length: 3"
                          b"\r\n\r\nabc" + NEXT,
                          xfail("issue 18 §2: empty Transfer-Encoding with Content-Length accepted")),
+    "empty te alone": (b"GET / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding:\r\n\r\n" + NEXT,
+                       xfail("issue 18 §2 (same root): an empty Transfer-Encoding is taken as "
+                             "absent, also without Content-Length")),
+    "empty te on http/1.0": (b"GET / HTTP/1.0\r\nTransfer-Encoding:\r\nConnection: keep-alive"
+                             b"\r\n\r\n" + NEXT,
+                             xfail("issue 18 §2 (same root): an empty Transfer-Encoding is "
+                                   "accepted on HTTP/1.0")),
     "bare lf after last chunk": (CHUNKED + b"1\r\na\r\n0\r\n\n" + NEXT,
                                  xfail("issue 18 §2: bare LF after the last chunk accepted")),
     "bare lf ending trailers": (CHUNKED + b"1\r\na\r\n0\r\nT: 1\r\n\n" + NEXT,
