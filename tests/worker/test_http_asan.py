@@ -55,7 +55,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_wsgi.py"),
                           str(ROOT / "tests" / "worker" / "test_engine_fuzz.py"),
                           str(ROOT / "tests" / "worker" / "test_http_framing_fuzz.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_framing_known.py")],
+                          str(ROOT / "tests" / "worker" / "test_http_framing_known.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_pipeline_eof.py")],
                          env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report
