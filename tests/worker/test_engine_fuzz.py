@@ -65,24 +65,29 @@ def server(request):
 def exchange(addr, data: bytes, cuts: list[int]) -> bytes:
     """Sends data in pieces (each given a moment to arrive alone), half-
     closes, and returns everything the server sent until it closed."""
-    pieces, last = [], 0
-    for c in sorted(set(x for x in cuts if 0 < x < len(data))) + [len(data)]:
-        pieces.append(data[last:c])
-        last = c
     with socket.create_connection(addr, timeout=10) as c:
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for piece in pieces:
-            try:
-                c.sendall(piece)
-            except (BrokenPipeError, ConnectionResetError):
-                break                                   # refused and closed early: fine
-            select.select([c], [], [], 0.002)           # a poll with a deadline, not a sleep
+        return send_pieces(c, data, cuts)
+
+
+def send_pieces(c: socket.socket, data: bytes, cuts: list[int]) -> bytes:
+    """exchange() on a connected socket c."""
+    pieces, last = [], 0
+    for cut in sorted(set(x for x in cuts if 0 < x < len(data))) + [len(data)]:
+        pieces.append(data[last:cut])
+        last = cut
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for piece in pieces:
         try:
-            c.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        closed, out = closed_within(c, 10)
-        assert closed, f"the server neither answered nor closed; got {out[:200]!r}"
+            c.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            break                                   # refused and closed early: fine
+        select.select([c], [], [], 0.002)           # a poll with a deadline, not a sleep
+    try:
+        c.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    closed, out = closed_within(c, 10)
+    assert closed, f"the server neither answered nor closed; got {out[:200]!r}"
     return out
 
 

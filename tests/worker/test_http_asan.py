@@ -5,10 +5,13 @@ hypothesis fuzzing), test_http_review.py (the adversarial review's cases),
 test_http_smuggling.py and test_http_limits.py (the raw line scanner's
 refusals and limits, over real sockets),
 test_wsgi.py (the whole engine: loop turns, connections, responses,
-over real sockets) and test_engine_fuzz.py (generated and garbage requests
-split anywhere, over real sockets) run against that build in a child interpreter with
-libasan preloaded (conftest.py swaps it in). Any sanitizer report fails the
-run."""
+over real sockets), test_engine_fuzz.py (generated and garbage requests
+split anywhere, over real sockets) and test_http_framing_fuzz.py /
+test_http_framing_known.py (the whole request path framed against a strict
+reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES, 100 here unless
+set, passes through for bench/fuzz_http.sh's longer runs) run against that
+build in a child interpreter with libasan preloaded (conftest.py swaps it
+in). Any sanitizer report fails the run."""
 from __future__ import annotations
 
 import os
@@ -19,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+# bench/fuzz_http.sh --asan lengthens the run: FUZZ_HTTP_TIMEOUT seconds more
+LONGER = int(os.environ.get("FUZZ_HTTP_TIMEOUT", "0"))
+pytestmark = pytest.mark.timeout(600 + LONGER)
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "worker" / "native"
@@ -43,7 +48,9 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                # CPython's own allocations are not ours to judge (leaks at exit)
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
-               PYTHONMALLOC="malloc")
+               PYTHONMALLOC="malloc",
+               # the framing fuzz's share of this run: tens of seconds unless asked for more
+               FUZZ_HTTP_EXAMPLES=os.environ.get("FUZZ_HTTP_EXAMPLES", "100"))
     # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                           "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
@@ -51,8 +58,11 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_http_smuggling.py"),
                           str(ROOT / "tests" / "worker" / "test_http_limits.py"),
                           str(ROOT / "tests" / "worker" / "test_wsgi.py"),
-                          str(ROOT / "tests" / "worker" / "test_engine_fuzz.py")],
-                         env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
+                          str(ROOT / "tests" / "worker" / "test_engine_fuzz.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_framing_fuzz.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_framing_known.py"),
+                          str(ROOT / "tests" / "worker" / "test_http_pipeline_eof.py")],
+                         env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, report

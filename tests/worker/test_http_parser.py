@@ -218,26 +218,41 @@ STREAM = (b"POST /up?x=1 HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
           b"PUT /c HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nxyz")
 
 
-def split_parse(data: bytes, cuts: list[int]):
-    p = RequestParser()
-    out, env, body = [], None, b""
+def framed(data: bytes, cuts: list[int], view) -> tuple[list, str]:
+    """What one RequestParser frames from data fed cut at cuts: view(environ,
+    body) of each request whose body it finished, in order, and 'refused'
+    (HttpError) or 'open' (waiting for more, or stopped after a request
+    that closes)."""
+    p, out, env, body = RequestParser(), [], None, b""
     pieces, last = [], 0
-    for c in sorted(set(cuts)) + [len(data)]:
+    for c in sorted(set(x for x in cuts if 0 < x < len(data))) + [len(data)]:
         pieces.append(data[last:c])
         last = c
-    for piece in pieces:
-        p.feed(piece)
-        while True:
-            if env is None:
-                env = p.next_request(BASE)
+    try:
+        for piece in pieces:
+            p.feed(piece)
+            while True:
                 if env is None:
+                    env = p.next_request(BASE)
+                    if env is None:
+                        break
+                while not p.body_done and (chunk := p.read_body()):
+                    body += chunk
+                if not p.body_done:
                     break
-            body += p.read_body()
-            if not p.body_done:
-                break
-            out.append((env["REQUEST_METHOD"], env["PATH_INFO"], env.get("HTTP_COOKIE"), body))
-            env, body = None, b""
-            assert p.finish()
+                out.append(view(env, body))
+                env, body = None, b""
+                if not p.finish():
+                    return out, "open"
+    except HttpError:
+        return out, "refused"
+    return out, "open"
+
+
+def split_parse(data: bytes, cuts: list[int]):
+    out, how = framed(data, cuts, lambda env, body: (env["REQUEST_METHOD"], env["PATH_INFO"],
+                                                     env.get("HTTP_COOKIE"), body))
+    assert how == "open"
     return out
 
 
