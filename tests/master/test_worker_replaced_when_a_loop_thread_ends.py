@@ -114,13 +114,16 @@ def test_show_proc_prints_each_workers_live_loop_threads():
 EXCINFOAPP = """
 import os, sys
 
+def bad(start_response):
+    yield b"first"
+    yield b"second"
+    start_response("500 Oops", [], sys.exc_info())     # (None, None, None)
+
 def app(environ, start_response):
     start_response("200 OK", [("Content-Type", "text/plain")])
     if environ["PATH_INFO"] == "/bad":
-        yield b"first"
-        yield b"second"
-        start_response("500 Oops", [], sys.exc_info())     # (None, None, None)
-    yield b"%d" % os.getpid()
+        return bad(start_response)
+    return [b"%d" % os.getpid()]                      # one block: a Content-Length
 """
 
 

@@ -163,10 +163,27 @@ def _target(method: bytes, target: bytes) -> None:
     if target.startswith(b"*"):
         raise Reject("a target starting with '*' other than '*'")
     if not target.startswith(b"/"):
-        raise Reject("absolute-form target" if b"://" in target else "not an origin-form target")
+        target = _absolute(target)
     path, _, query = target.partition(b"?")
     _pct(path, PCHAR | frozenset(b"/"), "target path")
     _pct(query, PCHAR | frozenset(b"/?"), "target query")
+
+
+def _absolute(target: bytes) -> bytes:
+    """absolute-form (RFC 9112 §3.2.2, which a server MUST accept): an http
+    or https URI with a host and no userinfo (RFC 9110 §4.2, §4.2.4); gives
+    its path-abempty and query ("/" for an empty path) to check as usual."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep:
+        raise Reject("not an origin-form target")
+    if scheme.lower() not in (b"http", b"https"):
+        raise Reject("absolute-form target of a scheme other than http(s)")
+    end = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, path = rest[:end], rest[end:]
+    if not authority or authority.startswith(b":") or b"@" in authority:
+        raise Reject("absolute-form target without a valid host")
+    _host(authority)
+    return path if path.startswith(b"/") else b"/" + path
 
 
 def _pct(s: bytes, allowed: frozenset, where: str) -> None:

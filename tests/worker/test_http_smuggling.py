@@ -117,6 +117,11 @@ CASES = [
     ("host-port-letters", b"GET / HTTP/1.1\r\nHost: a:b\r\n\r\n", 400, "3.2"),
     ("host-two-ports", b"GET / HTTP/1.1\r\nHost: a:1:2\r\n\r\n", 400, "3.2"),
     ("host-userinfo", b"GET / HTTP/1.1\r\nHost: u@a\r\n\r\n", 400, "3.2"),
+    ("absolute-userinfo", b"GET http://u@a/ HTTP/1.1\r\nHost: a\r\n\r\n", 400, "3.2.2; RFC 9110 4.2.4"),
+    ("star-prefixed", b"OPTIONS *0 HTTP/1.1\r\nHost: a\r\n\r\n", 400, "3.2.4"),
+    ("bare-cr-before-request", b"\rGET / HTTP/1.1\r\nHost: a\r\n\r\n", 400, "2.2"),
+    ("repeated-content-type", b"POST / HTTP/1.1\r\nHost: a\r\nContent-Type: a/b\r\n"
+     b"Content-Type: c/d\r\nContent-Length: 0\r\n\r\n", 400, "RFC 9110 8.3, 5.3"),
     ("host-v6-unclosed", b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", 400, "3.2"),
     # §3.2.2: absolute-form of http(s), with a host
     ("absolute-ftp", b"GET ftp://a/x HTTP/1.1\r\nHost: h\r\n\r\n", 400, "3.2.2"),
@@ -227,7 +232,7 @@ def test_absolute_form_authority_is_the_host(serve_wsgi):
     _, addr = serve_wsgi(app)
     statuses, out, _ = exchange(addr, b"GET http://example.com/x?q HTTP/1.1\r\nHost: other\r\n\r\n"
                                 b"GET http://Example.org:8080 HTTP/1.1\r\nHost: other\r\n\r\n"
-                                b"GET https://u@example.net?a HTTP/1.1\r\nHost: other\r\n\r\n"
+                                b"GET https://example.net?a HTTP/1.1\r\nHost: other\r\n\r\n"
                                 b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n"
                                 b"OPTIONS http://example.com HTTP/1.1\r\nHost: h\r\n"
                                 b"Connection: close\r\n\r\n")

@@ -54,7 +54,7 @@ static int on_message_begin(llhttp_t *ll)
 	p->head_len = p->url_len = p->nfields = 0;
 	p->in_field = p->in_value = 0;
 	p->field_bytes = 0;
-	p->hosts = p->te_fields = 0;
+	p->hosts = p->te_fields = p->content_types = 0;
 	p->version_done = 0;
 	p->host = -1;
 	p->length = -1;
@@ -149,6 +149,11 @@ static int on_header_field_complete(llhttp_t *ll)
 
 		p->trailer_len = 0;
 		p->field_bytes = 0;
+		if (!len) {
+			/* ": v": refused in the head, so in the trailers too */
+			refuse(p, 400, "empty field name in trailers");
+			return -1;
+		}
 		if (len <= sizeof(p->trailer) &&
 		    (is_name(p->trailer, len, "content-length") ||
 		     is_name(p->trailer, len, "transfer-encoding") ||
@@ -176,6 +181,13 @@ static int on_header_field_complete(llhttp_t *ll)
 		}
 		else if (is_name(p->head + f->name, f->name_len, "transfer-encoding"))
 			p->te_fields++;
+		else if (is_name(p->head + f->name, f->name_len, "content-type") &&
+		         ++p->content_types > 1) {
+			/* joined with a comma it is no media type at all, and which
+			 * one a proxy or the app would take is anyone's guess */
+			refuse(p, 400, "repeated Content-Type field");
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -347,9 +359,16 @@ static int on_headers_complete(llhttp_t *ll)
 			return -1;
 		}
 	}
-	if (p->url_len == 1 && p->head[0] == '*' && ll->method != HTTP_OPTIONS) {
-		refuse(p, 400, "a * request-target is for OPTIONS only");
-		return -1;
+	if (p->url_len && p->head[0] == '*') {
+		/* asterisk-form is "*" alone, and OPTIONS's only (RFC 9112 3.2.4) */
+		if (p->url_len != 1) {
+			refuse(p, 400, "a request-target starting with * that is not *");
+			return -1;
+		}
+		if (ll->method != HTTP_OPTIONS) {
+			refuse(p, 400, "a * request-target is for OPTIONS only");
+			return -1;
+		}
 	}
 	if (hp_absolute(p, &host, &host_len, &path)) {
 		/* the URI of an origin server is http or https (RFC 9110 4.2),
@@ -360,6 +379,12 @@ static int on_headers_complete(llhttp_t *ll)
 		}
 		if (!host_len || !valid_host(p->head + host, host_len)) {
 			refuse(p, 400, "absolute-form request-target without a valid host");
+			return -1;
+		}
+		if (memchr(p->head, '@', host)) {
+			/* RFC 9110 4.2.4: userinfo in an http(s) URI is an error (it
+			 * serves to mislead about which host is meant) */
+			refuse(p, 400, "userinfo in an absolute-form request-target");
 			return -1;
 		}
 	}
@@ -455,10 +480,24 @@ void hp_free(struct hp_parser *p)
 	p->head_cap = p->cap_fields = 0;
 }
 
+/* Whether the method llhttp refused at s is a token (RFC 9110 5.6.2) up
+ * to its SP, as far as the read goes: a method llhttp's table lacks.
+ * Its bytes before s matched a known method's prefix: letters. */
+static int token_method(const char *s, const char *end)
+{
+	static const char tspecial[] = "!#$%&'*+-.^_`|~";
+
+	for (; s < end && *s != ' '; s++)
+		if (!ascii_alnum(*s) && (!*s || !strchr(tspecial, *s)))
+			return 0;
+	return 1;
+}
+
 /* Turns llhttp_execute's answer into our state; returns bytes consumed. */
 static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_errno_t e)
 {
 	const char *pos;
+	size_t all = len;
 
 	if (e == HPE_OK)
 		return len;
@@ -484,6 +523,14 @@ static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_e
 			refuse(p, 400, "expected CRLF after the HTTP version");
 		else
 			refuse(p, 505, "HTTP version not supported");
+		break;
+	case HPE_INVALID_METHOD:
+		/* a token llhttp has no name for is a method we do not implement
+		 * (RFC 9110 9.1: 501), anything else a malformed line */
+		if (!p->status)
+			refuse(p, token_method(data + len, data + all) ? 501 : 400,
+			       token_method(data + len, data + all) ? "method not implemented"
+			                                            : "invalid method");
 		break;
 	default:
 		if (!p->status)

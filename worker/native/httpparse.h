@@ -88,6 +88,7 @@ struct hp_parser {
 	int hosts;               /* Host fields seen */
 	int host;                /* index of the Host field */
 	int te_fields;           /* Transfer-Encoding fields seen */
+	int content_types;       /* Content-Type fields seen */
 	int upgrade;             /* llhttp stopped at an upgrade: no request follows */
 	int in_field;            /* a field name is being collected */
 	int started;             /* a byte of the current request arrived */
@@ -107,6 +108,7 @@ struct hp_parser {
 		uint8_t after_sp;    /* request line: the last byte was SP */
 		uint8_t sig;         /* chunk-size line: a significant digit was seen */
 		uint8_t digits;      /* chunk-size line: still in its leading hex digits */
+		uint8_t ext;         /* chunk-size line: where in an extension (EXT_* in httpscan.c) */
 		uint32_t zeros;      /* chunk-size line: leading zeros */
 		uint32_t lines;      /* trailer lines */
 		uint64_t len;        /* bytes of this line, CR and LF excluded */

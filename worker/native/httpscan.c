@@ -47,6 +47,11 @@ static int head_line_bytes(struct hp_parser *p, const char *s, size_t n)
 		/* RFC 9112 3: method SP request-target SP HTTP-version */
 		const char *q = s, *e = s + n, *sp;
 
+		/* llhttp skips a lone CR before a request line as if it were an
+		 * empty line; a proxy may not (2.2: CRLF only) */
+		if (memchr(s, '\r', n))
+			return scan_refuse(p, 400, "bare CR in the request line");
+
 		while ((sp = memchr(q, ' ', (size_t)(e - q)))) {
 			int after_sp = sp > s ? sp[-1] == ' ' : p->scan.after_sp;
 
@@ -131,6 +136,9 @@ size_t hp_scan_head(struct hp_parser *p, const char *data, size_t len)
 	return len;
 }
 
+/* where a chunk-size line is in its extensions (scan.ext) */
+enum { EXT_NONE, EXT_NAME_WANTED, EXT_NAME, EXT_VALUE_WANTED, EXT_VALUE, EXT_QUOTED };
+
 /* Starts a line of the chunked framing. */
 static void scan_line(struct hp_parser *p, int where)
 {
@@ -140,6 +148,33 @@ static void scan_line(struct hp_parser *p, int where)
 	p->scan.sig = 0;
 	p->scan.digits = 1;
 	p->scan.zeros = 0;
+	p->scan.ext = EXT_NONE;
+}
+
+/* A chunk extension's byte c (RFC 9112 7.1.1: ";" name ["=" value], the
+ * value a token or a quoted-string; llhttp refused whitespace and bad
+ * bytes already). An empty name or value is refused: llhttp takes it, a
+ * proxy may not. 0, or refused. */
+static int ext_byte(struct hp_parser *p, unsigned char c)
+{
+	static const char *empty = "empty chunk extension name or value";
+	uint8_t *e = &p->scan.ext;
+
+	if (*e == EXT_QUOTED) {
+		if (c == '"')
+			*e = EXT_VALUE;
+		return 0;
+	}
+	if (c == ';' || c == '=') {
+		if (*e == EXT_NAME_WANTED || *e == EXT_VALUE_WANTED || (c == '=' && *e != EXT_NAME))
+			return scan_refuse(p, 400, empty);
+		*e = c == ';' ? EXT_NAME_WANTED : EXT_VALUE_WANTED;
+	}
+	else if (*e == EXT_NAME_WANTED)
+		*e = EXT_NAME;
+	else if (*e == EXT_VALUE_WANTED)
+		*e = c == '"' ? EXT_QUOTED : EXT_VALUE;
+	return 0;
 }
 
 void hp_scan_body_start(struct hp_parser *p)
@@ -170,6 +205,9 @@ size_t hp_scan_body(struct hp_parser *p, const char *data, size_t len)
 		if (kind == LINE_END) {
 			switch (p->scan.where) {
 			case SC_SIZE:
+				if (p->scan.ext == EXT_NAME_WANTED || p->scan.ext == EXT_VALUE_WANTED ||
+				    p->scan.ext == EXT_QUOTED)
+					return scan_refuse(p, 400, "empty or unterminated chunk extension"), i;
 				scan_line(p, p->scan.sig ? SC_DATA : SC_TRAILER);
 				break;
 			case SC_DATA_END:
@@ -204,6 +242,8 @@ size_t hp_scan_body(struct hp_parser *p, const char *data, size_t len)
 			else {
 				p->scan.digits = 0;
 				p->scan.extra++;              /* an extension, or whitespace */
+				if (ext_byte(p, c))
+					return i;
 			}
 			if (p->lim.body && p->body_seen + p->scan.extra > p->lim.body)
 				return scan_refuse(p, 413, "request body too large (chunk extensions and padding count)"), i;
