@@ -148,7 +148,7 @@ SETTINGS: tuple[Setting, ...] = (
             msgspec.Meta(ge=64, le=1 << 20), "BYTES", section="http"),
     Setting("limit_request_field_size", ("--limit-request-field-size",
                                          "--limit-request-header-bytes"), int, 8190,
-            "longest header or trailer field line, CRLF excluded (longer: 431); "
+            "longest header or trailer field line, its CRLF included, as gunicorn counts (longer: 431); "
             "limit_request_header_bytes is its former name",
             msgspec.Meta(ge=1, le=1 << 20), "BYTES", section="http",
             aliases=("limit_request_header_bytes",)),

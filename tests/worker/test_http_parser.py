@@ -182,8 +182,8 @@ def test_request_line_limit_414():
 def test_field_size_and_count_limits_431():
     big = b"GET / HTTP/1.1\r\nHost: h\r\nX: " + b"v" * 200 + b"\r\n\r\n"
     assert refused(big, max_field_size=100)[0] == 431
-    # one field line each (whitespace included), not all together
-    fits = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"X: " + b"v" * 97 + b"\r\nY:" + b" " * 97 + b"y\r\n"
+    # one field line each (whitespace and CRLF included), not all together
+    fits = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"X: " + b"v" * 95 + b"\r\nY:" + b" " * 95 + b"y\r\n"
     assert parse(fits + b"\r\n", max_field_size=100)
     assert refused(fits.replace(b"Y:", b"Y: ") + b"\r\n", max_field_size=100)[0] == 431
     many = b"GET / HTTP/1.1\r\nHost: h\r\n" + b"".join(b"X%d: 1\r\n" % i for i in range(20))

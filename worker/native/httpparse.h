@@ -54,7 +54,7 @@
 
 struct hp_limits {
 	uint32_t line;           /* the request line, CRLF excluded, leading empty lines included */
-	uint32_t field_size;     /* one field line (head or trailer), CRLF excluded */
+	uint32_t field_size;     /* one field line (head or trailer), its CRLF included */
 	uint32_t fields;         /* field lines of the head and trailers together */
 	uint64_t body;           /* body bytes, chunk padding included; 0: no limit */
 };

@@ -68,7 +68,7 @@ static int head_line_bytes(struct hp_parser *p, const char *s, size_t n)
 			/* obs-fold, or whitespace before the first field: a proxy
 			 * may read either as a field of its own (5.2, 2.2) */
 			return scan_refuse(p, 400, "obsolete line folding");
-		if ((p->scan.len += n) > p->lim.field_size)
+		if ((p->scan.len += n) + 2 > p->lim.field_size)      /* its CRLF too, as gunicorn counts */
 			return scan_refuse(p, 431, "request header field too large");
 	}
 	return 0;
@@ -81,7 +81,12 @@ static int head_line_end(struct hp_parser *p)
 	if (p->scan.where == SC_REQLINE) {
 		if (!p->scan.len) {
 			/* an empty line before the request line (RFC 9112 2.2):
-			 * ignored, but its bytes count toward the line */
+			 * one is ignored (a client's stray CRLF after a body),
+			 * its bytes counted toward the line; a second is no
+			 * client's habit but a padding or a probe (gunicorn
+			 * refuses it too) */
+			if (p->scan.extra)
+				return scan_refuse(p, 400, "more than one empty line before the request line");
 			if ((p->scan.extra += 2) > p->lim.line)
 				return scan_refuse(p, 414, "request line too long (empty lines before it included)");
 			return 0;
@@ -252,7 +257,7 @@ size_t hp_scan_body(struct hp_parser *p, const char *data, size_t len)
 			if (p->scan.len == 1 && (c == ' ' || c == '\t'))
 				/* llhttp joins it to the trailer above, a proxy may not */
 				return scan_refuse(p, 400, "obsolete line folding"), i;
-			if (p->scan.len > p->lim.field_size)
+			if (p->scan.len + 2 > p->lim.field_size)
 				return scan_refuse(p, 431, "request trailer field too large"), i;
 		}
 	}
