@@ -149,6 +149,11 @@ static int on_header_field_complete(llhttp_t *ll)
 
 		p->trailer_len = 0;
 		p->field_bytes = 0;
+		if (!len) {
+			/* ": v": as in the head, a field name is a token (5.1) */
+			refuse(p, 400, "empty field name in trailers");
+			return -1;
+		}
 		if (len <= sizeof(p->trailer) &&
 		    (is_name(p->trailer, len, "content-length") ||
 		     is_name(p->trailer, len, "transfer-encoding") ||
