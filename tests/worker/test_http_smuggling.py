@@ -308,3 +308,16 @@ def test_chunk_extension_quoted_pair_is_served(served):
     statuses, out, _ = exchange(addr, data + b"GET /ok2 HTTP/1.1\r\nHost: h\r\n"
                                 b"Connection: close\r\n\r\n")
     assert statuses == [200, 200], out
+
+
+@pytest.mark.parametrize("target", [b"*x", b"*/admin", b"*?x", b"*#", b"h://x", b"ab://c"])
+def test_targets_of_no_request_target_form_are_refused(served, target):
+    """Found by the adversarial review of the parser after issue 18: llhttp
+    takes bytes after a leading "*" ("GET */admin", "POST *?x"), and a
+    scheme URI shorter than 7 bytes ("h://x") was not recognised as
+    absolute-form, so neither the "* is for OPTIONS only" check nor the
+    http(s) scheme check ran: each was served, PATH_INFO "*/admin", "*",
+    "h://x", a path no router expects. RFC 9112 §3.2: the asterisk-form is
+    "*" alone; any other target not starting with "/" is absolute-form."""
+    refused_on_wire(served, b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n", 400)
+    refused_on_wire(served, b"OPTIONS " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n", 400)

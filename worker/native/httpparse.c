@@ -309,8 +309,8 @@ int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, u
 {
 	const char *t = p->head, *end = p->head + p->url_len, *a, *e, *at;
 
-	if (p->url_len < 7 || t[0] == '/' || t[0] == '*')
-		return 0;
+	if (!p->url_len || t[0] == '/' || t[0] == '*')
+		return 0;                        /* (llhttp took "x://" of any length) */
 	a = memchr(t, ':', p->url_len);
 	if (!a || end - a < 3 || a[1] != '/' || a[2] != '/')
 		return 0;
@@ -352,9 +352,17 @@ static int on_headers_complete(llhttp_t *ll)
 			return -1;
 		}
 	}
-	if (p->url_len == 1 && p->head[0] == '*' && ll->method != HTTP_OPTIONS) {
-		refuse(p, 400, "a * request-target is for OPTIONS only");
-		return -1;
+	if (p->url_len && p->head[0] == '*') {
+		/* llhttp takes bytes after the "*" ("*x", "*?q", a path): the
+		 * asterisk-form is "*" alone (3.2.4), else no form at all */
+		if (p->url_len != 1) {
+			refuse(p, 400, "a request-target starting with * is \"*\" alone");
+			return -1;
+		}
+		if (ll->method != HTTP_OPTIONS) {
+			refuse(p, 400, "a * request-target is for OPTIONS only");
+			return -1;
+		}
 	}
 	if (hp_absolute(p, &host, &host_len, &path)) {
 		/* the URI of an origin server is http or https (RFC 9110 4.2),
