@@ -321,3 +321,15 @@ def test_targets_of_no_request_target_form_are_refused(served, target):
     "*" alone; any other target not starting with "/" is absolute-form."""
     refused_on_wire(served, b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n", 400)
     refused_on_wire(served, b"OPTIONS " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n", 400)
+
+
+@pytest.mark.parametrize("data", [b"\rGET / HTTP/1.1\r\nHost: h\r\n\r\n",
+                                  b"\r\n\rPOST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"])
+def test_bare_cr_before_the_request_line_is_refused(served, data):
+    """Found by the adversarial review of the parser after issue 18 (a
+    differential run against h11): llhttp skips a CR before the method, and
+    the scanner took it as a byte of the request line, so "\\rGET / ..."
+    was served and the connection kept alive. RFC 9112 §2.2: a bare CR is
+    invalid (or read as SP, which would make the line start with a space:
+    400 either way)."""
+    refused_on_wire(served, data, 400)
