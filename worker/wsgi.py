@@ -242,7 +242,7 @@ class _Streaming:
     socket itself."""
 
     __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline", "abandoned",
-                 "over")
+                 "over", "draining")
 
     def __init__(self, conn, limits: _Limits, continue_due: bool):
         self.conn = conn
@@ -256,6 +256,9 @@ class _Streaming:
         # (it waited body_timeout on the loop thread, polling an fd number
         # that may be another client's by then, and read that client's bytes)
         self.over = False
+        # the app answered and left the body: what it sends no longer
+        # buys time (serve_slow's drain has body_timeout at most)
+        self.draining = False
 
     def _body_chunk(self, size: int = -1) -> bytes:
         if self.abandoned or self.over:
@@ -321,7 +324,8 @@ class _Streaming:
                 raise ClientGone(str(exc)) from None
             if not data:
                 raise ClientGone("the client closed the connection mid-body")
-            self._deadline += len(data) / MIN_BODY_RATE
+            if not self.draining:
+                self._deadline += len(data) / MIN_BODY_RATE
             self.parser.feed(data)
             return
 
@@ -343,7 +347,12 @@ def serve_slow(limits: _Limits, conn, env: dict) -> bool:
             # rest of an upload nobody wants would hold the thread for nothing
             return False
         # the body must be consumed before the next request: drain what
-        # the app left unread (bounded by the body limit and timeout)
+        # the app left unread, within body_timeout from now at most and
+        # never extended by the bytes received (a client sending fast
+        # enough kept the loop thread draining a body nobody reads, review)
+        body.draining = True
+        drain_by = time.monotonic() + limits.body_timeout
+        body._deadline = drain_by if body._deadline is None else min(body._deadline, drain_by)
         try:
             while body._body_chunk():
                 pass

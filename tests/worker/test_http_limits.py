@@ -220,3 +220,48 @@ def test_gunicorn_limit_cases_with_their_settings(serve_wsgi, settings, data):
     _, addr = serve_wsgi(app, **settings)
     statuses, out, closed = exchange(addr, data + SMUGGLED)
     assert statuses == [431] and closed, out[:300]
+
+
+def test_unread_body_drain_is_bounded_by_body_timeout(serve_wsgi):
+    """Found by the adversarial review of the parser after issue 18: an app
+    answered without reading a request body of Content-Length 10^11; the
+    loop thread then drained the unwanted body for as long as the client
+    kept sending 64 KiB/s or more (the body deadline grows by a second per
+    64 KiB received), serving no other connection meanwhile: past 6 s with
+    body_timeout 1 s, it still drained and a second client timed out. The
+    drain of a body nobody reads has body_timeout, never more; then the
+    connection closes (the answer has gone out already)."""
+    def noread(environ, start_response):
+        start_response("200 OK", [("Content-Length", "3")])
+        return [b"ok\n"]
+
+    _, addr = serve_wsgi(noread, body_timeout=1.0)
+    with socket.create_connection(addr) as c:
+        c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000000\r\n\r\n")
+        start = time.monotonic()
+        deadline = start + 8.0
+        out, closed = b"", False
+        c.setblocking(False)
+        while time.monotonic() < deadline and not closed:
+            try:
+                c.send(b"x" * 32768)             # 320 KiB/s: well above the minimum rate
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed = True                    # reset after our close: closed too
+                break
+            readable, _, _ = select.select([c], [], [], 0.1)
+            if readable:
+                try:
+                    data = c.recv(65536)
+                except OSError:
+                    closed = True
+                    break
+                out += data
+                closed = not data
+        assert out.startswith(b"HTTP/1.1 200 OK"), out
+        assert closed, "still draining an unread body after 8 s (body_timeout 1 s)"
+        assert time.monotonic() - start < 4.0
+    statuses, out, _ = exchange(addr, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+                                timeout=5)
+    assert statuses == [200], out

@@ -289,3 +289,52 @@ def test_valid_requests_parse_alike_wherever_split(data):
     assert [path for path, _ in whole] == ["/ok", "/smuggled"]
     for cut in range(len(data) + len(SMUGGLED)):
         assert _parse_split(data + SMUGGLED, cut) == whole, cut
+
+
+def test_trailer_field_with_empty_name_is_refused(served):
+    """Found by the adversarial review of the parser after issue 18: an
+    empty field name in the trailer section ("0\\r\\n: x\\r\\n\\r\\n") was
+    accepted and the connection kept alive, while the same line in the head
+    is a 400. RFC 9112 §5.1, §7.1.2: a field name is a token (one character
+    at least); a strict reader refuses the message, so must we."""
+    refused_on_wire(served, CHUNKED + b"0\r\n: x\r\n\r\n", 400)
+    refused_on_wire(served, CHUNKED + b"1\r\nx\r\n0\r\nA: 1\r\n:\r\n\r\n", 400)
+
+
+@pytest.mark.xfail(strict=True, reason="llhttp 8.1 refuses a quoted-pair in a chunk "
+                   "extension's quoted-string (Invalid character in chunk extensions quoted "
+                   "value); safe (a refusal, never another framing) but not RFC 9112 §7.1.1")
+def test_chunk_extension_quoted_pair_is_served(served):
+    """Found by the adversarial review of the parser after issue 18: a
+    chunk extension whose quoted-string holds a quoted-pair (`"a\\"b"`,
+    RFC 9110 §5.6.4) is valid, and refused with a 400."""
+    addr, paths = served
+    data = CHUNKED.replace(b"POST /", b"POST /ok") + b"1;e=\"a\\\"b\"\r\nx\r\n0\r\n\r\n"
+    statuses, out, _ = exchange(addr, data + b"GET /ok2 HTTP/1.1\r\nHost: h\r\n"
+                                b"Connection: close\r\n\r\n")
+    assert statuses == [200, 200], out
+
+
+@pytest.mark.parametrize("target", [b"*x", b"*/admin", b"*?x", b"*#", b"h://x", b"ab://c"])
+def test_targets_of_no_request_target_form_are_refused(served, target):
+    """Found by the adversarial review of the parser after issue 18: llhttp
+    takes bytes after a leading "*" ("GET */admin", "POST *?x"), and a
+    scheme URI shorter than 7 bytes ("h://x") was not recognised as
+    absolute-form, so neither the "* is for OPTIONS only" check nor the
+    http(s) scheme check ran: each was served, PATH_INFO "*/admin", "*",
+    "h://x", a path no router expects. RFC 9112 §3.2: the asterisk-form is
+    "*" alone; any other target not starting with "/" is absolute-form."""
+    refused_on_wire(served, b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n", 400)
+    refused_on_wire(served, b"OPTIONS " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n", 400)
+
+
+@pytest.mark.parametrize("data", [b"\rGET / HTTP/1.1\r\nHost: h\r\n\r\n",
+                                  b"\r\n\rPOST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"])
+def test_bare_cr_before_the_request_line_is_refused(served, data):
+    """Found by the adversarial review of the parser after issue 18 (a
+    differential run against h11): llhttp skips a CR before the method, and
+    the scanner took it as a byte of the request line, so "\\rGET / ..."
+    was served and the connection kept alive. RFC 9112 §2.2: a bare CR is
+    invalid (or read as SP, which would make the line start with a space:
+    400 either way)."""
+    refused_on_wire(served, data, 400)

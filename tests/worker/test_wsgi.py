@@ -440,3 +440,49 @@ def test_a_client_that_does_not_read_holds_a_bounded_buffer(serve):
         while got < 64 * 65536:
             got += len(c.recv(1 << 20))
     assert max(pending) <= HIGH_WATER + 65536
+
+
+def test_path_outside_root_path_is_not_put_under_it(serve):
+    """Found by the adversarial review of the parser after issue 18: with
+    root_path "/app", a request for "/application" (or "/", or an
+    absolute-form target with an empty path) reached the app as
+    SCRIPT_NAME "/app", PATH_INFO "/application": the URL an app rebuilds
+    from them (PEP 3333: SCRIPT_NAME + PATH_INFO) is "/app/application", a
+    path the client never asked for, and links and redirects the app makes
+    from it point there. A path not under the root is the app's whole path:
+    SCRIPT_NAME empty."""
+    seen = []
+
+    def app(environ, start_response):
+        seen.append((environ["SCRIPT_NAME"], environ["PATH_INFO"]))
+        start_response("204 No Content", [])
+        return []
+
+    _, addr = serve(app, root_path="/app")
+    targets = [b"/app", b"/app/x", b"/application", b"/", b"/APP/x", b"http://h"]
+    out = raw(addr, b"".join(b"GET %s HTTP/1.1\r\nHost: h\r\n\r\n" % t for t in targets) +
+              b"GET /app/ HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    assert out.count(b"HTTP/1.1 204") == len(targets) + 1, out
+    assert seen == [("/app", ""), ("/app", "/x"), ("", "/application"), ("", "/"),
+                    ("", "/APP/x"), ("", "/"), ("/app", "/")]
+
+
+def test_repeated_cookie_fields_are_joined_with_semicolons(serve):
+    """Found by the adversarial review of the parser after issue 18: two
+    Cookie fields (an HTTP/2 front end splits cookies into several, RFC
+    9113 §8.2.3, and a downgrading proxy may pass them on) were joined with
+    a comma, "a=1,b=2": cookie parsers split on ';' only, so the app saw
+    one cookie a with the value "1,b=2" and no b. Cookie is the exception
+    to RFC 9110 §5.3's comma joining (RFC 6265 §5.4: "; ")."""
+    seen = []
+
+    def app(environ, start_response):
+        seen.append(environ.get("HTTP_COOKIE"))
+        start_response("204 No Content", [])
+        return []
+
+    _, addr = serve(app)
+    out = raw(addr, b"GET / HTTP/1.1\r\nHost: h\r\nCookie: a=1\r\ncookie: b=2; c=3\r\n"
+              b"X-A: 1\r\nX-A: 2\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 204"), out
+    assert seen == ["a=1; b=2; c=3"]

@@ -101,7 +101,8 @@ static PyObject *unquote_latin1(const char *s, size_t n)
  * request). Shared with hconn.c (http.h). */
 PyObject *K_SERVER_NAME, *K_SERVER_PORT, *K_REMOTE_ADDR, *K_REMOTE_PORT, *K_WSGI_INPUT;
 static PyObject *K_REQUEST_METHOD, *K_RAW_URI, *K_REQUEST_URI, *K_QUERY_STRING, *K_PATH_INFO,
-                *K_SERVER_PROTOCOL, *V_HTTP11, *V_HTTP10, *K_EMPTY, *K_HTTP_HOST;
+                *K_SERVER_PROTOCOL, *V_HTTP11, *V_HTTP10, *K_EMPTY, *K_HTTP_HOST,
+                *K_SCRIPT_NAME;
 static PyObject *method_names[64];
 
 static int make_keys(void)
@@ -114,6 +115,7 @@ static int make_keys(void)
 		{&K_QUERY_STRING, "QUERY_STRING"}, {&K_PATH_INFO, "PATH_INFO"},
 		{&K_SERVER_PROTOCOL, "SERVER_PROTOCOL"}, {&V_HTTP11, "HTTP/1.1"},
 		{&V_HTTP10, "HTTP/1.0"}, {&K_EMPTY, ""}, {&K_HTTP_HOST, "HTTP_HOST"},
+		{&K_SCRIPT_NAME, "SCRIPT_NAME"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -297,6 +299,12 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 				goto fail;
 			decoded = rest;
 		}
+		else if (sn && PyDict_SetItem(env, K_SCRIPT_NAME, K_EMPTY) < 0) {
+			/* a path outside the root is the app's whole path: SCRIPT_NAME
+			 * + PATH_INFO must rebuild what the client asked for */
+			Py_DECREF(decoded);
+			goto fail;
+		}
 		if (PyDict_SetItem(env, K_PATH_INFO, decoded) < 0) {
 			Py_DECREF(decoded);
 			goto fail;
@@ -333,8 +341,12 @@ static PyObject *build_environ(Parser *self, PyObject *base)
 		 * request's own */
 		old = PyDict_GetItemWithError(env, key);     /* borrowed */
 		if (old && PyUnicode_Check(old)) {
-			/* a repeated field: one value, comma-joined (RFC 9110 5.3) */
-			PyObject *joined = PyUnicode_FromFormat("%U,%U", old, value);
+			/* a repeated field: one value, comma-joined (RFC 9110 5.3),
+			 * but Cookie's with "; " (RFC 6265 5.4, RFC 9113 8.2.3):
+			 * cookie parsers split on ';' only */
+			PyObject *joined = PyUnicode_FromFormat(klen == 11 && !memcmp(keybuf, "HTTP_COOKIE", 11)
+			                                        ? "%U; %U" : "%U,%U",
+			                                        old, value);
 			Py_DECREF(value);
 			if (!joined) {
 				Py_DECREF(key);

@@ -150,7 +150,7 @@ static int on_header_field_complete(llhttp_t *ll)
 		p->trailer_len = 0;
 		p->field_bytes = 0;
 		if (!len) {
-			/* ": v": refused in the head, so in the trailers too */
+			/* ": v": as in the head, a field name is a token (5.1) */
 			refuse(p, 400, "empty field name in trailers");
 			return -1;
 		}
@@ -316,8 +316,8 @@ int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, u
 {
 	const char *t = p->head, *end = p->head + p->url_len, *a, *e, *at;
 
-	if (p->url_len < 7 || t[0] == '/' || t[0] == '*')
-		return 0;
+	if (!p->url_len || t[0] == '/' || t[0] == '*')
+		return 0;                        /* (llhttp took "x://" of any length) */
 	a = memchr(t, ':', p->url_len);
 	if (!a || end - a < 3 || a[1] != '/' || a[2] != '/')
 		return 0;
@@ -360,9 +360,10 @@ static int on_headers_complete(llhttp_t *ll)
 		}
 	}
 	if (p->url_len && p->head[0] == '*') {
-		/* asterisk-form is "*" alone, and OPTIONS's only (RFC 9112 3.2.4) */
+		/* llhttp takes bytes after the "*" ("*x", "*?q", a path): the
+		 * asterisk-form is "*" alone (3.2.4), else no form at all */
 		if (p->url_len != 1) {
-			refuse(p, 400, "a request-target starting with * that is not *");
+			refuse(p, 400, "a request-target starting with * is \"*\" alone");
 			return -1;
 		}
 		if (ll->method != HTTP_OPTIONS) {

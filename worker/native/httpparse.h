@@ -34,7 +34,9 @@
  *   - Transfer-Encoding with Content-Length, on HTTP/1.0, empty, or not
  *     ending in chunked (400); a coding other than chunked before it (501:
  *     we decode none, RFC 9112 6.1);
- *   - a "*" target with a method other than OPTIONS (400, RFC 9112 3.2.4);
+ *   - a "*" target with a method other than OPTIONS, and a target of
+ *     "*" and more bytes, which llhttp takes (400, RFC 9112 3.2.4);
+ *   - an empty field name in trailers (400, 5.1);
  *   - Content-Length, Transfer-Encoding or Host in chunked trailers (400);
  *     other trailer fields are dropped, never merged into the head.
  * llhttp itself refuses bad or overflowing lengths (a sign, a list, two

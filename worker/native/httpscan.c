@@ -47,11 +47,10 @@ static int head_line_bytes(struct hp_parser *p, const char *s, size_t n)
 		/* RFC 9112 3: method SP request-target SP HTTP-version */
 		const char *q = s, *e = s + n, *sp;
 
-		/* llhttp skips a lone CR before a request line as if it were an
-		 * empty line; a proxy may not (2.2: CRLF only) */
+		/* llhttp skips a CR before the method (and refuses one after
+		 * it): any CR here is bare */
 		if (memchr(s, '\r', n))
-			return scan_refuse(p, 400, "bare CR in the request line");
-
+			return scan_refuse(p, 400, "bare CR in the request line (CRLF ends a line)");
 		while ((sp = memchr(q, ' ', (size_t)(e - q)))) {
 			int after_sp = sp > s ? sp[-1] == ' ' : p->scan.after_sp;
 
