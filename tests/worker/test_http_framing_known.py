@@ -60,7 +60,7 @@ SERVED = {
 CASES = {**REFUSED, **{name: (data, None) for name, data in SERVED.items()}}
 
 # (input): RFC 9112 §7.1.1 chunk extensions the reference accepts and the
-# engine refuses, on purpose: llhttp 8.1 refuses whitespace around ';' and
+# engine refuses, on purpose (the parser review found the quoted-pair too): llhttp 8.1 refuses whitespace around ';' and
 # '=', a quoted-pair, and a name after an extension with a value. No app
 # here sees chunk extensions, no client we know sends these forms, and a
 # refusal cannot split the framing (the connection closes): leniency in
