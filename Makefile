@@ -50,7 +50,7 @@ debs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h)
+$(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h ipc/native/*.c)
 	@$(MAKE) --no-print-directory debs
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
