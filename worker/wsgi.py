@@ -69,12 +69,15 @@ class AccessLog:
 
     def __call__(self, env: dict, status: str | None, sent: int, started: float) -> None:
         took = time.monotonic() - started
-        line = f'{env["REQUEST_METHOD"]} {env["RAW_URI"]} {env["SERVER_PROTOCOL"]}'
-        atoms = _Atoms(h=env.get("REMOTE_ADDR") or "-",
+        # .get: the environ is the app's, which may have emptied it (review)
+        get = env.get
+        method, proto = get("REQUEST_METHOD", "-"), get("SERVER_PROTOCOL", "-")
+        line = f'{method} {get("RAW_URI", "-")} {proto}'
+        atoms = _Atoms(h=get("REMOTE_ADDR") or "-",
                        t=time.strftime("%d/%b/%Y:%H:%M:%S %z"), r=line,
-                       m=env["REQUEST_METHOD"], U=env["PATH_INFO"], q=env["QUERY_STRING"],
-                       H=env["SERVER_PROTOCOL"], s=(status or "-")[:3], b=sent or "-",
-                       f=env.get("HTTP_REFERER", "-"), a=env.get("HTTP_USER_AGENT", "-"),
+                       m=method, U=get("PATH_INFO", "-"), q=get("QUERY_STRING", "-"),
+                       H=proto, s=(status or "-")[:3], b=sent or "-",
+                       f=get("HTTP_REFERER", "-"), a=get("HTTP_USER_AGENT", "-"),
                        L=f"{took:.6f}", D=int(took * 1e6), p=os.getpid())
         try:
             self.log.info(self.fmt % atoms)
