@@ -134,8 +134,14 @@ static int send_body(Respond *r, const char *data, size_t n, int now)
 	}
 	if (r->head_only || r->bodiless || !n)
 		return now ? hconn_flush(c) : 0;         /* the head, at least, goes now */
-	if (r->length >= 0 && r->sent + n > (unsigned long long)r->length) {
-		n = (size_t)((unsigned long long)r->length - r->sent);   /* never past what we announced */
+	if (r->length >= 0 && (r->sent >= (unsigned long long)r->length ||
+	                       n > (unsigned long long)r->length - r->sent)) {
+		/* never past what we announced; sent may be past it already (it
+		 * is writable from Python, for sendfile: an app that set it on its
+		 * start_response made this a huge n, or wrapped sent + n, a read
+		 * far past data, and the worker died of SIGSEGV: review) */
+		n = r->sent >= (unsigned long long)r->length
+		    ? 0 : (size_t)((unsigned long long)r->length - r->sent);
 		r->keep = 0;
 		if (!n)
 			return now ? hconn_flush(c) : 0;
