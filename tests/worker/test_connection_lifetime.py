@@ -69,3 +69,58 @@ def test_cap_reopens_when_a_connection_ends_on_an_app_thread(serve, monkeypatch)
     n.close()
     assert got.endswith(b"next"), got
     assert not unraisable, unraisable[:3]
+
+
+@pytest.mark.xfail(strict=True, reason="a streamed response blocks its loop thread while a slow "
+                   "reader drains the HIGH_WATER..LOW_WATER span (hconn_flush_wait); with one "
+                   "loop thread (the default) every other client of the worker waits: needs "
+                   "a generator parked and resumed by the loop, not a blocking write")
+def test_a_slow_reader_of_a_streamed_response_does_not_stall_the_worker(serve):
+    """Review finding: a client that reads a streamed (generator) response
+    slowly but steadily, never idle for body_timeout, holds the worker's
+    only loop thread inside hconn_flush_wait for as long as it likes (each
+    bit of progress moves the deadline): a few such clients stall a
+    default worker (threads=1) outright. Another client's plain request
+    must still be answered promptly."""
+    from test_engine_review import shrink_sndbuf, small_rcvbuf_client
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/other":
+            start_response("200 OK", [("Content-Length", "5")])
+            return [b"other"]
+        shrink_sndbuf(environ)
+        start_response("200 OK", [])
+
+        def stream():
+            for _ in range(256):
+                yield b"s" * 65536              # 16 MiB, block by block
+
+        return stream()
+
+    _, addr = serve(app, threads=1, body_timeout=5.0)
+    slow = small_rcvbuf_client(addr, 4096)
+    stop = threading.Event()
+
+    def trickle():
+        try:
+            slow.sendall(b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\n")
+            while not stop.is_set() and slow.recv(1024):
+                stop.wait(0.01)                 # ~100 KiB/s: steady, never idle
+        except OSError:
+            pass
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        time.sleep(0.5)                         # the stream is under way (not a wait on it)
+        other = socket.create_connection(addr, timeout=10)
+        try:
+            other.sendall(b"GET /other HTTP/1.1\r\nHost: h\r\n\r\n")
+            got = recv_until(other, lambda b: b.endswith(b"other"), 3.0)
+        finally:
+            other.close()
+        assert got.endswith(b"other"), got
+    finally:
+        stop.set()
+        slow.close()
+        t.join(10)
