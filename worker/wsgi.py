@@ -231,10 +231,14 @@ class FileWrapper:
             yield block
 
     def regular_fd(self) -> int:
-        """The file's descriptor if it is a regular file, else -1."""
+        """The file's descriptor if it is a regular file with a size, else
+        -1. A size of 0 is iterated: procfs and sysfs files say 0 and hold
+        content, which sendfile, sized by st_size, sent as an empty body
+        (review); an empty file iterates to nothing just as well."""
         try:
             fd = self.filelike.fileno()
-            return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
+            st = os.fstat(fd)
+            return fd if stat.S_ISREG(st.st_mode) and st.st_size > 0 else -1
         except (AttributeError, OSError, ValueError):
             return -1
 
