@@ -124,3 +124,34 @@ def test_a_slow_reader_of_a_streamed_response_does_not_stall_the_worker(serve):
         stop.set()
         slow.close()
         t.join(10)
+
+
+def test_a_response_begun_after_the_drain_began_carries_connection_close(serve):
+    """Review finding: whether a response says `Connection: close` while
+    the worker drains was decided when its request arrived; a request
+    already in the app when the drain began (here: waiting for the rest of
+    its body) was answered as keep-alive, so its client kept the connection
+    for a next request that the drain's idle close then races. A head
+    that goes out after the drain began says close, and the connection
+    ends after it."""
+    started = threading.Event()
+
+    def app(environ, start_response):
+        started.set()
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    loop, addr = serve(app, threads=2)
+    c = socket.create_connection(addr, timeout=10)
+    try:
+        c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12345")
+        assert started.wait(5)
+        loop.drain(5.0)
+        c.sendall(b"67890")
+        out = recv_until(c, lambda b: False, 5.0)              # to the server's close
+    finally:
+        c.close()
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"\r\n\r\n1234567890"), out
+    assert b"\r\nConnection: close\r\n" in out, out
+    assert loop.drained.wait(5)

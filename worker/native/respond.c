@@ -112,6 +112,11 @@ static int emit_head(Respond *r, long long known)
 		else
 			r->keep = 0;                     /* HTTP/1.0, length unknown: close ends it */
 	}
+	if (s->draining)
+		/* decided now, not when the request came: one already in the app
+		 * when the drain began was answered keep-alive, and its client's
+		 * next request raced the drain's idle close (review) */
+		r->keep = 0;
 	if (!r->keep) {
 		if (emit(r, "Connection: close\r\n", 19) < 0)
 			return -1;
