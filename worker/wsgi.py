@@ -27,6 +27,7 @@ import os
 import select
 import stat
 import sys
+import threading
 import time
 
 from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa: F401
@@ -249,7 +250,7 @@ class _Streaming:
     socket itself."""
 
     __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline", "abandoned",
-                 "over")
+                 "over", "_reading", "_fed")
 
     def __init__(self, conn, limits: _Limits, continue_due: bool):
         self.conn = conn
@@ -263,6 +264,12 @@ class _Streaming:
         # (it waited body_timeout on the loop thread, polling an fd number
         # that may be another client's by then, and read that client's bytes)
         self.over = False
+        # one reader of the socket at a time: a thread of the app's may read
+        # wsgi.input while the loop thread drains the body, and whoever lost
+        # the race for the bytes waited body_timeout for bytes already fed
+        # to the parser, or read the next request's into it unseen (review)
+        self._reading = threading.Lock()
+        self._fed = 0                     # feeds so far: a waiter sees another's
 
     def _body_chunk(self, size: int = -1) -> bytes:
         if self.abandoned or self.over:
@@ -272,6 +279,8 @@ class _Streaming:
             self._unread = self._unread[len(take):]
             return take
         while True:
+            if self.over:                     # ended while this thread waited
+                return b""
             try:
                 chunk = self.parser.read_body(size)
             except HttpError as exc:
@@ -310,7 +319,29 @@ class _Streaming:
         fd = conn.fd
         if self._deadline is None:
             self._deadline = time.monotonic() + self.limits.body_timeout
+        seen = self._fed
+        while not self._reading.acquire(timeout=0.05):
+            # another thread reads: what is framed still goes out meanwhile
+            # (its wait may be for input only), and its bytes are looked at
+            if conn.pending:
+                conn.flush()
+            if self._fed != seen or self.over:
+                return
+            if time.monotonic() >= self._deadline:
+                raise ClientGone("timed out waiting for the request body")
+        try:
+            if self._fed == seen:             # else another reader fed the parser: look there
+                self._recv_locked(conn, fd)
+        finally:
+            self._reading.release()
+
+    def _recv_locked(self, conn, fd: int) -> None:
         while True:
+            if self.over:
+                # the request ended while this (app's) thread waited: the
+                # socket's bytes are the next request's, or another
+                # client's if the number was reused
+                return
             if conn.pending:
                 conn.flush()
                 if conn.closed:                  # the write failed: reset, EPIPE
@@ -320,6 +351,8 @@ class _Streaming:
                            self._deadline, "timed out waiting for the request body")
             except TimeoutError as exc:
                 raise ClientGone(str(exc)) from None
+            if self.over:
+                return
             try:
                 data = os.read(fd, 65536)
             except BlockingIOError:
@@ -330,6 +363,7 @@ class _Streaming:
                 raise ClientGone("the client closed the connection mid-body")
             self._deadline += len(data) / MIN_BODY_RATE
             self.parser.feed(data)
+            self._fed += 1
             return
 
 
