@@ -5,7 +5,8 @@ hypothesis fuzzing), test_http_review.py (the adversarial review's cases),
 test_http_smuggling.py and test_http_limits.py (the raw line scanner's
 refusals and limits, over real sockets),
 test_wsgi.py (the whole engine: loop turns, connections, responses,
-over real sockets) and test_engine_fuzz.py (generated and garbage requests
+over real sockets), test_app_containment.py (whatever an app raises or
+hands back, start_response's attributes it sets included) and test_engine_fuzz.py (generated and garbage requests
 split anywhere, over real sockets) run against that build in a child interpreter with
 libasan preloaded (conftest.py swaps it in). Any sanitizer report fails the
 run."""
@@ -51,6 +52,7 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_http_smuggling.py"),
                           str(ROOT / "tests" / "worker" / "test_http_limits.py"),
                           str(ROOT / "tests" / "worker" / "test_wsgi.py"),
+                          str(ROOT / "tests" / "worker" / "test_app_containment.py"),
                           str(ROOT / "tests" / "worker" / "test_engine_fuzz.py")],
                          env=env, capture_output=True, text=True, timeout=500, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
