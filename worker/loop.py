@@ -197,12 +197,29 @@ class Loop:
         # only our own entry: the number may already belong to a new connection
         if self.conns.get(conn.fd) is conn:
             del self.conns[conn.fd]
+        self._regate()
+
+    def _regate(self) -> None:
+        """After a close: this worker's count on the board, and polling on
+        again if the cap or the balance no longer hold. The gate's verbs
+        need a loop thread's context (or stop()'s): a connection may end on
+        a thread of the app's own (a write() from its producer thread to a
+        client that reset), which has none; an AttributeError there left
+        the cap shut for good, and a worker at max_connections never
+        accepted again (review): a live loop thread does it then."""
         gate = self.gate
         gate.publish()
-        if gate.reasons:                          # a loop thread's (or stop()'s) context
-            if CAP in gate.reasons and len(self.conns) < self.max_connections:
-                gate.on(self.local.th, CAP)
-            gate.maybe_balance_on(self.local.th)
+        if not gate.reasons:
+            return
+        th = getattr(self.local, "th", None)
+        if th is None:
+            me = next((i for i in range(len(self.loop_threads)) if i not in self.ended), 0)
+            self._mail[me].append((self._regate, ()))
+            self.table.wake(self.loop_threads[me].tid)
+            return
+        if CAP in gate.reasons and len(self.conns) < self.max_connections:
+            gate.on(th, CAP)
+        gate.maybe_balance_on(th)
 
     # ---- the loop ----------------------------------------------------------------
     def drain(self, idle_grace: float) -> None:

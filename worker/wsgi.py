@@ -27,6 +27,7 @@ import os
 import select
 import stat
 import sys
+import threading
 import time
 
 from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa: F401
@@ -69,12 +70,15 @@ class AccessLog:
 
     def __call__(self, env: dict, status: str | None, sent: int, started: float) -> None:
         took = time.monotonic() - started
-        line = f'{env["REQUEST_METHOD"]} {env["RAW_URI"]} {env["SERVER_PROTOCOL"]}'
-        atoms = _Atoms(h=env.get("REMOTE_ADDR") or "-",
+        # .get: the environ is the app's, which may have emptied it (review)
+        get = env.get
+        method, proto = get("REQUEST_METHOD", "-"), get("SERVER_PROTOCOL", "-")
+        line = f'{method} {get("RAW_URI", "-")} {proto}'
+        atoms = _Atoms(h=get("REMOTE_ADDR") or "-",
                        t=time.strftime("%d/%b/%Y:%H:%M:%S %z"), r=line,
-                       m=env["REQUEST_METHOD"], U=env["PATH_INFO"], q=env["QUERY_STRING"],
-                       H=env["SERVER_PROTOCOL"], s=(status or "-")[:3], b=sent or "-",
-                       f=env.get("HTTP_REFERER", "-"), a=env.get("HTTP_USER_AGENT", "-"),
+                       m=method, U=get("PATH_INFO", "-"), q=get("QUERY_STRING", "-"),
+                       H=proto, s=(status or "-")[:3], b=sent or "-",
+                       f=get("HTTP_REFERER", "-"), a=get("HTTP_USER_AGENT", "-"),
                        L=f"{took:.6f}", D=int(took * 1e6), p=os.getpid())
         try:
             self.log.info(self.fmt % atoms)
@@ -228,10 +232,14 @@ class FileWrapper:
             yield block
 
     def regular_fd(self) -> int:
-        """The file's descriptor if it is a regular file, else -1."""
+        """The file's descriptor if it is a regular file with a size, else
+        -1. A size of 0 is iterated: procfs and sysfs files say 0 and hold
+        content, which sendfile, sized by st_size, sent as an empty body
+        (review); an empty file iterates to nothing just as well."""
         try:
             fd = self.filelike.fileno()
-            return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
+            st = os.fstat(fd)
+            return fd if stat.S_ISREG(st.st_mode) and st.st_size > 0 else -1
         except (AttributeError, OSError, ValueError):
             return -1
 
@@ -242,7 +250,7 @@ class _Streaming:
     socket itself."""
 
     __slots__ = ("conn", "parser", "limits", "_unread", "continue_due", "_deadline", "abandoned",
-                 "over", "draining")
+                 "over", "draining", "_reading", "_fed")
 
     def __init__(self, conn, limits: _Limits, continue_due: bool):
         self.conn = conn
@@ -259,6 +267,12 @@ class _Streaming:
         # the app answered and left the body: what it sends no longer
         # buys time (serve_slow's drain has body_timeout at most)
         self.draining = False
+        # one reader of the socket at a time: a thread of the app's may read
+        # wsgi.input while the loop thread drains the body, and whoever lost
+        # the race for the bytes waited body_timeout for bytes already fed
+        # to the parser, or read the next request's into it unseen (review)
+        self._reading = threading.Lock()
+        self._fed = 0                     # feeds so far: a waiter sees another's
 
     def _body_chunk(self, size: int = -1) -> bytes:
         if self.abandoned or self.over:
@@ -268,6 +282,8 @@ class _Streaming:
             self._unread = self._unread[len(take):]
             return take
         while True:
+            if self.over:                     # ended while this thread waited
+                return b""
             try:
                 chunk = self.parser.read_body(size)
             except HttpError as exc:
@@ -306,7 +322,29 @@ class _Streaming:
         fd = conn.fd
         if self._deadline is None:
             self._deadline = time.monotonic() + self.limits.body_timeout
+        seen = self._fed
+        while not self._reading.acquire(timeout=0.05):
+            # another thread reads: what is framed still goes out meanwhile
+            # (its wait may be for input only), and its bytes are looked at
+            if conn.pending:
+                conn.flush()
+            if self._fed != seen or self.over:
+                return
+            if time.monotonic() >= self._deadline:
+                raise ClientGone("timed out waiting for the request body")
+        try:
+            if self._fed == seen:             # else another reader fed the parser: look there
+                self._recv_locked(conn, fd)
+        finally:
+            self._reading.release()
+
+    def _recv_locked(self, conn, fd: int) -> None:
         while True:
+            if self.over:
+                # the request ended while this (app's) thread waited: the
+                # socket's bytes are the next request's, or another
+                # client's if the number was reused
+                return
             if conn.pending:
                 conn.flush()
                 if conn.closed:                  # the write failed: reset, EPIPE
@@ -316,6 +354,8 @@ class _Streaming:
                            self._deadline, "timed out waiting for the request body")
             except TimeoutError as exc:
                 raise ClientGone(str(exc)) from None
+            if self.over:
+                return
             try:
                 data = os.read(fd, 65536)
             except BlockingIOError:
@@ -327,6 +367,7 @@ class _Streaming:
             if not self.draining:
                 self._deadline += len(data) / MIN_BODY_RATE
             self.parser.feed(data)
+            self._fed += 1
             return
 
 

@@ -529,3 +529,22 @@ def test_a_regular_file_whose_tell_raises_is_a_500(serve, exc, tmp_path):
     for _ in range(2):
         assert is_500(raw(addr, GET, timeout=5))
     still_serves(addr)
+
+
+@pytest.mark.parametrize("sent", [6, 10, 2**64 - 1])
+def test_an_app_that_sets_sent_on_its_start_response_cannot_overread(serve, sent):
+    """Review finding: start_response's `sent` (body bytes sent, writable
+    for wsgi.py's sendfile) set by the app past its Content-Length made the
+    engine's "never past what we announced" cut a negative length: a
+    memcpy far past the body and the whole worker died of SIGSEGV. The
+    response is cut at what was announced, the connection closes, the loop
+    thread serves on."""
+    def bad(environ, start_response):
+        start_response("200 OK", [("Content-Length", "5")])
+        start_response.sent = sent
+        return [b"x"]
+
+    _, addr = serve(routed(bad))
+    out = raw(addr, GET, timeout=5)
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"\r\n\r\n"), out
+    still_serves(addr)

@@ -5,7 +5,9 @@ hypothesis fuzzing), test_http_review.py (the adversarial review's cases),
 test_http_smuggling.py and test_http_limits.py (the raw line scanner's
 refusals and limits, over real sockets),
 test_wsgi.py (the whole engine: loop turns, connections, responses,
-over real sockets), test_engine_fuzz.py (generated and garbage requests
+over real sockets), test_app_containment.py (whatever an app raises or
+hands back, start_response's attributes it sets included),
+test_engine_fuzz.py (generated and garbage requests
 split anywhere, over real sockets) and test_http_framing_fuzz.py /
 test_http_framing_known.py (the whole request path framed against a strict
 reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES, 100 here unless
@@ -58,6 +60,7 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_http_smuggling.py"),
                           str(ROOT / "tests" / "worker" / "test_http_limits.py"),
                           str(ROOT / "tests" / "worker" / "test_wsgi.py"),
+                          str(ROOT / "tests" / "worker" / "test_app_containment.py"),
                           str(ROOT / "tests" / "worker" / "test_engine_fuzz.py"),
                           str(ROOT / "tests" / "worker" / "test_http_framing_fuzz.py"),
                           str(ROOT / "tests" / "worker" / "test_http_framing_known.py"),

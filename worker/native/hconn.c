@@ -663,7 +663,12 @@ static PyObject *HttpConn_write(HttpConn *c, PyObject *data)
 
 	if (c->closed || c->closing)
 		Py_RETURN_NONE;
-	if (srv_current(c->srv) < 0) {
+	/* From a thread that is not a loop thread: while c is serving, its
+	 * owner is inside the app and this thread is the app's (ctx()), so
+	 * the bytes go out now, as the WSGI write() of such a thread does;
+	 * posted to the owner, the slow path's 100 Continue for a body read by
+	 * a thread the owner waits for never went out (review). Else posted. */
+	if (srv_current(c->srv) < 0 && !c->serving) {
 		PyObject *copy = PyBytes_FromObject(data), *r;
 		if (!copy)
 			return NULL;

@@ -112,6 +112,11 @@ static int emit_head(Respond *r, long long known)
 		else
 			r->keep = 0;                     /* HTTP/1.0, length unknown: close ends it */
 	}
+	if (s->draining)
+		/* decided now, not when the request came: one already in the app
+		 * when the drain began was answered keep-alive, and its client's
+		 * next request raced the drain's idle close (review) */
+		r->keep = 0;
 	if (!r->keep) {
 		if (emit(r, "Connection: close\r\n", 19) < 0)
 			return -1;
@@ -134,8 +139,14 @@ static int send_body(Respond *r, const char *data, size_t n, int now)
 	}
 	if (r->head_only || r->bodiless || !n)
 		return now ? hconn_flush(c) : 0;         /* the head, at least, goes now */
-	if (r->length >= 0 && r->sent + n > (unsigned long long)r->length) {
-		n = (size_t)((unsigned long long)r->length - r->sent);   /* never past what we announced */
+	if (r->length >= 0 && (r->sent >= (unsigned long long)r->length ||
+	                       n > (unsigned long long)r->length - r->sent)) {
+		/* never past what we announced; sent may be past it already (it
+		 * is writable from Python, for sendfile: an app that set it on its
+		 * start_response made this a huge n, or wrapped sent + n, a read
+		 * far past data, and the worker died of SIGSEGV: review) */
+		n = r->sent >= (unsigned long long)r->length
+		    ? 0 : (size_t)((unsigned long long)r->length - r->sent);
 		r->keep = 0;
 		if (!n)
 			return now ? hconn_flush(c) : 0;
