@@ -162,6 +162,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
             if timeout <= 0:
                 log.warning("drain deadline reached with %d connections: exiting",
                             len(loop.conns))
+                loop.refuse_posted()
                 return status
         if channel_open:
             # our heartbeat: the master only listens (one wake-up each side

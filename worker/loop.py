@@ -115,6 +115,9 @@ class Loop:
         self.relief = Relief(self, takeover_after)
         self._stragglers: list[tuple[int, int, int]] = []   # (dup, fd, gen): _delete_listeners
         self._posted: set[int] = set()      # accepted by _take_queued, not adopted yet
+        self._posted_lock = threading.Lock()   # who takes a posted fd: its adopter or
+                                               # refuse_posted at the deadline, never both
+        self._adopting = 0                  # posted fds claimed, not in conns yet
         # the wsgi interface's native engine (worker/native/engine.c): it
         # runs the connections' side of each turn; None for a stream handler
         make_engine = getattr(handler_class, "make_engine", None)
@@ -276,16 +279,70 @@ class Loop:
 
     def _post_accepted(self, fd: int) -> None:
         me = next((i for i, since in enumerate(self.relief.busy) if not since), 0)
-        self._posted.add(fd)                 # not drained until it is adopted
+        with self._posted_lock:
+            self._posted.add(fd)             # not drained until it is adopted
         self._mail[me].append((self._adopt_posted, (me, fd)))
         self.table.wake(self.loop_threads[me].tid)
 
     def _adopt_posted(self, me: int, fd: int) -> None:
-        """_take_queued's connection, on loop thread `me` (its mail)."""
+        """_take_queued's connection, on loop thread `me` (its mail), unless
+        refuse_posted took it first."""
+        with self._posted_lock:
+            if fd not in self._posted:
+                return                       # refused at the drain's deadline
+            self._posted.discard(fd)
+            self._adopting += 1              # still counted until it is in conns
         try:
             self._adopt_accepted(self.loop_threads[me], me, fd)
         finally:
-            self._posted.discard(fd)
+            with self._posted_lock:
+                self._adopting -= 1
+
+    def refuse_posted(self, linger: float = 0.5) -> int:
+        """The main thread at the drain's deadline: connections _take_queued
+        accepted that no loop thread got to (each was busy in the app until
+        now) are refused rather than reset by our exit: an HTTP interface's
+        client gets a 503 (Connection: close) after its unread input is
+        read, then a FIN; a stream client gets the FIN. Returns how many."""
+        with self._posted_lock:
+            fds = list(self._posted)
+            self._posted.clear()
+        if not fds:
+            return 0
+        answer = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                  b"Content-Length: 34\r\nConnection: close\r\n\r\n"
+                  b"503 Service Unavailable: stopping\n") if self.engine is not None else b""
+        socks = []
+        for fd in fds:
+            s = socket.socket(fileno=fd)
+            s.setblocking(False)
+            try:
+                while s.recv(65536):         # the request it sent: a close with
+                    pass                     # unread input would be a reset
+            except OSError:
+                pass
+            try:
+                s.send(answer)
+                s.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            socks.append(s)
+        end = time.monotonic() + linger      # what it sends meanwhile, read too
+        while socks and time.monotonic() < end:
+            ready, _, _ = select.select(socks, [], [], max(0.0, end - time.monotonic()))
+            for s in ready:
+                try:
+                    if s.recv(65536):
+                        continue
+                except OSError:
+                    pass
+                socks.remove(s)
+                s.close()
+        for s in socks:
+            s.close()
+        log.warning("drain deadline: refused %d queued connection(s) no loop thread got to",
+                    len(fds))
+        return len(fds)
 
     def _accept_stragglers(self, th, me: int) -> int:
         """A draining thread's part of _delete_listeners(drain=True): once a
@@ -381,7 +438,7 @@ class Loop:
                 else:
                     conn.close()
             self.relief.busy[me] = 0.0
-        if not self.conns and not self._stragglers and not self._posted \
+        if not self.conns and not self._stragglers and not self._posted and not self._adopting \
                 and not self.drained.is_set():
             self.drained.set()
             os.eventfd_write(self.drained_fd, 1)

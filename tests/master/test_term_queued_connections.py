@@ -42,21 +42,29 @@ def _get(port: int, path: str, out: dict) -> None:
         out[path] = (repr(exc), time.monotonic() - t)
 
 
-def test_a_connection_queued_behind_a_busy_thread_at_term(master, tmp_path):
-    """Defect: at TERM with the only loop thread in a 3 s handler, a
-    connection already queued waited for the handler's end to be accepted
-    (up to hard_stop_after, then reset at the worker's exit), and the
-    listener kept queueing new connections meanwhile (they were accepted
-    after the TERM instead of refused)."""
-    (tmp_path / "slowapp.py").write_text(SLOW_APP)
-    m = master("slowapp:app", "-w", "1", "-t", "1", ready=1)
+def _slow_then_queued(master, tmp_path, app: str, *args: str):
+    """A -w 1 -t 1 master serving app; a client in its /slow handler, then
+    one queued behind it (its handshake done by the kernel). Returns the
+    master, the results dict and both client threads."""
+    (tmp_path / "slowapp.py").write_text(app)
+    m = master("slowapp:app", "-w", "1", "-t", "1", *args, ready=1)
     got: dict = {}
     slow = threading.Thread(target=_get, args=(m.port, "/slow", got))
     slow.start()
     wait_for(lambda: (tmp_path / "in-slow").exists(), 10, "the slow handler")
     queued = threading.Thread(target=_get, args=(m.port, "/queued", got))
     queued.start()
-    time.sleep(0.2)                 # its handshake is done by the kernel: queued
+    wait_for(lambda: _established(m.port) >= 2, 10, "the queued connection's handshake")
+    return m, got, slow, queued
+
+
+def test_a_connection_queued_behind_a_busy_thread_at_term(master, tmp_path):
+    """Defect: at TERM with the only loop thread in a 3 s handler, a
+    connection already queued waited for the handler's end to be accepted
+    (up to hard_stop_after, then reset at the worker's exit), and the
+    listener kept queueing new connections meanwhile (they were accepted
+    after the TERM instead of refused)."""
+    m, got, slow, queued = _slow_then_queued(master, tmp_path, SLOW_APP)
     term_at = time.time()
     m.proc.send_signal(signal.SIGTERM)
     took = m.wait_log(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+) \[worker \d+\] INFO drain: "
@@ -73,3 +81,32 @@ def test_a_connection_queued_behind_a_busy_thread_at_term(master, tmp_path):
     assert got["/slow"][0] == "HTTP/1.1 200 OK", got
     assert got["/queued"][0] == "HTTP/1.1 200 OK", got    # answered, never reset
     assert m.proc.wait(timeout=30) == 0
+
+
+LONG_APP = SLOW_APP.replace("time.sleep(3)", "time.sleep(8)")
+
+
+def test_a_queued_connection_no_thread_gets_to_is_refused_at_the_deadline(master, tmp_path):
+    """Defect (issue 18 §5, the part left open by the fix above): when the
+    only loop thread's handler outlasts hard_stop_after, the connection
+    accepted from the queue at TERM was never served and was cut by the
+    worker's exit (a reset: its request unread). Now the worker answers it
+    503 (Connection: close) at the deadline, reading its request first, so
+    the client gets an answer, never a reset."""
+    m, got, slow, queued = _slow_then_queued(master, tmp_path, LONG_APP, "--hard-stop-after", "2")
+    m.proc.send_signal(signal.SIGTERM)
+    m.wait_log(r"drain: took 1 connection", timeout=10)
+    queued.join(20)
+    status, seconds = got["/queued"]
+    assert status == "HTTP/1.1 503 Service Unavailable", got
+    m.wait_log(r"refused 1 queued connection", timeout=10)
+    slow.join(20)
+    m.proc.wait(timeout=30)
+
+
+def _established(port: int) -> int:
+    """Client-side connections to port that the kernel has established."""
+    import subprocess
+    out = subprocess.run(["ss", "-Htn", "state", "established", f"dst 127.0.0.1:{port}"],
+                         capture_output=True, text=True).stdout
+    return len(out.splitlines())
