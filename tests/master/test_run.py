@@ -691,7 +691,10 @@ def test_systemd_activated_socket_is_served(tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen([ACTIVATE, "-l", f"127.0.0.1:{port}", sys.executable, "-m",
                                  "sockherd.master", "run", "echoapp:Echo", "--interface",
-                                 "stream", "-w", "2", "--chdir", str(tmp_path)],
+                                 "stream", "-w", "2", "--chdir", str(tmp_path),
+                                 # its own control endpoint: a master on the default
+                                 # one refuses to start beside another
+                                 "--runtime-dir", str(tmp_path / "run")],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         text = lambda: log.read_text(errors="replace")        # noqa: E731
@@ -762,7 +765,8 @@ def test_term_to_the_whole_process_group_still_drains(tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", "slowapp:Slow",
                                  "--interface", "stream", "-w", "2", "--idle-grace", "0.3",
-                                 "--chdir", str(tmp_path), "-b", "127.0.0.1:0"],
+                                 "--chdir", str(tmp_path), "-b", "127.0.0.1:0",
+                                 "--runtime-dir", str(tmp_path / "run")],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     m = Master(proc, log)
     kids: list[int] = []
