@@ -23,6 +23,9 @@ from test_run import master  # noqa: F401 (fixture)
 pytestmark = pytest.mark.timeout(120)
 
 DRIPPERS = 500
+# the clients' own address: their many ephemeral ports are then never one
+# that a test running alongside picked for a listener on 127.0.0.1
+CLIENT = ("127.0.0.2", 0)
 
 
 def _counts(pid: int) -> tuple[int, int]:
@@ -67,6 +70,7 @@ def test_dripping_clients_hold_neither_threads_nor_fds_and_ready_answers(master,
         # line every half second, well inside a per-recv timeout
         for _ in range(DRIPPERS):
             s = socket.socket()
+            s.bind(CLIENT)
             s.setblocking(False)
             s.connect_ex(("127.0.0.1", mport))
             drippers.append(s)
@@ -104,7 +108,8 @@ def test_a_burst_of_connects_never_waits_for_a_syn_retry(master, tmp_path):
     try:
         for _ in range(50):
             t0 = time.monotonic()
-            socks.append(socket.create_connection(("127.0.0.1", mport), timeout=10))
+            socks.append(socket.create_connection(("127.0.0.1", mport), timeout=10,
+                                                  source_address=CLIENT))
             took.append(time.monotonic() - t0)
     finally:
         for s in socks:
