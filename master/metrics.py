@@ -56,6 +56,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sockherd.master import inspect, status_page
 from sockherd.master.addresses import parse
+from sockherd.master.metrics_bounds import Bounded
 
 log = logging.getLogger("sockherd.master")
 
@@ -291,12 +292,17 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
 class _Quiet(WSGIRequestHandler):
     timeout = 10                          # a client that sends nothing lets go of its thread
 
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.server.request_read(self.request)      # headers in: the deadline is met
+        return ok
+
     def log_message(self, fmt, *args) -> None:      # a scrape a second is no log line
         log.debug("metrics: %s %s", self.address_string(), fmt % args)
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True                 # a scrape waiting on the loop never holds an exit
+class _Server(Bounded, WSGIServer):
+    # a pool, a deadline per request, the app listeners' backlog (metrics_bounds)
     allow_reuse_address = True            # re-bound at once by an upgrade's new image
 
     def server_bind(self) -> None:
@@ -409,6 +415,8 @@ class MetricsServer:
                                  bind_and_activate=False)
                 self.httpd.socket.close()
                 self.httpd.socket = socket.socket(fileno=inherited)
+                # an older image listened with socketserver's backlog of 5
+                self.httpd.socket.listen(self.httpd.request_queue_size)
                 self.httpd.server_address = self.httpd.socket.getsockname()
                 self.httpd.server_name = str(self.httpd.server_address[0])
                 self.httpd.server_port = self.httpd.server_address[1]
