@@ -442,6 +442,25 @@ class MetricsServer:
         """The listening socket an upgrade carries across its exec (ipc.reexec)."""
         return self.httpd.socket.fileno() if self.httpd is not None else -1
 
+    def before_exec(self) -> None:
+        """Right before an upgrade's exec: stop accepting (the socket stays
+        open and keeps queueing for the new image) and let the requests in
+        flight end, so a probe is answered, never reset by the exec."""
+        if self.thread is None:
+            return
+        self.httpd.shutdown()
+        self.thread.join(5)
+        self.thread = None
+        if not self.httpd.quiesce(1.0):
+            log.warning("metrics: a request still in flight at the exec")
+
+    def exec_failed(self) -> None:
+        """The exec did not happen: serve on, on the same socket."""
+        if self.httpd is not None and self.thread is None:
+            self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.2,),
+                                           name="sockherd-metrics", daemon=True)
+            self.thread.start()
+
     def poll(self) -> None:
         if self._retry_at is None or time.monotonic() < self._retry_at:
             return

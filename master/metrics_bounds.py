@@ -43,6 +43,8 @@ class Bounded(socketserver.ThreadingMixIn):
     def __init__(self, *args, **kw) -> None:
         self._slots = threading.BoundedSemaphore(POOL)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)   # notified as a request ends
+        self._active = 0                  # requests whose thread runs
         self._deadlines: dict[socket.socket, float] = {}   # still reading its request
         self._errors = 0                  # since the last quiet line
         self._logged_at = 0.0
@@ -54,20 +56,38 @@ class Bounded(socketserver.ThreadingMixIn):
             return
         with self._lock:
             self._deadlines[request] = time.monotonic() + REQUEST_DEADLINE
+            self._active += 1
         try:
             threading.Thread(target=self._run, args=(request, client_address),
                              daemon=True).start()
         except RuntimeError:              # no thread to be had: refused like a full pool
-            self.request_read(request)
-            self._slots.release()
+            self._ended(request)
             self._refuse(request)
 
     def _run(self, request, client_address) -> None:
         try:
             self.process_request_thread(request, client_address)
         finally:
-            self.request_read(request)
-            self._slots.release()
+            self._ended(request)
+
+    def _ended(self, request) -> None:
+        self.request_read(request)
+        self._slots.release()
+        with self._lock:
+            self._active -= 1
+            self._idle.notify_all()
+
+    def quiesce(self, timeout: float) -> bool:
+        """After shutdown() (no more accepts: the kernel queues new
+        connections on the listening socket, which an upgrade's new image
+        accepts): waits up to timeout for the requests in flight to end,
+        so the exec closes none under a client (a reset). True if none is
+        left."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while self._active and (left := end - time.monotonic()) > 0:
+                self._idle.wait(left)
+            return not self._active
 
     def _refuse(self, request) -> None:
         try:

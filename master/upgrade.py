@@ -80,11 +80,16 @@ def run(sup, handled, before_exec=None) -> str:
                 before_exec()
             if sup.control is not None:
                 sup.control.before_exec()
+            carried = [x for x in sup.extras if hasattr(x, "exec_fd")]   # the metrics
+            for x in carried:
+                x.before_exec()
             why = execute(sup, python, handled)
             sup.upgrades_failed += 1                 # `ctl upgrade` waits on it (status)
             sup.last_upgrade_failure = why
             if sup.control is not None:
                 sup.control.exec_failed()
+            for x in carried:
+                x.exec_failed()
         log.error("upgrade failed: %s; this master carries on", why)
         return f"upgrade failed: {why}"
     finally:
