@@ -1,10 +1,15 @@
 """Every message kind, from a real worker process, in the lifecycle states
 a worker can send from (issue 19 §1, the fuzz of "What to build"): at
-import (STARTING) and from a request (READY), each kind twice. The master
+import (STARTING), from a request (READY), each kind twice, and from a
+request in flight across a graceful stop (DRAINING); a killed one
+(STOPPING) cannot send. The master
 keeps supervising: it serves throughout, a worker whose message was
 illegal for its state is replaced, and it ends with its two workers
 serving and `ctl status` answering."""
 from __future__ import annotations
+
+import signal
+import threading
 
 import pytest
 
@@ -58,11 +63,16 @@ for kind in %r:
 
 def app(environ, start_response):
     kind = environ["PATH_INFO"].lstrip("/")
-    if kind:
+    if kind == "slow":                  # in flight across a drain: every kind while DRAINING
+        open("inflight", "w").close()
+        time.sleep(1.0)
+        for kind in %r:
+            lie(kind)
+    elif kind:
         lie(kind)
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"%%d" %% os.getpid()]
-""" % (KINDS,)
+""" % (KINDS, KINDS)
 
 
 def test_the_sample_covers_every_message_kind():
@@ -88,3 +98,25 @@ def test_every_message_kind_in_every_state_leaves_the_master_supervising(master,
     assert "Traceback" not in m.text(), m.text()
     assert m.wait_log(r"misbehaves: Ready\(")
     assert m.wait_log(r"misbehaves: FailedBeforeReady\(")
+
+
+def test_every_message_kind_while_draining_leaves_the_stop_clean(master, tmp_path):
+    """A request in flight across a graceful stop (TERM) sends every kind
+    while its worker is DRAINING: the request is answered, the illegal
+    ones are logged and left (the worker is leaving), and the master ends
+    with status 0 once both workers are gone."""
+    (tmp_path / "fuzzapp.py").write_text(FUZZAPP)
+    m = master("fuzzapp:app", "-w", "2")
+    answered = []
+    slow = threading.Thread(target=lambda: answered.append(get(m.port, "/slow")))
+    slow.start()
+    try:
+        wait_for(lambda: (tmp_path / "inflight").exists(), 20, "the slow request in flight")
+        m.proc.send_signal(signal.SIGTERM)
+    finally:
+        slow.join(30)
+    assert answered, m.text()
+    assert m.proc.wait(timeout=60) == 0, m.text()
+    m.wait_log(r"misbehaves: Ready\(.*ready while draining.*: left as it is")
+    m.wait_log(r"misbehaves: FailedBeforeReady\(.*failed while draining.*: left as it is")
+    assert "Traceback" not in m.text(), m.text()
