@@ -8,7 +8,9 @@ heartbeats) and the generations (generations.py: reload, commit or refuse,
 replacements, scaling, adoption after an upgrade); upgrade.py re-executes,
 handoff.py serves a takeover. Child exits arrive as SIGCHLD and are reaped
 with waitpid(WNOHANG) until none is left. A worker's messages (READY,
-heartbeats, reports) are dispatched in `_on_message`.
+heartbeats, reports) are dispatched in `_on_message`, inside a boundary
+(`_contained`) no message can end the loop through: one illegal for the
+worker's state marks it misbehaving, and it is replaced (misbehaving.py).
 
 Signals: TERM drains every worker and exits 0 once they are gone (the master
 closes its own listener copies first, so new connections are refused at once
@@ -39,7 +41,8 @@ from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
 from sockherd.master.inspect import Asker
-from sockherd.master.lifecycle import Event, Outcome, State
+from sockherd.master import misbehaving
+from sockherd.master.lifecycle import Event, IllegalTransition, Outcome, State
 from sockherd.master.listeners import Listener
 from sockherd.master.workers import (
     ProcessTable, Slot, exit_policy, finished, heartbeat_check, name, ready,
@@ -178,7 +181,7 @@ class Supervisor:
             self.sel.unregister(ch.fileno())
             return                                  # the exit itself comes as SIGCHLD
         while got is not None:
-            self._on_message(slot, got)
+            self._contained(slot, got)
             if slot.proc is None or slot.proc.channel is not ch or ch.fileno() < 0:
                 return
             while True:
@@ -187,6 +190,34 @@ class Supervisor:
                     break
                 except IPCError as exc:             # a malformed one (dropped): the next
                     log.error("worker %s: %s", name(slot), exc)
+
+    def _contained(self, slot: Slot, got) -> None:
+        """One message inside the boundary: whatever a worker sends, or
+        whatever bug of ours its handling meets, is logged and the loop
+        carries on (issue 19 §1: an IllegalTransition escaping from here
+        ended the master, and PDEATHSIG every worker with it)."""
+        try:
+            self._on_message(slot, got)
+        except IllegalTransition as exc:
+            self._misbehaved(slot, got.msg, exc)
+        except Exception:                          # noqa: BLE001 - a bug of ours
+            log.exception("worker %s: handling its %s failed; the master carries on",
+                          name(slot), type(got.msg).__name__)
+
+    def _misbehaved(self, slot: Slot, msg, exc: IllegalTransition) -> None:
+        """A message illegal for the worker's state: it is not trusted any
+        more; replaced (its successor READY first), else drained."""
+        what, why = misbehaving.verdict(slot, self.slots, self.stopping, self.pending)
+        pid = slot.proc.pid if slot.proc is not None else 0
+        doing = {misbehaving.REPLACE: "replacing it",
+                 misbehaving.DRAIN: f"draining it (not replaced: {why})",
+                 misbehaving.LEAVE: f"left as it is ({why})"}[what]
+        log.error("worker %s (pid %d) misbehaves: %s (%s): %s", name(slot), pid,
+                  misbehaving.shown(msg), exc, doing)
+        if what == misbehaving.REPLACE:
+            self._replace(slot, "misbehaving")
+        elif what == misbehaving.DRAIN:
+            self._feed(slot, Event.DRAIN)
 
     def _on_message(self, slot: Slot, got) -> None:
         """A worker's message: READY, failed before READY, a heartbeat, a

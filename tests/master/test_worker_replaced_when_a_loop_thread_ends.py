@@ -6,6 +6,7 @@ BaseException posted to its mailbox: what a bug of ours would do; the
 app's own errors are contained, tests/worker/test_app_containment.py)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -47,6 +48,31 @@ def get(port: int, path: str = "/") -> bytes:
     return out.split(b"\r\n\r\n", 1)[1]
 
 
+@contextlib.contextmanager
+def load(port: int, clients: int):
+    """clients threads GETting / until the block ends; yields ([requests
+    served], [failures]), read while it runs."""
+    stop, ok, failed = threading.Event(), [0], []
+
+    def client():
+        while not stop.is_set():
+            try:
+                get(port)
+                ok[0] += 1
+            except (OSError, AssertionError) as exc:
+                failed.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield ok, failed
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+
 @pytest.mark.parametrize("threads", [2, 1])
 def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path, threads):
     """Issue 18 §1 acceptance: a loop thread killed on purpose; the worker
@@ -56,20 +82,7 @@ def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path
     dead thread."""
     (tmp_path / "killapp.py").write_text(KILLAPP)
     m = master("killapp:app", "-w", "2", "-t", str(threads))
-    stop, ok, failed = threading.Event(), [0], []
-
-    def client():
-        while not stop.is_set():
-            try:
-                get(m.port)
-                ok[0] += 1
-            except (OSError, AssertionError) as exc:
-                failed.append(exc)
-
-    load = [threading.Thread(target=client) for _ in range(4)]
-    for t in load:
-        t.start()
-    try:
+    with load(m.port, 4) as (ok, failed):
         wait_for(lambda: ok[0] > 50, 20, "load running")
         victim = int(get(m.port, "/kill"))
         m.wait_log(rf"\[worker {victim}\] CRITICAL loop thread \d+ ended \(Killed\), "
@@ -83,10 +96,6 @@ def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path
         m.wait_log(r"worker \d+\.\d+: ready", count=3)
         before = ok[0]
         wait_for(lambda: ok[0] > before + 200, 30, "served on after the replacement")
-    finally:
-        stop.set()
-        for t in load:
-            t.join(10)
     # in flight on the dead thread at most: one connection per client thread
     assert len(failed) <= 4, failed
     assert victim not in children(m.proc.pid) and len(children(m.proc.pid)) == 2
