@@ -218,32 +218,39 @@ STREAM = (b"POST /up?x=1 HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
           b"PUT /c HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nxyz")
 
 
-def framed(data: bytes, cuts: list[int], view) -> tuple[list, str]:
-    """What one RequestParser frames from data fed cut at cuts: view(environ,
-    body) of each request whose body it finished, in order, and 'refused'
-    (HttpError) or 'open' (waiting for more, or stopped after a request
-    that closes)."""
-    p, out, env, body = RequestParser(), [], None, b""
+def feed_pieces(data: bytes, cuts: list[int], view, out: list) -> None:
+    """Feeds data to one RequestParser cut at cuts, appending view(environ,
+    body) to out for each request whose body it finished, in order; stops
+    after a request that closes. Raises the parser's HttpError."""
+    p, env, body = RequestParser(), None, b""
     pieces, last = [], 0
     for c in sorted(set(x for x in cuts if 0 < x < len(data))) + [len(data)]:
         pieces.append(data[last:c])
         last = c
-    try:
-        for piece in pieces:
-            p.feed(piece)
-            while True:
+    for piece in pieces:
+        p.feed(piece)
+        while True:
+            if env is None:
+                env = p.next_request(BASE)
                 if env is None:
-                    env = p.next_request(BASE)
-                    if env is None:
-                        break
-                while not p.body_done and (chunk := p.read_body()):
-                    body += chunk
-                if not p.body_done:
                     break
-                out.append(view(env, body))
-                env, body = None, b""
-                if not p.finish():
-                    return out, "open"
+            while not p.body_done and (chunk := p.read_body()):
+                body += chunk
+            if not p.body_done:
+                break
+            out.append(view(env, body))
+            env, body = None, b""
+            if not p.finish():
+                return
+
+
+def framed(data: bytes, cuts: list[int], view) -> tuple[list, str]:
+    """What one RequestParser frames from data fed cut at cuts (feed_pieces),
+    and 'refused' (HttpError) or 'open' (waiting for more, or stopped after
+    a request that closes)."""
+    out: list = []
+    try:
+        feed_pieces(data, cuts, view, out)
     except HttpError:
         return out, "refused"
     return out, "open"

@@ -250,24 +250,10 @@ def test_absolute_form_authority_is_the_host(serve_wsgi):
 def _parse_split(data: bytes, cut: int):
     """The requests of data fed in two pieces at cut: [(PATH_INFO, body)],
     or the HttpError's (status, reason)."""
-    from test_http_parser import BASE, HttpError, RequestParser
-    p, out, env, body = RequestParser(), [], None, b""
+    from test_http_parser import HttpError, feed_pieces
+    out: list = []
     try:
-        for piece in (data[:cut], data[cut:]):
-            p.feed(piece)
-            while True:
-                if env is None:
-                    env = p.next_request(BASE)
-                    if env is None:
-                        break
-                while not p.body_done and (chunk := p.read_body()):
-                    body += chunk
-                if not p.body_done:
-                    break
-                out.append((env["PATH_INFO"], body))
-                env, body = None, b""
-                if not p.finish():
-                    return out
+        feed_pieces(data, [cut], lambda env, body: (env["PATH_INFO"], body), out)
     except HttpError as exc:
         return exc.args[0]
     return out

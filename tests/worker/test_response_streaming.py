@@ -33,6 +33,20 @@ def read_until(sock: socket.socket, marker: bytes, timeout: float = 10.0) -> byt
     return out
 
 
+def first_block_then_rest(addr, release) -> tuple[bytes, bytes]:
+    """GET /events: reads until the app's first block (`data: first`) and
+    asserts the second is not there yet (the app waits on release), then
+    sets release and reads to the chunked end. Returns (first, rest)."""
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
+        first = read_until(c, b"data: first", timeout=10)
+        got_first_alone = b"data: first" in first and b"data: second" not in first
+        release.set()
+        rest = read_until(c, b"0\r\n\r\n")
+    assert got_first_alone, first
+    return first, rest
+
+
 def test_first_streamed_block_is_sent_before_the_second_is_given(serve):
     """Defect: write_chunk() held the first block until the app yielded a
     second one ('maybe the whole body'), so an SSE-style generator's first
@@ -47,13 +61,7 @@ def test_first_streamed_block_is_sent_before_the_second_is_given(serve):
         yield b"data: second\n\n"
 
     _, addr = serve(sse)
-    with socket.create_connection(addr, timeout=10) as c:
-        c.sendall(b"GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
-        first = read_until(c, b"data: first", timeout=10)
-        got_first_alone = b"data: first" in first and b"data: second" not in first
-        release.set()
-        rest = read_until(c, b"0\r\n\r\n")
-    assert got_first_alone, first
+    first, rest = first_block_then_rest(addr, release)
     assert b"Transfer-Encoding: chunked" in first
     assert b"data: second" in rest and rest.endswith(b"0\r\n\r\n")
 
@@ -138,11 +146,5 @@ def test_flask_stream_with_context_first_block_is_not_held(serve):
         return flask.Response(flask.stream_with_context(gen()), mimetype="text/event-stream")
 
     _, addr = serve(app)
-    with socket.create_connection(addr, timeout=10) as c:
-        c.sendall(b"GET /events HTTP/1.1\r\nHost: h\r\n\r\n")
-        first = read_until(c, b"data: first", timeout=10)
-        got_first_alone = b"data: first" in first and b"data: second" not in first
-        release.set()
-        rest = read_until(c, b"0\r\n\r\n")
-    assert got_first_alone, first
+    first, rest = first_block_then_rest(addr, release)
     assert b"data: second" in rest
