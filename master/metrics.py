@@ -428,9 +428,7 @@ class MetricsServer:
         except OSError as exc:
             raise OSError(exc.errno, f"metrics: cannot listen on {self.text}: "
                                      f"{exc.strerror or exc}") from None
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.2,),
-                                       name="sockherd-metrics", daemon=True)
-        self.thread.start()
+        self._accept()
         log.info("metrics on http://%s/metrics, status page on http://%s/-/status",
                  self.address, self.address)
 
@@ -457,9 +455,13 @@ class MetricsServer:
     def exec_failed(self) -> None:
         """The exec did not happen: serve on, on the same socket."""
         if self.httpd is not None and self.thread is None:
-            self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.2,),
-                                           name="sockherd-metrics", daemon=True)
-            self.thread.start()
+            self._accept()
+
+    def _accept(self) -> None:
+        """The thread that accepts and serves (until httpd.shutdown())."""
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.2,),
+                                       name="sockherd-metrics", daemon=True)
+        self.thread.start()
 
     def poll(self) -> None:
         if self._retry_at is None or time.monotonic() < self._retry_at:

@@ -528,10 +528,12 @@ static size_t settle(struct hp_parser *p, const char *data, size_t len, llhttp_e
 	case HPE_INVALID_METHOD:
 		/* a token llhttp has no name for is a method we do not implement
 		 * (RFC 9110 9.1: 501), anything else a malformed line */
-		if (!p->status)
-			refuse(p, token_method(data + len, data + all) ? 501 : 400,
-			       token_method(data + len, data + all) ? "method not implemented"
-			                                            : "invalid method");
+		if (p->status)
+			break;
+		if (token_method(data + len, data + all))
+			refuse(p, 501, "method not implemented");
+		else
+			refuse(p, 400, "invalid method");
 		break;
 	default:
 		if (!p->status)
