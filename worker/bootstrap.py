@@ -157,6 +157,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
             if not loop.threads_alive:
                 # nobody left to serve or to drain: what they owned is closed
                 log.error("no loop thread left: exiting")
+                loop.refuse_posted()
                 return status
             timeout = deadline - time.monotonic()
             if timeout <= 0:

@@ -278,10 +278,18 @@ class Loop:
         self._empty_queued(self._post_accepted)
 
     def _post_accepted(self, fd: int) -> None:
-        me = next((i for i, since in enumerate(self.relief.busy) if not since), 0)
+        """fd to a live loop thread's mail: one not in app code if there is
+        one. Under _posted_lock, so a thread that ends meanwhile (_ended,
+        same lock) either is not chosen or finds the fd in its mail and
+        passes it on; with no thread left it stays in _posted for
+        refuse_posted."""
         with self._posted_lock:
             self._posted.add(fd)             # not drained until it is adopted
-        self._mail[me].append((self._adopt_posted, (me, fd)))
+            alive = [i for i in range(len(self.loop_threads)) if i not in self.ended]
+            if not alive:
+                return
+            me = next((i for i in alive if not self.relief.busy[i]), alive[0])
+            self._mail[me].append((self._adopt_posted, (me, fd)))
         self.table.wake(self.loop_threads[me].tid)
 
     def _adopt_posted(self, me: int, fd: int) -> None:
@@ -530,7 +538,20 @@ class Loop:
         lost; the other threads' are not). Then the main thread is told
         (failed_fd): it stops accepting, drains and exits to be replaced."""
         self.errors.append(exc)
-        self.ended.add(me)
+        with self._posted_lock:
+            self.ended.add(me)
+            # connections posted to us that we will never adopt: to a live
+            # sibling (the drain waits for them; found by a CI run where one
+            # waited out the whole drain deadline in a dead thread's mail)
+            orphans, mail = [], self._mail[me]
+            while mail:                      # popleft: others may append meanwhile
+                fn, args = mail.popleft()
+                if fn == self._adopt_posted:
+                    orphans.append(args[1])
+        for fd in orphans:
+            with self._posted_lock:
+                self._posted.discard(fd)
+            self._post_accepted(fd)
         self.relief.busy[me] = 0.0
         # never picked by the watchdog as the idle sibling to relieve another
         # (a non-None ask is one in progress): nobody would ever take it

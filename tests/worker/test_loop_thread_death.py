@@ -115,3 +115,37 @@ def test_the_app_cannot_stop_or_drain_the_loop_from_a_loop_thread(serve_wsgi, ca
         with socket.create_connection(addr, timeout=5) as s:
             assert ask(s) == b"%d" % loop.loop_threads[0].tid
     assert loop.threads_alive == 1 and not loop.draining
+
+
+@pytest.mark.parametrize("when", ["posted after it ended", "in its mail as it ends"])
+def test_a_connection_taken_at_drain_goes_to_a_live_loop_thread(serve_wsgi, when):
+    """Found by a CI run: at drain the main thread takes what is queued on a
+    deleted listener and posts each connection to a loop thread not in app
+    code; a thread that had ended counted as idle, so the connection sat in
+    a dead thread's mail, and the worker waited out the whole drain
+    deadline (30 s) before refusing it. Now a connection goes to a live
+    thread, and one in a thread's mail as it ends is passed on."""
+    loop, addr = serve_wsgi(which_thread, threads=2)
+    other = loop.loop_threads[1].tid
+    with socket.create_server(("127.0.0.1", 0)) as lsock, \
+            socket.create_connection(lsock.getsockname(), timeout=5) as client:
+        fd, _ = lsock._accept()
+        if when == "posted after it ended":
+            kill(loop, 0)
+            assert readable(loop.failed_fd, 10)
+            loop._post_accepted(fd)
+        else:
+            def die():
+                raise Killed("killed on purpose")
+            with loop._posted_lock:          # both in thread 0's mail, die first
+                loop._posted.add(fd)
+                loop._mail[0].append((die, ()))
+                loop._mail[0].append((loop._adopt_posted, (0, fd)))
+            loop.table.wake(loop.loop_threads[0].tid)
+            assert readable(loop.failed_fd, 10)
+        try:
+            assert ask(client) == b"%d" % other, "served by the live thread"
+            assert not loop._posted
+        finally:
+            os.eventfd_read(loop.failed_fd)
+            loop.errors.clear()
