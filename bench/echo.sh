@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench/echo.sh: the stream echo benchmark of issue 20 in one command.
 #
-#   sh bench/echo.sh [echo_bench.py options]        (from anywhere; ~3-6 min)
+#   sh bench/echo.sh [--no-callgrind] [echo_bench.py options]
+#                                   (from anywhere; ~4-6 min + ~5 min callgrind)
 #
 # sockherd's stream interface (`sockherd run echo:Echo --interface stream -w 2
 # -t 1`) against an asyncio echo server, a uvloop one (bench/asyncio_echo.py,
@@ -15,6 +16,12 @@
 # msgs/s and MiB/s, ratios to each peer, server CPU per message (from /proc),
 # client CPU (is the client the limit?), the machine's load during each row.
 # Exits 1 if a connection was lost or an echo mismatched.
+#
+# Then (unless --no-callgrind) bench/echo_callgrind.py: instructions per echo
+# of each server's one serving process under callgrind (user space; one
+# connection, 10,000 x 64 B and 1,000 x 64 KiB echoes), a figure the machine's
+# load does not move: the one to compare before/after on a shared box. Its
+# table follows the first on stdout.
 #
 # Needs sockherd's venv (`sh make.sh test`: .venv/bin/sockherd) and gcc; the
 # peers' venv bench/.venv-peers (uvloop) is made by bench/setup_peers.sh, run
@@ -33,4 +40,15 @@ fi
 if ! bench/.venv-peers/bin/python -c 'import uvloop' >/dev/null 2>&1; then
     sh bench/setup_peers.sh >&2
 fi
-exec .venv/bin/python bench/echo_bench.py --rounds 2 --row-wait 10 "$@"
+callgrind=1
+if [ "${1:-}" = "--no-callgrind" ]; then
+    callgrind=0
+    shift
+fi
+rc=0
+.venv/bin/python bench/echo_bench.py --rounds 2 --row-wait 10 "$@" || rc=$?
+if [ "$callgrind" = 1 ]; then
+    echo
+    .venv/bin/python bench/echo_callgrind.py || rc=$?
+fi
+exit "$rc"
