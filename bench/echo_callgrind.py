@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import re
 import shutil
 import socket
 import subprocess
