@@ -57,9 +57,9 @@ def _frame(msg):
 
 def app(environ, start_response):
     path = environ["PATH_INFO"]
-    if VERSION == "crash" and not _armed and time.monotonic() - STARTED > 1.5:
+    if VERSION == "crash" and not _armed and time.monotonic() - STARTED > 2.5:
         # a generation that crashes about 1 s after its first request (§7);
-        # requests in a worker's first 1.5 s do not count, so that on a
+        # requests in a worker's first 2.5 s do not count, so that on a
         # loaded machine the whole generation is READY (the reload commits)
         # before the first of them crashes
         _armed.append(threading.Timer(1.0, os._exit, (3,)))

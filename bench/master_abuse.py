@@ -318,15 +318,20 @@ def abuse_6_half_frame(procs, work):
                     f"{len(m.workers())}"}
 
 
-def abuse_7_reload_crashing(procs, work, seconds=30):
+def abuse_7_reload_crashing(procs, work, seconds=55, after_exit=3):
     """ctl reload to a generation that crashes 1 s after its first request,
-    under load: requests ok / failed / refused, the master at the end."""
+    under load for `seconds`, or until `after_exit` s after the master
+    exited (on a loaded machine the crash-respawn cycles take 20-30 s before
+    the slots are given up): requests ok / failed / refused, the master at
+    the end."""
+    import threading
+
     m = Master(procs, PY, work).started()
     reply = {}
+    died = None
     with Sampler(m.pid) as s, ReadyProber(m.mport) as r, Load(m.port) as load:
         wait_for(lambda: load.ok > 20, 10, "load")
         write_app(work, "crash")
-        import threading
 
         def reload():
             reply["r"] = ctl(m.endpoint, "reload", timeout=seconds)
@@ -334,7 +339,12 @@ def abuse_7_reload_crashing(procs, work, seconds=30):
         t0 = time.monotonic()
         t.start()
         while time.monotonic() - t0 < seconds:
+            if died is None and not m.alive():
+                died = time.monotonic() - t0
+            if died is not None and time.monotonic() - t0 > died + after_exit:
+                break
             time.sleep(0.1)
+        ran = time.monotonic() - t0
         t.join(1)
         tail = [a for when, a in load.answers if when > time.monotonic() - 2]
     answer = reply.get("r")
@@ -345,8 +355,9 @@ def abuse_7_reload_crashing(procs, work, seconds=30):
     else:
         said = "no answer"
     versions = sorted({a.split()[0] for a in tail})
-    return {"master": m.exit_text(), **s.row(), "/-/ready": r.summary(),
-            "what": f"{seconds} s of load: {load.counts()}; ctl reload: {said}; "
+    return {"master": m.exit_text() + (f" {died:.0f} s after the reload" if died else ""),
+            **s.row(), "/-/ready": r.summary(),
+            "what": f"{ran:.0f} s of load: {load.counts()}; ctl reload: {said}; "
                     f"serving at the end: {', '.join(versions) or 'nothing'}"}
 
 
