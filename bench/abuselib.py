@@ -20,7 +20,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
@@ -37,9 +36,18 @@ READY_LINE = r"worker \d+\.\d+: ready"
 APP = r'''
 import gc, os, threading, time
 
-STARTED = time.monotonic()
-VERSION = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "version.txt")).read().strip()
+HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = open(os.path.join(HERE, "version.txt")).read().strip()
 _armed = []
+if VERSION == "crash":
+    open(os.path.join(HERE, "crash-imported-%d" % os.getpid()), "w").close()
+
+
+def _generation_up():
+    # both workers of the crashing generation imported (-w 2): its first
+    # worker does not crash while its sibling is still starting (the reload
+    # would be refused, not committed, on a loaded machine)
+    return sum(n.startswith("crash-imported-") for n in os.listdir(HERE)) >= 2
 
 
 def _channel_fd():
@@ -57,11 +65,8 @@ def _frame(msg):
 
 def app(environ, start_response):
     path = environ["PATH_INFO"]
-    if VERSION == "crash" and not _armed and time.monotonic() - STARTED > 2.5:
-        # a generation that crashes about 1 s after its first request (§7);
-        # requests in a worker's first 2.5 s do not count, so that on a
-        # loaded machine the whole generation is READY (the reload commits)
-        # before the first of them crashes
+    if VERSION == "crash" and not _armed and _generation_up():
+        # a generation that crashes about 1 s after its first request (§7)
         _armed.append(threading.Timer(1.0, os._exit, (3,)))
         _armed[0].start()
     if path == "/dup-ready":
@@ -164,24 +169,37 @@ def counts(pid: int) -> dict | None:
             "rss": int(field["VmRSS"].split()[0]) / 1024}
 
 
-class Sampler:
-    """Samples a master's counts every 50 ms in a thread: base, peak, last."""
+class Background:
+    """A measuring loop (_run, until _stop is set) in a daemon thread for the
+    duration of a with block."""
 
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.base = counts(pid) or {"threads": 0, "fds": 0, "rss": 0.0}
-        self.peak = dict(self.base)
-        self.last = dict(self.base)
+    def __init__(self, threads: int = 1):
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
     def __enter__(self):
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join()
+        for t in self._threads:
+            t.join()
+
+    def _run(self):
+        raise NotImplementedError
+
+
+class Sampler(Background):
+    """Samples a master's counts every 50 ms in a thread: base, peak, last."""
+
+    def __init__(self, pid: int):
+        super().__init__()
+        self.pid = pid
+        self.base = counts(pid) or {"threads": 0, "fds": 0, "rss": 0.0}
+        self.peak = dict(self.base)
+        self.last = dict(self.base)
 
     def _run(self):
         while not self._stop.wait(0.05):
@@ -213,22 +231,13 @@ def ready_probe(port: int, timeout: float = 3.0) -> tuple[str, float]:
         c.close()
 
 
-class ReadyProber:
+class ReadyProber(Background):
     """/-/ready every 200 ms in a thread: the worst latency, the failures."""
 
     def __init__(self, port: int, every: float = 0.2, timeout: float = 3.0):
+        super().__init__()
         self.port, self.every, self.timeout = port, every, timeout
         self.results: list[tuple[str, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
     def _run(self):
         while not self._stop.is_set():
@@ -267,29 +276,18 @@ def ctl(endpoint: str, command: str, timeout: float = 3.0) -> tuple[str, float, 
         s.close()
 
 
-class Load:
+class Load(Background):
     """HTTP GETs on fresh connections from `threads` threads: ok, refused
     (ConnectionRefusedError), failed (anything else), and the answers' text
     (version and pid) with the time they came."""
 
     def __init__(self, port: int, threads: int = 2, path: str = "/"):
+        super().__init__(threads)
         self.port, self.path = port, path
         self.ok = self.refused = self.failed = 0
         self.answers: list[tuple[float, str]] = []
         self.errors: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
         self._lock = threading.Lock()
-
-    def __enter__(self):
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        for t in self._threads:
-            t.join()
 
     def _run(self):
         while not self._stop.is_set():
@@ -479,7 +477,3 @@ def checkout_of(python: str) -> str:
                           "print(os.path.dirname(os.path.dirname(sockherd.master.__file__)))"],
                          capture_output=True, text=True)
     return out.stdout.strip() or f"? ({out.stderr.strip()[-200:]})"
-
-
-def python_of_this_process() -> str:
-    return sys.executable

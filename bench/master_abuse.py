@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from abuselib import (READY_LINE, Load, Master, ReadyProber, Sampler, checkout_of,  # noqa: E402
+from abuselib import (READY_LINE, Background, Load, Master, ReadyProber, Sampler, checkout_of,  # noqa: E402
                       counts, ctl, get, handoff_session, kill_everything, parent,
                       ready_probe, write_app, write_broken_python)
 from benchlib import Procs, wait_for  # noqa: E402
@@ -112,52 +112,89 @@ def abuse_2_dripping_metrics(procs, work, n=500):
                     f"(SYN retry); {tracebacks} tracebacks in the master's log"}
 
 
-def squeeze(m: Master, limit: int) -> tuple[list, str]:
-    """The master's RLIMIT_NOFILE set to `limit` (prlimit: soft and hard),
-    then its fd table filled the ways finding 3 names: hand-off sessions
-    passing fds (252 a session, then fewer as the table fills: a batch that
-    does not fit is dropped whole, until a session adds nothing) and 500
-    dripping metrics clients. (the sockets that hold them, what was reached)"""
-    import resource
+class Squeeze(Background):
+    """For the duration of a with block, the master's fd table kept full
+    the ways finding 3 names. RLIMIT_NOFILE set to `limit` (prlimit, soft
+    and hard); 500 dripping metrics clients (a header line every 2 s: the
+    old listener's timeout is per recv, 10 s); then hand-off sessions passing
+    fds in frames never finished (252 a session, then fewer as the table
+    fills: a batch that does not fit is dropped whole), topped off every
+    0.2 s (an old hand-off session expires 10 s after its accept)."""
 
-    resource.prlimit(m.pid, resource.RLIMIT_NOFILE, (limit, limit))
-    held = []
-    for nfds in (252, 32, 4, 1):
-        for _ in range(limit):
-            before = (counts(m.pid) or {}).get("fds", 0)
-            sock, what = handoff_session(m.handoff, nfds=nfds, length=64, send=8)
-            if sock is not None:
-                held.append(sock)
+    def __init__(self, m: Master, limit: int = 1024):
+        super().__init__()
+        self.m, self.limit = m, limit
+        self.held: list[socket.socket] = []
+        self.drippers: list[socket.socket] = []
+        self.reached = ""
+
+    def fds(self) -> int:
+        return (counts(self.m.pid) or {}).get("fds", 0)
+
+    def fill(self) -> None:
+        for nfds in (252, 32, 4, 1):
+            while not self._stop.is_set():
+                before = self.fds()
+                if before >= self.limit:
+                    return
+                sock, _ = handoff_session(self.m.handoff, nfds=nfds, length=64, send=8)
+                if sock is None:
+                    break
+                try:
+                    wait_for(lambda: self.fds() >= before + nfds, 0.5, "fds received",
+                             interval=0.01)
+                    self.held.append(sock)
+                except Exception:  # noqa: BLE001 - refused or no room: smaller batches
+                    if self.fds() > before:
+                        self.held.append(sock)      # its connection alone takes the last fd
+                    else:
+                        sock.close()
+                    break
+
+    def drip(self, first: bool = False) -> None:
+        for c in self.drippers:
             try:
-                wait_for(lambda: (counts(m.pid) or {}).get("fds", 0) >= before + nfds,
-                         0.3, "fds received", interval=0.01)
-            except Exception:  # noqa: BLE001 - refused or no room: smaller batches
-                break
-    by_handoff = (counts(m.pid) or {}).get("fds", 0)
-    drippers = []
-    for _ in range(500):
-        c = socket.socket()
-        c.bind(("127.0.0.2", 0))
-        c.setblocking(False)
-        c.connect_ex(("127.0.0.1", m.mport))
-        drippers.append(c)
-    time.sleep(0.5)
-    for c in drippers:
-        try:
-            c.send(b"GET /-/ready HTTP/1.1\r\n")
-        except OSError:
-            pass
-    time.sleep(0.2)
-    now = (counts(m.pid) or {}).get("fds", "?")
-    return held + drippers, (f"fds {now}/{limit} squeezed ({by_handoff} after the hand-off "
-                             f"sessions)")
+                c.send(b"GET /-/ready HTTP/1.1\r\n" if first else b"X-Drip: 1\r\n")
+            except OSError:
+                pass
+
+    def __enter__(self):
+        import resource
+
+        resource.prlimit(self.m.pid, resource.RLIMIT_NOFILE, (self.limit, self.limit))
+        for _ in range(500):
+            c = socket.socket()
+            c.bind(("127.0.0.2", 0))
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", self.m.mport))
+            self.drippers.append(c)
+        time.sleep(0.5)
+        self.drip(first=True)
+        by_drippers = self.fds()
+        self.fill()
+        self.reached = (f"fds {self.fds()}/{self.limit} squeezed ({by_drippers} after the "
+                        f"500 drippers)")
+        return super().__enter__()
+
+    def _run(self):
+        dripped = time.monotonic()
+        while not self._stop.wait(0.2):
+            if time.monotonic() - dripped > 2:
+                self.drip()
+                dripped = time.monotonic()
+            self.fill()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        for c in self.held + self.drippers:
+            c.close()
 
 
-def abuse_3a_squeeze_respawn(procs, work, limit=1024, squeezed_for=8, after=6):
-    """Fd squeeze, then a worker is killed: is it respawned while squeezed?
-    Once the squeeze ends, does its slot come back?"""
+def abuse_3a_squeeze_respawn(procs, work, limit=1024, squeezed_for=10, after=6):
+    """A worker killed unsqueezed (the reference respawn time); then the fd
+    squeeze and another worker killed: is it respawned while squeezed? Once
+    the squeeze ends, does its slot come back?"""
     m = Master(procs, PY, work).started()
-    # the same kill unsqueezed first: the respawn time to compare with
     ready_before = m.count(READY_LINE)
     os.kill(m.workers()[0], signal.SIGKILL)
     t_kill = time.monotonic()
@@ -166,8 +203,7 @@ def abuse_3a_squeeze_respawn(procs, work, limit=1024, squeezed_for=8, after=6):
     wait_for(lambda: ready_probe(m.mport, 1)[0] == "200", 10, "/-/ready 200 again")
     ready_before = m.count(READY_LINE)
     with Sampler(m.pid) as s:
-        held, reached = squeeze(m, limit)
-        try:
+        with Squeeze(m, limit) as squeezed:
             os.kill(m.workers()[0], signal.SIGKILL)
             t_kill = time.monotonic()
             with ReadyProber(m.mport, timeout=2) as r:
@@ -177,9 +213,6 @@ def abuse_3a_squeeze_respawn(procs, work, limit=1024, squeezed_for=8, after=6):
             respawned = m.count(READY_LINE) > ready_before
             respawn = plain + (f"{time.monotonic() - t_kill:.1f} s squeezed" if respawned
                                else f"not within {squeezed_for} s squeezed")
-        finally:
-            for c in held:
-                c.close()
         if not respawned and m.alive():
             t_free = time.monotonic()
             while time.monotonic() - t_free < after and m.alive() \
@@ -192,27 +225,22 @@ def abuse_3a_squeeze_respawn(procs, work, limit=1024, squeezed_for=8, after=6):
     gave_up = "gave up" in text or "given up" in text
     emfile = text.count("Errno 24") + text.count("Too many open files")
     return {"master": m.exit_text(), **s.row(), "/-/ready": r.summary(), "respawn": respawn,
-            "what": f"{reached}; slot given up: {'yes' if gave_up else 'no'}; {emfile} "
+            "what": f"{squeezed.reached}; slot given up: {'yes' if gave_up else 'no'}; {emfile} "
                     f"EMFILE lines in the log; workers at the end {len(m.workers())}"}
 
 
 def abuse_3b_squeeze_ctl(procs, work, limit=1024):
-    """Fd squeeze, then `ctl status` (and /-/ready meanwhile)."""
+    """The fd squeeze, then `ctl status` (and /-/ready meanwhile)."""
     m = Master(procs, PY, work).started()
     with Sampler(m.pid) as s:
-        held, reached = squeeze(m, limit)
-        try:
-            with ReadyProber(m.mport, timeout=2) as r:
-                status = ctl(m.endpoint, "status", timeout=3)
-                time.sleep(0.5)
-        finally:
-            for c in held:
-                c.close()
+        with Squeeze(m, limit) as squeezed, ReadyProber(m.mport, timeout=2) as r:
+            status = ctl(m.endpoint, "status", timeout=3)
+            time.sleep(0.5)
     after = ctl(m.endpoint, "status", timeout=3) if m.alive() else None
     return {"master": m.exit_text(), **s.row(), "/-/ready": r.summary(),
             "ctl status": f"squeezed: {ctl_text(status)}; after: "
                           + (ctl_text(after) if after else "no master"),
-            "what": f"{reached}; "
+            "what": f"{squeezed.reached}; "
                     + ("libzmq assert in the log; " if "Assertion" in m.text()
                        or "ipc_listener" in m.text() else "")
                     + f"workers at the end {len(m.workers())}"}
