@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from abuselib import (READY_LINE, Background, Load, Master, ReadyProber, Sampler, checkout_of,  # noqa: E402
+from abuselib import (FD_BATCH, READY_LINE, Background, Load, Master, ReadyProber, Sampler, checkout_of,  # noqa: E402
                       counts, ctl, get, handoff_session, kill_everything, parent,
                       ready_probe, write_app, write_broken_python)
 from benchlib import Procs, wait_for  # noqa: E402
@@ -118,8 +118,8 @@ class Squeeze(Background):
     and hard); 500 dripping metrics clients (a header line every 2 s: the
     old listener's timeout is per recv, 10 s); then hand-off sessions passing
     fds in frames never finished (252 a session, then fewer as the table
-    fills: a batch that does not fit is dropped whole), topped off every
-    0.2 s (an old hand-off session expires 10 s after its accept)."""
+    fills), topped off every 20 ms (an old hand-off session expires 10 s
+    after its accept; a killed worker's fds are freed)."""
 
     def __init__(self, m: Master, limit: int = 1024):
         super().__init__()
@@ -132,24 +132,29 @@ class Squeeze(Background):
         return (counts(self.m.pid) or {}).get("fds", 0)
 
     def fill(self) -> None:
-        for nfds in (252, 32, 4, 1):
-            while not self._stop.is_set():
-                before = self.fds()
-                if before >= self.limit:
-                    return
-                sock, _ = handoff_session(self.m.handoff, nfds=nfds, length=64, send=8)
-                if sock is None:
-                    break
-                try:
-                    wait_for(lambda: self.fds() >= before + nfds, 0.5, "fds received",
-                             interval=0.01)
+        """Exactly the fds still free: a session passing free - 1 of them
+        (its connection is one), a bare connection for the last; never more,
+        so that no batch is dropped and nothing is freed meanwhile that the
+        master could take (a respawn slipped through such a window)."""
+        for _ in range(64):
+            before = self.fds()
+            free = self.limit - before
+            if free <= 0 or self._stop.is_set():
+                return
+            nfds = min(FD_BATCH, free - 1)
+            sock, _ = handoff_session(self.m.handoff, nfds=nfds, length=64, send=8)
+            if sock is None:
+                return
+            try:
+                wait_for(lambda: self.fds() >= before + 1 + nfds, 0.5, "fds received",
+                         interval=0.01)
+                self.held.append(sock)
+            except Exception:  # noqa: BLE001 - refused (a fixed master): no more this way
+                if self.fds() > before:
                     self.held.append(sock)
-                except Exception:  # noqa: BLE001 - refused or no room: smaller batches
-                    if self.fds() > before:
-                        self.held.append(sock)      # its connection alone takes the last fd
-                    else:
-                        sock.close()
-                    break
+                else:
+                    sock.close()
+                return
 
     def drip(self, first: bool = False) -> None:
         for c in self.drippers:
@@ -178,7 +183,7 @@ class Squeeze(Background):
 
     def _run(self):
         dripped = time.monotonic()
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(0.02):
             if time.monotonic() - dripped > 2:
                 self.drip()
                 dripped = time.monotonic()
