@@ -4,8 +4,9 @@ header line at a time never meets (433 such clients: 382 master threads),
 and socketserver's listen backlog of 5 (a burst of connects had SYNs
 dropped: a 1 s retry, a balancer's health check flapping). On a real
 master with --metrics: its threads and fds stay bounded under 500
-dripping clients while /-/ready keeps answering, and a burst of connects
-never waits for a SYN retry. Every wait polls with a deadline."""
+dripping clients while /-/ready keeps answering within 100 ms (it needs
+no slot a dripper can hold: master/metrics_http.py), and a burst of
+connects never waits for a SYN retry. Every wait polls with a deadline."""
 from __future__ import annotations
 
 import http.client
@@ -85,21 +86,28 @@ def test_dripping_clients_hold_neither_threads_nor_fds_and_ready_answers(master,
                     pass
             threads, fds = _counts(pid)
             peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
-            status, took = _ready(mport)
-            statuses.append(status)
-            latencies.append(took)
+            for _ in range(3):
+                status, took = _ready(mport)
+                statuses.append(status)
+                latencies.append(took)
             time.sleep(0.5)
     finally:
         for s in drippers:
             s.close()
+    latencies.sort()
     print(f"threads {base_threads} -> peak {peak_threads}, fds {base_fds} -> peak {peak_fds}, "
-          f"/-/ready max {max(latencies):.3f}s, statuses {statuses}")
-    # a pool of 64 connections, and a little slack for the rest of the master
-    assert peak_threads <= base_threads + 64 + 8, (base_threads, peak_threads)
+          f"/-/ready median {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+          f"max {latencies[-1] * 1000:.1f} ms over {len(latencies)} probes, "
+          f"{statuses.count(200)} answered 200")
+    # 64 connections reading their heads, a pool of 8 threads for the pages
+    # that wait on the loop, and a little slack for the rest of the master
+    assert peak_threads <= base_threads + 8 + 8, (base_threads, peak_threads)
     assert peak_fds <= base_fds + 64 + 16, (base_fds, peak_fds)
-    assert max(latencies) < 3.0, latencies
-    # the drippers in the pool are cut at their deadline: ready again meanwhile
-    assert 200 in statuses, statuses
+    # /-/ready needs no slot of anything a dripper holds: served (never a 503
+    # "busy"), within 100 ms (the max with a margin for a loaded machine)
+    assert set(statuses) == {200}, statuses
+    assert latencies[len(latencies) // 2] < 0.1, latencies
+    assert latencies[-1] < 0.3, latencies
 
 
 def test_a_burst_of_connects_never_waits_for_a_syn_retry(master, tmp_path):
