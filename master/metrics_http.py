@@ -90,7 +90,16 @@ class Listener:
 
     @classmethod
     def bind(cls, host: str, port: int, family: int, app) -> "Listener":
-        return cls(socket.create_server((host, port), family=family, backlog=BACKLOG), app)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # re-bound at once by an upgrade's new image
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock, app)
 
     @classmethod
     def adopt(cls, fd: int, app) -> "Listener":
