@@ -124,3 +124,36 @@ def test_a_burst_of_connects_never_waits_for_a_syn_retry(master, tmp_path):
             s.close()
     slow = [t for t in took if t >= 0.9]
     assert not slow, f"{len(slow)} of 50 connects waited for a SYN retry: {slow}"
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    """What the listener answers to raw bytes, up to its close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                  source_address=CLIENT) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass                        # it answered and closed before we were done
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            pass
+        return out
+
+
+def test_the_head_reader_refuses_bad_and_oversized_heads_and_serves_on(master, tmp_path):
+    """The reader thread answers what it refuses itself (nothing reaches the
+    pool): a head over 16 KiB, a line that is no HTTP/1 request; HEAD and a
+    method other than GET are answered as before."""
+    m, mport = _start(master, tmp_path)
+    assert _raw(mport, b"GET /-/ready HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n") \
+        .startswith(b"HTTP/1.1 431 ")
+    assert _raw(mport, b"HELLO\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    head = _raw(mport, b"HEAD /-/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n"), head
+    assert _raw(mport, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n") \
+        .startswith(b"HTTP/1.1 405 ")
+    assert _ready(mport)[0] == 200
+    assert m.proc.poll() is None
