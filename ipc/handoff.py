@@ -113,7 +113,7 @@ class HandoffServer:
         """listeners() returns the current [(ListenerDescriptor, fd)] to hand out (fds stay
         ours); on_handed_over(names, pid) runs once a client (process pid, by SO_PEERCRED)
         confirmed it holds them; on_refused(pid, why) once per client refused or dropped
-        for what it did (pid 0: not known yet), for the owner's log."""
+        for what it did, for the owner's log."""
         self.path = path
         self.handed_over: set[str] = set()
         self.handed_to = 0             # the pid of the last client that confirmed
@@ -176,10 +176,6 @@ class HandoffServer:
             if session.sent_names is None:
                 self._refused(session.pid, f"session dropped: no request within "
                                            f"{self._first_timeout:g}s of connecting")
-
-    def next_deadline(self) -> float | None:
-        """When expire() next has something to do (None: no session)."""
-        return min((s.deadline for s in self._sessions.values()), default=None)
 
     def serve(self, timeout: float, until=lambda: False, tick: float = 0.05) -> None:
         """Run the server by itself until until() is true or timeout seconds passed."""
@@ -285,8 +281,8 @@ class HandoffServer:
 
     def _drop(self, session: _Session, why: str) -> None:
         """Tell the client why, and end its session."""
+        self._sessions.pop(session.channel.fileno(), None)   # (-1 once closed)
         self._refuse(session.channel, why)
-        self._sessions.pop(session.channel.fileno(), None)
         self._refused(session.pid, why)
 
     @staticmethod

@@ -43,6 +43,8 @@ def test_a_second_request_while_one_is_under_way_is_refused(serving, listeners):
         with pytest.raises(HandoffError, match=rf"refused: a takeover by pid {os.getpid()} "
                                                "is under way; one at a time"):
             fetch_listeners(server.path, timeout=10)
+        # the refused session is gone by the time its client reads why
+        assert len(server.poll_fds()) == 2, server.poll_fds()     # ours, still under way
     # the first left without confirming: nothing was handed over, the next may
     wait_until(lambda: len(server.poll_fds()) == 1, what="the sessions ended")
     got = fetch_listeners(server.path, timeout=10)
