@@ -148,16 +148,22 @@ class Listener:
             if end is not None:
                 due = end if due is None else min(due, end)
             for key, _ in sel.select(None if due is None else max(0.0, due - now)):
-                if key.data is None:
-                    self._accept(sel)
-                elif key.data == "wake":
+                if key.data == "wake":
                     try:
                         while self._wake_r.recv(64):
                             pass
                     except OSError:
                         pass
-                else:
-                    self._read(sel, key.data)
+                    continue
+                try:
+                    if key.data is None:
+                        self._accept(sel)
+                    else:
+                        self._read(sel, key.data)
+                except Exception:                 # noqa: BLE001 - a bug of ours: one
+                    log.exception("metrics: serving a request failed")   # client, not all
+                    if isinstance(key.data, _Head):
+                        self._drop(sel, key.data, None)
             now = time.monotonic()
             for head in [h for h in self._heads.values() if h.deadline <= now]:
                 self._drop(sel, head, f"no complete request within {REQUEST_DEADLINE:g}s")
@@ -282,7 +288,7 @@ class Listener:
         method, target, version = parts
         path, _, query = target.partition("?")
         env = {
-            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": unquote(path),
+            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": unquote(path, "latin-1"),
             "QUERY_STRING": query, "SERVER_PROTOCOL": version,
             "SERVER_NAME": str(self.server_address[0]), "SERVER_PORT": str(self.server_address[1]),
             "REMOTE_ADDR": str(peer[0]) if peer else "", "wsgi.version": (1, 0),
