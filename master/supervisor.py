@@ -170,26 +170,39 @@ class Supervisor:
 
     # ---- worker channels ----------------------------------------------------------------
     def _on_channel(self, slot: Slot) -> None:
-        """Every message the worker's channel holds: one read can bring
-        several (replies to concurrent control requests, a READY and a
-        heartbeat), and select() cannot see those left in the inbox (review:
-        they waited for the worker's next heartbeat, 25 s)."""
+        """Every complete message the worker's channel holds now, never
+        waiting for more: a frame begun and not complete stays in the
+        channel's decoder (at most its max frame) and is completed by a
+        later wake-up (issue 19 §6: a wait here of up to 5 s for the rest of
+        a frame froze the loop: `ctl status` went unanswered for 5.1 s). One
+        read can bring several messages (replies to concurrent control
+        requests, a READY and a heartbeat), and select() cannot see those
+        left in the inbox (review: they waited for the worker's next
+        heartbeat), so all are handled here. A worker that begins a frame
+        and never ends it sends no heartbeat either: the heartbeat check
+        kills it."""
         ch = slot.proc.channel
         try:
-            got = ch.recv(timeout=5)
-        except (PeerClosed, IPCError):
-            self.sel.unregister(ch.fileno())
+            ch.read_available()
+        except PeerClosed:
+            self.table.forget_channel(slot)
             return                                  # the exit itself comes as SIGCHLD
-        while got is not None:
+        except IPCError as exc:
+            self.table.forget_channel(slot)         # the stream is lost: nothing more from it
+            if not ch.eof:                          # at EOF: its exit comes as SIGCHLD
+                self._misbehaved(slot, f"its channel broke: {exc}")
+            return
+        while True:
+            try:
+                got = ch.next_message()             # None once the inbox is empty
+            except IPCError as exc:                 # a malformed one (dropped): the next
+                log.error("worker %s: %s", name(slot), exc)
+                continue
+            if got is None:
+                return
             self._contained(slot, got)
             if slot.proc is None or slot.proc.channel is not ch or ch.fileno() < 0:
                 return
-            while True:
-                try:
-                    got = ch.next_message()         # None once the inbox is empty
-                    break
-                except IPCError as exc:             # a malformed one (dropped): the next
-                    log.error("worker %s: %s", name(slot), exc)
 
     def _contained(self, slot: Slot, got) -> None:
         """One message inside the boundary: whatever a worker sends, or
@@ -199,21 +212,21 @@ class Supervisor:
         try:
             self._on_message(slot, got)
         except IllegalTransition as exc:
-            self._misbehaved(slot, got.msg, exc)
+            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})")
         except Exception:                          # noqa: BLE001 - a bug of ours
             log.exception("worker %s: handling its %s failed; the master carries on",
                           name(slot), type(got.msg).__name__)
 
-    def _misbehaved(self, slot: Slot, msg, exc: IllegalTransition) -> None:
-        """A message illegal for the worker's state: it is not trusted any
-        more; replaced (its successor READY first), else drained."""
+    def _misbehaved(self, slot: Slot, offence: str) -> None:
+        """A message illegal for the worker's state, or a channel it broke
+        (offence: which): it is not trusted any more; replaced (its successor
+        READY first), else drained."""
         what, why = misbehaving.verdict(slot, self.slots, self.stopping, self.pending)
         pid = slot.proc.pid if slot.proc is not None else 0
         doing = {misbehaving.REPLACE: "replacing it",
                  misbehaving.DRAIN: f"draining it (not replaced: {why})",
                  misbehaving.LEAVE: f"left as it is ({why})"}[what]
-        log.error("worker %s (pid %d) misbehaves: %s (%s): %s", name(slot), pid,
-                  misbehaving.shown(msg), exc, doing)
+        log.error("worker %s (pid %d) misbehaves: %s: %s", name(slot), pid, offence, doing)
         if what == misbehaving.REPLACE:
             self._replace(slot, "misbehaving")
         elif what == misbehaving.DRAIN:
