@@ -1,0 +1,228 @@
+"""An upgrade to an image that fails after the exec comes back to the
+previous image (issue 19, finding 8: the pre-exec check passed, the new
+image exited during its start-up, the workers drained, "the master is
+gone", and the listeners closed: 226 ok, 555 refused in 8 s).
+
+The "new image" is the same sockherd run by an interpreter wrapper (the
+`python` setting, as the other upgrade tests do) that adds a
+sitecustomize to the path: it breaks one function or one module of
+sockherd, chosen by a plan file, as a newer sockherd with a bug would be
+broken. The wrapper leaves the pre-exec check alone unless told to (the
+bug is one the check cannot see), so the failure happens after the exec.
+Every wait polls with a deadline; every process is reaped by the `master`
+fixture (the pid is the same across the exec and the way back).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_control import ctl, ok_json
+from test_reload import Clients, answers, free_port, get, write_app
+from test_run import children, master, wait_for  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(180)
+
+SITECUSTOMIZE = '''
+import importlib.abc, importlib.machinery, json, os, sys
+
+_plan = json.load(open(os.environ["NEWIMAGE_PLAN"]))
+if _plan.get("only_when") and _plan["only_when"] not in os.environ:
+    _plan["module"] = None
+
+
+def _fail(*args, **kwargs):
+    if _plan["how"] == "exit":
+        sys.exit(_plan.get("status", 1))
+    if _plan["how"] == "settings":
+        from sockherd.master.settings import SettingsError
+        raise SettingsError("bind_backlog: refused by the new image")
+    raise RuntimeError("the new image is broken: " + _plan["attr"])
+
+
+class _Breaking(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        self.real.exec_module(module)
+        owner, *path = [module, *_plan["attr"].split(".")]
+        for part in path[:-1]:
+            owner = getattr(owner, part)
+        setattr(owner, path[-1], _fail)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _plan["module"]:
+            return None
+        if _plan["how"] == "import":
+            raise ImportError("the new image's " + name + " does not import")
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        spec.loader = _Breaking(spec.loader)
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+
+def breaking_site(tmp_path: Path, name: str, **plan) -> tuple[Path, Path]:
+    """A directory holding the sitecustomize, and its plan: break
+    plan["module"] (how: "import" fails its import; "raise", "exit" or
+    "settings" replace plan["attr"] with a function that raises, exits 1 or
+    refuses the settings), only when the variable only_when is set if given."""
+    site = tmp_path / name
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"how": "raise", "attr": "", **plan}))
+    return site, path
+
+
+def new_image(tmp_path: Path, module: str, attr: str = "", how: str = "raise",
+              preflight_too: bool = False) -> Path:
+    """An interpreter wrapper whose sockherd is broken (breaking_site)."""
+    site, plan = breaking_site(tmp_path, "newimage", module=module, attr=attr, how=how)
+    wrapper = tmp_path / "newpython"
+    skip = "" if preflight_too else (
+        'if [ "$2" = sockherd.master.upgrade ]; then exec ' + sys.executable + ' "$@"; fi\n')
+    wrapper.write_text(f"#!/bin/sh\n{skip}export PYTHONPATH={site} NEWIMAGE_PLAN={plan}\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def refused(clients: Clients) -> int:
+    return sum("ConnectionRefused" in f for f in clients.failures)
+
+
+BREAKAGES = {
+    # a later module does not import (the cli imports the supervisor after
+    # it took the re-exec state: the listeners are wrapped already)
+    "import-error": dict(module="sockherd.master.supervisor", how="import"),
+    # an exception once the supervisor runs: adopting the workers fails
+    "exception-in-adoption": dict(module="sockherd.master.generations",
+                                  attr="Generations.adopt"),
+    # the new image exits (sys.exit) while attaching its control server
+    "exit-at-control": dict(module="sockherd.master.control", attr="attach", how="exit"),
+    # a setting the new image refuses, met before it took the state
+    "bad-setting": dict(module="sockherd.master.settings", attr="resolve", how="settings"),
+}
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_an_upgrade_that_fails_after_the_exec_comes_back_under_load(master, tmp_path,
+                                                                     breakage):
+    """Finding 8: the pid survives, no connection is refused, the upgrade
+    is reported failed with why (log, `ctl upgrade`, status, metrics), the
+    previous image's workers serve on, and a later good upgrade works."""
+    write_app(tmp_path, "v1")
+    config = tmp_path / "sockherd.toml"
+    config.write_text("")
+    mport = free_port()
+    m = master("verapp:app", "-w", "2", "-c", str(config), "--metrics", f"127.0.0.1:{mport}")
+    workers = set(children(m.proc.pid))
+    config.write_text(f'python = "{new_image(tmp_path, **BREAKAGES[breakage])}"\n')
+    write_app(tmp_path, "v2")
+    clients = Clients(m.port)
+    try:
+        wait_for(lambda: clients.ok > 20, 10, "traffic")
+        done = ctl(tmp_path, "upgrade", timeout=120, extra=("--timeout", "60"))
+        assert done.returncode == 1, (done.stdout, done.stderr, m.text()[-3000:],
+                                      f"{clients.ok} ok, {refused(clients)} refused")
+        assert "upgrade failed" in done.stderr and "after the exec" in done.stderr, done.stderr
+        m.wait_log(r"upgrade failed after the exec: .*: re-executing the previous image")
+        m.wait_log(r"upgrade: came back: adopted 1 listener\(s\) and 2 worker\(s\)")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 20, 20, "traffic after the way back")
+    finally:
+        clients.stop()
+    print(f"{breakage}: {clients.ok} ok, {refused(clients)} refused, "
+          f"{len(clients.failures)} failed")
+    assert m.proc.poll() is None, m.text()[-3000:]
+    assert clients.failures == [], clients.failures[:5]
+    assert set(children(m.proc.pid)) == workers          # the same workers serve on
+    assert set(clients.versions) == {"v1"}
+    st = ok_json(tmp_path, "status")
+    assert st["pid"] == m.proc.pid and st["generation"] == 1 and st["upgrades_failed"] == 1
+    assert "after the exec" in st["last_upgrade_failure"]
+    from test_metrics import scrape, value
+    assert value(scrape(mport), "sockherd_upgrades_failed_total") == 1
+    assert "SOCKHERD_PREVIOUS_IMAGE" not in m.text()     # (never shown whole)
+
+    # a later good upgrade still works, and its image has nothing of the bad one
+    config.write_text("")
+    done = ctl(tmp_path, "upgrade", timeout=120)
+    assert done.returncode == 0, (done.stdout, done.stderr, m.text()[-3000:])
+    answers(m.port, "v2")
+    for pid in children(m.proc.pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue                                     # an old worker, drained meanwhile
+        assert b"NEWIMAGE_PLAN" not in env and b"SOCKHERD_UPGRADE" not in env
+        assert b"SOCKHERD_PREVIOUS_IMAGE" not in env
+
+
+def test_the_precheck_imports_the_whole_master(master, tmp_path):
+    """Finding 8: the pre-exec check imported the cli alone; a module the
+    cli imports later (the supervisor) was first imported after the exec.
+    Now a new image that cannot import it is refused before the exec."""
+    write_app(tmp_path, "v1")
+    config = tmp_path / "sockherd.toml"
+    config.write_text("")
+    m = master("verapp:app", "-w", "1", "-c", str(config), ready=1)
+    config.write_text(f'python = "{new_image(tmp_path, "sockherd.master.supervisor", how="import", preflight_too=True)}"\n')
+    m.proc.send_signal(signal.SIGUSR2)
+    m.wait_log(r"upgrade failed: \S+newpython cannot import sockherd: .*sockherd\.master\."
+               r"supervisor does not import; this master carries on")
+    assert "re-executing" not in m.text()
+    assert get(m.port).startswith("v1 ")
+
+
+def test_the_precheck_validates_the_current_settings(master, tmp_path):
+    """Finding 8: the pre-exec check never read the settings: a new image
+    that refuses them exited at its start, after the exec. Now it is
+    refused before the exec, with the new image's own words."""
+    write_app(tmp_path, "v1")
+    config = tmp_path / "sockherd.toml"
+    config.write_text("")
+    m = master("verapp:app", "-w", "1", "-c", str(config), ready=1)
+    config.write_text(f'python = "{new_image(tmp_path, "sockherd.master.settings", "resolve", how="settings", preflight_too=True)}"\n')
+    m.proc.send_signal(signal.SIGUSR2)
+    m.wait_log(r"upgrade failed: \S+newpython refuses the current settings: bind_backlog: "
+               r"refused by the new image; this master carries on")
+    assert "re-executing" not in m.text()
+    assert get(m.port).startswith("v1 ")
+
+
+def test_a_previous_image_that_fails_too_is_not_bounced_back_again(master, tmp_path,
+                                                                    monkeypatch):
+    """The loop guard: the image the way back starts has no previous image
+    of its own and carries a bounce count; when it fails as well (its
+    sitecustomize breaks it when it is started to come back), it ends like
+    any failed start instead of bouncing between the two images."""
+    write_app(tmp_path, "v1")
+    config = tmp_path / "sockherd.toml"
+    config.write_text("")
+    # the previous image itself: sound, except when it is started to come back
+    site, plan = breaking_site(tmp_path, "previmage", module="sockherd.master.generations",
+                               attr="Generations.adopt", only_when="SOCKHERD_UPGRADE_ROLLBACK")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("NEWIMAGE_PLAN", str(plan))
+    m = master("verapp:app", "-w", "1", "-c", str(config), ready=1)
+    config.write_text(f'python = "{new_image(tmp_path, "sockherd.master.generations", "Generations.adopt")}"\n')
+    m.proc.send_signal(signal.SIGUSR2)
+    m.proc.wait(timeout=60)
+    text = m.text()
+    assert text.count("re-executing the previous image") == 1, text[-3000:]
+    assert "the previous image failed too" in text and "nothing left to go back to" in text
