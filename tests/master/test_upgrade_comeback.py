@@ -226,3 +226,63 @@ def test_a_previous_image_that_fails_too_is_not_bounced_back_again(master, tmp_p
     text = m.text()
     assert text.count("re-executing the previous image") == 1, text[-3000:]
     assert "the previous image failed too" in text and "nothing left to go back to" in text
+
+
+# ---- the guard's decisions, without a process ------------------------------------------------------
+
+def test_the_way_back_is_taken_once_and_only_after_an_upgrade(monkeypatch):
+    """A fresh start is never on probation; an upgrade's new image is, with
+    its previous image; the image the way back started is not sent back
+    again (the bounce count), whatever record it holds."""
+    from sockherd.master import comeback as cb
+
+    env = {"PATH": "/bin"}
+    cb.arm(env)
+    assert cb.way_back(cb._probation) == (None, "no upgrade under way")
+    assert cb.came_back() is None
+
+    previous = {"executable": "/old/python", "argv": ["run", "app:app"], "cwd": "/",
+                "env": {"PYTHONPATH": "/old"}}
+    env = {cb.STATE_VAR: "{}", cb.COUNTERS_VAR: "{}", cb.PREVIOUS_VAR: json.dumps(previous)}
+    cb.arm(env)
+    assert cb.PREVIOUS_VAR not in env                     # no worker of it sees the record
+    assert cb.way_back(cb._probation) == (previous, "")
+
+    env = {cb.STATE_VAR: "{}", cb.PREVIOUS_VAR: json.dumps(previous),
+           cb.ROLLBACK_VAR: json.dumps({"why": "boom", "bounces": 1})}
+    cb.arm(env)
+    assert env == {cb.STATE_VAR: "{}"}
+    assert cb.came_back() == {"why": "boom", "bounces": 1}
+    assert cb.way_back(cb._probation) == (None, "the previous image failed too after "
+                                                "coming back")
+    cb.serving()
+    assert cb._probation is None
+    cb.fall_back("no longer on probation")                # returns: nothing to do
+
+    cb.arm({cb.STATE_VAR: "{}", cb.PREVIOUS_VAR: "{not json"})
+    assert cb.way_back(cb._probation) == (None, "no previous image was recorded")
+    cb.arm({})
+
+
+def test_the_record_of_an_image_fits_in_one_environment_string(monkeypatch):
+    """An environment too large for one execve string (128 KiB) is cut to
+    the variables that choose the interpreter and its paths."""
+    from sockherd.master import comeback as cb
+
+    monkeypatch.setenv("PYTHONPATH", "/old/site")
+    monkeypatch.setenv("HUGE", "x" * 200_000)
+    monkeypatch.setenv(cb.STATE_VAR, "not recorded")
+    rec = json.loads(cb.record())
+    assert len(cb.record()) < cb.RECORD_LIMIT
+    assert rec["env"]["PYTHONPATH"] == "/old/site" and "HUGE" not in rec["env"]
+    assert cb.STATE_VAR not in rec["env"] and rec["executable"] == sys.executable
+    monkeypatch.delenv("HUGE")
+    assert json.loads(cb.record())["env"]["PATH"]
+
+
+def test_why_a_start_up_failed_in_one_line():
+    from sockherd.master.comeback import why_of
+
+    assert why_of(SystemExit(2)) == "exited with status 2"
+    assert why_of(SystemExit("sockherd: bad")) == "exited: sockherd: bad"
+    assert why_of(ImportError("no module x")) == "ImportError: no module x"
