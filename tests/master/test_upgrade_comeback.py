@@ -38,6 +38,8 @@ if _plan.get("only_when") and _plan["only_when"] not in os.environ:
 def _fail(*args, **kwargs):
     if _plan["how"] == "exit":
         sys.exit(_plan.get("status", 1))
+    if _plan["how"] == "oserror":
+        raise OSError("the new image cannot bind its control endpoint")
     if _plan["how"] == "settings":
         from sockherd.master.settings import SettingsError
         raise SettingsError("bind_backlog: refused by the new image")
@@ -76,9 +78,10 @@ sys.meta_path.insert(0, _Finder())
 
 def breaking_site(tmp_path: Path, name: str, **plan) -> tuple[Path, Path]:
     """A directory holding the sitecustomize, and its plan: break
-    plan["module"] (how: "import" fails its import; "raise", "exit" or
-    "settings" replace plan["attr"] with a function that raises, exits 1 or
-    refuses the settings), only when the variable only_when is set if given."""
+    plan["module"] (how: "import" fails its import; "raise", "exit",
+    "oserror" or "settings" replace plan["attr"] with a function that raises
+    RuntimeError, exits 1, raises OSError or refuses the settings); with
+    only_when, only in a process whose environment has that variable."""
     site = tmp_path / name
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -113,6 +116,9 @@ BREAKAGES = {
                                   attr="Generations.adopt"),
     # the new image exits (sys.exit) while attaching its control server
     "exit-at-control": dict(module="sockherd.master.control", attr="attach", how="exit"),
+    # its control endpoint cannot be bound (the cli closes the listeners
+    # on that error: it goes back before)
+    "control-bind-fails": dict(module="sockherd.master.control", attr="attach", how="oserror"),
     # a setting the new image refuses, met before it took the state
     "bad-setting": dict(module="sockherd.master.settings", attr="resolve", how="settings"),
 }
