@@ -16,9 +16,10 @@ working directory and its whole environment, so its PYTHONPATH and the
 like come back with it). The new image takes the record out of its
 environment first thing (no worker sees it), in `guarded()`, which wraps
 the whole entry point (`python -m sockherd.master`, which is what an
-upgrade execs). From there until the master's loop starts (`serving()`),
-the new image is on probation: any failure in it re-executes the previous
-image, in place, with the fds it holds:
+upgrade execs). From there until the reload that follows the adoption has
+settled (its generation serves, or it was refused and the adopted one serves
+on: `serving()`, from the loop), the new image is on probation: any failure
+in it re-executes the previous image, in place, with the fds it holds:
 
 - before the new image took the re-exec state: the state as it came (its
   fds are still inheritable, untouched);
@@ -34,15 +35,18 @@ sockherd_upgrades_failed_total).
 
 What is covered: every Python exception (SystemExit and KeyboardInterrupt
 too) raised from the entry point on, in any module imported after this
-one (an ImportError of a later module, a SettingsError, a bug), and a
-non-zero exit status returned before the loop; the sites that would close
-the listeners on their way out (the supervisor's run(), the cli's failure
-to attach its servers) go back first. What is not: a death the process
-cannot see (os._exit, SIGKILL, SIGSEGV and the like end the pid, and with
-it the workers); an interpreter that cannot start or import this module
+one (an ImportError of a later module, a SettingsError, a bug), in the
+start-up and in the loop until the reload settled, and a non-zero exit
+status returned before that; the sites that would close the listeners on
+their way out (the supervisor's run(), the cli's failure to attach its
+servers) go back first. What is not: a death the process cannot see
+(os._exit, SIGKILL, SIGSEGV, an abort in a C library: the pid ends, and
+with it, by PDEATHSIG, the workers; nothing in the process can outlive
+that); an interpreter that cannot start or import this module
 (sockherd.master's own __init__ and this file, which imports the standard
-library only); and anything after the loop started (the loop's own
-containment covers that, and the reload that follows an upgrade is refused
+library only); an exception the loop contains itself (it logs it and
+carries on: no failure of the image); and anything after the reload
+settled (the new image has served then; a reload that fails is refused
 like any other, the adopted workers serving on).
 
 No bouncing: the image the way back starts carries no previous image of its
@@ -138,7 +142,8 @@ def provide(fn) -> None:
 
 
 def serving() -> None:
-    """The loop starts: the upgrade's start-up is over, no way back after it."""
+    """The upgrade's reload settled in the loop: its start-up is over, no
+    way back after it."""
     global _probation, _provider
     _probation = _provider = None
 

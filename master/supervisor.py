@@ -460,7 +460,6 @@ class Supervisor:
                 for slot in self.slots:
                     self.spawn(slot)
             self._at(self.settings.heartbeat_timeout, "heartbeat", None)
-            comeback.serving()                     # an upgrade's start-up is over
             return self._loop()
         except BaseException as exc:
             # during an upgrade's start-up: back to the previous image
@@ -480,6 +479,8 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
+            if self.pending is None:
+                comeback.serving()         # an upgrade's start-up ends once its reload settled
             status = finished(self.stopping, self.startup_failed, self._live(), self._active())
             if status is not None:
                 if self.startup_failed:
