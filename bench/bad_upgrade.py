@@ -11,9 +11,11 @@ temporary runtime directory, keeps --clients closed-loop clients sending one
 GET per new connection, waits for 2 s of traffic, then sets `python` to a
 wrapper of the same interpreter whose sockherd exits (sys.exit(1)) when the
 master attaches its control server: after the exec (the pre-exec check,
-which runs `python -m sockherd.master.upgrade`, is left alone). USR2, then
---window s of load counted: ok, refused (ECONNREFUSED), other failures;
-then whether the master's pid is still there, and what it logged of it.
+which runs `python -m sockherd.master.upgrade`, is left alone). Counted from
+the USR2 to --window s after the exec (logged `upgrade: re-executing`): ok,
+refused (ECONNREFUSED; a refused client waits 10 ms before its next try),
+other failures; then whether the master's pid is still there, and whether
+it came back (logged `upgrade: came back`).
 """
 from __future__ import annotations
 
@@ -32,34 +34,29 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# control.attach exits once the control module is imported: every import
+# statement checks (the cli imports control, then calls attach at once)
 SITECUSTOMIZE = '''
-import importlib.abc, importlib.machinery, sys
+import builtins, sys
+
+_import = builtins.__import__
 
 
-class _Exiting(importlib.abc.Loader):
-    def __init__(self, real):
-        self.real = real
-
-    def create_module(self, spec):
-        return self.real.create_module(spec)
-
-    def exec_module(self, module):
-        self.real.exec_module(module)
-        def attach(*args, **kwargs):
-            sys.exit(1)
-        module.attach = attach
+def _exit(*args, **kwargs):
+    sys.exit(1)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "sockherd.master.control":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        spec.loader = _Exiting(spec.loader)
-        return spec
+def _checking(*args, **kwargs):
+    module = _import(*args, **kwargs)
+    control = sys.modules.get("sockherd.master.control")
+    # once it is whole (its own imports run while it is half made)
+    if control is not None and not getattr(control.__spec__, "_initializing", False) \
+            and control.__dict__.get("attach") not in (None, _exit):
+        control.attach = _exit
+    return module
 
 
-sys.meta_path.insert(0, _Finder())
+builtins.__import__ = _checking
 '''
 
 
@@ -143,6 +140,11 @@ def main() -> int:
         config.write_text(f'python = "{wrapper}"\n')
         load.counting = True
         proc.send_signal(signal.SIGUSR2)
+        # the window runs from the exec (the pre-exec check before it takes
+        # seconds on a loaded machine)
+        deadline = time.monotonic() + 60
+        while "upgrade: re-executing" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(args.window)
         load.counting = False
         alive = proc.poll() is None
@@ -157,7 +159,8 @@ def main() -> int:
            "refused": load.refused, "other_failures": load.other, "master_alive": alive,
            "came_back": "upgrade: came back" in text,
            "master_gone_in_worker_log": "the master is gone" in text}
-    print(f"{args.window:g}s after USR2 to an image that exits at start-up: {load.ok} ok, "
+    print(f"USR2 to {args.window:g}s after the exec of an image that exits at start-up: "
+          f"{load.ok} ok, "
           f"{load.refused} refused, {load.other} other failures; master pid "
           f"{'alive' if alive else 'gone'}; came back: {row['came_back']}")
     if args.json:

@@ -184,34 +184,28 @@ def test_an_upgrade_that_fails_after_the_exec_comes_back_under_load(master, tmp_
         assert b"SOCKHERD_PREVIOUS_IMAGE" not in env
 
 
-def test_the_precheck_imports_the_whole_master(master, tmp_path):
-    """Finding 8: the pre-exec check imported the cli alone; a module the
-    cli imports later (the supervisor) was first imported after the exec.
-    Now a new image that cannot import it is refused before the exec."""
+@pytest.mark.parametrize("breakage, said", [
+    # the check imported the cli alone; the supervisor, imported later by
+    # the cli, was first imported after the exec
+    (dict(module="sockherd.master.supervisor", how="import"),
+     r"cannot import sockherd: .*sockherd\.master\.supervisor does not import"),
+    # the check never read the settings: a new image that refuses them
+    # exited at its start, after the exec
+    (dict(module="sockherd.master.settings", attr="resolve", how="settings"),
+     r"refuses the current settings: bind_backlog: refused by the new image"),
+], ids=["a-later-module", "the-settings"])
+def test_the_precheck_imports_the_whole_master_and_validates_the_settings(master, tmp_path,
+                                                                          breakage, said):
+    """Finding 8: the pre-exec check passed images that then failed after
+    the exec. Now they are refused before it, in the new image's words,
+    and this master carries on."""
     write_app(tmp_path, "v1")
     config = tmp_path / "sockherd.toml"
     config.write_text("")
     m = master("verapp:app", "-w", "1", "-c", str(config), ready=1)
-    config.write_text(f'python = "{new_image(tmp_path, "sockherd.master.supervisor", how="import", preflight_too=True)}"\n')
+    config.write_text(f'python = "{new_image(tmp_path, **breakage, preflight_too=True)}"\n')
     m.proc.send_signal(signal.SIGUSR2)
-    m.wait_log(r"upgrade failed: \S+newpython cannot import sockherd: .*sockherd\.master\."
-               r"supervisor does not import; this master carries on")
-    assert "re-executing" not in m.text()
-    assert get(m.port).startswith("v1 ")
-
-
-def test_the_precheck_validates_the_current_settings(master, tmp_path):
-    """Finding 8: the pre-exec check never read the settings: a new image
-    that refuses them exited at its start, after the exec. Now it is
-    refused before the exec, with the new image's own words."""
-    write_app(tmp_path, "v1")
-    config = tmp_path / "sockherd.toml"
-    config.write_text("")
-    m = master("verapp:app", "-w", "1", "-c", str(config), ready=1)
-    config.write_text(f'python = "{new_image(tmp_path, "sockherd.master.settings", "resolve", how="settings", preflight_too=True)}"\n')
-    m.proc.send_signal(signal.SIGUSR2)
-    m.wait_log(r"upgrade failed: \S+newpython refuses the current settings: bind_backlog: "
-               r"refused by the new image; this master carries on")
+    m.wait_log(r"upgrade failed: \S+newpython " + said + "; this master carries on")
     assert "re-executing" not in m.text()
     assert get(m.port).startswith("v1 ")
 
