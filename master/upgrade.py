@@ -19,9 +19,10 @@ listeners (preflight): its interpreter imports the whole master (every
 module of sockherd.master and sockherd.ipc) and validates the current
 settings (this master's command line, its environment and its settings
 file, as the exec will see them), and decodes the re-exec state. If it
-still fails after the exec, before its loop runs, it re-executes this image
-(recorded in the environment across the exec) with the listeners and the
-workers: master/comeback.py says how, and what it covers.
+still fails after the exec, before the reload that follows the adoption has
+settled, it re-executes this image (recorded in the environment across the
+exec) with the listeners and the workers: master/comeback.py says how, and
+what it covers.
 """
 from __future__ import annotations
 
