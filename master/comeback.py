@@ -19,7 +19,8 @@ the whole entry point (`python -m sockherd.master`, which is what an
 upgrade execs). From there until the reload that follows the adoption has
 settled (its generation serves, or it was refused and the adopted one serves
 on: `serving()`, from the loop), the new image is on probation: any failure
-in it re-executes the previous image, in place, with the fds it holds:
+in it re-executes the previous image, in place, with the fds it holds
+(os._exit is wrapped meanwhile, so a call of it goes back too):
 
 - before the new image took the re-exec state: the state as it came (its
   fds are still inheritable, untouched);
@@ -39,8 +40,9 @@ one (an ImportError of a later module, a SettingsError, a bug), in the
 start-up and in the loop until the reload settled, and a non-zero exit
 status returned before that; the sites that would close the listeners on
 their way out (the supervisor's run(), the cli's failure to attach its
-servers) go back first. What is not: a death the process cannot see
-(os._exit, SIGKILL, SIGSEGV, an abort in a C library: the pid ends, and
+servers) go back first; os._exit called through the os module. What is
+not: a death the process cannot see (SIGKILL, SIGSEGV, an abort or _exit()
+in C code, os._exit bound before the guard: the pid ends, and
 with it, by PDEATHSIG, the workers; nothing in the process can outlive
 that); an interpreter that cannot start or import this module
 (sockherd.master's own __init__ and this file, which imports the standard
@@ -112,9 +114,24 @@ def arm(environ=None) -> None:
     _came_back = _decoded(rollback, ROLLBACK_VAR)
     if STATE_VAR not in env:
         _probation = None                   # a fresh start: nothing to go back to
+        os._exit = _real_exit
         return
     _probation = {"previous": _decoded(previous, PREVIOUS_VAR), "rollback": _came_back,
-                  "state": env[STATE_VAR], "counters": env.get(COUNTERS_VAR)}
+                  "state": env[STATE_VAR], "counters": env.get(COUNTERS_VAR),
+                  "pid": os.getpid()}
+    os._exit = _exit_on_probation
+
+
+_real_exit = os._exit
+
+
+def _exit_on_probation(status: int) -> None:
+    """os._exit while on probation: the way back first (only in this
+    process: a child forked by a library and ending with os._exit must not
+    start a master)."""
+    if _probation is not None and os.getpid() == _probation["pid"]:
+        fall_back(f"os._exit({status})")
+    _real_exit(status)
 
 
 def _decoded(text: str | None, var: str) -> dict | None:
@@ -146,6 +163,7 @@ def serving() -> None:
     way back after it."""
     global _probation, _provider
     _probation = _provider = None
+    os._exit = _real_exit
 
 
 def way_back(probation: dict | None) -> tuple[dict | None, str]:

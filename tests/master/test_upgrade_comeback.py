@@ -15,6 +15,7 @@ fixture (the pid is the same across the exec and the way back).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ if _plan.get("only_when") and _plan["only_when"] not in os.environ:
 def _fail(*args, **kwargs):
     if _plan["how"] == "exit":
         sys.exit(_plan.get("status", 1))
+    if _plan["how"] == "os_exit":
+        os._exit(1)
     if _plan["how"] == "oserror":
         raise OSError("the new image cannot bind its control endpoint")
     if _plan["how"] == "settings":
@@ -79,8 +82,9 @@ sys.meta_path.insert(0, _Finder())
 def breaking_site(tmp_path: Path, name: str, **plan) -> tuple[Path, Path]:
     """A directory holding the sitecustomize, and its plan: break
     plan["module"] (how: "import" fails its import; "raise", "exit",
-    "oserror" or "settings" replace plan["attr"] with a function that raises
-    RuntimeError, exits 1, raises OSError or refuses the settings); with
+    "os_exit", "oserror" or "settings" replace plan["attr"] with a function
+    that raises RuntimeError, exits 1 (sys.exit, os._exit), raises OSError
+    or refuses the settings); with
     only_when, only in a process whose environment has that variable."""
     site = tmp_path / name
     site.mkdir(exist_ok=True)
@@ -119,6 +123,9 @@ BREAKAGES = {
     # an exception escaping the loop's first turn, the upgrade's reload
     # still starting (the new generation's workers are handed back too)
     "exception-in-the-loop": dict(module="sockherd.master.handoff", attr="Handoff.sync"),
+    # os._exit (no exception: the guard wraps it while on probation)
+    "os-exit-in-adoption": dict(module="sockherd.master.generations", attr="Generations.adopt",
+                                how="os_exit"),
     # its control endpoint cannot be bound (the cli closes the listeners
     # on that error: it goes back before)
     "control-bind-fails": dict(module="sockherd.master.control", attr="attach", how="oserror"),
@@ -266,7 +273,9 @@ def test_the_way_back_is_taken_once_and_only_after_an_upgrade(monkeypatch):
 
     cb.arm({cb.STATE_VAR: "{}", cb.PREVIOUS_VAR: "{not json"})
     assert cb.way_back(cb._probation) == (None, "no previous image was recorded")
+    assert os._exit is not cb._real_exit                  # wrapped while on probation
     cb.arm({})
+    assert os._exit is cb._real_exit
 
 
 def test_the_record_of_an_image_fits_in_one_environment_string(monkeypatch):
