@@ -28,6 +28,9 @@ KINDS = {
     # ready yet, another still starting, a stop under way): no generation
     "reload_refused": ("reason",),
     "upgrading": ("python",),
+    # refused, or its exec failed (this image carries on), or the new image
+    # failed after the exec and this one came back (master/comeback.py)
+    "upgrade_failed": ("reason",),
     "stopping": ("fast",),
 }
 

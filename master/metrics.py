@@ -212,7 +212,9 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     g.add_metric([], m["uptime"])
     yield g
     for key, doc in (("reloads_ok", "reloads whose new generation serves"),
-                     ("reloads_failed", "reloads refused (the old generation kept serving)")):
+                     ("reloads_failed", "reloads refused (the old generation kept serving)"),
+                     ("upgrades_failed", "upgrades that failed (refused or failed exec: the "
+                      "image carried on; failed after the exec: the previous image came back)")):
         c = CounterMetricFamily(f"sockherd_{key}", doc + " since the master started "
                                 "(carried across upgrades)")
         c.add_metric([], m[key])

@@ -36,7 +36,7 @@ import time
 
 from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.messages import FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply
-from sockherd.master import upgrade
+from sockherd.master import comeback, upgrade
 from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
@@ -51,8 +51,7 @@ from sockherd.worker.board import Board
 
 log = logging.getLogger("sockherd.master")
 
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTTIN,
-           signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2)
+HANDLED = comeback.HANDLED
 
 
 class Supervisor:
@@ -469,12 +468,17 @@ class Supervisor:
         try:
             if self.adopted is not None:
                 self._adopt()
-                self._reload()                     # the upgrade proceeds as a reload
+                upgrade.proceed(self)              # as a reload (or it came back: comeback.py)
             else:
                 for slot in self.slots:
                     self.spawn(slot)
             self._at(self.settings.heartbeat_timeout, "heartbeat", None)
             return self._loop()
+        except BaseException as exc:
+            # during an upgrade's start-up: back to the previous image
+            # before the listeners are closed below (returns if not)
+            comeback.fall_back(comeback.why_of(exc), exc)
+            raise
         finally:
             for extra in self.extras:
                 extra.close()
@@ -488,6 +492,8 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
+            if self.pending is None:
+                comeback.serving()         # an upgrade's start-up ends once its reload settled
             status = finished(self.stopping, self.startup_failed, self._live(), self._active())
             if status is not None:
                 if self.startup_failed:
