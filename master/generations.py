@@ -320,7 +320,7 @@ class Generations:
                   else "refused", gen, reason, self.generation,
                   "serves again" if rolled_back else "keeps serving")
         self.host.events.emit("reload_failed", generation=gen, reason=reason,
-                              **({"rolled_back": True} if rolled_back else {}))
+                              rolled_back=rolled_back)
 
     # ---- what happens to one worker, by the generation it belongs to ----------------------
     def on_ready(self, slot: Slot) -> bool:

@@ -93,7 +93,8 @@ def test_reload_refused_for_a_bad_setting_keeps_the_generation():
     assert gens.pending is None and gens.generation == 1 and host.spawned == []
     assert (gens.reloads_ok, gens.reloads_failed) == (0, 1)
     assert host.emitted == [("reload_failed", {"generation": 2, "reason":
-                                               "bad setting: workers: expected an int"})]
+                                               "bad setting: workers: expected an int",
+                                               "rolled_back": False})]
 
 
 # ---- commit or refuse ----------------------------------------------------------------------
