@@ -199,6 +199,7 @@ class Generations:
         if not ready(p.slots):
             return
         self.pending = None
+        self.numbered = max(self.numbered, p.generation)
         old, self.slots = self.slots, p.slots
         took = time.monotonic() - p.started
         length = getattr(p.settings, "reload_probation", 0.0)
