@@ -71,7 +71,7 @@ def test_a_reload_to_an_app_that_crashes_after_ready_is_rolled_back(master, tmp_
         crashing_app(tmp_path)
         started = time.monotonic()
         reload = ctl(tmp_path, "reload")
-        m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 8s")
+        m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 8s", timeout=60)
         # both generations serve through probation: the old one was not drained
         assert old <= set(children(m.proc.pid))
         out, err = reload.communicate(timeout=60)
