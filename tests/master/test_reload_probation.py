@@ -9,6 +9,7 @@ is bounded (one per client per crashing worker)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -69,18 +70,18 @@ def test_a_reload_to_an_app_that_crashes_after_ready_is_rolled_back(master, tmp_
     try:
         wait_for(lambda: clients.ok > 50, 10, "traffic")
         crashing_app(tmp_path)
-        started = time.monotonic()
         reload = ctl(tmp_path, "reload")
         m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 8s", timeout=60)
         # both generations serve through probation: the old one was not drained
         assert old <= set(children(m.proc.pid))
         out, err = reload.communicate(timeout=60)
-        took = time.monotonic() - started
         assert reload.returncode == 1, (out, err)
         assert "reload failed (generation 2): worker 2." in err, err
         assert "exited with status 3 (crashed)" in err and "into probation; rolled back; " \
             "generation 1 serves again" in err, err
-        assert took < 8, took                     # answered at the rollback, not at the end
+        # answered at the rollback, before probation would have ended
+        into = float(re.search(r"([\d.]+)s into probation", err).group(1))
+        assert into < 8, err
         # the previous code serves, by the same processes (they never stopped)
         wait_for(lambda: not any(p not in old and not gone(p) for p in children(m.proc.pid)),
                  30, "generation 2's workers gone")
@@ -106,21 +107,21 @@ def test_a_good_reload_answers_once_probation_passed(master, tmp_path):
     """The old generation serves beside the new one until probation ends,
     then drains; `ctl reload` answers then, saying so."""
     write_app(tmp_path, "v1")
-    m = master("verapp:app", "-w", "1", "--reload-probation", "3", ready=1)
+    m = master("verapp:app", "-w", "1", "--reload-probation", "8", ready=1)
     old = set(children(m.proc.pid))
     write_app(tmp_path, "v2")
     started = time.monotonic()
     reload = ctl(tmp_path, "reload")
-    m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 3s")
+    m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 8s", timeout=60)
     st = status(tmp_path)
     assert st["probation"]["generation"] == 2 and st["probation"]["previous"] == 1
     assert st["roles"] == {"serving": 1, "previous": 1}
     assert old <= set(children(m.proc.pid))     # not drained yet
     out, err = reload.communicate(timeout=60)
     assert reload.returncode == 0, (out, err)
-    assert "generation 2 serving" in out and "passed 3s of probation" in out, out
-    assert time.monotonic() - started >= 3
-    m.wait_log(r"reload: generation 2 serving \(ready in [\d.]+s, passed 3s of probation\); "
+    assert "generation 2 serving" in out and "passed 8s of probation" in out, out
+    assert time.monotonic() - started >= 8
+    m.wait_log(r"reload: generation 2 serving \(ready in [\d.]+s, passed 8s of probation\); "
                r"draining generation 1")
     wait_for(lambda: all(gone(p) for p in old), 30, "generation 1 drained")
     answers(m.port, "v2")
@@ -130,18 +131,22 @@ def test_a_hup_during_probation_runs_after_it(master, tmp_path):
     """Finding 10: a HUP while a reload is under way (here: on probation)
     is queued and runs once it is over, never dropped."""
     write_app(tmp_path, "v1")
-    m = master("verapp:app", "-w", "1", "--reload-probation", "2", ready=1)
+    m = master("verapp:app", "-w", "1", "--reload-probation", "6", ready=1)
     write_app(tmp_path, "v2")
     m.proc.send_signal(signal.SIGHUP)
-    m.wait_log(r"generation 2 ready in [\d.]+s; on probation")
+    m.wait_log(r"generation 2 ready in [\d.]+s; on probation", timeout=60)
     write_app(tmp_path, "v3")
     m.proc.send_signal(signal.SIGHUP)
     m.wait_log(r"reload queued: generation 2 is on probation")
-    # a control client is answered at once instead: nobody would see a queued answer
+    # a control client is answered at once instead: nobody would see a queued
+    # answer (on a loaded machine probation may be over and the queued one
+    # starting by the time it asks: refused as clearly)
     refused = ctl(tmp_path, "reload")
     out, err = refused.communicate(timeout=30)
-    assert refused.returncode == 1 and "reload refused: generation 2 is on probation" in err, err
-    m.wait_log(r"generation 2 serving \(ready in [\d.]+s, passed 2s of probation\)")
+    assert refused.returncode == 1, (out, err)
+    assert re.search(r"reload refused: generation (2 is on probation \(\d+s left; generation 1 "
+                     r"is kept until then\)|3 is still starting)", err), err
+    m.wait_log(r"generation 2 serving \(ready in [\d.]+s, passed 6s of probation\)")
     m.wait_log(r"reload: starting generation 3")
     m.wait_log(r"generation 3 serving", timeout=30)
     answers(m.port, "v3")
