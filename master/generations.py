@@ -230,6 +230,7 @@ class Generations:
                 self.host.feed(slot, Event.DRAIN)
 
     def passed(self, gen: int, previous: int, took: float, probation: float) -> None:
+        """The reload is over and good: counted, said, and a queued HUP runs."""
         self.reloads_ok += 1
         log.info("reload: generation %d serving (ready in %.2fs%s); draining generation %d",
                  gen, took, f", passed {probation:g}s of probation" if probation else "",
