@@ -151,3 +151,18 @@ def test_a_hup_during_probation_runs_after_it(master, tmp_path):
     m.wait_log(r"generation 3 serving", timeout=30)
     answers(m.port, "v3")
     assert get(m.port).startswith("v3 ")
+
+
+def test_an_upgrade_during_probation_is_refused(master, tmp_path):
+    """The new image would adopt both generations and nobody would end the
+    probation or roll it back: refused with why, the probation goes on."""
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "1", "--reload-probation", "8", ready=1)
+    write_app(tmp_path, "v2")
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"generation 2 ready in [\d.]+s; on probation", timeout=60)
+    m.proc.send_signal(signal.SIGUSR2)
+    m.wait_log(r"upgrade refused: generation 2 is on probation")
+    m.wait_log(r"generation 2 serving \(ready in [\d.]+s, passed 8s of probation\)", timeout=60)
+    assert "upgrade: adopted" not in m.text()
+    answers(m.port, "v2")
