@@ -61,7 +61,7 @@ log = logging.getLogger("sockherd.master")
 
 SCRAPE_TIMEOUT = 2 * inspect.ASK_TIMEOUT + 1.0  # both rounds of a tree, and some slack
 RETRY = 1.0                  # a takeover: the address still the old instance's, try again after
-ROLES = ("starting", "serving", "replacing", "draining", "stopping")
+ROLES = ("starting", "serving", "replacing", "previous", "draining", "stopping")
 WORKER_LABELS = ("generation", "worker", "pid")
 THREAD_LABELS = WORKER_LABELS + ("thread", "tgid")
 
@@ -219,6 +219,21 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                                 "(carried across upgrades)")
         c.add_metric([], m[key])
         yield c
+    c = CounterMetricFamily("sockherd_reloads_rolled_back", "reloads whose new generation "
+                            "failed on probation: the previous one serves again (counted in "
+                            "reloads_failed too)")
+    c.add_metric([], m.get("reloads_rolled_back", 0))
+    yield c
+    # a slot that keeps failing is never given up on (issue 19 §7): it backs off, seen here
+    g = GaugeMetricFamily("sockherd_worker_slots_backing_off", "serving slots with no worker, "
+                          "waiting for a respawn after failures in a row")
+    g.add_metric([], len(m.get("backing_off", [])))
+    yield g
+    g = GaugeMetricFamily("sockherd_worker_slot_failures", "failures in a row of a serving "
+                          "slot backing off", labels=["slot"])
+    for b in m.get("backing_off", []):
+        g.add_metric([str(b["slot"])], b["failures"])
+    yield g
     roles = {r: 0 for r in ROLES}
     for w in tree["workers"]:
         roles[w["role"]] = roles.get(w["role"], 0) + 1

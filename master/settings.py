@@ -117,6 +117,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready_timeout", ("--ready-timeout",), float, 60.0,
             "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
             section="supervision"),
+    Setting("reload_probation", ("--reload-probation",), float, 10.0,
+            "after a reload's new generation is READY, the old one serves beside it this long "
+            "and drains only then; a new worker that crashes meanwhile rolls the reload back "
+            "(the old generation serves on, the reload fails with why); `ctl reload` answers "
+            "when it is over; 0: the old generation drains at once", _seconds(0, 3600), "S",
+            section="supervision"),
     Setting("max_requests", ("--max-requests",), int, 0,
             "a worker that served this many requests is replaced (the new one READY first, "
             "then the old drained); 0: never", msgspec.Meta(ge=0, le=2**40), "N",

@@ -41,7 +41,7 @@ from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
 from sockherd.master.inspect import Asker
-from sockherd.master import misbehaving
+from sockherd.master import misbehaving, probation
 from sockherd.master.lifecycle import Event, IllegalTransition, Outcome, State
 from sockherd.master.listeners import Listener
 from sockherd.master.workers import (
@@ -152,10 +152,16 @@ class Supervisor:
     feed = _feed
 
     # ---- control commands (master/commands) -------------------------------------------
-    def _reload(self) -> str:
-        return self.gens.reload(self.reload_settings, self.ever_ready)
+    def _reload(self, queue: bool = False) -> str:
+        return self.gens.reload(self.reload_settings, self.ever_ready, queue)
 
     def _upgrade(self, before_exec=None) -> str:
+        # the new image would adopt both generations as they are, and
+        # nobody would end the probation or roll it back
+        why = probation.refusal(self.gens.probation, time.monotonic())
+        if why:
+            log.warning("upgrade refused: %s", why)
+            return f"upgrade refused: {why}"
         return upgrade.run(self, HANDLED, before_exec)
 
     def _replace(self, slot: Slot, why: str) -> bool:
@@ -283,10 +289,15 @@ class Supervisor:
     def _reap(self) -> None:
         for slot, pid, how, served in self.table.reap():
             self.asker.gone(pid)
-            if self.gens.on_failure(slot, f"exited with {how} before ready") \
-                    or self.gens.on_exit(slot):
-                continue                        # a reload's, a replacement's, an older one's
             outcome = slot.life.outcome
+            # one READY and waiting for the rest of its generation did not
+            # fail "before ready" (issue 19 §10: the refusal said so)
+            why = f"exited with {how} " + (
+                "before ready" if not slot.life.was_ready else
+                "after it was ready, before the commit" if self.gens.starting(slot) else
+                f"({outcome.value})")
+            if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
+                continue                        # a reload's, a replacement's, an older one's
             if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
                     and not self.first_failure:
                 self.first_failure = f"worker {name(slot)} exited with {how}"
@@ -302,12 +313,14 @@ class Supervisor:
             for other in self._live():
                 if other.life is not None:
                     self._feed(other, Event.KILL)
-        elif after.what == "give_up":
-            slot.given_up = True
-            log.error("worker slot %d: gave up after %d failures in a row; the other workers "
-                      "keep serving", slot.index, slot.backoff.failures)
         else:
-            log.info("worker slot %d: respawn in %.1fs", slot.index, after.delay)
+            # never given up on: the back-off is capped (lifecycle.Backoff),
+            # the slot shows as backing off in `ctl status` and the metrics
+            slot.next_try = time.monotonic() + after.delay
+            failures = slot.backoff.failures
+            (log.error if failures >= 5 else log.info)(
+                "worker slot %d: respawn in %.1fs%s", slot.index, after.delay,
+                f" ({failures} failures in a row)" if failures else "")
             self._at(after.delay, "respawn", slot)
 
     # ---- signals and timers --------------------------------------------------------------
@@ -327,7 +340,7 @@ class Supervisor:
             elif signum == signal.SIGTTOU and not self.stopping:
                 self._scale_down()
             elif signum == signal.SIGHUP and not self.stopping:
-                self._reload()
+                self._reload(queue=True)            # during a reload: runs after it
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum == signal.SIGTERM and not self.killing:
@@ -340,7 +353,13 @@ class Supervisor:
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
             if not self.stopping and slot.proc is None and not slot.retired:
+                slot.next_try = 0.0
                 self.spawn(slot)
+        elif what == "probation":
+            self.gens.probation_over()
+        elif what == "queued_reload":
+            if not self.stopping:
+                self._reload(queue=True)
         elif what == "ready_timeout" and slot.life is not None \
                 and slot.life.state is State.STARTING:
             log.error("worker %s: not ready after %.0fs", name(slot),
@@ -387,6 +406,7 @@ class Supervisor:
         self.stopping = True                 # readiness says 503 from now (inspect.py)
         if self.pending:
             self.gens.refuse("the master is stopping")
+        self.gens.end_probation("the master is stopping")
         delay = self.settings.unready_delay
         if delay > 0:
             log.info("graceful stop: unready; serving on for %gs (unready_delay), then draining",
@@ -494,14 +514,12 @@ class Supervisor:
         while True:
             if self.pending is None:
                 comeback.serving()         # an upgrade's start-up ends once its reload settled
-            status = finished(self.stopping, self.startup_failed, self._live(), self._active())
+            status = finished(self.stopping, self.startup_failed, self._live())
             if status is not None:
                 if self.startup_failed:
                     log.error("no worker became ready: %s", self.first_failure or "see above")
-                elif self.stopping:
-                    log.info("every worker is gone: exiting")
                 else:
-                    log.error("every worker slot was given up on: exiting")
+                    log.info("every worker is gone: exiting")
                 return status
             due = [t for t in [self.timers[0][0] if self.timers else None,
                                self.asker.next_deadline(),
