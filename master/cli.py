@@ -125,6 +125,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
     log = logging.getLogger("sockherd.master")
+    from sockherd.master.fdbudget import BUDGET, raise_soft_limit
+    raise_soft_limit()                    # and a reserve kept (master/fdbudget.py)
+    BUDGET.hold_spare()
     from sockherd.ipc import reexec
     from sockherd.ipc.errors import ReexecStateError
     from sockherd.master import upgrade

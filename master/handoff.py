@@ -5,11 +5,17 @@ loop by ipc.handoff's server: its sessions come and go, and their fds are
 kept in the loop's selector here (`sync`). A takeover serves its own only
 once it serves (a takeover that failed must leave the old instance's in
 place): the loop calls `serve` then.
+
+Short of fds (fewer than fdbudget.HANDOFF_FLOOR free: one read may bring
+FD_BATCH of them), nothing of the hand-off is watched, so nothing is
+accepted or read; `short` tells the loop to look again within a second.
 """
 from __future__ import annotations
 
 import logging
 import selectors
+
+from sockherd.master.fdbudget import BUDGET, HANDOFF_FLOOR
 
 log = logging.getLogger("sockherd.master")
 
@@ -19,6 +25,7 @@ class Handoff:
         self.sel = sel
         self.server = None                   # ipc.handoff.HandoffServer, once served
         self.fds: set[int] = set()
+        self.short = False                   # too few fds free: not watched
 
     def serve(self, path: str, listeners) -> None:
         """Serves the hand-off socket at path (none if ""); listeners() ->
@@ -53,6 +60,8 @@ class Handoff:
             return
         h.expire()
         want = {fd: mask for fd, mask in h.poll_fds()}
+        if self._short_of_fds():
+            want = {}
         for fd in self.fds - set(want):
             try:
                 self.sel.unregister(fd)
@@ -66,6 +75,17 @@ class Handoff:
             except KeyError:
                 self.sel.register(fd, events or selectors.EVENT_READ, ("handoff", fd))
         self.fds = set(want)
+
+    def _short_of_fds(self) -> bool:
+        short = not BUDGET.free_at_least(HANDOFF_FLOOR)
+        if short != self.short:
+            self.short = short
+            if short:
+                log.warning("hand-off: fewer than %d fds free: not accepting nor reading "
+                            "until there are", HANDOFF_FLOOR)
+            else:
+                log.info("hand-off: served again (fds free)")
+        return short
 
     def session_open(self) -> bool:
         """A session is open (beside the listening fd): its expiry bounds the wait."""

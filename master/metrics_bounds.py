@@ -11,13 +11,17 @@ nor its readiness check.
 - the listen backlog of the app listeners (socketserver's 5 dropped SYNs
   under a burst of health checks: a 1 s retry each);
 - a client that errs or is cut is one debug line, and one quiet line a
-  minute at most in the log, never socketserver's traceback on stderr.
+  minute at most in the log, never socketserver's traceback on stderr;
+- nothing is accepted while fewer than fdbudget.METRICS_FLOOR fds are
+  free (finding 3): the connection waits in the backlog, and the fds left
+  stay for a control client (libzmq aborts on EMFILE) and a spawn.
 
 Deadlines are enforced by the serving thread itself (service_actions, run
 each round of serve_forever, 0.2 s at most): shutting the socket down ends
 the handler's blocked read with an EOF, and its thread ends."""
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import socketserver
@@ -25,12 +29,15 @@ import sys
 import threading
 import time
 
+from sockherd.master.fdbudget import BUDGET, METRICS_FLOOR
+
 log = logging.getLogger("sockherd.master")
 
 POOL = 64
 REQUEST_DEADLINE = 5.0
 BACKLOG = 2048               # the app listeners' default (settings.backlog)
 LOG_EVERY = 60.0
+SHORT_PAUSE = 0.05           # short of fds: the next look (the listener stays readable)
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
         b"Content-Length: 22\r\nConnection: close\r\n\r\nmetrics listener busy\n")
 
@@ -48,7 +55,26 @@ class Bounded(socketserver.ThreadingMixIn):
         self._deadlines: dict[socket.socket, float] = {}   # still reading its request
         self._errors = 0                  # since the last quiet line
         self._logged_at = 0.0
+        self._short = False               # not accepting: too few fds free
+        self._waiting = threading.Event() # never set: a pause that is not a busy loop
         super().__init__(*args, **kw)
+
+    def get_request(self):
+        """accept(), only while METRICS_FLOOR fds are free; else OSError
+        (socketserver drops the round) after a short pause: the listening
+        socket stays readable and serve_forever would spin on it."""
+        if not BUDGET.free_at_least(METRICS_FLOOR):
+            if not self._short:
+                self._short = True
+                log.warning("metrics: fewer than %d fds free: not accepting until there are "
+                            "(kept for control clients and spawns)", METRICS_FLOOR)
+            self._waiting.wait(SHORT_PAUSE)
+            raise OSError(errno.EMFILE, "fewer than the metrics listener's floor of fds free")
+        if self._short:
+            self._short = False
+            log.info("metrics: accepting again")
+        BUDGET.taken()
+        return super().get_request()
 
     def process_request(self, request, client_address) -> None:
         if not self._slots.acquire(blocking=False):

@@ -44,6 +44,7 @@ from sockherd.master.inspect import Asker
 from sockherd.master import misbehaving
 from sockherd.master.lifecycle import Event, IllegalTransition, Outcome, State
 from sockherd.master.listeners import Listener
+from sockherd.master.spawn import Shortage
 from sockherd.master.workers import (
     ProcessTable, Slot, exit_policy, finished, heartbeat_check, name, ready,
 )
@@ -51,6 +52,7 @@ from sockherd.worker.board import Board
 
 log = logging.getLogger("sockherd.master")
 
+SHORTAGE_RETRY = 1.0        # seconds before a spawn the master's resources failed is retried
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTTIN,
            signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2)
 
@@ -143,9 +145,27 @@ class Supervisor:
 
     def spawn(self, slot: Slot) -> None:
         settings, config, listeners = self.gens.of(slot)
-        why = self.table.spawn(slot, config, listeners, settings, self._live())
+        try:
+            why = self.table.spawn(slot, config, listeners, settings, self._live())
+        except Shortage as exc:
+            why = self._short(slot, exc)
         if why and not self.gens.on_failure(slot, why):
             self._after_exit(slot, Outcome.FAILED_START, 0.0)
+
+    def _short(self, slot: Slot, exc: Shortage) -> str:
+        """A spawn the master's own resources failed (issue 19, finding 3):
+        the slot of a serving generation is retried in SHORTAGE_RETRY
+        seconds, its back-off untouched (the worker did nothing wrong; the
+        slot is never given up for it); a reload's or a replacement's
+        worker ends that attempt, as any failure to start does (why)."""
+        why = f"cannot start: the master is short of resources: {exc.strerror or exc}"
+        if self.gens.starting(slot) or slot.replacing is not None:
+            log.error("worker %s: %s", name(slot), why)
+            return why
+        log.warning("worker %s: %s; retried in %gs (not counted as a failure of the worker)",
+                    name(slot), why, SHORTAGE_RETRY)
+        self._at(SHORTAGE_RETRY, "respawn", slot)
+        return ""
 
     def _feed(self, slot: Slot, event: Event) -> None:
         self.table.feed(slot, event, self.settings.hard_stop_after)
@@ -491,7 +511,7 @@ class Supervisor:
             if self._inbox:
                 timeout = 0.0
             self.handoff.sync()
-            if self.handoff.session_open():          # its expiry
+            if self.handoff.session_open() or self.handoff.short:  # its expiry, fds back
                 timeout = 1.0 if timeout is None else min(timeout, 1.0)
             for key, mask in self.sel.select(timeout):
                 if key.data is None:

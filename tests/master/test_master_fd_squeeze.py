@@ -1,0 +1,135 @@
+"""Issue 19, finding 3: fd exhaustion aborted the master. With its fd table
+full (here: clients of the metrics listener holding connections), the next
+`sockherd ctl status` made libzmq's ipc listener assert on EMFILE (exit
+134, every worker gone with it), and a killed worker could not be
+respawned (`[Errno 24]` at each back-off step, then the slot given up for
+good). On a real master started with a low RLIMIT_NOFILE (soft = hard, so
+raising the soft limit gives nothing): during the squeeze `ctl status`
+answers, a killed worker is respawned, nothing aborts; after it everything
+serves as before. Every wait polls with a deadline."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from test_control import ctl, ok_json
+from test_metrics import request, write_app
+from test_metrics_listener_bounded import CLIENT, _ready
+from test_reload import free_port
+from test_run import children, gone, master, wait_for  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(120)
+
+NOFILE = 64               # the master's whole fd table, soft = hard
+SQUEEZE = 8.0             # seconds the clients keep the table full
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Squeeze:
+    """Connections to the metrics listener, each a dripping request (a
+    header line now and then): every one the master accepts holds one of
+    its fds, and one it cuts (its request deadline) is opened again."""
+
+    def __init__(self, port: int, n: int):
+        self.port, self.n = port, n
+        self.socks: list[socket.socket] = []
+        self.dripped: set[socket.socket] = set()
+        self.rounds = 0
+
+    def _one(self) -> socket.socket:
+        s = socket.socket()
+        s.bind(CLIENT)
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", self.port))
+        return s
+
+    def keep_up(self) -> None:
+        """Reopens the cut ones, drips a line on the others (one call in 10)."""
+        self.rounds += 1
+        drip = self.rounds % 10 == 0
+        live = []
+        for s in self.socks:
+            try:
+                if s.recv(4096, socket.MSG_DONTWAIT) == b"":
+                    s.close()
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                s.close()
+                continue
+            try:
+                if s not in self.dripped:
+                    s.send(b"GET /metrics HTTP/1.1\r\n")
+                    self.dripped.add(s)
+                elif drip:
+                    s.send(b"X-Drip: 1\r\n")
+            except OSError:
+                pass
+            live.append(s)
+        self.dripped &= set(live)
+        self.socks = live + [self._one() for _ in range(self.n - len(live))]
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+        self.socks = []
+
+
+def test_ctl_answers_and_a_killed_worker_is_respawned_with_the_fd_table_full(master, tmp_path):
+    write_app(tmp_path, "v1")
+    mport = free_port()
+    m = master("metricsapp:app", "-w", "2", "--metrics", f"127.0.0.1:{mport}", nofile=NOFILE)
+    m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics")
+    pid = m.proc.pid
+    assert _ready(mport)[0] == 200
+    squeeze = Squeeze(mport, 2 * NOFILE)       # more than the table can hold
+    try:
+        peak = 0
+        end = time.monotonic() + 2.0           # the table fills
+        while time.monotonic() < end:
+            squeeze.keep_up()
+            peak = max(peak, _open_fds(pid))
+            time.sleep(0.05)
+        assert peak >= NOFILE // 2, f"the squeeze did not fill the table ({peak} fds)"
+
+        # ctl answers (before the fix: libzmq's assert, exit 134)
+        done = ctl(tmp_path, "status", timeout=30)
+        assert m.proc.poll() is None, f"the master died: {m.proc.returncode}\n{m.text()}"
+        assert done.returncode == 0, (done.stdout, done.stderr, m.text())
+
+        # a killed worker is respawned while the squeeze goes on
+        victim = children(pid)[0]
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: gone(victim), 10, "the killed worker to go")
+
+        def respawned() -> bool:
+            squeeze.keep_up()
+            return m.text().count(": ready, pid") >= 3 and len(children(pid)) == 2
+        wait_for(respawned, SQUEEZE, lambda: f"the respawn\n{m.text()}")
+        took = time.monotonic() - killed_at
+        end = killed_at + SQUEEZE
+        while time.monotonic() < end:
+            squeeze.keep_up()
+            assert m.proc.poll() is None, f"the master died: {m.proc.returncode}\n{m.text()}"
+            time.sleep(0.05)
+        print(f"respawn under the squeeze took {took:.2f}s; peak {peak} fds of {NOFILE}")
+    finally:
+        squeeze.close()
+
+    # after the squeeze, everything serves as before
+    assert m.proc.poll() is None, m.text()
+    st = ok_json(tmp_path, "status")
+    assert st["roles"] == {"serving": 2}, st
+    wait_for(lambda: _ready(mport)[0] == 200, 15, "/-/ready to answer 200")
+    assert request(m.port, "/")[0] == 200
+    assert "gave up" not in m.text()
+    assert "Too many open files (src/" not in m.text()
