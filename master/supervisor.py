@@ -26,6 +26,7 @@ HUP reloads (generations.py), USR2 upgrades (upgrade.py).
 from __future__ import annotations
 
 import collections
+import errno
 import heapq
 import itertools
 import logging
@@ -88,6 +89,7 @@ class Supervisor:
         self.startup_failed = False
         self.ever_ready = False
         self.first_failure = ""
+        self._short_slots: set[Slot] = set()  # their spawn failed for the master's resources
         self._wake_r, self._wake_w = socket.socketpair()
         self.events = Events()
         self.table = ProcessTable(self.board, self.sel, self.events, self._at)
@@ -149,21 +151,29 @@ class Supervisor:
             why = self.table.spawn(slot, config, listeners, settings, self._live())
         except Shortage as exc:
             why = self._short(slot, exc)
+        else:
+            if not why and slot in self._short_slots:
+                self._short_slots.discard(slot)
+                log.info("worker %s: started, the master's shortage over", name(slot))
         if why and not self.gens.on_failure(slot, why):
             self._after_exit(slot, Outcome.FAILED_START, 0.0)
 
     def _short(self, slot: Slot, exc: Shortage) -> str:
         """A spawn the master's own resources failed (issue 19, finding 3):
-        the slot of a serving generation is retried in SHORTAGE_RETRY
+        the slot of a serving generation is retried every SHORTAGE_RETRY
         seconds, its back-off untouched (the worker did nothing wrong; the
-        slot is never given up for it); a reload's or a replacement's
-        worker ends that attempt, as any failure to start does (why)."""
-        why = f"cannot start: the master is short of resources: {exc.strerror or exc}"
+        slot is never given up for it; said once a streak); a reload's or a
+        replacement's worker ends that attempt, as any failure to start
+        does (why)."""
+        what = errno.errorcode.get(exc.errno, str(exc.errno))
+        why = f"cannot start: the master is short of resources: {what} ({exc.strerror})"
         if self.gens.starting(slot) or slot.replacing is not None:
             log.error("worker %s: %s", name(slot), why)
             return why
-        log.warning("worker %s: %s; retried in %gs (not counted as a failure of the worker)",
-                    name(slot), why, SHORTAGE_RETRY)
+        say = log.debug if slot in self._short_slots else log.warning
+        say("worker %s: %s; retried every %gs until it starts (not counted as a failure of "
+            "the worker)", name(slot), why, SHORTAGE_RETRY)
+        self._short_slots.add(slot)
         self._at(SHORTAGE_RETRY, "respawn", slot)
         return ""
 

@@ -133,3 +133,42 @@ def test_ctl_answers_and_a_killed_worker_is_respawned_with_the_fd_table_full(mas
     assert request(m.port, "/")[0] == 200
     assert "gave up" not in m.text()
     assert "Too many open files (src/" not in m.text()
+
+
+def test_a_spawn_the_masters_own_fds_fail_is_retried_never_given_up(master, tmp_path):
+    """The slot's respawn meets a real EMFILE in the master (its soft limit
+    lowered from outside to 5: no fd number is free below it, and the
+    spare fds it lets go are two numbers, not the four a spawn takes):
+    before the fix each try counted against the slot (`[Errno 24]` at
+    0.5/1/2/4 s, then `gave up after 5 failures`, the slot gone after the
+    shortage too); now it is retried, said once, and the worker is back
+    within a retry of the limit coming back."""
+    import resource
+
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2")
+    pid = m.proc.pid
+    _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    victim = children(pid)[0]
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (5, hard))
+    try:
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: gone(victim), 10, "the killed worker to go")
+        m.wait_log(r"worker 1\.\d: cannot start")
+        # past the old give-up (0.5 + 1 + 2 + 4 s of back-off)
+        end = time.monotonic() + 9
+        while time.monotonic() < end:
+            assert "gave up" not in m.text() and m.proc.poll() is None, m.text()
+            time.sleep(0.1)
+        assert len(children(pid)) == 1
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
+    back_at = time.monotonic()
+    m.wait_log(r"worker \d+\.\d+: ready", count=3, timeout=15)
+    took = time.monotonic() - back_at
+    print(f"respawned {took:.2f}s after the shortage ended")
+    assert len(children(pid)) == 2
+    assert m.text().count("the master is short of resources") == 1, m.text()
+    assert "gave up" not in m.text()
+    with m.connect() as s:
+        s.sendall(b"ping")
+        assert s.recv(16) == b"ping"
