@@ -251,9 +251,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     sup = Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
                      activated=inherited, adopted=state,
                      on_serving=serving if took_from > 0 else None)
-    from sockherd.master import control, metrics, notify
+    from sockherd.master import control, control_guard, metrics, notify
     try:
         control.attach(sup)                  # sockherd ctl (ZeroMQ): master/control.py
+        control_guard.attach(sup)            # ... kept off EMFILE: master/control_guard.py
         metrics.attach(sup)                  # --metrics: master/metrics.py
     except (OSError, ValueError) as exc:
         log.error("%s", exc)

@@ -12,13 +12,13 @@ Some facts that shaped it (libzmq 4.3.5, Linux):
   accepting while fewer than its floor of fds are free, and RESERVE fds stay
   free for what must always work: a control client, a spawn (a socketpair
   and subprocess's pipe), an answer to /-/ready.
-- The kernel gives the lowest free number, so a table fills from the
-  bottom: fewer than k free numbers below the limit means some fd is open
-  among the top k numbers. Hence a cheap check (`free_at_least`): one
-  poll() over the top window of numbers, whose closed ones come back
-  POLLNVAL; k or more of them free means k or more free at all. Only when
-  that window is crowded is /proc/self/fd counted (tens of ms at 20,000
-  fds: never on every accept), and that count is kept COUNT_AGE seconds.
+- Counting /proc/self/fd costs about 3 us an open fd (57 ms at 19,000):
+  never on every accept. The count is kept (COUNT_AGE) and what is taken
+  since is added to it (`taken`: an accept let in, a control client
+  ZeroMQ accepted) and what they close taken from it (`given`); other
+  closes are not seen, so the estimate errs on the short side until the
+  next count, a second later at most. A check is a
+  subtraction, and a count a second at most.
 - A recvmsg() with room for n fds installs up to n before the receiver can
   look at them (the kernel stops at EMFILE with MSG_CTRUNC, the ones
   installed stay): a reader of SCM_RIGHTS needs n free beyond its floor.
@@ -39,21 +39,38 @@ import errno
 import logging
 import os
 import resource
-import select
 import threading
 import time
+from typing import NamedTuple
 
 from sockherd.ipc.frames import FD_BATCH
 
 log = logging.getLogger("sockherd.master")
 
 RESERVE = 16          # free for a control client, a spawn, a /-/ready answer
-METRICS_FLOOR = RESERVE + 16     # the metrics listener accepts only above this
-# the hand-off socket: one read may bring FD_BATCH fds, one accept burst its
-# backlog (16); it stops first, so the metrics listener still answers /-/ready
-HANDOFF_FLOOR = METRICS_FLOOR + FD_BATCH + 32
 SPARE = 4
-COUNT_AGE = 0.5       # seconds an exact count of the open fds is trusted
+COUNT_AGE = 1.0       # seconds a count of the open fds is used (with what was taken since)
+
+
+class Floors(NamedTuple):
+    """Free fds below which each surface stops, for one limit. The control
+    endpoints are unbound below `control` (control_guard.py): a 16th of the
+    table, so that what libzmq accepts between a check and the unbind (a
+    burst of connects: tens in a millisecond) still leaves RESERVE; bound
+    again from `control_again`, where the metrics listener stops too (a
+    squeeze of metrics clients alone never keeps ctl away). The hand-off
+    socket stops first: one read may bring FD_BATCH fds, one accept burst
+    its backlog (16), and /-/ready must still be answered after it."""
+    control: int
+    control_again: int
+    metrics: int
+    handoff: int
+
+    @classmethod
+    def of(cls, limit: int) -> "Floors":
+        control = max(RESERVE + 8, limit // 16)
+        again = control + max(8, limit // 64)
+        return cls(control, again, again, again + FD_BATCH + 32)
 ENV_SOFT = "SOCKHERD_WORKER_NOFILE"   # the soft limit workers get
 # what a fork, a socketpair or a pipe says when the master itself is short
 SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
@@ -92,47 +109,58 @@ def _nr_open() -> int:
 
 
 class Budget:
-    """The open-fd check and the spare fds; one per process (BUDGET), read
+    """The open-fd count and the spare fds; one per process (BUDGET), read
     from the loop and from the metrics thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._limit = -1
-        self._window: select.poll | None = None
-        self._window_size = 0
         self._counted_at = -COUNT_AGE
-        self._open = 0
+        self._open = 0                # at the last count, plus what was taken since
         self._spare: list[int] = []
 
     def limit(self) -> int:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         return soft if soft != resource.RLIM_INFINITY else _nr_open()
 
+    def floors(self) -> Floors:
+        """The floors for the current limit (see Floors)."""
+        return Floors.of(self.limit())
+
     def free_at_least(self, k: int) -> bool:
-        """Whether k or more fd numbers below the limit are free (see the
-        top: a poll over the top 2k numbers, else a count kept COUNT_AGE s)."""
+        """Whether k or more fds can still be opened: from the last count
+        and what was taken since, counted anew once that is COUNT_AGE old
+        (a squeeze asks often: never a count each time; and a flood of
+        control clients must meet the floor at the accept that crosses it,
+        not after a count of thousands of fds)."""
         with self._lock:
-            limit = self.limit()
-            size = min(2 * k, limit - 3)          # 0-2: stdio, never ours to count
-            if limit != self._limit or size != self._window_size:
-                self._window = select.poll()
-                for fd in range(limit - size, limit):
-                    self._window.register(fd, 0)
-                self._limit, self._window_size = limit, size
-            closed = sum(1 for _, ev in self._window.poll(0) if ev & select.POLLNVAL)
-            if closed >= k:
-                return True
             now = time.monotonic()
+            limit = self.limit()
             if now - self._counted_at > COUNT_AGE:
-                self._open = len(os.listdir("/proc/self/fd")) - 1   # less listdir's own
+                try:
+                    self._open = len(os.listdir("/proc/self/fd")) - 1   # less listdir's own
+                except OSError:              # EMFILE itself (the listing takes an fd)
+                    self._open = limit
                 self._counted_at = now
             return limit - self._open >= k
 
     def taken(self, n: int = 1) -> None:
-        """n fds opened since the last count (an accept that was let in):
-        counted until the next count (closes are not: conservative)."""
+        """n fds opened (or maybe opened) since the last count: an accept
+        let in, a control client ZeroMQ accepted. Counted until the next
+        count (closes are not: the estimate errs on the short side)."""
         with self._lock:
             self._open += n
+
+    def given(self, n: int = 1) -> None:
+        """n fds that were taken() closed again (exact whether or not a
+        count came in between: a count sees those still open)."""
+        with self._lock:
+            self._open -= n
+
+    def stale(self) -> None:
+        """Something may have opened many fds (a hand-off read: up to
+        FD_BATCH): the next check counts anew."""
+        with self._lock:
+            self._counted_at = -COUNT_AGE
 
     # ---- the spare fds ---------------------------------------------------------------------
     def hold_spare(self) -> None:

@@ -6,7 +6,7 @@ kept in the loop's selector here (`sync`). A takeover serves its own only
 once it serves (a takeover that failed must leave the old instance's in
 place): the loop calls `serve` then.
 
-Short of fds (fewer than fdbudget.HANDOFF_FLOOR free: one read may bring
+Short of fds (fewer than fdbudget's hand-off floor free: one read may bring
 FD_BATCH of them), nothing of the hand-off is watched, so nothing is
 accepted or read; `short` tells the loop to look again within a second.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import selectors
 
-from sockherd.master.fdbudget import BUDGET, HANDOFF_FLOOR
+from sockherd.master.fdbudget import BUDGET
 
 log = logging.getLogger("sockherd.master")
 
@@ -77,12 +77,13 @@ class Handoff:
         self.fds = set(want)
 
     def _short_of_fds(self) -> bool:
-        short = not BUDGET.free_at_least(HANDOFF_FLOOR)
+        floor = BUDGET.floors().handoff
+        short = not BUDGET.free_at_least(floor)
         if short != self.short:
             self.short = short
             if short:
                 log.warning("hand-off: fewer than %d fds free: not accepting nor reading "
-                            "until there are", HANDOFF_FLOOR)
+                            "until there are", floor)
             else:
                 log.info("hand-off: served again (fds free)")
         return short
@@ -94,6 +95,7 @@ class Handoff:
     def handle(self, fd: int, mask: int) -> None:
         self.server.handle(fd, (1 if mask & selectors.EVENT_READ else 0)
                            | (4 if mask & selectors.EVENT_WRITE else 0))
+        BUDGET.stale()                       # a read may have brought FD_BATCH fds
         # a session it ended closed its fd: out of the selector now, before
         # anything can get that number again
         self.sync()

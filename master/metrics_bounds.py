@@ -12,7 +12,7 @@ nor its readiness check.
   under a burst of health checks: a 1 s retry each);
 - a client that errs or is cut is one debug line, and one quiet line a
   minute at most in the log, never socketserver's traceback on stderr;
-- nothing is accepted while fewer than fdbudget.METRICS_FLOOR fds are
+- nothing is accepted while fewer than fdbudget's metrics floor of fds are
   free (finding 3): the connection waits in the backlog, and the fds left
   stay for a control client (libzmq aborts on EMFILE) and a spawn.
 
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from sockherd.master.fdbudget import BUDGET, METRICS_FLOOR
+from sockherd.master.fdbudget import BUDGET
 
 log = logging.getLogger("sockherd.master")
 
@@ -60,21 +60,27 @@ class Bounded(socketserver.ThreadingMixIn):
         super().__init__(*args, **kw)
 
     def get_request(self):
-        """accept(), only while METRICS_FLOOR fds are free; else OSError
+        """accept(), only while the metrics floor of fds is free; else OSError
         (socketserver drops the round) after a short pause: the listening
         socket stays readable and serve_forever would spin on it."""
-        if not BUDGET.free_at_least(METRICS_FLOOR):
+        floor = BUDGET.floors().metrics
+        if not BUDGET.free_at_least(floor):
             if not self._short:
                 self._short = True
                 log.warning("metrics: fewer than %d fds free: not accepting until there are "
-                            "(kept for control clients and spawns)", METRICS_FLOOR)
+                            "(kept for control clients and spawns)", floor)
             self._waiting.wait(SHORT_PAUSE)
             raise OSError(errno.EMFILE, "fewer than the metrics listener's floor of fds free")
         if self._short:
             self._short = False
             log.info("metrics: accepting again")
+        got = super().get_request()
         BUDGET.taken()
-        return super().get_request()
+        return got
+
+    def shutdown_request(self, request) -> None:
+        super().shutdown_request(request)   # every accepted connection ends here
+        BUDGET.given()
 
     def process_request(self, request, client_address) -> None:
         if not self._slots.acquire(blocking=False):

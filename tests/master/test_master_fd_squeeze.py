@@ -25,6 +25,7 @@ from test_run import children, gone, master, wait_for  # noqa: F401 (fixture)
 pytestmark = pytest.mark.timeout(120)
 
 NOFILE = 64               # the master's whole fd table, soft = hard
+FLOOD_NOFILE = 4096      # the control flood's: a realistic table (its floor 256)
 SQUEEZE = 8.0             # seconds the clients keep the table full
 
 
@@ -172,3 +173,36 @@ def test_a_spawn_the_masters_own_fds_fail_is_retried_never_given_up(master, tmp_
     with m.connect() as s:
         s.sendall(b"ping")
         assert s.recv(16) == b"ping"
+
+
+def test_a_flood_of_control_connections_never_aborts_the_master(master, tmp_path):
+    """Connections to the control socket are accepted by libzmq itself,
+    whose ipc listener aborts on EMFILE: bare connections, as fast as one
+    process opens them, to a master with 4096 fds took it down (exit 134)
+    once they were as many. Now its control endpoint is unbound while too
+    few fds are free (a 16th of the table: what libzmq accepts before the
+    loop sees it must fit in that), which drops those connections, and is
+    bound again after: the master lives, and `ctl status` answers once
+    the flood is over."""
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", nofile=FLOOD_NOFILE)
+    path = str(tmp_path / "run" / "control")
+    flood = []
+    try:
+        for _ in range(2 * FLOOD_NOFILE):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+            except OSError:                 # unbound: refused, or the file gone
+                s.close()
+                break
+            flood.append(s)
+        wait_for(lambda: m.proc.poll() is not None or "not accepting control clients"
+                 in m.text(), 10, "the control endpoint to be unbound")
+        assert m.proc.poll() is None, f"the master died: {m.proc.returncode}\n{m.text()}"
+    finally:
+        for s in flood:
+            s.close()
+    m.wait_log(r"control: accepting control clients again", timeout=15)
+    st = ok_json(tmp_path, "status")
+    assert st["roles"] == {"serving": 2}, st
+    assert m.proc.poll() is None
