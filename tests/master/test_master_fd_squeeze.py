@@ -206,3 +206,58 @@ def test_a_flood_of_control_connections_never_aborts_the_master(master, tmp_path
     st = ok_json(tmp_path, "status")
     assert st["roles"] == {"serving": 2}, st
     assert m.proc.poll() is None
+
+
+def test_the_soft_limit_is_raised_for_the_master_alone(master, tmp_path):
+    """The master raises its soft RLIMIT_NOFILE to the hard limit (and says
+    so); its workers keep the soft limit it was started with (their fd
+    tables are sized by it)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip(f"the hard limit ({hard}) leaves nothing to raise")
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", nofile=(256, hard))
+    m.wait_log(rf"INFO fds: soft limit raised from 256 to {hard}")
+    assert resource.prlimit(m.proc.pid, resource.RLIMIT_NOFILE) == (hard, hard)
+    for worker in children(m.proc.pid):
+        assert resource.prlimit(worker, resource.RLIMIT_NOFILE) == (256, hard)
+
+
+SPAWN_WITH_A_FULL_TABLE = r"""
+import os, resource, sys
+from sockherd.master.fdbudget import BUDGET
+from sockherd.master.spawn import Shortage, spawn
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+if sys.argv[1] == "spares":
+    BUDGET.hold_spare()
+filler = []
+while True:                              # every number below the limit taken
+    try:
+        filler.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+try:
+    w = spawn(1, 0, {}, "", [], send_timeout=5)
+except Shortage as exc:
+    print("shortage", exc.errno)
+else:
+    print("spawned")
+    w.popen.kill()
+    w.popen.wait()
+"""
+
+
+@pytest.mark.parametrize("spares, expect", [("spares", "spawned"), ("none", "shortage 24")])
+def test_a_spawn_with_the_table_full_uses_the_spare_fds_else_says_shortage(spares, expect):
+    """A spawn that meets EMFILE lets the master's spare fds go and tries
+    once more (the worker starts); without them it raises Shortage, the
+    master's own want, never counted as the worker's failure."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SPAWN_WITH_A_FULL_TABLE, spares],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == expect, (done.stdout, done.stderr)
