@@ -12,11 +12,13 @@ So the guard watches the control sockets' accepts (a ZeroMQ socket
 monitor: EVENT_ACCEPTED wakes the master's loop and counts one fd taken,
 EVENT_DISCONNECTED one given back) and checks the free fds
 at every one and at every turn of the loop: below its floor it unbinds
-both endpoints (libzmq closes its listening sockets: nothing more is
-accepted; connected clients keep their connections), and binds them again
-once fdbudget's control_again are free (checked every RECHECK seconds meanwhile).
-While unbound, `sockherd ctl` finds nobody, which beats an abort. What can
-slip in between an accept and the unbind is what RESERVE is kept for.
+both endpoints (libzmq closes its listening sockets and the connections
+accepted through them: nothing more is accepted, a flood's fds come back;
+a `ctl` request in flight then gets no answer), and binds them again once
+fdbudget's control_again are free (looked at every RECHECK seconds
+meanwhile). While unbound, `sockherd ctl` finds nobody, which beats an
+abort. The floor is a 16th of the table: what libzmq accepts between the
+accept that crosses it and the unbind must fit in it (fdbudget.Floors).
 
 The monitor sockets live in the control server's ZeroMQ context: it closes
 them with its own sockets (control.monitors), before terminating the

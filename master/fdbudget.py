@@ -17,8 +17,7 @@ Some facts that shaped it (libzmq 4.3.5, Linux):
   since is added to it (`taken`: an accept let in, a control client
   ZeroMQ accepted) and what they close taken from it (`given`); other
   closes are not seen, so the estimate errs on the short side until the
-  next count, a second later at most. A check is a
-  subtraction, and a count a second at most.
+  next count, a second later at most. A check is a subtraction.
 - A recvmsg() with room for n fds installs up to n before the receiver can
   look at them (the kernel stops at EMFILE with MSG_CTRUNC, the ones
   installed stay): a reader of SCM_RIGHTS needs n free beyond its floor.
@@ -50,6 +49,9 @@ log = logging.getLogger("sockherd.master")
 RESERVE = 16          # free for a control client, a spawn, a /-/ready answer
 SPARE = 4
 COUNT_AGE = 1.0       # seconds a count of the open fds is used (with what was taken since)
+ENV_SOFT = "SOCKHERD_WORKER_NOFILE"   # the soft limit workers get
+# what a fork, a socketpair or a pipe says when the master itself is short
+SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 
 
 class Floors(NamedTuple):
@@ -71,9 +73,6 @@ class Floors(NamedTuple):
         control = max(RESERVE + 8, limit // 16)
         again = control + max(8, limit // 64)
         return cls(control, again, again, again + FD_BATCH + 32)
-ENV_SOFT = "SOCKHERD_WORKER_NOFILE"   # the soft limit workers get
-# what a fork, a socketpair or a pipe says when the master itself is short
-SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 
 
 def raise_soft_limit() -> None:
@@ -146,7 +145,7 @@ class Budget:
     def taken(self, n: int = 1) -> None:
         """n fds opened (or maybe opened) since the last count: an accept
         let in, a control client ZeroMQ accepted. Counted until the next
-        count (closes are not: the estimate errs on the short side)."""
+        count."""
         with self._lock:
             self._open += n
 

@@ -56,6 +56,7 @@ class Bounded(socketserver.ThreadingMixIn):
         self._errors = 0                  # since the last quiet line
         self._logged_at = 0.0
         self._short = False               # not accepting: too few fds free
+        self._short_said = -LOG_EVERY     # when that was last logged
         self._waiting = threading.Event() # never set: a pause that is not a busy loop
         super().__init__(*args, **kw)
 
@@ -67,13 +68,17 @@ class Bounded(socketserver.ThreadingMixIn):
         if not BUDGET.free_at_least(floor):
             if not self._short:
                 self._short = True
-                log.warning("metrics: fewer than %d fds free: not accepting until there are "
-                            "(kept for control clients and spawns)", floor)
+                # a squeeze goes on and off as clients are cut: one line a minute
+                now = time.monotonic()
+                if now - self._short_said >= LOG_EVERY:
+                    self._short_said = now
+                    log.warning("metrics: fewer than %d fds free: not accepting until there "
+                                "are (kept for control clients and spawns)", floor)
             self._waiting.wait(SHORT_PAUSE)
             raise OSError(errno.EMFILE, "fewer than the metrics listener's floor of fds free")
         if self._short:
             self._short = False
-            log.info("metrics: accepting again")
+            log.debug("metrics: accepting again")
         got = super().get_request()
         BUDGET.taken()
         return got
