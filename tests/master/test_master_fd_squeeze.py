@@ -261,3 +261,56 @@ def test_a_spawn_with_the_table_full_uses_the_spare_fds_else_says_shortage(spare
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == expect, (done.stdout, done.stderr)
+
+
+HANDOFF_NOFILE = 1024
+
+
+def _session_holding_fds(path: str, dup_of: int) -> socket.socket:
+    """A hand-off session that sends the header of a message announcing
+    FD_BATCH fds (one fd, FD_BATCH times) and never its payload: a server
+    that reads it holds those fds until the session expires."""
+    import array
+
+    from sockherd.ipc.frames import FD_BATCH, HEADER, KIND_MSG, MAGIC, VERSION
+
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendmsg([HEADER.pack(MAGIC, VERSION, KIND_MSG, FD_BATCH, 100)],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [dup_of] * FD_BATCH))])
+    return s
+
+
+def test_handoff_sessions_passing_fds_leave_ctl_and_ready_answering(master, tmp_path):
+    """Hand-off sessions passing fds by SCM_RIGHTS (each read brings up to
+    252 into the master's table): 8 of them filled a 1024-fd table, and the
+    next `ctl status` aborted the master. Now the hand-off socket is not
+    read below its floor (a batch above the metrics listener's): ctl and
+    /-/ready answer while the sessions hold what they brought."""
+    write_app(tmp_path, "v1")
+    mport = free_port()
+    handoff = str(tmp_path / "handoff.sock")
+    m = master("metricsapp:app", "-w", "2", "--metrics", f"127.0.0.1:{mport}",
+               "--handoff-socket", handoff, nofile=HANDOFF_NOFILE)
+    m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    sessions = []
+    try:
+        for _ in range(8):
+            sessions.append(_session_holding_fds(handoff, devnull))
+        peak = 0
+        end = time.monotonic() + 2.0            # what the master reads, it reads by then
+        while time.monotonic() < end and m.proc.poll() is None:
+            peak = max(peak, _open_fds(m.proc.pid))
+            time.sleep(0.05)
+        status, took = _ready(mport)
+        done = ctl(tmp_path, "status", timeout=30)
+        assert m.proc.poll() is None, f"the master died: {m.proc.returncode}\n{m.text()}"
+        assert done.returncode == 0, (done.stdout, done.stderr, m.text())
+        assert status == 200 and took < 1.0, (status, took)
+        print(f"peak {peak} fds of {HANDOFF_NOFILE}; /-/ready in {took * 1000:.0f} ms")
+    finally:
+        for s in sessions:
+            s.close()
+        os.close(devnull)
+    assert ok_json(tmp_path, "status")["roles"] == {"serving": 2}
