@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from sockherd.ipc.frames import FD_BATCH
 from test_control import ctl, ok_json
 from test_metrics import request, write_app
 from test_metrics_listener_bounded import CLIENT, _ready
@@ -264,29 +265,49 @@ def test_a_spawn_with_the_table_full_uses_the_spare_fds_else_says_shortage(spare
 
 
 HANDOFF_NOFILE = 1024
+HANDOFF_SESSIONS = 1200        # more than the table: the first ones pass fds
+HANDOFF_FD_SESSIONS = 3        # ... FD_BATCH each, the others none
 
 
-def _session_holding_fds(path: str, dup_of: int) -> socket.socket:
-    """A hand-off session that sends the header of a message announcing
-    FD_BATCH fds (one fd, FD_BATCH times) and never its payload: a server
-    that reads it holds those fds until the session expires."""
+def _session_holding_fds(path: str, dup_of: int, n: int) -> socket.socket | None:
+    """A hand-off session (one fd of the master's while it lasts) that,
+    given n, sends the header of a message announcing n fds (one fd, n
+    times) and never its payload: a server that reads it holds those fds
+    until the session expires. None once the master takes no more (its
+    backlog full)."""
     import array
 
-    from sockherd.ipc.frames import FD_BATCH, HEADER, KIND_MSG, MAGIC, VERSION
+    from sockherd.ipc.frames import HEADER, KIND_MSG, MAGIC, VERSION
 
     s = socket.socket(socket.AF_UNIX)
-    s.connect(path)
-    s.sendmsg([HEADER.pack(MAGIC, VERSION, KIND_MSG, FD_BATCH, 100)],
-              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [dup_of] * FD_BATCH))])
+    s.setblocking(False)
+    deadline = time.monotonic() + 0.5
+    try:
+        while True:                    # a full backlog: EAGAIN at once (AF_UNIX)
+            try:
+                s.connect(path)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        s.setblocking(True)
+        if n:
+            s.sendmsg([HEADER.pack(MAGIC, VERSION, KIND_MSG, n, 100)],
+                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [dup_of] * n))])
+    except OSError:
+        s.close()
+        return None
     return s
 
 
 def test_handoff_sessions_passing_fds_leave_ctl_and_ready_answering(master, tmp_path):
-    """Hand-off sessions passing fds by SCM_RIGHTS (each read brings up to
-    252 into the master's table): 8 of them filled a 1024-fd table, and the
-    next `ctl status` aborted the master. Now the hand-off socket is not
-    read below its floor (a batch above the metrics listener's): ctl and
-    /-/ready answer while the sessions hold what they brought."""
+    """Hand-off sessions, some passing fds by SCM_RIGHTS (a session is one
+    fd, a read brings what it sent, up to 252), filled a 1024-fd table to
+    its last fd (accepted until EMFILE), and the next `ctl status` aborted
+    the master. Now the hand-off socket is neither accepted on nor read below
+    its floor (a batch above the metrics listener's): ctl and /-/ready
+    answer while the sessions hold what they brought."""
     write_app(tmp_path, "v1")
     mport = free_port()
     handoff = str(tmp_path / "handoff.sock")
@@ -296,17 +317,21 @@ def test_handoff_sessions_passing_fds_leave_ctl_and_ready_answering(master, tmp_
     devnull = os.open(os.devnull, os.O_RDONLY)
     sessions = []
     try:
-        for _ in range(8):
-            sessions.append(_session_holding_fds(handoff, devnull))
+        for i in range(HANDOFF_SESSIONS):
+            session = _session_holding_fds(handoff, devnull,
+                                           FD_BATCH if i < HANDOFF_FD_SESSIONS else 0)
+            if session is None:
+                break
+            sessions.append(session)
         peak = 0
         end = time.monotonic() + 2.0            # what the master reads, it reads by then
         while time.monotonic() < end and m.proc.poll() is None:
             peak = max(peak, _open_fds(m.proc.pid))
             time.sleep(0.05)
-        status, took = _ready(mport)
         done = ctl(tmp_path, "status", timeout=30)
         assert m.proc.poll() is None, f"the master died: {m.proc.returncode}\n{m.text()}"
         assert done.returncode == 0, (done.stdout, done.stderr, m.text())
+        status, took = _ready(mport)
         assert status == 200 and took < 1.0, (status, took)
         print(f"peak {peak} fds of {HANDOFF_NOFILE}; /-/ready in {took * 1000:.0f} ms")
     finally:
