@@ -165,14 +165,14 @@ def parse_totals(log_text: str) -> dict[int, dict[str, int]]:
 
 
 # ---- C clients ----------------------------------------------------------------------------
-def build_c(name: str) -> str:
-    """Compiles bench/NAME.c with gcc -O2 into bench/build/NAME (when the source
-    is newer than the binary); returns the binary's path."""
+def build_c(name: str, flags=()) -> str:
+    """Compiles bench/NAME.c with gcc -O2 (and flags) into bench/build/NAME
+    (when the source is newer than the binary); returns the binary's path."""
     src = os.path.join(HERE, name + ".c")
     os.makedirs(BUILD, exist_ok=True)
     out = os.path.join(BUILD, name)
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
-        cmd = ["gcc", "-O2", "-Wall", "-o", out + ".tmp", src]
+        cmd = ["gcc", "-O2", "-Wall", *flags, "-o", out + ".tmp", src]
         subprocess.run(cmd, check=True, timeout=120)
         os.replace(out + ".tmp", out)
     return out
@@ -378,6 +378,14 @@ def box_ticks() -> tuple[int, int]:
     idle = v[3] + (v[4] if len(v) > 4 else 0)
     total = sum(v[:8])
     return total - idle, v[5] + v[6]
+
+
+def busy_now(seconds: float = 1.0) -> float:
+    """The machine's busy cores over the next `seconds` (/proc/stat)."""
+    b0, _ = box_ticks()
+    time.sleep(seconds)
+    b1, _ = box_ticks()
+    return (b1 - b0) / CLK_TCK / seconds
 
 
 class BoxMeter:

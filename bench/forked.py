@@ -1,7 +1,8 @@
 """Fork-and-supervise for the benchmarks' own peer servers
-(prefork_server.py, uvloop_echo.py): one listening socket, N children
-forked after bind, "ready" printed once every child said so (a byte on a
-pipe), SIGTERM to the parent stops them all and reaps them."""
+(prefork_server.py, asyncio_echo.py): one listening socket (or None: each
+child binds its own, SO_REUSEPORT), N children forked, "ready" printed once
+every child said so (a byte on a pipe), SIGTERM to the parent stops them
+all and reaps them."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import socket
 import sys
 
 
-def serve_forked(lsock: socket.socket, procs: int, child) -> int:
+def serve_forked(lsock: socket.socket | None, procs: int, child) -> int:
     """child(lsock, wfd) runs in each forked process (SIGTERM at its default
     until it installs its own) and writes one byte to wfd once it serves."""
     stop = False
@@ -51,7 +52,8 @@ def serve_forked(lsock: socket.socket, procs: int, child) -> int:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    lsock.close()
+    if lsock is not None:
+        lsock.close()
     for pid in kids:
         os.waitpid(pid, 0)
     return 0

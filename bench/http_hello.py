@@ -391,13 +391,6 @@ def failure_report(srv: Server, load: str, rnd: int, err, t_start: float) -> str
             f"last lines of its output:\n\n```\n{tail}\n```\n")
 
 
-def busy_now(seconds: float = 1.0) -> float:
-    b0, _ = B.box_ticks()
-    time.sleep(seconds)
-    b1, _ = B.box_ticks()
-    return (b1 - b0) / B.CLK_TCK / seconds
-
-
 def measure_quiet(srv: Server, load: str, a, lua: str, t_start: float) -> dict:
     """measure(), on a shared machine: first waits (at most --row-wait s) for the
     box to be below 0.3 busy cores; a row whose `other` cores (box - server -
@@ -409,7 +402,7 @@ def measure_quiet(srv: Server, load: str, a, lua: str, t_start: float) -> dict:
         deadline = time.monotonic() + (0 if past_budget else a.row_wait)
         waited = 0.0
         while time.monotonic() < deadline:
-            if busy_now() < 0.3:
+            if B.busy_now() < 0.3:
                 break
             waited += 1.0
         r = measure(srv, load, a, lua)

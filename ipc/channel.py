@@ -28,7 +28,7 @@ from typing import NamedTuple
 from . import messages
 from .errors import ChannelTimeout, MessageError, PeerClosed, ProtocolError
 from .fds import close_all, dup_all
-from .frames import FD_BATCH, MAX_FRAME, Delivered, FrameDecoder, GotAck, SendAck
+from .frames import FD_BATCH, HEADER, MAX_FRAME, Delivered, FrameDecoder, GotAck, SendAck
 from .outbox import Outbox
 
 _RECV_BYTES = 256 * 1024
@@ -48,13 +48,24 @@ class Received(NamedTuple):
 
 
 class Channel:
-    def __init__(self, sock: socket.socket, *, max_frame: int = MAX_FRAME):
+    def __init__(self, sock: socket.socket, *, max_frame: int = MAX_FRAME,
+                 max_frame_in: int | None = None, takes_fds: bool = True):
+        """max_frame caps the messages we send, max_frame_in (default: the same) the
+        ones the peer may send: a larger frame is refused from its header, before its
+        payload is buffered. takes_fds=False: a peer that sends any fd is refused, and
+        the kernel discards them (no room for ancillary data: MSG_CTRUNC), so they never
+        enter our fd table."""
         if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
             raise ValueError("a channel needs a connected AF_UNIX stream socket")
         sock.setblocking(False)
         self._sock = sock
         self._max_frame = max_frame
-        self._decoder = FrameDecoder(max_frame)
+        max_in = max_frame if max_frame_in is None else max_frame_in
+        self._decoder = FrameDecoder(max_in)
+        # never more than one largest frame per read: a peer's oversized or
+        # flooding input is refused before much of it is held
+        self._recv_bytes = min(_RECV_BYTES, HEADER.size + max_in)
+        self._cmsg_room = _CMSG_ROOM if takes_fds else 0
         self._outbox = Outbox()
         self._inbox: deque[Delivered] = deque()
         self._eof = False
@@ -247,7 +258,7 @@ class Channel:
             return False
         try:
             data, ancdata, flags, _ = self._sock.recvmsg(
-                _RECV_BYTES, _CMSG_ROOM, socket.MSG_CMSG_CLOEXEC)
+                self._recv_bytes, self._cmsg_room, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return False
         except ConnectionResetError:
@@ -260,6 +271,9 @@ class Channel:
         fds = _fds_from(ancdata)
         if flags & socket.MSG_CTRUNC:
             close_all(fds)
+            if not self._cmsg_room:
+                raise self._decoder.fail("peer sent fds on a channel that takes none "
+                                         "(the kernel discarded them)")
             raise self._decoder.fail(f"ancillary data truncated (MSG_CTRUNC): peer sent "
                                      f"more than {FD_BATCH} fds in one sendmsg")
         if not data:

@@ -8,10 +8,16 @@ master's ROUTER socket sees [identity, b"", frame] from a REQ client and
     request  {"command": "show proc", "args": {...}}
     reply    {"ok": true, "result": ...}   or   {"ok": false, "error": "why"}
 
-A request larger than MAX_REQUEST (its frames after the identity, in all) or
-of more than MAX_FRAMES frames, not JSON, of the wrong shape, naming an
-unknown command or giving it arguments it does not take gets an error reply
-that says which; it never reaches a command's code. Events (the PUB socket)
+The envelope is bounded (issue 19 §5: an envelope of 80 frames of 10 MB was
+held and echoed back, 1.6 GB): after the identity ZeroMQ gives (at most 255
+bytes), at most one envelope frame of at most MAX_ENVELOPE_FRAME bytes (a
+REQ's empty delimiter), then the request. Any other shape is refused: the
+error goes to the identity and that one frame if it fits, nothing else is
+kept. A request larger than MAX_REQUEST, not JSON, of the wrong shape, naming
+an unknown command or giving it arguments it does not take gets an error
+reply that says which; it never reaches a command's code. A frame larger
+than MAX_MESSAGE never reaches us: libzmq closes that connection as soon as
+it reads the frame's length (ZMQ_MAXMSGSIZE), before holding any of it. Events (the PUB socket)
 are one frame each: b"sockherd.event " + the event's JSON (master/events.py).
 """
 from __future__ import annotations
@@ -21,7 +27,10 @@ from typing import Any
 import msgspec
 
 MAX_REQUEST = 64 * 1024
-MAX_FRAMES = 32        # a REQ sends 2 after the identity; room for proxies' envelopes
+MAX_ENVELOPE_FRAME = 255   # bytes: ZeroMQ's own bound on a routing id
+# ZMQ_MAXMSGSIZE of the ROUTER: a request up to 4x the cap still gets the
+# clear error above; a larger frame is cut by libzmq, the client sees no reply
+MAX_MESSAGE = 4 * MAX_REQUEST
 # the error every request still owed or unread gets at an upgrade's exec: a
 # client asks again (ctl upgrade's own wait does)
 REEXECUTING = "the master is re-executing (an upgrade): ask again in a moment"
@@ -48,19 +57,22 @@ _reply_decoder = msgspec.json.Decoder(Reply)
 _encoder = msgspec.json.Encoder()
 
 
-def too_large(size: int, frames: int, last: int) -> str:
-    """The error reply to a request of size bytes in all, in frames frames
-    after the identity, the last (the request itself) of last bytes."""
-    if frames > MAX_FRAMES:
-        return f"request of {frames} frames: at most {MAX_FRAMES}"
-    if last > MAX_REQUEST:
-        return f"request of {last} bytes: at most {MAX_REQUEST}"
-    return f"request of {size} bytes in {frames} frames: at most {MAX_REQUEST} in all"
+def too_large(size: int) -> str:
+    """The error reply to a request (its last frame) of size bytes."""
+    return f"request of {size} bytes: at most {MAX_REQUEST}"
+
+
+def bad_envelope(frames: int, largest: int) -> str:
+    """The error reply to a message of frames frames after the routing id,
+    the largest of them before the last of largest bytes."""
+    return (f"request of {frames} frames after the routing id (the largest envelope frame "
+            f"{largest} bytes): a request is one frame, after at most one envelope frame "
+            f"of at most {MAX_ENVELOPE_FRAME} bytes (a REQ client's empty delimiter)")
 
 
 def decode_request(frame: bytes) -> Request:
     if len(frame) > MAX_REQUEST:
-        raise ProtocolError(too_large(len(frame), 1, len(frame)))
+        raise ProtocolError(too_large(len(frame)))
     try:
         return _decoder.decode(frame)
     except msgspec.ValidationError as exc:

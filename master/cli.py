@@ -142,6 +142,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         log.error("upgrade: the previous image's state is refused (%s): starting fresh on "
                   "the %d listening socket(s) it left", exc, len(salvaged))
         state = None
+    if state is not None:
+        upgrade.on_probation(state)       # a failure from here goes back with it (comeback.py)
     try:
         if state is None:
             inherited = activated()
@@ -258,6 +260,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         metrics.attach(sup)                  # --metrics: master/metrics.py
     except (OSError, ValueError) as exc:
         log.error("%s", exc)
+        from sockherd.master import comeback
+        comeback.fall_back(str(exc))         # an upgrade's new image: back, listeners open
         for extra in sup.extras:
             extra.close()
         for lst in listeners:

@@ -42,6 +42,16 @@ log = logging.getLogger("sockherd.master")
 
 RETRY = 1.0                  # a live ipc path held by another master: try again after
 BATCH = 64                   # requests read per wake-up: signals and timers come between
+LOG_EVERY = 60.0             # seconds between two lines about refused requests
+# replies queued for one client: one that never reads pins this many at most,
+# the newer ones are dropped (a `sockherd ctl` waits for its one reply). Not
+# fewer: a burst of replies sent in one turn of the loop (deferred `show
+# proc`s answered together) goes through this queue before libzmq's I/O
+# thread writes it out, and 16 lost some of 20 to a client that did read
+REPLY_HWM = 128
+REQUEST_HWM = BATCH          # requests queued per client before libzmq stops reading it
+EVENTS_HWM = 1000            # events queued per subscriber (a few hundred bytes each)
+SUBSCRIPTION_MAX = 4096      # bytes of one message a subscriber sends us (its topic)
 
 
 def runtime_dir(values) -> str:
@@ -141,6 +151,7 @@ class ControlServer:
         self.outstanding: set[Responder] = set()
         self.monitors: list[zmq.Socket] = []      # control_guard.py's, on our sockets
         self._said_busy = False
+        self._refusals, self._refusal_logged_at = 0, -LOG_EVERY
         self._curve = None
         if endpoint.startswith("tcp://"):
             self._curve = _curve_keys(sup.settings)
@@ -168,11 +179,14 @@ class ControlServer:
         try:
             for sock in (router, pub):
                 sock.linger = 1000               # a reply sent just before stop or exec
-                # a larger request gets an error reply (ipc/control.py); past this
-                # ZeroMQ drops the connection before it is held in memory
-                sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
-            router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-            pub.sndhwm = 10000
+            # a larger request gets an error reply (ipc/control.py); a frame
+            # past MAX_MESSAGE: libzmq drops the connection on reading its
+            # length, before any of it is held in memory (issue 19 §5)
+            router.setsockopt(zmq.MAXMSGSIZE, proto.MAX_MESSAGE)
+            router.sndhwm, router.rcvhwm = REPLY_HWM, REQUEST_HWM
+            router.setsockopt(zmq.ROUTER_MANDATORY, 0)   # a full client's reply: dropped
+            pub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIPTION_MAX)
+            pub.sndhwm = EVENTS_HWM
             if self._curve is not None:
                 self._start_auth()
                 for sock in (router, pub):
@@ -230,35 +244,47 @@ class ControlServer:
                 self._more = False
                 return
             try:
-                frames, refusal = self._recv()
+                envelope, body, refusal = self._recv()
             except zmq.Again:
                 break
             if refusal:
-                Responder(self, frames).fail(refusal)
-            else:
-                self._on_request(frames)
+                self._refused(envelope, refusal)
+            elif body is not None:
+                self._on_request(envelope, body)
         self._more = self.router is not None and bool(
             self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
-    def _recv(self) -> tuple[list[bytes], str]:
-        """One request's frames, read one at a time, and "" or the refusal of
-        one too large: past MAX_REQUEST bytes or MAX_FRAMES frames in all
-        (after the identity) the rest is read and dropped, never kept or
-        echoed back; the refusal goes to the frames kept (the envelope, or
-        as much of it as fitted). (libzmq itself holds a multipart message
-        until its last frame arrives; MAXMSGSIZE bounds each frame there.)"""
+    def _recv(self) -> tuple[list[bytes], bytes | None, str]:
+        """One request: (its envelope, its last frame or None if it has
+        none, "" or the refusal).
+        Frames are read one at a time and only the identity and the first
+        two after it are kept (libzmq hands us a message once its last frame
+        is in, each frame at most MAX_MESSAGE): the envelope of a refused
+        one is the identity and its first frame if that fits, so a reply
+        never echoes more than 2 x 255 bytes (issue 19 §5)."""
         router = self.router
-        frames = [router.recv(zmq.NOBLOCK)]                  # the identity
-        size = count = last = 0
-        while router.getsockopt(zmq.RCVMORE):
+        envelope = [router.recv(zmq.NOBLOCK)]         # the identity: libzmq's, <= 255
+        kept, count, largest = [], 0, 0
+        more = router.getsockopt(zmq.RCVMORE)
+        while more:
             part = router.recv(copy=False)
-            last = len(part)
-            size, count = size + last, count + 1
-            if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
-                frames.append(part.bytes)
-        if size <= proto.MAX_REQUEST and count <= proto.MAX_FRAMES:
-            return frames, ""
-        return frames, proto.too_large(size, count, last)
+            more = router.getsockopt(zmq.RCVMORE)
+            count += 1
+            if count <= 2:
+                kept.append(part)
+            if more:
+                largest = max(largest, len(part))    # an envelope frame's size
+        first_fits = len(kept) == 2 and len(kept[0]) <= proto.MAX_ENVELOPE_FRAME
+        if first_fits:
+            envelope.append(kept[0].bytes)
+        if count > 2 or (count == 2 and not first_fits):
+            return envelope, b"", proto.bad_envelope(count, largest)
+        if not kept:
+            return envelope, None, ""                 # the identity alone: nothing to answer
+        body = kept[-1]
+        if len(body) > proto.MAX_REQUEST:
+            return envelope, b"", proto.too_large(len(body))
+        return envelope, body.bytes, ""
 
     def _reregister(self) -> None:
         """The selector watches the ZeroMQ fds (edge-triggered: poll() reads
@@ -269,12 +295,21 @@ class ControlServer:
             except KeyError:
                 pass                                  # registered already
 
-    def _on_request(self, frames: list[bytes]) -> None:
+    def _refused(self, envelope: list[bytes], why: str) -> None:
+        """A request of the wrong shape or size: its error reply, and a log
+        line (one a minute at most: a client looping on it must not fill
+        the log)."""
+        Responder(self, envelope).fail(why)
+        self._refusals += 1
+        now = time.monotonic()
+        if now >= self._refusal_logged_at + LOG_EVERY:
+            log.warning("control: refused %d request(s) since the last such line; the "
+                        "latest: %s", self._refusals, why)
+            self._refusals, self._refusal_logged_at = 0, now
+
+    def _on_request(self, envelope: list[bytes], frame: bytes) -> None:
         from sockherd.master import commands
 
-        if len(frames) < 2:
-            return                                   # no identity: nothing to answer
-        envelope, frame = frames[:-1], frames[-1]
         r = Responder(self, envelope)
         try:
             req = proto.decode_request(frame)
@@ -311,13 +346,11 @@ class ControlServer:
             r.fail(why)
         while self.router is not None and self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                frames, refusal = self._recv()
+                envelope, body, refusal = self._recv()
             except zmq.Again:
                 break
-            if refusal:                           # frames: the envelope alone
-                Responder(self, frames).fail(why)
-            elif len(frames) >= 2:
-                Responder(self, frames[:-1]).fail(why)
+            if refusal or body is not None:
+                Responder(self, envelope).fail(why)
         self._close_sockets()
         self.ctx.term()
 

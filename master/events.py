@@ -22,12 +22,23 @@ KINDS = {
     "exited": ("worker", "pid", "status", "outcome"),
     "serving": ("generation", "workers"),           # the first generation is READY
     "reloading": ("generation",),
-    "reload_ok": ("generation", "seconds"),
-    "reload_failed": ("generation", "reason"),
+    # a reload is over: its new generation serves (probation: the seconds it
+    # served beside the previous one first; 0 without), or it failed (refused
+    # before its commit, or rolled back: a new worker failed on probation)
+    "reload_ok": ("generation", "seconds", "probation"),
+    "reload_failed": ("generation", "reason", "rolled_back"),
+    # the new generation is READY and serves, the previous one beside it
+    # until probation ends (master/probation.py)
+    "reload_probation": ("generation", "seconds", "probation"),
+    # a HUP during a reload: it runs once that one is over
+    "reload_queued": ("reason",),
     # a reload refused before any generation started (the first one not
     # ready yet, another still starting, a stop under way): no generation
     "reload_refused": ("reason",),
     "upgrading": ("python",),
+    # refused, or its exec failed (this image carries on), or the new image
+    # failed after the exec and this one came back (master/comeback.py)
+    "upgrade_failed": ("reason",),
     "stopping": ("fast",),
 }
 

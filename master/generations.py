@@ -11,8 +11,15 @@ keeps serving, and is told to drain only once every new worker is READY
 (commit). A reload that cannot finish (a bad setting, a bind that fails, a
 new worker that fails, crashes or times out before READY) is refused with
 its reason: the new workers are killed, the old generation never noticed.
-One reload at a time. An upgrade's new image adopts the previous image's
-workers as the serving generation and proceeds as a reload.
+With reload_probation, the commit keeps the old generation serving beside
+the new one for that long, and a new worker's unplanned exit in that window
+rolls the reload back (master/probation.py says why it is kept serving);
+the reload is over (reload_ok, or reload_failed) only when probation ends.
+Every attempt gets its own generation number, a refused one too (`numbered`).
+One reload at a time: a HUP that arrives during one (or its probation) is
+queued and runs once it is over; a control client's is refused with why.
+An upgrade's new image adopts the previous image's workers as the serving
+generation and proceeds as a reload.
 
 The host (the loop, supervisor.py) spawns and feeds workers, arms timers
 and owns `events` and `stopping`. The decisions (`reload_refusal`,
@@ -25,7 +32,9 @@ import logging
 import os
 import time
 
-from sockherd.master.lifecycle import Backoff, Event, State
+from sockherd.master import probation as trial
+from sockherd.master.lifecycle import Backoff, Event, Outcome, State
+from sockherd.master.probation import Probation
 from sockherd.master.reload import Pending, Refused, reconcile
 from sockherd.master.workers import Slot, name, ready
 from sockherd.worker.board import SLOTS
@@ -37,10 +46,13 @@ MAX_REPLACE_FAILURES = 5       # a replacement failing that often: the worker se
 
 # ---- pure decisions ---------------------------------------------------------------------------
 def reload_refusal(pending: Pending | None, ever_ready: bool, can_read: bool,
-                   stopping: bool) -> str:
+                   stopping: bool, probation: Probation | None = None,
+                   now: float = 0.0) -> str:
     """Why a reload cannot begin now ("" if it can)."""
     if pending is not None:
         return f"generation {pending.generation} is still starting"
+    if probation is not None:
+        return trial.refusal(probation, now)
     if not ever_ready:
         return "the first generation is not ready yet"
     if not can_read:
@@ -92,22 +104,25 @@ class Generations:
         self.host = host
         self.settings, self.listeners, self.config = settings, listeners, config
         self.activated = activated           # systemd's: kept across reloads
-        self.generation = 1
+        self.generation = 1                  # the serving one
+        self.numbered = 1                    # the last number given (a refused attempt's too)
         count = settings.workers or os.cpu_count() or 1
         self.slots = [Slot(i) for i in range(count)]   # the serving generation's
         self.pending: Pending | None = None  # a reload's new generation, not READY yet
+        self.probation: Probation | None = None   # a committed one on probation, and the old
+        self.queued = False                  # a HUP came during a reload: it runs after
         self.others: list[Slot] = []         # older generations draining, refused ones dying
         # max_requests / lifetime replacements still starting: listed apart,
         # not found through the slot they replace (that one may be reaped
         # first: a reload committed meanwhile and it drained)
         self.replacements: list[Slot] = []
-        self.reloads_ok = self.reloads_failed = 0
+        self.reloads_ok = self.reloads_failed = self.rollbacks = 0
         self.last_reload_failure = ""
 
     def live(self) -> list[Slot]:
         """Every slot of every generation (serving, starting, draining)."""
         return (self.slots + (self.pending.slots if self.pending else []) + self.others
-                + self.replacements)
+                + self.replacements + (self.probation.slots if self.probation else []))
 
     def active(self) -> list[Slot]:
         return [s for s in self.slots if not s.retired]
@@ -116,24 +131,37 @@ class Generations:
         """Whether slot belongs to the reload under way."""
         return self.pending is not None and slot in self.pending.slots
 
+    def kept(self, slot: Slot) -> bool:
+        """Whether slot belongs to the generation kept through a probation."""
+        return self.probation is not None and slot in self.probation.slots
+
     def of(self, slot: Slot) -> tuple:
         """(settings, config, listeners) slot's worker runs with."""
-        p = self.pending if self.starting(slot) else None
+        p = self.pending if self.starting(slot) else (
+            self.probation if self.kept(slot) else None)
         return (p.settings, p.config, p.listeners) if p else (
             self.settings, self.config, self.listeners)
 
     # ---- reload ---------------------------------------------------------------------------
-    def reload(self, read_settings, ever_ready: bool) -> str:
+    def reload(self, read_settings, ever_ready: bool, queue: bool = False) -> str:
         """HUP: the settings again, a new generation on their listeners;
-        the old one drains once every new worker is READY (commit).
-        Returns "" once the new generation is starting, else why not."""
+        the old one drains once every new worker is READY (commit), or once
+        probation passes. Returns "" once the new generation is starting,
+        else why not. queue (a signal's): one that comes while a reload is
+        under way runs after it, instead of being refused."""
         why = reload_refusal(self.pending, ever_ready, read_settings is not None,
-                             self.host.stopping)
+                             self.host.stopping, self.probation, time.monotonic())
+        if why and queue and (self.pending or self.probation):
+            if not self.queued:
+                log.warning("reload queued: %s; it runs once that one is over", why)
+                self.host.events.emit("reload_queued", reason=why)
+            self.queued = True                   # several HUPs meanwhile: one reload after
+            return ""
         if why:
             log.warning("reload refused: %s", why)
             self.host.events.emit("reload_refused", reason=why)
             return f"reload refused: {why}"
-        gen = self.generation + 1
+        self.numbered = gen = self.next_number()
         try:
             try:
                 settings = read_settings()
@@ -158,30 +186,120 @@ class Generations:
             self.host.spawn(slot)
         return ""
 
+    def next_number(self) -> int:
+        """The number the next reload attempt gets: never one given before,
+        refused or rolled back (issue 19 §10: metrics and logs conflated
+        the attempts)."""
+        return max(self.numbered, self.generation) + 1
+
     def commit(self) -> None:
-        """Every new worker READY: the new generation serves, the old drains."""
+        """Every new worker READY: the new generation serves; the old one
+        drains now, or is kept serving through the new one's probation."""
         p = self.pending
         if not ready(p.slots):
             return
         self.pending = None
+        self.numbered = max(self.numbered, p.generation)
         old, self.slots = self.slots, p.slots
+        took = time.monotonic() - p.started
+        length = getattr(p.settings, "reload_probation", 0.0)
+        previous, theirs = self.generation, self.listeners
+        if length > 0:
+            now = time.monotonic()
+            self.probation = Probation(p.generation, previous, old, self.settings, self.config,
+                                       self.listeners, now + length, took, length, now)
+        self.listeners, self.settings, self.config = p.listeners, p.settings, p.config
+        self.generation = p.generation
+        if self.probation is not None:
+            log.info("reload: generation %d ready in %.2fs; on probation for %gs (generation %d "
+                     "serves beside it until then)", p.generation, took, length, previous)
+            self.host.events.emit("reload_probation", generation=p.generation,
+                                  seconds=round(took, 3), probation=length)
+            self.host.at(length, "probation", None)
+            return
+        self.retire(old)
+        self.close_unused(theirs, self.listeners, p.generation)
+        self.passed(p.generation, previous, took, 0.0)
+
+    def retire(self, old: list[Slot]) -> None:
+        """A generation done serving: its workers drain, never respawned."""
         for slot in old:
             slot.retired = True                  # never respawned
             if slot.proc is not None:
                 self.others.append(slot)
                 self.host.feed(slot, Event.DRAIN)
-        for lst in self.listeners:
-            if lst not in p.listeners:
-                log.info("closing %s: not in generation %d's settings", lst.descriptor.address,
-                         p.generation)
-                lst.close()
-        self.listeners, self.settings, self.config = p.listeners, p.settings, p.config
-        previous, self.generation = self.generation, p.generation
+
+    def passed(self, gen: int, previous: int, took: float, probation: float) -> None:
+        """The reload is over and good: counted, said, and a queued HUP runs."""
         self.reloads_ok += 1
-        took = time.monotonic() - p.started
-        log.info("reload: generation %d serving (ready in %.2fs); draining generation %d",
-                 p.generation, took, previous)
-        self.host.events.emit("reload_ok", generation=p.generation, seconds=round(took, 3))
+        log.info("reload: generation %d serving (ready in %.2fs%s); draining generation %d",
+                 gen, took, f", passed {probation:g}s of probation" if probation else "",
+                 previous)
+        self.host.events.emit("reload_ok", generation=gen, seconds=round(took, 3),
+                              probation=probation)
+        self.run_queued()
+
+    def probation_over(self) -> None:
+        """The probation timer: if nothing failed meanwhile, the reload is
+        done: the previous generation drains."""
+        pr = self.probation
+        if pr is None or time.monotonic() < pr.until - 0.001:
+            return                               # rolled back, or an earlier one's timer
+        self.probation = None
+        self.retire(pr.slots)
+        self.close_unused(pr.listeners, self.listeners, pr.generation)
+        self.passed(pr.generation, pr.previous, pr.took, pr.seconds)
+
+    def close_unused(self, theirs: list, ours: list, gen: int) -> None:
+        """Closes the listeners of theirs that ours (generation gen's) does
+        not use: no worker that could poll them is left serving."""
+        for lst in theirs:
+            if lst not in ours:
+                log.info("closing %s: not in generation %d's settings", lst.descriptor.address,
+                         gen)
+                lst.close()
+
+    def rollback(self, reason: str) -> None:
+        """A new worker failed on probation: the previous generation (which
+        never stopped accepting) is the serving one again, its workers gone
+        meanwhile respawned; the new one drains (a crashing worker's drain
+        ends in its exit); the reload failed."""
+        pr, self.probation = self.probation, None
+        failed, self.slots = self.slots, pr.slots
+        for slot in failed:
+            slot.retired = True
+            if slot.proc is not None:
+                self.others.append(slot)
+                self.host.feed(slot, Event.DRAIN)
+        self.close_unused(self.listeners, pr.listeners, pr.previous)
+        self.listeners, self.settings, self.config = pr.listeners, pr.settings, pr.config
+        self.generation = pr.previous
+        self.rollbacks += 1
+        self.refused(pr.generation, f"{reason}; rolled back", rolled_back=True)
+        for slot in self.slots:
+            if slot.proc is None and not slot.retired:
+                slot.backoff = Backoff()
+                self.host.spawn(slot)
+        self.run_queued()
+
+    def end_probation(self, reason: str) -> None:
+        """A stop during probation: every worker drains anyway; the reload
+        client waiting for the outcome hears why there is none."""
+        pr, self.probation = self.probation, None
+        if pr is None:
+            return
+        for slot in pr.slots:
+            slot.retired = True
+            if slot.proc is not None:
+                self.others.append(slot)
+        self.refused(pr.generation, reason)
+
+    def run_queued(self) -> None:
+        """A HUP that came during the reload now over: it runs now, from
+        the loop (not from inside the commit or the refusal)."""
+        if self.queued:
+            self.queued = False
+            self.host.at(0.0, "queued_reload", None)
 
     def refuse(self, reason: str) -> None:
         """The pending reload fails: its workers are killed (reaped later),
@@ -195,13 +313,16 @@ class Generations:
                 self.others.append(slot)
                 self.host.feed(slot, Event.KILL)
         self.refused(p.generation, reason)
+        self.run_queued()
 
-    def refused(self, gen: int, reason: str) -> None:
+    def refused(self, gen: int, reason: str, rolled_back: bool = False) -> None:
         self.reloads_failed += 1
         self.last_reload_failure = reason
-        log.error("reload refused (generation %d): %s; generation %d keeps serving", gen,
-                  reason, self.generation)
-        self.host.events.emit("reload_failed", generation=gen, reason=reason)
+        log.error("reload %s (generation %d): %s; generation %d %s", "failed" if rolled_back
+                  else "refused", gen, reason, self.generation,
+                  "serves again" if rolled_back else "keeps serving")
+        self.host.events.emit("reload_failed", generation=gen, reason=reason,
+                              rolled_back=rolled_back)
 
     # ---- what happens to one worker, by the generation it belongs to ----------------------
     def on_ready(self, slot: Slot) -> bool:
@@ -215,25 +336,32 @@ class Generations:
             return True
         return False
 
-    def on_failure(self, slot: Slot, why: str) -> bool:
-        """slot's worker could not start, failed or exited before READY:
-        True if that ends a reload or a replacement, False if it is the
-        serving generation's (its exit policy decides)."""
+    def on_failure(self, slot: Slot, why: str, outcome: Outcome | None = None) -> bool:
+        """slot's worker could not start, failed or exited (outcome: how;
+        None: it could not be spawned): True if that ends a reload (before
+        its commit, or on probation) or a replacement, False if the serving
+        generation's exit policy decides."""
         if self.starting(slot):
             self.refuse(f"worker {name(slot)} {why}")
             return True
         if slot.replacing is not None:
             self.replacement_failed(slot, why)
             return True
+        if self.probation is not None and slot in self.slots and trial.fails(outcome):
+            into = time.monotonic() - self.probation.started
+            self.rollback(f"worker {name(slot)} {why} {into:.1f}s into probation")
+            return True
         return False
 
     def on_exit(self, slot: Slot) -> bool:
         """A reaped worker of an older or refused generation: forgotten,
-        True. False if it is the serving generation's."""
+        True; one of the generation kept through a probation: respawned if
+        it serves again (rollback), True. False if it is the serving
+        generation's."""
         if slot in self.others:
             self.others.remove(slot)
             return True
-        return False
+        return self.kept(slot)
 
     # ---- max_requests, max_worker_lifetime: one worker replaced ---------------------------
     def replace(self, slot: Slot, why: str) -> bool:
@@ -283,7 +411,7 @@ class Generations:
     def scale_up(self) -> None:
         """TTIN: one worker more, in the first retired slot with no process
         left, else a new one."""
-        if self.pending:
+        if self.pending or self.probation:
             log.warning("TTIN ignored: a reload is under way")
             return
         slot = next((s for s in self.slots if s.retired and s.proc is None), None)
@@ -293,8 +421,8 @@ class Generations:
         if slot is None:
             slot = Slot(len(self.slots), self.generation)
             self.slots.append(slot)
-        slot.retired = slot.given_up = False
-        slot.backoff = Backoff()
+        slot.retired = False
+        slot.backoff, slot.next_try = Backoff(), 0.0
         log.info("TTIN: %d workers", len(self.active()))
         self.host.spawn(slot)
 
@@ -302,7 +430,7 @@ class Generations:
         """TTOU: drain the newest worker still counted (it finishes what it
         has, then exits); the last one stays."""
         active = self.active()
-        if self.pending:
+        if self.pending or self.probation:
             log.warning("TTOU ignored: a reload is under way")
             return
         if len(active) <= 1:
@@ -320,6 +448,7 @@ class Generations:
         supervise; the serving ones are the current generation until the
         reload that follows replaces them, the draining ones drain on."""
         self.generation = state.generation
+        self.numbered = max(self.numbered, state.generation)
         self.slots = []
         for w in state.workers:
             slot = table.adopt(w, self.settings)

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import logging
 import selectors
+import time
 
 from sockherd.master.fdbudget import BUDGET
 
 log = logging.getLogger("sockherd.master")
+
+LOG_EVERY = 60.0         # refused clients: one line, then a count at most this often
 
 
 class Handoff:
@@ -26,6 +29,8 @@ class Handoff:
         self.server = None                   # ipc.handoff.HandoffServer, once served
         self.fds: set[int] = set()
         self.short = False                   # too few fds free: not watched
+        self._refusals = 0                   # not logged yet (LOG_EVERY)
+        self._logged_at = -LOG_EVERY
 
     def serve(self, path: str, listeners) -> None:
         """Serves the hand-off socket at path (none if ""); listeners() ->
@@ -47,11 +52,24 @@ class Handoff:
         try:
             self.server = HandoffServer(
                 path, lambda: [(lst.descriptor, lst.sock.fileno()) for lst in listeners()],
-                on_handed_over=handed_over)
+                on_handed_over=handed_over, on_refused=self._refused)
         except OSError as exc:
             log.error("hand-off socket %s: %s; no takeover possible", path, exc.strerror or exc)
             return
         log.info("hand-off socket %s: a new instance may take the listeners over", path)
+
+    def _refused(self, pid: int, why: str) -> None:
+        """A client refused or dropped (ipc.handoff): one line, not one per
+        client of a flood."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._logged_at < LOG_EVERY:
+            return
+        more = f" ({self._refusals - 1} more since the last such line)" \
+            if self._refusals > 1 else ""
+        log.warning("hand-off: refused %s: %s%s", f"pid {pid}" if pid else "a client", why,
+                    more)
+        self._refusals, self._logged_at = 0, now
 
     def sync(self) -> None:
         """The hand-off server's fds in the selector (its sessions come and go)."""

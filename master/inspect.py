@@ -20,6 +20,7 @@ from typing import Callable
 from sockherd.ipc.errors import IPCError
 from sockherd.ipc.messages import StatsReply, StatsRequest
 from sockherd.master.lifecycle import State
+from sockherd.master.workers import backing_off
 
 ASK_TIMEOUT = 2.0
 
@@ -31,6 +32,8 @@ def role(sup, slot) -> str:
         return "starting"                        # a reload's new generation
     if slot.replacing is not None:
         return "replacing"
+    if sup.gens.kept(slot):
+        return "previous"                        # kept serving through a reload's probation
     if slot in sup.slots and not slot.retired:
         return "serving" if slot.life and slot.life.state is State.READY else "starting"
     return "draining" if slot.life and slot.life.state is State.DRAINING else "stopping"
@@ -52,6 +55,7 @@ def readiness(sup) -> tuple[bool, str]:
 
 def snapshot(sup) -> dict:
     now = time.monotonic()
+    pr = sup.gens.probation
     workers = []
     for slot in sup._live():
         if slot.proc is None:
@@ -73,6 +77,11 @@ def snapshot(sup) -> dict:
             "ready": readiness(sup)[0],
             "reloads_ok": sup.reloads_ok, "reloads_failed": sup.reloads_failed,
             "last_reload_failure": sup.last_reload_failure,
+            "reloads_rolled_back": sup.gens.rollbacks,
+            "probation": None if pr is None else {
+                "generation": pr.generation, "previous": pr.previous,
+                "left": round(pr.left(now), 1)},
+            "backing_off": backing_off(sup.slots, now),
             "upgrades_failed": sup.upgrades_failed,
             "last_upgrade_failure": sup.last_upgrade_failure,
             "listeners": [lst.descriptor.address for lst in sup.listeners],

@@ -133,23 +133,24 @@ class Worker:
 @dataclass
 class Backoff:
     """Respawn policy of one slot: exponential delay after each unplanned end,
-    reset after a worker served for `stable_after` seconds; give up after
-    `max_failures` unplanned ends in a row. Times are passed in: no clock."""
+    capped, reset after a worker served for `stable_after` seconds. It never
+    gives up: a slot that keeps failing is tried again every `cap` seconds
+    for as long as the master lives (issue 19 §7: giving up on every slot
+    ended the master, and the listeners with it, over what may be a passing
+    fault: a database down, a full disk). Times are passed in: no clock."""
 
     base: float = 0.5
     cap: float = 30.0
-    max_failures: int = 5
     stable_after: float = 10.0
     failures: int = 0
 
-    def after_exit(self, outcome: Outcome, served_for: float) -> float | None:
-        """Seconds to wait before respawning the slot, or None to give up on
-        it. A planned end (DRAINED) is no failure and respawns at once."""
+    def after_exit(self, outcome: Outcome, served_for: float) -> float:
+        """Seconds to wait before respawning the slot. A planned end
+        (DRAINED) is no failure and respawns at once."""
         if outcome is Outcome.DRAINED:
             return 0.0
         if outcome is not Outcome.FAILED_START and served_for >= self.stable_after:
             self.failures = 0
         self.failures += 1
-        if self.failures >= self.max_failures:
-            return None
-        return min(self.cap, self.base * 2 ** (self.failures - 1))
+        # the exponent is bounded: 2 ** failures overflows a float after ~1000
+        return min(self.cap, self.base * 2 ** min(self.failures - 1, 32))

@@ -7,8 +7,9 @@ One HTTP listener in the master, served from a thread of its own:
     /-/status.json    what that page fetches every second
     /-/ready          the readiness check for a balancer: 200 "ready", or 503
                       and why not (starting, stopping: unready_delay's lame
-                      duck); read from the server thread (inspect.readiness),
-                      so it answers at once even while the loop is busy
+                      duck); read from the listener's reader thread
+                      (inspect.readiness), so it answers at once even while
+                      the loop is busy or every pool thread waits on it
 
 The master's loop is single-threaded and owns every figure, so the server
 thread never reads the supervisor: it hands the loop a call (run_in_loop)
@@ -43,10 +44,8 @@ import errno
 import json
 import logging
 import socket
-import socketserver
 import threading
 import time
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.core import (
@@ -56,13 +55,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sockherd.master import inspect, status_page
 from sockherd.master.addresses import parse
-from sockherd.master.metrics_bounds import Bounded
+from sockherd.master.metrics_http import Listener
 
 log = logging.getLogger("sockherd.master")
 
 SCRAPE_TIMEOUT = 2 * inspect.ASK_TIMEOUT + 1.0  # both rounds of a tree, and some slack
 RETRY = 1.0                  # a takeover: the address still the old instance's, try again after
-ROLES = ("starting", "serving", "replacing", "draining", "stopping")
+ROLES = ("starting", "serving", "replacing", "previous", "draining", "stopping")
 WORKER_LABELS = ("generation", "worker", "pid")
 THREAD_LABELS = WORKER_LABELS + ("thread", "tgid")
 
@@ -213,11 +212,28 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     g.add_metric([], m["uptime"])
     yield g
     for key, doc in (("reloads_ok", "reloads whose new generation serves"),
-                     ("reloads_failed", "reloads refused (the old generation kept serving)")):
+                     ("reloads_failed", "reloads refused (the old generation kept serving)"),
+                     ("upgrades_failed", "upgrades that failed (refused or failed exec: the "
+                      "image carried on; failed after the exec: the previous image came back)")):
         c = CounterMetricFamily(f"sockherd_{key}", doc + " since the master started "
                                 "(carried across upgrades)")
         c.add_metric([], m[key])
         yield c
+    c = CounterMetricFamily("sockherd_reloads_rolled_back", "reloads whose new generation "
+                            "failed on probation: the previous one serves again (counted in "
+                            "reloads_failed too)")
+    c.add_metric([], m.get("reloads_rolled_back", 0))
+    yield c
+    # a slot that keeps failing is never given up on (issue 19 §7): it backs off, seen here
+    g = GaugeMetricFamily("sockherd_worker_slots_backing_off", "serving slots with no worker, "
+                          "waiting for a respawn after failures in a row")
+    g.add_metric([], len(m.get("backing_off", [])))
+    yield g
+    g = GaugeMetricFamily("sockherd_worker_slot_failures", "failures in a row of a serving "
+                          "slot backing off", labels=["slot"])
+    for b in m.get("backing_off", []):
+        g.add_metric([str(b["slot"])], b["failures"])
+    yield g
     roles = {r: 0 for r in ROLES}
     for w in tree["workers"]:
         roles[w["role"]] = roles.get(w["role"], 0) + 1
@@ -288,34 +304,7 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     yield from threads.values()
 
 
-# ---- the HTTP side -------------------------------------------------------------------------
-class _Quiet(WSGIRequestHandler):
-    timeout = 10                          # a client that sends nothing lets go of its thread
-
-    def parse_request(self) -> bool:
-        ok = super().parse_request()
-        self.server.request_read(self.request)      # headers in: the deadline is met
-        return ok
-
-    def log_message(self, fmt, *args) -> None:      # a scrape a second is no log line
-        log.debug("metrics: %s %s", self.address_string(), fmt % args)
-
-
-class _Server(Bounded, WSGIServer):
-    # a pool, a deadline per request, the app listeners' backlog (metrics_bounds)
-    allow_reuse_address = True            # re-bound at once by an upgrade's new image
-
-    def server_bind(self) -> None:
-        # HTTPServer's would ask for the host's FQDN: a DNS query at start-up
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-        self.setup_environ()
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
+# ---- the HTTP side (bounded, with /-/ready off the pool: master/metrics_http.py) ------------
 def app(gatherer: Gatherer, restarts: Restarts, readiness):
     """The listener's WSGI app: /metrics, /-/status, /-/status.json, /-/ready
     (readiness() -> (ready, why))."""
@@ -387,7 +376,7 @@ class MetricsServer:
         self.restarts = restarts
         self.gatherer = Gatherer(sup)
         self.wsgi = app(self.gatherer, self.restarts, lambda: inspect.readiness(sup))
-        self.httpd: WSGIServer | None = None
+        self.httpd: Listener | None = None
         self.thread: threading.Thread | None = None
         self._retry_at: float | None = None
         try:
@@ -407,24 +396,12 @@ class MetricsServer:
         """Listens on the address, or on `inherited`: the socket an upgrade's
         previous image served it on (one socket, never refused meanwhile)."""
         try:
-            family = socket.getaddrinfo(self.addr.host, self.addr.port,
-                                        type=socket.SOCK_STREAM)[0][0]
-            cls = _Server6 if family == socket.AF_INET6 else _Server
             if inherited >= 0:
-                self.httpd = cls((self.addr.host, self.addr.port), _Quiet,
-                                 bind_and_activate=False)
-                self.httpd.socket.close()
-                self.httpd.socket = socket.socket(fileno=inherited)
-                # an older image listened with socketserver's backlog of 5
-                self.httpd.socket.listen(self.httpd.request_queue_size)
-                self.httpd.server_address = self.httpd.socket.getsockname()
-                self.httpd.server_name = str(self.httpd.server_address[0])
-                self.httpd.server_port = self.httpd.server_address[1]
-                self.httpd.setup_environ()
-                self.httpd.set_app(self.wsgi)
+                self.httpd = Listener.adopt(inherited, self.wsgi)
             else:
-                self.httpd = make_server(self.addr.host, self.addr.port, self.wsgi,
-                                         server_class=cls, handler_class=_Quiet)
+                family = socket.getaddrinfo(self.addr.host, self.addr.port,
+                                            type=socket.SOCK_STREAM)[0][0]
+                self.httpd = Listener.bind(self.addr.host, self.addr.port, family, self.wsgi)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics: cannot listen on {self.text}: "
                                      f"{exc.strerror or exc}") from None
@@ -446,7 +423,7 @@ class MetricsServer:
         flight end, so a probe is answered, never reset by the exec."""
         if self.thread is None:
             return
-        self.httpd.shutdown()
+        self.httpd.shutdown(drain=1.0)        # a probe's head already read is answered
         self.thread.join(5)
         self.thread = None
         if not self.httpd.quiesce(1.0):
@@ -459,9 +436,7 @@ class MetricsServer:
 
     def _accept(self) -> None:
         """The thread that accepts and serves (until httpd.shutdown())."""
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.2,),
-                                       name="sockherd-metrics", daemon=True)
-        self.thread.start()
+        self.thread = self.httpd.start()
 
     def poll(self) -> None:
         if self._retry_at is None or time.monotonic() < self._retry_at:
@@ -484,7 +459,7 @@ class MetricsServer:
         self._retry_at = None
         if self.thread is None:
             return
-        self.httpd.shutdown()                 # serve_forever returns within its 0.2 s poll
+        self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
         self.thread = None

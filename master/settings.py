@@ -96,18 +96,32 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
             section="workers"),
-    # idle cost: each heartbeat wakes its worker and the master once, plus
-    # the master's check once per timeout: 4/25 + 1/75 = 0.17 wake-ups/s for
-    # master + 2 idle workers (measured 0.22 at 20 s / 60 s: bench/RESULTS.md)
-    Setting("heartbeat_interval", ("--heartbeat-interval",), float, 25.0,
+    # liveness: a stopped (SIGSTOP) or wedged worker is killed within
+    # heartbeat_timeout, its connections with it, and respawned (issue 19
+    # §10: at 25 s / 75 s one held its connections for over a minute). 15 s
+    # is three heartbeats missed in a row (HAProxy marks a server down after
+    # `fall 3` checks, 2 s apart by default); half gunicorn's --timeout 30,
+    # which also counts a request's own time: ours is only the main
+    # thread's, which never waits on requests. Cost: each heartbeat wakes its
+    # worker and the master once: 2 x 0.2/s per idle worker, plus the
+    # master's check (once per timeout at most). At 25 s it was 0.17/s for
+    # master + 2 idle workers (bench/RESULTS.md).
+    Setting("heartbeat_interval", ("--heartbeat-interval",), float, 5.0,
             "seconds between a worker's heartbeats to the master",
             _seconds(0.1, 3600), "S",
             section="supervision"),
-    Setting("heartbeat_timeout", ("--heartbeat-timeout",), float, 75.0,
-            "a worker silent this long is killed and replaced", _seconds(0.5, 86400), "S",
+    Setting("heartbeat_timeout", ("--heartbeat-timeout",), float, 15.0,
+            "a worker silent this long (stopped, wedged, its channel broken) is killed and "
+            "respawned", _seconds(0.5, 86400), "S",
             section="supervision"),
     Setting("ready_timeout", ("--ready-timeout",), float, 60.0,
             "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
+            section="supervision"),
+    Setting("reload_probation", ("--reload-probation",), float, 10.0,
+            "after a reload's new generation is READY, the old one serves beside it this long "
+            "and drains only then; a new worker that crashes meanwhile rolls the reload back "
+            "(the old generation serves on, the reload fails with why); `ctl reload` answers "
+            "when it is over; 0: the old generation drains at once", _seconds(0, 3600), "S",
             section="supervision"),
     Setting("max_requests", ("--max-requests",), int, 0,
             "a worker that served this many requests is replaced (the new one READY first, "

@@ -37,12 +37,12 @@ import time
 
 from sockherd.ipc.errors import IPCError, PeerClosed
 from sockherd.ipc.messages import FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply
-from sockherd.master import upgrade
+from sockherd.master import comeback, upgrade
 from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
 from sockherd.master.inspect import Asker
-from sockherd.master import misbehaving
+from sockherd.master import misbehaving, probation
 from sockherd.master.lifecycle import Event, IllegalTransition, Outcome, State
 from sockherd.master.listeners import Listener
 from sockherd.master.spawn import Shortage
@@ -54,8 +54,7 @@ from sockherd.worker.board import Board
 log = logging.getLogger("sockherd.master")
 
 SHORTAGE_RETRY = 1.0        # seconds before a spawn the master's resources failed is retried
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTTIN,
-           signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2)
+HANDLED = comeback.HANDLED
 
 
 class Supervisor:
@@ -183,10 +182,16 @@ class Supervisor:
     feed = _feed
 
     # ---- control commands (master/commands) -------------------------------------------
-    def _reload(self) -> str:
-        return self.gens.reload(self.reload_settings, self.ever_ready)
+    def _reload(self, queue: bool = False) -> str:
+        return self.gens.reload(self.reload_settings, self.ever_ready, queue)
 
     def _upgrade(self, before_exec=None) -> str:
+        # the new image would adopt both generations as they are, and
+        # nobody would end the probation or roll it back
+        why = probation.refusal(self.gens.probation, time.monotonic())
+        if why:
+            log.warning("upgrade refused: %s", why)
+            return f"upgrade refused: {why}"
         return upgrade.run(self, HANDLED, before_exec)
 
     def _replace(self, slot: Slot, why: str) -> bool:
@@ -200,26 +205,39 @@ class Supervisor:
 
     # ---- worker channels ----------------------------------------------------------------
     def _on_channel(self, slot: Slot) -> None:
-        """Every message the worker's channel holds: one read can bring
-        several (replies to concurrent control requests, a READY and a
-        heartbeat), and select() cannot see those left in the inbox (review:
-        they waited for the worker's next heartbeat, 25 s)."""
+        """Every complete message the worker's channel holds now, never
+        waiting for more: a frame begun and not complete stays in the
+        channel's decoder (at most its max frame) and is completed by a
+        later wake-up (issue 19 §6: a wait here of up to 5 s for the rest of
+        a frame froze the loop: `ctl status` went unanswered for 5.1 s). One
+        read can bring several messages (replies to concurrent control
+        requests, a READY and a heartbeat), and select() cannot see those
+        left in the inbox (review: they waited for the worker's next
+        heartbeat), so all are handled here. A worker that begins a frame
+        and never ends it sends no heartbeat either: the heartbeat check
+        kills it."""
         ch = slot.proc.channel
         try:
-            got = ch.recv(timeout=5)
-        except (PeerClosed, IPCError):
-            self.sel.unregister(ch.fileno())
+            ch.read_available()
+        except PeerClosed:
+            self.table.forget_channel(slot)
             return                                  # the exit itself comes as SIGCHLD
-        while got is not None:
+        except IPCError as exc:
+            self.table.forget_channel(slot)         # the stream is lost: nothing more from it
+            if not ch.eof:                          # at EOF: its exit comes as SIGCHLD
+                self._misbehaved(slot, f"its channel broke: {exc}")
+            return
+        while True:
+            try:
+                got = ch.next_message()             # None once the inbox is empty
+            except IPCError as exc:                 # a malformed one (dropped): the next
+                log.error("worker %s: %s", name(slot), exc)
+                continue
+            if got is None:
+                return
             self._contained(slot, got)
             if slot.proc is None or slot.proc.channel is not ch or ch.fileno() < 0:
                 return
-            while True:
-                try:
-                    got = ch.next_message()         # None once the inbox is empty
-                    break
-                except IPCError as exc:             # a malformed one (dropped): the next
-                    log.error("worker %s: %s", name(slot), exc)
 
     def _contained(self, slot: Slot, got) -> None:
         """One message inside the boundary: whatever a worker sends, or
@@ -229,21 +247,21 @@ class Supervisor:
         try:
             self._on_message(slot, got)
         except IllegalTransition as exc:
-            self._misbehaved(slot, got.msg, exc)
+            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})")
         except Exception:                          # noqa: BLE001 - a bug of ours
             log.exception("worker %s: handling its %s failed; the master carries on",
                           name(slot), type(got.msg).__name__)
 
-    def _misbehaved(self, slot: Slot, msg, exc: IllegalTransition) -> None:
-        """A message illegal for the worker's state: it is not trusted any
-        more; replaced (its successor READY first), else drained."""
+    def _misbehaved(self, slot: Slot, offence: str) -> None:
+        """A message illegal for the worker's state, or a channel it broke
+        (offence: which): it is not trusted any more; replaced (its successor
+        READY first), else drained."""
         what, why = misbehaving.verdict(slot, self.slots, self.stopping, self.pending)
         pid = slot.proc.pid if slot.proc is not None else 0
         doing = {misbehaving.REPLACE: "replacing it",
                  misbehaving.DRAIN: f"draining it (not replaced: {why})",
                  misbehaving.LEAVE: f"left as it is ({why})"}[what]
-        log.error("worker %s (pid %d) misbehaves: %s (%s): %s", name(slot), pid,
-                  misbehaving.shown(msg), exc, doing)
+        log.error("worker %s (pid %d) misbehaves: %s: %s", name(slot), pid, offence, doing)
         if what == misbehaving.REPLACE:
             self._replace(slot, "misbehaving")
         elif what == misbehaving.DRAIN:
@@ -301,10 +319,15 @@ class Supervisor:
     def _reap(self) -> None:
         for slot, pid, how, served in self.table.reap():
             self.asker.gone(pid)
-            if self.gens.on_failure(slot, f"exited with {how} before ready") \
-                    or self.gens.on_exit(slot):
-                continue                        # a reload's, a replacement's, an older one's
             outcome = slot.life.outcome
+            # one READY and waiting for the rest of its generation did not
+            # fail "before ready" (issue 19 §10: the refusal said so)
+            why = f"exited with {how} " + (
+                "before ready" if not slot.life.was_ready else
+                "after it was ready, before the commit" if self.gens.starting(slot) else
+                f"({outcome.value})")
+            if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
+                continue                        # a reload's, a replacement's, an older one's
             if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
                     and not self.first_failure:
                 self.first_failure = f"worker {name(slot)} exited with {how}"
@@ -320,12 +343,14 @@ class Supervisor:
             for other in self._live():
                 if other.life is not None:
                     self._feed(other, Event.KILL)
-        elif after.what == "give_up":
-            slot.given_up = True
-            log.error("worker slot %d: gave up after %d failures in a row; the other workers "
-                      "keep serving", slot.index, slot.backoff.failures)
         else:
-            log.info("worker slot %d: respawn in %.1fs", slot.index, after.delay)
+            # never given up on: the back-off is capped (lifecycle.Backoff),
+            # the slot shows as backing off in `ctl status` and the metrics
+            slot.next_try = time.monotonic() + after.delay
+            failures = slot.backoff.failures
+            (log.error if failures >= 5 else log.info)(
+                "worker slot %d: respawn in %.1fs%s", slot.index, after.delay,
+                f" ({failures} failures in a row)" if failures else "")
             self._at(after.delay, "respawn", slot)
 
     # ---- signals and timers --------------------------------------------------------------
@@ -345,7 +370,7 @@ class Supervisor:
             elif signum == signal.SIGTTOU and not self.stopping:
                 self._scale_down()
             elif signum == signal.SIGHUP and not self.stopping:
-                self._reload()
+                self._reload(queue=True)            # during a reload: runs after it
             elif signum == signal.SIGTERM and not self.stopping:
                 self._graceful_stop()
             elif signum == signal.SIGTERM and not self.killing:
@@ -358,7 +383,13 @@ class Supervisor:
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
             if not self.stopping and slot.proc is None and not slot.retired:
+                slot.next_try = 0.0
                 self.spawn(slot)
+        elif what == "probation":
+            self.gens.probation_over()
+        elif what == "queued_reload":
+            if not self.stopping:
+                self._reload(queue=True)
         elif what == "ready_timeout" and slot.life is not None \
                 and slot.life.state is State.STARTING:
             log.error("worker %s: not ready after %.0fs", name(slot),
@@ -405,6 +436,7 @@ class Supervisor:
         self.stopping = True                 # readiness says 503 from now (inspect.py)
         if self.pending:
             self.gens.refuse("the master is stopping")
+        self.gens.end_probation("the master is stopping")
         delay = self.settings.unready_delay
         if delay > 0:
             log.info("graceful stop: unready; serving on for %gs (unready_delay), then draining",
@@ -486,12 +518,17 @@ class Supervisor:
         try:
             if self.adopted is not None:
                 self._adopt()
-                self._reload()                     # the upgrade proceeds as a reload
+                upgrade.proceed(self)              # as a reload (or it came back: comeback.py)
             else:
                 for slot in self.slots:
                     self.spawn(slot)
             self._at(self.settings.heartbeat_timeout, "heartbeat", None)
             return self._loop()
+        except BaseException as exc:
+            # during an upgrade's start-up: back to the previous image
+            # before the listeners are closed below (returns if not)
+            comeback.fall_back(comeback.why_of(exc), exc)
+            raise
         finally:
             for extra in self.extras:
                 extra.close()
@@ -505,14 +542,14 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            status = finished(self.stopping, self.startup_failed, self._live(), self._active())
+            if self.pending is None:
+                comeback.serving()         # an upgrade's start-up ends once its reload settled
+            status = finished(self.stopping, self.startup_failed, self._live())
             if status is not None:
                 if self.startup_failed:
                     log.error("no worker became ready: %s", self.first_failure or "see above")
-                elif self.stopping:
-                    log.info("every worker is gone: exiting")
                 else:
-                    log.error("every worker slot was given up on: exiting")
+                    log.info("every worker is gone: exiting")
                 return status
             due = [t for t in [self.timers[0][0] if self.timers else None,
                                self.asker.next_deadline(),

@@ -13,6 +13,16 @@ survives execve): one arriving in between waits for the new image's
 handlers instead of taking its default action, which for HUP or USR2 is
 to end the process. If the exec fails, the fds go back to close-on-exec,
 the signals are unblocked and this master carries on, saying why.
+
+Before the exec, the new image is checked as far as it can be without the
+listeners (preflight): its interpreter imports the whole master (every
+module of sockherd.master and sockherd.ipc) and validates the current
+settings (this master's command line, its environment and its settings
+file, as the exec will see them), and decodes the re-exec state. If it
+still fails after the exec, before the reload that follows the adoption has
+settled, it re-executes this image (recorded in the environment across the
+exec) with the listeners and the workers: master/comeback.py says how, and
+what it covers.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ import signal
 import sys
 
 from sockherd.ipc import reexec
+from sockherd.master import comeback
 from sockherd.master.listeners import Listener
 from sockherd.master.addresses import AddressError, parse
 
@@ -91,6 +102,7 @@ def run(sup, handled, before_exec=None) -> str:
             for x in carried:
                 x.exec_failed()
         log.error("upgrade failed: %s; this master carries on", why)
+        sup.events.emit("upgrade_failed", reason=why)
         return f"upgrade failed: {why}"
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
@@ -127,12 +139,16 @@ def preflight(python: str, state: reexec.ReexecState) -> str:
     """Why `python` cannot run the new image ("" if it can): an exec that
     works into an interpreter without sockherd would end the master, and one
     into a sockherd that refuses our re-exec state (another state version)
-    would start it afresh. The state goes to it on stdin (its fds are not
-    passed: only whether it decodes is asked)."""
+    would start it afresh; one whose modules do not all import, or which
+    refuses the current settings, would fail after the exec (issue 19 §8).
+    The state goes to it on stdin (its fds are not passed: only whether it
+    decodes is asked)."""
     import subprocess
 
     try:
-        subprocess.run([python, "-m", "sockherd.master.upgrade"], check=True, timeout=30,
+        # this master's arguments: the settings are validated by the new code
+        subprocess.run([python, "-m", "sockherd.master.upgrade", *sys.argv[1:]], check=True,
+                       timeout=30,
                        input=reexec.encode(state).encode(), stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE)
     except FileNotFoundError:
@@ -144,6 +160,8 @@ def preflight(python: str, state: reexec.ReexecState) -> str:
         last = last[-1] if last else str(exc)
         if exc.returncode == _REFUSES_STATE:
             return f"{python} refuses this master's re-exec state: {last}"
+        if exc.returncode == _REFUSES_SETTINGS:
+            return f"{python} refuses the current settings: {last}"
         return f"{python} cannot import sockherd: {last}"
     except (subprocess.TimeoutExpired, OSError) as exc:
         return f"{python}: {exc}"
@@ -151,21 +169,62 @@ def preflight(python: str, state: reexec.ReexecState) -> str:
 
 
 _REFUSES_STATE = 3          # preflight's exit status: sockherd is there, the state is not its
+_REFUSES_SETTINGS = 4       # ... and the current settings are not valid for it
 
 
-def _check_state_on_stdin() -> int:
-    """python -m sockherd.master.upgrade: the preflight's other half, run by
-    the new image's interpreter: does the state on stdin decode?"""
+def _check_state_on_stdin(argv: list[str]) -> int:
+    """python -m sockherd.master.upgrade [ARGS]: the preflight's other half,
+    run by the new image's interpreter. Does every module of the master
+    import (the exec imports some of them only later, after the listeners
+    are taken)? Do the settings of ARGS (the running master's command line;
+    none from an older master) validate? Does the state on stdin decode?"""
+    import importlib
+    import pkgutil
+
     from sockherd.ipc.errors import ReexecStateError
 
-    import sockherd.master.cli  # noqa: F401 - what the exec will import
+    import sockherd.ipc
+    import sockherd.master
 
+    for pkg in (sockherd.master, sockherd.ipc):
+        for mod in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if mod.name.rsplit(".", 1)[-1] == "__main__":
+                continue                             # running it would start a master
+            try:
+                importlib.import_module(mod.name)
+            except Exception as exc:                 # noqa: BLE001 - said: the check fails
+                print(f"{mod.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return 1
+    if argv:
+        why = _settings_refusal(argv)
+        if why:
+            print(why, file=sys.stderr)
+            return _REFUSES_SETTINGS
     try:
         reexec.decode(sys.stdin.read())
     except ReexecStateError as exc:
         print(exc, file=sys.stderr)
         return _REFUSES_STATE
     return 0
+
+
+def _settings_refusal(argv: list[str]) -> str:
+    """Why the new code refuses the settings of this command line ("" if it
+    takes them): read as the exec's `run` will read them."""
+    from sockherd.master import cli
+    from sockherd.master import settings as S
+
+    try:
+        ns = cli.build_parser().parse_args(argv)
+    except SystemExit:                               # argparse said why on stderr
+        return f"its command line refuses {' '.join(argv)}"
+    if getattr(ns, "command", None) != "run":
+        return ""
+    try:
+        S.resolve(vars(ns), config=ns.config)
+    except S.SettingsError as exc:
+        return str(exc)
+    return ""
 
 
 def salvaged() -> list[Listener]:
@@ -219,6 +278,7 @@ def execute(sup, python: str, handled) -> str:
     argv = [python, "-m", "sockherd.master", *sys.argv[1:]]
     plan = reexec.prepare_exec(state)
     plan.env[COUNTERS_VAR] = json.dumps(counters_of(sup))
+    plan.env[comeback.PREVIOUS_VAR] = comeback.record()     # the way back (comeback.py)
     signal.pthread_sigmask(signal.SIG_BLOCK, handled)     # (the caller blocked them already)
     log.info("upgrade: re-executing %s with %d listener(s) and %d worker(s)", python,
              len(state.listeners), len(state.workers))
@@ -230,6 +290,48 @@ def execute(sup, python: str, handled) -> str:
         reexec.abort_exec(plan)
         return f"cannot exec {python}: {exc.strerror}"
     return "exec returned"                              # not reached
+
+
+def on_probation(state: reexec.ReexecState) -> None:
+    """The new image took the re-exec state: a failure before the
+    supervisor adopts the workers hands back that same state."""
+    def handed_back() -> dict:
+        return {reexec.ENV_VAR: reexec.prepare_exec(state, environ={}).env[reexec.ENV_VAR]}
+
+    comeback.provide(handed_back)
+
+
+def proceed(sup) -> None:
+    """After the adoption: the upgrade proceeds as a reload; or, for an
+    image started again by the way back of a failed upgrade, it serves on
+    with the workers it adopted (its own generation) and says the upgrade
+    failed, with why."""
+    back = comeback.came_back()
+    if back is None:
+        comeback.provide(lambda: _handed_back(sup))
+        sup._reload()
+        return
+    why = f"the new image failed after the exec: {back.get('why', '?')}"
+    sup.upgrades_failed += 1                 # `ctl upgrade` waits on it (status)
+    sup.last_upgrade_failure = why
+    sup.events.emit("upgrade_failed", reason=why)
+    log.error("upgrade: came back: adopted %d listener(s) and %d worker(s); the upgrade "
+              "failed: %s; this image serves on", len(sup.listeners), len(sup._live()), why)
+
+
+def _handed_back(sup) -> dict:
+    """The way back once the supervisor holds the workers: its state (also
+    the workers it started since, drained by the previous image), its
+    counters, and its servers quiet (the reply owed to a control client, a
+    metrics probe in flight), as before an upgrade's exec."""
+    for x in ([sup.control] if sup.control is not None else []) + \
+            [x for x in sup.extras if hasattr(x, "exec_fd")]:
+        try:
+            x.before_exec()
+        except Exception:                        # noqa: BLE001 - the way back goes on
+            log.exception("upgrade: %s before the way back", type(x).__name__)
+    plan = reexec.prepare_exec(state_of(sup), environ={})
+    return {reexec.ENV_VAR: plan.env[reexec.ENV_VAR], COUNTERS_VAR: json.dumps(counters_of(sup))}
 
 
 def inherited_listeners(state: reexec.ReexecState) -> tuple[list[Listener], list[Listener]]:
@@ -291,4 +393,4 @@ def owning_file(lst: Listener) -> Listener:
 
 
 if __name__ == "__main__":
-    sys.exit(_check_state_on_stdin())
+    sys.exit(_check_state_on_stdin(sys.argv[1:]))

@@ -3,8 +3,9 @@
 Spawning (a row on the balance board, the socketpair in the master's
 selector, the READY timeout and the lifetime timer armed), feeding a
 worker's lifecycle (lifecycle.py) and carrying out the Actions it returns,
-reaping (waitpid(WNOHANG) until none is left), the exit policy (respawn,
-give up, or stop the master) and the heartbeat check live here. Which
+reaping (waitpid(WNOHANG) until none is left), the exit policy (respawn
+after a capped back-off, or stop the master when the first start failed)
+and the heartbeat check live here. Which
 generation a slot belongs to is generations.py's business; the decisions
 (`exit_policy`, `heartbeat_check`, `finished`) are pure and unit-tested
 without processes (tests/master/test_process_table.py).
@@ -44,7 +45,7 @@ class Slot:
     life: Worker | None = None
     started: float = 0.0
     last_heartbeat: float = 0.0
-    given_up: bool = False
+    next_try: float = 0.0          # monotonic time of its respawn while backing off, else 0
     retired: bool = False          # scaled down (TTOU): drained and never respawned
     replacing: "Slot | None" = None   # max_requests / lifetime: the worker this one replaces
     replaced_by: "Slot | None" = None # ... and the one replacing this one, while it starts
@@ -64,7 +65,9 @@ def ready(slots) -> bool:
 # ---- pure decisions ---------------------------------------------------------------------------
 class AfterExit(NamedTuple):
     """What follows a serving slot's exit: "respawn" after delay seconds,
-    "give_up" on the slot, or "stop" the master (a first start failed)."""
+    or "stop" the master (a first start failed). A slot is never given
+    up on: the back-off is capped and the master retries it for as long as
+    it lives (issue 19 §7)."""
     what: str
     delay: float = 0.0
 
@@ -75,8 +78,7 @@ def exit_policy(backoff: Backoff, outcome: Outcome, served: float, ever_ready: b
     operator needs the reason now); else the slot's back-off decides."""
     if outcome is Outcome.FAILED_START and not ever_ready:
         return AfterExit("stop")
-    delay = backoff.after_exit(outcome, served)
-    return AfterExit("give_up") if delay is None else AfterExit("respawn", delay)
+    return AfterExit("respawn", backoff.after_exit(outcome, served))
 
 
 def heartbeat_check(slots, now: float, timeout: float) -> tuple[list[Slot], float]:
@@ -95,19 +97,23 @@ def heartbeat_check(slots, now: float, timeout: float) -> tuple[list[Slot], floa
     return lost, due
 
 
-def finished(stopping: bool, startup_failed: bool, live, active) -> int | None:
-    """The master's exit status once it is done, else None. A stop (TERM,
-    INT, QUIT, a failed first start) waits for every live worker process,
-    of any generation, to be reaped; without a stop, the master ends only
-    once every serving slot was given up on (slots are given up only after
-    a READY: a failure before any ends the master as startup_failed)."""
-    if any(s.proc is not None for s in live):
+def finished(stopping: bool, startup_failed: bool, live) -> int | None:
+    """The master's exit status once it is done, else None. Only a stop
+    (TERM, INT, QUIT, a failed first start) ends the master, once every
+    live worker process, of any generation, is reaped. Failing slots never
+    do: they back off and are tried again (issue 19 §7: the master exited
+    once every slot was given up on, and closed the listeners)."""
+    if not stopping or any(s.proc is not None for s in live):
         return None
-    if stopping:
-        return 1 if startup_failed else 0
-    if all(s.given_up for s in active):
-        return 1
-    return None
+    return 1 if startup_failed else 0
+
+
+def backing_off(slots, now: float) -> list[dict]:
+    """The serving slots with no worker, waiting for their respawn: what
+    `ctl status` and the metrics show of a slot that keeps failing."""
+    return [{"slot": s.index, "failures": s.backoff.failures,
+             "next_try_in": round(max(0.0, s.next_try - now), 1)}
+            for s in slots if s.proc is None and not s.retired and s.next_try > 0]
 
 
 # ---- the table --------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
     its death (EOF, or SIGTERM by PR_SET_PDEATHSIG)."""
     grace = float(cfg.get("idle_grace", 1.0))
     hard = float(cfg.get("hard_stop_after", 30.0))
-    beat = float(cfg.get("heartbeat_interval", 25.0))
+    beat = float(cfg.get("heartbeat_interval", 5.0))
     retire_fd, retire_limit = retire       # max_requests (_retire_after)
     deadline = None                    # monotonic time by which a drain must end
     status = 0                         # EXIT_THREAD_ENDED once a loop thread ended

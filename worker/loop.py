@@ -285,12 +285,19 @@ class Loop:
         refuse_posted."""
         with self._posted_lock:
             self._posted.add(fd)             # not drained until it is adopted
-            alive = [i for i in range(len(self.loop_threads)) if i not in self.ended]
-            if not alive:
-                return
-            me = next((i for i in alive if not self.relief.busy[i]), alive[0])
-            self._mail[me].append((self._adopt_posted, (me, fd)))
-        self.table.wake(self.loop_threads[me].tid)
+            me = self._mail_posted(fd)
+        if me is not None:
+            self.table.wake(self.loop_threads[me].tid)
+
+    def _mail_posted(self, fd: int) -> int | None:
+        """Under _posted_lock, fd in _posted: its adoption into a live loop
+        thread's mail; that thread's position, or None if none is left."""
+        alive = [i for i in range(len(self.loop_threads)) if i not in self.ended]
+        if not alive:
+            return None
+        me = next((i for i in alive if not self.relief.busy[i]), alive[0])
+        self._mail[me].append((self._adopt_posted, (me, fd)))
+        return me
 
     def _adopt_posted(self, me: int, fd: int) -> None:
         """_take_queued's connection, on loop thread `me` (its mail), unless
@@ -543,15 +550,14 @@ class Loop:
             # connections posted to us that we will never adopt: to a live
             # sibling (the drain waits for them; found by a CI run where one
             # waited out the whole drain deadline in a dead thread's mail)
-            orphans, mail = [], self._mail[me]
+            # (refuse_posted may have taken them already: not in _posted then)
+            mail, woken = self._mail[me], set()
             while mail:                      # popleft: others may append meanwhile
                 fn, args = mail.popleft()
-                if fn == self._adopt_posted:
-                    orphans.append(args[1])
-        for fd in orphans:
-            with self._posted_lock:
-                self._posted.discard(fd)
-            self._post_accepted(fd)
+                if fn == self._adopt_posted and args[1] in self._posted:
+                    woken.add(self._mail_posted(args[1]))
+        for pos in woken - {None}:
+            self.table.wake(self.loop_threads[pos].tid)
         self.relief.busy[me] = 0.0
         # never picked by the watchdog as the idle sibling to relieve another
         # (a non-None ask is one in progress): nobody would ever take it

@@ -344,7 +344,7 @@ ODD_FRAMES = [
     [b'{"command": "show activity", "args": {"worker": "\\u0000"}}'],
     [b'{"command": "show fd", "args": {"worker": "' + b"\\ud800" + b'"}}'],   # lone surrogate
     [b"a", b"b", b"c", b"{}"],                       # a multi-frame envelope
-    [b"", b"", b"", b'{"command": "help"}'],
+    [b"", b"", b"", b'{"command": "help"}'],        # refused: one envelope frame at most
     [b"x" * 200000],                                 # over MAX_REQUEST, under MAXMSGSIZE
 ]
 
@@ -360,7 +360,7 @@ def test_guard_odd_requests_each_get_one_error_reply_and_the_master_answers(mast
             got = c.replies(1, 10)
             assert len(got) == 1, (frames[0][:60], "no reply")
             r = got[0]
-            if frames[-1] == b'{"command": "help"}':
+            if frames[-1] == b'{"command": "help"}' and len(frames) <= 2:
                 assert r["ok"], r
                 continue
             assert r["ok"] is False and r["error"], (frames[0][:60], r)

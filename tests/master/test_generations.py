@@ -11,7 +11,7 @@ import pytest
 from sockherd.master.generations import (
     Generations, reload_refusal, replace_refusal, takes_place, upgrade_refusal,
 )
-from sockherd.master.lifecycle import Event, State, Worker
+from sockherd.master.lifecycle import Event, Outcome, State, Worker
 from sockherd.master.reload import Pending
 from sockherd.master.workers import Slot
 
@@ -93,7 +93,8 @@ def test_reload_refused_for_a_bad_setting_keeps_the_generation():
     assert gens.pending is None and gens.generation == 1 and host.spawned == []
     assert (gens.reloads_ok, gens.reloads_failed) == (0, 1)
     assert host.emitted == [("reload_failed", {"generation": 2, "reason":
-                                               "bad setting: workers: expected an int"})]
+                                               "bad setting: workers: expected an int",
+                                               "rolled_back": False})]
 
 
 # ---- commit or refuse ----------------------------------------------------------------------
@@ -217,3 +218,79 @@ def test_a_reload_refused_before_it_begins_is_an_event():
         "reload refused: generation 2 is still starting"
     assert host.emitted == [("reload_refused", {"reason": "generation 2 is still starting"})]
     assert gens.reloads_failed == 0 and host.spawned == []
+
+
+# ---- probation (issue 19 §7) ---------------------------------------------------------------
+def on_probation(seconds: float = 10.0) -> tuple[Generations, Host, list[Slot], Pending]:
+    """A reload committed with reload_probation: generation 2 serves, 1 is kept."""
+    gens, host = serving(2)
+    old = list(gens.slots)
+    gens.pending = p = pending(2, 2)
+    p.settings.reload_probation = seconds
+    for slot in p.slots:
+        host.spawn(slot)
+        slot.life.handle(Event.READY)
+        gens.on_ready(slot)
+    return gens, host, old, p
+
+
+def test_the_commit_keeps_the_old_generation_serving_through_probation():
+    gens, host, old, p = on_probation()
+    assert gens.slots == p.slots and gens.generation == 2
+    assert gens.probation.slots == old and gens.probation.previous == 1
+    assert host.fed == [] and not any(s.retired for s in old)     # not drained
+    assert all(gens.kept(s) for s in old) and set(old) <= set(gens.live())
+    assert (10.0, "probation") in host.timers
+    assert host.emitted[-1][0] == "reload_probation" and gens.reloads_ok == 0
+    # a reload, a TTIN meanwhile: not now (a HUP is queued: test_a_hup_...)
+    assert "generation 2 is on probation" in gens.reload(lambda: settings(), True)
+    assert gens.reload(lambda: settings(), True, queue=True) == "" and gens.queued
+
+
+def test_probation_passed_drains_the_old_generation():
+    gens, host, old, p = on_probation(0.0001)
+    gens.queued = True
+    gens.probation_over()
+    assert gens.probation is None and gens.others == old and all(s.retired for s in old)
+    assert [(s, e) for s, e in host.fed] == [(old[0], Event.DRAIN), (old[1], Event.DRAIN)]
+    assert gens.reloads_ok == 1
+    assert host.emitted[-1] == ("reload_ok", {"generation": 2, "seconds": pytest.approx(
+        host.emitted[-1][1]["seconds"]), "probation": 0.0001})
+    assert host.timers[-1] == (0.0, "queued_reload")       # the queued HUP runs now
+
+
+def test_a_new_worker_crashing_on_probation_rolls_back():
+    gens, host, old, p = on_probation()
+    old[1].proc = None                       # one of the kept workers exited meanwhile
+    crashed = p.slots[0]
+    crashed.life.handle(Event.EXITED)
+    crashed.proc = None
+    assert gens.on_failure(crashed, "exited with status 3 (crashed)", Outcome.CRASHED) is True
+    assert gens.probation is None and gens.slots == old and gens.generation == 1
+    assert all(s.retired for s in p.slots) and not any(s.retired for s in old)
+    assert host.fed == [(p.slots[1], Event.DRAIN)]            # the other new one drains
+    assert host.spawned[-1] is old[1]                          # the gone old one comes back
+    assert (gens.reloads_failed, gens.rollbacks) == (1, 1)
+    kind, ev = host.emitted[-1]
+    assert kind == "reload_failed" and ev["rolled_back"] is True and ev["generation"] == 2
+    assert ev["reason"].startswith("worker 2.0 exited with status 3 (crashed) ")
+    assert ev["reason"].endswith("s into probation; rolled back")
+    # the next attempt gets a number of its own
+    assert gens.next_number() == 3
+
+
+def test_a_planned_end_on_probation_is_no_failure():
+    gens, host, old, p = on_probation()
+    assert gens.on_failure(p.slots[0], "exited with status 0 (drained)", Outcome.DRAINED) is False
+    assert gens.probation is not None
+
+
+def test_a_refused_attempt_keeps_its_number():
+    gens, host = serving(1)
+
+    def bad():
+        raise ValueError("nope")
+
+    assert "generation 2" in gens.reload(bad, True)
+    assert "generation 3" in gens.reload(bad, True)
+    assert gens.next_number() == 4 and gens.generation == 1

@@ -70,16 +70,16 @@ def test_every_state_but_exited_ends_on_exit_and_kill_is_never_illegal():
         assert (st, Event.DRAIN) in TRANSITIONS
 
 
-def test_backoff_doubles_gives_up_and_resets_when_stable():
-    b = Backoff(base=0.5, cap=4.0, max_failures=5, stable_after=10.0)
-    delays = [b.after_exit(Outcome.CRASHED, served_for=1.0) for _ in range(5)]
-    assert delays == [0.5, 1.0, 2.0, 4.0, None]     # capped, then given up
-    b = Backoff(max_failures=3)
+def test_backoff_doubles_is_capped_and_resets_when_stable():
+    b = Backoff(base=0.5, cap=4.0, stable_after=10.0)
+    delays = [b.after_exit(Outcome.CRASHED, served_for=1.0) for _ in range(6)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]     # capped, never given up
+    b = Backoff()
     assert b.after_exit(Outcome.FAILED_START, 0.0) == 0.5
     assert b.after_exit(Outcome.FAILED_START, 0.0) == 1.0
     assert b.after_exit(Outcome.CRASHED, served_for=60.0) == 0.5   # served a while: reset
     assert b.after_exit(Outcome.DRAINED, 0.0) == 0.0 and b.failures == 1
     # a worker that never started is no proof of stability, however long it took
-    b = Backoff(max_failures=2)
+    b = Backoff()
     b.after_exit(Outcome.FAILED_START, 100.0)
-    assert b.after_exit(Outcome.FAILED_START, 100.0) is None
+    assert b.after_exit(Outcome.FAILED_START, 100.0) == 1.0

@@ -4,8 +4,9 @@ header line at a time never meets (433 such clients: 382 master threads),
 and socketserver's listen backlog of 5 (a burst of connects had SYNs
 dropped: a 1 s retry, a balancer's health check flapping). On a real
 master with --metrics: its threads and fds stay bounded under 500
-dripping clients while /-/ready keeps answering, and a burst of connects
-never waits for a SYN retry. Every wait polls with a deadline."""
+dripping clients while /-/ready keeps answering within 100 ms (it needs
+no slot a dripper can hold: master/metrics_http.py), and a burst of
+connects never waits for a SYN retry. Every wait polls with a deadline."""
 from __future__ import annotations
 
 import http.client
@@ -85,21 +86,28 @@ def test_dripping_clients_hold_neither_threads_nor_fds_and_ready_answers(master,
                     pass
             threads, fds = _counts(pid)
             peak_threads, peak_fds = max(peak_threads, threads), max(peak_fds, fds)
-            status, took = _ready(mport)
-            statuses.append(status)
-            latencies.append(took)
+            for _ in range(3):
+                status, took = _ready(mport)
+                statuses.append(status)
+                latencies.append(took)
             time.sleep(0.5)
     finally:
         for s in drippers:
             s.close()
+    latencies.sort()
     print(f"threads {base_threads} -> peak {peak_threads}, fds {base_fds} -> peak {peak_fds}, "
-          f"/-/ready max {max(latencies):.3f}s, statuses {statuses}")
-    # a pool of 64 connections, and a little slack for the rest of the master
-    assert peak_threads <= base_threads + 64 + 8, (base_threads, peak_threads)
+          f"/-/ready median {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+          f"max {latencies[-1] * 1000:.1f} ms over {len(latencies)} probes, "
+          f"{statuses.count(200)} answered 200")
+    # 64 connections reading their heads, a pool of 8 threads for the pages
+    # that wait on the loop, and a little slack for the rest of the master
+    assert peak_threads <= base_threads + 8 + 8, (base_threads, peak_threads)
     assert peak_fds <= base_fds + 64 + 16, (base_fds, peak_fds)
-    assert max(latencies) < 3.0, latencies
-    # the drippers in the pool are cut at their deadline: ready again meanwhile
-    assert 200 in statuses, statuses
+    # /-/ready needs no slot of anything a dripper holds: served (never a 503
+    # "busy"), within 100 ms (the max with a margin for a loaded machine)
+    assert set(statuses) == {200}, statuses
+    assert latencies[len(latencies) // 2] < 0.1, latencies
+    assert latencies[-1] < 0.3, latencies
 
 
 def test_a_burst_of_connects_never_waits_for_a_syn_retry(master, tmp_path):
@@ -116,3 +124,36 @@ def test_a_burst_of_connects_never_waits_for_a_syn_retry(master, tmp_path):
             s.close()
     slow = [t for t in took if t >= 0.9]
     assert not slow, f"{len(slow)} of 50 connects waited for a SYN retry: {slow}"
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    """What the listener answers to raw bytes, up to its close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                  source_address=CLIENT) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass                        # it answered and closed before we were done
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            pass
+        return out
+
+
+def test_the_head_reader_refuses_bad_and_oversized_heads_and_serves_on(master, tmp_path):
+    """The reader thread answers what it refuses itself (nothing reaches the
+    pool): a head over 16 KiB, a line that is no HTTP/1 request; HEAD and a
+    method other than GET are answered as before."""
+    m, mport = _start(master, tmp_path)
+    assert _raw(mport, b"GET /-/ready HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n") \
+        .startswith(b"HTTP/1.1 431 ")
+    assert _raw(mport, b"HELLO\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    head = _raw(mport, b"HEAD /-/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n"), head
+    assert _raw(mport, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n") \
+        .startswith(b"HTTP/1.1 405 ")
+    assert _ready(mport)[0] == 200
+    assert m.proc.poll() is None

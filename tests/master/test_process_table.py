@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from sockherd.master.lifecycle import Backoff, Event, Outcome, State, Worker
-from sockherd.master.workers import AfterExit, Slot, exit_policy, finished, heartbeat_check
+from sockherd.master.workers import (
+    AfterExit, Slot, backing_off, exit_policy, finished, heartbeat_check,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,11 +33,14 @@ def test_first_start_failure_stops_the_master():
     assert exit_policy(Backoff(), Outcome.FAILED_START, 0.0, ever_ready=False) == AfterExit("stop")
 
 
-def test_crash_respawns_with_backoff_then_gives_up():
-    """After a READY: 0.5, 1, 2, 4 s, then the slot is given up on."""
+def test_crash_respawns_with_a_capped_backoff_and_never_gives_up():
+    """After a READY: 0.5, 1, 2, 4... s, capped at 30 s, for as long as the
+    master lives (issue 19 §7: a slot given up on after 5 failures, and the
+    master exiting once every slot was, took the service down)."""
     b = Backoff()
-    got = [exit_policy(b, Outcome.CRASHED, 1.0, ever_ready=True) for _ in range(5)]
-    assert got == [AfterExit("respawn", d) for d in (0.5, 1.0, 2.0, 4.0)] + [AfterExit("give_up")]
+    got = [exit_policy(b, Outcome.CRASHED, 1.0, ever_ready=True) for _ in range(2000)]
+    assert got[:8] == [AfterExit("respawn", d) for d in (0.5, 1, 2, 4, 8, 16, 30, 30)]
+    assert set(got[8:]) == {AfterExit("respawn", 30.0)}
 
 
 def test_drained_respawns_at_once():
@@ -60,19 +65,28 @@ def test_heartbeat_check_kills_the_silent_and_rearms_for_the_quietest():
 def test_stop_waits_for_every_live_worker_of_every_generation():
     """TERM: the master exits 0 only once every process is reaped."""
     draining = live(0, State.DRAINING)
-    assert finished(True, False, [draining], []) is None
+    assert finished(True, False, [draining]) is None
     draining.proc = None
-    assert finished(True, False, [draining], []) == 0
+    assert finished(True, False, [draining]) == 0
 
 
 def test_failed_start_exits_1_once_the_workers_are_gone():
-    assert finished(True, True, [live(0)], []) is None
-    assert finished(True, True, [], []) == 1
+    assert finished(True, True, [live(0)]) is None
+    assert finished(True, True, []) == 1
 
 
-def test_no_stop_ends_only_when_every_slot_is_given_up():
+def test_without_a_stop_the_master_never_ends():
+    """Every slot failing and backing off, no process left: the master
+    stays (issue 19 §7); only a stop ends it."""
     a, b = Slot(0), Slot(1)
-    a.given_up = True
-    assert finished(False, False, [a, b], [a, b]) is None
-    b.given_up = True
-    assert finished(False, False, [a, b], [a, b]) == 1
+    a.next_try = b.next_try = 100.0
+    assert finished(False, False, [a, b]) is None
+    assert finished(True, False, [a, b]) == 0
+
+
+def test_backing_off_lists_the_slots_waiting_for_a_respawn():
+    a, b, c = Slot(0), live(1), Slot(2)
+    a.backoff.failures, a.next_try = 6, 130.0
+    c.retired, c.next_try = True, 130.0                   # scaled down: not waiting
+    assert backing_off([a, b, c], now=100.0) == [
+        {"slot": 0, "failures": 6, "next_try_in": 30.0}]

@@ -207,16 +207,24 @@ def test_a_refused_reload_leaves_the_old_generation_serving(master, tmp_path, br
     wait_for(lambda: not serving & set(children(m.proc.pid)), 30, "the old generation's exit")
 
 
-def test_a_reload_while_one_is_starting_is_refused(master, tmp_path):
+def test_a_hup_while_a_reload_is_starting_runs_after_it(master, tmp_path):
+    """Issue 19 §10: a HUP during a reload was dropped with a warning (the
+    change it was sent for never loaded); it is queued, and several are
+    one reload after the current one."""
     write_app(tmp_path, "v1")
     m = master("verapp:app", "-w", "1", ready=1)
     write_app(tmp_path, "v2", "import time; time.sleep(1.5)")   # a slow import
     m.proc.send_signal(signal.SIGHUP)
     m.wait_log(r"reload: starting generation 2")
+    write_app(tmp_path, "v3")
     m.proc.send_signal(signal.SIGHUP)
-    m.wait_log(r"reload refused: generation 2 is still starting")
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"reload queued: generation 2 is still starting; it runs once that one is over")
     m.wait_log(r"reload: generation 2 serving")
-    answers(m.port, "v2")
+    m.wait_log(r"reload: generation 3 serving")
+    answers(m.port, "v3")
+    assert "refused" not in m.text() and m.text().count("reload queued") == 1
+    assert "starting generation 4" not in m.text()
 
 
 def free_port() -> int:

@@ -346,14 +346,6 @@ def test_term_finishes_in_flight_work_refuses_new_connections_and_exits_0(master
     c.close()
 
 
-def test_crash_looping_slot_is_given_up_with_one_line(master):
-    m = master("crashapp:Echo", "--interface", "stream", "-w", "1", ready=1)
-    m.wait_log(r"worker slot 0: gave up after 5 failures in a row", timeout=60)
-    assert m.proc.wait(timeout=30) == 1
-    spawned = re.findall(r"spawned, pid", m.text())
-    assert len(spawned) == 5                              # backoff, no tight loop
-
-
 def test_app_failing_at_first_start_exits_1_with_the_reason(master):
     m = master("badapp:app", "--interface", "stream", "-w", "2", ready=None)
     assert m.proc.wait(timeout=60) == 1

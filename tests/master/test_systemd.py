@@ -205,7 +205,8 @@ def test_a_failed_reload_says_why_then_ready_and_the_old_generation_serves(
     write_app(tmp_path, "v2")
     m.proc.send_signal(signal.SIGHUP)
     _, lines, _ = fake.wait("READY=1", count=3)
-    assert value(lines, "STATUS").startswith("serving: generation 2")
+    # the refused attempt kept its number (issue 19 §10)
+    assert value(lines, "STATUS").startswith("serving: generation 3")
     answers(m.port, "v2")
 
 
