@@ -4,7 +4,7 @@ Two runs of a real master (`-w 2`, a WSGI hello app, --metrics), each on a
 tree given by its interpreter (--python: the branch's .venv/bin/python, or
 an older checkout's for "before"):
 
-squeeze  started with RLIMIT_NOFILE soft = hard = --nofile (64); clients of
+squeeze  started with RLIMIT_NOFILE soft = hard = --nofile (80); clients of
          the metrics listener keep as many connections open as it takes
          (dripping a header line now and then, reopened when cut) for
          --squeeze seconds; 2 s in, a worker is SIGKILLed: time until its
@@ -192,7 +192,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", default=sys.executable,
                     help="the interpreter whose sockherd is measured")
-    ap.add_argument("--nofile", type=int, default=64)
+    ap.add_argument("--nofile", type=int, default=80)
     ap.add_argument("--squeeze", type=float, default=12.0)
     args = ap.parse_args()
     rows = []
