@@ -29,7 +29,7 @@ from typing import Iterator, NamedTuple
 from sockherd.ipc.errors import IPCError
 from sockherd.ipc.messages import Drain
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
-from sockherd.master.spawn import WorkerProcess, adopt, spawn
+from sockherd.master.spawn import Shortage, WorkerProcess, adopt, spawn
 from sockherd.worker.board import NOT_SERVING, SLOTS
 
 log = logging.getLogger("sockherd.master")
@@ -138,13 +138,16 @@ class ProcessTable:
 
     def spawn(self, slot: Slot, config: dict, listeners, settings, live) -> str:
         """Starts slot's worker with the generation's config, listeners and
-        settings; "" once it runs, else why it cannot start (logged)."""
+        settings; "" once it runs, else why it cannot start (logged).
+        Raises Shortage: the master's own resources, not the worker, failed."""
         try:
             if slot.board < 0:
                 slot.board = self.board_row(live)
             self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
             proc = spawn(slot.generation, slot.index, config, config.get("app", ""),
                          listeners, board_fd=self.board.fd, board_row=slot.board)
+        except Shortage:
+            raise
         except (OSError, IPCError) as exc:
             log.error("worker %s: cannot start: %s", name(slot), exc)
             return f"cannot start: {exc}"
