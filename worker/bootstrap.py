@@ -163,10 +163,11 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 return status
             timeout = deadline - time.monotonic()
             if timeout <= 0:
+                cut = loop.open_connections
                 log.warning("drain deadline reached with %d connection(s) still open: "
-                            "exiting, they are cut", len(loop.conns))
+                            "exiting, they are cut", cut)
                 loop.refuse_posted()
-                return status or (EXIT_DRAIN_DEADLINE if loop.conns else 0)
+                return status or (EXIT_DRAIN_DEADLINE if cut else 0)
         if channel_open:
             # our heartbeat: the master only listens (one wake-up each side
             # per interval; its check timer fires only when one is late)

@@ -555,6 +555,11 @@ class Loop:
             self._ended(th, me, exc)
 
     @property
+    def open_connections(self) -> int:
+        """Connections open now (the engine's for HTTP, else conns)."""
+        return self.engine.count if self.engine is not None else len(self.conns)
+
+    @property
     def threads_alive(self) -> int:
         """Loop threads still running their loop (the worker's report)."""
         return len(self.loop_threads) - len(self.ended)
