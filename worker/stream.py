@@ -25,7 +25,8 @@ first, so the client sees a close, not a reset). The loop thread serves on.
 
 End of input. on_eof is called once, when the peer shut its sending side;
 from then on the connection is not polled for input (a handler may keep a
-half-closed connection open to finish writing). A connection whose reading
+half-closed connection open to finish writing; a reset of the peer is seen
+by its next write, or at once while output is waiting). A connection whose reading
 is paused (pause_reading, or its own output past the high-water mark) still
 notices its peer leaving: on a hang-up the input that is left is read and
 held (the peer can send no more, so at most its socket's receive buffer),

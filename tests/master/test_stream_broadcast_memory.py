@@ -55,9 +55,13 @@ def rss(pid: int) -> int:
         return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
 
 
-def flood(m, app: str, seconds: float = 4.0):
-    """Runs the room: 4 silent readers, one flooding writer. Returns (the
-    worker's peak RSS - its RSS before, readers the server closed)."""
+def flood(master, tmp_path, app: str, seconds: float = 4.0):
+    """Runs the room (app, with a 4 MiB output limit): 4 silent readers,
+    one flooding writer. Returns (the master, the worker's peak RSS - its
+    RSS before, readers the server closed)."""
+    (tmp_path / "chat.py").write_text(CHAT)
+    m = master(app, "--interface", "stream", "-w", "1",
+               "--stream-output-limit", str(LIMIT), ready=1)
     pid = children(m.proc.pid)[0]
     readers = []
     for _ in range(4):
@@ -99,15 +103,12 @@ def flood(m, app: str, seconds: float = 4.0):
         closed += 1
     for s in readers + [w]:
         s.close()
-    return peak[0] - base, closed
+    return m, peak[0] - base, closed
 
 
 def test_a_broadcast_that_ignores_flow_control_is_bounded_by_the_output_limit(master,
                                                                                tmp_path):
-    (tmp_path / "chat.py").write_text(CHAT)
-    m = master("chat:Chat", "--interface", "stream", "-w", "1",
-               "--stream-output-limit", str(LIMIT), ready=1)
-    grew, closed = flood(m, "chat:Chat")
+    m, grew, closed = flood(master, tmp_path, "chat:Chat")
     assert grew < 4 * LIMIT + 32 * MiB, f"worker RSS grew by {grew / MiB:.0f} MiB"
     assert closed == 4
     m.wait_log(r"past stream_output_limit \(4194304\): closing it", count=4)
@@ -115,10 +116,7 @@ def test_a_broadcast_that_ignores_flow_control_is_bounded_by_the_output_limit(ma
 
 def test_a_broadcast_that_honours_pause_writing_stays_near_the_high_water_mark(master,
                                                                                 tmp_path):
-    (tmp_path / "chat.py").write_text(CHAT)
-    m = master("chat:PoliteChat", "--interface", "stream", "-w", "1",
-               "--stream-output-limit", str(LIMIT), ready=1)
-    grew, closed = flood(m, "chat:PoliteChat")
+    m, grew, closed = flood(master, tmp_path, "chat:PoliteChat")
     assert grew < 4 * (MiB + (64 << 10)) + 32 * MiB, f"worker RSS grew by {grew / MiB:.0f} MiB"
     assert closed == 0
     assert "past stream_output_limit" not in m.text()

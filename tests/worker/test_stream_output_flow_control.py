@@ -14,18 +14,11 @@ import time
 import pytest
 
 from sockherd.worker.stream import HIGH_WATER, LOW_WATER
+from test_stream_input_end import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
 CHUNK = 64 << 10
-
-
-def wait_for(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := fn()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
 
 
 class Pusher:
