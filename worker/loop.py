@@ -438,16 +438,17 @@ class Loop:
         now = time.monotonic()
         due_now, next_due = [], None
         for conn in mine:
-            if conn.closed:
-                continue
             due = conn.last_active + self.idle_grace
             if due <= now and not conn.pending:
                 due_now.append(conn)
             else:
                 next_due = due if next_due is None else min(next_due, due)
         if due_now:
-            # (input at its end is always readable: not a request waiting)
-            waiting = ready_now({c.fd: select.POLLIN for c in due_now if not c.input_ended})
+            # (a stream connection's input at its end is always readable: not
+            # a request waiting; conns also holds the HTTP engine's, which
+            # have no input_ended)
+            waiting = ready_now({c.fd: select.POLLIN for c in due_now
+                                 if not getattr(c, "input_ended", False)})
             self._enter_app(me)                  # on_close is app code: watched too
             for conn in due_now:
                 if conn.fd in waiting:
