@@ -30,6 +30,7 @@ from sockherd.ipc.errors import IPCError
 from sockherd.ipc.messages import Drain
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
 from sockherd.master.spawn import Shortage, WorkerProcess, adopt, spawn
+from sockherd.worker import EXIT_DRAIN_DEADLINE
 from sockherd.worker.board import NOT_SERVING, SLOTS
 
 log = logging.getLogger("sockherd.master")
@@ -233,7 +234,11 @@ class ProcessTable:
             slot.proc.channel.close()
             self.feed(slot, Event.EXITED, 0.0)
             outcome = slot.life.outcome
-            log.info("worker %s: exited with %s (%s), pid %d", name(slot), how, outcome.value, pid)
+            # a drain cut short by its deadline is no clean drain (the
+            # worker said so by its status): told apart in the log
+            said = "hit the drain deadline" if outcome is Outcome.DRAINED \
+                and code == EXIT_DRAIN_DEADLINE else outcome.value
+            log.info("worker %s: exited with %s (%s), pid %d", name(slot), how, said, pid)
             self.events.emit("exited", worker=name(slot), pid=pid, status=how,
                              outcome=outcome.value)
             served = time.monotonic() - slot.started
