@@ -75,7 +75,8 @@ class WorkerProcess:
 def adopt(generation: int, index: int, pid: int, fd: int) -> WorkerProcess:
     """A worker the previous master image started (upgrade): fd is the
     master's end of its socketpair, inherited across exec."""
-    return WorkerProcess(generation, index, pid, Channel(socket.socket(fileno=fd)))
+    return WorkerProcess(generation, index, pid,
+                         Channel(socket.socket(fileno=fd), takes_fds=False))
 
 
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
@@ -122,7 +123,9 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
         raise
     finally:
         child.close()
-    channel = Channel(parent)
+    # a worker never sends the master an fd: any it sends are refused and
+    # discarded by the kernel, never held (app code could fill the table)
+    channel = Channel(parent, takes_fds=False)
     try:
         _limit_fds(proc.pid)
         channel.send(Assignment(generation=generation, worker_index=index, config=config, app=app,
