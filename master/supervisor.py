@@ -92,7 +92,7 @@ class Supervisor:
         self._wake_r, self._wake_w = socket.socketpair()
         self.events = Events()
         self.table = ProcessTable(self.board, self.sel, self.events, self._at)
-        self.asker = Asker()                 # workers' figures, on demand (master/inspect.py)
+        self.asker = Asker(self.table.post)                 # workers' figures, on demand (master/inspect.py)
         # callables other threads hand to the loop (run_in_loop): the metrics server's
         self._inbox: collections.deque = collections.deque()
         self._inbox_r, self._inbox_w = socket.socketpair()
@@ -571,7 +571,10 @@ class Supervisor:
                     elif key.data[1] in self.handoff.fds:
                         self.handoff.handle(key.data[1], mask)
                 elif key.data.proc is not None:
-                    self._on_channel(key.data)
+                    if mask & selectors.EVENT_WRITE:
+                        self.table.flush(key.data)
+                    if mask & selectors.EVENT_READ and key.data.proc is not None:
+                        self._on_channel(key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, what, slot, pid = heapq.heappop(self.timers)

@@ -117,6 +117,19 @@ def backing_off(slots, now: float) -> list[dict]:
             for s in slots if s.proc is None and not s.retired and s.next_try > 0]
 
 
+def post_now(slot: Slot, msg, *, backlog: bool = True) -> bool:
+    """ProcessTable.post without the selector's write interest: msg
+    written as far as the socket takes it now, the rest queued."""
+    ch = slot.proc.channel
+    if ch.fileno() < 0 or (not backlog and ch.wants_write):
+        return False
+    try:
+        ch.post(msg)
+    except (IPCError, OSError):
+        return False                     # its end closed: the exit comes as SIGCHLD
+    return True
+
+
 # ---- the table --------------------------------------------------------------------------------
 class ProcessTable:
     """Live worker processes by pid; `at(delay, what, slot, pid)` arms a
@@ -195,13 +208,39 @@ class ProcessTable:
                     pass
             elif action is Action.SEND_DRAIN:
                 self.events.emit("draining", worker=name(slot), pid=slot.proc.pid)
-                try:
-                    slot.proc.channel.send(Drain(deadline=time.monotonic() + hard_stop_after),
-                                           timeout=5)
-                except IPCError:
-                    pass
+                self.post(slot, Drain(deadline=time.monotonic() + hard_stop_after))
             elif action is Action.ARM_HARD_STOP:
                 self.at(hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
+
+    def post(self, slot: Slot, msg, *, backlog: bool = True) -> bool:
+        """msg to slot's worker without waiting: what its socket does not
+        take now stays in the channel's outbox, written as the socket
+        becomes writable (flush). A send that waited (up to 5 s for a
+        Drain, 1 s per stats request) froze the master's loop while a
+        worker did not read (issue 19 §6). backlog=False: not queued behind
+        output the worker has not taken yet (a stats request to a worker
+        that does not read is not answered anyway). Whether it was queued."""
+        if not post_now(slot, msg, backlog=backlog):
+            return False
+        self._want_write(slot)
+        return True
+
+    def flush(self, slot: Slot) -> None:
+        """slot's channel is writable: what its outbox holds, written."""
+        try:
+            slot.proc.channel.flush()
+        except (IPCError, OSError):
+            pass
+        self._want_write(slot)
+
+    def _want_write(self, slot: Slot) -> None:
+        ch = slot.proc.channel
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ch.wants_write else 0)
+        try:
+            if self.sel.get_key(ch.fileno()).events != events:
+                self.sel.modify(ch.fileno(), events, slot)
+        except (KeyError, ValueError):
+            pass                         # not watched (forgotten): nothing to flush for
 
     def on_heartbeat(self, slot: Slot) -> None:
         """A worker's heartbeat (or READY): it is alive now."""
