@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import select
 import socket
@@ -232,10 +233,17 @@ class Connection:
     def set_timer(self, seconds: float | None) -> None:
         """Calls the handler's on_timeout(conn) (default: close) once
         `seconds` pass without another set_timer; None cancels. It runs on
-        the owning thread like any handler (a timer costs no thread)."""
+        the owning thread like any handler (a timer costs no thread). A
+        length that is not finite raises ValueError."""
         if seconds is None:
             self.timer_at = 0.0
             return
+        seconds = float(seconds)
+        if not math.isfinite(seconds):
+            # NaN or an infinity in the loop's timer heap ended the loop
+            # thread (review); "never" is None
+            raise ValueError(f"set_timer: {seconds} seconds (a finite number, or None "
+                             "to cancel)")
         self.timer_at = time.monotonic() + seconds
         self.loop.arm(self, self.timer_at)
 
@@ -478,7 +486,7 @@ class Connection:
             return
         self._closed = True
         if not gone and not self._eof:
-            _read_unread(self.fd)
+            read_unread(self.fd)
         self.loop.forget(self)
         # deferred to the leave of whichever thread is inside it
         self.loop.local.th.delete(self.fd)
@@ -490,7 +498,7 @@ class Connection:
                 log.exception("stream handler %s.on_close failed", type(self.handler).__name__)
 
 
-def _read_unread(fd: int, budget: int = 4 << 20) -> None:
+def read_unread(fd: int, budget: int = 4 << 20) -> None:
     """Reads (and drops) what is waiting on fd, at most `budget` bytes."""
     while budget > 0:
         try:
