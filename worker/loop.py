@@ -450,7 +450,13 @@ class Loop:
         due_now, next_due = [], None
         for conn in mine:
             due = conn.last_active + self.idle_grace
-            if due <= now and not conn.pending:
+            if conn.pending:
+                # not idle while output waits, and no deadline to wake for:
+                # its flush is an event (a turn, this step again) that moves
+                # last_active; one past due here asked poll for 1 ms waits,
+                # a spin until the client read (review)
+                continue
+            if due <= now:
                 due_now.append(conn)
             else:
                 next_due = due if next_due is None else min(next_due, due)
