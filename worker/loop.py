@@ -47,7 +47,8 @@ import time
 from sockherd.fdcore import Outcome, Table
 from sockherd.worker.gate import CAP, EMFILE, Gate
 from sockherd.worker.relief import Relief
-from sockherd.worker.stream import OUTPUT_LIMIT, Connection, read_unread, ready_now
+from sockherd.worker.stream import (OUTPUT_LIMIT, Connection, read_unread, ready_now,
+                                     water_marks)
 
 log = logging.getLogger("sockherd.worker")
 
@@ -90,6 +91,7 @@ class Loop:
         self.max_connections = max_connections
         # a stream connection's pending output past this closes it (stream.py)
         self.output_limit = output_limit
+        self.high_water, self.low_water = water_marks(output_limit)
         # stream handlers that take part in drains (on_drain): told by _drain_step
         self._tells_drain = callable(getattr(handler_class, "on_drain", None))
         # accept pauses, for the metrics (worker/report.py): EMFILE/ENFILE and

@@ -36,8 +36,9 @@ reading resumes. A reset or an error closes the connection: on_close runs.
 Output. `Connection.write` never blocks: what the kernel does not take now
 waits in the connection's buffer and goes out when the socket is writable.
 Flow control, as asyncio's protocols do it: when the buffer grows past
-HIGH_WATER (1 MiB) the handler's pause_writing(conn) is called, and
-resume_writing(conn) once it is down to LOW_WATER (64 KiB); meanwhile the
+HIGH_WATER (1 MiB; half the output limit if that is less) the handler's
+pause_writing(conn) is called, and resume_writing(conn) once it is down to
+LOW_WATER (64 KiB; a quarter of the high mark if less); meanwhile the
 connection also stops reading (an echo-style handler is throttled with no
 code of its own). A handler that writes on its own (a broadcast, a push
 server) must honour pause_writing, or poll `conn.pending`: writes are never
@@ -81,6 +82,15 @@ log = logging.getLogger("sockherd.worker")
 HIGH_WATER = 1 << 20      # pending output that pauses reading, and pause_writing
 LOW_WATER = 64 << 10      # pending output below which reading resumes, resume_writing
 OUTPUT_LIMIT = 16 << 20   # stream_output_limit's default: pending output that closes
+
+
+def water_marks(output_limit: int) -> tuple[int, int]:
+    """(high, low) for a stream_output_limit: HIGH_WATER and LOW_WATER, or
+    under a limit below them half the limit and a quarter of that (a limit
+    under the high mark closed a handler that honours pause_writing before
+    it was ever told, review)."""
+    high = min(HIGH_WATER, output_limit // 2)
+    return high, min(LOW_WATER, high // 4)
 READ_SIZE = 64 << 10
 # plain ints: an IntFlag & costs an enum construction per test, per event
 _READABLE = int(State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP)
@@ -178,7 +188,7 @@ class Connection:
             self._over_limit()
             return
         self._sync()
-        if not self._writing_paused and len(self._out) > HIGH_WATER:
+        if not self._writing_paused and len(self._out) > self.loop.high_water:
             if ctx is self.th:
                 self._pause_writing()
             else:                            # the handler runs on its own thread
@@ -399,13 +409,13 @@ class Connection:
             self._close_now()
             return
         self._sync()
-        if self._writing_paused and len(self._out) <= LOW_WATER:
+        if self._writing_paused and len(self._out) <= self.loop.low_water:
             self._writing_paused = False
             self._call("resume_writing")
 
     def _pause_writing(self) -> None:
         """pause_writing, on the owner, if the buffer is still past high water."""
-        if self._writing_paused or self._closed or len(self._out) <= HIGH_WATER:
+        if self._writing_paused or self._closed or len(self._out) <= self.loop.high_water:
             return
         self._writing_paused = True
         self._call("pause_writing")
@@ -422,9 +432,9 @@ class Connection:
         with what we want."""
         if self._closed:
             return
-        if self._paused_by_output and len(self._out) < LOW_WATER:
+        if self._paused_by_output and len(self._out) < self.loop.low_water:
             self._paused_by_output = False
-        elif not self._paused_by_output and len(self._out) > HIGH_WATER:
+        elif not self._paused_by_output and len(self._out) > self.loop.high_water:
             self._paused_by_output = True
         ctx = self.loop.local.th
         want_send = bool(self._out)
