@@ -92,6 +92,7 @@ class Loop:
         # a stream connection's pending output past this closes it (stream.py)
         self.output_limit = output_limit
         self.high_water, self.low_water = water_marks(output_limit)
+        self.queue_lock = threading.Lock()      # Connection._queued (_post_write)
         # stream handlers that take part in drains (on_drain): told by _drain_step
         self._tells_drain = callable(getattr(handler_class, "on_drain", None))
         # accept pauses, for the metrics (worker/report.py): EMFILE/ENFILE and
