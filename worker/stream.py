@@ -488,13 +488,17 @@ class Connection:
             self._call("resume_writing")
 
     def _over_limit(self, waiting: int = 0) -> None:
-        if self._closed:
+        """Closes at once, output dropped, with a log line; `waiting`: a
+        write posted by _post_write was refused (said even if the owner
+        closed meanwhile: those bytes are lost)."""
+        if self._closed and not waiting:
             return
         log.warning("connection from %s: %d bytes of output waiting, past stream_output_limit "
                     "(%d): closing it, its output dropped", self.peer,
                     waiting or len(self._out), self.loop.output_limit)
-        self._out.clear()
-        self._close_now()
+        if not self._closed:
+            self._out.clear()
+            self._close_now()
 
     def _sync(self) -> None:
         """Brings the fd's ACTIVE directions (and its hang-up watch) in line

@@ -8,7 +8,8 @@ on a real `sockherd run -t 1`:
   all the time, posted dozens of MiB at once; the worker grew from 23 to
   147 MB and the connection was closed "past stream_output_limit", its
   output dropped. Same for one that honours `writing_paused` (set only once
-  the owner ran the writes);
+  the owner ran the writes); one that ignores both took the worker to 65 MB
+  (the limit only checked once the owner ran each write);
 - `conn.write(5)` from such a thread sent five NUL bytes (bytes(5)); from a
   loop thread it is a TypeError.
 
@@ -19,7 +20,7 @@ import threading
 
 import pytest
 
-from test_run import children, master  # noqa: F401 (fixture)
+from test_run import children, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,6 +44,16 @@ class Producer:
                 conn.write(b"q" * (1 << 20))
             conn.close()
         threading.Thread(target=run, daemon=True).start()
+
+class Flood:
+    '''A thread of its own writes 1 MiB pieces, 200 MiB, holding back for nothing.'''
+    def on_connect(self, conn):
+        def run():
+            for _ in range(200):
+                conn.write(b"f" * (1 << 20))
+        threading.Thread(target=run, daemon=True).start()
+    def on_data(self, conn, data):
+        pass
 
 class Typed:
     '''Writes what the client names, from a thread of its own.'''
@@ -93,6 +104,25 @@ def test_a_producer_thread_that_honours_flow_control_is_bounded_and_served(maste
     assert "stream_output_limit" not in m.text()
     # the 16 MiB limit would do; a producer that holds back needs much less
     assert peak[0] - base < 20, f"worker RSS {base} -> {peak[0]} MB"
+    assert children(m.proc.pid) == [pid]
+
+
+def test_a_producer_thread_that_ignores_flow_control_is_cut_at_the_limit(master, tmp_path):
+    """Its writes are refused once what waits (queued or buffered) passes
+    stream_output_limit: the connection is closed with the log line, and the
+    worker never held much more than the limit."""
+    (tmp_path / "protos.py").write_text(APPS)
+    m = master("protos:Flood", "--interface", "stream", "-w", "1", "-t", "1", ready=1)
+    pid = children(m.proc.pid)[0]
+    base = rss_mb(pid)
+    peak = [base]
+    with m.connect() as c:               # reads nothing until the log line
+        wait_for(lambda: (peak.__setitem__(0, max(peak[0], rss_mb(pid))) or
+                          "past stream_output_limit" in m.text()), 30, "the limit's log line")
+        c.settimeout(30)
+        while c.recv(1 << 20):
+            pass
+    assert peak[0] - base < 16 + 20, f"worker RSS {base} -> {peak[0]} MB"
     assert children(m.proc.pid) == [pid]
 
 
