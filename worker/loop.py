@@ -47,7 +47,8 @@ import time
 from sockherd.fdcore import Outcome, Table
 from sockherd.worker.gate import CAP, EMFILE, Gate
 from sockherd.worker.relief import Relief
-from sockherd.worker.stream import OUTPUT_LIMIT, Connection, ready_now
+from sockherd.worker.stream import (OUTPUT_LIMIT, Connection, read_unread, ready_now,
+                                     water_marks)
 
 log = logging.getLogger("sockherd.worker")
 
@@ -90,6 +91,8 @@ class Loop:
         self.max_connections = max_connections
         # a stream connection's pending output past this closes it (stream.py)
         self.output_limit = output_limit
+        self.high_water, self.low_water = water_marks(output_limit)
+        self.queue_lock = threading.Lock()      # Connection._queued (_post_write)
         # stream handlers that take part in drains (on_drain): told by _drain_step
         self._tells_drain = callable(getattr(handler_class, "on_drain", None))
         # accept pauses, for the metrics (worker/report.py): EMFILE/ENFILE and
@@ -417,6 +420,17 @@ class Loop:
     def _register(self, th, fd: int) -> Connection | None:
         """An accepted fd into the table (owned by th) and into conns as a
         stream Connection; None if the table refused it (closed then)."""
+        try:
+            handler = self.handler_class()
+        except BaseException as exc:  # noqa: BLE001 - contained: this connection ends
+            # the app's code, as any handler method: it ends this connection
+            # (a FIN, its input read first), never the loop thread (review)
+            log.error("stream handler %s() failed (%s); closing the connection",
+                      getattr(self.handler_class, "__name__", self.handler_class),
+                      type(exc).__name__, exc_info=exc)
+            read_unread(fd)
+            os.close(fd)
+            return None
         cookie = next(self._cookies)
         try:
             socket_opt_nodelay(fd)
@@ -426,7 +440,7 @@ class Loop:
             log.exception("cannot take connection fd %d", fd)
             os.close(fd)
             return None
-        conn = Connection(self, th, fd, cookie, self.handler_class())
+        conn = Connection(self, th, fd, cookie, handler)
         self.conns[fd] = conn
         return conn
 
@@ -446,7 +460,13 @@ class Loop:
         due_now, next_due = [], None
         for conn in mine:
             due = conn.last_active + self.idle_grace
-            if due <= now and not conn.pending:
+            if conn.pending:
+                # not idle while output waits, and no deadline to wake for:
+                # its flush is an event (a turn, this step again) that moves
+                # last_active; one past due here asked poll for 1 ms waits,
+                # a spin until the client read (review)
+                continue
+            if due <= now:
                 due_now.append(conn)
             else:
                 next_due = due if next_due is None else min(next_due, due)
@@ -517,8 +537,7 @@ class Loop:
                 if self._draining.is_set():
                     timeout = _sooner(timeout, self._drain_step(th, me))
                 if heap:
-                    timeout = _sooner(timeout, max(0, int((heap[0][0] - time.monotonic())
-                                                          * 1000) + 1))
+                    timeout = _sooner(timeout, _ms_until(heap[0][0]))
                 if engine is not None:
                     # the connections' reports are handled in there; what
                     # comes back is the listeners' (held, or left if relieved)
@@ -828,6 +847,17 @@ def socket_opt_nodelay(fd: int) -> None:
     finally:
         s.detach()
 
+
+
+# the longest poll wait (ms): a timer further off wakes the thread early, and
+# _fire_timers finds it not due yet (a 30-day timer is 2.6e9 ms: past poll's
+# 32-bit timeout, an OverflowError that ended the loop thread, review)
+_MAX_WAIT_MS = 3_600_000
+
+
+def _ms_until(when: float) -> int:
+    """A poll timeout (ms) until the monotonic time `when`, at most an hour."""
+    return max(0, min(_MAX_WAIT_MS, int((when - time.monotonic()) * 1000) + 1))
 
 
 def _sooner(a: int, b: int) -> int:

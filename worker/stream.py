@@ -17,7 +17,8 @@ connection, one at a time: a handler needs no lock for its own connection.
 on_connect runs before anything else, also when the connection moved to
 another thread before it ran.
 
-Containment. Whatever a method raises (an Exception, SystemExit,
+Containment. Whatever a method (or the class, made for each connection)
+raises (an Exception, SystemExit,
 KeyboardInterrupt, GeneratorExit, any BaseException) is logged once and
 ends that connection only: reading stops, what was already written is
 sent, then the connection closes with a FIN (its unread input is read
@@ -36,8 +37,9 @@ reading resumes. A reset or an error closes the connection: on_close runs.
 Output. `Connection.write` never blocks: what the kernel does not take now
 waits in the connection's buffer and goes out when the socket is writable.
 Flow control, as asyncio's protocols do it: when the buffer grows past
-HIGH_WATER (1 MiB) the handler's pause_writing(conn) is called, and
-resume_writing(conn) once it is down to LOW_WATER (64 KiB); meanwhile the
+HIGH_WATER (1 MiB; half the output limit if that is less) the handler's
+pause_writing(conn) is called, and resume_writing(conn) once it is down to
+LOW_WATER (64 KiB; a quarter of the high mark if less); meanwhile the
 connection also stops reading (an echo-style handler is throttled with no
 code of its own). A handler that writes on its own (a broadcast, a push
 server) must honour pause_writing, or poll `conn.pending`: writes are never
@@ -60,14 +62,19 @@ A handler may also act on other connections (a chat room, a proxy pair):
 from a loop thread, `write`, `close`, `pause_reading` and `resume_reading`
 work on any connection (fdcore's verbs take the calling thread's context,
 never the owner's); from a thread of the app's own, they are queued to the
-owning loop thread and run there. Bytes written to one connection from two
-threads at the same moment may interleave. A handler's pause_writing and
-resume_writing always run on its own connection's loop thread.
+owning loop thread and run there. Such queued writes count in `pending`
+and `writing_paused` at once (a producer thread that holds back on either
+is throttled), and under stream_output_limit like the others; `write`
+takes a bytes-like object only (a TypeError in the caller otherwise). Bytes
+written to one connection from two threads at the same moment may
+interleave. A handler's pause_writing and resume_writing always run on its
+own connection's loop thread.
 """
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import select
 import socket
@@ -80,6 +87,15 @@ log = logging.getLogger("sockherd.worker")
 HIGH_WATER = 1 << 20      # pending output that pauses reading, and pause_writing
 LOW_WATER = 64 << 10      # pending output below which reading resumes, resume_writing
 OUTPUT_LIMIT = 16 << 20   # stream_output_limit's default: pending output that closes
+
+
+def water_marks(output_limit: int) -> tuple[int, int]:
+    """(high, low) for a stream_output_limit: HIGH_WATER and LOW_WATER, or
+    under a limit below them half the limit and a quarter of that (a limit
+    under the high mark closed a handler that honours pause_writing before
+    it was ever told, review)."""
+    high = min(HIGH_WATER, output_limit // 2)
+    return high, min(LOW_WATER, high // 4)
 READ_SIZE = 64 << 10
 # plain ints: an IntFlag & costs an enum construction per test, per event
 _READABLE = int(State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP)
@@ -116,7 +132,7 @@ class Connection:
     __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "last_active", "_out",
                  "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send",
                  "_watching", "_eof", "_eof_told", "_held", "_delivering", "_writing_paused",
-                 "told_drain", "connected", "timer_at", "timer_entry")
+                 "_queued", "_pause_told", "told_drain", "connected", "timer_at", "timer_entry")
 
     def __init__(self, loop, th, fd: int, cookie: int, handler):
         self.fd = fd
@@ -134,6 +150,7 @@ class Connection:
             s.detach()            # the fd table owns the fd
         self.last_active = time.monotonic()   # last byte in or out (drain's idle grace)
         self._out = bytearray()
+        self._queued = 0                     # bytes in the owner's mail (_post_write)
         self._closing = False
         self._closed = False
         self._paused_by_app = False
@@ -144,7 +161,8 @@ class Connection:
         self._eof_told = False               # on_eof called
         self._held = b""                     # input read at a hang-up while paused
         self._delivering = False             # _deliver_held posted
-        self._writing_paused = False         # pause_writing called, resume_writing not yet
+        self._writing_paused = False         # past high water, not back to low water yet
+        self._pause_told = False             # pause_writing called, resume_writing not yet
         self.told_drain = False              # on_drain called
         self.connected = False                # on_connect ran (connect())
         self.timer_at = 0.0                   # set_timer's deadline (0: none)
@@ -158,7 +176,7 @@ class Connection:
             return
         ctx = getattr(self.loop.local, "th", None)
         if ctx is None:
-            self.loop.post(self, self.write, bytes(data))   # not a loop thread
+            self._post_write(data)                # not a loop thread
             return
         self.last_active = time.monotonic()   # output is activity (a push protocol)
         if not self._out:
@@ -177,11 +195,46 @@ class Connection:
             self._over_limit()
             return
         self._sync()
-        if not self._writing_paused and len(self._out) > HIGH_WATER:
+        if not self._writing_paused and len(self._out) > self.loop.high_water \
+                and self._mark_paused():
             if ctx is self.th:
-                self._pause_writing()
+                self._tell_pause()
             else:                            # the handler runs on its own thread
-                self.loop.post(self, self._pause_writing)
+                self.loop.post(self, self._tell_pause)
+
+    def _post_write(self, data) -> None:
+        """write() from a thread that is not a loop thread: the bytes go to
+        the owner's mail, counted in `pending` until it writes them, and
+        past high water pause_writing is asked of the owner: a producer
+        thread that holds back on either is throttled (uncounted, one
+        posted dozens of MiB before the owner ran any, review). Past
+        stream_output_limit the connection is closed, these bytes dropped,
+        so the mail is no buffer without bound either."""
+        data = bytes(memoryview(data))   # bytes-like only: bytes(5) sent five NULs
+        loop = self.loop
+        pause = False
+        with loop.queue_lock:
+            self._queued += len(data)
+            waiting = self._queued + len(self._out)
+            if waiting > loop.output_limit:
+                self._queued -= len(data)
+            elif waiting > loop.high_water and not self._writing_paused:
+                # before the write is posted: the owner may run it (and see
+                # the end of the pause) before this thread gets further
+                self._writing_paused = pause = True
+        if waiting > loop.output_limit:
+            self._closing = True         # what this thread writes next is dropped
+            loop.post(self, self._over_limit, waiting)
+            return
+        loop.post(self, self._write_posted, data)
+        if pause:
+            loop.post(self, self._tell_pause)
+
+    def _write_posted(self, data: bytes) -> None:
+        with self.loop.queue_lock:
+            self._queued -= len(data)
+        self.write(data)
+        self._maybe_resume()             # the kernel may have taken it all: no flush
 
     def close(self) -> None:
         """Closes once the buffered output is sent."""
@@ -232,10 +285,17 @@ class Connection:
     def set_timer(self, seconds: float | None) -> None:
         """Calls the handler's on_timeout(conn) (default: close) once
         `seconds` pass without another set_timer; None cancels. It runs on
-        the owning thread like any handler (a timer costs no thread)."""
+        the owning thread like any handler (a timer costs no thread). A
+        length that is not finite raises ValueError."""
         if seconds is None:
             self.timer_at = 0.0
             return
+        seconds = float(seconds)
+        if not math.isfinite(seconds):
+            # NaN or an infinity in the loop's timer heap ended the loop
+            # thread (review); "never" is None
+            raise ValueError(f"set_timer: {seconds} seconds (a finite number, or None "
+                             "to cancel)")
         self.timer_at = time.monotonic() + seconds
         self.loop.arm(self, self.timer_at)
 
@@ -245,8 +305,10 @@ class Connection:
 
     @property
     def pending(self) -> int:
-        """Bytes written by the app and not yet taken by the kernel."""
-        return len(self._out)
+        """Bytes written by the app and not yet taken by the kernel (those
+        written from a thread of the app's own and not yet run by the
+        owner included)."""
+        return len(self._out) + self._queued
 
     @property
     def input_ended(self) -> bool:
@@ -255,7 +317,9 @@ class Connection:
 
     @property
     def writing_paused(self) -> bool:
-        """pause_writing was called and resume_writing not yet."""
+        """Output went past high water and is not back to low water yet
+        (set at once, also by a write from a thread of the app's own;
+        pause_writing and resume_writing follow on the owner)."""
         return self._writing_paused
 
     # ---- the loop's side -------------------------------------------------------
@@ -391,32 +455,59 @@ class Connection:
             self._close_now()
             return
         self._sync()
-        if self._writing_paused and len(self._out) <= LOW_WATER:
+        self._maybe_resume()
+
+    def _mark_paused(self) -> bool:
+        """writing_paused set at once, by whichever thread wrote past high
+        water (a producer thread sees it at its next look, before the owner
+        ran anything: review); True if it was not set yet, so pause_writing
+        is to be told (_tell_pause, on the owner)."""
+        with self.loop.queue_lock:
+            if self._writing_paused:
+                return False
+            self._writing_paused = True
+            return True
+
+    def _tell_pause(self) -> None:
+        """pause_writing, on the owner, unless writing resumed meanwhile."""
+        if self._writing_paused and not self._pause_told and not self._closed:
+            self._pause_told = True
+            self._call("pause_writing")
+
+    def _maybe_resume(self) -> None:
+        """Once what waits is down to low water: writing_paused cleared, and
+        resume_writing if pause_writing was told (on the owner)."""
+        if not self._writing_paused or self._closed:
+            return
+        with self.loop.queue_lock:
+            if self.pending > self.loop.low_water:
+                return
             self._writing_paused = False
+        if self._pause_told:
+            self._pause_told = False
             self._call("resume_writing")
 
-    def _pause_writing(self) -> None:
-        """pause_writing, on the owner, if the buffer is still past high water."""
-        if self._writing_paused or self._closed or len(self._out) <= HIGH_WATER:
+    def _over_limit(self, waiting: int = 0) -> None:
+        """Closes at once, output dropped, with a log line; `waiting`: a
+        write posted by _post_write was refused (said even if the owner
+        closed meanwhile: those bytes are lost)."""
+        if self._closed and not waiting:
             return
-        self._writing_paused = True
-        self._call("pause_writing")
-
-    def _over_limit(self) -> None:
         log.warning("connection from %s: %d bytes of output waiting, past stream_output_limit "
-                    "(%d): closing it, its output dropped", self.peer, len(self._out),
-                    self.loop.output_limit)
-        self._out.clear()
-        self._close_now()
+                    "(%d): closing it, its output dropped", self.peer,
+                    waiting or len(self._out), self.loop.output_limit)
+        if not self._closed:
+            self._out.clear()
+            self._close_now()
 
     def _sync(self) -> None:
         """Brings the fd's ACTIVE directions (and its hang-up watch) in line
         with what we want."""
         if self._closed:
             return
-        if self._paused_by_output and len(self._out) < LOW_WATER:
+        if self._paused_by_output and len(self._out) < self.loop.low_water:
             self._paused_by_output = False
-        elif not self._paused_by_output and len(self._out) > HIGH_WATER:
+        elif not self._paused_by_output and len(self._out) > self.loop.high_water:
             self._paused_by_output = True
         ctx = self.loop.local.th
         want_send = bool(self._out)
@@ -478,7 +569,7 @@ class Connection:
             return
         self._closed = True
         if not gone and not self._eof:
-            _read_unread(self.fd)
+            read_unread(self.fd)
         self.loop.forget(self)
         # deferred to the leave of whichever thread is inside it
         self.loop.local.th.delete(self.fd)
@@ -490,7 +581,7 @@ class Connection:
                 log.exception("stream handler %s.on_close failed", type(self.handler).__name__)
 
 
-def _read_unread(fd: int, budget: int = 4 << 20) -> None:
+def read_unread(fd: int, budget: int = 4 << 20) -> None:
     """Reads (and drops) what is waiting on fd, at most `budget` bytes."""
     while budget > 0:
         try:
