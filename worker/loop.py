@@ -282,7 +282,13 @@ class Loop:
         code if there is one (served at once), else to the first, which
         serves it once its handler returns. A listener whose delete is
         deferred has a loop thread inside it, accepting: its own drain step
-        empties it (_accept_stragglers)."""
+        empties it (_accept_stragglers). With no loop thread left, nothing
+        is taken: the queue is the other workers' to serve (taken here, each
+        was only refused at our exit)."""
+        if not self.threads_alive:
+            while self._stragglers:
+                os.close(self._stragglers.pop()[0])
+            return
         self._empty_queued(self._post_accepted)
 
     def _post_accepted(self, fd: int) -> None:
