@@ -28,6 +28,9 @@ from sockherd.master.listeners import Listener
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 
 MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC")
+# bytes of a worker's channel read per wake-up of the master's loop: about
+# 2,000 of its smallest messages, a few ms of handling
+READ_BYTES = 64 * 1024
 
 
 @dataclass
@@ -67,8 +70,12 @@ def _channel(sock: socket.socket) -> Channel:
     fds, so it takes none: fds a worker passes (app code can write on its
     socketpair) are discarded by the kernel and break its channel, instead
     of filling the master's fd table (review of issue 19: a worker pinned
-    19,936 of its 20,000 in a half-sent message)."""
-    return Channel(sock, takes_fds=False)
+    19,936 of its 20,000 in a half-sent message). And one wake-up of the
+    loop reads at most READ_BYTES of it: a worker writing small messages as
+    fast as it can cost a decode and a handling of half a million of them
+    per wake-up, and `ctl status` waited 3-5 s (the selector reports the rest
+    again, after the other fds)."""
+    return Channel(sock, takes_fds=False, read_bytes=READ_BYTES)
 
 
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
