@@ -125,8 +125,14 @@ class Asker:
                 continue                             # gone (its channel closed at the reap)
             rid = next(self._ids)
             rnd.answers[slot.proc.pid] = None
+            channel = slot.proc.channel
+            if channel.wants_write:
+                # it has not taken what we sent before (stopped, wedged): no
+                # answer, as for a slow one. Never a blocking send here: one
+                # of 1 s froze the loop per question (review of issue 19)
+                continue
             try:
-                slot.proc.channel.send(StatsRequest(request_id=rid, what=what, fd=fd), timeout=1)
+                channel.post(StatsRequest(request_id=rid, what=what, fd=fd))
             except (IPCError, OSError):
                 continue                             # exiting: reported as no answer
             rnd.waiting.add(rid)

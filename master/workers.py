@@ -191,9 +191,11 @@ class ProcessTable:
                     pass
             elif action is Action.SEND_DRAIN:
                 self.events.emit("draining", worker=name(slot), pid=slot.proc.pid)
+                # queued, never waited for: a worker that does not read (its
+                # socket buffer full) gets it once it reads, else its hard
+                # stop kills it (a blocking send froze the loop up to 5 s)
                 try:
-                    slot.proc.channel.send(Drain(deadline=time.monotonic() + hard_stop_after),
-                                           timeout=5)
+                    slot.proc.channel.post(Drain(deadline=time.monotonic() + hard_stop_after))
                 except IPCError:
                     pass
             elif action is Action.ARM_HARD_STOP:
