@@ -288,21 +288,26 @@ class Supervisor:
     # ---- exits --------------------------------------------------------------------------
     def _reap(self) -> None:
         for slot, pid, how, served in self.table.reap():
-            self.asker.gone(pid)
-            outcome = slot.life.outcome
-            # one READY and waiting for the rest of its generation did not
-            # fail "before ready" (issue 19 §10: the refusal said so)
-            why = f"exited with {how} " + (
-                "before ready" if not slot.life.was_ready else
-                "after it was ready, before the commit" if self.gens.starting(slot) else
-                f"({outcome.value})")
-            if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
-                continue                        # a reload's, a replacement's, an older one's
-            if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
-                    and not self.first_failure:
-                self.first_failure = f"worker {name(slot)} exited with {how}"
-            if not self.stopping and not slot.retired:
-                self._after_exit(slot, outcome, served)
+            # each exit in the boundary: one whose handling fails must not
+            # leave the others unreaped until the next SIGCHLD
+            self._contain(f"the exit of pid {pid}", self._exited, slot, pid, how, served)
+
+    def _exited(self, slot: Slot, pid: int, how: str, served: float) -> None:
+        self.asker.gone(pid)
+        outcome = slot.life.outcome
+        # one READY and waiting for the rest of its generation did not
+        # fail "before ready" (issue 19 §10: the refusal said so)
+        why = f"exited with {how} " + (
+            "before ready" if not slot.life.was_ready else
+            "after it was ready, before the commit" if self.gens.starting(slot) else
+            f"({outcome.value})")
+        if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
+            return                          # a reload's, a replacement's, an older one's
+        if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
+                and not self.first_failure:
+            self.first_failure = f"worker {name(slot)} exited with {how}"
+        if not self.stopping and not slot.retired:
+            self._after_exit(slot, outcome, served)
 
     def _after_exit(self, slot: Slot, outcome: Outcome, served: float) -> None:
         after = exit_policy(slot.backoff, outcome, served, self.ever_ready)
@@ -333,22 +338,35 @@ class Supervisor:
         for signum in data:
             if signum == signal.SIGUSR2:
                 upgrade = True           # last: the exec ends this batch (review)
-            elif signum == signal.SIGCHLD:
-                self._reap()
-            elif signum == signal.SIGTTIN and not self.stopping:
-                self._scale_up()
-            elif signum == signal.SIGTTOU and not self.stopping:
-                self._scale_down()
-            elif signum == signal.SIGHUP and not self.stopping:
-                self._reload(queue=True)            # during a reload: runs after it
-            elif signum == signal.SIGTERM and not self.stopping:
-                self._graceful_stop()
-            elif signum == signal.SIGTERM and not self.killing:
-                log.info("TERM: stopping gracefully already (INT or QUIT stops at once)")
-            elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-                self._fast_stop()
+            else:
+                self._contain(signal.Signals(signum).name, self._on_signal, signum)
         if upgrade and not self.stopping:
-            self._upgrade()
+            self._contain("USR2", self._upgrade)
+
+    def _contain(self, label: str, handle, *args) -> None:
+        """One signal or timer inside the boundary: a bug of ours in its
+        handling is logged and the loop carries on (review of issue 19: a
+        ValueError from a reload's spawn on HUP ended the master)."""
+        try:
+            handle(*args)
+        except Exception:                          # noqa: BLE001 - never the loop's end
+            log.exception("handling %s failed; the master carries on", label)
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGCHLD:
+            self._reap()
+        elif signum == signal.SIGTTIN and not self.stopping:
+            self._scale_up()
+        elif signum == signal.SIGTTOU and not self.stopping:
+            self._scale_down()
+        elif signum == signal.SIGHUP and not self.stopping:
+            self._reload(queue=True)                # during a reload: runs after it
+        elif signum == signal.SIGTERM and not self.stopping:
+            self._graceful_stop()
+        elif signum == signal.SIGTERM and not self.killing:
+            log.info("TERM: stopping gracefully already (INT or QUIT stops at once)")
+        elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            self._fast_stop()
 
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
@@ -547,7 +565,7 @@ class Supervisor:
                 _, _, what, slot, pid = heapq.heappop(self.timers)
                 if pid and (slot.proc is None or slot.proc.pid != pid):
                     continue                        # armed for a worker that is gone
-                self._on_timer(what, slot)
+                self._contain(f"the {what} timer", self._on_timer, what, slot)
             self.asker.expire()
             if self._inbox:
                 self._run_inbox()

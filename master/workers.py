@@ -145,7 +145,9 @@ class ProcessTable:
             self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
             proc = spawn(slot.generation, slot.index, config, config.get("app", ""),
                          listeners, board_fd=self.board.fd, board_row=slot.board)
-        except (OSError, IPCError) as exc:
+        except (OSError, IPCError, ValueError) as exc:
+            # ValueError: an assignment over the channel's frame cap (a
+            # setting of 17 MB): escaping, it ended the loop (review)
             log.error("worker %s: cannot start: %s", name(slot), exc)
             return f"cannot start: {exc}"
         slot.proc, slot.life = proc, Worker(slot.generation, slot.index)
