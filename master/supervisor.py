@@ -217,12 +217,13 @@ class Supervisor:
         try:
             self._on_message(slot, got)
         except IllegalTransition as exc:
-            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})")
+            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})",
+                             type(got.msg).__name__)
         except Exception:                          # noqa: BLE001 - a bug of ours
             log.exception("worker %s: handling its %s failed; the master carries on",
                           name(slot), type(got.msg).__name__)
 
-    def _misbehaved(self, slot: Slot, offence: str) -> None:
+    def _misbehaved(self, slot: Slot, offence: str, kind: str = "channel") -> None:
         """A message illegal for the worker's state, or a channel it broke
         (offence: which): it is not trusted any more; replaced (its successor
         READY first), else drained."""
@@ -231,7 +232,10 @@ class Supervisor:
         doing = {misbehaving.REPLACE: "replacing it",
                  misbehaving.DRAIN: f"draining it (not replaced: {why})",
                  misbehaving.LEAVE: f"left as it is ({why})"}[what]
-        log.error("worker %s (pid %d) misbehaves: %s: %s", name(slot), pid, offence, doing)
+        told = misbehaving.to_log(slot, kind, time.monotonic())
+        if told:
+            log.error("worker %s (pid %d) misbehaves: %s: %s%s", name(slot), pid, offence, doing,
+                      f" ({told - 1} more offences since the last such line)" if told > 1 else "")
         if what == misbehaving.REPLACE:
             self._replace(slot, "misbehaving")
         elif what == misbehaving.DRAIN:

@@ -50,6 +50,10 @@ class Slot:
     replacing: "Slot | None" = None   # max_requests / lifetime: the worker this one replaces
     replaced_by: "Slot | None" = None # ... and the one replacing this one, while it starts
     replace_failures: int = 0
+    offences: int = 0              # illegal messages or channel breaks (misbehaving.py)
+    offences_logged: int = 0       # ... of which told in the log so far
+    offence_logged_at: float = 0.0
+    offence_kinds: set = field(default_factory=set)   # ... the kinds told
 
 
 def name(slot: Slot) -> str:
@@ -151,6 +155,8 @@ class ProcessTable:
             log.error("worker %s: cannot start: %s", name(slot), exc)
             return f"cannot start: {exc}"
         slot.proc, slot.life = proc, Worker(slot.generation, slot.index)
+        slot.offences = slot.offences_logged = 0     # its own, not its predecessor's
+        slot.offence_kinds = set()
         slot.started = slot.last_heartbeat = time.monotonic()
         self._watch(slot)
         self.at(settings.ready_timeout, "ready_timeout", slot, proc.pid)
