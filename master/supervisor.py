@@ -348,9 +348,9 @@ class Supervisor:
             self._contain("USR2", self._upgrade)
 
     def _contain(self, label: str, handle, *args) -> None:
-        """One signal or timer inside the boundary: a bug of ours in its
-        handling is logged and the loop carries on (review of issue 19: a
-        ValueError from a reload's spawn on HUP ended the master)."""
+        """One signal, timer, exit or wake-up inside the boundary: a bug of
+        ours in its handling is logged and the loop carries on (review of
+        issue 19: a ValueError from a reload's spawn on HUP ended the master)."""
         try:
             handle(*args)
         except Exception:                          # noqa: BLE001 - never the loop's end
@@ -561,9 +561,12 @@ class Supervisor:
                     elif key.data[0] == "extra":
                         pass                                # polled below, every time
                     elif key.data[1] in self.handoff.fds:
-                        self.handoff.handle(key.data[1], mask)
+                        self._contain("the hand-off socket", self.handoff.handle,
+                                      key.data[1], mask)
                 elif key.data.proc is not None:
-                    self._on_channel(key.data)
+                    # an OSError of the socket itself (not a worker's doing:
+                    # those are IPCErrors, handled inside) must not end the loop
+                    self._contain("a worker's channel", self._on_channel, key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, what, slot, pid = heapq.heappop(self.timers)
