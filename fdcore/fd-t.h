@@ -24,7 +24,8 @@
  *
  * Per direction three bits, in the spirit of HAProxy's FD_EV_*:
  *   ACTIVE  the upper layer wants events in this direction (want/stop);
- *           polled == active: ACTIVE alone decides epoll registration.
+ *           polled == active: ACTIVE alone decides epoll registration
+ *           (and WATCH_HUP, below: a recv-side one without EPOLLIN).
  *   READY   no EAGAIN seen since the last report (may/cant); a new fd
  *           starts READY both ways, "ready until proven otherwise".
  *   SHUT    the peer shut this direction (RDHUP / HUP seen).
@@ -43,6 +44,14 @@
 #define FDC_SHUT_W      0x00000040u
 #define FDC_ERR         0x00000080u   /* error seen, both directions */
 #define FDC_ACTIVE_RW   (FDC_ACTIVE_R | FDC_ACTIVE_W)
+/* WATCH_HUP: while ACTIVE_R is off, the owner still wants to hear of a
+ * hang-up or an error (want_hup/stop_hup): the fd stays registered with
+ * EPOLLRDHUP alone (EPOLLHUP and EPOLLERR come with any registration), so
+ * a connection whose reading is paused still learns that its peer left.
+ * RDHUP is level-triggered: the owner stops it once it has seen one, or
+ * every poll reports it again. Not for EXCLUSIVE fds (listeners). */
+#define FDC_WATCH_HUP   0x00000008u
+#define FDC_WANTED      (FDC_ACTIVE_RW | FDC_WATCH_HUP)
 
 /* last poll report: IN/PRI/OUT are replaced at each report, ERR/HUP/RDHUP
  * stay until close. These are also the event bits handed to Python.

@@ -501,7 +501,7 @@ int fdc_leave(struct fdc_thread *th, int fd, uint32_t gen)
 	 * or the report came for an inactive direction): have our poller fix it
 	 */
 	st = atomic_load(&e->state);
-	if (((atomic_load(&pol->recv) & bit) && !(st & FDC_ACTIVE_R)) ||
+	if (((atomic_load(&pol->recv) & bit) && !(st & (FDC_ACTIVE_R | FDC_WATCH_HUP))) ||
 	    ((atomic_load(&pol->send) & bit) && !(st & FDC_ACTIVE_W)))
 		fdc_program_own_update(th, fd);
 
@@ -651,7 +651,7 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 		st = atomic_fetch_and(&e->state, ~FDC_ACTIVE_R) & ~FDC_ACTIVE_R;
 		/* our own poller too may hold a registration that no longer
 		 * matches (we take back an fd we polled before) */
-		if ((st & FDC_ACTIVE_RW) ||
+		if ((st & FDC_WANTED) ||
 		    ((atomic_load(&t->polled[fd].recv) | atomic_load(&t->polled[fd].send)) & bit))
 			fdc_program_own_update(th, fd);
 	}
@@ -684,7 +684,7 @@ static int change_state(struct fdc_thread *th, int fd, uint32_t set, uint32_t cl
 		if (new == old)
 			break;
 	} while (!atomic_compare_exchange_weak(&e->state, &old, new));
-	if ((old ^ new) & FDC_ACTIVE_RW)
+	if ((old ^ new) & FDC_WANTED)
 		fdc_updt_polling(th, fd, tgid);
 	fdc_drop(e);
 	return 0;
@@ -694,6 +694,8 @@ int fdc_want_recv(struct fdc_thread *th, int fd) { return change_state(th, fd, F
 int fdc_stop_recv(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_ACTIVE_R); }
 int fdc_want_send(struct fdc_thread *th, int fd) { return change_state(th, fd, FDC_ACTIVE_W, 0); }
 int fdc_stop_send(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_ACTIVE_W); }
+int fdc_want_hup(struct fdc_thread *th, int fd)  { return change_state(th, fd, FDC_WATCH_HUP, 0); }
+int fdc_stop_hup(struct fdc_thread *th, int fd)  { return change_state(th, fd, 0, FDC_WATCH_HUP); }
 int fdc_may_recv(struct fdc_thread *th, int fd)  { return change_state(th, fd, FDC_READY_R, 0); }
 int fdc_cant_recv(struct fdc_thread *th, int fd) { return change_state(th, fd, 0, FDC_READY_R); }
 int fdc_may_send(struct fdc_thread *th, int fd)  { return change_state(th, fd, FDC_READY_W, 0); }

@@ -171,6 +171,10 @@ int fdc_want_recv(struct fdc_thread *th, int fd);
 int fdc_stop_recv(struct fdc_thread *th, int fd);
 int fdc_want_send(struct fdc_thread *th, int fd);
 int fdc_stop_send(struct fdc_thread *th, int fd);
+/* want_hup/stop_hup flip WATCH_HUP (fd-t.h): hang-ups and errors reported
+ * while ACTIVE_R is off. A connection's, never an EXCLUSIVE fd's. */
+int fdc_want_hup(struct fdc_thread *th, int fd);
+int fdc_stop_hup(struct fdc_thread *th, int fd);
 int fdc_may_recv(struct fdc_thread *th, int fd);
 int fdc_cant_recv(struct fdc_thread *th, int fd);
 int fdc_may_send(struct fdc_thread *th, int fd);

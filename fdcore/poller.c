@@ -148,16 +148,23 @@ static int update_fd(struct fdc_thread *th, int fd)
 	uint64_t bit = th->ltid_bit;
 	uint32_t st = atomic_load(&e->state);
 	int owner = !!(atomic_load(&e->thread_mask) & bit);
+	int excl = !!(st & FDC_EXCLUSIVE);
 	int wr = owner && (st & FDC_ACTIVE_R);
+	/* hang-up only: registered on the recv side (polled recv) with
+	 * EPOLLRDHUP and no EPOLLIN */
+	int wh = owner && !wr && !excl && (st & FDC_WATCH_HUP);
 	int ww = owner && (st & FDC_ACTIVE_W);
 	int pr = !!(atomic_load(&pol->recv) & bit);
 	int ps = !!(atomic_load(&pol->send) & bit);
-	int excl = !!(st & FDC_EXCLUSIVE);
 	int n, err, kept = 0;   /* kept: the old registration survives a failure */
 	struct epoll_event ev;
 
-	if (wr == pr && ww == ps)
+	/* polled recv does not say whether EPOLLIN is in: with WATCH_HUP set a
+	 * flip of ACTIVE_R (the only reason an update was programmed) changes
+	 * the events of a registration that stays, so it is always MODified */
+	if ((wr || wh) == pr && ww == ps && !(pr && (st & FDC_WATCH_HUP)))
 		return 0;
+	wr = wr || wh;
 
 	/* polled bits first: the final close reads them once references have
 	 * drained, and we hold one */
@@ -166,7 +173,7 @@ static int update_fd(struct fdc_thread *th, int fd)
 	if (!wr && !ww)
 		return ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
 
-	ev.events = (wr ? EPOLLIN | (excl ? 0 : EPOLLRDHUP) : 0) |
+	ev.events = (wr ? (wh ? 0 : EPOLLIN) | (excl ? 0 : EPOLLRDHUP) : 0) |
 	            (ww ? EPOLLOUT : 0) | (excl ? EPOLLEXCLUSIVE : 0);
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
 	if (!pr && !ps) {
@@ -477,7 +484,7 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 			continue;
 		}
 		st = apply_report(e, flags);
-		if (!(st & FDC_ACTIVE_RW)) {
+		if (!(st & FDC_WANTED)) {
 			/* nobody wants it: leave programs the DEL */
 			fdc_leave(th, fd, gen);
 			continue;

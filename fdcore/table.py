@@ -53,6 +53,7 @@ class State(enum.IntFlag):
     READY_W = lib.FDC_READY_W
     SHUT_W = lib.FDC_SHUT_W
     ERR = lib.FDC_ERR
+    WATCH_HUP = lib.FDC_WATCH_HUP
     POLL_IN = lib.FDC_POLL_IN
     POLL_PRI = lib.FDC_POLL_PRI
     POLL_OUT = lib.FDC_POLL_OUT
@@ -352,6 +353,14 @@ class Thread:
 
     def stop_send(self, fd: int) -> None:
         check(lib.fdc_stop_send(self._th, fd), f"stop_send fd {fd}")
+
+    def want_hup(self, fd: int) -> None:
+        """While recv is stopped, hang-ups and errors are still reported
+        (fd-t.h WATCH_HUP): a paused connection learns its peer left."""
+        check(lib.fdc_want_hup(self._th, fd), f"want_hup fd {fd}")
+
+    def stop_hup(self, fd: int) -> None:
+        check(lib.fdc_stop_hup(self._th, fd), f"stop_hup fd {fd}")
 
     def may_recv(self, fd: int) -> None:
         check(lib.fdc_may_recv(self._th, fd), f"may_recv fd {fd}")

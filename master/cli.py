@@ -125,6 +125,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
     log = logging.getLogger("sockherd.master")
+    from sockherd.master.fdbudget import BUDGET, raise_soft_limit
+    raise_soft_limit()                    # and a reserve kept (master/fdbudget.py)
+    BUDGET.hold_spare()
     from sockherd.ipc import reexec
     from sockherd.ipc.errors import ReexecStateError
     from sockherd.master import upgrade
@@ -250,9 +253,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     sup = Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
                      activated=inherited, adopted=state,
                      on_serving=serving if took_from > 0 else None)
-    from sockherd.master import control, metrics, notify
+    from sockherd.master import control, control_guard, metrics, notify
     try:
         control.attach(sup)                  # sockherd ctl (ZeroMQ): master/control.py
+        control_guard.attach(sup)            # ... kept off EMFILE: master/control_guard.py
         metrics.attach(sup)                  # --metrics: master/metrics.py
     except (OSError, ValueError) as exc:
         log.error("%s", exc)

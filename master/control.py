@@ -149,6 +149,7 @@ class ControlServer:
         self._retry_at: float | None = None
         self._more = False                        # requests left after a BATCH
         self.outstanding: set[Responder] = set()
+        self.monitors: list[zmq.Socket] = []      # control_guard.py's, on our sockets
         self._said_busy = False
         self._refusals, self._refusal_logged_at = 0, -LOG_EVERY
         self._curve = None
@@ -364,6 +365,13 @@ class ControlServer:
                 self.sup.sel.unregister(fd)
             except (KeyError, ValueError):
                 pass
+        for mon in self.monitors:                 # before the context's term() waits on them
+            try:
+                self.sup.sel.unregister(mon.getsockopt(zmq.FD))
+            except (KeyError, ValueError, zmq.ZMQError):
+                pass
+            mon.close(0)
+        self.monitors = []
         for sock in (self.router, self.pub):
             if sock is not None:
                 sock.close(linger=1000)

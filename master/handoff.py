@@ -5,12 +5,18 @@ loop by ipc.handoff's server: its sessions come and go, and their fds are
 kept in the loop's selector here (`sync`). A takeover serves its own only
 once it serves (a takeover that failed must leave the old instance's in
 place): the loop calls `serve` then.
+
+Short of fds (fewer than fdbudget's hand-off floor free: one read may bring
+FD_BATCH of them), nothing of the hand-off is watched, so nothing is
+accepted or read; `short` tells the loop to look again within a second.
 """
 from __future__ import annotations
 
 import logging
 import selectors
 import time
+
+from sockherd.master.fdbudget import BUDGET
 
 log = logging.getLogger("sockherd.master")
 
@@ -22,6 +28,7 @@ class Handoff:
         self.sel = sel
         self.server = None                   # ipc.handoff.HandoffServer, once served
         self.fds: set[int] = set()
+        self.short = False                   # too few fds free: not watched
         self._refusals = 0                   # not logged yet (LOG_EVERY)
         self._logged_at = -LOG_EVERY
 
@@ -71,6 +78,8 @@ class Handoff:
             return
         h.expire()
         want = {fd: mask for fd, mask in h.poll_fds()}
+        if self._short_of_fds():
+            want = {}
         for fd in self.fds - set(want):
             try:
                 self.sel.unregister(fd)
@@ -85,6 +94,18 @@ class Handoff:
                 self.sel.register(fd, events or selectors.EVENT_READ, ("handoff", fd))
         self.fds = set(want)
 
+    def _short_of_fds(self) -> bool:
+        floor = BUDGET.floors().handoff
+        short = not BUDGET.free_at_least(floor)
+        if short != self.short:
+            self.short = short
+            if short:
+                log.warning("hand-off: fewer than %d fds free: not accepting nor reading "
+                            "until there are", floor)
+            else:
+                log.info("hand-off: served again (fds free)")
+        return short
+
     def session_open(self) -> bool:
         """A session is open (beside the listening fd): its expiry bounds the wait."""
         return len(self.fds) > 1
@@ -92,6 +113,7 @@ class Handoff:
     def handle(self, fd: int, mask: int) -> None:
         self.server.handle(fd, (1 if mask & selectors.EVENT_READ else 0)
                            | (4 if mask & selectors.EVENT_WRITE else 0))
+        BUDGET.stale()                       # a read may have brought FD_BATCH fds
         # a session it ended closed its fd: out of the selector now, before
         # anything can get that number again
         self.sync()

@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sockherd.ipc.errors import IPCError
 from sockherd.ipc.messages import StatsReply, StatsRequest
 from sockherd.master.lifecycle import State
-from sockherd.master.workers import backing_off
+from sockherd.master.workers import backing_off, post_now
 
 ASK_TIMEOUT = 2.0
 
@@ -110,7 +109,8 @@ class _Round:
 
 
 class Asker:
-    def __init__(self) -> None:
+    def __init__(self, post: Callable[..., bool] = post_now) -> None:
+        self._post = post                    # ProcessTable.post: never waits on a worker
         self._ids = itertools.count(1)
         self._out: dict[int, tuple[_Round, int]] = {}   # request id -> (round, pid)
         self._rounds: list[_Round] = []
@@ -125,16 +125,9 @@ class Asker:
                 continue                             # gone (its channel closed at the reap)
             rid = next(self._ids)
             rnd.answers[slot.proc.pid] = None
-            channel = slot.proc.channel
-            if channel.wants_write:
-                # it has not taken what we sent before (stopped, wedged): no
-                # answer, as for a slow one. Never a blocking send here: one
-                # of 1 s froze the loop per question (review of issue 19)
-                continue
-            try:
-                channel.post(StatsRequest(request_id=rid, what=what, fd=fd))
-            except (IPCError, OSError):
-                continue                             # exiting: reported as no answer
+            if not self._post(slot, StatsRequest(request_id=rid, what=what, fd=fd),
+                              backlog=False):
+                continue            # exiting, or not reading: reported as no answer
             rnd.waiting.add(rid)
             self._out[rid] = (rnd, slot.proc.pid)
         self._rounds.append(rnd)

@@ -20,6 +20,12 @@ a 1 s retry each). A client that errs, is cut or evicted is one debug
 line, and one quiet line a minute at most in the log, never a traceback.
 
 One request per connection (Connection: close), as wsgiref served it.
+
+Nothing is accepted while fewer than fdbudget's metrics floor of fds are
+free (issue 19, finding 3): the listening socket leaves the selector for
+SHORT_PAUSE, the connection waits in the backlog, and the fds left stay
+for a control client (libzmq aborts on EMFILE) and a spawn. Every accepted
+connection is counted in the budget as taken, and as given at its close.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ import threading
 import time
 from urllib.parse import unquote
 
+from sockherd.master.fdbudget import BUDGET
+
 log = logging.getLogger("sockherd.master")
 
 POOL = 8                     # requests waiting on the master's loop at once (scrapes join)
@@ -42,6 +50,7 @@ BACKLOG = 2048               # the app listeners' default (settings.backlog)
 SEND_TIMEOUT = 10.0          # a pool thread writing to a client that does not read
 LOG_EVERY = 60.0
 _ACCEPTS_PER_ROUND = 64
+SHORT_PAUSE = 0.05           # short of fds: the next look
 SLOW = frozenset({"/metrics", "/-/status", "/-/status.json"})
 
 
@@ -82,6 +91,8 @@ class Listener:
         self._stopped = threading.Event()
         self._stopped.set()
         self._drain = 0.0
+        self._short_until: float | None = None   # out of the selector till then: short of fds
+        self._short_said = -LOG_EVERY
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -124,6 +135,7 @@ class Listener:
 
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
+        self._short_until = None
         try:
             sel.register(self.socket, selectors.EVENT_READ, None)
             sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -140,13 +152,17 @@ class Listener:
             if self._stop.is_set():
                 if end is None:                   # no more accepts: the heads may finish
                     end = time.monotonic() + self._drain
-                    sel.unregister(self.socket)
+                    if self._short_until is None:
+                        sel.unregister(self.socket)
+                    self._short_until = None
                 if not self._heads or time.monotonic() >= end:
                     return
             now = time.monotonic()
             due = min((h.deadline for h in self._heads.values()), default=None)
             if end is not None:
                 due = end if due is None else min(due, end)
+            if self._short_until is not None:
+                due = self._short_until if due is None else min(due, self._short_until)
             for key, _ in sel.select(None if due is None else max(0.0, due - now)):
                 if key.data == "wake":
                     try:
@@ -167,9 +183,14 @@ class Listener:
             now = time.monotonic()
             for head in [h for h in self._heads.values() if h.deadline <= now]:
                 self._drop(sel, head, f"no complete request within {REQUEST_DEADLINE:g}s")
+            if self._short_until is not None and now >= self._short_until and end is None:
+                self._short_until = None              # look again: _accept checks the room
+                sel.register(self.socket, selectors.EVENT_READ, None)
 
     def _accept(self, sel) -> None:
         for _ in range(_ACCEPTS_PER_ROUND):       # the selector reports the rest again
+            if not self._room(sel):
+                return
             try:
                 conn, peer = self.socket.accept()
             except (BlockingIOError, InterruptedError):
@@ -177,6 +198,7 @@ class Listener:
             except OSError as exc:                # EMFILE...: it waits in the backlog
                 self._quiet(None, exc)
                 return
+            BUDGET.taken()
             conn.setblocking(False)
             if len(self._heads) >= HEADS:
                 oldest = next(iter(self._heads.values()))
@@ -185,6 +207,22 @@ class Listener:
             self._heads[conn.fileno()] = head
             sel.register(conn, selectors.EVENT_READ, head)
             self._read(sel, head)                 # it may have sent its request with the SYN
+
+    def _room(self, sel) -> bool:
+        """Whether the metrics floor of fds is free; if not, the listening
+        socket is out of the selector for SHORT_PAUSE (it stays readable:
+        the reader would spin on it), said once a minute at most."""
+        floor = BUDGET.floors().metrics
+        if BUDGET.free_at_least(floor):
+            return True
+        sel.unregister(self.socket)
+        self._short_until = time.monotonic() + SHORT_PAUSE
+        now = time.monotonic()
+        if now - self._short_said >= LOG_EVERY:
+            self._short_said = now
+            log.warning("metrics: fewer than %d fds free: not accepting until there are (kept "
+                        "for control clients and spawns)", floor)
+        return False
 
     def _read(self, sel, head: _Head) -> None:
         try:
@@ -243,6 +281,7 @@ class Listener:
             self._quiet(environ.get("REMOTE_ADDR"), exc)
         finally:
             sock.close()
+            BUDGET.given()
             self._ended()
 
     def _ended(self) -> None:
@@ -325,6 +364,7 @@ class Listener:
         except OSError:
             pass
         sock.close()
+        BUDGET.given()
 
     def _unlist(self, sel, head: _Head) -> None:
         self._heads.pop(head.sock.fileno(), None)
@@ -342,6 +382,7 @@ class Listener:
         except OSError:
             pass
         head.sock.close()
+        BUDGET.given()
 
     def _quiet(self, peer, why) -> None:
         """A client's error or cut: a debug line, and a count in a quiet

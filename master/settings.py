@@ -186,6 +186,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_connections", ("--max-connections",), int, 10000,
             "open connections per worker beyond which it stops accepting; 0: no cap",
             msgspec.Meta(ge=0), "N", section="http"),
+    Setting("stream_output_limit", ("--stream-output-limit",), int, 16 << 20,
+            "a stream connection with more output than this waiting for its client is closed "
+            "(its output dropped, a log line): what bounds a handler that ignores "
+            "pause_writing", msgspec.Meta(ge=1 << 16, le=1 << 40), "BYTES", section="workers"),
     Setting("root_path", ("--root-path",), str, "",
             "SCRIPT_NAME: the path prefix the app is mounted at (e.g. /app)",
             msgspec.Meta(pattern=r"^$|^/.*[^/]$"), "PATH", section="http"),

@@ -13,10 +13,20 @@ alone (MASTER_ONLY): NOTIFY_SOCKET stays in the master's own environment (it
 notifies across its re-exec: master/notify.py), but an app calling sd_notify
 in a worker must not speak for the service; the watchdog variables name the
 master's pid. (LISTEN_* are gone already: master/listeners.py activated().)
+
+A start that fails for the master's own resources (EMFILE, ENFILE, ENOMEM,
+EAGAIN from the socketpair or the fork) raises Shortage: the worker did
+nothing wrong, and its slot must not come closer to being given up
+(issue 19, finding 3: a short fd squeeze during a crash removed the slot
+for good). On EMFILE the spare fds (fdbudget.py) are let go for one more try.
+A worker gets the soft RLIMIT_NOFILE the master was started with
+(fdbudget.worker_soft_limit), set before it reads its Assignment.
 """
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -24,13 +34,19 @@ from dataclasses import dataclass
 
 from sockherd.ipc.channel import Channel
 from sockherd.ipc.messages import Assignment
+from sockherd.master.fdbudget import BUDGET, ENV_SOFT, SHORTAGE, worker_soft_limit
 from sockherd.master.listeners import Listener
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 
-MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC")
+MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", ENV_SOFT)
 # bytes of a worker's channel read per wake-up of the master's loop: about
 # 2,000 of its smallest messages, a few ms of handling
 READ_BYTES = 64 * 1024
+
+
+class Shortage(OSError):
+    """The master itself is short of fds, memory or processes: not the
+    worker's failure (the errno and strerror are the original's)."""
 
 
 @dataclass
@@ -66,11 +82,9 @@ def adopt(generation: int, index: int, pid: int, fd: int) -> WorkerProcess:
 
 
 def _channel(sock: socket.socket) -> Channel:
-    """The master's end of a worker's socketpair. No worker message carries
-    fds, so it takes none: fds a worker passes (app code can write on its
-    socketpair) are discarded by the kernel and break its channel, instead
-    of filling the master's fd table (review of issue 19: a worker pinned
-    19,936 of its 20,000 in a half-sent message). And one wake-up of the
+    """The master's end of a worker's socketpair. A worker never sends the
+    master an fd: any it sends are refused and discarded by the kernel,
+    never held (app code could fill the table). And one wake-up of the
     loop reads at most READ_BYTES of it: a worker writing small messages as
     fast as it can cost a decode and a handling of half a million of them
     per wake-up, and `ctl status` waited 3-5 s (the selector reports the rest
@@ -81,7 +95,31 @@ def _channel(sock: socket.socket) -> Channel:
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
           *, send_timeout: float = 10.0, board_fd: int = -1, board_row: int = -1) -> WorkerProcess:
     """Starts worker generation.index and sends its assignment. On a failure
-    to send, the new process is killed and reaped before the error propagates."""
+    to send, the new process is killed and reaped before the error propagates;
+    a failure of the master's own resources raises Shortage."""
+    try:
+        return _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
+                      board_row)
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise _shortage(exc)
+    with BUDGET.spare_released():          # something ate the reserve: the spares, once
+        try:
+            return _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
+                          board_row)
+        except OSError as exc:
+            raise _shortage(exc)
+
+
+def _shortage(exc: OSError) -> OSError:
+    """exc as a Shortage if its errno says the master ran short, else exc."""
+    if isinstance(exc, Shortage) or exc.errno not in SHORTAGE:
+        return exc
+    return Shortage(exc.errno, exc.strerror or str(exc))
+
+
+def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
+           board_row) -> WorkerProcess:
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     env = {k: v for k, v in os.environ.items() if k not in MASTER_ONLY}
     env[ENV_FD] = str(child.fileno())
@@ -100,6 +138,7 @@ def spawn(generation: int, index: int, config: dict, app: str, listeners: list[L
         child.close()
     channel = _channel(parent)
     try:
+        _limit_fds(proc.pid)
         channel.send(Assignment(generation=generation, worker_index=index, config=config, app=app,
                                 listeners=[lst.descriptor for lst in listeners],
                                 board_slot=board_row),
@@ -110,3 +149,15 @@ def spawn(generation: int, index: int, config: dict, app: str, listeners: list[L
         channel.close()
         raise
     return WorkerProcess(generation, index, proc.pid, channel, proc)
+
+
+def _limit_fds(pid: int) -> None:
+    """The worker's soft RLIMIT_NOFILE back to the master's at start (the
+    worker sizes its fd table from it once it has its Assignment, which
+    comes after this)."""
+    soft = worker_soft_limit()
+    if soft is None:
+        return
+    _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))

@@ -26,6 +26,7 @@ HUP reloads (generations.py), USR2 upgrades (upgrade.py).
 from __future__ import annotations
 
 import collections
+import errno
 import heapq
 import itertools
 import logging
@@ -44,6 +45,7 @@ from sockherd.master.inspect import Asker
 from sockherd.master import misbehaving, probation
 from sockherd.master.lifecycle import Event, IllegalTransition, Outcome, State
 from sockherd.master.listeners import Listener
+from sockherd.master.spawn import Shortage
 from sockherd.master.workers import (
     ProcessTable, Slot, exit_policy, finished, heartbeat_check, name, ready,
 )
@@ -51,6 +53,7 @@ from sockherd.worker.board import Board
 
 log = logging.getLogger("sockherd.master")
 
+SHORTAGE_RETRY = 1.0        # seconds before a spawn the master's resources failed is retried
 HANDLED = comeback.HANDLED
 
 
@@ -85,10 +88,11 @@ class Supervisor:
         self.startup_failed = False
         self.ever_ready = False
         self.first_failure = ""
+        self._short_slots: set[Slot] = set()  # their spawn failed for the master's resources
         self._wake_r, self._wake_w = socket.socketpair()
         self.events = Events()
         self.table = ProcessTable(self.board, self.sel, self.events, self._at)
-        self.asker = Asker()                 # workers' figures, on demand (master/inspect.py)
+        self.asker = Asker(self.table.post)                 # workers' figures, on demand (master/inspect.py)
         # callables other threads hand to the loop (run_in_loop): the metrics server's
         self._inbox: collections.deque = collections.deque()
         self._inbox_r, self._inbox_w = socket.socketpair()
@@ -142,9 +146,35 @@ class Supervisor:
 
     def spawn(self, slot: Slot) -> None:
         settings, config, listeners = self.gens.of(slot)
-        why = self.table.spawn(slot, config, listeners, settings, self._live())
+        try:
+            why = self.table.spawn(slot, config, listeners, settings, self._live())
+        except Shortage as exc:
+            why = self._short(slot, exc)
+        else:
+            if not why and slot in self._short_slots:
+                self._short_slots.discard(slot)
+                log.info("worker %s: started, the master's shortage over", name(slot))
         if why and not self.gens.on_failure(slot, why):
             self._after_exit(slot, Outcome.FAILED_START, 0.0)
+
+    def _short(self, slot: Slot, exc: Shortage) -> str:
+        """A spawn the master's own resources failed (issue 19, finding 3):
+        the slot of a serving generation is retried every SHORTAGE_RETRY
+        seconds, its back-off untouched (the worker did nothing wrong; the
+        slot is never given up for it; said once a streak); a reload's or a
+        replacement's worker ends that attempt, as any failure to start
+        does (why)."""
+        what = errno.errorcode.get(exc.errno, str(exc.errno))
+        why = f"cannot start: the master is short of resources: {what} ({exc.strerror})"
+        if self.gens.starting(slot) or slot.replacing is not None:
+            log.error("worker %s: %s", name(slot), why)
+            return why
+        say = log.debug if slot in self._short_slots else log.warning
+        say("worker %s: %s; retried every %gs until it starts (not counted as a failure of "
+            "the worker)", name(slot), why, SHORTAGE_RETRY)
+        self._short_slots.add(slot)
+        self._at(SHORTAGE_RETRY, "respawn", slot)
+        return ""
 
     def _feed(self, slot: Slot, event: Event) -> None:
         self.table.feed(slot, event, self.settings.hard_stop_after)
@@ -550,7 +580,7 @@ class Supervisor:
             if self._inbox:
                 timeout = 0.0
             self.handoff.sync()
-            if self.handoff.session_open():          # its expiry
+            if self.handoff.session_open() or self.handoff.short:  # its expiry, fds back
                 timeout = 1.0 if timeout is None else min(timeout, 1.0)
             for key, mask in self.sel.select(timeout):
                 if key.data is None:
@@ -564,9 +594,12 @@ class Supervisor:
                         self._contain("the hand-off socket", self.handoff.handle,
                                       key.data[1], mask)
                 elif key.data.proc is not None:
-                    # an OSError of the socket itself (not a worker's doing:
-                    # those are IPCErrors, handled inside) must not end the loop
-                    self._contain("a worker's channel", self._on_channel, key.data)
+                    if mask & selectors.EVENT_WRITE:
+                        self._contain("a worker's channel", self.table.flush, key.data)
+                    if mask & selectors.EVENT_READ and key.data.proc is not None:
+                        # an OSError of the socket itself (not a worker's doing:
+                        # those are IPCErrors, handled inside) must not end the loop
+                        self._contain("a worker's channel", self._on_channel, key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, what, slot, pid = heapq.heappop(self.timers)

@@ -29,7 +29,8 @@ from typing import Iterator, NamedTuple
 from sockherd.ipc.errors import IPCError
 from sockherd.ipc.messages import Drain
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
-from sockherd.master.spawn import WorkerProcess, adopt, spawn
+from sockherd.master.spawn import Shortage, WorkerProcess, adopt, spawn
+from sockherd.worker import EXIT_DRAIN_DEADLINE
 from sockherd.worker.board import NOT_SERVING, SLOTS
 
 log = logging.getLogger("sockherd.master")
@@ -120,6 +121,19 @@ def backing_off(slots, now: float) -> list[dict]:
             for s in slots if s.proc is None and not s.retired and s.next_try > 0]
 
 
+def post_now(slot: Slot, msg, *, backlog: bool = True) -> bool:
+    """ProcessTable.post without the selector's write interest: msg
+    written as far as the socket takes it now, the rest queued."""
+    ch = slot.proc.channel
+    if ch.fileno() < 0 or (not backlog and ch.wants_write):
+        return False
+    try:
+        ch.post(msg)
+    except (IPCError, OSError):
+        return False                     # its end closed: the exit comes as SIGCHLD
+    return True
+
+
 # ---- the table --------------------------------------------------------------------------------
 class ProcessTable:
     """Live worker processes by pid; `at(delay, what, slot, pid)` arms a
@@ -142,13 +156,16 @@ class ProcessTable:
 
     def spawn(self, slot: Slot, config: dict, listeners, settings, live) -> str:
         """Starts slot's worker with the generation's config, listeners and
-        settings; "" once it runs, else why it cannot start (logged)."""
+        settings; "" once it runs, else why it cannot start (logged).
+        Raises Shortage: the master's own resources, not the worker, failed."""
         try:
             if slot.board < 0:
                 slot.board = self.board_row(live)
             self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
             proc = spawn(slot.generation, slot.index, config, config.get("app", ""),
                          listeners, board_fd=self.board.fd, board_row=slot.board)
+        except Shortage:
+            raise
         except (OSError, IPCError, ValueError) as exc:
             # ValueError: an assignment over the channel's frame cap (a
             # setting of 17 MB): escaping, it ended the loop (review)
@@ -199,15 +216,43 @@ class ProcessTable:
                     pass
             elif action is Action.SEND_DRAIN:
                 self.events.emit("draining", worker=name(slot), pid=slot.proc.pid)
-                # queued, never waited for: a worker that does not read (its
-                # socket buffer full) gets it once it reads, else its hard
-                # stop kills it (a blocking send froze the loop up to 5 s)
-                try:
-                    slot.proc.channel.post(Drain(deadline=time.monotonic() + hard_stop_after))
-                except IPCError:
-                    pass
+        except Shortage:
+            raise
+        except (OSError, IPCError, ValueError) as exc:
+            # ValueError: an assignment over the channel's frame cap (a
+            # setting of 17 MB): escaping, it ended the loop (review)
             elif action is Action.ARM_HARD_STOP:
                 self.at(hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
+
+    def post(self, slot: Slot, msg, *, backlog: bool = True) -> bool:
+        """msg to slot's worker without waiting: what its socket does not
+        take now stays in the channel's outbox, written as the socket
+        becomes writable (flush). A send that waited (up to 5 s for a
+        Drain, 1 s per stats request) froze the master's loop while a
+        worker did not read (issue 19 §6). backlog=False: not queued behind
+        output the worker has not taken yet (a stats request to a worker
+        that does not read is not answered anyway). Whether it was queued."""
+        if not post_now(slot, msg, backlog=backlog):
+            return False
+        self._want_write(slot)
+        return True
+
+    def flush(self, slot: Slot) -> None:
+        """slot's channel is writable: what its outbox holds, written."""
+        try:
+            slot.proc.channel.flush()
+        except (IPCError, OSError):
+            pass
+        self._want_write(slot)
+
+    def _want_write(self, slot: Slot) -> None:
+        ch = slot.proc.channel
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ch.wants_write else 0)
+        try:
+            if self.sel.get_key(ch.fileno()).events != events:
+                self.sel.modify(ch.fileno(), events, slot)
+        except (KeyError, ValueError):
+            pass                         # not watched (forgotten): nothing to flush for
 
     def on_heartbeat(self, slot: Slot) -> None:
         """A worker's heartbeat (or READY): it is alive now."""
@@ -240,7 +285,11 @@ class ProcessTable:
             slot.proc.channel.close()
             self.feed(slot, Event.EXITED, 0.0)
             outcome = slot.life.outcome
-            log.info("worker %s: exited with %s (%s), pid %d", name(slot), how, outcome.value, pid)
+            # a drain cut short by its deadline is no clean drain (the
+            # worker said so by its status): told apart in the log
+            said = "hit the drain deadline" if outcome is Outcome.DRAINED \
+                and code == EXIT_DRAIN_DEADLINE else outcome.value
+            log.info("worker %s: exited with %s (%s), pid %d", name(slot), how, said, pid)
             self.events.emit("exited", worker=name(slot), pid=pid, status=how,
                              outcome=outcome.value)
             served = time.monotonic() - slot.started

@@ -119,7 +119,7 @@ MUTANTS = {
         "fdc_takeover does not register a still-wanted send for the taker",
         (
             Edit("fd.c", "int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)\n{",
-                 "if ((st & FDC_ACTIVE_RW) ||", "if ((st & FDC_ACTIVE_R) ||"),
+                 "if ((st & FDC_WANTED) ||", "if ((st & FDC_ACTIVE_R) ||"),
         ),
     ),
 }

@@ -36,12 +36,13 @@ from sockherd.ipc.messages import (
     Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply,
     StatsRequest, Stop,
 )
-from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, report
+from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, EXIT_DRAIN_DEADLINE, report
 from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
 from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.loop import Loop
+from sockherd.worker.stream import OUTPUT_LIMIT
 from sockherd.worker.wsgi import make_handler
 
 log = logging.getLogger("sockherd.worker")
@@ -93,7 +94,8 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))
     loop = Loop(table, handler, control=True,
                 takeover_after=float(cfg.get("takeover_after", 0.5)),
-                max_connections=int(cfg.get("max_connections", 0)))
+                max_connections=int(cfg.get("max_connections", 0)),
+                output_limit=int(cfg.get("stream_output_limit") or OUTPUT_LIMIT))
     loop.identity = (msg.generation, msg.worker_index)
     loop.config = cfg                   # the embedded page finds the control endpoint in it
     for s in socks:
@@ -161,10 +163,11 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 return status
             timeout = deadline - time.monotonic()
             if timeout <= 0:
-                log.warning("drain deadline reached with %d connections: exiting",
-                            len(loop.conns))
+                cut = loop.open_connections
+                log.warning("drain deadline reached with %d connection(s) still open: "
+                            "exiting, they are cut", cut)
                 loop.refuse_posted()
-                return status
+                return status or (EXIT_DRAIN_DEADLINE if cut else 0)
         if channel_open:
             # our heartbeat: the master only listens (one wake-up each side
             # per interval; its check timer fires only when one is late)

@@ -47,7 +47,7 @@ import time
 from sockherd.fdcore import Outcome, Table
 from sockherd.worker.gate import CAP, EMFILE, Gate
 from sockherd.worker.relief import Relief
-from sockherd.worker.stream import Connection, ready_now
+from sockherd.worker.stream import OUTPUT_LIMIT, Connection, ready_now
 
 log = logging.getLogger("sockherd.worker")
 
@@ -67,7 +67,8 @@ class Loop:
 
     def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
                  emfile_pause: float = 0.5, control: bool = False,
-                 takeover_after: float = 0.5, max_connections: int = 0):
+                 takeover_after: float = 0.5, max_connections: int = 0,
+                 output_limit: int = OUTPUT_LIMIT):
         self.table = table
         self.identity = (0, 0)                      # (generation, index), for the status page
         self.control = table.threads[-1] if control else None
@@ -87,6 +88,10 @@ class Loop:
         # past max_connections open connections (0: no cap) the listeners
         # are not polled until one closes: the backlog waits, nothing is refused
         self.max_connections = max_connections
+        # a stream connection's pending output past this closes it (stream.py)
+        self.output_limit = output_limit
+        # stream handlers that take part in drains (on_drain): told by _drain_step
+        self._tells_drain = callable(getattr(handler_class, "on_drain", None))
         # accept pauses, for the metrics (worker/report.py): EMFILE/ENFILE and
         # the like, and max_connections reached (plain ints, bumped by the
         # loop threads: a rare lost increment is fine for a statistic)
@@ -434,16 +439,23 @@ class Loop:
         if self._listeners_deleted.acquire(blocking=False):
             self._delete_listeners(th, drain=True)
         straggling = self._accept_stragglers(th, me) if self._stragglers else -1
+        mine = [c for c in list(self.conns.values()) if c.th is th]
+        if self._tells_drain:
+            self._tell_drain(th, me, mine)
         now = time.monotonic()
         due_now, next_due = [], None
-        for conn in [c for c in list(self.conns.values()) if c.th is th]:
+        for conn in mine:
             due = conn.last_active + self.idle_grace
             if due <= now and not conn.pending:
                 due_now.append(conn)
             else:
                 next_due = due if next_due is None else min(next_due, due)
         if due_now:
-            waiting = ready_now({c.fd: select.POLLIN for c in due_now})
+            # (a stream connection's input at its end is always readable: not
+            # a request waiting; conns also holds the HTTP engine's, which
+            # have no input_ended)
+            waiting = ready_now({c.fd: select.POLLIN for c in due_now
+                                 if not getattr(c, "input_ended", False)})
             self._enter_app(me)                  # on_close is app code: watched too
             for conn in due_now:
                 if conn.fd in waiting:
@@ -460,6 +472,24 @@ class Loop:
         if next_due is None:
             return straggling
         return _sooner(straggling, max(1, int((next_due - now) * 1000) + 1))
+
+    def _tell_drain(self, th, me: int, mine: list[Connection]) -> None:
+        """on_drain, once, to each of th's connections not told yet (one
+        that connects while draining is told by its connect()), under the
+        fd's running bit like any handler."""
+        for conn in mine:
+            if conn.told_drain or not conn.connected or conn.closed:
+                continue
+            outcome, gen = th.enter(conn.fd)
+            if outcome is not Outcome.DONE:
+                continue
+            try:
+                if conn.th is th:
+                    self._enter_app(me)
+                    conn.tell_drain()
+                    self.relief.busy[me] = 0.0
+            finally:
+                th.leave(conn.fd, gen)
 
     def _enter_app(self, me: int) -> None:
         """Marks loop thread `me` as inside app code from now (the watchdog's
@@ -531,6 +561,11 @@ class Loop:
                     relief.take_from(th, me)
         except BaseException as exc:  # noqa: BLE001 - a loop thread's end, reported
             self._ended(th, me, exc)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (the engine's for HTTP, else conns)."""
+        return self.engine.count if self.engine is not None else len(self.conns)
 
     @property
     def threads_alive(self) -> int:

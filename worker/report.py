@@ -36,7 +36,7 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         "responses": responses,
         # requests the engine refused itself (400, 408, 413...), by reason
         "refused": engine.refused if engine is not None else None,
-        "connections": engine.count if engine is not None else len(loop.conns),
+        "connections": loop.open_connections,
         "threads": len(loop.loop_threads),
         # fewer than threads: one ended, the worker drains to be replaced
         "threads_alive": loop.threads_alive,

@@ -7,24 +7,62 @@ An app is a class; one instance handles one connection:
         def on_data(self, conn, data: bytes): conn.write(data)
         def on_eof(self, conn): conn.close()      # the default when absent
         def on_close(self, conn): ...
+        def pause_writing(self, conn): ...        # output past the high-water mark
+        def resume_writing(self, conn): ...       # ... and back under the low one
+        def on_drain(self, conn): ...             # the worker began to drain
+        def on_timeout(self, conn): conn.close()  # set_timer's (the default)
 
 Every method is optional but on_data. They run on the thread that owns the
-connection, while it holds the fd's running bit, one at a time: a handler
-needs no lock for its own connection. on_connect runs before anything else,
-also when the connection moved to another thread before it ran.
+connection, one at a time: a handler needs no lock for its own connection.
+on_connect runs before anything else, also when the connection moved to
+another thread before it ran.
+
+Containment. Whatever a method raises (an Exception, SystemExit,
+KeyboardInterrupt, GeneratorExit, any BaseException) is logged once and
+ends that connection only: reading stops, what was already written is
+sent, then the connection closes with a FIN (its unread input is read
+first, so the client sees a close, not a reset). The loop thread serves on.
+
+End of input. on_eof is called once, when the peer shut its sending side;
+from then on the connection is not polled for input (a handler may keep a
+half-closed connection open to finish writing; a reset of the peer is seen
+by its next write, or at once while output is waiting). A connection whose reading
+is paused (pause_reading, or its own output past the high-water mark) still
+notices its peer leaving: on a hang-up the input that is left is read and
+held (the peer can send no more, so at most its socket's receive buffer),
+and on_eof comes at once if nothing was left, else after that input, once
+reading resumes. A reset or an error closes the connection: on_close runs.
+
+Output. `Connection.write` never blocks: what the kernel does not take now
+waits in the connection's buffer and goes out when the socket is writable.
+Flow control, as asyncio's protocols do it: when the buffer grows past
+HIGH_WATER (1 MiB) the handler's pause_writing(conn) is called, and
+resume_writing(conn) once it is down to LOW_WATER (64 KiB); meanwhile the
+connection also stops reading (an echo-style handler is throttled with no
+code of its own). A handler that writes on its own (a broadcast, a push
+server) must honour pause_writing, or poll `conn.pending`: writes are never
+refused. What bounds a handler that does neither is the hard per-connection
+limit, the `stream_output_limit` setting (OUTPUT_LIMIT, 16 MiB by default):
+a write that leaves more than that waiting closes the connection at once
+(what is buffered is dropped) with a log line. A single write larger than
+the limit to a client that cannot take it at once is such a write: write
+big payloads in pieces, under pause_writing.
+
+Drains. When the worker starts draining (TERM, a reload, a replacement) the
+handler's on_drain(conn) is called once per open connection (and at once
+for one that opens while draining): the place to finish the exchange in
+flight or send the protocol's goodbye and close. A connection that stays
+idle (no byte in or out: writes count) for `idle_grace` is closed; the
+others are served until `hard_stop_after`, then cut, and the worker's exit
+says so (the master logs "hit the drain deadline").
 
 A handler may also act on other connections (a chat room, a proxy pair):
 from a loop thread, `write`, `close`, `pause_reading` and `resume_reading`
 work on any connection (fdcore's verbs take the calling thread's context,
 never the owner's); from a thread of the app's own, they are queued to the
 owning loop thread and run there. Bytes written to one connection from two
-threads at the same moment may interleave.
-
-`Connection.write` never blocks: what the kernel does not take now waits in
-a buffer and goes out when the socket is writable (POLLOUT); past the
-high-water mark the connection stops reading until the buffer drains below
-the low-water mark, so a client that does not read cannot make the server
-buffer without bound.
+threads at the same moment may interleave. A handler's pause_writing and
+resume_writing always run on its own connection's loop thread.
 """
 from __future__ import annotations
 
@@ -39,11 +77,13 @@ from sockherd.fdcore import State
 
 log = logging.getLogger("sockherd.worker")
 
-HIGH_WATER = 1 << 20      # pending output that pauses reading
-LOW_WATER = 64 << 10      # pending output below which reading resumes
+HIGH_WATER = 1 << 20      # pending output that pauses reading, and pause_writing
+LOW_WATER = 64 << 10      # pending output below which reading resumes, resume_writing
+OUTPUT_LIMIT = 16 << 20   # stream_output_limit's default: pending output that closes
 READ_SIZE = 64 << 10
 # plain ints: an IntFlag & costs an enum construction per test, per event
 _READABLE = int(State.POLL_IN | State.POLL_HUP | State.POLL_RDHUP)
+_HANGUP = int(State.POLL_HUP | State.POLL_RDHUP)
 _WRITABLE = int(State.POLL_OUT)
 _FAILED = int(State.POLL_ERR)  # with POLL_CTL: the poller could not register the fd
 
@@ -75,7 +115,8 @@ class Connection:
 
     __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "last_active", "_out",
                  "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send",
-                 "connected", "timer_at", "timer_entry")
+                 "_watching", "_eof", "_eof_told", "_held", "_delivering", "_writing_paused",
+                 "told_drain", "connected", "timer_at", "timer_entry")
 
     def __init__(self, loop, th, fd: int, cookie: int, handler):
         self.fd = fd
@@ -98,18 +139,28 @@ class Connection:
         self._paused_by_app = False
         self._paused_by_output = False
         self._want_send = False
+        self._watching = False               # WATCH_HUP asked of the core (_sync)
+        self._eof = False                    # the peer's end of input seen (read or held)
+        self._eof_told = False               # on_eof called
+        self._held = b""                     # input read at a hang-up while paused
+        self._delivering = False             # _deliver_held posted
+        self._writing_paused = False         # pause_writing called, resume_writing not yet
+        self.told_drain = False              # on_drain called
         self.connected = False                # on_connect ran (connect())
         self.timer_at = 0.0                   # set_timer's deadline (0: none)
         self.timer_entry = 0.0                # its entry in the owner's timer heap
 
     # ---- the app's side --------------------------------------------------------
     def write(self, data: bytes) -> None:
-        """Sends data, buffering what the kernel does not take now."""
+        """Sends data, buffering what the kernel does not take now (flow
+        control and the hard limit: the module's docstring)."""
         if self._closed or self._closing:
             return
-        if getattr(self.loop.local, "th", None) is None:
+        ctx = getattr(self.loop.local, "th", None)
+        if ctx is None:
             self.loop.post(self, self.write, bytes(data))   # not a loop thread
             return
+        self.last_active = time.monotonic()   # output is activity (a push protocol)
         if not self._out:
             try:
                 n = os.write(self.fd, data)
@@ -122,7 +173,15 @@ class Connection:
             if not data:
                 return
         self._out += data
+        if len(self._out) > self.loop.output_limit:
+            self._over_limit()
+            return
         self._sync()
+        if not self._writing_paused and len(self._out) > HIGH_WATER:
+            if ctx is self.th:
+                self._pause_writing()
+            else:                            # the handler runs on its own thread
+                self.loop.post(self, self._pause_writing)
 
     def close(self) -> None:
         """Closes once the buffered output is sent."""
@@ -189,18 +248,38 @@ class Connection:
         """Bytes written by the app and not yet taken by the kernel."""
         return len(self._out)
 
+    @property
+    def input_ended(self) -> bool:
+        """The peer shut its sending side (its input read or held)."""
+        return self._eof
+
+    @property
+    def writing_paused(self) -> bool:
+        """pause_writing was called and resume_writing not yet."""
+        return self._writing_paused
+
     # ---- the loop's side -------------------------------------------------------
     # Called from loop threads only: every fdcore verb below takes the calling
     # thread's context (loop.local.th). Using the owner's context from another
     # OS thread would corrupt its update list and its running bit (review).
     def connect(self) -> None:
-        """Runs on_connect once, by the owner while it holds the fd."""
+        """Runs on_connect once, by the owner while it holds the fd (and
+        on_drain after it if the worker is draining already)."""
         if self.connected:
             return
         self.connected = True
         self._call("on_connect")
         if not self._closed:
             self._sync()
+            if self.loop.draining:
+                self.tell_drain()
+
+    def tell_drain(self) -> None:
+        """on_drain, once (the owner, holding the fd, or its drain step)."""
+        if self.told_drain or self._closed:
+            return
+        self.told_drain = True
+        self._call("on_drain")
 
     def adopted_by(self, th) -> None:
         """th took the connection over (fdcore takeover, recv stopped): it
@@ -209,6 +288,7 @@ class Connection:
         self.th = th
         self.last_active = time.monotonic()
         self._want_send = False          # the core keeps a wanted send: re-say it
+        self._watching = False           # ... and WATCH_HUP
         self._sync()
 
     def on_events(self, events: int) -> None:
@@ -224,11 +304,14 @@ class Connection:
             return
         if events & _WRITABLE and self._out:
             self._flush()
-        if events & _READABLE and not self._closed and self._reading():
-            self._read()
+        if events & _READABLE and not self._closed:
+            if self._reading():
+                self._read()
+            elif events & _HANGUP and not self._eof and not self._closing:
+                self._hung_up()
 
     def _reading(self) -> bool:
-        return not (self._paused_by_app or self._paused_by_output or self._closing)
+        return not (self._paused_by_app or self._paused_by_output or self._closing or self._eof)
 
     def _read(self) -> None:
         try:
@@ -240,9 +323,58 @@ class Connection:
             self._fail(exc)
             return
         if not data:
+            self._eof = self._eof_told = True
+            self._sync()                 # input is over: not polled any more
             self._call("on_eof", default=self.close)
             return
         self._call("on_data", data)
+
+    def _hung_up(self) -> None:
+        """A hang-up reported while reading is paused: the input left is
+        read and held (the peer sends no more: bounded by its receive
+        buffer), the watch stops (RDHUP is level-triggered), and on_eof is
+        told now if nothing was left, else once reading resumes."""
+        chunks = []
+        while True:
+            try:
+                data = os.read(self.fd, READ_SIZE)
+            except BlockingIOError:
+                break                    # RDHUP with input still to come: not yet the end
+            except OSError as exc:
+                self._fail(exc)
+                return
+            if not data:
+                self._eof = True
+                break
+            chunks.append(data)
+        if chunks:
+            self._held += b"".join(chunks)
+        if not self._eof:
+            return
+        if not self._held:
+            self._eof_told = True
+        self._sync()
+        if not self._held:
+            self._call("on_eof", default=self.close)
+
+    def _deliver_held(self) -> None:
+        """Input held at a hang-up, then on_eof, once reading resumed (the
+        owner's mail)."""
+        self._delivering = False
+        if self._closed or self._paused_by_app or self._paused_by_output or self._closing:
+            return
+        if self._held:
+            data, self._held = self._held, b""
+            self._call("on_data", data)
+            if self._closed or self._paused_by_app or self._paused_by_output or self._closing:
+                return
+        self._tell_eof()
+
+    def _tell_eof(self) -> None:
+        if self._eof_told or self._closed:
+            return
+        self._eof_told = True
+        self._call("on_eof", default=self.close)
 
     def _flush(self) -> None:
         try:
@@ -253,13 +385,33 @@ class Connection:
             self._fail(exc)
             return
         del self._out[:n]
+        if n:
+            self.last_active = time.monotonic()
         if not self._out and self._closing:
             self._close_now()
-        else:
-            self._sync()
+            return
+        self._sync()
+        if self._writing_paused and len(self._out) <= LOW_WATER:
+            self._writing_paused = False
+            self._call("resume_writing")
+
+    def _pause_writing(self) -> None:
+        """pause_writing, on the owner, if the buffer is still past high water."""
+        if self._writing_paused or self._closed or len(self._out) <= HIGH_WATER:
+            return
+        self._writing_paused = True
+        self._call("pause_writing")
+
+    def _over_limit(self) -> None:
+        log.warning("connection from %s: %d bytes of output waiting, past stream_output_limit "
+                    "(%d): closing it, its output dropped", self.peer, len(self._out),
+                    self.loop.output_limit)
+        self._out.clear()
+        self._close_now()
 
     def _sync(self) -> None:
-        """Brings the fd's ACTIVE directions in line with what we want."""
+        """Brings the fd's ACTIVE directions (and its hang-up watch) in line
+        with what we want."""
         if self._closed:
             return
         if self._paused_by_output and len(self._out) < LOW_WATER:
@@ -275,30 +427,58 @@ class Connection:
             ctx.want_recv(self.fd)
         else:
             ctx.stop_recv(self.fd)
+        # paused, not at its end: a hang-up must still be heard (fd-t.h WATCH_HUP)
+        watch = not self._eof and not self._closing and not self._reading()
+        if watch != self._watching:
+            self._watching = watch
+            (ctx.want_hup if watch else ctx.stop_hup)(self.fd)
+        if self._eof and not self._eof_told and not self._delivering and not (
+                self._paused_by_app or self._paused_by_output or self._closing):
+            # reading resumed over input held at a hang-up: the owner delivers it
+            self._delivering = True
+            self.loop.post(self, self._deliver_held)
 
     def _call(self, name: str, *args, default=None) -> None:
+        """Calls the handler's method `name` (or default): whatever it
+        raises ends this connection, never the loop thread (containment:
+        the module's docstring)."""
         fn = getattr(self.handler, name, None)
         try:
             if fn is not None:
                 fn(self, *args)
             elif default is not None:
                 default()
-        except Exception:
-            log.exception("stream handler %s.%s failed; closing connection from %s",
-                          type(self.handler).__name__, name, self.peer)
-            self._out.clear()
+        except BaseException as exc:  # noqa: BLE001 - contained: this connection ends
+            self._contain(name, exc)
+
+    def _contain(self, name: str, exc: BaseException) -> None:
+        log.error("stream handler %s.%s failed (%s); closing the connection from %s after "
+                  "its pending output", type(self.handler).__name__, name,
+                  type(exc).__name__, self.peer, exc_info=exc)
+        if self._closed:
+            return
+        self._closing = True
+        if not self._out:
             self._close_now()
+        else:
+            self._sync()                 # reading stops; the output goes, then the FIN
 
     def _fail(self, exc: OSError | None) -> None:
         if exc is not None and exc.errno not in (errno.ECONNRESET, errno.EPIPE):
             log.warning("connection from %s: %s", self.peer, exc)
         self._out.clear()
-        self._close_now()
+        self._close_now(gone=True)
 
-    def _close_now(self) -> None:
+    def _close_now(self, gone: bool = False) -> None:
+        """Closes now. Unless the peer is gone (gone: a reset, an error),
+        the input it sent and nobody read is read first: a close over
+        unread input is a reset on the wire (a client that sent a request
+        to a connection its handler refused sees a FIN, as with HTTP)."""
         if self._closed:
             return
         self._closed = True
+        if not gone and not self._eof:
+            _read_unread(self.fd)
         self.loop.forget(self)
         # deferred to the leave of whichever thread is inside it
         self.loop.local.th.delete(self.fd)
@@ -306,5 +486,17 @@ class Connection:
         if on_close is not None:
             try:
                 on_close(self)
-            except Exception:
+            except BaseException:  # noqa: BLE001 - contained: the connection is closed already
                 log.exception("stream handler %s.on_close failed", type(self.handler).__name__)
+
+
+def _read_unread(fd: int, budget: int = 4 << 20) -> None:
+    """Reads (and drops) what is waiting on fd, at most `budget` bytes."""
+    while budget > 0:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except OSError:
+            return
+        if not data:
+            return
+        budget -= len(data)

@@ -363,7 +363,8 @@ void check_quiescent(int allow_stale)
 		        "update bit left after every thread's update pass");
 		CHECKFD(fd, fdc_in_shared_list(t, fd) == 0, "still on the shared update list");
 		CHECKFD(fd, (st & FDC_MUST_CLOSE) == 0, "MUST_CLOSE set on a live fd");
-		check_dir(fd, "recv", !!(st & FDC_ACTIVE_R), pr, tm, allow_stale);
+		/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */
+		check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm, allow_stale);
 		check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
 	}
 
@@ -391,7 +392,12 @@ void check_quiescent(int allow_stale)
 			        tid, r ? "present" : "absent", pr, pw, reg[fd] & 0x7fffffffu);
 			if (!r)
 				continue;
-			CHECKFD(fd, !!(reg[fd] & EPOLLIN) == pr && !!(reg[fd] & EPOLLOUT) == pw,
+			/* a recv-side registration without EPOLLIN: a hang-up watch
+			 * alone (WATCH_HUP with ACTIVE_R off), EPOLLRDHUP kept */
+			uint32_t st = atomic_load(&e->state);
+			int in = pr && ((st & FDC_ACTIVE_R) || !(st & FDC_WATCH_HUP));
+			CHECKFD(fd, !!(reg[fd] & EPOLLIN) == in && !!(reg[fd] & EPOLLOUT) == pw &&
+			        (!pr || (st & FDC_EXCLUSIVE) || (reg[fd] & EPOLLRDHUP)),
 			        "tid %d: kernel events %#x vs polled r=%d w=%d", tid, reg[fd] & 0x7fffffffu,
 			        pr, pw);
 			uint64_t want = (uint64_t)atomic_load(&e->generation) << 32 | (uint32_t)fd;

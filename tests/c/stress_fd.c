@@ -164,7 +164,12 @@ static void conn_op(int tid, struct fdc_thread *th, struct conn *live, int *n, i
 
 	switch (rndn(13)) {
 	case 0: verb(c->fd, fdc_want_recv, th, "want_recv"); break;
-	case 1: verb(c->fd, fdc_stop_recv, th, "stop_recv"); break;
+	case 1:
+		if (chance(3))   /* a paused connection that still hears hang-ups */
+			verb(c->fd, chance(2) ? fdc_want_hup : fdc_stop_hup, th, "want/stop_hup");
+		else
+			verb(c->fd, fdc_stop_recv, th, "stop_recv");
+		break;
 	case 2: verb(c->fd, fdc_want_send, th, "want_send"); break;
 	case 3: verb(c->fd, fdc_stop_send, th, "stop_send"); break;
 	case 4: verb(c->fd, chance(2) ? fdc_may_recv : fdc_cant_recv, th, "may/cant_recv"); break;
@@ -239,8 +244,10 @@ static void handle(struct fdc_thread *th, struct fdc_event *ev, struct conn *liv
 		ssize_t k = recv(fd, b, sizeof(b), 0);
 		if (k < 0 && errno == EAGAIN)
 			verb(fd, fdc_cant_recv, th, "cant_recv");
-		else if (k == 0)
+		else if (k == 0) {
 			verb(fd, fdc_stop_recv, th, "stop_recv");   /* EOF: stop spinning on it */
+			verb(fd, fdc_stop_hup, th, "stop_hup");     /* RDHUP is level-triggered */
+		}
 		else if (k < 0 && errno != ECONNRESET)
 			FAILFD(fd, "recv: %s", strerror(errno));
 	}

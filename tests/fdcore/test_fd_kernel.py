@@ -95,7 +95,10 @@ def assert_kernel_truth(t: Table, *, where: str = "") -> None:
                             f"does not list it ({expected[fd]})")
         for fd in sorted(set(expected) & set(listed)):
             i, r = expected[fd], listed[fd]
-            want_in = bool(i.polled_recv & th.bit)
+            # a recv-side registration is a hang-up watch alone (no EPOLLIN)
+            # when WATCH_HUP holds it and ACTIVE_R is off
+            want_in = bool(i.polled_recv & th.bit) and bool(
+                i.state & State.ACTIVE_R or not i.state & State.WATCH_HUP)
             want_out = bool(i.polled_send & th.bit)
             excl = bool(i.state & State.EXCLUSIVE)
             if bool(r.events & EPOLLIN) != want_in or bool(r.events & EPOLLOUT) != want_out:
@@ -103,7 +106,7 @@ def assert_kernel_truth(t: Table, *, where: str = "") -> None:
                                 f"polled recv={want_in} send={want_out}")
             if bool(r.events & EPOLLEXCLUSIVE) != excl:
                 problems.append(f"thread {th.tid}: fd {fd} events {r.events:#x}, EXCLUSIVE={excl}")
-            if want_in and not excl and not r.events & EPOLLRDHUP:
+            if i.polled_recv & th.bit and not excl and not r.events & EPOLLRDHUP:
                 problems.append(f"thread {th.tid}: fd {fd} polled for recv without RDHUP "
                                 f"({r.events:#x})")
             if r.data != (i.generation << 32 | fd):
@@ -120,7 +123,8 @@ def assert_kernel_truth(t: Table, *, where: str = "") -> None:
                 continue
             pr, ps = bool(i.polled_recv & th.bit), bool(i.polled_send & th.bit)
             if i.thread_mask & th.bit:
-                wr, ws = bool(i.state & State.ACTIVE_R), bool(i.state & State.ACTIVE_W)
+                wr = bool(i.state & (State.ACTIVE_R | State.WATCH_HUP))
+                ws = bool(i.state & State.ACTIVE_W)
                 if (pr, ps) != (wr, ws):
                     problems.append(f"thread {th.tid} owns fd {fd} and polls recv={pr} "
                                     f"send={ps} instead of {wr}/{ws}: {i}")
@@ -207,6 +211,47 @@ def test_single_owner_pairs_want_stop_both_directions(tables, peers):
     assert_kernel_truth(t, where="after deletes")
     for th in t.threads:
         assert kernel_regs(th.epfd) == [], th.tid
+
+
+def test_a_hang_up_watch_keeps_a_stopped_recv_registered_for_rdhup_alone(tables, peers):
+    """want_hup (issue 20, finding 4: a stream connection whose reading was
+    paused was out of epoll, so its client's leaving went unheard): with
+    recv stopped the fd stays registered with EPOLLRDHUP and no EPOLLIN,
+    data arriving is not reported, the peer's close is; want_recv puts
+    EPOLLIN back, stop_hup with recv stopped takes the fd out."""
+    t = tables(2, 1)
+    th = t.threads[0]
+    fd = pair(peers)
+    t.insert(fd, 7, tgid=th.tgid, thread_mask=th.bit)
+    th.want_hup(fd)
+    converge(t)
+    assert_kernel_truth(t, where="watch alone")
+    [reg] = kernel_regs(th.epfd)
+    assert reg.events & EPOLLRDHUP and not reg.events & (EPOLLIN | EPOLLOUT)
+    peers[-1].send(b"data nobody asked for")
+    assert th.poll(50) == []
+    th.want_recv(fd)
+    converge(t)
+    assert_kernel_truth(t, where="recv wanted with the watch")
+    [reg] = kernel_regs(th.epfd)
+    assert reg.events & EPOLLIN and reg.events & EPOLLRDHUP
+    [ev] = th.poll(50)
+    assert ev.events & State.POLL_IN
+    th.leave_all()
+    th.stop_recv(fd)
+    converge(t)
+    [reg] = kernel_regs(th.epfd)
+    assert not reg.events & EPOLLIN
+    peers[-1].close()
+    peers.pop()
+    [ev] = th.poll(1000)
+    assert ev.fd == fd and ev.events & State.POLL_RDHUP
+    th.leave_all()
+    th.stop_hup(fd)
+    converge(t)
+    assert_kernel_truth(t, where="watch stopped")
+    assert kernel_regs(th.epfd) == []
+    assert th.delete(fd)
 
 
 def test_shared_listener_converges_on_every_owner(tables):

@@ -140,7 +140,7 @@ def master(tmp_path: Path):
         (tmp_path / name).write_text(text)
     started: list[Master] = []
 
-    def start(*args: str, ready: int | None = 2, nofile: int | None = None,
+    def start(*args: str, ready: int | None = 2, nofile: int | tuple | None = None,
               bind: str | None = "127.0.0.1:0", chdir: Path = tmp_path) -> Master:
         """bind None: no -b (the settings file names the addresses)."""
         log = tmp_path / f"master{len(started)}.log"
@@ -148,7 +148,8 @@ def master(tmp_path: Path):
         def limits():
             if nofile:
                 import resource
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile if isinstance(nofile, tuple)
+                                   else (nofile, nofile))
 
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "sockherd.master", "run", *args,

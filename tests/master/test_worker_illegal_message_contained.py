@@ -89,3 +89,63 @@ def test_the_verdict_on_a_misbehaving_worker_by_what_it_is_doing():
     slot = serving_slot()
     slot.life.handle(Event.DRAIN)
     assert verdict(slot, [slot], False, None) == (LEAVE, "not ready")
+
+
+FDSAPP = """
+import gc, os, socket
+from sockherd.ipc import messages
+from sockherd.ipc.channel import Channel
+from sockherd.ipc.frames import encode_frames
+
+def app(environ, start_response):
+    ch = next(o for o in gc.get_objects() if isinstance(o, Channel))
+    sock = socket.socket(fileno=os.dup(ch.fileno()))
+    (frame, _), = encode_frames(messages.encode(messages.Heartbeat(seq=1, sent_at=0.0)), [])
+    null = os.open("/dev/null", os.O_RDONLY)
+    for _ in range(20):                 # 20 x 250 fds, each batch with a legal message
+        try:
+            sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    __import__("array").array("i", [null] * 250))])
+        except OSError:
+            break
+    sock.detach()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"%d" % os.getpid()]
+"""
+
+
+def test_fds_a_worker_sends_never_enter_the_masters_table(master, tmp_path):
+    """Found while merging issue 19's fd budget: the master read its
+    workers' channels with room for 252 fds per read, so app code could fill
+    the master's fd table (20 x 250 fds here: 5,000), which the fd budget
+    then had to survive. A worker never sends the master an fd: the kernel
+    now discards them (no room for them in the read), the offender is
+    replaced, and the master's table does not grow."""
+    import os
+
+    (tmp_path / "fdsapp.py").write_text(FDSAPP)
+    m = master("fdsapp:app", "-w", "2")
+    import threading
+
+    def count() -> int:
+        try:
+            return len(os.listdir(f"/proc/{m.proc.pid}/fd"))
+        except OSError:
+            return 0
+
+    base = count()
+    peak, done = [base], threading.Event()
+    sampler = threading.Thread(target=lambda: [peak.append(count()) for _ in iter(
+        lambda: done.wait(0.001), True)])
+    sampler.start()
+    try:
+        victim = int(get(m.port, "/"))
+        wait_for(lambda: len(peak) > 200, 10, "the master's fds sampled after the send")
+    finally:
+        done.set()
+        sampler.join()
+    m.wait_log(rf"worker \d+\.\d+ \(pid {victim}\) misbehaves: .*: replacing it")
+    wait_for(lambda: gone(victim), 30, "the offender drained and reaped")
+    peak.append(len(os.listdir(f"/proc/{m.proc.pid}/fd")))
+    assert max(peak) < base + 20, (base, peak)
+    assert m.proc.poll() is None, m.text()

@@ -158,3 +158,39 @@ def test_bad_exc_info_requests_leave_a_2x2_server_serving_and_stopping_cleanly(m
     assert m.proc.wait(60) == 0
     assert "SIGSEGV" not in m.text() and "ended" not in m.text()
     assert len(re.findall(r"exited with status 0 \(drained\)", m.text())) == 2, m.text()
+
+
+KILLSTREAM = """
+import os
+
+class Killed(BaseException):
+    pass
+
+def die():
+    raise Killed("a loop thread killed on purpose")
+
+class Echo:
+    def on_data(self, conn, data):
+        if data == b"kill":
+            loop = conn.loop
+            me = loop._pos[loop.local.th.tid]
+            loop._mail[me].append((die, ()))  # runs on this thread after this turn
+        conn.write(b"%d" % os.getpid())
+"""
+
+
+def test_a_stream_worker_whose_loop_thread_ends_is_replaced(master, tmp_path):
+    """Issue 20: the same safety net for the stream interface (what a
+    handler raises is contained, tests/worker/test_stream_containment.py;
+    this is a bug of ours, outside any handler)."""
+    (tmp_path / "killstream.py").write_text(KILLSTREAM)
+    m = master("killstream:Echo", "--interface", "stream", "-w", "1", ready=1)
+    with m.connect() as c:
+        c.sendall(b"kill")
+        victim = int(c.recv(100))
+    m.wait_log(rf"\[worker {victim}\] CRITICAL loop thread \d+ ended \(Killed\), 0 of 1 left")
+    m.wait_log(rf"exited with status 70 \(crashed\), pid {victim}")
+    m.wait_log(r"worker \d+\.\d+: ready", count=2)
+    with m.connect() as c:
+        c.sendall(b"hello")
+        assert int(c.recv(100)) != victim

@@ -154,3 +154,25 @@ def test_a_response_begun_after_the_drain_began_carries_connection_close(serve):
     assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"\r\n\r\n1234567890"), out
     assert b"\r\nConnection: close\r\n" in out, out
     assert loop.drained.wait(5)
+
+
+def test_a_drain_closes_an_idle_http_connection_without_ending_a_loop_thread(serve_wsgi):
+    """Issue 20 regression: the drain's idle check asked every connection
+    of `conns` whether its input had ended, a stream connection's attribute;
+    the HTTP engine's connections have none, and a drain with an idle
+    kept-alive one ended the loop thread (AttributeError)."""
+    def hello(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"hi"]
+
+    loop, addr = serve_wsgi(hello, threads=1)
+    c = socket.create_connection(addr, timeout=10)
+    c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    got = b""
+    while not got.endswith(b"hi"):
+        got += c.recv(4096)
+    loop.drain(idle_grace=0.2)
+    assert loop.drained.wait(10)
+    assert c.recv(100) == b""                    # closed by the drain, after the grace
+    assert not loop.ended and not loop.errors, loop.errors
+    c.close()
