@@ -216,11 +216,7 @@ class ProcessTable:
                     pass
             elif action is Action.SEND_DRAIN:
                 self.events.emit("draining", worker=name(slot), pid=slot.proc.pid)
-        except Shortage:
-            raise
-        except (OSError, IPCError, ValueError) as exc:
-            # ValueError: an assignment over the channel's frame cap (a
-            # setting of 17 MB): escaping, it ended the loop (review)
+                self.post(slot, Drain(deadline=time.monotonic() + hard_stop_after))
             elif action is Action.ARM_HARD_STOP:
                 self.at(hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
 
