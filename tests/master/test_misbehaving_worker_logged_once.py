@@ -13,40 +13,18 @@ import re
 import pytest
 
 from test_run import gone, master, wait_for  # noqa: F401 (fixture)
+from test_worker_message_flood_never_starves_the_master import FLOOD
 from test_worker_replaced_when_a_loop_thread_ends import get
 
 pytestmark = pytest.mark.timeout(120)
 
-# App code writing READY frames on its worker's channel for `seconds`, as
-# fast as the socket takes them, from a thread of its own; the worker's own
-# channel code is silenced first (it neither sends nor reads: the drain it
-# is told goes unheard, and its hard stop ends it).
-LIARAPP = """
-import gc, os, select, threading, time
-from sockherd.ipc import messages
-from sockherd.ipc.channel import Channel
-from sockherd.ipc.frames import encode_frames
-
-def flood(seconds):
-    ch = next(o for o in gc.get_objects() if isinstance(o, Channel))
-    ch.send = lambda *a, **k: None
-    ch.read_available = lambda: 0
-    ch.next_message = lambda: None
-    fd = ch.fileno()
-    (frame, _), = encode_frames(messages.encode(messages.Ready(pid=os.getpid())), [])
-    blob = frame * 4096
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        view = memoryview(blob)
-        while view:
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                select.select([], [fd], [], 1)
-
+# READY frames for 3 s from a worker deaf to its channel (test_worker_
+# message_flood_never_starves_the_master.FLOOD)
+LIARAPP = FLOOD + """
 def app(environ, start_response):
     if environ["PATH_INFO"] == "/flood":
-        threading.Thread(target=flood, args=(3,), daemon=True).start()
+        threading.Thread(target=flood, args=(messages.Ready(pid=os.getpid()), 3, True),
+                         daemon=True).start()
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"%d" % os.getpid()]
 """

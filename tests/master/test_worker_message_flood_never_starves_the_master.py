@@ -19,22 +19,25 @@ from test_worker_replaced_when_a_loop_thread_ends import get
 
 pytestmark = pytest.mark.timeout(120)
 
-# App code writing whole heartbeat frames on its worker's channel from a
-# thread of its own for `seconds`, as fast as the socket takes them; the
-# worker's own sends are silenced first (one of its heartbeats must not
-# land inside the flood's bytes). Answers at once; the flood's frame count
-# is in flood.txt once it is over.
-FLOODAPP = """
+# App code writing one message's frame on its worker's channel, over and
+# over for `seconds`, as fast as the socket takes it, from a thread of its
+# own; the worker's own sends are silenced first (one of its heartbeats
+# must not land inside the flood's bytes), and with deaf=True its reads too
+# (a drain it is told goes unheard: its hard stop ends it).
+FLOOD = """
 import gc, os, select, threading, time
 from sockherd.ipc import messages
 from sockherd.ipc.channel import Channel
 from sockherd.ipc.frames import encode_frames
 
-def flood(seconds, out):
+def flood(msg, seconds, deaf=False):
     ch = next(o for o in gc.get_objects() if isinstance(o, Channel))
     ch.send = lambda *a, **k: None
+    if deaf:
+        ch.read_available = lambda: 0
+        ch.next_message = lambda: None
     fd = ch.fileno()
-    (frame, _), = encode_frames(messages.encode(messages.Heartbeat(seq=1, sent_at=0.0)), [])
+    (frame, _), = encode_frames(messages.encode(msg), [])
     blob = frame * 4096
     end, sent = time.monotonic() + seconds, 0
     while time.monotonic() < end:
@@ -45,13 +48,21 @@ def flood(seconds, out):
             except BlockingIOError:
                 select.select([], [fd], [], 1)
         sent += 4096
+    return sent
+"""
+
+# the flood of heartbeats (valid frames); its frame count is in flood.txt
+# once it is over
+FLOODAPP = FLOOD + """
+def beats(seconds, out):
+    sent = flood(messages.Heartbeat(seq=1, sent_at=0.0), seconds)
     with open(out, "w") as f:
         f.write(str(sent))
 
 def app(environ, start_response):
     if environ["PATH_INFO"] == "/flood":
         seconds, out = environ["QUERY_STRING"].split("&", 1)
-        threading.Thread(target=flood, args=(float(seconds), out), daemon=True).start()
+        threading.Thread(target=beats, args=(float(seconds), out), daemon=True).start()
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"%d" % os.getpid()]
 """

@@ -21,16 +21,9 @@ import pytest
 
 from test_control_review import Client
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
+from test_worker_half_frame_never_blocks_the_master import _status_latency
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _latency(c: Client) -> float:
-    t = time.monotonic()
-    c.request("status")
-    got = c.replies(1, 30)
-    assert got and got[0]["ok"], got
-    return time.monotonic() - t
 
 
 def test_a_stopped_worker_never_blocks_the_loop_nor_its_healthy_sibling(master, tmp_path):
@@ -47,14 +40,14 @@ def test_a_stopped_worker_never_blocks_the_loop_nor_its_healthy_sibling(master, 
                 flood.request("show proc")
             start, worst, n = time.monotonic(), 0.0, 0
             while time.monotonic() - start < 8.0:
-                worst, n = max(worst, _latency(c)), n + 1
+                worst, n = max(worst, _status_latency(c)), n + 1
             print(f"{n} status requests during the flood, worst {worst * 1000:.0f} ms")
             assert worst < 0.5, f"`status` took {worst:.2f}s with a worker stopped"
             # replaced, then told to drain: its Drain cannot be written either
             c.request("drain", {"target": str(stopped)})
             assert c.replies(1, 30)
             m.wait_log(rf"replaced by pid \d+; draining pid {stopped}", timeout=30)
-            worst = max(_latency(c) for _ in range(20))
+            worst = max(_status_latency(c) for _ in range(20))
             assert worst < 0.5, f"`status` took {worst:.2f}s after the drain"
         assert healthy in children(m.proc.pid), m.text()
         assert "crashed" not in m.text(), m.text()
