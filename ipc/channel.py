@@ -49,12 +49,15 @@ class Received(NamedTuple):
 
 class Channel:
     def __init__(self, sock: socket.socket, *, max_frame: int = MAX_FRAME,
-                 max_frame_in: int | None = None, takes_fds: bool = True):
+                 max_frame_in: int | None = None, takes_fds: bool = True,
+                 read_bytes: int | None = None):
         """max_frame caps the messages we send, max_frame_in (default: the same) the
         ones the peer may send: a larger frame is refused from its header, before its
         payload is buffered. takes_fds=False: a peer that sends any fd is refused, and
         the kernel discards them (no room for ancillary data: MSG_CTRUNC), so they never
-        enter our fd table."""
+        enter our fd table. read_bytes: the most one read_available() reads (one
+        recvmsg of at most that), so a peer flooding small messages costs a bounded
+        amount of work per call; a poll loop is woken again for the rest."""
         if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
             raise ValueError("a channel needs a connected AF_UNIX stream socket")
         sock.setblocking(False)
@@ -64,7 +67,8 @@ class Channel:
         self._decoder = FrameDecoder(max_in)
         # never more than one largest frame per read: a peer's oversized or
         # flooding input is refused before much of it is held
-        self._recv_bytes = min(_RECV_BYTES, HEADER.size + max_in)
+        self._recv_bytes = min(_RECV_BYTES, HEADER.size + max_in, read_bytes or _RECV_BYTES)
+        self._reads_per_call = 1 if read_bytes else _READS_PER_CALL
         self._cmsg_room = _CMSG_ROOM if takes_fds else 0
         self._outbox = Outbox()
         self._inbox: deque[Delivered] = deque()
@@ -141,7 +145,7 @@ class Channel:
         """Read what the socket holds without blocking; return how many messages wait in
         the inbox. Raises ProtocolError (channel dead) or PeerClosed (EOF, inbox empty)."""
         self._decoder.raise_if_failed()
-        for _ in range(_READS_PER_CALL):
+        for _ in range(self._reads_per_call):
             if not self._read_once():
                 break
         if self._outbox.wants_write:

@@ -315,12 +315,19 @@ class Generations:
         self.refused(p.generation, reason)
         self.run_queued()
 
+    def after_refusal(self, rolled_back: bool) -> str:
+        """What serves once a reload failed: nothing, if the master stops
+        (a TERM during a probation: "generation 2 keeps serving" was said)."""
+        if self.host.stopping:
+            return "every worker drains: the master is stopping"
+        return f"generation {self.generation} " + ("serves again" if rolled_back
+                                                   else "keeps serving")
+
     def refused(self, gen: int, reason: str, rolled_back: bool = False) -> None:
         self.reloads_failed += 1
         self.last_reload_failure = reason
-        log.error("reload %s (generation %d): %s; generation %d %s", "failed" if rolled_back
-                  else "refused", gen, reason, self.generation,
-                  "serves again" if rolled_back else "keeps serving")
+        log.error("reload %s (generation %d): %s; %s", "failed" if rolled_back else "refused",
+                  gen, reason, self.after_refusal(rolled_back))
         self.host.events.emit("reload_failed", generation=gen, reason=reason,
                               rolled_back=rolled_back)
 

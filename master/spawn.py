@@ -39,6 +39,9 @@ from sockherd.master.listeners import Listener
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
 
 MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", ENV_SOFT)
+# bytes of a worker's channel read per wake-up of the master's loop: about
+# 2,000 of its smallest messages, a few ms of handling
+READ_BYTES = 64 * 1024
 
 
 class Shortage(OSError):
@@ -75,8 +78,18 @@ class WorkerProcess:
 def adopt(generation: int, index: int, pid: int, fd: int) -> WorkerProcess:
     """A worker the previous master image started (upgrade): fd is the
     master's end of its socketpair, inherited across exec."""
-    return WorkerProcess(generation, index, pid,
-                         Channel(socket.socket(fileno=fd), takes_fds=False))
+    return WorkerProcess(generation, index, pid, _channel(socket.socket(fileno=fd)))
+
+
+def _channel(sock: socket.socket) -> Channel:
+    """The master's end of a worker's socketpair. A worker never sends the
+    master an fd: any it sends are refused and discarded by the kernel,
+    never held (app code could fill the table). And one wake-up of the
+    loop reads at most READ_BYTES of it: a worker writing small messages as
+    fast as it can cost a decode and a handling of half a million of them
+    per wake-up, and `ctl status` waited 3-5 s (the selector reports the rest
+    again, after the other fds)."""
+    return Channel(sock, takes_fds=False, read_bytes=READ_BYTES)
 
 
 def spawn(generation: int, index: int, config: dict, app: str, listeners: list[Listener],
@@ -123,9 +136,7 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
         raise
     finally:
         child.close()
-    # a worker never sends the master an fd: any it sends are refused and
-    # discarded by the kernel, never held (app code could fill the table)
-    channel = Channel(parent, takes_fds=False)
+    channel = _channel(parent)
     try:
         _limit_fds(proc.pid)
         channel.send(Assignment(generation=generation, worker_index=index, config=config, app=app,

@@ -247,12 +247,13 @@ class Supervisor:
         try:
             self._on_message(slot, got)
         except IllegalTransition as exc:
-            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})")
+            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})",
+                             type(got.msg).__name__)
         except Exception:                          # noqa: BLE001 - a bug of ours
             log.exception("worker %s: handling its %s failed; the master carries on",
                           name(slot), type(got.msg).__name__)
 
-    def _misbehaved(self, slot: Slot, offence: str) -> None:
+    def _misbehaved(self, slot: Slot, offence: str, kind: str = "channel") -> None:
         """A message illegal for the worker's state, or a channel it broke
         (offence: which): it is not trusted any more; replaced (its successor
         READY first), else drained."""
@@ -261,7 +262,10 @@ class Supervisor:
         doing = {misbehaving.REPLACE: "replacing it",
                  misbehaving.DRAIN: f"draining it (not replaced: {why})",
                  misbehaving.LEAVE: f"left as it is ({why})"}[what]
-        log.error("worker %s (pid %d) misbehaves: %s: %s", name(slot), pid, offence, doing)
+        told = misbehaving.to_log(slot, kind, time.monotonic())
+        if told:
+            log.error("worker %s (pid %d) misbehaves: %s: %s%s", name(slot), pid, offence, doing,
+                      f" ({told - 1} more offences since the last such line)" if told > 1 else "")
         if what == misbehaving.REPLACE:
             self._replace(slot, "misbehaving")
         elif what == misbehaving.DRAIN:
@@ -318,21 +322,26 @@ class Supervisor:
     # ---- exits --------------------------------------------------------------------------
     def _reap(self) -> None:
         for slot, pid, how, served in self.table.reap():
-            self.asker.gone(pid)
-            outcome = slot.life.outcome
-            # one READY and waiting for the rest of its generation did not
-            # fail "before ready" (issue 19 §10: the refusal said so)
-            why = f"exited with {how} " + (
-                "before ready" if not slot.life.was_ready else
-                "after it was ready, before the commit" if self.gens.starting(slot) else
-                f"({outcome.value})")
-            if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
-                continue                        # a reload's, a replacement's, an older one's
-            if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
-                    and not self.first_failure:
-                self.first_failure = f"worker {name(slot)} exited with {how}"
-            if not self.stopping and not slot.retired:
-                self._after_exit(slot, outcome, served)
+            # each exit in the boundary: one whose handling fails must not
+            # leave the others unreaped until the next SIGCHLD
+            self._contain(f"the exit of pid {pid}", self._exited, slot, pid, how, served)
+
+    def _exited(self, slot: Slot, pid: int, how: str, served: float) -> None:
+        self.asker.gone(pid)
+        outcome = slot.life.outcome
+        # one READY and waiting for the rest of its generation did not
+        # fail "before ready" (issue 19 §10: the refusal said so)
+        why = f"exited with {how} " + (
+            "before ready" if not slot.life.was_ready else
+            "after it was ready, before the commit" if self.gens.starting(slot) else
+            f"({outcome.value})")
+        if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
+            return                          # a reload's, a replacement's, an older one's
+        if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
+                and not self.first_failure:
+            self.first_failure = f"worker {name(slot)} exited with {how}"
+        if not self.stopping and not slot.retired:
+            self._after_exit(slot, outcome, served)
 
     def _after_exit(self, slot: Slot, outcome: Outcome, served: float) -> None:
         after = exit_policy(slot.backoff, outcome, served, self.ever_ready)
@@ -363,22 +372,35 @@ class Supervisor:
         for signum in data:
             if signum == signal.SIGUSR2:
                 upgrade = True           # last: the exec ends this batch (review)
-            elif signum == signal.SIGCHLD:
-                self._reap()
-            elif signum == signal.SIGTTIN and not self.stopping:
-                self._scale_up()
-            elif signum == signal.SIGTTOU and not self.stopping:
-                self._scale_down()
-            elif signum == signal.SIGHUP and not self.stopping:
-                self._reload(queue=True)            # during a reload: runs after it
-            elif signum == signal.SIGTERM and not self.stopping:
-                self._graceful_stop()
-            elif signum == signal.SIGTERM and not self.killing:
-                log.info("TERM: stopping gracefully already (INT or QUIT stops at once)")
-            elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-                self._fast_stop()
+            else:
+                self._contain(signal.Signals(signum).name, self._on_signal, signum)
         if upgrade and not self.stopping:
-            self._upgrade()
+            self._contain("USR2", self._upgrade)
+
+    def _contain(self, label: str, handle, *args) -> None:
+        """One signal, timer, exit or wake-up inside the boundary: a bug of
+        ours in its handling is logged and the loop carries on (review of
+        issue 19: a ValueError from a reload's spawn on HUP ended the master)."""
+        try:
+            handle(*args)
+        except Exception:                          # noqa: BLE001 - never the loop's end
+            log.exception("handling %s failed; the master carries on", label)
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGCHLD:
+            self._reap()
+        elif signum == signal.SIGTTIN and not self.stopping:
+            self._scale_up()
+        elif signum == signal.SIGTTOU and not self.stopping:
+            self._scale_down()
+        elif signum == signal.SIGHUP and not self.stopping:
+            self._reload(queue=True)                # during a reload: runs after it
+        elif signum == signal.SIGTERM and not self.stopping:
+            self._graceful_stop()
+        elif signum == signal.SIGTERM and not self.killing:
+            log.info("TERM: stopping gracefully already (INT or QUIT stops at once)")
+        elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            self._fast_stop()
 
     def _on_timer(self, what: str, slot: Slot) -> None:
         if what == "respawn":
@@ -569,18 +591,21 @@ class Supervisor:
                     elif key.data[0] == "extra":
                         pass                                # polled below, every time
                     elif key.data[1] in self.handoff.fds:
-                        self.handoff.handle(key.data[1], mask)
+                        self._contain("the hand-off socket", self.handoff.handle,
+                                      key.data[1], mask)
                 elif key.data.proc is not None:
                     if mask & selectors.EVENT_WRITE:
-                        self.table.flush(key.data)
+                        self._contain("a worker's channel", self.table.flush, key.data)
                     if mask & selectors.EVENT_READ and key.data.proc is not None:
-                        self._on_channel(key.data)
+                        # an OSError of the socket itself (not a worker's doing:
+                        # those are IPCErrors, handled inside) must not end the loop
+                        self._contain("a worker's channel", self._on_channel, key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, what, slot, pid = heapq.heappop(self.timers)
                 if pid and (slot.proc is None or slot.proc.pid != pid):
                     continue                        # armed for a worker that is gone
-                self._on_timer(what, slot)
+                self._contain(f"the {what} timer", self._on_timer, what, slot)
             self.asker.expire()
             if self._inbox:
                 self._run_inbox()

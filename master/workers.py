@@ -51,6 +51,10 @@ class Slot:
     replacing: "Slot | None" = None   # max_requests / lifetime: the worker this one replaces
     replaced_by: "Slot | None" = None # ... and the one replacing this one, while it starts
     replace_failures: int = 0
+    offences: int = 0              # illegal messages or channel breaks (misbehaving.py)
+    offences_logged: int = 0       # ... of which told in the log so far
+    offence_logged_at: float = 0.0
+    offence_kinds: set = field(default_factory=set)   # ... the kinds told
 
 
 def name(slot: Slot) -> str:
@@ -162,10 +166,14 @@ class ProcessTable:
                          listeners, board_fd=self.board.fd, board_row=slot.board)
         except Shortage:
             raise
-        except (OSError, IPCError) as exc:
+        except (OSError, IPCError, ValueError) as exc:
+            # ValueError: an assignment over the channel's frame cap (a
+            # setting of 17 MB): escaping, it ended the loop (review)
             log.error("worker %s: cannot start: %s", name(slot), exc)
             return f"cannot start: {exc}"
         slot.proc, slot.life = proc, Worker(slot.generation, slot.index)
+        slot.offences = slot.offences_logged = 0     # its own, not its predecessor's
+        slot.offence_kinds = set()
         slot.started = slot.last_heartbeat = time.monotonic()
         self._watch(slot)
         self.at(settings.ready_timeout, "ready_timeout", slot, proc.pid)

@@ -16,12 +16,10 @@ def run(sup, args, reply) -> None:
             if event["event"] == "reload_ok":
                 reply.ok({"generation": gen, "seconds": event["seconds"],
                           "probation": event.get("probation", 0.0)})
-            elif event.get("rolled_back"):
-                reply.fail(f"reload failed (generation {gen}): {event['reason']}; generation "
-                           f"{sup.generation} serves again")
             else:
-                reply.fail(f"reload refused (generation {gen}): {event['reason']}; generation "
-                           f"{sup.generation} keeps serving")
+                back = bool(event.get("rolled_back"))
+                reply.fail(f"reload {'failed' if back else 'refused'} (generation {gen}): "
+                           f"{event['reason']}; {sup.gens.after_refusal(back)}")
 
     gen = sup.gens.next_number()
     sup.events.subscribe(on_event)

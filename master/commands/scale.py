@@ -1,9 +1,11 @@
 """scale N: that many workers in the serving generation (TTIN/TTOU as many
 times as it takes); new ones start now, extra ones drain."""
+import time
 from typing import Annotated
 
 import msgspec
 
+from sockherd.master import probation
 from sockherd.master.commands import Command
 from sockherd.worker.board import SLOTS
 
@@ -19,6 +21,12 @@ def run(sup, args: Args, reply) -> None:
         return
     if sup.stopping:
         reply.fail("the master is stopping")
+        return
+    # TTIN/TTOU are ignored meanwhile: "scale: 2 -> 2 workers" was the
+    # answer, ok (review of issue 19)
+    why = probation.refusal(sup.gens.probation, time.monotonic())
+    if why:
+        reply.fail(f"{why}: scale once it is over")
         return
     before = len(sup._active())
     # each step must change the count (TTIN refuses past SLOTS slots while
