@@ -43,13 +43,14 @@ import time
 from typing import NamedTuple
 
 from sockherd.ipc.frames import FD_BATCH
+from sockherd.worker import ENV_NOFILE
 
 log = logging.getLogger("sockherd.master")
 
 RESERVE = 16          # free for a control client, a spawn, a /-/ready answer
 SPARE = 4
 COUNT_AGE = 1.0       # seconds a count of the open fds is used (with what was taken since)
-ENV_SOFT = "SOCKHERD_WORKER_NOFILE"   # the soft limit workers get
+ENV_SOFT = ENV_NOFILE                # the soft limit workers get (they set it themselves)
 # what a fork, a socketpair or a pipe says when the master itself is short
 SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 

@@ -20,13 +20,13 @@ nothing wrong, and its slot must not come closer to being given up
 (issue 19, finding 3: a short fd squeeze during a crash removed the slot
 for good). On EMFILE the spare fds (fdbudget.py) are let go for one more try.
 A worker gets the soft RLIMIT_NOFILE the master was started with
-(fdbudget.worker_soft_limit), set before it reads its Assignment.
+(fdbudget.worker_soft_limit), which it sets itself, first thing (an env var:
+lowered from outside, a process holding fds above the limit may break).
 """
 from __future__ import annotations
 
 import errno
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -36,7 +36,7 @@ from sockherd.ipc.channel import Channel
 from sockherd.ipc.messages import Assignment
 from sockherd.master.fdbudget import BUDGET, ENV_SOFT, SHORTAGE, worker_soft_limit
 from sockherd.master.listeners import Listener
-from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER
+from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE
 
 MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", ENV_SOFT)
 # bytes of a worker's channel read per wake-up of the master's loop: about
@@ -124,6 +124,9 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
     env = {k: v for k, v in os.environ.items() if k not in MASTER_ONLY}
     env[ENV_FD] = str(child.fileno())
     env[ENV_MASTER] = str(os.getpid())
+    soft = worker_soft_limit()
+    if soft is not None:                  # the worker sets it first thing (bootstrap)
+        env[ENV_NOFILE] = str(soft)
     passed = [child.fileno()]
     if board_fd >= 0:                     # the balance board (worker/board.py)
         env[ENV_BOARD] = str(board_fd)
@@ -138,7 +141,6 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
         child.close()
     channel = _channel(parent)
     try:
-        _limit_fds(proc.pid)
         channel.send(Assignment(generation=generation, worker_index=index, config=config, app=app,
                                 listeners=[lst.descriptor for lst in listeners],
                                 board_slot=board_row),
@@ -151,13 +153,3 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
     return WorkerProcess(generation, index, proc.pid, channel, proc)
 
 
-def _limit_fds(pid: int) -> None:
-    """The worker's soft RLIMIT_NOFILE back to the master's at start (the
-    worker sizes its fd table from it once it has its Assignment, which
-    comes after this)."""
-    soft = worker_soft_limit()
-    if soft is None:
-        return
-    _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))

@@ -8,6 +8,7 @@ connection API and app adapters."""
 ENV_FD = "SOCKHERD_WORKER_FD"
 ENV_MASTER = "SOCKHERD_MASTER_PID"
 ENV_BOARD = "SOCKHERD_BOARD_FD"        # the balance board's memfd (worker/board.py)
+ENV_NOFILE = "SOCKHERD_WORKER_NOFILE"  # the soft fd limit the master started with
 # A worker's exit status when its drain hit the deadline (hard_stop_after)
 # with connections still open, cut: the master logs "hit the drain deadline"
 # instead of "drained" (sysexits' EX_TEMPFAIL).

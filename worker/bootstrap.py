@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import resource
 import select
 import signal
 import socket
@@ -36,7 +37,8 @@ from sockherd.ipc.messages import (
     Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply,
     StatsRequest, Stop,
 )
-from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, EXIT_DRAIN_DEADLINE, report
+from sockherd.worker import (ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE, EXIT_DRAIN_DEADLINE,
+                             report)
 from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
@@ -246,6 +248,19 @@ def _log_totals(loop: Loop) -> None:
     log.info("totals: %s", " ".join(f"{k}={total.get(k, 0)}" for k in keys))
 
 
+def _soft_fd_limit(soft: str) -> None:
+    """Our soft RLIMIT_NOFILE back to the one the master was started with
+    (it raised its own to the hard limit; the fd table is sized from ours,
+    and 2^20 slots would cost tens of MB). Set by ourselves, first thing:
+    lowered from outside (prlimit), a process holding fds above the new
+    limit may break (valgrind asserts)."""
+    if not soft.isdigit():
+        return
+    now, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if int(soft) < now:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(soft), hard))
+
+
 def main() -> int:
     import prctl
 
@@ -253,6 +268,7 @@ def main() -> int:
                         format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(message)s")
     fd = int(os.environ.pop(ENV_FD))
     master = int(os.environ.pop(ENV_MASTER, "0"))
+    _soft_fd_limit(os.environ.pop(ENV_NOFILE, ""))
     # a terminal's Ctrl-C / Ctrl-\ reach the whole process group: the master
     # decides what a fast stop means (it kills us); TERM stays deadly (PDEATHSIG)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
