@@ -225,16 +225,29 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
             got.close_fds()
             msg = got.msg
             if isinstance(msg, Heartbeat):
-                ch.send(msg)
+                _reply(ch, msg)
             elif isinstance(msg, Stop):
                 return status
             elif isinstance(msg, Drain):
                 drain(msg.deadline, "the master asked")
             elif isinstance(msg, StatsRequest):
-                ch.send(StatsReply(request_id=msg.request_id,
-                                   stats=report.answer(loop, msg.what, msg.fd)), timeout=5)
+                _reply(ch, StatsReply(request_id=msg.request_id,
+                                      stats=report.answer(loop, msg.what, msg.fd)))
             else:
-                ch.send(Error(message=f"worker: {type(msg).__name__} is not handled"))
+                _reply(ch, Error(message=f"worker: {type(msg).__name__} is not handled"))
+
+
+def _reply(ch: Channel, msg) -> None:
+    """msg to the master, waiting 5 s at most for its socket to take it: a
+    master that does not read meanwhile (stalled) gets it later (it stays
+    queued: Channel.send), and this worker serves on. The send's timeout
+    used to escape and end the worker (review of issue 19: a healthy worker
+    crashed while the master sat in a blocking send to its stopped sibling).
+    A master gone is seen by the next read."""
+    try:
+        ch.send(msg, timeout=5)
+    except IPCError as exc:
+        log.warning("a reply to the master is late (%s): sent when it reads again", exc)
 
 
 def _log_totals(loop: Loop) -> None:
