@@ -171,7 +171,11 @@ static int update_fd(struct fdc_thread *th, int fd)
 	 * hang-up watch alone (ph). Compare all three with what is wanted now,
 	 * never guess the kind from the state: the state is read once, here,
 	 * and the WATCH_HUP that made a watch may be gone by then (want_recv
-	 * then stop_hup between two passes: fd-t.h, struct fdc_polled). */
+	 * then stop_hup between two passes: fd-t.h, struct fdc_polled).
+	 * Reading the state once is enough: our caller cleared our update bit
+	 * before this load (seq_cst), and a verb that changes a WANTED bit
+	 * after it sets that bit again after its CAS (change_state), so the
+	 * next pass starts from the exact record written here. */
 	if ((wr || wh) == pr && wh == ph && ww == ps)
 		return 0;
 	wr = wr || wh;
