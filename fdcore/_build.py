@@ -73,6 +73,7 @@ struct fdc_fdinfo {
     uint64_t update_mask;
     uint64_t polled_recv;
     uint64_t polled_send;
+    uint64_t polled_hup;
     uint64_t owner;
     int32_t ctl_errno;
     uint32_t _pad;

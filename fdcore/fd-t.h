@@ -157,11 +157,23 @@ _Static_assert(sizeof(struct fdc_entry) == 64, "an fd entry is one cache line");
 /* polled_mask[fd]: group-local bits of threads whose *own* epoll instance has
  * the fd registered, per direction. Kept apart from the entry because only
  * pollers write it (each its own bit), and the final close zeroes it.
+ * A recv-side registration is one of two kinds, and `hup` says which: its
+ * bit set (always inside `recv`) means a hang-up watch alone (EPOLLRDHUP,
+ * no EPOLLIN: WATCH_HUP with ACTIVE_R off when it was made), clear means
+ * EPOLLIN. It cannot be inferred from the state at the next pass: want_recv
+ * and stop_hup between two passes leave a state (ACTIVE_R, no WATCH_HUP)
+ * that says nothing of the watch the kernel still holds (the TSan stress
+ * failure, seed 3302437362: the pass kept the registration without EPOLLIN
+ * and a resumed connection was never told of its input). 32 bytes: two
+ * fds a cache line.
  */
 struct fdc_polled {
 	_Atomic uint64_t recv;
 	_Atomic uint64_t send;
+	_Atomic uint64_t hup;
+	uint64_t _pad;
 };
+_Static_assert(sizeof(struct fdc_polled) == 32, "two polled entries a cache line");
 
 /* Per-thread counters, mirroring HAProxy's "show activity". Each is written
  * by its own thread only (relaxed load+store, no RMW) and may be read by

@@ -333,13 +333,15 @@ static void close_orphan(struct fdc_thread *th, int fd)
 
 	fdc_list_remove(t, g, fd);
 	atomic_store(&e->update_mask, 0);
-	/* polled entries are 16 bytes, four fds a cache line: store only what
+	/* polled entries are 32 bytes, two fds a cache line: store only what
 	 * changes, or closes of neighbouring numbers on different cores fight
 	 * over the line (measured in bench/RESULTS.md) */
 	if (atomic_load(&pol->recv))
 		atomic_store(&pol->recv, 0);
 	if (atomic_load(&pol->send))
 		atomic_store(&pol->send, 0);
+	if (atomic_load(&pol->hup))
+		atomic_store(&pol->hup, 0);
 	atomic_store(&e->running_mask, 0);
 	atomic_store(&e->thread_mask, 0);
 	/* "update then close" is common: drop our own now-useless entry */
@@ -760,6 +762,7 @@ int fdc_dump(struct fdc_table *t, int fd, struct fdc_fdinfo *out)
 	out->update_mask = atomic_load(&e->update_mask);
 	out->polled_recv = atomic_load(&t->polled[fd].recv);
 	out->polled_send = atomic_load(&t->polled[fd].send);
+	out->polled_hup = atomic_load(&t->polled[fd].hup);
 	out->owner = atomic_load(&e->owner);
 	out->ctl_errno = atomic_load(&e->ctl_errno);
 	return 0;

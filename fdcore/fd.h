@@ -75,6 +75,7 @@ struct fdc_fdinfo {
 	uint64_t update_mask;
 	uint64_t polled_recv;
 	uint64_t polled_send;
+	uint64_t polled_hup;     /* polled_recv bits that are a hang-up watch alone */
 	uint64_t owner;
 	int32_t ctl_errno;    /* last failed epoll_ctl of this incarnation, 0 if none */
 	uint32_t _pad;

@@ -121,16 +121,21 @@ static void fail_fd(struct fdc_thread *th, int fd, int err)
 	th->nbfailed++;
 }
 
-static void set_polled(struct fdc_polled *pol, uint64_t bit, int r, int w)
+static void set_bit(_Atomic uint64_t *m, uint64_t bit, int on)
 {
-	if (r)
-		atomic_fetch_or(&pol->recv, bit);
-	else if (atomic_load(&pol->recv) & bit)
-		atomic_fetch_and(&pol->recv, ~bit);
-	if (w)
-		atomic_fetch_or(&pol->send, bit);
-	else if (atomic_load(&pol->send) & bit)
-		atomic_fetch_and(&pol->send, ~bit);
+	if (on)
+		atomic_fetch_or(m, bit);
+	else if (atomic_load(m) & bit)
+		atomic_fetch_and(m, ~bit);
+}
+
+/* Records th's registration of an fd in polled_mask: recv side r (h: as a
+ * hang-up watch alone, no EPOLLIN), send side w. th's own bit only. */
+static void set_polled(struct fdc_polled *pol, uint64_t bit, int r, int h, int w)
+{
+	set_bit(&pol->recv, bit, r);
+	set_bit(&pol->hup, bit, r && h);
+	set_bit(&pol->send, bit, w);
 }
 
 /* Converges th's own registration of fd to the desired state (I8): ADD
@@ -155,20 +160,29 @@ static int update_fd(struct fdc_thread *th, int fd)
 	int wh = owner && !wr && !excl && (st & FDC_WATCH_HUP);
 	int ww = owner && (st & FDC_ACTIVE_W);
 	int pr = !!(atomic_load(&pol->recv) & bit);
+	int ph = !!(atomic_load(&pol->hup) & bit);
 	int ps = !!(atomic_load(&pol->send) & bit);
 	int n, err, kept = 0;   /* kept: the old registration survives a failure */
 	struct epoll_event ev;
 
-	/* polled recv does not say whether EPOLLIN is in: with WATCH_HUP set a
-	 * flip of ACTIVE_R (the only reason an update was programmed) changes
-	 * the events of a registration that stays, so it is always MODified */
-	if ((wr || wh) == pr && ww == ps && !(pr && (st & FDC_WATCH_HUP)))
+	/* What the kernel has is what our own polled bits say (only we write
+	 * them, and we hold a reference: the final close cannot zero them
+	 * under us), the recv side in three kinds: none, EPOLLIN, or a
+	 * hang-up watch alone (ph). Compare all three with what is wanted now,
+	 * never guess the kind from the state: the state is read once, here,
+	 * and the WATCH_HUP that made a watch may be gone by then (want_recv
+	 * then stop_hup between two passes: fd-t.h, struct fdc_polled).
+	 * Reading the state once is enough: our caller cleared our update bit
+	 * before this load (seq_cst), and a verb that changes a WANTED bit
+	 * after it sets that bit again after its CAS (change_state), so the
+	 * next pass starts from the exact record written here. */
+	if ((wr || wh) == pr && wh == ph && ww == ps)
 		return 0;
 	wr = wr || wh;
 
 	/* polled bits first: the final close reads them once references have
 	 * drained, and we hold one */
-	set_polled(pol, bit, wr, ww);
+	set_polled(pol, bit, wr, wh, ww);
 
 	if (!wr && !ww)
 		return ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
@@ -194,7 +208,7 @@ static int update_fd(struct fdc_thread *th, int fd)
 		kept = err != ENOENT;
 	}
 	if (err) {
-		set_polled(pol, bit, kept && pr, kept && ps);
+		set_polled(pol, bit, kept && pr, kept && ph, kept && ps);
 		fail_fd(th, fd, err);
 	}
 	return n;
@@ -601,7 +615,7 @@ int fdc_requeue(struct fdc_thread *th, int fd)
 	if (!err)
 		ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
 	if (err) {
-		set_polled(pol, bit, 0, 0);
+		set_polled(pol, bit, 0, 0, 0);
 		fail_fd(th, fd, err);
 	}
 	fdc_drop(e);

@@ -98,6 +98,7 @@ class FdInfo:
     update_mask: int
     polled_recv: int
     polled_send: int
+    polled_hup: int      # polled_recv bits that are a hang-up watch alone (no EPOLLIN)
     owner: int
     ctl_errno: int
 
@@ -261,7 +262,8 @@ class Table:
             generation=info.generation, nb_takeover=info.nb_takeover, kind=info.kind,
             in_shared_list=bool(info.in_shared_list), running_mask=info.running_mask,
             thread_mask=info.thread_mask, update_mask=info.update_mask,
-            polled_recv=info.polled_recv, polled_send=info.polled_send, owner=info.owner,
+            polled_recv=info.polled_recv, polled_send=info.polled_send,
+            polled_hup=info.polled_hup, owner=info.owner,
             ctl_errno=info.ctl_errno,
         )
 

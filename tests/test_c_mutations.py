@@ -37,6 +37,14 @@ The mutants:
              I3); and a still-wanted send not registered for the taker (the
              condition narrowed to ACTIVE_R, which the takeover has just
              cleared, so only a taker that polled the fd before re-registers).
+  hupwatch   issue 20's hang-up watch (the TSan failure of seed 3302437362):
+             update_fd infers the kind of a recv-side registration (EPOLLIN
+             or a hang-up watch alone) from WATCH_HUP in the state it reads,
+             instead of th's polled_hup bit: want_recv and stop_hup between
+             two passes (a stream connection resuming) leave the watch
+             registered without EPOLLIN. Caught by churn, whose pause and
+             resume ops make those two calls back to back (the kernel-truth
+             and polled-kind checks of common.c).
 Not re-injected: the two shared-list hangs of bench/README.md (1, 1b), which
 take 10M-300M stress operations to show (minutes to hours); and insert
 claiming the entry without its lock bit (408f242, bench/README.md bug 2):
@@ -122,6 +130,14 @@ MUTANTS = {
                  "if ((st & FDC_WANTED) ||", "if ((st & FDC_ACTIVE_R) ||"),
         ),
     ),
+    "hupwatch": Mutant(
+        "update_fd guesses a recv registration's kind from WATCH_HUP, not polled_hup",
+        (
+            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+                 "\tif ((wr || wh) == pr && wh == ph && ww == ps)\n",
+                 "\tif ((wr || wh) == pr && ww == ps && !(pr && (st & FDC_WATCH_HUP)))\n"),
+        ),
+    ),
 }
 
 # (case id, mutant, mode, groups, extra options of stress_fd)
@@ -132,6 +148,7 @@ STRESS_CASES = [
     # (co-owned fds taken over by non-owners, entered by 6 threads) always
     ("e2ee5a5-coowner", "e2ee5a5-coowner", "coown", 1, ("-x", "3", "-t", "6")),
     ("e2ee5a5-send", "e2ee5a5-send", "takeover", 1, ("-x", "2")),
+    ("hupwatch", "hupwatch", "churn", 1, ()),
 ]
 
 

@@ -48,7 +48,7 @@ static void print_entry(int fd)
 	struct fdc_entry *e = &t->fdtab[fd];
 	fprintf(stderr,
 	        "  fd %d: refc_tgid=%#x state=%#x gen=%u running=%#llx thread=%#llx update=%#llx"
-	        " polled r=%#llx w=%#llx owner=%#llx links=%#llx\n"
+	        " polled r=%#llx w=%#llx hup=%#llx owner=%#llx links=%#llx\n"
 	        "  test record: live=%u gen=%u cookie=%#llx kind=%u\n",
 	        fd, atomic_load(&e->refc_tgid), atomic_load(&e->state), atomic_load(&e->generation),
 	        (unsigned long long)atomic_load(&e->running_mask),
@@ -56,6 +56,7 @@ static void print_entry(int fd)
 	        (unsigned long long)atomic_load(&e->update_mask),
 	        (unsigned long long)atomic_load(&t->polled[fd].recv),
 	        (unsigned long long)atomic_load(&t->polled[fd].send),
+	        (unsigned long long)atomic_load(&t->polled[fd].hup),
 	        (unsigned long long)atomic_load(&e->owner),
 	        (unsigned long long)atomic_load(&e->links),
 	        atomic_load(&g_rec[fd].live), atomic_load(&g_rec[fd].gen),
@@ -339,6 +340,7 @@ void check_quiescent(int allow_stale)
 		uint32_t rt = atomic_load(&e->refc_tgid);
 		uint32_t tgid = rt & FDC_TGID_MASK;
 		uint64_t pr = atomic_load(&t->polled[fd].recv), pw = atomic_load(&t->polled[fd].send);
+		uint64_t ph = atomic_load(&t->polled[fd].hup);
 		uint64_t tm = atomic_load(&e->thread_mask);
 		CHECKFD(fd, (rt & FDC_REF_MASK) == 0, "quiescent: reference leaked");
 		CHECKFD(fd, atomic_load(&e->running_mask) == 0, "quiescent: running bit left");
@@ -346,7 +348,7 @@ void check_quiescent(int allow_stale)
 			CHECKFD(fd, atomic_load(&g_rec[fd].live) == 0,
 			        "inserted incarnation vanished from the table without a close");
 			CHECKFD(fd, atomic_load(&e->owner) == 0 && tm == 0 && atomic_load(&e->update_mask) == 0 &&
-			            atomic_load(&e->state) == 0 && pr == 0 && pw == 0,
+			            atomic_load(&e->state) == 0 && pr == 0 && pw == 0 && ph == 0,
 			        "closed entry not clean");
 			CHECKFD(fd, fdc_in_shared_list(t, fd) == 0, "closed entry left on a shared list");
 			continue;
@@ -366,6 +368,11 @@ void check_quiescent(int allow_stale)
 		/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */
 		check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm, allow_stale);
 		check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+		/* and of the recv-side kind: a hang-up watch alone iff WATCH_HUP
+		 * without ACTIVE_R (never on an exclusive fd) */
+		check_dir(fd, "hang-up watch alone",
+		          (st & FDC_WATCH_HUP) && !(st & (FDC_ACTIVE_R | FDC_EXCLUSIVE)), ph, tm,
+		          allow_stale);
 	}
 
 	/* the kernel's view must match polled_mask, thread by thread (T4) */
@@ -386,7 +393,9 @@ void check_quiescent(int allow_stale)
 			int mine = tgid == (uint32_t)th->tgid;
 			int pr = mine && (atomic_load(&t->polled[fd].recv) & th->ltid_bit);
 			int pw = mine && (atomic_load(&t->polled[fd].send) & th->ltid_bit);
+			int ph = mine && (atomic_load(&t->polled[fd].hup) & th->ltid_bit);
 			int r = !!reg[fd];
+			CHECKFD(fd, !ph || pr, "tid %d: hang-up watch bit without the recv bit", tid);
 			CHECKFD(fd, r == (pr || pw),
 			        "tid %d: kernel registration %s but polled bits r=%d w=%d (events %#x)",
 			        tid, r ? "present" : "absent", pr, pw, reg[fd] & 0x7fffffffu);
@@ -400,6 +409,11 @@ void check_quiescent(int allow_stale)
 			        (!pr || (st & FDC_EXCLUSIVE) || (reg[fd] & EPOLLRDHUP)),
 			        "tid %d: kernel events %#x vs polled r=%d w=%d", tid, reg[fd] & 0x7fffffffu,
 			        pr, pw);
+			/* and polled_mask's own record of the kind: EPOLLIN iff recv
+			 * polled and not as a hang-up watch alone */
+			CHECKFD(fd, !!(reg[fd] & EPOLLIN) == (pr && !ph),
+			        "tid %d: kernel events %#x vs polled r=%d hup=%d", tid,
+			        reg[fd] & 0x7fffffffu, pr, ph);
 			uint64_t want = (uint64_t)atomic_load(&e->generation) << 32 | (uint32_t)fd;
 			CHECKFD(fd, data[fd] == want, "tid %d: epoll data %#llx, want %#llx", tid,
 			        (unsigned long long)data[fd], (unsigned long long)want);

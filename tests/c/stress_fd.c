@@ -165,10 +165,24 @@ static void conn_op(int tid, struct fdc_thread *th, struct conn *live, int *n, i
 	switch (rndn(13)) {
 	case 0: verb(c->fd, fdc_want_recv, th, "want_recv"); break;
 	case 1:
-		if (chance(3))   /* a paused connection that still hears hang-ups */
+		switch (rndn(6)) {
+		case 0:   /* a paused connection that still hears hang-ups */
 			verb(c->fd, chance(2) ? fdc_want_hup : fdc_stop_hup, th, "want/stop_hup");
-		else
+			break;
+		case 1:   /* a stream connection pausing (worker/stream.py _sync): recv
+			   * off and the watch on, no update pass between */
 			verb(c->fd, fdc_stop_recv, th, "stop_recv");
+			verb(c->fd, fdc_want_hup, th, "want_hup");
+			break;
+		case 2:   /* and resuming: recv on, the watch off, no pass between (a
+			   * pass that inferred the registration's kind from the state
+			   * kept a watch without EPOLLIN: seed 3302437362) */
+			verb(c->fd, fdc_want_recv, th, "want_recv");
+			verb(c->fd, fdc_stop_hup, th, "stop_hup");
+			break;
+		default:
+			verb(c->fd, fdc_stop_recv, th, "stop_recv");
+		}
 		break;
 	case 2: verb(c->fd, fdc_want_send, th, "want_send"); break;
 	case 3: verb(c->fd, fdc_stop_send, th, "stop_send"); break;

@@ -104,6 +104,13 @@ def assert_kernel_truth(t: Table, *, where: str = "") -> None:
             if bool(r.events & EPOLLIN) != want_in or bool(r.events & EPOLLOUT) != want_out:
                 problems.append(f"thread {th.tid}: fd {fd} events {r.events:#x} vs "
                                 f"polled recv={want_in} send={want_out}")
+            # polled_hup records the kind of the recv side: a watch alone
+            watch = bool(i.polled_hup & th.bit)
+            if watch and not i.polled_recv & th.bit:
+                problems.append(f"thread {th.tid}: fd {fd} polled_hup without polled_recv")
+            if bool(r.events & EPOLLIN) != (bool(i.polled_recv & th.bit) and not watch):
+                problems.append(f"thread {th.tid}: fd {fd} events {r.events:#x} vs "
+                                f"polled recv={bool(i.polled_recv & th.bit)} hup={watch}")
             if bool(r.events & EPOLLEXCLUSIVE) != excl:
                 problems.append(f"thread {th.tid}: fd {fd} events {r.events:#x}, EXCLUSIVE={excl}")
             if i.polled_recv & th.bit and not excl and not r.events & EPOLLRDHUP:
@@ -252,6 +259,46 @@ def test_a_hang_up_watch_keeps_a_stopped_recv_registered_for_rdhup_alone(tables,
     assert_kernel_truth(t, where="watch stopped")
     assert kernel_regs(th.epfd) == []
     assert th.delete(fd)
+
+
+@pytest.mark.parametrize("resume", [("want_recv", "stop_hup"), ("stop_hup", "want_recv")],
+                         ids=["want_recv-first", "stop_hup-first"])
+@pytest.mark.parametrize("owners", [1, 3])
+def test_resuming_a_watched_fd_between_two_passes_polls_its_input_again(tables, peers,
+                                                                        resume, owners):
+    """The TSan stress failure (tests/c/common.c:399, seed 3302437362:
+    "kernel events 0x2018 vs polled r=1 w=0"): a paused fd registered for
+    hang-ups alone, then want_recv and stop_hup (in either order: a stream
+    connection's resume) before the owners' next pass. That pass saw recv
+    wanted and recv polled, no WATCH_HUP, and kept the registration: no
+    EPOLLIN, input never reported. One owner (local update list) and three
+    (the group's shared list)."""
+    t = tables(4, 1)
+    owner_threads = t.threads[:owners]
+    mask = sum(th.bit for th in owner_threads)
+    fd = pair(peers)
+    t.insert(fd, 9, tgid=1, thread_mask=mask)
+    t.threads[0].want_recv(fd)
+    converge(t)
+    t.threads[0].stop_recv(fd)      # pause, as worker/stream.py does it
+    t.threads[0].want_hup(fd)
+    converge(t)
+    assert_kernel_truth(t, where="paused")
+    for th in owner_threads:
+        [reg] = kernel_regs(th.epfd)
+        assert reg.events & EPOLLRDHUP and not reg.events & EPOLLIN
+    for verb in resume:
+        getattr(t.threads[0], verb)(fd)
+    converge(t)
+    assert_kernel_truth(t, where="resumed")
+    for th in owner_threads:
+        [reg] = kernel_regs(th.epfd)
+        assert reg.events & EPOLLIN, f"thread {th.tid}: {reg.events:#x}, no EPOLLIN after resume"
+    peers[-1].send(b"after the resume")
+    evs = t.threads[0].poll(1000)
+    assert [e.fd for e in evs] == [fd] and evs[0].events & State.POLL_IN
+    t.threads[0].leave_all()
+    assert t.threads[0].delete(fd)
 
 
 def test_shared_listener_converges_on_every_owner(tables):
