@@ -17,7 +17,7 @@ setup(
         "sockherd.worker._http",
         sources=["worker/native/httpmodule.c", "worker/native/httpparse.c",
                  "worker/native/httpscan.c", "worker/native/respond.c", "worker/native/hconn.c",
-                 "worker/native/engine.c",
+                 "worker/native/engine.c", "worker/native/dispatch.c",
                  f"{COPY}/api.c", f"{COPY}/http.c", f"{COPY}/llhttp.c"],
         # fdcore's headers for its types: its functions are reached through
         # the addresses the cffi module hands over (worker/native/http.h)

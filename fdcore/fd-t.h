@@ -80,6 +80,10 @@
                                          else, so a listening socket is not
                                          marked CLONED (which it otherwise
                                          always is: seed 004) */
+#define FDC_EDGE        0x00200000u   /* registered EPOLLET (a group-shared
+                                         connection, fdc_insert_shared): its
+                                         owner reads until a short read, and
+                                         a direction change wakes nobody */
 #define FDC_DISOWN      0x00400000u   /* final close forgets, never close()s */
 #define FDC_MUST_CLOSE  0x00800000u   /* one-shot token: whoever clears it
                                          performs the deferred close */

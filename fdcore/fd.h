@@ -123,6 +123,32 @@ void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
 int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
                int tgid, uint64_t thread_mask, uint32_t flags);
 
+/* A connection th just accepted, shared by the threads of thread_mask (th's
+ * group; th's own bit must be in it, -EINVAL otherwise): inserted as
+ * fdc_insert(FDC_ACCEPTED) would, reading, and registered EPOLLIN |
+ * EPOLLEXCLUSIVE | EPOLLET in the poller of every thread of the mask, th's
+ * own first. The kernel then offers each new arrival to the first of those
+ * pollers that has a thread asleep in it, and to no other: the thread that
+ * accepted it while it waits, else one idle sibling (worker/native: per-
+ * request dispatch, DESIGN.md section 5). Edge-triggered, so a thread that
+ * gets a report for a connection another thread is handling is not woken
+ * again and again while that one works: the caller must read until a short
+ * read (the kernel queues a new report for every arrival after it), and
+ * decide among the threads which one handles a report (running bits do not
+ * exclude: several threads may be inside a shared fd). Direction changes
+ * (want_send ...) go to every owner's update pass but wake none: only the
+ * changing thread's own registration matters before it sleeps.
+ * I7's one exception: the registrations are made here, by th, in the other
+ * threads' instances, after the entry is published and before anything
+ * else can name it (it is on no update list), polled bits first as in an
+ * update pass; a sibling's ADD the kernel refuses leaves that sibling
+ * without it (counted ctl_err), th's own is reported to th (FDC_POLL_CTL).
+ * Returns 0 or fdc_insert's -errno (fd then not in the table, not closed).
+ * Threads: th's own.
+ */
+int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner, uint32_t kind,
+                      uint64_t thread_mask);
+
 /* Deletes fd and closes it, never waiting for other threads: if another
  * thread still holds a running bit, the last one to leave closes (I4).
  * Returns 1 if closed now, 0 if deferred, -EBADF if not in the table.

@@ -188,7 +188,8 @@ static int update_fd(struct fdc_thread *th, int fd)
 		return ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
 
 	ev.events = (wr ? (wh ? 0 : EPOLLIN) | (excl ? 0 : EPOLLRDHUP) : 0) |
-	            (ww ? EPOLLOUT : 0) | (excl ? EPOLLEXCLUSIVE : 0);
+	            (ww ? EPOLLOUT : 0) | (excl ? EPOLLEXCLUSIVE : 0) |
+	            ((st & FDC_EDGE) ? EPOLLET : 0);
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
 	if (!pr && !ps) {
 		n = ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
@@ -559,6 +560,64 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max)
 	}
 	fdc_count_n(th, CTR_ACCEPTED, (uint64_t)n);
 	return n;
+}
+
+/* fd.h. The registrations of a group-shared connection, right after its
+ * insert: th's own instance first (the kernel offers an exclusive event to
+ * the instances in the order they registered: the accepting thread keeps
+ * its connections while it waits, the affinity), then each sibling's.
+ * Ordering: each polled bit is set (seq_cst) before its ADD, as update_fd
+ * does, and the whole happens under a reference on the fd's tgid, so the
+ * final close (which waits for references) sees every bit of an ADD made.
+ */
+int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner, uint32_t kind,
+                      uint64_t thread_mask)
+{
+	struct fdc_table *t = th->t;
+	struct fdc_group *g = &t->groups[th->tgid];
+	struct fdc_entry *e;
+	struct fdc_polled *pol;
+	struct epoll_event ev;
+	uint64_t rest, bit;
+	int rc, err;
+
+	thread_mask &= g->enabled_mask;
+	if (!(thread_mask & th->ltid_bit))
+		return -EINVAL;
+	rc = fdc_insert(t, fd, owner, kind, th->tgid, thread_mask,
+	                FDC_ACCEPTED | FDC_EXCLUSIVE);
+	if (rc < 0)
+		return rc;
+	e = &t->fdtab[fd];
+	pol = &t->polled[fd];
+	if (!fdc_grab(e, th->tgid))
+		return 0;                /* deleted already by a stale handle: its close */
+	/* reading is wanted before any poller can report it */
+	atomic_fetch_or(&e->state, FDC_ACTIVE_R | FDC_EDGE);
+	ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLET;
+	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
+	rest = thread_mask & ~th->ltid_bit;
+	for (bit = th->ltid_bit; bit; bit = rest & -rest, rest &= rest - 1) {
+		int ltid = __builtin_ctzll(bit);
+
+		atomic_fetch_or(&pol->recv, bit);
+		if (bit == th->ltid_bit) {
+			ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
+			if (err) {
+				atomic_fetch_and(&pol->recv, ~bit);
+				fail_fd(th, fd, err);
+			}
+			continue;
+		}
+		fdc_count(th, CTR_CTL_ADD);
+		if (epoll_ctl(t->threads[g->base + ltid].epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			/* that sibling does without it: the others still serve */
+			atomic_fetch_and(&pol->recv, ~bit);
+			fdc_count(th, CTR_CTL_ERR);
+		}
+	}
+	fdc_drop(e);
+	return 0;
 }
 
 /* Moves th's registration of an EXCLUSIVE fd to the end of the file's

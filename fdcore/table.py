@@ -118,7 +118,7 @@ _OUTCOMES = tuple(Outcome(i) for i in range(len(Outcome)))
 # what a native caller may use (Table.c_api)
 C_API = ("fdc_poll", "fdc_enter", "fdc_leave", "fdc_leave_batch", "fdc_delete", "fdc_want_recv",
          "fdc_stop_recv", "fdc_want_send", "fdc_stop_send", "fdc_cant_recv", "fdc_insert",
-         "fdc_accept", "fdc_counters")
+         "fdc_accept", "fdc_counters", "fdc_insert_shared")
 
 
 def check(rc: int, what: str) -> int:
@@ -398,6 +398,15 @@ class Thread:
         max_conns = min(max_conns, lib.FDC_EVBATCH)
         n = check(lib.fdc_accept(self._th, lfd, self._accepted, max_conns), f"accept on fd {lfd}")
         return ffi.unpack(self._accepted, n)
+
+    def insert_shared(self, fd: int, owner: int, thread_mask: int, *, kind: int = 0) -> None:
+        """A connection this thread accepted, shared by the threads of
+        thread_mask (this thread's group, its own bit included): reading,
+        registered edge-triggered and exclusive in each of their pollers,
+        this thread's first (fd.h, fdc_insert_shared).
+        Raises OSError as insert() does (EINVAL: own bit not in the mask)."""
+        check(lib.fdc_insert_shared(self._th, fd, owner, kind, thread_mask),
+              f"insert shared fd {fd}")
 
     def requeue(self, fd: int) -> bool:
         """Moves this thread's registration of an exclusive fd it holds to

@@ -253,7 +253,12 @@ void fdc_updt_polling(struct fdc_thread *th, int fd, int tgid)
 	       !atomic_compare_exchange_weak(&e->update_mask, &um, um | tmask))
 		;
 	fdc_list_add(t, g, fd);
-	fdc_wake_mask(t, g, tmask & ~self);
+	/* a group-shared connection (FDC_EDGE): only the changing thread's
+	 * own registration matters before it sleeps (it passes anyway); the
+	 * others apply theirs when they next pass. Waking them would wake
+	 * every thread of the group at each change of one connection */
+	if (!(atomic_load(&e->state) & FDC_EDGE))
+		fdc_wake_mask(t, g, tmask & ~self);
 }
 
 /* Called by th's update pass for an entry of the shared list: consumes th's

@@ -110,6 +110,16 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
     from sockherd.worker.loop import KIND_CONN
 
     relief = loop.relief
+    # several loop threads in a group: each connection is shared by them,
+    # a request goes to an idle one (worker/native/dispatch.c); the relief
+    # (a watchdog that moves connections off a stuck thread) is not needed
+    groups = [th.tgid for th in loop.loop_threads]
+    dispatch = any(groups.count(g) > 1 for g in set(groups))
+    if dispatch:
+        relief.enabled = False
+        # one connection an accept: the rest of a burst wakes other idle
+        # threads (the listener is exclusive), each serving its own first
+        loop.accept_batch = 1
     engine = Server(
         loop=loop, api=loop.table.c_api(),
         threads=[(th, th.address, th.tgid, th.bit) for th in loop.loop_threads],
@@ -124,6 +134,7 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         server_line=lim.server_line, header_timeout=lim.header_timeout,
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout)
     engine.log_refusals(_log_refusal)
+    engine.dispatch = dispatch
     return engine
 
 

@@ -162,9 +162,11 @@ static int fire_timers(Server *s, int pos)
 		int fired = 0;
 
 		/* the handler runs under the running bit, as for an event */
-		if (!c->closed && c->pos == pos && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
-			if (!c->closed && c->pos == pos) {
-				if (hconn_on_timeout(c, kinds[i]) < 0)
+		if (!c->closed && (s->dispatch || c->pos == pos) &&
+		    s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
+			if (!c->closed && (s->dispatch || c->pos == pos)) {
+				if ((s->dispatch ? dispatch_run(c, pos, 0, kinds[i])
+				                 : hconn_on_timeout(c, kinds[i])) < 0)
 					contain(c);
 				fired = 1;
 			}
@@ -281,7 +283,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		}
 		if (ev->fd >= 0 && ev->fd < s->maxfd)
 			c = s->conns[ev->fd];
-		if (!c || c->cookie != ev->owner || c->pos != pos) {
+		/* a shared connection (dispatch) is any group thread's */
+		if (!c || c->cookie != ev->owner || (!s->dispatch && c->pos != pos)) {
 			if (!relieved)              /* an older incarnation's, or moved */
 				s->api.leave(t->th, ev->fd, ev->gen);
 			continue;
@@ -303,7 +306,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 			}
 		}
 		else {
-			if (hconn_on_events(c, ev->events) < 0)
+			if ((s->dispatch ? dispatch_run(c, pos, ev->events, -1)
+			                 : hconn_on_events(c, ev->events)) < 0)
 				contain(c);
 			s->api.leave(t->th, ev->fd, ev->gen);
 		}
@@ -326,12 +330,13 @@ fail:
 }
 
 /* One accepted connection into the table and the engine, owned by loop
- * thread pos, reading, with its header timer. 1 taken, 0 dropped (closed:
+ * thread pos, reading, with its header timer. 1 taken (2: a shared one
+ * whose first read brought something: serve_first it), 0 dropped (closed:
  * beyond the table, or refused by it), -1 with a Python error (closed; not
  * for ValueError: the number is a live connection's, left alone). */
 static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 {
-	int one = 1;
+	int one = 1, first = 0;
 	uint64_t cookie = s->next_cookie++;
 	HttpConn *c;
 	PyObject *key;
@@ -343,21 +348,52 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 		PyErr_Format(PyExc_ValueError, "fd %d is a live connection of this engine", fd);
 		return -1;
 	}
-	if (fd >= s->maxfd ||
-	    s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit, FDC_ACCEPTED) < 0) {
+	if (fd >= s->maxfd) {
 		close(fd);                              /* beyond the table: nothing else to do */
 		return 0;
 	}
-	c = hconn_new(s, pos, fd, cookie);
-	if (!c) {
-		s->api.delete(t->th, fd);
-		return -1;
+	if (s->dispatch) {
+		/* shared by the group: its siblings' pollers may report it the
+		 * instant it is registered, so the connection is made first,
+		 * and no Python runs (no GIL hand-off) from the registration to
+		 * its entry in conns */
+		c = hconn_new(s, pos, fd, cookie);
+		if (!c) {
+			close(fd);
+			return -1;
+		}
+		first = hconn_read_first(c);
+		if (first < 0 || c->closed) {
+			c->closed = 1;
+			Py_DECREF(c);
+			close(fd);
+			return first < 0 ? -1 : 0;
+		}
+		if (s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask) < 0) {
+			c->closed = 1;
+			Py_DECREF(c);
+			close(fd);
+			return 0;
+		}
+	}
+	else {
+		if (s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit,
+		                  FDC_ACCEPTED) < 0) {
+			close(fd);
+			return 0;
+		}
+		c = hconn_new(s, pos, fd, cookie);
+		if (!c) {
+			s->api.delete(t->th, fd);
+			return -1;
+		}
 	}
 	/* the header timer and reading, before any other thread can see it */
 	c->head_clock = 1;
 	timer_arm(c, TIMER_HEADER);
 	c->recv_on = 1;
-	s->api.want_recv(t->th, fd);
+	if (!s->dispatch)
+		s->api.want_recv(t->th, fd);
 	s->conns[fd] = c;                            /* the array's reference */
 	s->count++;
 	key = PyLong_FromLong(fd);
@@ -367,7 +403,24 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 		return -1;
 	}
 	Py_DECREF(key);
-	return 1;
+	return first ? 2 : 1;
+}
+
+/* A shared connection take_fd answered 2 for: what its first read brought
+ * is served now, as a report (dispatch.c), under the fd's running bit. */
+static int serve_first(Server *s, struct srv_thread *t, int pos, int fd)
+{
+	HttpConn *c = fd < s->maxfd ? s->conns[fd] : NULL;
+	uint32_t gen;
+
+	if (!c || c->closed || s->api.enter(t->th, fd, &gen) != FDC_DONE)
+		return 0;
+	Py_INCREF(c);
+	if (dispatch_run(c, pos, EV_FIRST, -1) < 0)
+		contain(c);
+	s->api.leave(t->th, fd, gen);
+	Py_DECREF(c);
+	return 0;
 }
 
 PyDoc_STRVAR(take_doc,
@@ -384,7 +437,7 @@ static PyObject *Server_take(Server *s, PyObject *args)
 	if (!PyArg_ParseTuple(args, "ii:take", &pos, &fd) || !(t = as_thread(s, pos)))
 		return NULL;
 	rc = take_fd(s, t, pos, fd);
-	if (rc < 0)
+	if (rc < 0 || (rc == 2 && serve_first(s, t, pos, fd) < 0))
 		return NULL;
 	return PyBool_FromLong(rc);
 }
@@ -418,8 +471,15 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 				close(fds[k]);
 			return NULL;
 		}
-		ok += rc;
+		ok += rc > 0;
+		if (rc != 2)
+			fds[i] = -1;
 	}
+	/* every connection of the batch is registered (siblings may serve
+	 * one) before the first requests are served here */
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0 && serve_first(s, t, pos, fds[i]) < 0)
+			return NULL;
 	return PyLong_FromLong(ok);
 }
 
@@ -505,6 +565,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	    api_fn(api, "fdc_insert", (void **)&s->api.insert) < 0 ||
 	    api_fn(api, "fdc_accept", (void **)&s->api.accept) < 0 ||
 	    api_fn(api, "fdc_counters", (void **)&s->api.counters) < 0 ||
+	    api_fn(api, "fdc_insert_shared", (void **)&s->api.insert_shared) < 0 ||
 	    api_fn(api, "table", (void **)&s->table) < 0)
 		return -1;
 	seq = PySequence_Fast(threads, "threads: a list of (Thread, address, tgid, bit)");
@@ -690,6 +751,35 @@ static int set_draining(Server *s, PyObject *v, void *c)
 	return 0;
 }
 
+static PyObject *get_dispatch(Server *s, void *c)
+{
+	(void)c;
+	return PyBool_FromLong(s->dispatch);
+}
+
+/* Set before the first connection: each is then shared by the loop
+ * threads of its group (dispatch.c). */
+static int set_dispatch(Server *s, PyObject *v, void *c)
+{
+	int on = v ? PyObject_IsTrue(v) : -1;
+
+	(void)c;
+	if (on < 0)
+		return -1;
+	if (s->count) {
+		PyErr_SetString(PyExc_RuntimeError, "dispatch is set before the first connection");
+		return -1;
+	}
+	for (int i = 0; i < s->nthreads; i++) {
+		s->thr[i].group_mask = 0;
+		for (int j = 0; j < s->nthreads; j++)
+			if (s->thr[j].tgid == s->thr[i].tgid)
+				s->thr[i].group_mask |= s->thr[j].bit;
+	}
+	s->dispatch = on;
+	return 0;
+}
+
 static PyObject *get_requests(Server *s, void *c)
 {
 	(void)c;
@@ -733,6 +823,9 @@ static PyGetSetDef Server_getset[] = {
 	{"draining", (getter)get_draining, (setter)set_draining,
 	 "responses carry Connection: close", NULL},
 	{"count", (getter)get_count, NULL, "open connections", NULL},
+	{"dispatch", (getter)get_dispatch, (setter)set_dispatch,
+	 "connections shared by the loop threads of their group: a request goes to an idle one",
+	 NULL},
 	{"requests", (getter)get_requests, NULL, "requests answered", NULL},
 	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
 	{"refused", (getter)get_refused, NULL, "requests the engine refused, by reason", NULL},

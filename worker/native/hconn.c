@@ -125,6 +125,8 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
 	c->cookie = cookie;
 	c->th = Py_NewRef(s->thr[pos].obj);
 	c->tkind = -1;
+	c->inside = -1;
+	c->missed_timer = -1;
 	c->last_active = mono_now();
 	c->parser = parser_new(&s->lim, s->script_name);
 	if (!c->parser || addresses(c) < 0) {
@@ -556,31 +558,9 @@ static int serve_ready(HttpConn *c)
 	return 0;
 }
 
-/* One read, the requests it completes, one write. */
-static int read_and_serve(HttpConn *c)
+/* The requests a read completed, answered; one write of what they said. */
+static int serve_read(HttpConn *c)
 {
-	Parser *p = c->parser;
-	ssize_t n;
-
-	if (buf_reserve(&p->pending, &p->start, &p->len, &p->cap, READ_ROOM) < 0)
-		return -1;
-	n = read(c->fd, p->pending + p->len, p->cap - p->len);
-	if (n < 0) {
-		if (errno == EAGAIN || errno == EINTR) {
-			struct fdc_thread *th = ctx(c);
-			if (th && errno == EAGAIN)
-				c->srv->api.cant_recv(th, c->fd);
-			return 0;
-		}
-		fail(c);
-		return 0;
-	}
-	if (n == 0) {
-		c->peer_eof = 1;
-		close_soft(c);                         /* EOF: what is owed goes out first */
-		return 0;
-	}
-	p->len += (size_t)n;
 	if (serve_ready(c) < 0)
 		return -1;
 	if (c->closed)
@@ -593,9 +573,91 @@ static int read_and_serve(HttpConn *c)
 	return 0;
 }
 
+/* One read into the parser: > 0 bytes read, 0 nothing to do now (EAGAIN;
+ * or the connection failed, closed then), -2 end of input (EOF), -1 a
+ * Python error. *filled: the read took all the room it was given. */
+static ssize_t read_some(HttpConn *c, int *filled)
+{
+	Parser *p = c->parser;
+	ssize_t n;
+	size_t room;
+
+	*filled = 0;
+	if (buf_reserve(&p->pending, &p->start, &p->len, &p->cap, READ_ROOM) < 0)
+		return -1;
+	room = p->cap - p->len;
+	n = read(c->fd, p->pending + p->len, room);
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR) {
+			struct fdc_thread *th = ctx(c);
+			if (th && errno == EAGAIN && !c->closed && c->recv_on)
+				c->srv->api.cant_recv(th, c->fd);
+			return 0;
+		}
+		fail(c);
+		return 0;
+	}
+	if (n == 0)
+		return -2;
+	p->len += (size_t)n;
+	*filled = (size_t)n == room;
+	return n;
+}
+
+/* One read, the requests it completes, one write. A shared connection
+ * (dispatch.c) is polled edge-triggered: after a read that filled its
+ * room, bytes may wait that no new report will announce, so it reads
+ * again while it may. */
+static int read_and_serve(HttpConn *c)
+{
+	int filled;
+
+	do {
+		ssize_t n = read_some(c, &filled);
+
+		if (n == -1)
+			return -1;
+		if (n == -2) {
+			c->peer_eof = 1;
+			close_soft(c);                 /* EOF: what is owed goes out first */
+			return 0;
+		}
+		if (n == 0 || serve_read(c) < 0)
+			return n == 0 ? 0 : -1;
+	} while (filled && c->srv->dispatch && !c->closed && reading(c));
+	return 0;
+}
+
+int hconn_read_first(HttpConn *c)
+{
+	int filled;
+	ssize_t n = read_some(c, &filled);
+
+	if (n == -1)
+		return -1;
+	if (n == -2)
+		c->peer_eof = 1;
+	else if (filled)
+		c->missed |= FDC_POLL_IN;          /* more may wait: read as a report */
+	return n != 0;
+}
+
+int hconn_serve_first(HttpConn *c)
+{
+	if (c->closed)
+		return 0;
+	if (c->peer_eof) {
+		close_soft(c);
+		return 0;
+	}
+	return serve_read(c);
+}
+
 int hconn_on_events(HttpConn *c, uint32_t events)
 {
 	c->last_active = mono_now();
+	if (events & EV_FIRST)
+		return hconn_serve_first(c);
 	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
 		fail(c);
 		return 0;

@@ -82,6 +82,7 @@ struct fdc_api {
 	int (*insert)(struct fdc_table *, int, uint64_t, uint32_t, int, uint64_t, uint32_t);
 	int (*accept)(struct fdc_thread *, int, int *, int);
 	void (*counters)(const struct fdc_thread *, struct fdc_counters *);
+	int (*insert_shared)(struct fdc_thread *, int, uint64_t, uint32_t, uint64_t);
 };
 
 typedef struct HttpConn HttpConn;
@@ -107,6 +108,7 @@ struct srv_thread {
 	PyObject *obj;                     /* the fdcore.Thread object */
 	int tgid;
 	uint64_t bit;
+	uint64_t group_mask;               /* the bits of its group's loop threads */
 	struct timer_list timers[TIMER_KINDS];
 	struct fdc_event ev[FDC_EVBATCH];
 };
@@ -149,6 +151,7 @@ typedef struct {
 	PyObject *script_name, *server_line;
 	double header_timeout, keepalive_timeout, body_timeout;
 	int draining;
+	int dispatch;                      /* connections shared by their group (dispatch.c) */
 	unsigned long long requests;       /* answered: the app's, and our refusals */
 	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
@@ -198,6 +201,11 @@ struct HttpConn {
 	PyObject *addr;                    /* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT) */
 	PyObject *peer, *local;
 	PyObject *response;                /* the Respond of the request being served */
+	/* dispatch.c (a connection shared by its group's threads): the loop
+	 * thread handling it, -1 none; what others recorded for it meanwhile */
+	int inside;
+	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
+	int missed_timer;                  /* a due timer's kind, -1 none */
 };
 
 extern PyTypeObject HttpConnType;
@@ -208,6 +216,17 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
 int hconn_on_events(HttpConn *c, uint32_t events);
 int hconn_on_timeout(HttpConn *c, int kind);
 int hconn_close_now(HttpConn *c);
+/* A group-shared connection just accepted (dispatch): its first read is
+ * made before any sibling's poller holds it (what is there at the
+ * registration would wake every idle sibling), 1 if that read brought
+ * something to serve (bytes, or the end of input), 0 nothing, -1 a Python
+ * error; closed if the read failed. Then hconn_on_events(c, EV_FIRST)
+ * serves what it read. */
+int hconn_read_first(HttpConn *c);
+int hconn_serve_first(HttpConn *c);
+#define EV_FIRST 0x80000000u               /* not an fdcore bit: see above */
+/* dispatch.c: one report or due timer for a group-shared connection */
+int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
 /* Appends to the output; flushes what the kernel takes when `now`. */
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
 int hconn_flush(HttpConn *c);
