@@ -778,6 +778,9 @@ class Loop:
         if ahead:
             self.gate.balance_off(th)
         self.gate.publish()
+        if n and self.engine.dispatch:
+            # the app may run in here: the listener is done with first
+            self.engine.serve_accepted(self._pos[th.tid])
 
     def _requeue(self, th, lfd: int) -> None:
         """Moves th's own registration of the listener to the end of the

@@ -75,6 +75,11 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
 		kind = c->missed_timer;
 		c->missed = 0;
 		c->missed_timer = -1;
+		/* a deadline that passed while we worked is stale once we armed
+		 * a new one (a keep-alive timer that fired during the request
+		 * that just re-armed it must not close the connection) */
+		if (kind >= 0 && c->tkind >= 0)
+			kind = -1;
 		if (!events && kind < 0)
 			break;
 	}

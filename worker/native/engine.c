@@ -438,7 +438,7 @@ static PyObject *Server_take(Server *s, PyObject *args)
 		return NULL;
 	rc = take_fd(s, t, pos, fd);
 	if (rc < 0 || (rc == 2 && serve_first(s, t, pos, fd) < 0))
-		return NULL;
+		return NULL;                            /* (no listener to finish with first) */
 	return PyBool_FromLong(rc);
 }
 
@@ -456,8 +456,8 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "iii:accept", &pos, &lfd, &max) || !(t = as_thread(s, pos)))
 		return NULL;
-	if (max > FDC_EVBATCH)
-		max = FDC_EVBATCH;
+	if (max > FDC_EVBATCH - t->nfirst)
+		max = FDC_EVBATCH - t->nfirst;      /* room for each first read to serve */
 	n = max > 0 ? s->api.accept(t->th, lfd, fds, max) : 0;
 	if (n < 0) {
 		errno = -n;
@@ -472,15 +472,32 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 			return NULL;
 		}
 		ok += rc > 0;
-		if (rc != 2)
-			fds[i] = -1;
+		if (rc == 2 && t->nfirst < FDC_EVBATCH)
+			t->first[t->nfirst++] = fds[i];
 	}
-	/* every connection of the batch is registered (siblings may serve
-	 * one) before the first requests are served here */
-	for (int i = 0; i < n; i++)
-		if (fds[i] >= 0 && serve_first(s, t, pos, fds[i]) < 0)
-			return NULL;
 	return PyLong_FromLong(ok);
+}
+
+PyDoc_STRVAR(serve_accepted_doc,
+"serve_accepted(pos): serves what the first reads of loop thread pos's\n"
+"last accept() brought (shared connections, dispatch: each was read once\n"
+"before its siblings' pollers held it). The Python loop calls it once it\n"
+"has done with the listener (requeue, gate), since the app runs in here.");
+
+static PyObject *Server_serve_accepted(Server *s, PyObject *arg)
+{
+	long pos = PyLong_AsLong(arg);
+	struct srv_thread *t;
+
+	if ((pos == -1 && PyErr_Occurred()) || !(t = as_thread(s, (int)pos)))
+		return NULL;
+	while (t->nfirst) {
+		int fd = t->first[--t->nfirst];
+
+		if (serve_first(s, t, (int)pos, fd) < 0)
+			return NULL;
+	}
+	Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(bind_doc,
@@ -728,6 +745,7 @@ static PyMethodDef Server_methods[] = {
 	{"retire_after", (PyCFunction)Server_retire_after, METH_VARARGS,
 	 "retire_after(n, fn): fn() is called once, on the loop thread that answers the n-th "
 	 "request (0: never)."},
+	{"serve_accepted", (PyCFunction)Server_serve_accepted, METH_O, serve_accepted_doc},
 	{"log_refusals", (PyCFunction)Server_log_refusals, METH_O,
 	 "log_refusals(fn): fn(peer, status, reason, count) for a refused request, at most once a "
 	 "second; count: the refusals since the last call, this one included (None: no log)."},

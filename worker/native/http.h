@@ -111,6 +111,7 @@ struct srv_thread {
 	uint64_t group_mask;               /* the bits of its group's loop threads */
 	struct timer_list timers[TIMER_KINDS];
 	struct fdc_event ev[FDC_EVBATCH];
+	int first[FDC_EVBATCH], nfirst;    /* accepted, first read to serve (serve_accepted) */
 };
 
 /* What the engine refuses a request for (its status): the labels of
