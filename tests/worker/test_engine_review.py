@@ -561,10 +561,13 @@ def _two_on_one_thread(loop, addr, n=8):
 
 
 def test_sibling_takes_over_and_timers_follow(serve):
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
+    inside = []                                   # the thread the slow call runs on
 
     def app(environ, start_response):
         if environ["PATH_INFO"] == "/slow":
+            inside.append(environ["sockherd.loop"].local.th)
+            entered.set()
             release.wait(5)                      # the GIL released: a stuck handler
         return hello(environ, start_response)
 
@@ -573,19 +576,23 @@ def test_sibling_takes_over_and_timers_follow(serve):
     conn_b = by_port[b.getsockname()[1]]
     try:
         a.sendall(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
-        time.sleep(0.1)
+        assert entered.wait(5)                        # (a sleep raced with a loaded host)
         t0 = time.monotonic()
         b.sendall(b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n")
         got = recv_until(b, lambda x: x.endswith(b"hello /b"), 4)
         assert got.endswith(b"hello /b") and time.monotonic() - t0 < 2.0
-        assert conn_b.th is not th                    # taken over
+        # served by the idle sibling: with dispatch (issue 21) the slow call
+        # itself may have gone to either thread, so "the thread inside it"
+        assert conn_b.th is not inside[0]
         # its keep-alive timer runs on the new owner: closed quietly, in time
         t1 = time.monotonic()
         closed, out = closed_within(b, 4)
         assert closed and out == b"" and 1.0 < time.monotonic() - t1 < 3.0
         release.set()
         assert recv_until(a, lambda x: x.endswith(b"hello /slow")).endswith(b"hello /slow")
-        assert sum(loop.takeovers) >= 1
+        # no takeover: with two threads a group shares its connections and the
+        # request went to the idle one at once (issue 21, dispatch.c)
+        assert loop.engine.dispatch and sum(loop.takeovers) == 0
     finally:
         release.set()
         a.close()
@@ -593,10 +600,13 @@ def test_sibling_takes_over_and_timers_follow(serve):
 
 
 def test_taken_over_partial_head_still_gets_408(serve):
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
+    inside = []                                   # the thread the slow call runs on
 
     def app(environ, start_response):
         if environ["PATH_INFO"] == "/slow":
+            inside.append(environ["sockherd.loop"].local.th)
+            entered.set()
             release.wait(5)
         return hello(environ, start_response)
 
@@ -605,9 +615,9 @@ def test_taken_over_partial_head_still_gets_408(serve):
     conn_b = by_port[b.getsockname()[1]]
     try:
         a.sendall(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
-        time.sleep(0.1)
+        assert entered.wait(5)                        # (a sleep raced with a loaded host)
         b.sendall(b"GET /b HTTP/1.1\r\nHost")           # a head that never completes
-        assert wait_for(lambda: conn_b.th is not th, 3)
+        assert wait_for(lambda: conn_b.th is not inside[0], 3)
         closed, out = closed_within(b, 4)
         assert closed and out.startswith(b"HTTP/1.1 408"), out
     finally:

@@ -39,7 +39,7 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
              "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
     sources = [NATIVE / "httpmodule.c", NATIVE / "httpparse.c", NATIVE / "httpscan.c",
                NATIVE / "respond.c",
-               NATIVE / "hconn.c", NATIVE / "engine.c",
+               NATIVE / "hconn.c", NATIVE / "engine.c", NATIVE / "dispatch.c",
                LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
     subprocess.run(["gcc", *flags, f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
                     f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-o", str(so)],
