@@ -3,7 +3,9 @@ for a slow client (issue 21: "a client that never reads a large response
 holds its thread the same way": respond.c waited in hconn_flush_wait, up to
 body_timeout, and every other connection of that thread waited with it).
 
-A real master with one worker of one loop thread (`-w 1 -t 1`), real
+The body as a list of bytes, a generator of 64 KiB blocks (with a
+Content-Length, and chunked) and a wsgi.file_wrapper of a regular file
+(sendfile). A real master with one worker of one loop thread (`-w 1 -t 1`), real
 sockets on loopback. The app shrinks its connection's send buffer and the
 clients their receive buffers, so the 10 MB body cannot hide in the
 kernel's buffers: most of it must wait in the server while the client
@@ -33,11 +35,14 @@ BODY = random.Random(21).randbytes(SIZE)
 DIGEST = hashlib.sha256(BODY).hexdigest()
 
 APP = """
-import random, socket
+import os, random, socket
 
 SIZE = {SIZE}
 BODY = random.Random(21).randbytes(SIZE)
 CHUNK = 64 << 10
+FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "big.bin")
+with open(FILE, "wb") as f:
+    f.write(BODY)
 closed = []                       # names of the iterables whose close() ran
 
 
@@ -70,11 +75,14 @@ class Body:
 
 def app(environ, start_response):
     path, name = environ["PATH_INFO"], environ["QUERY_STRING"]
-    if path in ("/bytes", "/gen", "/chunked", "/raise", "/exit"):
+    if path in ("/bytes", "/gen", "/chunked", "/raise", "/exit", "/file"):
         shrink_sndbuf(environ)
     if path == "/bytes":
         start_response("200 OK", [("Content-Type", "application/octet-stream")])
         return [BODY[:SIZE // 2], BODY[SIZE // 2:]]
+    if path == "/file":
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return environ["wsgi.file_wrapper"](open(FILE, "rb"))
     if path == "/gen":
         start_response("200 OK", [("Content-Length", str(len(BODY)))])
         return Body(name)
@@ -181,7 +189,7 @@ def closed_names(port: int) -> list[str]:
     return [n for n in get(port, "/closed").decode().split(",") if n]
 
 
-@pytest.mark.parametrize("path", ["/bytes", "/gen?never"])
+@pytest.mark.parametrize("path", ["/bytes", "/gen?never", "/file"])
 def test_a_client_that_never_reads_does_not_hold_the_loop_thread(server, path):
     """Issue 21: with the worker's only loop thread waiting for a client
     that does not read a 10 MB answer, another client's GET / waited
@@ -202,7 +210,7 @@ def test_a_client_that_never_reads_does_not_hold_the_loop_thread(server, path):
         assert closed_names(server.port) == ["never"]
 
 
-@pytest.mark.parametrize("path", ["/bytes", "/gen?slow", "/chunked?slow"])
+@pytest.mark.parametrize("path", ["/bytes", "/gen?slow", "/chunked?slow", "/file"])
 def test_a_slow_steady_reader_gets_every_byte_while_others_are_served(server, path):
     """A client reading 10 MB at about 2 MB/s, for longer than body_timeout
     but never idle that long, gets the body intact; meanwhile other clients
@@ -239,7 +247,7 @@ def test_a_slow_steady_reader_gets_every_byte_while_others_are_served(server, pa
         assert closed_names(server.port) == ["slow"]
 
 
-@pytest.mark.parametrize("path", ["/bytes", "/gen?first"])
+@pytest.mark.parametrize("path", ["/bytes", "/gen?first", "/file"])
 def test_pipelined_requests_wait_for_the_large_response_and_keep_alive_holds(server, path):
     """A request pipelined behind the 10 MB answer is answered after all of
     it, in order, on the same kept-alive connection, which serves on."""

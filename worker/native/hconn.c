@@ -7,7 +7,10 @@
  * their responses gathered and sent with one write. A request whose body
  * has fully arrived (or that has none) is served here, start to end; one
  * whose body is still coming, or that waits for a 100 Continue, goes to
- * wsgi.py's slow path, which streams wsgi.input from the socket.
+ * wsgi.py's slow path, which streams wsgi.input from the socket. A
+ * response body larger than the output buffer is parked on the connection
+ * (c->parked, respond.c) and goes out on its POLLOUT events (resume):
+ * meanwhile the connection reads nothing and its next request waits.
  *
  * The Python side sees a connection with the stream interface's names
  * (fd, th, cookie, pending, closed, last_active, write, close, flush_now,

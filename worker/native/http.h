@@ -250,6 +250,11 @@ struct Respond {
 	Py_ssize_t tail_i, items;
 	size_t tail_off;
 	double since;
+	/* a FileWrapper's span, sent by sendfile from the loop: its fd (the
+	 * app's, -1: none), where the rest begins and how much is left */
+	int file_fd;
+	off_t file_off;
+	unsigned long long file_left;
 };
 
 extern PyTypeObject RespondType;

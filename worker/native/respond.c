@@ -21,12 +21,15 @@
  *  - an exception of the app, any BaseException: 500 if nothing was sent,
  *    else the connection closes; logged with the request line, the loop
  *    thread serves on (tests/worker/test_app_containment.py).
- * Pending output past HIGH_WATER makes the writing app wait (bounded by
- * body_timeout) for the client to read: a client that does not read never
- * costs more than a bounded buffer.
+ * Pending output past HIGH_WATER makes the app's write() wait (bounded by
+ * body_timeout) for the client to read; a body the app returned goes out
+ * from the loop instead (parked on its connection, see "running the app"):
+ * a client that does not read never costs more than a bounded buffer, nor
+ * holds a loop thread.
  */
 #include <errno.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -280,6 +283,9 @@ static Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
 	r->tail_i = r->items = 0;
 	r->tail_off = 0;
 	r->since = 0.0;
+	r->file_fd = -1;
+	r->file_off = 0;
+	r->file_left = 0;
 	return r;
 }
 
@@ -650,7 +656,7 @@ static int push_tail(Respond *r)
 
 size_t respond_owed(const Respond *r)
 {
-	size_t owed = 0;
+	size_t owed = r->file_fd >= 0 ? (size_t)r->file_left : 0;
 
 	if (r->tail)
 		for (Py_ssize_t i = r->tail_i; i < PyTuple_GET_SIZE(r->tail); i++)
@@ -768,14 +774,67 @@ static int body_iterable(Respond *r, PyObject *result, int can_park)
 	return r->it ? iterate(r, can_park) : -1;
 }
 
-/* The app returned a FileWrapper of a regular file: sendfile (wsgi.py's
- * sendfile_response, which waits for the socket as it needs). 1 if it
- * did, 0 if the result is to be iterated, -1 on error. */
-static int body_file(Respond *r, PyObject *result)
+/* Sends what the kernel takes of the pending output, then of the file
+ * span, by sendfile(2). 0 when all of it went out (a file that shrank
+ * under us ends it short: the connection closes), RESPOND_PARKED when the
+ * kernel is full, -1 with ClientGone (closed). */
+static int push_file(Respond *r)
+{
+	HttpConn *c = r->conn;
+
+	for (;;) {
+		ssize_t n;
+
+		if (c->closed) {
+			PyErr_SetString(ClientGone, "the client went away");
+			return -1;
+		}
+		if (hconn_pending(c)) {
+			hconn_flush(c);                      /* the head first, in order */
+			if (c->closed)
+				continue;
+			if (hconn_pending(c))
+				return RESPOND_PARKED;
+		}
+		if (!r->file_left)
+			break;
+		n = sendfile(c->fd, r->file_fd, &r->file_off,
+		             r->file_left > (1u << 30) ? (size_t)1 << 30 : (size_t)r->file_left);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				return RESPOND_PARKED;
+			hconn_fail(c);
+			continue;
+		}
+		if (n == 0) {
+			r->keep = 0;                         /* the file shrank: fewer bytes than announced */
+			break;
+		}
+		c->wrote += (unsigned long long)n;
+		r->sent += (unsigned long long)n;
+		r->file_left -= (unsigned long long)n;
+	}
+	r->file_fd = -1;                             /* the app's: closed by its close() */
+	return 0;
+}
+
+/* The app returned a FileWrapper of a regular file: sendfile. can_park:
+ * wsgi.py's sendfile_response sends the head and says which span of the
+ * file goes out; the loop sends it (push_file), parked while the client
+ * does not read (the FileWrapper, kept as the result, holds the file
+ * open). Else sendfile_response sends it all, waiting for the socket as
+ * it needs. 1 if it did, RESPOND_PARKED, 0 if the result is to be
+ * iterated, -1 on error. */
+static int body_file(Respond *r, PyObject *result, int can_park)
 {
 	Server *s = r->conn->srv;
 	PyObject *fd, *done;
 	long ffd;
+	long long off;
+	unsigned long long count;
+	int rc;
 
 	if (!s->file_wrapper || !PyObject_TypeCheck(result, (PyTypeObject *)s->file_wrapper) ||
 	    r->first || r->headers_sent)
@@ -789,11 +848,24 @@ static int body_file(Respond *r, PyObject *result)
 		return -1;
 	if (ffd < 0)
 		return 0;
-	done = PyObject_CallFunction(s->sendfile, "OOOl", r->conn, r, result, ffd);
+	done = PyObject_CallFunction(s->sendfile, "OOOlO", r->conn, r, result, ffd,
+	                             can_park ? Py_True : Py_False);
 	if (!done)
 		return -1;
+	if (done == Py_None) {
+		Py_DECREF(done);
+		return 1;
+	}
+	if (!PyArg_ParseTuple(done, "LK", &off, &count)) {
+		Py_DECREF(done);
+		return -1;
+	}
 	Py_DECREF(done);
-	return 1;
+	r->file_fd = (int)ffd;
+	r->file_off = (off_t)off;
+	r->file_left = count;
+	rc = push_file(r);
+	return rc == 0 ? 1 : rc;
 }
 
 void report_exc(Server *s, PyObject *env, const char *what)
@@ -899,6 +971,7 @@ static int respond_end(HttpConn *c, Respond *r, int rc)
 
 	r->env = r->result = NULL;
 	r->parked = 0;
+	r->file_fd = -1;
 	Py_CLEAR(r->it);
 	Py_CLEAR(r->tail);
 	if (rc < 0) {
@@ -997,7 +1070,7 @@ int respond(HttpConn *c, PyObject *env, int can_park)
 	result = PyObject_CallFunctionObjArgs(s->app, env, (PyObject *)r, NULL);
 	if (result) {
 		r->result = result;
-		if ((rc = body_file(r, result)) == 0) {
+		if ((rc = body_file(r, result, can_park)) == 0) {
 			if (PyList_CheckExact(result) || PyTuple_CheckExact(result))
 				rc = body_sequence(r, result, can_park);
 			else
@@ -1023,6 +1096,8 @@ int respond_resume(HttpConn *c)
 	r->parked = 0;
 	if (r->tail)
 		rc = push_tail(r);
+	else if (r->file_fd >= 0)
+		rc = push_file(r);
 	else if (hconn_pending(c) >= LOW_WATER)
 		rc = RESPOND_PARKED;
 	else
