@@ -200,6 +200,7 @@ int hconn_close_now(HttpConn *c)
 	Server *s = c->srv;
 	struct fdc_thread *th;
 	PyObject *r;
+	Respond *parked;
 
 	if (c->closed)
 		return 0;
@@ -208,6 +209,11 @@ int hconn_close_now(HttpConn *c)
 		PyErr_SetString(PyExc_RuntimeError, "a connection closed outside its loop's threads");
 		return -1;
 	}
+	/* a body the loop was sending ends below. Serving: the resumption
+	 * running now sees the close and ends it itself */
+	parked = c->serving ? NULL : c->parked;
+	if (parked)
+		c->parked = NULL;
 	c->closed = 1;
 	timer_cancel(c);
 	PyMem_Free(c->out);
@@ -228,15 +234,8 @@ int hconn_close_now(HttpConn *c)
 		s->count--;
 		Py_DECREF(c);
 	}
-	if (c->parked && !c->serving) {
-		/* a body the loop was sending: its iterable's close() (once), the
-		 * access log, the counts. Serving: the resumption running now
-		 * sees the close and ends it itself */
-		Respond *r = c->parked;
-
-		c->parked = NULL;
-		respond_abandon(r);
-	}
+	if (parked)
+		respond_abandon(parked);   /* close() (once), the access log, the counts; holds c */
 	return 0;
 }
 
@@ -617,6 +616,13 @@ static int resume(HttpConn *c)
 	c->serving = 0;
 	if (keep < 0)
 		return -1;
+	if (c->closed && c->parked) {
+		Respond *r = c->parked;                /* closed under it while it ran */
+
+		c->parked = NULL;
+		respond_abandon(r);
+		return 0;
+	}
 	if (!c->closed && keep != RESPOND_PARKED) {
 		if (keep)
 			keep = parser_finish(c->parser);
