@@ -204,3 +204,56 @@ def test_write_from_an_app_thread_while_the_body_is_parked_is_refused(serve):
     finally:
         s.close()
     assert "being sent" in str(errors[0])
+
+
+def test_a_parked_body_goes_on_from_a_sibling_while_its_thread_is_stuck(serve):
+    """The rest of a parked body goes out from whichever loop thread handles
+    its POLLOUT: its owner stuck in another connection's slow app, the
+    relief hands the connection to the idle sibling, which sends the rest
+    while the owner is still stuck."""
+    release = threading.Event()
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/stuck":
+            release.wait(30)
+            start_response("200 OK", [("Content-Length", "4")])
+            return [b"done"]
+        shrink_sndbuf(environ)
+        start_response("200 OK", [("Content-Length", str(SIZE))])
+        return (BODY[i:i + 65536] for i in range(0, SIZE, 65536))
+
+    loop, addr = serve(app, threads=2)
+
+    def conn_of(s: socket.socket):
+        me, found = s.getsockname(), []
+        assert wait_for(lambda: found.extend(c for c in list(loop.conns.values())
+                                             if c.peer == me) or found, 10)
+        return found[0]
+
+    a = non_reader(addr, b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
+    others = []
+    try:
+        big = conn_of(a)
+        assert wait_for(lambda: parked(loop), 10)
+        owner = big.th
+        while True:                            # a second client on the same thread
+            assert len(others) < 20
+            others.append(socket.create_connection(addr, timeout=10))
+            if conn_of(others[-1]).th is owner:
+                break
+        others[-1].sendall(b"GET /stuck HTTP/1.1\r\nHost: h\r\n\r\n")
+        a.settimeout(20)                       # the owner stays stuck all along
+        got = bytearray()
+        while b"\r\n\r\n" not in got or len(got) - got.index(b"\r\n\r\n") - 4 < SIZE:
+            chunk = a.recv(1 << 20)
+            assert chunk, "EOF"
+            got += chunk
+        assert bytes(got[got.index(b"\r\n\r\n") + 4:]) == BODY
+        assert big.th is not owner
+        release.set()
+        assert others[-1].recv(4096).endswith(b"done")
+    finally:
+        release.set()
+        a.close()
+        for s in others:
+            s.close()
