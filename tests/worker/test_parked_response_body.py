@@ -83,7 +83,8 @@ def test_head_of_a_large_list_sends_no_body_and_serves_on(serve):
 @pytest.mark.parametrize("kind", ["list", "generator"])
 def test_a_parked_body_is_pending_output_and_closes_once_at_the_send_timeout(serve, kind):
     """While the client reads nothing, the parked body counts in
-    conn.pending (the drain's idle close leaves it alone); body_timeout
+    conn.pending (the drain's idle close leaves it alone), a generator is
+    not iterated past the output buffer's bound; body_timeout
     without progress closes the connection and runs close() once."""
     closed = []
 
@@ -105,6 +106,10 @@ def test_a_parked_body_is_pending_output_and_closes_once_at_the_send_timeout(ser
     try:
         conn = next(iter(loop.conns.values()))
         assert conn.pending > 0
+        if kind == "generator":
+            # parked, not iterated on: the buffer holds HIGH_WATER and one block at most
+            assert wait_for(lambda: parked(loop), 10)
+            assert conn.pending <= (1 << 20) + 65536 + 16
         assert wait_for(lambda: not loop.conns, 10), "closed at the send timeout"
     finally:
         s.close()
