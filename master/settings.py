@@ -174,7 +174,8 @@ SETTINGS: tuple[Setting, ...] = (
             "0: no limit (larger: 413)",
             msgspec.Meta(ge=0), "BYTES", section="http"),
     Setting("body_timeout", ("--body-timeout",), float, 30.0,
-            "an app reading the request body waits this long for more bytes",
+            "an app reading the request body waits this long for more bytes; a response "
+            "its client takes nothing of for this long is cut (the connection closes)",
             _seconds(0.1, 3600), "S", section="http"),
     Setting("header_timeout", ("--header-timeout",), float, 15.0,
             "a request head must arrive whole within this long of its first byte (or of the "

@@ -415,17 +415,23 @@ def serve_slow(limits: _Limits, conn, env: dict) -> bool:
         body.over = True
 
 
-def sendfile_response(limits: _Limits, conn, resp, wrapper: FileWrapper, ffd: int) -> None:
+def sendfile_response(limits: _Limits, conn, resp, wrapper: FileWrapper, ffd: int,
+                      park: bool = False) -> tuple[int, int] | None:
     """The response body from a regular file, by sendfile(2), from the
     file's current position to its end (or the app's Content-Length);
-    called by the engine for a FileWrapper the app returned."""
+    called by the engine for a FileWrapper the app returned. park: the
+    engine's loop sends the file itself (it never waits for the client on
+    a loop thread): the head goes into the output and (offset, count) of
+    the span is returned. Else (the slow path) all of it is sent here."""
     offset = wrapper.filelike.tell() if hasattr(wrapper.filelike, "tell") else 0
     count = max(0, os.fstat(ffd).st_size - offset)
     if resp.length is not None:
         count = min(count, resp.length)
     resp.send_head(count)
     if resp.head_only or resp.bodiless or not count:
-        return
+        return (offset, 0) if park else None
+    if park:
+        return offset, count
     timeout = limits.body_timeout
     try:
         conn.flush_now(timeout)              # the head first, in order
@@ -446,6 +452,7 @@ def sendfile_response(limits: _Limits, conn, resp, wrapper: FileWrapper, ffd: in
         raise ClientGone(str(exc)) from None
     if count:
         resp.keep = False                    # fewer bytes than announced: close
+    return None
 
 
 def _shared_environ(loop, lim: _Limits) -> dict:

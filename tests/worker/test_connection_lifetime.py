@@ -70,10 +70,9 @@ def test_cap_reopens_when_a_connection_ends_on_an_app_thread(serve, monkeypatch)
     assert not unraisable, unraisable[:3]
 
 
-@pytest.mark.xfail(strict=True, reason="a streamed response blocks its loop thread while a slow "
-                   "reader drains the HIGH_WATER..LOW_WATER span (hconn_flush_wait); with one "
-                   "loop thread (the default) every other client of the worker waits: needs "
-                   "a generator parked and resumed by the loop, not a blocking write")
+# Was: a strict xfail (the loop thread blocked in hconn_flush_wait while a
+# slow reader drained the HIGH_WATER..LOW_WATER span); fixed by issue 21:
+# the generator is parked on its connection and resumed by the loop.
 def test_a_slow_reader_of_a_streamed_response_does_not_stall_the_worker(serve):
     """Review finding: a client that reads a streamed (generator) response
     slowly but steadily, never idle for body_timeout, holds the worker's

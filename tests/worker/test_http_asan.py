@@ -5,7 +5,9 @@ hypothesis fuzzing), test_http_review.py (the adversarial review's cases),
 test_http_smuggling.py and test_http_limits.py (the raw line scanner's
 refusals and limits, over real sockets),
 test_wsgi.py (the whole engine: loop turns, connections, responses,
-over real sockets), test_app_containment.py (whatever an app raises or
+over real sockets), test_parked_response_body.py (a body sent from the loop:
+its tail, its resumed iterator, its end however it comes),
+test_app_containment.py (whatever an app raises or
 hands back, start_response's attributes it sets included),
 test_engine_fuzz.py (generated and garbage requests
 split anywhere, over real sockets) and test_http_framing_fuzz.py /
@@ -64,7 +66,8 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_engine_fuzz.py"),
                           str(ROOT / "tests" / "worker" / "test_http_framing_fuzz.py"),
                           str(ROOT / "tests" / "worker" / "test_http_framing_known.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_pipeline_eof.py")],
+                          str(ROOT / "tests" / "worker" / "test_http_pipeline_eof.py"),
+                          str(ROOT / "tests" / "worker" / "test_parked_response_body.py")],
                          env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report

@@ -303,14 +303,17 @@ def test_file_wrapper_sends_a_regular_file_with_sendfile(serve, tmp_path, monkey
     data = os_mod.urandom(3 << 20)
     path = tmp_path / "blob.bin"
     path.write_bytes(data)
-    calls = []
-    real = os_mod.sendfile
+    # sendfile(2) runs in the engine's C (from the loop, issue 21): what
+    # shows it is that the file is never read block by block in Python
+    from sockherd.worker.wsgi import FileWrapper
+    iterated = []
+    real = FileWrapper.__iter__
 
-    def spy(*args):
-        calls.append(args[3])
-        return real(*args)
+    def spy(self):
+        iterated.append(self)
+        return real(self)
 
-    monkeypatch.setattr(os_mod, "sendfile", spy)
+    monkeypatch.setattr(FileWrapper, "__iter__", spy)
 
     def app(environ, start_response):
         f = open(path, "rb")
@@ -329,7 +332,7 @@ def test_file_wrapper_sends_a_regular_file_with_sendfile(serve, tmp_path, monkey
     r = conn.getresponse()
     assert r.read() == b"" and r.getheader("Content-Length") == str(len(data) - 10)
     conn.close()
-    assert calls                                     # the kernel copied it
+    assert not iterated                              # the kernel copied it
 
 
 def test_file_wrapper_over_a_non_file_is_iterated(serve):

@@ -7,7 +7,10 @@
  * their responses gathered and sent with one write. A request whose body
  * has fully arrived (or that has none) is served here, start to end; one
  * whose body is still coming, or that waits for a 100 Continue, goes to
- * wsgi.py's slow path, which streams wsgi.input from the socket.
+ * wsgi.py's slow path, which streams wsgi.input from the socket. A
+ * response body larger than the output buffer is parked on the connection
+ * (c->parked, respond.c) and goes out on its POLLOUT events (resume):
+ * meanwhile the connection reads nothing and its next request waits.
  *
  * The Python side sees a connection with the stream interface's names
  * (fd, th, cookie, pending, closed, last_active, write, close, flush_now,
@@ -154,9 +157,18 @@ static struct fdc_thread *ctx(HttpConn *c)
 	return c->serving ? c->srv->thr[c->pos].th : NULL;
 }
 
+/* Input is read unless output waits: past HIGH_WATER, or a parked body
+ * (the requests behind it wait for it; what they send waits in the
+ * socket, bounded by its buffer), or a close. */
 static int reading(const HttpConn *c)
 {
-	return c->lingering || (!c->paused_out && !c->closing);
+	return c->lingering || (!c->paused_out && !c->closing && !c->parked);
+}
+
+/* Output is owed: bytes buffered, or a parked body's rest. */
+static int owed(const HttpConn *c)
+{
+	return hconn_pending(c) || c->parked;
 }
 
 /* Brings the fd's ACTIVE directions in line with what we want. */
@@ -173,7 +185,7 @@ static void sync_dirs(HttpConn *c)
 		c->paused_out = 0;
 	else if (!c->paused_out && pending > HIGH_WATER)
 		c->paused_out = 1;
-	want = pending > 0;
+	want = owed(c);
 	if (want != c->want_send) {
 		c->want_send = (unsigned)want;
 		(want ? api->want_send : api->stop_send)(th, c->fd);
@@ -190,6 +202,7 @@ int hconn_close_now(HttpConn *c)
 	Server *s = c->srv;
 	struct fdc_thread *th;
 	PyObject *r;
+	Respond *parked;
 
 	if (c->closed)
 		return 0;
@@ -198,6 +211,11 @@ int hconn_close_now(HttpConn *c)
 		PyErr_SetString(PyExc_RuntimeError, "a connection closed outside its loop's threads");
 		return -1;
 	}
+	/* a body the loop was sending ends below. Serving: the resumption
+	 * running now sees the close and ends it itself */
+	parked = c->serving ? NULL : c->parked;
+	if (parked)
+		c->parked = NULL;
 	c->closed = 1;
 	timer_cancel(c);
 	PyMem_Free(c->out);
@@ -218,6 +236,8 @@ int hconn_close_now(HttpConn *c)
 		s->count--;
 		Py_DECREF(c);
 	}
+	if (parked)
+		respond_abandon(parked);   /* close() (once), the access log, the counts; holds c */
 	return 0;
 }
 
@@ -225,6 +245,11 @@ static void fail(HttpConn *c)
 {
 	if (hconn_close_now(c) < 0)
 		PyErr_WriteUnraisable((PyObject *)c);
+}
+
+void hconn_fail(HttpConn *c)
+{
+	fail(c);
 }
 
 /* Whether the client may still be sending: an upload not read whole, a
@@ -261,7 +286,7 @@ static void close_soft(HttpConn *c)
 	if (c->closed)
 		return;
 	c->closing = 1;
-	if (!hconn_pending(c))
+	if (!owed(c))
 		end(c);
 	else
 		sync_dirs(c);
@@ -296,7 +321,7 @@ static void rearm(HttpConn *c)
 {
 	if (c->closed || c->serving || c->lingering)
 		return;
-	if (hconn_pending(c)) {
+	if (owed(c)) {
 		c->head_clock = 0;                 /* a head's clock starts again after */
 		timer_arm(c, TIMER_SEND);
 		return;
@@ -349,12 +374,13 @@ int hconn_flush(HttpConn *c)
 		}
 	}
 	c->ostart += (size_t)n;
+	c->wrote += (unsigned long long)n;
 	if (c->ostart == c->olen) {
 		/* nothing kept for an idle connection (memory per connection) */
 		PyMem_Free(c->out);
 		c->out = NULL;
 		c->ostart = c->olen = c->ocap = 0;
-		if (c->closing) {
+		if (c->closing && !c->parked) {
 			end(c);
 			return 0;
 		}
@@ -364,6 +390,16 @@ int hconn_flush(HttpConn *c)
 		rearm(c);                          /* progress: the client reads */
 	sync_dirs(c);
 	return 0;
+}
+
+void hconn_taken(HttpConn *c, size_t n)
+{
+	c->ostart += n;
+	if (c->ostart == c->olen) {
+		PyMem_Free(c->out);
+		c->out = NULL;
+		c->ostart = c->olen = c->ocap = 0;
+	}
 }
 
 int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
@@ -487,8 +523,8 @@ static int serve_whole(HttpConn *c, PyObject *env)
 		return -1;
 	}
 	Py_DECREF(input);
-	keep = respond(c, env);
-	if (keep <= 0)
+	keep = respond(c, env, 1);
+	if (keep <= 0 || keep == RESPOND_PARKED)
 		return keep;
 	return parser_finish(p);
 }
@@ -513,7 +549,7 @@ static int serve_ready(HttpConn *c)
 {
 	Parser *p = c->parser;
 
-	while (!c->closed && !c->closing && !c->serving) {
+	while (!c->closed && !c->closing && !c->serving && !c->parked) {
 		int none, keep;
 		PyObject *env = parser_next(p, c->srv->base, &none);
 
@@ -550,11 +586,61 @@ static int serve_ready(HttpConn *c)
 		Py_DECREF(env);
 		if (keep < 0)
 			return -1;
+		if (keep == RESPOND_PARKED) {
+			/* its rest goes out from the loop (resume): the next request
+			 * waits for it */
+			if (c->closed && c->parked) {
+				Respond *r = c->parked;
+
+				c->parked = NULL;
+				respond_abandon(r);
+			}
+			return 0;
+		}
 		if (!keep) {
 			close_soft(c);
 			return 0;
 		}
 	}
+	return 0;
+}
+
+/* The parked body's turn (a POLLOUT): more of it, and once it ended, the
+ * requests that waited behind it. 0, or -1 for an error that is not the
+ * app's. */
+static int resume(HttpConn *c)
+{
+	unsigned long long wrote = c->wrote;
+	int keep;
+
+	c->serving = 1;                            /* the app's code may run (next, close) */
+	keep = respond_resume(c);
+	c->serving = 0;
+	if (keep < 0)
+		return -1;
+	if (c->closed && c->parked) {
+		Respond *r = c->parked;                /* closed under it while it ran */
+
+		c->parked = NULL;
+		respond_abandon(r);
+		return 0;
+	}
+	if (!c->closed && keep != RESPOND_PARKED) {
+		if (keep)
+			keep = parser_finish(c->parser);
+		if (!keep || c->closing)
+			close_soft(c);
+		else if (serve_ready(c) < 0)
+			return -1;
+	}
+	if (c->closed)
+		return 0;
+	hconn_flush(c);
+	if (c->closed)
+		return 0;
+	if (c->wrote != wrote || c->tkind != TIMER_SEND)
+		rearm(c);                              /* progress; a send timer runs on, else */
+	sync_dirs(c);
 	return 0;
 }
 
@@ -664,6 +750,20 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	}
 	if ((events & FDC_POLL_OUT) && hconn_pending(c))
 		hconn_flush(c);
+	if (c->parked && !c->closed && (events & FDC_POLL_OUT)) {
+		unsigned long long before;
+		int rc;
+
+		/* edge-triggered (a shared connection, dispatch.c): a POLLOUT
+		 * comes again only after the kernel was full; a resume whose
+		 * writes it all took must go on while it makes progress */
+		do {
+			before = c->wrote;
+			rc = resume(c);
+		} while (rc == 0 && c->srv->dispatch && c->parked && !c->closed &&
+		         !hconn_pending(c) && c->wrote != before);
+		return rc;
+	}
 	if (c->lingering) {
 		if (!c->closed && (events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)))
 			discard(c);
@@ -703,6 +803,7 @@ static void HttpConn_dealloc(HttpConn *c)
 	Py_XDECREF(c->peer);
 	Py_XDECREF(c->local);
 	Py_XDECREF(c->response);
+	Py_XDECREF(c->parked);
 	Py_XDECREF(c->srv);
 	PyObject_Free(c);
 }
@@ -837,7 +938,9 @@ static PyObject *HttpConn_respond(HttpConn *c, PyObject *env)
 		PyErr_SetString(PyExc_TypeError, "env must be a dict");
 		return NULL;
 	}
-	keep = respond(c, env);
+	/* the slow path's: it reads the rest of the request body after, so
+	 * the response ends here (past HIGH_WATER it waits for the client) */
+	keep = respond(c, env, 0);
 	if (keep < 0)
 		return NULL;
 	return PyBool_FromLong(keep);
@@ -871,7 +974,7 @@ static PyMethodDef HttpConn_methods[] = {
 static PyObject *get_pending(HttpConn *c, void *x)
 {
 	(void)x;
-	return PyLong_FromSize_t(hconn_pending(c));
+	return PyLong_FromSize_t(hconn_pending(c) + (c->parked ? respond_owed(c->parked) : 0));
 }
 
 static PyObject *get_closed(HttpConn *c, void *x)
@@ -910,7 +1013,8 @@ static PyObject *get_response(HttpConn *c, void *x)
 }
 
 static PyGetSetDef HttpConn_getset[] = {
-	{"pending", (getter)get_pending, NULL, "bytes written and not yet sent", NULL},
+	{"pending", (getter)get_pending, NULL,
+	 "bytes written and not yet sent, with a parked body's rest (1 for an iterator's)", NULL},
 	{"closed", (getter)get_closed, NULL, "closed (or failed)", NULL},
 	{"loop", (getter)get_loop, NULL, "the worker's loop", NULL},
 	{"last_active", (getter)get_last_active, (setter)set_last_active,

@@ -207,6 +207,11 @@ struct HttpConn {
 	int inside;
 	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
 	int missed_timer;                  /* a due timer's kind, -1 none */
+	/* issue 21: a response whose body goes out from the loop (respond.c,
+	 * respond_resume): held here between POLLOUT events; the next
+	 * pipelined request waits for it, reading is off meanwhile */
+	Respond *parked;
+	unsigned long long wrote;          /* bytes the kernel took: progress, for the send timer */
 };
 
 extern PyTypeObject HttpConnType;
@@ -231,6 +236,10 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
 /* Appends to the output; flushes what the kernel takes when `now`. */
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
 int hconn_flush(HttpConn *c);
+/* n bytes of the pending output went out (written with more, by respond.c). */
+void hconn_taken(HttpConn *c, size_t n);
+/* Closes at once (reset, EPIPE): the client is gone. */
+void hconn_fail(HttpConn *c);
 /* Sends output until at most `below` bytes wait, blocking in poll (GIL
  * released) while the client takes some at least every timeout seconds;
  * -1 with ClientGone set on failure. */
@@ -248,6 +257,24 @@ struct Respond {
 	int code;                          /* the status code given, 0 before start_response */
 	unsigned long long sent;
 	PyObject *status, *prefix, *first; /* first: the held first chunk */
+	/* A body that goes out from the loop, past HIGH_WATER (issue 21):
+	 * parked: waiting for the output to drain, no app code running;
+	 * all_here: `it` iterates a list the app returned (its blocks are held
+	 * for one write, not flushed one by one); tail: the rest of a list of
+	 * bytes, sent straight from its objects from item tail_i, offset
+	 * tail_off (no copy); it: the app's iterator, resumed below LOW_WATER;
+	 * env, result, since: what the end of the response needs (close(),
+	 * the access log). */
+	unsigned parked : 1, all_here : 1;
+	PyObject *env, *result, *it, *tail;
+	Py_ssize_t tail_i, items;
+	size_t tail_off;
+	double since;
+	/* a FileWrapper's span, sent by sendfile from the loop: its fd (the
+	 * app's, -1: none), where the rest begins and how much is left */
+	int file_fd;
+	off_t file_off;
+	unsigned long long file_left;
 };
 
 extern PyTypeObject RespondType;
@@ -255,14 +282,31 @@ extern PyTypeObject RespondType;
 /* Runs the app for env (wsgi.input already set) and frames its response:
  * 1 if the connection may serve another request (as far as the response
  * goes), 0 if it must close, -1 with a Python error that is not the app's
- * (the app's, any BaseException, are answered and logged in there). */
-int respond(HttpConn *c, PyObject *env);
+ * (the app's, any BaseException, are answered and logged in there).
+ * can_park: the caller is the connection's loop turn, which can send the
+ * rest of a large body from the loop (2, below); else (the slow path) a
+ * body past HIGH_WATER waits for the client here, as write() does. */
+int respond(HttpConn *c, PyObject *env, int can_park);
+/* respond()'s results: the connection closes, serves on, or the response
+ * is parked on it (c->parked): the rest of its body goes out from the
+ * loop, through respond_resume, before the next request is served. */
+enum { RESPOND_CLOSE = 0, RESPOND_KEEP = 1, RESPOND_PARKED = 2 };
+/* The parked response's turn, on the connection's loop thread, the output
+ * below LOW_WATER: its tail sent, its iterator resumed. RESPOND_PARKED
+ * again, or the response ended (parked cleared): RESPOND_KEEP or
+ * RESPOND_CLOSE as respond() says; -1 with an error that is not the app's. */
+int respond_resume(HttpConn *c);
+/* The connection closed under a parked response: its iterable's close(),
+ * the access log, the counts (once). Takes the reference. */
+void respond_abandon(Respond *r);
+/* Bytes a parked response still owes (at least 1: an iterator's are unknown). */
+size_t respond_owed(const Respond *r);
 
 /* Logs the pending exception (taken, cleared) through the worker's report
  * (wsgi.py's _report) with env (or NULL) and what failed. */
 void report_exc(Server *s, PyObject *env, const char *what);
 
-#define HIGH_WATER (1u << 20)      /* pending output that blocks the writing app */
+#define HIGH_WATER (1u << 20)      /* pending output that blocks write(), or parks a body */
 #define LOW_WATER (64u << 10)      /* ... until it drains below this */
 
 #endif /* SOCKHERD_HTTP_H */

@@ -21,11 +21,16 @@
  *  - an exception of the app, any BaseException: 500 if nothing was sent,
  *    else the connection closes; logged with the request line, the loop
  *    thread serves on (tests/worker/test_app_containment.py).
- * Pending output past HIGH_WATER makes the writing app wait (bounded by
- * body_timeout) for the client to read: a client that does not read never
- * costs more than a bounded buffer.
+ * Pending output past HIGH_WATER makes the app's write() wait (bounded by
+ * body_timeout) for the client to read; a body the app returned goes out
+ * from the loop instead (parked on its connection, see "running the app"):
+ * a client that does not read never costs more than a bounded buffer, nor
+ * holds a loop thread.
  */
+#include <errno.h>
 #include <string.h>
+#include <sys/sendfile.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "http.h"
@@ -127,8 +132,10 @@ static int emit_head(Respond *r, long long known)
 }
 
 /* Body bytes after the head; `now`: try the socket at once (a streaming
- * app: the client sees each chunk as it comes). */
-static int send_body(Respond *r, const char *data, size_t n, int now)
+ * app: the client sees each chunk as it comes); `wait`: past HIGH_WATER,
+ * wait here for the client to read (write(), the slow path), else the
+ * caller parks the body (respond, iterate). */
+static int send_body(Respond *r, const char *data, size_t n, int now, int wait)
 {
 	HttpConn *c = r->conn;
 	char line[24];
@@ -159,12 +166,12 @@ static int send_body(Respond *r, const char *data, size_t n, int now)
 	}
 	else if (hconn_send(c, data, n, now) < 0)
 		return -1;
-	if (hconn_pending(c) > HIGH_WATER)
+	if (wait && hconn_pending(c) > HIGH_WATER)
 		return hconn_flush_wait(c, c->srv->body_timeout, LOW_WATER);
 	return 0;
 }
 
-static int flush_first(Respond *r, long long known)
+static int flush_first(Respond *r, long long known, int wait)
 {
 	PyObject *first = r->first;
 	int rc;
@@ -175,7 +182,7 @@ static int flush_first(Respond *r, long long known)
 	r->first = NULL;
 	rc = emit_head(r, known);
 	if (rc == 0 && first)
-		rc = send_body(r, PyBytes_AS_STRING(first), (size_t)PyBytes_GET_SIZE(first), 0);
+		rc = send_body(r, PyBytes_AS_STRING(first), (size_t)PyBytes_GET_SIZE(first), 0, wait);
 	Py_XDECREF(first);
 	return rc;
 }
@@ -191,8 +198,9 @@ static int check_started(Respond *r, const char *what)
 
 /* write(data): the app's write callable, and each chunk of its iterable;
  * `hold`: the body may be whole with this chunk (its length known at the
- * end: a Content-Length), so a first chunk waits for finish(). */
-static int write_chunk(Respond *r, PyObject *data, int now, int hold)
+ * end: a Content-Length), so a first chunk waits for finish(); `wait`:
+ * as send_body's. */
+static int write_chunk(Respond *r, PyObject *data, int now, int hold, int wait)
 {
 	Py_buffer b;
 	int rc;
@@ -203,6 +211,12 @@ static int write_chunk(Respond *r, PyObject *data, int now, int hold)
 		/* a write callable kept past its request: the connection serves
 		 * another one now, or none */
 		PyErr_SetString(PyExc_RuntimeError, "write() after the response ended");
+		return -1;
+	}
+	if (r->parked) {
+		/* a thread of the app's, while the loop sends the body the app
+		 * returned: its bytes would land inside that body */
+		PyErr_SetString(PyExc_RuntimeError, "write() while the returned body is being sent");
 		return -1;
 	}
 	if (!PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
@@ -223,20 +237,20 @@ static int write_chunk(Respond *r, PyObject *data, int now, int hold)
 	}
 	/* the head goes out with this chunk (a held one first): the length
 	 * is unknown unless the app gave it */
-	rc = flush_first(r, -1);
+	rc = flush_first(r, -1, wait);
 	if (rc == 0)
-		rc = send_body(r, b.buf, (size_t)b.len, now);
+		rc = send_body(r, b.buf, (size_t)b.len, now, wait);
 	PyBuffer_Release(&b);
 	return rc;
 }
 
-static int finish(Respond *r)
+static int finish(Respond *r, int wait)
 {
 	if (!r->status) {
 		PyErr_SetString(PyExc_AssertionError, "the app returned without calling start_response");
 		return -1;
 	}
-	if (!r->headers_sent && flush_first(r, r->first ? PyBytes_GET_SIZE(r->first) : 0) < 0)
+	if (!r->headers_sent && flush_first(r, r->first ? PyBytes_GET_SIZE(r->first) : 0, wait) < 0)
 		return -1;
 	if (r->chunked && hconn_send(r->conn, "0\r\n\r\n", 5, 0) < 0)
 		return -1;
@@ -264,6 +278,14 @@ static Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
 	r->code = 0;
 	r->sent = 0;
 	r->status = r->prefix = r->first = NULL;
+	r->parked = r->all_here = 0;
+	r->env = r->result = r->it = r->tail = NULL;
+	r->tail_i = r->items = 0;
+	r->tail_off = 0;
+	r->since = 0.0;
+	r->file_fd = -1;
+	r->file_off = 0;
+	r->file_left = 0;
 	return r;
 }
 
@@ -273,6 +295,10 @@ static void Respond_dealloc(Respond *r)
 	Py_XDECREF(r->status);
 	Py_XDECREF(r->prefix);
 	Py_XDECREF(r->first);
+	Py_XDECREF(r->env);
+	Py_XDECREF(r->result);
+	Py_XDECREF(r->it);
+	Py_XDECREF(r->tail);
 	PyObject_Free(r);
 }
 
@@ -417,7 +443,7 @@ static PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 
 static PyObject *Respond_write(Respond *r, PyObject *data)
 {
-	if (write_chunk(r, data, 1, 0) < 0)
+	if (write_chunk(r, data, 1, 0, 1) < 0)
 		return NULL;
 	Py_RETURN_NONE;
 }
@@ -531,10 +557,120 @@ PyTypeObject RespondType = {
 
 /* ---- running the app -------------------------------------------------------------------------- */
 
-/* A list or tuple of bytes, nothing given yet: its length is known, so
- * it gets a Content-Length, and goes out without holding a chunk. */
-static int body_sequence(Respond *r, PyObject *seq)
+/* A body past HIGH_WATER never waits for its client on the loop thread
+ * (issue 21: a client that did not read a 10 MB answer held the thread,
+ * and every other connection of it, for body_timeout): the connection
+ * keeps it (c->parked) and the loop sends the rest on its POLLOUT events,
+ * whichever loop thread handles them, before serving its next request.
+ * A list of bytes stays in the app's objects (the tail, sent by writev
+ * straight from them); an iterator is resumed when the output drains below
+ * LOW_WATER, so a connection holds at most HIGH_WATER plus one block. */
+
+#define TAIL_IOV 64
+
+static int iterate(Respond *r, int can_park);
+
+/* Sends what the kernel takes of the pending output and the tail after
+ * it, in order. 0 when all of it went out (or the announced length was
+ * reached: the rest is cut and the connection closes), RESPOND_PARKED
+ * when the kernel is full, -1 with ClientGone (closed: reset, EPIPE). */
+static int push_tail(Respond *r)
 {
+	HttpConn *c = r->conn;
+	PyObject *t = r->tail;
+	Py_ssize_t n = PyTuple_GET_SIZE(t);
+
+	for (;;) {
+		struct iovec iov[TAIL_IOV];
+		int k = 0;
+		size_t out = hconn_pending(c), asked = out, took, body;
+		/* emit_head set a length: the list's total, or the app's own */
+		unsigned long long room = r->sent < (unsigned long long)r->length
+		                          ? (unsigned long long)r->length - r->sent : 0;
+		ssize_t w;
+
+		if (c->closed) {
+			PyErr_SetString(ClientGone, "the client went away");
+			return -1;
+		}
+		if (out) {
+			iov[k].iov_base = c->out + c->ostart;
+			iov[k++].iov_len = out;
+		}
+		for (Py_ssize_t i = r->tail_i; i < n && k < TAIL_IOV && room; i++) {
+			PyObject *b = PyTuple_GET_ITEM(t, i);
+			size_t off = i == r->tail_i ? r->tail_off : 0;
+			size_t len = (size_t)PyBytes_GET_SIZE(b) - off;
+
+			if (len > room)
+				len = (size_t)room;
+			if (!len)
+				continue;
+			iov[k].iov_base = PyBytes_AS_STRING(b) + off;
+			iov[k++].iov_len = len;
+			room -= len;
+			asked += len;
+		}
+		if (!k)
+			break;
+		w = writev(c->fd, iov, k);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				return RESPOND_PARKED;
+			hconn_fail(c);
+			PyErr_SetString(ClientGone, "the client went away");
+			return -1;
+		}
+		c->wrote += (unsigned long long)w;
+		took = (size_t)w < out ? (size_t)w : out;
+		if (took)
+			hconn_taken(c, took);
+		body = (size_t)w - took;
+		r->sent += body;
+		while (body) {
+			size_t left = (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, r->tail_i)) - r->tail_off;
+
+			if (body < left) {
+				r->tail_off += body;
+				body = 0;
+			}
+			else {
+				body -= left;
+				r->tail_i++;
+				r->tail_off = 0;
+			}
+		}
+		if ((size_t)w < asked)
+			return RESPOND_PARKED;            /* the kernel is full: its POLLOUT resumes */
+	}
+	for (Py_ssize_t i = r->tail_i; i < n; i++)
+		if ((size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, i)) > (i == r->tail_i ? r->tail_off : 0)) {
+			r->keep = 0;                     /* past the app's Content-Length: cut */
+			break;
+		}
+	Py_CLEAR(r->tail);
+	return 0;
+}
+
+size_t respond_owed(const Respond *r)
+{
+	size_t owed = r->file_fd >= 0 ? (size_t)r->file_left : 0;
+
+	if (r->tail)
+		for (Py_ssize_t i = r->tail_i; i < PyTuple_GET_SIZE(r->tail); i++)
+			owed += (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(r->tail, i)) -
+			        (i == r->tail_i ? r->tail_off : 0);
+	return owed ? owed : 1;
+}
+
+/* A list or tuple of bytes, nothing given yet: its length is known, so
+ * it gets a Content-Length, and goes out without holding a chunk; past
+ * HIGH_WATER (can_park), as the tail. 0, RESPOND_PARKED or -1. */
+static int body_sequence(Respond *r, PyObject *seq, int can_park)
+{
+	HttpConn *c = r->conn;
 	Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
 	PyObject **items = PySequence_Fast_ITEMS(seq);
 	long long total = 0;
@@ -551,28 +687,76 @@ static int body_sequence(Respond *r, PyObject *seq)
 	r->headers_sent = 1;
 	if (emit_head(r, total) < 0)
 		return -1;
+	if (can_park && total && !r->head_only && !r->bodiless &&
+	    hconn_pending(c) + (unsigned long long)total > HIGH_WATER) {
+		/* a tuple of the same objects (no byte copied): the app's other
+		 * threads may change its list while the loop sends it */
+		r->tail = PySequence_Tuple(seq);
+		if (!r->tail)
+			return -1;
+		return push_tail(r);
+	}
 	/* each item held while it is sent: a blocked writer lets the GIL go,
 	 * and the app's other threads could change its list meanwhile */
 	for (Py_ssize_t i = 0; i < n && i < PySequence_Fast_GET_SIZE(seq); i++) {
 		PyObject *item = Py_NewRef(PySequence_Fast_ITEMS(seq)[i]);
 		int rc = PyBytes_Check(item)
-		         ? send_body(r, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item), 0) : 0;
+		         ? send_body(r, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item), 0,
+		                     !can_park)
+		         : 0;
 		Py_DECREF(item);
 		if (rc < 0)
 			return -1;
 	}
 	return 0;
 one_by_one:
-	for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-		PyObject *item = Py_NewRef(PySequence_Fast_ITEMS(seq)[i]);
-		int rc = 0;
+	/* all here: each block is held for one write, not flushed one by one */
+	r->all_here = 1;
+	r->it = PyObject_GetIter(seq);
+	return r->it ? iterate(r, can_park) : -1;
+}
 
-		if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item))
-			rc = write_chunk(r, item, 0, 1);     /* all here: the length may be known */
+/* The body's iterator, block by block, from where it is (a parked one's
+ * resumption too). can_park: before taking a block, output past
+ * HIGH_WATER parks it (RESPOND_PARKED); else a block past it waits for
+ * the client (send_body). 0 when exhausted, -1 on error (the app's
+ * included: next() is its code). */
+static int iterate(Respond *r, int can_park)
+{
+	HttpConn *c = r->conn;
+	PyObject *item;
+
+	for (;;) {
+		int rc = 0, whole = 0;
+
+		if (can_park && hconn_pending(c) > HIGH_WATER)
+			return RESPOND_PARKED;
+		if (!(item = PyIter_Next(r->it)))
+			break;
+		if (r->all_here) {
+			if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item))
+				rc = write_chunk(r, item, 0, 1, !can_park);
+			Py_DECREF(item);
+			if (rc < 0)
+				return -1;
+			continue;
+		}
+		if (!r->headers_sent && !r->first) {
+			Py_ssize_t left = r->items == 1 ? 0 : PyObject_LengthHint(r->it, -1);
+
+			if (left < 0 && PyErr_Occurred())
+				rc = -1;
+			whole = left == 0;
+		}
+		if (rc == 0 && (!PyBytes_Check(item) || PyBytes_GET_SIZE(item)))
+			rc = write_chunk(r, item, !whole, whole, !can_park);
 		Py_DECREF(item);
 		if (rc < 0)
 			return -1;
 	}
+	if (PyErr_Occurred())
+		return -1;
+	Py_CLEAR(r->it);
 	return 0;
 }
 
@@ -581,46 +765,76 @@ one_by_one:
  * that says it is exhausted after its first block (a list's, Django's
  * response): that block is held for a Content-Length and one write. The
  * hints are the app's code: an exception there is the app's. */
-static int body_iterable(Respond *r, PyObject *result)
+static int body_iterable(Respond *r, PyObject *result, int can_park)
 {
-	Py_ssize_t items = PyObject_LengthHint(result, -1);
-	PyObject *it, *item;
-
-	if (items < 0 && PyErr_Occurred())
+	r->items = PyObject_LengthHint(result, -1);
+	if (r->items < 0 && PyErr_Occurred())
 		return -1;
-	it = PyObject_GetIter(result);
-	if (!it)
-		return -1;
-	while ((item = PyIter_Next(it))) {
-		int rc = 0, whole = 0;
-
-		if (!r->headers_sent && !r->first) {
-			Py_ssize_t left = items == 1 ? 0 : PyObject_LengthHint(it, -1);
-
-			if (left < 0 && PyErr_Occurred())
-				rc = -1;
-			whole = left == 0;
-		}
-		if (rc == 0 && (!PyBytes_Check(item) || PyBytes_GET_SIZE(item)))
-			rc = write_chunk(r, item, !whole, whole);
-		Py_DECREF(item);
-		if (rc < 0) {
-			Py_DECREF(it);
-			return -1;
-		}
-	}
-	Py_DECREF(it);
-	return PyErr_Occurred() ? -1 : 0;
+	r->it = PyObject_GetIter(result);
+	return r->it ? iterate(r, can_park) : -1;
 }
 
-/* The app returned a FileWrapper of a regular file: sendfile (wsgi.py's
- * sendfile_response, which waits for the socket as it needs). 1 if it
- * did, 0 if the result is to be iterated, -1 on error. */
-static int body_file(Respond *r, PyObject *result)
+/* Sends what the kernel takes of the pending output, then of the file
+ * span, by sendfile(2). 0 when all of it went out (a file that shrank
+ * under us ends it short: the connection closes), RESPOND_PARKED when the
+ * kernel is full, -1 with ClientGone (closed). */
+static int push_file(Respond *r)
+{
+	HttpConn *c = r->conn;
+
+	for (;;) {
+		ssize_t n;
+
+		if (c->closed) {
+			PyErr_SetString(ClientGone, "the client went away");
+			return -1;
+		}
+		if (hconn_pending(c)) {
+			hconn_flush(c);                      /* the head first, in order */
+			if (c->closed)
+				continue;
+			if (hconn_pending(c))
+				return RESPOND_PARKED;
+		}
+		if (!r->file_left)
+			break;
+		n = sendfile(c->fd, r->file_fd, &r->file_off,
+		             r->file_left > (1u << 30) ? (size_t)1 << 30 : (size_t)r->file_left);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				return RESPOND_PARKED;
+			hconn_fail(c);
+			continue;
+		}
+		if (n == 0) {
+			r->keep = 0;                         /* the file shrank: fewer bytes than announced */
+			break;
+		}
+		c->wrote += (unsigned long long)n;
+		r->sent += (unsigned long long)n;
+		r->file_left -= (unsigned long long)n;
+	}
+	r->file_fd = -1;                             /* the app's: closed by its close() */
+	return 0;
+}
+
+/* The app returned a FileWrapper of a regular file: sendfile. can_park:
+ * wsgi.py's sendfile_response sends the head and says which span of the
+ * file goes out; the loop sends it (push_file), parked while the client
+ * does not read (the FileWrapper, kept as the result, holds the file
+ * open). Else sendfile_response sends it all, waiting for the socket as
+ * it needs. 1 if it did, RESPOND_PARKED, 0 if the result is to be
+ * iterated, -1 on error. */
+static int body_file(Respond *r, PyObject *result, int can_park)
 {
 	Server *s = r->conn->srv;
 	PyObject *fd, *done;
 	long ffd;
+	long long off;
+	unsigned long long count;
+	int rc;
 
 	if (!s->file_wrapper || !PyObject_TypeCheck(result, (PyTypeObject *)s->file_wrapper) ||
 	    r->first || r->headers_sent)
@@ -634,11 +848,24 @@ static int body_file(Respond *r, PyObject *result)
 		return -1;
 	if (ffd < 0)
 		return 0;
-	done = PyObject_CallFunction(s->sendfile, "OOOl", r->conn, r, result, ffd);
+	done = PyObject_CallFunction(s->sendfile, "OOOlO", r->conn, r, result, ffd,
+	                             can_park ? Py_True : Py_False);
 	if (!done)
 		return -1;
+	if (done == Py_None) {
+		Py_DECREF(done);
+		return 1;
+	}
+	if (!PyArg_ParseTuple(done, "LK", &off, &count)) {
+		Py_DECREF(done);
+		return -1;
+	}
 	Py_DECREF(done);
-	return 1;
+	r->file_fd = (int)ffd;
+	r->file_off = (off_t)off;
+	r->file_left = count;
+	rc = push_file(r);
+	return rc == 0 ? 1 : rc;
 }
 
 void report_exc(Server *s, PyObject *env, const char *what)
@@ -718,7 +945,7 @@ static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, 
 		Py_XDECREF(args);
 		if (w) {
 			Py_DECREF(w);
-			if (write_chunk(r, chunk, 0, 1) == 0 && finish(r) == 0)
+			if (write_chunk(r, chunk, 0, 1, 1) == 0 && finish(r, 1) == 0)
 				rc = 0;
 		}
 	}
@@ -729,33 +956,25 @@ static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, 
 	return rc;
 }
 
-int respond(HttpConn *c, PyObject *env)
+/* The end of a response (the app's iterable done, or failed, or its
+ * client gone): the app's errors answered or logged, close() of its
+ * iterable (once: PEP 3333), the access log, the counts. rc < 0: with the
+ * error set. Takes r's reference; returns whether the connection may
+ * serve on (as respond()). */
+static int respond_end(HttpConn *c, Respond *r, int rc)
 {
 	Server *s = c->srv;
-	struct hp_parser *hp = &c->parser->hp;
-	int http11 = hp->ll.http_minor == 1, head_only = hp->ll.method == HTTP_HEAD;
-	int keep = hp_keep_alive(hp) && !s->draining;       /* draining: Connection: close */
-	double started = s->access != Py_None ? mono_now() : 0.0;
-	PyObject *result = NULL;
-	Respond *r = respond_new(c, http11, keep, head_only);
-	int rc = 0, out;
+	PyObject *env = r->env, *result = r->result;     /* ours from here */
+	double started = r->since;
+	int http11 = r->http11, head_only = r->head_only, out;
 	int count = 1;          /* 1: as r->code at the end; 0: no response; -1: counted */
 
-	if (!r)
-		return -1;
-	Py_XSETREF(c->response, (PyObject *)Py_NewRef(r));
-	result = PyObject_CallFunctionObjArgs(s->app, env, (PyObject *)r, NULL);
-	if (result) {
-		if ((rc = body_file(r, result)) == 0) {
-			if (PyList_CheckExact(result) || PyTuple_CheckExact(result))
-				rc = body_sequence(r, result);
-			else
-				rc = body_iterable(r, result);
-		}
-		if (rc >= 0)
-			rc = finish(r);
-	}
-	if (!result || rc < 0) {
+	r->env = r->result = NULL;
+	r->parked = 0;
+	r->file_fd = -1;
+	Py_CLEAR(r->it);
+	Py_CLEAR(r->tail);
+	if (rc < 0) {
 		if (PyErr_ExceptionMatches(ClientGone)) {
 			/* gone, or not reading: closed already (hconn_flush_wait), what
 			 * is buffered goes nowhere. Still open: a request body that did
@@ -819,15 +1038,88 @@ int respond(HttpConn *c, PyObject *env)
 		/* max_requests: the worker asks to be replaced, once (>=: a
 		 * limit set after that many requests, or passed by refusals,
 		 * still fires at the next one) */
-		PyObject *fn = s->on_retire, *rc;
+		PyObject *fn = s->on_retire, *ret;
 
 		s->on_retire = NULL;
-		rc = PyObject_CallNoArgs(fn);
-		if (!rc)
+		ret = PyObject_CallNoArgs(fn);
+		if (!ret)
 			PyErr_WriteUnraisable(fn);
-		Py_XDECREF(rc);
+		Py_XDECREF(ret);
 		Py_DECREF(fn);
 	}
 	Py_DECREF(r);
+	Py_DECREF(env);
 	return out;
+}
+
+int respond(HttpConn *c, PyObject *env, int can_park)
+{
+	Server *s = c->srv;
+	struct hp_parser *hp = &c->parser->hp;
+	int http11 = hp->ll.http_minor == 1, head_only = hp->ll.method == HTTP_HEAD;
+	int keep = hp_keep_alive(hp) && !s->draining;       /* draining: Connection: close */
+	PyObject *result;
+	Respond *r = respond_new(c, http11, keep, head_only);
+	int rc = -1;
+
+	if (!r)
+		return -1;
+	r->since = s->access != Py_None ? mono_now() : 0.0;
+	r->env = Py_NewRef(env);
+	Py_XSETREF(c->response, (PyObject *)Py_NewRef(r));
+	result = PyObject_CallFunctionObjArgs(s->app, env, (PyObject *)r, NULL);
+	if (result) {
+		r->result = result;
+		if ((rc = body_file(r, result, can_park)) == 0) {
+			if (PyList_CheckExact(result) || PyTuple_CheckExact(result))
+				rc = body_sequence(r, result, can_park);
+			else
+				rc = body_iterable(r, result, can_park);
+		}
+		if (rc == RESPOND_PARKED) {
+			/* the rest goes out from the loop: the connection holds r */
+			r->parked = 1;
+			c->parked = r;
+			return RESPOND_PARKED;
+		}
+		if (rc >= 0)
+			rc = finish(r, !can_park);
+	}
+	return respond_end(c, r, rc);
+}
+
+int respond_resume(HttpConn *c)
+{
+	Respond *r = c->parked;
+	int rc;
+
+	r->parked = 0;
+	if (r->tail)
+		rc = push_tail(r);
+	else if (r->file_fd >= 0)
+		rc = push_file(r);
+	else if (hconn_pending(c) >= LOW_WATER)
+		rc = RESPOND_PARKED;
+	else
+		rc = iterate(r, 1);                  /* the app's code again, contained below */
+	if (rc == RESPOND_PARKED) {
+		r->parked = 1;
+		return RESPOND_PARKED;
+	}
+	c->parked = NULL;                        /* its reference is r's now */
+	if (rc >= 0)
+		rc = finish(r, 0);
+	return respond_end(c, r, rc);
+}
+
+void respond_abandon(Respond *r)
+{
+	PyObject *t, *v, *tb;
+
+	/* called from a close, maybe with an error of the closer's pending */
+	PyErr_Fetch(&t, &v, &tb);
+	r->parked = 0;
+	PyErr_SetString(ClientGone, "the client went away");
+	(void)respond_end(r->conn, r, -1);
+	PyErr_Restore(t, v, tb);
 }
