@@ -482,7 +482,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Server is set up once");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!ddddnd", names, &loop,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!dddnd", names, &loop,
 	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
 	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
 	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &field_size, &nheaders,
