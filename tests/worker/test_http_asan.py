@@ -13,8 +13,9 @@ test_http_framing_known.py (the whole request path framed against a strict
 reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES, 100 here unless
 set, passes through for bench/fuzz_http.sh's longer runs) and
 test_body_buffer_engine.py (a body read in the loop before the app runs:
-the held request's edges) run against that build in a child interpreter with libasan preloaded (conftest.py swaps it
-in). Any sanitizer report fails the run."""
+the held request's edges) run against that build in a child interpreter
+with libasan preloaded (conftest.py swaps it in). Any sanitizer report
+fails the run."""
 from __future__ import annotations
 
 import os
