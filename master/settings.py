@@ -174,7 +174,9 @@ SETTINGS: tuple[Setting, ...] = (
             "0: no limit (larger: 413)",
             msgspec.Meta(ge=0), "BYTES", section="http"),
     Setting("body_timeout", ("--body-timeout",), float, 30.0,
-            "an app reading the request body waits this long for more bytes",
+            "a request body must arrive within this long (a second more per 64 KiB "
+            "received): one read in the loop (body_buffer) is then refused 408, an app "
+            "reading a streamed one gets an error",
             _seconds(0.1, 3600), "S", section="http"),
     # nginx's client_body_buffer_size, larger than its 16 KiB default: most
     # form posts and JSON bodies fit, and a body read in the loop costs no
