@@ -23,6 +23,17 @@ def echo(environ, start_response):
     return [out]
 
 
+def counted():
+    """(echo that notes each call, its calls)"""
+    calls = []
+
+    def app(environ, start_response):
+        calls.append(1)
+        return echo(environ, start_response)
+
+    return app, calls
+
+
 def held(loop) -> bool:
     return any(getattr(c, "buffering", False) for c in list(loop.conns.values()))
 
@@ -48,12 +59,7 @@ def test_a_held_request_is_served_whole_and_the_next_one_follows(serve_wsgi):
 
 
 def test_a_bad_chunk_while_held_is_a_400_and_the_app_never_runs(serve_wsgi):
-    calls = []
-
-    def app(environ, start_response):
-        calls.append(1)
-        return echo(environ, start_response)
-
+    app, calls = counted()
     loop, addr = serve_wsgi(app)
     with socket.create_connection(addr, timeout=10) as c:
         c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
@@ -65,12 +71,7 @@ def test_a_bad_chunk_while_held_is_a_400_and_the_app_never_runs(serve_wsgi):
 
 
 def test_a_client_that_closes_mid_body_is_closed_without_an_answer(serve_wsgi):
-    calls = []
-
-    def app(environ, start_response):
-        calls.append(1)
-        return echo(environ, start_response)
-
+    app, calls = counted()
     loop, addr = serve_wsgi(app)
     with socket.create_connection(addr, timeout=10) as c:
         c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\nabc")
