@@ -174,9 +174,19 @@ SETTINGS: tuple[Setting, ...] = (
             "0: no limit (larger: 413)",
             msgspec.Meta(ge=0), "BYTES", section="http"),
     Setting("body_timeout", ("--body-timeout",), float, 30.0,
-            "an app reading the request body waits this long for more bytes; a response "
-            "its client takes nothing of for this long is cut (the connection closes)",
+            "a request body must arrive within this long (a second more per 64 KiB "
+            "received): one read in the loop (body_buffer) is then refused 408, an app "
+            "reading a streamed one gets an error; a response its client takes nothing of "
+            "for this long is cut (the connection closes)",
             _seconds(0.1, 3600), "S", section="http"),
+    # nginx's client_body_buffer_size, larger than its 16 KiB default: most
+    # form posts and JSON bodies fit, and a body read in the loop costs no
+    # thread while its client is slow (issue 21); past it a body streams
+    Setting("body_buffer", ("--body-buffer",), int, 1 << 20,
+            "a request body up to this size is read whole before the app runs, without "
+            "holding a thread while the client sends it (a larger one streams to the app "
+            "through wsgi.input); 0: every body still arriving streams",
+            msgspec.Meta(ge=0), "BYTES", section="http"),
     Setting("header_timeout", ("--header-timeout",), float, 15.0,
             "a request head must arrive whole within this long of its first byte (or of the "
             "connection): 408 and close (slowloris)", _seconds(0.1, 3600), "S", section="http"),

@@ -466,9 +466,10 @@ class Loop:
         due_now, next_due = [], None
         for conn in mine:
             due = conn.last_active + self.idle_grace
-            if conn.pending:
-                # not idle while output waits, and no deadline to wake for:
-                # its flush is an event (a turn, this step again) that moves
+            if conn.pending or getattr(conn, "buffering", False):
+                # not idle while a request body arrives (its body timer
+                # ends a stalled one) nor while output waits, and no
+                # deadline to wake for: its flush (its body's read) is an event (a turn, this step again) that moves
                 # last_active; one past due here asked poll for 1 ms waits,
                 # a spin until the client read (review)
                 continue

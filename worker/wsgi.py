@@ -5,8 +5,10 @@ loop turn, reading, parsing (llhttp, strict), environ, start_response, the
 framing and the writes, and the header and keep-alive timers. What stays
 here is what is rare or policy:
 
-  - the slow path (serve_slow): a request whose body is still arriving,
-    or that waits for a `100 Continue`. The app runs in the loop thread that
+  - the slow path (serve_slow): a request whose body is still arriving
+    and is larger than `body_buffer` (a smaller one is read whole by the
+    engine, in the loop, before the app runs), or that waits for a
+    `100 Continue` with such a body. The app runs in the loop thread that
     owns the connection, and `wsgi.input` reads the body straight from the
     socket (waiting for it with poll, bounded by `body_timeout` and a
     minimum rate), so a large upload is never held whole in memory; the
@@ -36,7 +38,9 @@ from sockherd.worker.stream import wait_ready
 log = logging.getLogger("sockherd.worker")
 
 
-MIN_BODY_RATE = 64 << 10       # bytes/s a request body must average past body_timeout
+# bytes/s a request body must average past body_timeout (the slow path's
+# and the engine's, for a body it reads before the app runs)
+MIN_BODY_RATE = 64 << 10
 
 
 class _Limits:
@@ -46,6 +50,7 @@ class _Limits:
         self.headers = int(cfg.get("limit_request_fields", 100))
         self.body = int(cfg.get("limit_request_body", 0))
         self.body_timeout = float(cfg.get("body_timeout", 30.0))
+        self.body_buffer = int(cfg.get("body_buffer", 1 << 20))
         self.root_path = str(cfg.get("root_path", ""))
         self.server_header = str(cfg.get("server_header", ""))
         self.server_line = (b"Server: %s\r\n" % self.server_header.encode("latin-1")
@@ -132,7 +137,8 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         enter_app=loop._enter_app if relief.enabled else None,
         limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,
-        keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout)
+        keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
+        body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     engine.log_refusals(_log_refusal)
     engine.dispatch = dispatch
     return engine

@@ -399,7 +399,8 @@ def at_bad_exc_info(exc):
 def test_an_exception_on_the_slow_path_is_a_500(serve, where, exc, wait_continue):
     """The slow path calls the same respond() from Python (serve_slow): a
     BaseException there ended the loop thread too."""
-    _, addr = serve(routed(where(exc)))
+    # the slow path: every body still arriving streams
+    _, addr = serve(routed(where(exc)), body_buffer=0)
     for _ in range(2):
         assert is_500(slow_request(addr, wait_continue))
     still_serves(addr)
@@ -451,7 +452,8 @@ def test_a_wsgi_input_kept_past_its_request_reads_nothing(serve):
             return [b"read:" + kept["input"].read(100)]
         return hello(environ, start_response)
 
-    _, addr = serve(app, body_timeout=30)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app, body_timeout=30, body_buffer=0)
     out = raw(addr, b"POST /keep HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n"
                     b"Expect: 100-continue\r\nConnection: close\r\n\r\n", timeout=5)
     assert out.startswith(b"HTTP/1.1 200 OK")

@@ -77,7 +77,8 @@ def test_a_body_read_by_an_app_thread_and_the_loop_thread_serves_the_next_reques
         start_response("200 OK", [("Content-Length", "3")])
         return [b"one"]
 
-    _, addr = serve(app, body_timeout=5.0)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app, body_timeout=5.0, body_buffer=0)
     c = socket.create_connection(addr, timeout=10)
     try:
         c.sendall(b"POST /one HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12345")

@@ -140,7 +140,8 @@ def test_a_response_begun_after_the_drain_began_carries_connection_close(serve):
         start_response("200 OK", [("Content-Length", str(len(body)))])
         return [body]
 
-    loop, addr = serve(app, threads=2)
+    # the slow path: every body still arriving streams
+    loop, addr = serve(app, threads=2, body_buffer=0)
     c = socket.create_connection(addr, timeout=10)
     try:
         c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12345")

@@ -727,7 +727,8 @@ def test_response_written_before_reading_a_100_continue_body_is_sent(serve):
         environ["wsgi.input"].read()
         return []
 
-    _, addr = serve(app, body_timeout=2)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app, body_timeout=2, body_buffer=0)
     with socket.create_connection(addr, timeout=10) as c:
         c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
                   b"Content-Length: 4\r\n\r\n")

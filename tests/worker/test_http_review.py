@@ -264,7 +264,8 @@ def test_body_trickle_does_not_hold_the_loop_thread(serve):
         start_response("200 OK", [])
         return [b"ok"]
 
-    _, addr = serve(app, body_timeout=1.0)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app, body_timeout=1.0, body_buffer=0)
     slow = socket.create_connection(addr, timeout=30)
 
     def trickle():                   # one byte every 0.3 s, for 8 s at most
@@ -304,7 +305,9 @@ def test_body_trickle_does_not_hold_the_loop_thread(serve):
 # Was: finding 8: 100 Continue written after the final response (fixed; this test failed
 # before).
 def test_no_100_continue_after_the_final_response(serve):
-    _, addr = serve(lambda env, sr: (sr("403 Forbidden", []), [b"no"])[1], body_timeout=5)
+    # the slow path: every body still arriving streams
+    _, addr = serve(lambda env, sr: (sr("403 Forbidden", []), [b"no"])[1], body_timeout=5,
+                    body_buffer=0)
     with socket.create_connection(addr, timeout=10) as c:
         c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
                   b"Content-Length: 4\r\n\r\n")
@@ -365,7 +368,8 @@ def test_held_body_error_while_draining_keeps_the_response(serve, caplog):
         start_response("200 OK", [("Content-Length", str(size))])
         return [b"r" * size]
 
-    _, addr = serve(app, limit_request_body=10, body_timeout=10)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app, limit_request_body=10, body_timeout=10, body_buffer=0)
     caplog.set_level(logging.ERROR, logger="sockherd.worker")
     with socket.create_connection(addr, timeout=30) as c:
         c.sendall(CHUNKED)                    # the body comes once the app has answered

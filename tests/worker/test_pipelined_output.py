@@ -64,7 +64,8 @@ def test_own_response_goes_out_while_its_unread_body_is_drained(serve):
         start_response("200 OK", [("Content-Length", "5")])
         return [b"early"]
 
-    _, addr = serve(app)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app, body_buffer=0)
     with socket.create_connection(addr, timeout=10) as c:
         c.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n012")
         first = read_until(c, b"early", timeout=10)
@@ -79,7 +80,8 @@ def test_body_timeout_closes_after_what_was_owed_is_sent(serve):
     after the owed bytes are sent (bounded by the send timeout)."""
     big = bytes(range(256)) * 3000                    # 768 000 bytes, below HIGH_WATER
     seen = []
-    _, addr = serve(app_for(big, seen), body_timeout=1.0)
+    # the slow path: every body still arriving streams
+    _, addr = serve(app_for(big, seen), body_timeout=1.0, body_buffer=0)
     with socket.socket() as c:
         c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # output stays ours
         c.settimeout(10)

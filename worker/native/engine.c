@@ -545,26 +545,31 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	                        "access", "report", "sendfile", "file_wrapper", "bytes_io", "no_body",
 	                        "event_type", "busy", "enter_app", "limits", "script_name",
 	                        "server_line", "header_timeout", "keepalive_timeout",
-	                        "body_timeout", NULL};
+	                        "body_timeout", "body_buffer", "min_body_rate", NULL};
 	PyObject *loop, *api, *threads, *app, *base, *slow, *access, *report, *sendfile, *fw, *bio, *nob;
 	PyObject *evt, *busy, *enter_app, *script_name, *server_line, *seq;
 	unsigned int line, field_size, nheaders;
 	unsigned long long body;
 	int maxfd;
 	unsigned int kind;
-	double ht, kt, bt;
+	double ht, kt, bt, rate;
+	Py_ssize_t bbuf;
 
 	if (s->thr) {
 		PyErr_SetString(PyExc_RuntimeError, "Server is set up once");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!ddd", names, &loop,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!dddnd", names, &loop,
 	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
 	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
 	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &field_size, &nheaders,
 	                                 &body, &script_name, &PyBytes_Type, &server_line, &ht, &kt,
-	                                 &bt))
+	                                 &bt, &bbuf, &rate))
 		return -1;
+	if (bbuf < 0 || rate < 0) {
+		PyErr_SetString(PyExc_ValueError, "body_buffer and min_body_rate must not be negative");
+		return -1;
+	}
 	if (maxfd <= 0 || !line || !field_size || !nheaders) {
 		PyErr_SetString(PyExc_ValueError, "maxfd and the limits must be positive");
 		return -1;
@@ -645,6 +650,8 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	s->header_timeout = ht;
 	s->keepalive_timeout = kt;
 	s->body_timeout = bt;
+	s->body_buffer = (size_t)bbuf;
+	s->min_body_rate = rate;
 	if (busy != Py_None && (!PyList_Check(busy) || PyList_GET_SIZE(busy) < s->nthreads)) {
 		PyErr_SetString(PyExc_TypeError, "busy: None or a list, one float per loop thread");
 		return -1;

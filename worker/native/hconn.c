@@ -5,9 +5,13 @@
  * The event handler (hconn_on_events) runs on the owner loop thread under
  * the fd's running bit: one read, every complete request head answered,
  * their responses gathered and sent with one write. A request whose body
- * has fully arrived (or that has none) is served here, start to end; one
- * whose body is still coming, or that waits for a 100 Continue, goes to
- * wsgi.py's slow path, which streams wsgi.input from the socket. A
+ * has fully arrived (or that has none) is served here, start to end. One
+ * whose body is still coming is held (c->held) while the loop reads its
+ * body, as nginx's client_body_buffer_size: the app runs once the body is
+ * whole, and meanwhile no thread waits on the client, so a slow upload
+ * costs its thread nothing. A body larger than body_buffer (a chunked one
+ * once that much of it is here) goes to wsgi.py's slow path, which streams
+ * wsgi.input from the socket: it is never held whole in memory. A
  * response body larger than the output buffer is parked on the connection
  * (c->parked, respond.c) and goes out on its POLLOUT events (resume):
  * meanwhile the connection reads nothing and its next request waits.
@@ -218,6 +222,7 @@ int hconn_close_now(HttpConn *c)
 		c->parked = NULL;
 	c->closed = 1;
 	timer_cancel(c);
+	Py_CLEAR(c->held);
 	PyMem_Free(c->out);
 	c->out = NULL;
 	c->ostart = c->olen = c->ocap = 0;
@@ -286,6 +291,7 @@ static void close_soft(HttpConn *c)
 	if (c->closed)
 		return;
 	c->closing = 1;
+	Py_CLEAR(c->held);                         /* a held request is never served now */
 	if (!owed(c))
 		end(c);
 	else
@@ -319,7 +325,8 @@ static void discard(HttpConn *c)
  * by the next ones), or the next request (keep-alive). */
 static void rearm(HttpConn *c)
 {
-	if (c->closed || c->serving || c->lingering)
+	/* held: the body timer runs from the head on, whatever goes out */
+	if (c->closed || c->serving || c->lingering || c->held)
 		return;
 	if (owed(c)) {
 		c->head_clock = 0;                 /* a head's clock starts again after */
@@ -441,13 +448,13 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 /* A refusal counted by kind, and logged with the peer and the reason: a
  * line at most a second per worker (a flood of bad requests must not
  * flood the log), saying how many were refused since the last one. */
-static void note_refusal(HttpConn *c, int status, const char *reason)
+static void note_refusal(HttpConn *c, int status, int kind, const char *reason)
 {
 	Server *s = c->srv;
 	double now;
 	PyObject *rc;
 
-	s->refused[refusal_kind(status)]++;
+	s->refused[kind]++;
 	s->refusal_unlogged++;
 	if (!s->on_refusal)
 		return;
@@ -463,7 +470,9 @@ static void note_refusal(HttpConn *c, int status, const char *reason)
 	Py_XDECREF(rc);
 }
 
-void hconn_refuse(HttpConn *c, int status, const char *reason)
+/* hconn_refuse, counted under `kind` (refusal_kind() of the status, or
+ * one the status does not tell apart) */
+static void refuse_as(HttpConn *c, int status, int kind, const char *reason)
 {
 	char buf[1100];
 	char body[600];
@@ -471,7 +480,7 @@ void hconn_refuse(HttpConn *c, int status, const char *reason)
 	size_t dn;
 	int bn = snprintf(body, sizeof(body), "%d %s: %.500s\n", status, REASONS(status), reason);
 	srv_count(c->srv, status);
-	note_refusal(c, status, reason);
+	note_refusal(c, status, kind, reason);
 	http_date(&date, &dn);
 	int hn = snprintf(buf, sizeof(buf),
 	                  "HTTP/1.1 %d %s\r\n%.*sContent-Type: text/plain\r\nContent-Length: %d\r\n"
@@ -482,6 +491,11 @@ void hconn_refuse(HttpConn *c, int status, const char *reason)
 		PyErr_Clear();                         /* no memory: the close says enough */
 	close_soft(c);
 	hconn_flush(c);
+}
+
+void hconn_refuse(HttpConn *c, int status, const char *reason)
+{
+	refuse_as(c, status, refusal_kind(status), reason);
 }
 
 /* ---- input: requests ------------------------------------------------------------------------ */
@@ -543,6 +557,58 @@ static int serve_streaming(HttpConn *c, PyObject *env)
 	return keep;
 }
 
+/* Whether the rest of the current request's body is read here, in the
+ * loop, before the app runs: a Content-Length within body_buffer (decided
+ * at the head), or a chunked body while what is buffered of it is below
+ * body_buffer. Else the slow path streams it. */
+static int body_fits(HttpConn *c)
+{
+	Parser *p = c->parser;
+	size_t room = c->srv->body_buffer;
+	int64_t length = hp_content_length(&p->hp);
+
+	if (!room)
+		return 0;
+	if (length >= 0)
+		return (uint64_t)length <= room;
+	return hp_chunked(&p->hp) && p->blen - p->bstart < room;
+}
+
+/* A held request's body progressed by n bytes (framing included, as the
+ * slow path counts them): its deadline moves back n / min_body_rate
+ * seconds, so a client sending at that rate or faster is never cut, one
+ * trickling a byte at a time is (the slow path's rule). */
+static void body_progress(HttpConn *c, size_t n)
+{
+	double rate = c->srv->min_body_rate;
+	double due;
+
+	if (c->tkind != TIMER_BODY || rate <= 0)
+		return;
+	due = c->due + (double)n / rate;
+	timer_cancel(c);
+	c->tkind = TIMER_BODY;
+	c->due = due;
+	timer_arm(c, -1);
+}
+
+/* Holds env (taken) while the loop reads its body: the body timer starts
+ * now, and a client that waits for a 100 Continue is told to send, here
+ * and now, as nginx does (RFC 9110 10.1.1: not an HTTP/1.0 client's). */
+static void hold(HttpConn *c, PyObject *env)
+{
+	static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+	Parser *p = c->parser;
+
+	c->held = env;
+	timer_arm(c, TIMER_BODY);
+	if (p->expect_continue) {
+		p->expect_continue = 0;                /* said: the slow path must not say it again */
+		if (p->hp.ll.http_minor && hconn_send(c, cont, sizeof(cont) - 1, 0) < 0)
+			PyErr_Clear();                     /* no memory: the client sends after its wait */
+	}
+}
+
 /* Answers every complete request head buffered, in order. 0, or -1 for
  * an error that is not the app's. */
 static int serve_ready(HttpConn *c)
@@ -551,34 +617,56 @@ static int serve_ready(HttpConn *c)
 
 	while (!c->closed && !c->closing && !c->serving && !c->parked) {
 		int none, keep;
-		PyObject *env = parser_next(p, c->srv->base, &none);
+		PyObject *env;
 
-		if (!env) {
-			if (none)
-				return 0;
-			if (!PyErr_ExceptionMatches(HttpError))
+		if (c->held) {
+			/* ours again (the body's bytes were just read): whole now,
+			 * still coming, or past the buffer */
+			env = c->held;
+			c->held = NULL;
+			if (parser_pump_body(p) < 0) {
+				Py_DECREF(env);
 				return -1;
-			PyErr_Clear();
-			hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
-			return 0;
+			}
 		}
-		if (set_addr(c, env) < 0) {
-			Py_DECREF(env);
-			return -1;
-		}
-		timer_cancel(c);
-		c->head_clock = 0;                     /* this head is whole: the next one's clock */
-		/* what already arrived of the body is checked before the app
-		 * runs: a framing error there is a 400 and the app never sees it */
-		if (parser_pump_body(p) < 0) {
-			Py_DECREF(env);
-			return -1;
+		else {
+			env = parser_next(p, c->srv->base, &none);
+			if (!env) {
+				if (none)
+					return 0;
+				if (!PyErr_ExceptionMatches(HttpError))
+					return -1;
+				PyErr_Clear();
+				hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+				return 0;
+			}
+			if (set_addr(c, env) < 0) {
+				Py_DECREF(env);
+				return -1;
+			}
+			timer_cancel(c);
+			c->head_clock = 0;                 /* this head is whole: the next one's clock */
+			/* what already arrived of the body is checked before the app
+			 * runs: a framing error there is a 400 and the app never sees it */
+			if (parser_pump_body(p) < 0) {
+				Py_DECREF(env);
+				return -1;
+			}
+			if (p->hp.state == HP_BODY && body_fits(c)) {
+				hold(c, env);
+				return 0;
+			}
 		}
 		if (p->hp.state == HP_ERROR) {
 			Py_DECREF(env);
 			hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
 			return 0;
 		}
+		if (p->hp.state == HP_BODY && body_fits(c)) {
+			c->held = env;                     /* still coming: the body timer runs on */
+			return 0;
+		}
+		timer_cancel(c);                       /* a held one's body timer */
 		c->serving = 1;
 		keep = p->hp.state == HP_DONE ? serve_whole(c, env) : serve_streaming(c, env);
 		c->serving = 0;
@@ -686,6 +774,8 @@ static ssize_t read_some(HttpConn *c, int *filled)
 	if (n == 0)
 		return -2;
 	p->len += (size_t)n;
+	if (c->held)
+		body_progress(c, (size_t)n);
 	*filled = (size_t)n == room;
 	return n;
 }
@@ -778,6 +868,11 @@ int hconn_on_timeout(HttpConn *c, int kind)
 {
 	if (c->closed || c->serving)
 		return 0;
+	if (kind == TIMER_BODY && c->held) {
+		Py_CLEAR(c->held);
+		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, "the request body did not arrive in time");
+		return 0;
+	}
 	if (c->lingering || kind == TIMER_SEND || kind == TIMER_LINGER) {
 		/* lingering: it had its time to read the answer; send: it took
 		 * nothing of its output for body_timeout (and a soft close would
@@ -804,6 +899,7 @@ static void HttpConn_dealloc(HttpConn *c)
 	Py_XDECREF(c->local);
 	Py_XDECREF(c->response);
 	Py_XDECREF(c->parked);
+	Py_XDECREF(c->held);
 	Py_XDECREF(c->srv);
 	PyObject_Free(c);
 }
@@ -1012,7 +1108,15 @@ static PyObject *get_response(HttpConn *c, void *x)
 	return Py_NewRef(c->response ? c->response : Py_None);
 }
 
+static PyObject *get_buffering(HttpConn *c, void *x)
+{
+	(void)x;
+	return PyBool_FromLong(c->held != NULL);
+}
+
 static PyGetSetDef HttpConn_getset[] = {
+	{"buffering", (getter)get_buffering, NULL,
+	 "a request's body is being read before its app runs (not idle)", NULL},
 	{"pending", (getter)get_pending, NULL,
 	 "bytes written and not yet sent, with a parked body's rest (1 for an iterator's)", NULL},
 	{"closed", (getter)get_closed, NULL, "closed (or failed)", NULL},

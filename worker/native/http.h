@@ -90,8 +90,11 @@ typedef struct Respond Respond;
 
 /* header: a head must arrive whole (header_timeout); keepalive: idle
  * between requests; linger: a closed connection's last bytes (below);
- * send: output waits and the client takes none (body_timeout) */
-enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_SEND = 3, TIMER_KINDS = 4 };
+ * send: output waits and the client takes none (body_timeout); body: a
+ * request body read in the loop before the app runs (body_timeout, pushed
+ * back by what arrives at min_body_rate) */
+enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_SEND = 3, TIMER_BODY = 4,
+       TIMER_KINDS = 5 };
 
 /* How long a connection we close may still send (its unread upload, a
  * pipelined request) while we discard it: closing with unread input sends
@@ -117,8 +120,10 @@ struct srv_thread {
 /* What the engine refuses a request for (its status): the labels of
  * Server.refused, in this order. */
 #define REFUSAL_NAMES {"bad_request", "header_timeout", "body_too_large", "uri_too_long", \
-                       "header_fields_too_large", "http_version", "server_error", "other"}
-enum { REFUSALS = 8 };
+                       "header_fields_too_large", "http_version", "server_error", "other", \
+                       "body_timeout"}
+/* body_timeout: a 408 too, but for a body the loop waited for, not a head */
+enum { REFUSALS = 9, REFUSAL_BODY_TIMEOUT = 8 };
 static inline int refusal_kind(int status)
 {
 	switch (status) {
@@ -151,6 +156,11 @@ typedef struct {
 	struct hp_limits lim;
 	PyObject *script_name, *server_line;
 	double header_timeout, keepalive_timeout, body_timeout;
+	/* body_buffer: the most body read in the loop before the app runs
+	 * (0: none, every incomplete body streams); min_body_rate: bytes/s
+	 * that push the body deadline back a second (wsgi.py's MIN_BODY_RATE) */
+	size_t body_buffer;
+	double min_body_rate;
 	int draining;
 	int dispatch;                      /* connections shared by their group (dispatch.c) */
 	unsigned long long requests;       /* answered: the app's, and our refusals */
@@ -212,6 +222,10 @@ struct HttpConn {
 	 * pipelined request waits for it, reading is off meanwhile */
 	Respond *parked;
 	unsigned long long wrote;          /* bytes the kernel took: progress, for the send timer */
+	/* the environ of a request whose body the loop reads before the app
+	 * runs (body_buffer): set from its head until its body is whole (or it
+	 * goes to the slow path, or the connection ends); NULL otherwise */
+	PyObject *held;
 };
 
 extern PyTypeObject HttpConnType;
