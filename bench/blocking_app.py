@@ -38,6 +38,8 @@ baseline of the ratios. The apps are always this checkout's bench/apps.
 The machine may be shared: per row, `box busy` (the whole machine's busy
 cores, 2.00 = both), wrk's cores and `other` (box - server - wrk - irq: other
 processes) say how disturbed it was; compare rotations, not single rows.
+--row-wait S waits (at most S s) before each row for the machine to be below
+0.3 busy cores; a row that started on a busy machine says so in its notes.
 
 Exit status: 0; 1 when a sockherd row had errors or a server failed; 2 for a
 set-up problem.
@@ -166,6 +168,19 @@ def rotated(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
+def settle(limit: float) -> list[str]:
+    """Before a row: waits up to `limit` s for the machine to be below 0.3 busy
+    cores (1 s windows); a note when it was not."""
+    deadline = time.monotonic() + limit
+    while limit > 0:
+        busy = B.busy_now()
+        if busy < 0.3:
+            return []
+        if time.monotonic() >= deadline:
+            return [f"box not quiet ({busy:.2f} busy cores) after --row-wait {limit:g}"]
+    return []
+
+
 def log(msg: str) -> None:
     print(f"# [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -174,11 +189,13 @@ def part_table(a, targets, procs, tmp, lua, env) -> list[dict]:
     rows = []
     for rot in range(1, a.rotations + 1):
         for t in rotated(targets, rot - 1):
+            waited = settle(a.row_wait)
             srv = Running(procs, tmp, t, "blocking:app", 2, 8, env)
             try:
                 r = wrk_row(srv, 64, a.seconds, a.warmup, lua)
             finally:
                 srv.stop()
+            r["notes"] += waited
             r.update(part="table", rotation=rot, server=t.name, desc=srv.desc)
             rows.append(r)
             log(f"table {rot} {t.name}: {r['rps']:,.0f} req/s, p50 {r['p50'] / 1e3:.1f} ms, "
@@ -190,6 +207,7 @@ def part_hol(a, targets, procs, tmp, env) -> list[dict]:
     rows = []
     for rot in range(1, a.rotations + 1):
         for t in rotated(targets, rot - 1):
+            waited = settle(a.row_wait)
             srv = Running(procs, tmp, t, "blocking:app", 1, 8, env)
             ka = HC.HttpConn(srv.port, 10)
             loops = None
@@ -212,7 +230,7 @@ def part_hol(a, targets, procs, tmp, env) -> list[dict]:
                          slow_seen=inside, slow_min=min(f["slow"], default=0),
                          slow_done=len(loops.latencies), slow_errors=len(loops.errors),
                          slow_max=max(loops.latencies, default=0.0),
-                         notes=(f["errors"] + loops.errors)[:3] + srv.problems())
+                         notes=(f["errors"] + loops.errors)[:3] + srv.problems() + waited)
                 r.update(pcts(f["lat"]))
                 rows.append(r)
                 log(f"hol {rot} {t.name} {phase}: {r['n']} /fast, p50 {r['p50']:.1f} ms, "
@@ -225,11 +243,13 @@ def part_hello(a, targets, procs, tmp, lua, env) -> list[dict]:
     for rot in range(1, a.rotations + 1):
         for threads in (1, 2):
             for t in (targets if rot % 2 else targets[::-1]):
+                waited = settle(a.row_wait)
                 srv = Running(procs, tmp, t, "hello:app", 2, threads, env)
                 try:
                     r = wrk_row(srv, 50, a.hello_seconds, a.warmup, lua)
                 finally:
                     srv.stop()
+                r["notes"] += waited
                 r.update(part="hello", rotation=rot, server=t.name, threads=threads,
                          desc=srv.desc)
                 rows.append(r)
@@ -398,6 +418,9 @@ def main() -> int:
     ap.add_argument("--hol-seconds", type=float, default=10, help="hol: phase cut (10 s)")
     ap.add_argument("--hol-interval", type=float, default=10,
                     help="hol: ms between two /fast (10: a phase spans ~2 slow calls)")
+    ap.add_argument("--row-wait", type=float, default=0, metavar="S",
+                    help="before each row, wait up to S s for the machine below 0.3 busy "
+                         "cores (a shared box; 0: no wait)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 rotation, 1 s wrk rows, no warm-up, 20 /fast cut at 3 s")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
