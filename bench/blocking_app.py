@@ -123,11 +123,14 @@ class Running:
         B.wait_for(ready, 60, f"{target.name}: {workers} workers ready")
 
         def answering():            # a worker may log ready an instant before it serves
+            conn = HC.HttpConn(self.port, 3)
             try:
-                HC.HttpConn(self.port, 3).request("/fast" if "blocking" in app else "/")
+                conn.request("/fast" if "blocking" in app else "/")
                 return True
             except (OSError, ValueError):
                 return False
+            finally:
+                conn.close()
         B.wait_for(answering, 20, f"{target.name} answering", interval=0.1)
 
     def problems(self) -> list[str]:
@@ -464,8 +467,8 @@ def main() -> int:
                     rows += part_hol(a, targets, procs, tmp, env)
                 else:
                     rows += part_hello(a, shs, procs, tmp, lua, env)
-            except (B.BenchError, subprocess.TimeoutExpired) as e:
-                failures.append(f"{part}: {e}")
+            except (B.BenchError, subprocess.TimeoutExpired, OSError, ValueError) as e:
+                failures.append(f"{part}: {type(e).__name__}: {e}")
                 log(f"{part} FAILED: {e}")
     print(head)
     print(f"- peers: {H.versions() if peers else 'not run'}")
