@@ -9,8 +9,8 @@ requests inside its app (the `slow=N` of `/fast`'s answer), the timer sends
 `GET /fast` requests one after the other, `interval` s apart (so that a phase
 spans the slow connections' next requests, not only one slow call): first on
 the keep-alive connection, then each on a new connection (connect + request +
-response timed; the client closes). Each phase stops after `count` requests or `seconds`,
-whichever comes first, so a server that queues the fast requests behind the
+response timed; the client closes). Each phase stops after `count` requests
+or `seconds`, whichever comes first, so a server that queues the fast requests behind the
 slow ones ends the phase with fewer requests, not a run of many minutes.
 Raw sockets, one request in flight per connection: nothing of the client
 itself can pile requests up.
@@ -31,8 +31,10 @@ class HttpConn:
         self.sock = None
 
     def request(self, path: str) -> bytes:
-        """The body of a 200 answer to GET path; reconnects when the server
-        closed; OSError / ValueError on anything else."""
+        """The body of a 200 answer to GET path; connects first when the last
+        answer said `Connection: close` (or none was asked yet); OSError /
+        ValueError on anything else (a keep-alive connection the server closed
+        as idle included: the caller counts it and closes)."""
         if self.sock is None:
             self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=self.timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
