@@ -456,6 +456,12 @@ def main() -> int:
     rows: list[dict] = []
     failures: list[str] = []
     with B.Procs() as procs, B.tempdir("blocking_app-") as tmp:
+        # each sockherd's control socket is TMP/rt-PORT/control: a unix socket
+        # path has at most 107 bytes (sockherd then says "served by another
+        # running master", which misleads)
+        if len(os.path.join(tmp, "rt-65535", "control")) > 100:
+            raise B.BenchError(f"temporary directory {tmp} too deep for sockherd's control "
+                               "socket path (107 bytes at most): set TMPDIR to a shorter one")
         lua = os.path.join(tmp, "done.lua")
         with open(lua, "w") as f:
             f.write(H.LUA_DONE)

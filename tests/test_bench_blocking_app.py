@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,16 @@ def processes_under(path: Path) -> list[str]:
 
 def test_quick_run_of_every_part_against_two_checkouts(tmp_path):
     rows_file = tmp_path / "rows.json"
-    work = tmp_path / "tmp"
-    work.mkdir()
+    # the servers' runtime dirs go under TMPDIR: short, since a unix socket path
+    # has at most 107 bytes (pytest's tmp_path under xdist is deeper than that)
+    work = Path(tempfile.mkdtemp(prefix="bbt-", dir="/tmp"))
+    try:
+        run_and_check(work, rows_file)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_and_check(work: Path, rows_file: Path) -> None:
     p = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--quick", "--only", "sockherd",
          "--parts", "table,hol,hello", "--checkout", str(ROOT), "--checkout", str(ROOT),
