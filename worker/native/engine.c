@@ -23,6 +23,7 @@
  * change happens in C with the GIL held, with no Python call between.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -436,6 +437,12 @@ static PyObject *Server_take(Server *s, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "ii:take", &pos, &fd) || !(t = as_thread(s, pos)))
 		return NULL;
+	/* accepted elsewhere, maybe blocking: the engine's reads must never
+	 * wait (a shared connection's first read would hold the GIL until its
+	 * client sent: a whole worker stopped, found by a full test run) */
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 	rc = take_fd(s, t, pos, fd);
 	if (rc < 0 || (rc == 2 && serve_first(s, t, pos, fd) < 0))
 		return NULL;                            /* (no listener to finish with first) */
