@@ -1,6 +1,6 @@
 /* fdcore stress program: entry point, options and the "churn" scenario.
  *
- * usage: stress_fd churn|takeover|listener|coown [-t threads] [-g groups]
+ * usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
  *                  [-d watchdog_seconds] [-p pause_seconds] [-c chaos] [-x bits]
  *                  [-b busy_threads]
@@ -425,7 +425,7 @@ int run_churn(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown [-t threads] [-g groups] "
+	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups] "
 	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]"
 	                " [-b busy]\n");
 	exit(2);
@@ -476,5 +476,7 @@ int main(int argc, char **argv)
 		return run_listener();
 	if (!strcmp(g_opt.mode, "coown"))
 		return run_coown();
+	if (!strcmp(g_opt.mode, "shared"))
+		return run_shared();
 	usage();
 }
