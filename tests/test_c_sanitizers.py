@@ -6,7 +6,9 @@ under ThreadSanitizer and under AddressSanitizer + UBSan. A test fails if the
 program exits non-zero (its own checks print "FAIL: ..." and abort; its
 watchdog aborts on a stuck thread) or if a sanitizer reported anything.
 Besides, tests/c/repro/repro_walk.c (its own program, one deterministic
-interleaving of the shared-list walk, issue 6 bug 2) must pass under both.
+interleaving of the shared-list walk, issue 6 bug 2) and
+tests/c/repro/shared_affinity.c (a group-shared connection's arrivals go to
+its inserting thread while it sleeps, issue 21) must pass under both.
 
 The C programs are compiled here, once per sanitizer and per xdist worker,
 into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now
@@ -40,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FDCORE = ROOT / "fdcore"
 CDIR = ROOT / "tests" / "c"
 REPRO_WALK = CDIR / "repro" / "repro_walk.c"
+SHARED_AFFINITY = CDIR / "repro" / "shared_affinity.c"
 
 SECONDS = float(os.environ.get("FDC_STRESS_SECONDS") or 3)
 # build + the run + the final checks, with room for a loaded 2-core machine
@@ -103,13 +106,14 @@ def stress_sources():
     return sorted(str(p) for p in CDIR.glob("*.c"))
 
 
-def build_program(out, san, sources, core=FDCORE):
+def build_program(out, san, sources, core=FDCORE, cflags=()):
     """Compiles the core in `core` with `sources` into `out`, under sanitizer
-    `san` (a SANITIZERS key, or None for a plain -O1 build). Returns out."""
+    `san` (a SANITIZERS key, or None for a plain -O1 build), with `cflags`
+    besides (a -D switch of a test program). Returns out."""
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.fail("gcc not found: the C sanitizer tests need it (make setup installs it)")
-    flags = SANITIZERS[san][0] if san else []
+    flags = [*(SANITIZERS[san][0] if san else []), *cflags]
     cmd = [gcc, "-std=gnu11", "-O1", "-g", "-pthread", "-Wall", *flags,
            "-I", str(core), *core_sources(core), *sources, "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -184,6 +188,21 @@ def test_repro_walk_under_sanitizer(tmp_path, san):
     walks again (issue 6, bug 2), driven deterministically with pthreads
     and the step hook: exit 0 and "OK" on the current core."""
     binary = build_program(tmp_path / "repro_walk", san, [str(REPRO_WALK)])
+    argv, res = run_program([str(binary)], san_env(san), timeout=60)
+    found = [r for r in REPORTS if r in res.stderr]
+    assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
+        f"{' '.join(argv)} exited {res.returncode}, sanitizer reports {found}"
+        f"\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr[-20000:]}"
+    )
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_shared_affinity_under_sanitizer(tmp_path, san):
+    """fdc_insert_shared registers the inserting thread first: with it and
+    a sibling asleep, each arrival wakes the inserter alone (issue 21)."""
+    binary = build_program(tmp_path / "shared_affinity", san, [str(SHARED_AFFINITY)])
     argv, res = run_program([str(binary)], san_env(san), timeout=60)
     found = [r for r in REPORTS if r in res.stderr]
     assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
