@@ -310,44 +310,36 @@ def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, group
         f"{res.stdout[-2000:] if res else ''}\n{res.stderr[-8000:] if res else ''}")
 
 
-def test_repro_walk_catches_bug2(tmp_path):
-    mutate(tmp_path / "core", MUTANTS["bug2"])
-    binary = build_program(tmp_path / "repro_walk", "asan", [str(REPRO_WALK)],
+def assert_repro_catches(tmp_path, mutant: str, source: Path, fail_line: str) -> None:
+    """A tests/c/repro/ program built under ASAN against the mutant exits 1
+    with fail_line; the control, on the unmutated core, exits 0 with OK."""
+    mutate(tmp_path / "core", MUTANTS[mutant])
+    binary = build_program(tmp_path / source.stem, "asan", [str(source)],
                            core=tmp_path / "core")
     t0 = time.monotonic()
     argv, res = run_bounded([str(binary)], san_env("asan"), timeout=60)
-    assert res is not None, "repro_walk hung on mutant bug2"
-    assert res.returncode == 1 and "FAIL: W's update pass ended with its update bit on B" in res.stderr, (
-        f"repro_walk on mutant bug2 should exit 1 with its FAIL line: exit {res.returncode}\n"
-        f"{res.stdout}\n{res.stderr[-8000:]}")
-    print(f"bug2: caught by repro_walk in {time.monotonic() - t0:.2f} s")
+    assert res is not None, f"{source.stem} hung on mutant {mutant}"
+    assert res.returncode == 1 and fail_line in res.stderr, (
+        f"{source.stem} on mutant {mutant} should exit 1 with its FAIL line: exit "
+        f"{res.returncode}\n{res.stdout}\n{res.stderr[-8000:]}")
+    print(f"{mutant}: caught by {source.stem} in {time.monotonic() - t0:.2f} s")
 
-    # control (also test_repro_walk_under_sanitizer): the unmutated core passes
-    clean = build_program(tmp_path / "repro_walk_clean", "asan", [str(REPRO_WALK)])
+    # control (also tests/test_c_sanitizers.py): the unmutated core passes
+    clean = build_program(tmp_path / f"{source.stem}_clean", "asan", [str(source)])
     argv, res = run_bounded([str(clean)], san_env("asan"), timeout=60)
     assert res is not None and res.returncode == 0 and res.stdout.startswith("OK"), (
-        f"control: repro_walk on the unmutated core: {res and res.returncode}\n"
+        f"control: {source.stem} on the unmutated core: {res and res.returncode}\n"
         f"{res and res.stdout}\n{res and res.stderr[-8000:]}")
+
+
+def test_repro_walk_catches_bug2(tmp_path):
+    assert_repro_catches(tmp_path, "bug2", REPRO_WALK,
+                         "FAIL: W's update pass ended with its update bit on B")
 
 
 def test_shared_affinity_catches_siblings_first(tmp_path):
     """Issue 21's affinity: a sibling registered before the inserting thread
     gets the arrivals while both sleep (the stress cannot see who was
     first; tests/c/repro/shared_affinity.c can)."""
-    mutate(tmp_path / "core", MUTANTS["shared-siblings-first"])
-    binary = build_program(tmp_path / "shared_affinity", "asan", [str(SHARED_AFFINITY)],
-                           core=tmp_path / "core")
-    t0 = time.monotonic()
-    argv, res = run_bounded([str(binary)], san_env("asan"), timeout=60)
-    assert res is not None, "shared_affinity hung on mutant shared-siblings-first"
-    assert res.returncode == 1 and "FAIL: inserter T1 round 0" in res.stderr, (
-        f"shared_affinity on mutant shared-siblings-first should exit 1 with its FAIL line:"
-        f" exit {res.returncode}\n{res.stdout}\n{res.stderr[-8000:]}")
-    print(f"shared-siblings-first: caught by shared_affinity in {time.monotonic() - t0:.2f} s")
-
-    # control (also test_shared_affinity_under_sanitizer): the unmutated core
-    clean = build_program(tmp_path / "shared_affinity_clean", "asan", [str(SHARED_AFFINITY)])
-    argv, res = run_bounded([str(clean)], san_env("asan"), timeout=60)
-    assert res is not None and res.returncode == 0 and res.stdout.startswith("OK"), (
-        f"control: shared_affinity on the unmutated core: {res and res.returncode}\n"
-        f"{res and res.stdout}\n{res and res.stderr[-8000:]}")
+    assert_repro_catches(tmp_path, "shared-siblings-first", SHARED_AFFINITY,
+                         "FAIL: inserter T1 round 0")

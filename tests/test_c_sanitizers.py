@@ -183,6 +183,20 @@ def test_stress_under_sanitizer(stress_binary, san, mode, groups, extra):
     assert f"SUMMARY mode={mode}" in res.stdout, f"{where}: no summary\n{res.stdout}\n{res.stderr}"
 
 
+def assert_repro_passes(tmp_path, san, source, cflags=()):
+    """Builds one program of tests/c/repro/ (its own main) on the current
+    core under `san` and runs it: exit 0 with "OK", no sanitizer report.
+    Exit 2 (the interleaving could not be driven) proves nothing."""
+    binary = build_program(tmp_path / source.stem, san, [str(source)], cflags=cflags)
+    argv, res = run_program([str(binary)], san_env(san), timeout=60)
+    assert res.returncode != 2, f"not driven:\n{res.stdout}\n{res.stderr[-4000:]}"
+    found = [r for r in REPORTS if r in res.stderr]
+    assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
+        f"{' '.join(argv)} exited {res.returncode}, sanitizer reports {found}"
+        f"\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr[-20000:]}"
+    )
+
+
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
@@ -190,13 +204,7 @@ def test_repro_walk_under_sanitizer(tmp_path, san):
     """The walker carried past an update by a removed and re-added entry
     walks again (issue 6, bug 2), driven deterministically with pthreads
     and the step hook: exit 0 and "OK" on the current core."""
-    binary = build_program(tmp_path / "repro_walk", san, [str(REPRO_WALK)])
-    argv, res = run_program([str(binary)], san_env(san), timeout=60)
-    found = [r for r in REPORTS if r in res.stderr]
-    assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
-        f"{' '.join(argv)} exited {res.returncode}, sanitizer reports {found}"
-        f"\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr[-20000:]}"
-    )
+    assert_repro_passes(tmp_path, san, REPRO_WALK)
 
 
 @pytest.mark.sanitizer
@@ -205,13 +213,7 @@ def test_repro_walk_under_sanitizer(tmp_path, san):
 def test_shared_affinity_under_sanitizer(tmp_path, san):
     """fdc_insert_shared registers the inserting thread first: with it and
     a sibling asleep, each arrival wakes the inserter alone (issue 21)."""
-    binary = build_program(tmp_path / "shared_affinity", san, [str(SHARED_AFFINITY)])
-    argv, res = run_program([str(binary)], san_env(san), timeout=60)
-    found = [r for r in REPORTS if r in res.stderr]
-    assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
-        f"{' '.join(argv)} exited {res.returncode}, sanitizer reports {found}"
-        f"\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr[-20000:]}"
-    )
+    assert_repro_passes(tmp_path, san, SHARED_AFFINITY)
 
 
 REPRO_SHARED_INSERT = CDIR / "repro" / "repro_shared_insert.c"
@@ -234,12 +236,4 @@ REPRO_SHARED_INSERT = CDIR / "repro" / "repro_shared_insert.c"
 def test_repro_shared_insert_under_sanitizer(tmp_path, san):
     """A sibling's update pass during fdc_insert_shared (driven by wrapping
     epoll_ctl) must leave a consistent, healthy registration."""
-    binary = build_program(tmp_path / "repro_shared_insert", san, [str(REPRO_SHARED_INSERT)],
-                           cflags=("-Wl,--wrap=epoll_ctl",))
-    argv, res = run_program([str(binary)], san_env(san), timeout=60)
-    assert res.returncode != 2, f"interleaving not driven:\n{res.stdout}\n{res.stderr[-4000:]}"
-    found = [r for r in REPORTS if r in res.stderr]
-    assert res.returncode == 0 and not found and res.stdout.startswith("OK"), (
-        f"{' '.join(argv)} exited {res.returncode}, sanitizer reports {found}"
-        f"\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr[-20000:]}"
-    )
+    assert_repro_passes(tmp_path, san, REPRO_SHARED_INSERT, cflags=("-Wl,--wrap=epoll_ctl",))

@@ -15,7 +15,8 @@
  *   -c      1 in `chaos` iterations a verb or enter/leave hits a random fd
  *           number the thread knows nothing about (8; 0 = never)
  *   -x      takeover and coown scenarios: which paths (see stress_takeover.c,
- *           stress_coown.c)
+ *           stress_coown.c); shared: 1 lets the chaos verbs run (see
+ *           stress_shared.c)
  *   -b      busy-loop threads (no context) beside the workers (0): with more
  *           runnable threads than cores, workers are preempted at any point
  *           of the protocols, not only where the hook yields

@@ -16,11 +16,15 @@
  *     sometimes with bytes already waiting when it is inserted (every ADD
  *     reports them); deletes also come from inside a handler while other
  *     threads hold running bits (the last to leave closes).
+ * Odd slots are deleted and refilled, even ones live the whole run, and
+ * slots 0, 4, 8, ... see no send flips either (an ADD reports what is
+ * readable, which would also repair a lost report).
  * A writer thread (not a poller) sends numbered bytes on each peer, a new
  * burst only once everything sent before was read, so the last byte of a
  * burst is announced by one edge and nothing else: a report lost anywhere
  * (kernel hand-off, DEL + ADD, the protocol below) leaves bytes unread for
- * ever, which the writer turns into FAIL "lost report" after -l seconds.
+ * ever, which the writer turns into FAIL "lost report" after a delay
+ * (a quarter of the watchdog's -d, at least 3 s).
  *
  * The handler, holding the running bit, is dispatch.c's protocol with a
  * mutex per incarnation in place of the GIL: under it, a thread finding
@@ -382,7 +386,7 @@ static void flip_send(struct fdc_thread *th)
 }
 
 /* Deletes and refills an odd slot: even ones live the whole run, long
- * enough for a report lost on them to be seen (-l). */
+ * enough for a report lost on them to be seen. */
 static void delete_one(struct fdc_thread *th)
 {
 	struct slot *s = &g_slots[rndn((unsigned)g_nslots) | 1];

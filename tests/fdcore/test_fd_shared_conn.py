@@ -86,6 +86,17 @@ def wait_asleep(pollers: list[Poller]) -> None:
         time.sleep(0.001)
 
 
+def sibling_gets(th, fd: int, peer: socket.socket) -> list:
+    """th (the sibling) sleeps in poll, the inserter not polling; one byte
+    arrives: th's report, held (bytes unread)."""
+    p = Poller(th, 10_000)
+    wait_asleep([p])
+    peer.send(b"x")
+    got = p.join()
+    assert [e.fd for e in got] == [fd], got
+    return got
+
+
 def drain(sock: socket.socket | int) -> bytes:
     fd = sock if isinstance(sock, int) else sock.fileno()
     out = b""
@@ -191,11 +202,7 @@ def test_inserter_not_polling_a_sleeping_sibling_gets_it(shared):
     are still there (why dispatch.c decides among threads with `inside`)."""
     table, fd, peer, _ = shared
     ins, sib = table.threads[0], table.threads[1]
-    p = Poller(sib, 10_000)
-    wait_asleep([p])
-    peer.send(b"x")
-    got = p.join()
-    assert [e.fd for e in got] == [fd]
+    got = sibling_gets(sib, fd, peer)
     again = ins.poll(0)                       # the bytes are unread
     assert [e.fd for e in again] == [fd]
     assert drain(fd) == b"x"
@@ -212,10 +219,7 @@ def test_a_report_read_elsewhere_is_not_handed_again(shared):
     inserter's ready list yields nothing."""
     table, fd, peer, _ = shared
     sib = table.threads[1]
-    p = Poller(sib, 10_000)
-    wait_asleep([p])
-    peer.send(b"x")
-    got = p.join()
+    got = sibling_gets(sib, fd, peer)
     assert drain(fd) == b"x"
     sib.leave(fd, got[0].gen)
     assert table.threads[0].poll(0) == []
@@ -273,12 +277,7 @@ def test_the_same_change_on_a_co_owned_fd_wakes_the_siblings():
 def test_delete_while_a_sibling_holds_a_running_bit_closes_at_its_leave(shared):
     table, fd, peer, _ = shared
     me, sib = table.threads[0], table.threads[1]
-    p = Poller(sib, 10_000)
-    wait_asleep([p])
-    peer.send(b"x")
-    got = p.join()
-    assert [e.fd for e in got] == [fd]
-    gen = got[0].gen
+    gen = sibling_gets(sib, fd, peer)[0].gen
     assert me.delete(fd) is False             # deferred: the sibling is inside
     os.fstat(fd)                              # not closed under it
     assert drain(fd) == b"x"
