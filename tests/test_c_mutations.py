@@ -45,6 +45,26 @@ The mutants:
              registered without EPOLLIN. Caught by churn, whose pause and
              resume ops make those two calls back to back (the kernel-truth
              and polled-kind checks of common.c).
+  shared-*   issue 21, group-shared connections (fdc_insert_shared):
+             shared-lt: update_fd leaves EPOLLET out of an FDC_EDGE fd's
+             DEL + ADD (a level-triggered registration: correct reads, but
+             every loser of dispatch's `inside` spins on the report while
+             the winner works); caught by the shared scenario's quiescent
+             check of the kernel's interest lists (EPOLLET iff FDC_EDGE).
+             shared-no-replay: not a core mutant but the handler protocol
+             of tests/c/stress_shared.c built with -DSHARED_NO_REPLAY (the
+             winner drops what losers recorded, as dispatch.c would without
+             its replay loop); caught by the writer's lost-report check.
+             shared-siblings-first: the registrations in thread-id order,
+             a sibling's before the inserter's (affinity lost: arrivals go
+             to an idle sibling while the inserter waits too); the stress
+             cannot tell, tests/c/repro/shared_affinity.c does.
+             Not a mutant: the polled bits set after each ADD instead of
+             before. It changes nothing a test can see unless a sibling's
+             update pass runs during fdc_insert_shared, i.e. a verb names
+             the fd before the insert returns, and then the unmutated core
+             fails too (the finding of stress_shared -x 1): see
+             tests/c/repro/repro_shared_insert.c.
 Not re-injected: the two shared-list hangs of bench/README.md (1, 1b), which
 take 10M-300M stress operations to show (minutes to hours); and insert
 claiming the entry without its lock bit (408f242, bench/README.md bug 2):
@@ -66,8 +86,8 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    FDCORE, REPORTS, REPRO_WALK, build_program, run_program, san_env, stress_argv,
-    stress_sources,
+    FDCORE, REPORTS, REPRO_WALK, SHARED_AFFINITY, build_program, run_program, san_env,
+    stress_argv, stress_sources,
 )
 
 BUDGET = float(os.environ.get("FDC_MUTATION_BUDGET") or 60)
@@ -90,6 +110,7 @@ class Edit:
 class Mutant:
     what: str
     edits: tuple[Edit, ...]
+    cflags: tuple[str, ...] = ()   # a -D switch of the test program itself
 
 
 MUTANTS = {
@@ -138,6 +159,30 @@ MUTANTS = {
                  "\tif ((wr || wh) == pr && ww == ps && !(pr && (st & FDC_WATCH_HUP)))\n"),
         ),
     ),
+    "shared-lt": Mutant(
+        "update_fd drops EPOLLET for a group-shared connection (FDC_EDGE): level-triggered",
+        (
+            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+                 "((st & FDC_EDGE) ? EPOLLET : 0)", "0"),
+        ),
+    ),
+    "shared-siblings-first": Mutant(
+        "fdc_insert_shared registers in thread-id order, a sibling before the inserter",
+        (
+            Edit("poller.c", "int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner,",
+                 "\trest = thread_mask & ~th->ltid_bit;\n"
+                 "\tfor (bit = th->ltid_bit; bit; bit = rest & -rest, rest &= rest - 1) {",
+                 "\trest = thread_mask;\n"
+                 "\tfor (bit = rest & -rest, rest &= rest - 1; bit;"
+                 " bit = rest & -rest, rest &= rest - 1) {"),
+        ),
+    ),
+    "shared-no-replay": Mutant(
+        "the handler of a shared connection drops the reports others recorded meanwhile"
+        " (stress_shared.c built with -DSHARED_NO_REPLAY: dispatch.c's replay left out)",
+        (),
+        ("-DSHARED_NO_REPLAY",),
+    ),
 }
 
 # (case id, mutant, mode, groups, extra options of stress_fd)
@@ -149,6 +194,11 @@ STRESS_CASES = [
     ("e2ee5a5-coowner", "e2ee5a5-coowner", "coown", 1, ("-x", "3", "-t", "6")),
     ("e2ee5a5-send", "e2ee5a5-send", "takeover", 1, ("-x", "2")),
     ("hupwatch", "hupwatch", "churn", 1, ()),
+    # issue 21: caught by the quiescent check of the kernel's registrations
+    # (EPOLLET iff FDC_EDGE) once a send flip made a pass DEL + ADD it
+    ("shared-lt", "shared-lt", "shared", 1, ("-t", "6", "-b", "2")),
+    # caught by the writer: a burst nobody reads within the lost-report delay
+    ("shared-no-replay", "shared-no-replay", "shared", 1, ("-t", "6", "-b", "2")),
 ]
 
 
@@ -221,7 +271,7 @@ def run_bounded(argv, env, timeout):
 def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, groups, extra):
     mutate(tmp_path / "core", MUTANTS[mutant])
     binary = build_program(tmp_path / "stress_fd", STRESS_SAN, stress_sources(),
-                           core=tmp_path / "core")
+                           core=tmp_path / "core", cflags=MUTANTS[mutant].cflags)
     env = san_env(STRESS_SAN)
     env.pop("FDC_STRESS_SEED", None)
     env.pop("FDC_STRESS_SECONDS", None)
@@ -260,21 +310,36 @@ def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, group
         f"{res.stdout[-2000:] if res else ''}\n{res.stderr[-8000:] if res else ''}")
 
 
-def test_repro_walk_catches_bug2(tmp_path):
-    mutate(tmp_path / "core", MUTANTS["bug2"])
-    binary = build_program(tmp_path / "repro_walk", "asan", [str(REPRO_WALK)],
+def assert_repro_catches(tmp_path, mutant: str, source: Path, fail_line: str) -> None:
+    """A tests/c/repro/ program built under ASAN against the mutant exits 1
+    with fail_line; the control, on the unmutated core, exits 0 with OK."""
+    mutate(tmp_path / "core", MUTANTS[mutant])
+    binary = build_program(tmp_path / source.stem, "asan", [str(source)],
                            core=tmp_path / "core")
     t0 = time.monotonic()
     argv, res = run_bounded([str(binary)], san_env("asan"), timeout=60)
-    assert res is not None, "repro_walk hung on mutant bug2"
-    assert res.returncode == 1 and "FAIL: W's update pass ended with its update bit on B" in res.stderr, (
-        f"repro_walk on mutant bug2 should exit 1 with its FAIL line: exit {res.returncode}\n"
-        f"{res.stdout}\n{res.stderr[-8000:]}")
-    print(f"bug2: caught by repro_walk in {time.monotonic() - t0:.2f} s")
+    assert res is not None, f"{source.stem} hung on mutant {mutant}"
+    assert res.returncode == 1 and fail_line in res.stderr, (
+        f"{source.stem} on mutant {mutant} should exit 1 with its FAIL line: exit "
+        f"{res.returncode}\n{res.stdout}\n{res.stderr[-8000:]}")
+    print(f"{mutant}: caught by {source.stem} in {time.monotonic() - t0:.2f} s")
 
-    # control (also test_repro_walk_under_sanitizer): the unmutated core passes
-    clean = build_program(tmp_path / "repro_walk_clean", "asan", [str(REPRO_WALK)])
+    # control (also tests/test_c_sanitizers.py): the unmutated core passes
+    clean = build_program(tmp_path / f"{source.stem}_clean", "asan", [str(source)])
     argv, res = run_bounded([str(clean)], san_env("asan"), timeout=60)
     assert res is not None and res.returncode == 0 and res.stdout.startswith("OK"), (
-        f"control: repro_walk on the unmutated core: {res and res.returncode}\n"
+        f"control: {source.stem} on the unmutated core: {res and res.returncode}\n"
         f"{res and res.stdout}\n{res and res.stderr[-8000:]}")
+
+
+def test_repro_walk_catches_bug2(tmp_path):
+    assert_repro_catches(tmp_path, "bug2", REPRO_WALK,
+                         "FAIL: W's update pass ended with its update bit on B")
+
+
+def test_shared_affinity_catches_siblings_first(tmp_path):
+    """Issue 21's affinity: a sibling registered before the inserting thread
+    gets the arrivals while both sleep (the stress cannot see who was
+    first; tests/c/repro/shared_affinity.c can)."""
+    assert_repro_catches(tmp_path, "shared-siblings-first", SHARED_AFFINITY,
+                         "FAIL: inserter T1 round 0")

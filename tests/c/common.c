@@ -295,9 +295,10 @@ void check_event(struct fdc_thread *th, const struct fdc_event *ev)
 }
 
 /* /proc/self/fdinfo/<epfd>: one "tfd: N events: X data: Y" line per
- * registration. reg[fd] = events | 1 << 31 when registered.
+ * registration. reg[fd] = events | 1 << 32 when registered (bit 31 of the
+ * events is EPOLLET: a marker there would hide it).
  */
-static void read_epoll_interest(int epfd, uint32_t *reg, uint64_t *data)
+static void read_epoll_interest(int epfd, uint64_t *reg, uint64_t *data)
 {
 	char path[64], line[512];
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", epfd);
@@ -312,7 +313,7 @@ static void read_epoll_interest(int epfd, uint32_t *reg, uint64_t *data)
 			continue;
 		if (tfd < 0 || tfd >= g_run.maxfd)
 			FAIL("epfd %d watches fd %d beyond the table", epfd, tfd);
-		reg[tfd] = ev | 0x80000000u;
+		reg[tfd] = ev | 1ull << 32;
 		data[tfd] = d;
 	}
 	fclose(f);
@@ -376,7 +377,7 @@ void check_quiescent(int allow_stale)
 	}
 
 	/* the kernel's view must match polled_mask, thread by thread (T4) */
-	uint32_t *reg = malloc(sizeof(*reg) * (size_t)maxfd);
+	uint64_t *reg = malloc(sizeof(*reg) * (size_t)maxfd);
 	uint64_t *data = malloc(sizeof(*data) * (size_t)maxfd);
 	CHECK(reg && data, "malloc");
 	for (int tid = 0; tid < t->nbthread; tid++) {
@@ -398,7 +399,7 @@ void check_quiescent(int allow_stale)
 			CHECKFD(fd, !ph || pr, "tid %d: hang-up watch bit without the recv bit", tid);
 			CHECKFD(fd, r == (pr || pw),
 			        "tid %d: kernel registration %s but polled bits r=%d w=%d (events %#x)",
-			        tid, r ? "present" : "absent", pr, pw, reg[fd] & 0x7fffffffu);
+			        tid, r ? "present" : "absent", pr, pw, (uint32_t)reg[fd]);
 			if (!r)
 				continue;
 			/* a recv-side registration without EPOLLIN: a hang-up watch
@@ -407,13 +408,20 @@ void check_quiescent(int allow_stale)
 			int in = pr && ((st & FDC_ACTIVE_R) || !(st & FDC_WATCH_HUP));
 			CHECKFD(fd, !!(reg[fd] & EPOLLIN) == in && !!(reg[fd] & EPOLLOUT) == pw &&
 			        (!pr || (st & FDC_EXCLUSIVE) || (reg[fd] & EPOLLRDHUP)),
-			        "tid %d: kernel events %#x vs polled r=%d w=%d", tid, reg[fd] & 0x7fffffffu,
+			        "tid %d: kernel events %#x vs polled r=%d w=%d", tid, (uint32_t)reg[fd],
 			        pr, pw);
 			/* and polled_mask's own record of the kind: EPOLLIN iff recv
 			 * polled and not as a hang-up watch alone */
 			CHECKFD(fd, !!(reg[fd] & EPOLLIN) == (pr && !ph),
 			        "tid %d: kernel events %#x vs polled r=%d hup=%d", tid,
-			        reg[fd] & 0x7fffffffu, pr, ph);
+			        (uint32_t)reg[fd], pr, ph);
+			/* the registration's kind: exclusive iff EXCLUSIVE, and
+			 * edge-triggered iff a group-shared connection (FDC_EDGE:
+			 * fdc_insert_shared, then every update pass's DEL + ADD) */
+			CHECKFD(fd, !!(reg[fd] & EPOLLEXCLUSIVE) == !!(st & FDC_EXCLUSIVE) &&
+			            !!(reg[fd] & EPOLLET) == !!(st & FDC_EDGE),
+			        "tid %d: kernel events %#x for state %#x (EPOLLEXCLUSIVE iff EXCLUSIVE,"
+			        " EPOLLET iff EDGE)", tid, (uint32_t)reg[fd], st);
 			uint64_t want = (uint64_t)atomic_load(&e->generation) << 32 | (uint32_t)fd;
 			CHECKFD(fd, data[fd] == want, "tid %d: epoll data %#llx, want %#llx", tid,
 			        (unsigned long long)data[fd], (unsigned long long)want);

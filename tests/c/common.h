@@ -35,6 +35,7 @@ _Static_assert(sizeof(struct fdc_counters) == FDC_NCOUNTERS * sizeof(uint64_t), 
 enum { KIND_CONN = 1, KIND_LISTENER = 2 };
 enum { X_COOWNED = 1, X_SEND = 2 };          /* takeover -x bits */
 enum { XC_SHARED = 1, XC_HANDOVER = 2 };     /* coown -x bits (stress_coown.c) */
+enum { XS_CHAOS = 1 };                       /* shared -x bits (stress_shared.c) */
 
 /* ---- failing loudly ---- */
 void fail_at(const char *file, int line, int fd, const char *fmt, ...)
@@ -169,5 +170,6 @@ int run_churn(void);
 int run_takeover(void);
 int run_listener(void);
 int run_coown(void);
+int run_shared(void);
 
 #endif

@@ -1,6 +1,6 @@
 /* fdcore stress program: entry point, options and the "churn" scenario.
  *
- * usage: stress_fd churn|takeover|listener|coown [-t threads] [-g groups]
+ * usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
  *                  [-d watchdog_seconds] [-p pause_seconds] [-c chaos] [-x bits]
  *                  [-b busy_threads]
@@ -15,7 +15,8 @@
  *   -c      1 in `chaos` iterations a verb or enter/leave hits a random fd
  *           number the thread knows nothing about (8; 0 = never)
  *   -x      takeover and coown scenarios: which paths (see stress_takeover.c,
- *           stress_coown.c)
+ *           stress_coown.c); shared: 1 lets the chaos verbs run (see
+ *           stress_shared.c)
  *   -b      busy-loop threads (no context) beside the workers (0): with more
  *           runnable threads than cores, workers are preempted at any point
  *           of the protocols, not only where the hook yields
@@ -425,7 +426,7 @@ int run_churn(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown [-t threads] [-g groups] "
+	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups] "
 	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]"
 	                " [-b busy]\n");
 	exit(2);
@@ -476,5 +477,7 @@ int main(int argc, char **argv)
 		return run_listener();
 	if (!strcmp(g_opt.mode, "coown"))
 		return run_coown();
+	if (!strcmp(g_opt.mode, "shared"))
+		return run_shared();
 	usage();
 }
