@@ -85,6 +85,9 @@
                                          owner reads until a short read, and
                                          a direction change wakes nobody */
 #define FDC_DISOWN      0x00400000u   /* final close forgets, never close()s */
+#define FDC_INSERTING   0x01000000u   /* fdc_insert_shared is still registering
+                                         the fd in its siblings' pollers:
+                                         update passes leave it alone */
 #define FDC_MUST_CLOSE  0x00800000u   /* one-shot token: whoever clears it
                                          performs the deferred close */
 #define FDC_ACCEPTED    0x00100000u   /* insert only: fd was just returned by

@@ -141,7 +141,9 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
  * I7's one exception: the registrations are made here, by th, in the other
  * threads' instances, after the entry is published and before anything
  * else can name it (it is on no update list), polled bits first as in an
- * update pass; a sibling's ADD the kernel refuses leaves that sibling
+ * update pass (FDC_INSERTING meanwhile keeps every update pass off the fd, and
+ * a verb that came during the registration is programmed again at its end:
+ * the issue-21 review's insert race); a sibling's ADD the kernel refuses leaves that sibling
  * without it (counted ctl_err), th's own is reported to th (FDC_POLL_CTL).
  * Returns 0 or fdc_insert's -errno (fd then not in the table, not closed).
  * Threads: th's own.

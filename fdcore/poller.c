@@ -178,6 +178,11 @@ static int update_fd(struct fdc_thread *th, int fd)
 	 * next pass starts from the exact record written here. */
 	if ((wr || wh) == pr && wh == ph && ww == ps)
 		return 0;
+	/* a shared connection still being registered by its inserter: its
+	 * polled bits run ahead of the kernel there; the inserter programs
+	 * the change once it is done (fdc_insert_shared) */
+	if (st & FDC_INSERTING)
+		return 0;
 	wr = wr || wh;
 
 	/* polled bits first: the final close reads them once references have
@@ -592,8 +597,9 @@ int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner, uint32_t ki
 	pol = &t->polled[fd];
 	if (!fdc_grab(e, th->tgid))
 		return 0;                /* deleted already by a stale handle: its close */
-	/* reading is wanted before any poller can report it */
-	atomic_fetch_or(&e->state, FDC_ACTIVE_R | FDC_EDGE);
+	/* reading is wanted before any poller can report it; INSERTING keeps
+	 * other threads' update passes off the fd until every ADD is made */
+	atomic_fetch_or(&e->state, FDC_ACTIVE_R | FDC_EDGE | FDC_INSERTING);
 	ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLET;
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
 	rest = thread_mask & ~th->ltid_bit;
@@ -616,6 +622,10 @@ int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner, uint32_t ki
 			fdc_count(th, CTR_CTL_ERR);
 		}
 	}
+	/* a verb that came meanwhile (a stale handle, a test) found its pass
+	 * skipped: program it again now that the registrations are real */
+	if ((atomic_fetch_and(&e->state, ~FDC_INSERTING) & FDC_WANTED) != FDC_ACTIVE_R)
+		fdc_updt_polling(th, fd, th->tgid);
 	fdc_drop(e);
 	return 0;
 }
@@ -668,7 +678,8 @@ int fdc_requeue(struct fdc_thread *th, int fd)
 		fdc_drop(e);
 		return 1;
 	}
-	ev.events = EPOLLIN | EPOLLEXCLUSIVE | ((atomic_load(&pol->send) & bit) ? EPOLLOUT : 0);
+	ev.events = EPOLLIN | EPOLLEXCLUSIVE | ((atomic_load(&pol->send) & bit) ? EPOLLOUT : 0) |
+	            ((atomic_load(&e->state) & FDC_EDGE) ? EPOLLET : 0);
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
 	ctl(th, EPOLL_CTL_DEL, fd, NULL, &err);
 	if (!err)

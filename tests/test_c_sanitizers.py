@@ -10,8 +10,8 @@ interleaving of the shared-list walk, issue 6 bug 2) and
 tests/c/repro/shared_affinity.c (a group-shared connection's arrivals go to
 its inserting thread while it sleeps, issue 21) must pass under both;
 tests/c/repro/repro_shared_insert.c (a sibling's update pass during
-fdc_insert_shared, driven by wrapping epoll_ctl) is a strict xfail: the
-finding it reproduces is open in fdcore.
+fdc_insert_shared, driven by wrapping epoll_ctl) passes since fdcore's
+FDC_INSERTING fix (it failed before: the finding it reproduces).
 
 The C programs are compiled here, once per sanitizer and per xdist worker,
 into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now
@@ -222,17 +222,6 @@ REPRO_SHARED_INSERT = CDIR / "repro" / "repro_shared_insert.c"
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-@pytest.mark.xfail(strict=True, reason=(
-    "finding (issue 21, stress_shared -x 1): a verb on a group-shared fd while "
-    "fdc_insert_shared is still registering it lets a sibling's update pass run "
-    "between the insert's polled-bit set and its ADD into that sibling's epoll: "
-    "the pass's DEL answers ENOENT, the connection is reported failed "
-    "(FDC_ERR|FDC_POLL_CTL, ENOENT) and the sibling stays registered with its "
-    "polled bits cleared. Proposed fix in fdcore: make the sibling registrations "
-    "the insert's alone until it returns (a state bit set with ACTIVE_R|EDGE "
-    "that update_fd skips, the insert re-programming every owner's update at "
-    "its end if WANTED changed meanwhile), or state in fd.h that nothing may "
-    "name the fd before fdc_insert_shared returns (the worker's GIL ensures it)"))
 def test_repro_shared_insert_under_sanitizer(tmp_path, san):
     """A sibling's update pass during fdc_insert_shared (driven by wrapping
     epoll_ctl) must leave a consistent, healthy registration."""

@@ -335,11 +335,6 @@ def test_still_edge_triggered_after_a_pass_re_adds_it(shared):
     one_report_per_arrival(table, fd, peer, th)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding (issue 21 review): fdc_requeue re-adds an exclusive fd as "
-    "EPOLLIN | EPOLLEXCLUSIVE [| EPOLLOUT] without EPOLLET, so requeueing a "
-    "group-shared connection (FDC_EDGE) makes it level-triggered. Fix: in "
-    "fdc_requeue, ev.events |= (state & FDC_EDGE) ? EPOLLET : 0"))
 def test_requeue_keeps_a_shared_connection_edge_triggered(shared):
     table, fd, _peer, _ = shared
     th = table.threads[0]
