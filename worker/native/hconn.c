@@ -693,6 +693,22 @@ static int serve_ready(HttpConn *c)
 	return 0;
 }
 
+/* After requests were served: one write of what is owed, then the timer
+ * for what the connection waits for now and its directions. since: the
+ * bytes written before a parked body's turn; without progress since then
+ * its send timer runs on (NULL: re-armed whatever the write took). */
+static void after_serving(HttpConn *c, const unsigned long long *since)
+{
+	if (c->closed)
+		return;
+	hconn_flush(c);
+	if (c->closed)
+		return;
+	if (!since || c->wrote != *since || c->tkind != TIMER_SEND)
+		rearm(c);
+	sync_dirs(c);
+}
+
 /* The parked body's turn (a POLLOUT): more of it, and once it ended, the
  * requests that waited behind it. 0, or -1 for an error that is not the
  * app's. */
@@ -721,14 +737,7 @@ static int resume(HttpConn *c)
 		else if (serve_ready(c) < 0)
 			return -1;
 	}
-	if (c->closed)
-		return 0;
-	hconn_flush(c);
-	if (c->closed)
-		return 0;
-	if (c->wrote != wrote || c->tkind != TIMER_SEND)
-		rearm(c);                              /* progress; a send timer runs on, else */
-	sync_dirs(c);
+	after_serving(c, &wrote);
 	return 0;
 }
 
@@ -737,13 +746,7 @@ static int serve_read(HttpConn *c)
 {
 	if (serve_ready(c) < 0)
 		return -1;
-	if (c->closed)
-		return 0;
-	hconn_flush(c);
-	if (c->closed)
-		return 0;
-	rearm(c);
-	sync_dirs(c);
+	after_serving(c, NULL);
 	return 0;
 }
 
