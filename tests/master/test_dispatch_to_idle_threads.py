@@ -221,3 +221,4 @@ def test_a_slow_endpoint_does_not_delay_a_fast_one(master, tmp_path):
         stop.set()
         for t in loaders:
             t.join(15)
+

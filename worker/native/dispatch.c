@@ -31,6 +31,8 @@
  * drain step closes the connection once idle. Timers stay in the list they
  * were armed in; whichever thread fires one handles it as an event.
  */
+#include <string.h>
+
 #include "http.h"
 
 /* c's handler thread is pos from now (the GIL's: c is not inside another). */
@@ -87,4 +89,113 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
 	c->missed = 0;
 	c->missed_timer = -1;
 	return rc;
+}
+
+/* Queues c's report (c referenced), once: a connection already queued
+ * has the events added to its entry (the kernel offers an arrival to every
+ * poller it passes that has no sleeper, so a busy group sees copies of it:
+ * without this the queue grew to 1,500 entries for 32 connections and a
+ * request waited behind them for a second). 0, or -1 when the queue
+ * cannot grow (the caller then handles it itself). The GIL's. */
+int dispatch_spill(Server *s, HttpConn *c, uint32_t events)
+{
+	if (s->rq_len == s->rq_cap) {
+		int cap = s->rq_cap ? 2 * s->rq_cap : 64;
+		struct spilled *q = PyMem_Realloc(s->runq, sizeof(*q) * (size_t)cap);
+
+		if (!q)
+			return -1;
+		s->runq = q;
+		s->rq_cap = cap;
+	}
+	if (c->queued) {
+		/* a copy of the same arrival (offered to several pollers that had
+		 * no sleeper) or a later one: the entry queued already reads it */
+		for (int i = 0; i < s->rq_len; i++)
+			if (s->runq[i].c == c)
+				s->runq[i].events |= events;
+		return 0;
+	}
+	c->queued = 1;
+	s->runq[s->rq_len].c = (HttpConn *)Py_NewRef(c);
+	s->runq[s->rq_len++].events = events;
+	return 0;
+}
+
+/* Wakes one sibling of pos asleep in its poll, if any (the others are
+ * busy: they take the queue at their next turn). */
+void dispatch_wake_idle(Server *s, int pos)
+{
+	for (int i = 1; i < s->nthreads; i++) {
+		int j = (pos + i) % s->nthreads;
+
+		if (s->thr[j].tgid == s->thr[pos].tgid && s->thr[j].asleep) {
+			s->thr[j].asleep = 0;            /* one wake-up is enough */
+			s->api.wake(s->table, s->thr[j].tid);
+			return;
+		}
+	}
+}
+
+/* Runs the queued reports of pos's group, oldest first, until it has
+ * run for SPILL_AFTER itself (then the rest waits for the next idle
+ * thread, woken here). Errors are contained per connection: 0. */
+int dispatch_run_spilled(Server *s, int pos)
+{
+	struct srv_thread *t = &s->thr[pos];
+	double start = 0;
+	int i = 0;
+
+	while (i < s->rq_len) {
+		struct spilled q = s->runq[i];
+		uint32_t gen;
+
+		if (s->thr[q.c->pos].tgid != t->tgid) {
+			i++;
+			continue;
+		}
+		if (start && mono_now() - start > SPILL_AFTER) {
+			dispatch_wake_idle(s, pos);
+			break;
+		}
+		if (!start)
+			start = mono_now();
+		q.c->queued = 0;
+		memmove(&s->runq[i], &s->runq[i + 1], sizeof(q) * (size_t)(s->rq_len - i - 1));
+		s->rq_len--;
+		if (!q.c->closed && s->conns[q.c->fd] == q.c &&
+		    s->api.enter(t->th, q.c->fd, &gen) == FDC_DONE) {
+			if (!q.c->closed && dispatch_run(q.c, pos, q.events, -1) < 0) {
+				/* ours, not the app's: that connection ends, as in a turn */
+				report_exc(s, NULL, "a connection's handler");
+				if (!q.c->closed && hconn_close_now(q.c) < 0)
+					report_exc(s, NULL, "closing a failed connection");
+			}
+			s->api.leave(t->th, q.c->fd, gen);
+		}
+		Py_DECREF(q.c);
+	}
+	return 0;
+}
+
+void dispatch_free_spilled(Server *s)
+{
+	while (s->rq_len) {
+		HttpConn *c = s->runq[--s->rq_len].c;
+
+		c->queued = 0;
+		Py_DECREF(c);
+	}
+	PyMem_Free(s->runq);
+	s->runq = NULL;
+	s->rq_cap = 0;
+}
+
+/* Whether work of pos's group is queued (its poll must not sleep then). */
+int dispatch_has_spilled(const Server *s, int pos)
+{
+	for (int i = 0; i < s->rq_len; i++)
+		if (s->thr[s->runq[i].c->pos].tgid == s->thr[pos].tgid)
+			return 1;
+	return 0;
 }

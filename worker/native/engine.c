@@ -241,6 +241,11 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	 * reports no event, and must not be slept over: the counter tells. */
 	struct fdc_counters before, after;
 
+	/* a sibling's batch that ran long left work for the group (dispatch.c) */
+	if (s->rq_len && dispatch_run_spilled(s, pos) < 0)
+		return NULL;
+	if (s->rq_len && dispatch_has_spilled(s, pos))
+		timeout = 0;                           /* never asleep on queued work */
 	s->api.counters(t->th, &before);
 	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
 	if (n == 0 && timeout != 0)
@@ -251,9 +256,11 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		if (tt >= 0 && (timeout < 0 || tt < timeout))
 			timeout = tt;
 		if (timeout != 0) {
+			t->asleep = 1;                     /* for dispatch_wake_idle */
 			Py_BEGIN_ALLOW_THREADS
 			n = s->api.poll(t->th, timeout, t->ev, FDC_EVBATCH);
 			Py_END_ALLOW_THREADS
+			t->asleep = 0;
 		}
 	}
 	if (n < 0) {
@@ -268,6 +275,9 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 			goto fail;
 		Py_DECREF(r);
 	}
+	double start = 0;
+	int spilled = 0;
+
 	for (int i = 0; i < n; i++) {
 		struct fdc_event *ev = &t->ev[i];
 		HttpConn *c = NULL;
@@ -290,8 +300,19 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 				s->api.leave(t->th, ev->fd, ev->gen);
 			continue;
 		}
+		double now = mono_now();
+
+		if (!start)
+			start = now;
+		/* this batch ran long (the app blocks): its rest to idle siblings */
+		if (s->dispatch && !relieved && (spilled || now - start > SPILL_AFTER) &&
+		    dispatch_spill(s, c, ev->events) == 0) {
+			spilled++;
+			s->api.leave(t->th, ev->fd, ev->gen);
+			continue;
+		}
 		Py_INCREF(c);
-		if (stamp(s, pos, mono_now()) < 0) {
+		if (stamp(s, pos, now) < 0) {
 			Py_DECREF(c);
 			goto fail;
 		}
@@ -315,6 +336,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		Py_DECREF(c);
 		handled++;
 	}
+	if (spilled)
+		dispatch_wake_idle(s, pos);
 	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);
 		return NULL;
@@ -595,6 +618,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	    api_fn(api, "fdc_accept", (void **)&s->api.accept) < 0 ||
 	    api_fn(api, "fdc_counters", (void **)&s->api.counters) < 0 ||
 	    api_fn(api, "fdc_insert_shared", (void **)&s->api.insert_shared) < 0 ||
+	    api_fn(api, "fdc_wake", (void **)&s->api.wake) < 0 ||
 	    api_fn(api, "table", (void **)&s->table) < 0)
 		return -1;
 	seq = PySequence_Fast(threads, "threads: a list of (Thread, address, tgid, bit)");
@@ -618,6 +642,16 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 			return -1;
 		}
 		s->thr[i].th = (struct fdc_thread *)(uintptr_t)addr;
+		{
+			PyObject *tid = PyObject_GetAttrString(obj, "tid");
+
+			s->thr[i].tid = tid ? (int)PyLong_AsLong(tid) : -1;
+			Py_XDECREF(tid);
+			if (PyErr_Occurred()) {
+				Py_DECREF(seq);
+				return -1;
+			}
+		}
 		s->thr[i].obj = Py_NewRef(obj);
 		s->thr[i].tgid = tgid;
 		s->thr[i].bit = bit;
@@ -688,6 +722,8 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->busy);
 	Py_VISIT(s->on_retire);
 	Py_VISIT(s->on_refusal);
+	for (int i = 0; i < s->rq_len; i++)
+		Py_VISIT(s->runq[i].c);
 	return 0;
 }
 
@@ -707,6 +743,7 @@ static int Server_clear(Server *s)
 	Py_CLEAR(s->busy);
 	Py_CLEAR(s->on_retire);
 	Py_CLEAR(s->on_refusal);
+	dispatch_free_spilled(s);
 	return 0;
 }
 

@@ -83,6 +83,7 @@ struct fdc_api {
 	int (*accept)(struct fdc_thread *, int, int *, int);
 	void (*counters)(const struct fdc_thread *, struct fdc_counters *);
 	int (*insert_shared)(struct fdc_thread *, int, uint64_t, uint32_t, uint64_t);
+	int (*wake)(struct fdc_table *, int);
 };
 
 typedef struct HttpConn HttpConn;
@@ -115,6 +116,14 @@ struct srv_thread {
 	struct timer_list timers[TIMER_KINDS];
 	struct fdc_event ev[FDC_EVBATCH];
 	int first[FDC_EVBATCH], nfirst;    /* accepted, first read to serve (serve_accepted) */
+	int tid;                           /* fdcore's thread id (fdc_wake) */
+	int asleep;                        /* in its blocking poll (the GIL's) */
+};
+
+/* dispatch.c: the rest of a batch that ran long, for an idle sibling */
+struct spilled {
+	HttpConn *c;                       /* a strong reference */
+	uint32_t events;
 };
 
 /* What the engine refuses a request for (its status): the labels of
@@ -163,6 +172,8 @@ typedef struct {
 	double min_body_rate;
 	int draining;
 	int dispatch;                      /* connections shared by their group (dispatch.c) */
+	struct spilled *runq;              /* dispatch.c: spilled reports, FIFO */
+	int rq_len, rq_cap;
 	unsigned long long requests;       /* answered: the app's, and our refusals */
 	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
@@ -217,6 +228,7 @@ struct HttpConn {
 	int inside;
 	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
 	int missed_timer;                  /* a due timer's kind, -1 none */
+	int queued;                        /* on the engine's spill queue (once at most) */
 	/* issue 21: a response whose body goes out from the loop (respond.c,
 	 * respond_resume): held here between POLLOUT events; the next
 	 * pipelined request waits for it, reading is off meanwhile */
@@ -247,6 +259,15 @@ int hconn_serve_first(HttpConn *c);
 #define EV_FIRST 0x80000000u               /* not an fdcore bit: see above */
 /* dispatch.c: one report or due timer for a group-shared connection */
 int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
+/* dispatch.c: a batch that ran past SPILL_AFTER hands its rest to the
+ * group (spill, then wake_idle once), which any thread runs first thing in
+ * its turn (run_spilled); free_spilled at the engine's end. */
+#define SPILL_AFTER 0.002
+int dispatch_spill(Server *s, HttpConn *c, uint32_t events);
+void dispatch_wake_idle(Server *s, int pos);
+int dispatch_run_spilled(Server *s, int pos);
+int dispatch_has_spilled(const Server *s, int pos);
+void dispatch_free_spilled(Server *s);
 /* Appends to the output; flushes what the kernel takes when `now`. */
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
 int hconn_flush(HttpConn *c);
