@@ -99,6 +99,14 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
  * cannot grow (the caller then handles it itself). The GIL's. */
 int dispatch_spill(Server *s, HttpConn *c, uint32_t events)
 {
+	if (c->queued) {
+		/* a copy of the same arrival (offered to several pollers that had
+		 * no sleeper) or a later one: the entry queued already reads it */
+		for (int i = 0; i < s->rq_len; i++)
+			if (s->runq[i].c == c)
+				s->runq[i].events |= events;
+		return 0;
+	}
 	if (s->rq_len == s->rq_cap) {
 		int cap = s->rq_cap ? 2 * s->rq_cap : 64;
 		struct spilled *q = PyMem_Realloc(s->runq, sizeof(*q) * (size_t)cap);
@@ -107,14 +115,6 @@ int dispatch_spill(Server *s, HttpConn *c, uint32_t events)
 			return -1;
 		s->runq = q;
 		s->rq_cap = cap;
-	}
-	if (c->queued) {
-		/* a copy of the same arrival (offered to several pollers that had
-		 * no sleeper) or a later one: the entry queued already reads it */
-		for (int i = 0; i < s->rq_len; i++)
-			if (s->runq[i].c == c)
-				s->runq[i].events |= events;
-		return 0;
 	}
 	c->queued = 1;
 	s->runq[s->rq_len].c = (HttpConn *)Py_NewRef(c);
@@ -139,8 +139,8 @@ void dispatch_wake_idle(Server *s, int pos)
 
 /* Runs the queued reports of pos's group, oldest first, until it has
  * run for SPILL_AFTER itself (then the rest waits for the next idle
- * thread, woken here). Errors are contained per connection: 0. */
-int dispatch_run_spilled(Server *s, int pos)
+ * thread, woken here). Errors are contained per connection. */
+void dispatch_run_spilled(Server *s, int pos)
 {
 	struct srv_thread *t = &s->thr[pos];
 	double start = 0;
@@ -165,17 +165,12 @@ int dispatch_run_spilled(Server *s, int pos)
 		s->rq_len--;
 		if (!q.c->closed && s->conns[q.c->fd] == q.c &&
 		    s->api.enter(t->th, q.c->fd, &gen) == FDC_DONE) {
-			if (!q.c->closed && dispatch_run(q.c, pos, q.events, -1) < 0) {
-				/* ours, not the app's: that connection ends, as in a turn */
-				report_exc(s, NULL, "a connection's handler");
-				if (!q.c->closed && hconn_close_now(q.c) < 0)
-					report_exc(s, NULL, "closing a failed connection");
-			}
+			if (!q.c->closed && dispatch_run(q.c, pos, q.events, -1) < 0)
+				contain(q.c);              /* as in a turn */
 			s->api.leave(t->th, q.c->fd, gen);
 		}
 		Py_DECREF(q.c);
 	}
-	return 0;
 }
 
 void dispatch_free_spilled(Server *s)

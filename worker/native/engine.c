@@ -54,7 +54,7 @@ double mono_now(void)
  * is not the app's (those are answered in respond.c): ours, or no memory.
  * Logged, and that connection closes; the loop thread serves on: a loop
  * thread never ends while its worker serves (DESIGN §5, issue 18 §1). */
-static void contain(HttpConn *c)
+void contain(HttpConn *c)
 {
 	report_exc(c->srv, NULL, "a connection's handler");
 	if (!c->closed && hconn_close_now(c) < 0)
@@ -242,8 +242,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	struct fdc_counters before, after;
 
 	/* a sibling's batch that ran long left work for the group (dispatch.c) */
-	if (s->rq_len && dispatch_run_spilled(s, pos) < 0)
-		return NULL;
+	if (s->rq_len)
+		dispatch_run_spilled(s, pos);
 	if (s->rq_len && dispatch_has_spilled(s, pos))
 		timeout = 0;                           /* never asleep on queued work */
 	s->api.counters(t->th, &before);

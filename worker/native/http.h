@@ -248,6 +248,9 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
 int hconn_on_events(HttpConn *c, uint32_t events);
 int hconn_on_timeout(HttpConn *c, int kind);
 int hconn_close_now(HttpConn *c);
+/* engine.c: an error out of c's handler that is not the app's: logged,
+ * c closed; the loop thread serves on. */
+void contain(HttpConn *c);
 /* A group-shared connection just accepted (dispatch): its first read is
  * made before any sibling's poller holds it (what is there at the
  * registration would wake every idle sibling), 1 if that read brought
@@ -265,7 +268,7 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
 #define SPILL_AFTER 0.002
 int dispatch_spill(Server *s, HttpConn *c, uint32_t events);
 void dispatch_wake_idle(Server *s, int pos);
-int dispatch_run_spilled(Server *s, int pos);
+void dispatch_run_spilled(Server *s, int pos);
 int dispatch_has_spilled(const Server *s, int pos);
 void dispatch_free_spilled(Server *s);
 /* Appends to the output; flushes what the kernel takes when `now`. */
