@@ -173,6 +173,27 @@ void dispatch_run_spilled(Server *s, int pos)
 	}
 }
 
+/* c closes: its entry, if queued, leaves the queue now. A closed
+ * connection's report is never run, and the entry's reference must not
+ * outlive the connection: a loop stopping between the spill and the next
+ * turn left it queued for good, and the engine with it (c references its
+ * engine from an object the garbage collector does not track). The
+ * GIL's; the caller holds a reference to c of its own. */
+void dispatch_unqueue(Server *s, HttpConn *c)
+{
+	if (!c->queued)
+		return;
+	for (int i = 0; i < s->rq_len; i++) {
+		if (s->runq[i].c != c)
+			continue;
+		memmove(&s->runq[i], &s->runq[i + 1], sizeof(*s->runq) * (size_t)(s->rq_len - i - 1));
+		s->rq_len--;
+		break;
+	}
+	c->queued = 0;
+	Py_DECREF(c);
+}
+
 void dispatch_free_spilled(Server *s)
 {
 	while (s->rq_len) {

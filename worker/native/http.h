@@ -271,6 +271,8 @@ void dispatch_wake_idle(Server *s, int pos);
 void dispatch_run_spilled(Server *s, int pos);
 int dispatch_has_spilled(const Server *s, int pos);
 void dispatch_free_spilled(Server *s);
+/* hconn_close_now: a closing connection's entry leaves the queue */
+void dispatch_unqueue(Server *s, HttpConn *c);
 /* Appends to the output; flushes what the kernel takes when `now`. */
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
 int hconn_flush(HttpConn *c);

@@ -1,0 +1,145 @@
+"""The spill queue of per-request dispatch (worker/native/dispatch.c): the
+rest of a loop thread's batch that ran past SPILL_AFTER (2 ms: the app
+blocks) is queued on the engine for the group. On an in-process worker of
+one group of two loop threads, real sockets: both threads are first held
+inside the app, so the requests sent then reach every poller of the group
+(the kernel offers an exclusive report to each poller with no sleeper) and
+the first thread let go takes them in one batch.
+
+Review finding (issue 21 review, dispatch_spill / hconn_close_now): a
+queued entry held its connection until a loop thread ran it; one queued
+when the loop stopped was never run, and as a connection references its
+engine (and the engine its loop and app) while the engine's queue
+references the connection through an object the garbage collector does not
+track, the whole engine was never freed."""
+from __future__ import annotations
+
+import gc
+import socket
+import threading
+import time
+import weakref
+
+import pytest
+
+from sockherd.fdcore import Table
+from sockherd.worker.loop import Loop
+from sockherd.worker.wsgi import make_handler
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def until(pred, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+class Blocking:
+    """An app whose request ?NAME waits for events[NAME] (entered[NAME]
+    set first) and then another 10 ms, so the batch it is in runs past
+    SPILL_AFTER; any other query answers at once. Its body: the thread."""
+
+    def __init__(self, *names: str):
+        self.events = {n: threading.Event() for n in names}
+        self.entered = {n: threading.Event() for n in names}
+        self.thread: dict[str, str] = {}
+
+    def __call__(self, environ, start_response):
+        q = environ["QUERY_STRING"]
+        self.thread[q] = threading.current_thread().name
+        if q in self.events:
+            self.entered[q].set()
+            self.events[q].wait(20)
+            time.sleep(0.01)
+        body = self.thread[q].encode()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    def release(self) -> None:
+        for e in self.events.values():
+            e.set()
+
+
+def ask(s: socket.socket, q: str) -> None:
+    s.sendall(b"GET /?%s HTTP/1.1\r\nHost: h\r\n\r\n" % q.encode())
+
+
+def spill_setup(app: Blocking):
+    """A two-thread loop where both threads are inside the app (requests
+    ?a and ?b), then ?c1 and ?c2 sent on two more connections: the first
+    thread let go (a) takes both in one batch and, ?c1 blocking, spills
+    ?c2. Returns (loop, table, sockets by name)."""
+    table = Table(2, 1)
+    loop = Loop(table, make_handler(app, {"threads": 2}))
+    srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+    addr = srv.getsockname()
+    loop.add_listener(srv)
+    loop.start()
+    assert loop.engine.dispatch
+    socks = {n: socket.create_connection(addr, timeout=10) for n in ("a", "b", "c1", "c2")}
+    until(lambda: loop.engine.count == 4, "four connections in the engine")
+    ask(socks["a"], "a")
+    until(app.entered["a"].is_set, "a inside the app")
+    ask(socks["b"], "b")
+    until(app.entered["b"].is_set, "b inside the app")
+    assert app.thread["a"] != app.thread["b"]
+    # both threads busy: each report lands in both pollers' ready lists
+    ask(socks["c1"], "c1")
+    ask(socks["c2"], "c2")
+    app.events["a"].set()
+    until(app.entered["c1"].is_set, "c1 inside the app")
+    assert app.thread["c1"] == app.thread["a"]
+    return loop, table, socks
+
+
+def test_a_spilled_report_is_served():
+    """The spilled ?c2 is answered while ?b still blocks its thread (by
+    the thread that spilled it, at its next turn: the only one free)."""
+    app = Blocking("a", "b", "c1")
+    loop, table, socks = spill_setup(app)
+    try:
+        app.events["c1"].set()
+        socks["c2"].settimeout(5)
+        got = socks["c2"].recv(1000)
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(app.thread["a"].encode()), got
+        assert not app.events["b"].is_set()
+    finally:
+        app.release()
+        for s in socks.values():
+            s.close()
+        loop.stop()
+        table.close()
+    assert not loop.errors, loop.errors
+
+
+def _stopped_with_a_spilled_entry():
+    app = Blocking("a", "b", "c1")
+    loop, table, socks = spill_setup(app)
+    stopper = threading.Thread(target=loop.stop)
+    try:
+        # the loop stops while ?c1 runs: its thread spills ?c2 when the
+        # app returns, then sees the stop and ends before any next turn
+        stopper.start()
+        until(loop._stop.is_set, "the stop")
+    finally:
+        app.release()
+        stopper.join(20)
+        for s in socks.values():
+            s.close()
+    assert not stopper.is_alive()
+    assert "c2" not in app.thread, "c2 was served: nothing was left queued"
+    table.close()
+    assert not loop.errors, loop.errors
+    assert loop.engine.count == 0
+    return weakref.ref(loop)
+
+
+def test_an_entry_queued_at_the_stop_does_not_keep_the_engine():
+    """Stopped with ?c2 still queued: once the loop is dropped, its engine,
+    loop and app are freed (before the fix the queue's reference to the
+    closed connection kept them all)."""
+    ref = _stopped_with_a_spilled_entry()
+    gc.collect()
+    assert ref() is None, "the stopped loop is still alive"
