@@ -14,6 +14,7 @@ references the connection through an object the garbage collector does not
 track, the whole engine was never freed."""
 from __future__ import annotations
 
+import collections
 import gc
 import socket
 import threading
@@ -39,7 +40,8 @@ def until(pred, what: str, timeout: float = 10.0) -> None:
 class Blocking:
     """An app whose request ?NAME waits for events[NAME] (entered[NAME]
     set first) and then another 10 ms, so the batch it is in runs past
-    SPILL_AFTER; any other query answers at once. Its body: the thread."""
+    SPILL_AFTER; any other query answers at once. Its body: the query and
+    the thread."""
 
     def __init__(self, *names: str):
         self.events = {n: threading.Event() for n in names}
@@ -53,7 +55,7 @@ class Blocking:
             self.entered[q].set()
             self.events[q].wait(20)
             time.sleep(0.01)
-        body = self.thread[q].encode()
+        body = f"{q} {self.thread[q]}".encode()
         start_response("200 OK", [("Content-Length", str(len(body)))])
         return [body]
 
@@ -66,11 +68,12 @@ def ask(s: socket.socket, q: str) -> None:
     s.sendall(b"GET /?%s HTTP/1.1\r\nHost: h\r\n\r\n" % q.encode())
 
 
-def spill_setup(app: Blocking):
+def spill_setup(app: Blocking, then: tuple[tuple[str, str], ...] = (("c1", "c1"), ("c2", "c2"))):
     """A two-thread loop where both threads are inside the app (requests
-    ?a and ?b), then ?c1 and ?c2 sent on two more connections: the first
-    thread let go (a) takes both in one batch and, ?c1 blocking, spills
-    ?c2. Returns (loop, table, sockets by name)."""
+    ?a and ?b), then `then` sent, (connection, query) in order (by default
+    ?c1 and ?c2 on two more connections): the first thread let go (a's)
+    takes them in one batch and, ?c1 blocking, spills the rest. Returns
+    (loop, table, sockets by name)."""
     table = Table(2, 1)
     loop = Loop(table, make_handler(app, {"threads": 2}))
     srv = socket.create_server(("127.0.0.1", 0), backlog=64)
@@ -78,16 +81,17 @@ def spill_setup(app: Blocking):
     loop.add_listener(srv)
     loop.start()
     assert loop.engine.dispatch
-    socks = {n: socket.create_connection(addr, timeout=10) for n in ("a", "b", "c1", "c2")}
-    until(lambda: loop.engine.count == 4, "four connections in the engine")
+    names = ["a", "b", *dict.fromkeys(n for n, _ in then if n not in ("a", "b"))]
+    socks = {n: socket.create_connection(addr, timeout=10) for n in names}
+    until(lambda: loop.engine.count == len(names), "the connections in the engine")
     ask(socks["a"], "a")
     until(app.entered["a"].is_set, "a inside the app")
     ask(socks["b"], "b")
     until(app.entered["b"].is_set, "b inside the app")
     assert app.thread["a"] != app.thread["b"]
     # both threads busy: each report lands in both pollers' ready lists
-    ask(socks["c1"], "c1")
-    ask(socks["c2"], "c2")
+    for name, q in then:
+        ask(socks[name], q)
     app.events["a"].set()
     until(app.entered["c1"].is_set, "c1 inside the app")
     assert app.thread["c1"] == app.thread["a"]
@@ -103,7 +107,7 @@ def test_a_spilled_report_is_served():
         app.events["c1"].set()
         socks["c2"].settimeout(5)
         got = socks["c2"].recv(1000)
-        assert got.startswith(b"HTTP/1.1 200") and got.endswith(app.thread["a"].encode()), got
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(f"c2 {app.thread['a']}".encode()), got
         assert not app.events["b"].is_set()
     finally:
         app.release()
@@ -143,3 +147,54 @@ def test_an_entry_queued_at_the_stop_does_not_keep_the_engine():
     ref = _stopped_with_a_spilled_entry()
     gc.collect()
     assert ref() is None, "the stopped loop is still alive"
+
+
+def test_a_report_spilled_while_its_connection_is_inside_keeps_the_order():
+    """?b2 is pipelined on b while b's thread is inside the app for ?b;
+    its report, in the other thread's batch behind the blocking ?c1, is
+    spilled and run from the queue while b is still inside: it is only
+    recorded there, and b's thread answers ?b2 after ?b, on the wire in
+    that order."""
+    app = Blocking("a", "b", "c1")
+    turns: collections.Counter = collections.Counter()
+    loop, table, socks = spill_setup(app, (("c1", "c1"), ("b", "b2")))
+    real_resume = loop._resume_accepting
+
+    def resume(th):
+        turns[th.tid] += 1                  # once per loop iteration, before its turn
+        return real_resume(th)
+
+    loop._resume_accepting = resume
+    try:
+        spiller = next(th.tid for th in loop.loop_threads
+                       if app.thread["a"] == f"sockherd-{th.tid}")
+        app.events["c1"].set()
+        socks["c1"].settimeout(5)
+        assert socks["c1"].recv(1000).endswith(f"c1 {app.thread['a']}".encode())
+        # a whole turn of the spiller begun after the one that answered
+        # ?c1 and spilled (the queue runs first thing in a turn); woken,
+        # as it sleeps once the queue is run
+        seen = turns[spiller]
+
+        def turned() -> bool:
+            loop.table.wake(spiller)
+            return turns[spiller] >= seen + 2
+
+        until(turned, "a whole turn of the spiller")
+        assert not app.events["b"].is_set()
+        app.events["b"].set()
+        socks["b"].settimeout(5)
+        out = b""
+        while out.count(b"HTTP/1.1 200") < 2 or not out.endswith(app.thread["b"].encode()):
+            chunk = socks["b"].recv(65536)
+            assert chunk, out
+            out += chunk
+        bodies = [part.split(b"\r\n\r\n", 1)[1] for part in out.split(b"HTTP/1.1 ")[1:]]
+        assert bodies == [f"b {app.thread['b']}".encode(), f"b2 {app.thread['b']}".encode()]
+    finally:
+        app.release()
+        for s in socks.values():
+            s.close()
+        loop.stop()
+        table.close()
+    assert not loop.errors, loop.errors
