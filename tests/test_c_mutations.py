@@ -59,6 +59,10 @@ The mutants:
              a sibling's before the inserter's (affinity lost: arrivals go
              to an idle sibling while the inserter waits too); the stress
              cannot tell, tests/c/repro/shared_affinity.c does.
+             shared-takeover: fdc_takeover takes a group-shared connection
+             (the review finding of issue 21: the old owners' exclusive
+             edge-triggered registrations stay, and one asleep swallows the
+             new owner's next arrival); tests/c/repro/shared_takeover.c.
              Not a mutant: the polled bits set after each ADD instead of
              before. It changes nothing a test can see unless a sibling's
              update pass runs during fdc_insert_shared, i.e. a verb names
@@ -86,7 +90,8 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    FDCORE, REPORTS, REPRO_WALK, SHARED_AFFINITY, build_program, run_program, san_env,
+    FDCORE, REPORTS, REPRO_WALK, SHARED_AFFINITY, SHARED_TAKEOVER, build_program, run_program,
+    san_env,
     stress_argv, stress_sources,
 )
 
@@ -175,6 +180,13 @@ MUTANTS = {
                  "\trest = thread_mask;\n"
                  "\tfor (bit = rest & -rest, rest &= rest - 1; bit;"
                  " bit = rest & -rest, rest &= rest - 1) {"),
+        ),
+    ),
+    "shared-takeover": Mutant(
+        "fdc_takeover takes a group-shared connection (FDC_EDGE) like any fd",
+        (
+            Edit("fd.c", "int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)",
+                 "\tif (atomic_load(&e->state) & FDC_EDGE) {", "\tif (0) {"),
         ),
     ),
     "shared-no-replay": Mutant(
@@ -343,3 +355,10 @@ def test_shared_affinity_catches_siblings_first(tmp_path):
     first; tests/c/repro/shared_affinity.c can)."""
     assert_repro_catches(tmp_path, "shared-siblings-first", SHARED_AFFINITY,
                          "FAIL: inserter T1 round 0")
+
+
+def test_shared_takeover_catches_a_taken_shared_fd(tmp_path):
+    """A takeover of a group-shared connection leaves an old owner's
+    registration to swallow the next arrival (issue 21 review)."""
+    assert_repro_catches(tmp_path, "shared-takeover", SHARED_TAKEOVER,
+                         "FAIL: the new owner T2 never heard of the arrival")
