@@ -1,0 +1,115 @@
+"""Per-request dispatch after a large response: once the response went out
+and the connection reads again, every loop thread of its group polls it for
+input again, so its next request reaches whichever of them is idle (issue
+21's head-of-line isolation). On an in-process worker of one group of two
+loop threads, real sockets, the registrations read from the fd table
+(Table.dump: polled_recv, the threads whose poller holds EPOLLIN).
+
+Review finding (issue 21 review, fdcore updlist.c fdc_updt_polling with
+hconn.c sync_dirs): a response body past the output buffer is parked and
+reading stops (stop_recv) until it went out. For a group-shared fd
+(FDC_EDGE) a direction change wakes no sibling: each thread re-registers
+(DEL + ADD, exclusive) at its own next update pass. A sibling that passed
+while reading was off and is not woken afterwards (no POLLOUT edge came
+its way: about one large response in ten here) sleeps with a registration
+without EPOLLIN; only the thread that resumed reading is told of the
+connection's next request, and when that thread is in a long app call the
+request waits for it while the sibling idles."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from sockherd.fdcore import Table
+from sockherd.worker.loop import Loop
+from sockherd.worker.wsgi import make_handler
+
+pytestmark = pytest.mark.timeout(120)
+
+BIG = 16 << 20           # past the socket buffers and the 1 MiB output buffer: parked
+ROUNDS = 100             # the stale registration shows in about one round in ten
+
+
+def until(pred, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Length", str(BIG))])
+    return big()
+
+
+def big():
+    chunk = b"x" * (64 << 10)
+    for _ in range(BIG // len(chunk)):
+        yield chunk
+
+
+def read_big(c: socket.socket) -> None:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = c.recv(65536)
+        assert chunk, buf
+        buf += chunk
+    got = len(buf.partition(b"\r\n\r\n")[2])
+    while got < BIG:
+        chunk = c.recv(1 << 20)
+        assert chunk, got
+        got += len(chunk)
+
+
+@pytest.mark.xfail(strict=True, reason="finding (issue 21 review): a direction change of a "
+                   "group-shared fd (reading stopped while a large response is parked, "
+                   "hconn.c sync_dirs) wakes no sibling (fdcore updlist.c fdc_updt_polling, "
+                   "FDC_EDGE); a sibling that passed meanwhile sleeps with a registration "
+                   "without EPOLLIN once reading resumed, and the next request waits for the "
+                   "thread that resumed it")
+def test_every_thread_polls_for_the_next_request_after_a_large_response():
+    table = Table(2, 1)
+    loop = Loop(table, make_handler(app, {"threads": 2}))
+    srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+    addr = srv.getsockname()
+    loop.add_listener(srv)
+    loop.start()
+    group = 0
+    for th in loop.loop_threads:
+        group |= th.bit
+    c = socket.socket()
+    try:
+        assert loop.engine.dispatch
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)   # the body waits
+        c.settimeout(10)
+        c.connect(addr)
+        for r in range(ROUNDS):
+            c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            until(lambda: any(x.pending for x in list(loop.conns.values())), "a parked body")
+            fd = next(x.fd for x in list(loop.conns.values()) if x.pending)
+
+            # every thread passes while reading is off (as under load)
+            def passed() -> bool:
+                for th in loop.loop_threads:
+                    table.wake(th.tid)
+                return table.dump(fd).polled_recv == 0
+
+            until(passed, "no registration with EPOLLIN while the body is parked")
+            read_big(c)
+            until(lambda: not any(x.pending for x in list(loop.conns.values())),
+                  "the response sent")
+            # every thread, asleep or not, soon polls it for input again
+            deadline = time.monotonic() + 1.0
+            while (polled := table.dump(fd).polled_recv) != group:
+                assert time.monotonic() < deadline, (
+                    f"round {r}: after the response only threads {polled:#b} of {group:#b} "
+                    "poll the connection for its next request")
+                time.sleep(0.002)
+    finally:
+        c.close()
+        loop.stop()
+        table.close()
+    assert not loop.errors, loop.errors
