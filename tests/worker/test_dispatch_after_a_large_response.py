@@ -18,26 +18,16 @@ request waits for it while the sibling idles."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
 
-from sockherd.fdcore import Table
-from sockherd.worker.loop import Loop
-from sockherd.worker.wsgi import make_handler
+from test_http_review import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 BIG = 16 << 20           # past the socket buffers and the 1 MiB output buffer: parked
 ROUNDS = 100             # the stale registration shows in about one round in ten
-
-
-def until(pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 def app(environ, start_response):
@@ -70,25 +60,21 @@ def read_big(c: socket.socket) -> None:
                    "FDC_EDGE); a sibling that passed meanwhile sleeps with a registration "
                    "without EPOLLIN once reading resumed, and the next request waits for the "
                    "thread that resumed it")
-def test_every_thread_polls_for_the_next_request_after_a_large_response():
-    table = Table(2, 1)
-    loop = Loop(table, make_handler(app, {"threads": 2}))
-    srv = socket.create_server(("127.0.0.1", 0), backlog=64)
-    addr = srv.getsockname()
-    loop.add_listener(srv)
-    loop.start()
+def test_every_thread_polls_for_the_next_request_after_a_large_response(serve_wsgi):
+    loop, addr = serve_wsgi(app, threads=2)
+    table = loop.table
+    assert loop.engine.dispatch
     group = 0
     for th in loop.loop_threads:
         group |= th.bit
-    c = socket.socket()
-    try:
-        assert loop.engine.dispatch
+    with socket.socket() as c:
         c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)   # the body waits
         c.settimeout(10)
         c.connect(addr)
         for r in range(ROUNDS):
             c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-            until(lambda: any(x.pending for x in list(loop.conns.values())), "a parked body")
+            assert wait_for(lambda: any(x.pending for x in list(loop.conns.values()))), \
+                "a response waiting for the client"
             fd = next(x.fd for x in list(loop.conns.values()) if x.pending)
 
             # every thread passes while reading is off (as under load)
@@ -97,10 +83,10 @@ def test_every_thread_polls_for_the_next_request_after_a_large_response():
                     table.wake(th.tid)
                 return table.dump(fd).polled_recv == 0
 
-            until(passed, "no registration with EPOLLIN while the body is parked")
+            assert wait_for(passed), "no registration with EPOLLIN while the body is parked"
             read_big(c)
-            until(lambda: not any(x.pending for x in list(loop.conns.values())),
-                  "the response sent")
+            assert wait_for(lambda: not any(x.pending for x in list(loop.conns.values()))), \
+                "the response sent"
             # every thread, asleep or not, soon polls it for input again
             deadline = time.monotonic() + 1.0
             while (polled := table.dump(fd).polled_recv) != group:
@@ -108,8 +94,3 @@ def test_every_thread_polls_for_the_next_request_after_a_large_response():
                     f"round {r}: after the response only threads {polled:#b} of {group:#b} "
                     "poll the connection for its next request")
                 time.sleep(0.002)
-    finally:
-        c.close()
-        loop.stop()
-        table.close()
-    assert not loop.errors, loop.errors

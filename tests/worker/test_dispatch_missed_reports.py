@@ -22,14 +22,9 @@ import time
 
 import pytest
 
+from test_http_review import wait_for
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def until(pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 def read_responses(s: socket.socket, n: int) -> list[bytes]:
@@ -106,15 +101,15 @@ def test_a_read_report_missed_with_the_first_read_is_replayed(serve_wsgi):
         with socket.create_connection(addr, timeout=10) as s:
             s.sendall(b"GET /?block HTTP/1.1\r\nHost: h\r\n\r\n")
             sent.set()
-            until(accepted.is_set, "the accept")
+            assert wait_for(accepted.is_set), "the accept"
             s.sendall(b"GET /?two HTTP/1.1\r\nHost: h\r\n\r\n")
-            until(entered.is_set, "the sibling inside the app")
+            assert wait_for(entered.is_set), "the sibling inside the app"
             go.set()
-            until(first_done.is_set, "serve_accepted")
+            assert wait_for(first_done.is_set), "serve_accepted"
             # X back in its loop, then a turn that handled the third's report
-            until(lambda: turns[x["tid"]] >= x["turns"] + 1, "X's next turn")
+            assert wait_for(lambda: turns[x["tid"]] >= x["turns"] + 1), "X's next turn"
             s.sendall(b"GET /?three HTTP/1.1\r\nHost: h\r\n\r\n")
-            until(lambda: turns[x["tid"]] >= x["turns"] + 2, "X's turn after the third")
+            assert wait_for(lambda: turns[x["tid"]] >= x["turns"] + 2), "X's turn after the third"
             release.set()
             s.settimeout(5)
             assert read_responses(s, 3) == [b"block", b"two", b"three"]

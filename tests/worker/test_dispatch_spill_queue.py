@@ -26,15 +26,9 @@ import pytest
 from sockherd.fdcore import Table
 from sockherd.worker.loop import Loop
 from sockherd.worker.wsgi import make_handler
+from test_http_review import wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def until(pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 class Blocking:
@@ -68,65 +62,84 @@ def ask(s: socket.socket, q: str) -> None:
     s.sendall(b"GET /?%s HTTP/1.1\r\nHost: h\r\n\r\n" % q.encode())
 
 
-def spill_setup(app: Blocking, then: tuple[tuple[str, str], ...] = (("c1", "c1"), ("c2", "c2"))):
-    """A two-thread loop where both threads are inside the app (requests
-    ?a and ?b), then `then` sent, (connection, query) in order (by default
-    ?c1 and ?c2 on two more connections): the first thread let go (a's)
-    takes them in one batch and, ?c1 blocking, spills the rest. Returns
-    (loop, table, sockets by name)."""
+def spill_setup(loop, addr, app: Blocking, socks: dict,
+                then: tuple[tuple[str, str], ...] = (("c1", "c1"), ("c2", "c2"))) -> None:
+    """On a two-thread loop serving app: both threads inside the app
+    (requests ?a and ?b), then `then` sent, (connection, query) in order
+    (by default ?c1 and ?c2 on two more connections): the first thread let
+    go (a's) takes them in one batch and, ?c1 blocking, spills the rest.
+    The connections go into socks, by name."""
+    assert loop.engine.dispatch
+    names = ["a", "b", *dict.fromkeys(n for n, _ in then if n not in ("a", "b"))]
+    socks.update({n: socket.create_connection(addr, timeout=10) for n in names})
+    assert wait_for(lambda: loop.engine.count == len(names)), "the connections in the engine"
+    ask(socks["a"], "a")
+    assert wait_for(app.entered["a"].is_set), "a inside the app"
+    ask(socks["b"], "b")
+    assert wait_for(app.entered["b"].is_set), "b inside the app"
+    assert app.thread["a"] != app.thread["b"]
+    # both threads busy: each report lands in both pollers' ready lists
+    for name, q in then:
+        ask(socks[name], q)
+    app.events["a"].set()
+    assert wait_for(app.entered["c1"].is_set), "c1 inside the app"
+    assert app.thread["c1"] == app.thread["a"]
+
+
+@pytest.fixture
+def spilled(serve_wsgi):
+    """start(then=...) -> (loop, app, sockets): spill_setup on a loop of
+    serve_wsgi's, the app let go and the sockets closed at the end."""
+    made = []
+
+    def start(**kw):
+        app = Blocking("a", "b", "c1")
+        loop, addr = serve_wsgi(app, threads=2)
+        socks: dict = {}
+        made.append((app, socks))
+        spill_setup(loop, addr, app, socks, **kw)
+        return loop, app, socks
+
+    yield start
+    for app, socks in made:
+        app.release()
+        for s in socks.values():
+            s.close()
+
+
+def test_a_spilled_report_is_served(spilled):
+    """The spilled ?c2 is answered while ?b still blocks its thread (by
+    the thread that spilled it, at its next turn: the only one free)."""
+    loop, app, socks = spilled()
+    app.events["c1"].set()
+    socks["c2"].settimeout(5)
+    got = socks["c2"].recv(1000)
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(f"c2 {app.thread['a']}".encode()), got
+    assert not app.events["b"].is_set()
+
+
+def _stopped_with_a_spilled_entry():
+    app = Blocking("a", "b", "c1")
     table = Table(2, 1)
     loop = Loop(table, make_handler(app, {"threads": 2}))
     srv = socket.create_server(("127.0.0.1", 0), backlog=64)
     addr = srv.getsockname()
     loop.add_listener(srv)
     loop.start()
-    assert loop.engine.dispatch
-    names = ["a", "b", *dict.fromkeys(n for n, _ in then if n not in ("a", "b"))]
-    socks = {n: socket.create_connection(addr, timeout=10) for n in names}
-    until(lambda: loop.engine.count == len(names), "the connections in the engine")
-    ask(socks["a"], "a")
-    until(app.entered["a"].is_set, "a inside the app")
-    ask(socks["b"], "b")
-    until(app.entered["b"].is_set, "b inside the app")
-    assert app.thread["a"] != app.thread["b"]
-    # both threads busy: each report lands in both pollers' ready lists
-    for name, q in then:
-        ask(socks[name], q)
-    app.events["a"].set()
-    until(app.entered["c1"].is_set, "c1 inside the app")
-    assert app.thread["c1"] == app.thread["a"]
-    return loop, table, socks
-
-
-def test_a_spilled_report_is_served():
-    """The spilled ?c2 is answered while ?b still blocks its thread (by
-    the thread that spilled it, at its next turn: the only one free)."""
-    app = Blocking("a", "b", "c1")
-    loop, table, socks = spill_setup(app)
+    socks: dict = {}
     try:
-        app.events["c1"].set()
-        socks["c2"].settimeout(5)
-        got = socks["c2"].recv(1000)
-        assert got.startswith(b"HTTP/1.1 200") and got.endswith(f"c2 {app.thread['a']}".encode()), got
-        assert not app.events["b"].is_set()
-    finally:
+        spill_setup(loop, addr, app, socks)
+    except BaseException:
         app.release()
-        for s in socks.values():
-            s.close()
         loop.stop()
         table.close()
-    assert not loop.errors, loop.errors
-
-
-def _stopped_with_a_spilled_entry():
-    app = Blocking("a", "b", "c1")
-    loop, table, socks = spill_setup(app)
+        raise
     stopper = threading.Thread(target=loop.stop)
     try:
         # the loop stops while ?c1 runs: its thread spills ?c2 when the
         # app returns, then sees the stop and ends before any next turn
         stopper.start()
-        until(loop._stop.is_set, "the stop")
+        assert wait_for(loop._stop.is_set), "the stop"
     finally:
         app.release()
         stopper.join(20)
@@ -149,15 +162,14 @@ def test_an_entry_queued_at_the_stop_does_not_keep_the_engine():
     assert ref() is None, "the stopped loop is still alive"
 
 
-def test_a_report_spilled_while_its_connection_is_inside_keeps_the_order():
+def test_a_report_spilled_while_its_connection_is_inside_keeps_the_order(spilled):
     """?b2 is pipelined on b while b's thread is inside the app for ?b;
     its report, in the other thread's batch behind the blocking ?c1, is
     spilled and run from the queue while b is still inside: it is only
     recorded there, and b's thread answers ?b2 after ?b, on the wire in
     that order."""
-    app = Blocking("a", "b", "c1")
     turns: collections.Counter = collections.Counter()
-    loop, table, socks = spill_setup(app, (("c1", "c1"), ("b", "b2")))
+    loop, app, socks = spilled(then=(("c1", "c1"), ("b", "b2")))
     real_resume = loop._resume_accepting
 
     def resume(th):
@@ -165,36 +177,28 @@ def test_a_report_spilled_while_its_connection_is_inside_keeps_the_order():
         return real_resume(th)
 
     loop._resume_accepting = resume
-    try:
-        spiller = next(th.tid for th in loop.loop_threads
-                       if app.thread["a"] == f"sockherd-{th.tid}")
-        app.events["c1"].set()
-        socks["c1"].settimeout(5)
-        assert socks["c1"].recv(1000).endswith(f"c1 {app.thread['a']}".encode())
-        # a whole turn of the spiller begun after the one that answered
-        # ?c1 and spilled (the queue runs first thing in a turn); woken,
-        # as it sleeps once the queue is run
-        seen = turns[spiller]
+    spiller = next(th.tid for th in loop.loop_threads
+                   if app.thread["a"] == f"sockherd-{th.tid}")
+    app.events["c1"].set()
+    socks["c1"].settimeout(5)
+    assert socks["c1"].recv(1000).endswith(f"c1 {app.thread['a']}".encode())
+    # a whole turn of the spiller begun after the one that answered
+    # ?c1 and spilled (the queue runs first thing in a turn); woken,
+    # as it sleeps once the queue is run
+    seen = turns[spiller]
 
-        def turned() -> bool:
-            loop.table.wake(spiller)
-            return turns[spiller] >= seen + 2
+    def turned() -> bool:
+        loop.table.wake(spiller)
+        return turns[spiller] >= seen + 2
 
-        until(turned, "a whole turn of the spiller")
-        assert not app.events["b"].is_set()
-        app.events["b"].set()
-        socks["b"].settimeout(5)
-        out = b""
-        while out.count(b"HTTP/1.1 200") < 2 or not out.endswith(app.thread["b"].encode()):
-            chunk = socks["b"].recv(65536)
-            assert chunk, out
-            out += chunk
-        bodies = [part.split(b"\r\n\r\n", 1)[1] for part in out.split(b"HTTP/1.1 ")[1:]]
-        assert bodies == [f"b {app.thread['b']}".encode(), f"b2 {app.thread['b']}".encode()]
-    finally:
-        app.release()
-        for s in socks.values():
-            s.close()
-        loop.stop()
-        table.close()
-    assert not loop.errors, loop.errors
+    assert wait_for(turned), "a whole turn of the spiller"
+    assert not app.events["b"].is_set()
+    app.events["b"].set()
+    socks["b"].settimeout(5)
+    out = b""
+    while out.count(b"HTTP/1.1 200") < 2 or not out.endswith(app.thread["b"].encode()):
+        chunk = socks["b"].recv(65536)
+        assert chunk, out
+        out += chunk
+    bodies = [part.split(b"\r\n\r\n", 1)[1] for part in out.split(b"HTTP/1.1 ")[1:]]
+    assert bodies == [f"b {app.thread['b']}".encode(), f"b2 {app.thread['b']}".encode()]
