@@ -393,6 +393,13 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 			close(fd);
 			return first < 0 ? -1 : 0;
 		}
+		/* what that read brought is this thread's to serve first
+		 * (serve_first): a sibling that a report of the same socket
+		 * wakes meanwhile (the end of input after it, more bytes) only
+		 * records it, else it read the EOF and closed the connection
+		 * with the first request unserved (a fuzz run's dropped request) */
+		if (first)
+			c->inside = pos;
 		if (s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask) < 0) {
 			c->closed = 1;
 			Py_DECREF(c);
@@ -437,7 +444,10 @@ static int serve_first(Server *s, struct srv_thread *t, int pos, int fd)
 	HttpConn *c = fd < s->maxfd ? s->conns[fd] : NULL;
 	uint32_t gen;
 
-	if (!c || c->closed || s->api.enter(t->th, fd, &gen) != FDC_DONE)
+	if (!c || c->inside != pos)
+		return 0;
+	c->inside = -1;                 /* held since take_fd: dispatch_run's now */
+	if (c->closed || s->api.enter(t->th, fd, &gen) != FDC_DONE)
 		return 0;
 	Py_INCREF(c);
 	if (dispatch_run(c, pos, EV_FIRST, -1) < 0)
