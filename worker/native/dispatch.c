@@ -140,8 +140,9 @@ void dispatch_wake_idle(Server *s, int pos)
 /* Runs the queued reports of pos's group, oldest first, until it has
  * run for SPILL_AFTER itself (then the rest waits for the next idle
  * thread, woken here). Errors are contained per connection. */
-void dispatch_run_spilled(Server *s, int pos)
+int dispatch_run_spilled(Server *s, int pos)
 {
+	int ran = 0;
 	struct srv_thread *t = &s->thr[pos];
 	double start = 0;
 	int i = 0;
@@ -163,14 +164,20 @@ void dispatch_run_spilled(Server *s, int pos)
 		q.c->queued = 0;
 		memmove(&s->runq[i], &s->runq[i + 1], sizeof(q) * (size_t)(s->rq_len - i - 1));
 		s->rq_len--;
+		/* more of the group's work waits behind this one: a sibling asleep
+		 * starts on it now, not once this entry has run (which may block) */
+		if (i < s->rq_len && dispatch_has_spilled(s, pos))
+			dispatch_wake_idle(s, pos);
 		if (!q.c->closed && s->conns[q.c->fd] == q.c &&
 		    s->api.enter(t->th, q.c->fd, &gen) == FDC_DONE) {
 			if (!q.c->closed && dispatch_run(q.c, pos, q.events, -1) < 0)
 				contain(q.c);              /* as in a turn */
 			s->api.leave(t->th, q.c->fd, gen);
+			ran++;
 		}
 		Py_DECREF(q.c);
 	}
+	return ran;
 }
 
 void dispatch_free_spilled(Server *s)

@@ -268,7 +268,7 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
 #define SPILL_AFTER 0.002
 int dispatch_spill(Server *s, HttpConn *c, uint32_t events);
 void dispatch_wake_idle(Server *s, int pos);
-void dispatch_run_spilled(Server *s, int pos);
+int dispatch_run_spilled(Server *s, int pos);
 int dispatch_has_spilled(const Server *s, int pos);
 void dispatch_free_spilled(Server *s);
 /* Appends to the output; flushes what the kernel takes when `now`. */
