@@ -7,8 +7,9 @@ inside the app, so the requests sent then reach every poller of the group
 the first thread let go takes them in one batch.
 
 Review finding (issue 21 review, dispatch_spill / hconn_close_now): a
-queued entry held its connection until a loop thread ran it; one queued
-when the loop stopped was never run, and as a connection references its
+queued entry held its connection until a loop thread ran it; one still
+queued when the loop stopped (each run of the queue ends once it ran past
+SPILL_AFTER) was never run, and as a connection references its
 engine (and the engine its loop and app) while the engine's queue
 references the connection through an object the garbage collector does not
 track, the whole engine was never freed."""
@@ -119,7 +120,7 @@ def test_a_spilled_report_is_served(spilled):
 
 
 def _stopped_with_a_spilled_entry():
-    app = Blocking("a", "b", "c1")
+    app = Blocking("a", "b", "c1", "c2", "c3")
     table = Table(2, 1)
     loop = Loop(table, make_handler(app, {"threads": 2}))
     srv = socket.create_server(("127.0.0.1", 0), backlog=64)
@@ -128,7 +129,8 @@ def _stopped_with_a_spilled_entry():
     loop.start()
     socks: dict = {}
     try:
-        spill_setup(loop, addr, app, socks)
+        spill_setup(loop, addr, app, socks,
+                    then=(("c1", "c1"), ("c2", "c2"), ("c3", "c3"), ("c4", "c4")))
     except BaseException:
         app.release()
         loop.stop()
@@ -136,17 +138,23 @@ def _stopped_with_a_spilled_entry():
         raise
     stopper = threading.Thread(target=loop.stop)
     try:
-        # the loop stops while ?c1 runs: its thread spills ?c2 when the
-        # app returns, then sees the stop and ends before any next turn
+        # the loop stops while ?c1 runs: its thread spills the rest and
+        # runs ?c2 from the queue; the other one, let go, runs ?c3 from it;
+        # each blocks past SPILL_AFTER, so each run stops there, ?c4 stays
+        # queued, and both threads see the stop and end
         stopper.start()
         assert wait_for(loop._stop.is_set), "the stop"
+        app.events["c1"].set()
+        assert wait_for(app.entered["c2"].is_set), "c2 run from the queue"
+        app.events["b"].set()
+        assert wait_for(app.entered["c3"].is_set), "c3 run from the queue"
     finally:
         app.release()
         stopper.join(20)
         for s in socks.values():
             s.close()
     assert not stopper.is_alive()
-    assert "c2" not in app.thread, "c2 was served: nothing was left queued"
+    assert "c4" not in app.thread, "c4 was served: nothing was left queued"
     table.close()
     assert not loop.errors, loop.errors
     assert loop.engine.count == 0
@@ -154,7 +162,7 @@ def _stopped_with_a_spilled_entry():
 
 
 def test_an_entry_queued_at_the_stop_does_not_keep_the_engine():
-    """Stopped with ?c2 still queued: once the loop is dropped, its engine,
+    """Stopped with ?c4 still queued: once the loop is dropped, its engine,
     loop and app are freed (before the fix the queue's reference to the
     closed connection kept them all)."""
     ref = _stopped_with_a_spilled_entry()

@@ -203,10 +203,10 @@ int dispatch_run_spilled(Server *s, int pos)
 
 /* c closes: its entry, if queued, leaves the queue now. A closed
  * connection's report is never run, and the entry's reference must not
- * outlive the connection: a loop stopping between the spill and the next
- * turn left it queued for good, and the engine with it (c references its
- * engine from an object the garbage collector does not track). The
- * GIL's; the caller holds a reference to c of its own. */
+ * outlive the connection: a loop that stopped with entries still queued
+ * (each run ends past SPILL_AFTER) left them for good, and the engine with
+ * them (c references its engine from an object the garbage collector does
+ * not track). The GIL's; the caller holds a reference to c of its own. */
 void dispatch_unqueue(Server *s, HttpConn *c)
 {
 	if (!c->queued)

@@ -836,16 +836,8 @@ int hconn_serve_first(HttpConn *c)
 int hconn_on_events(HttpConn *c, uint32_t events)
 {
 	c->last_active = mono_now();
-	if (events & EV_FIRST) {
-		/* replayed (dispatch.c) it may come with a read report another
-		 * thread recorded: that one's bytes no later report announces
-		 * (edge-triggered), so it is handled too, after */
-		if (hconn_serve_first(c) < 0)
-			return -1;
-		events &= ~EV_FIRST;
-		if (!events || c->closed)
-			return 0;
-	}
+	if (events & EV_FIRST)
+		return hconn_serve_first(c);
 	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
 		fail(c);
 		return 0;
