@@ -33,7 +33,7 @@
  */
 #include <string.h>
 
-#include "http.h"
+#include "engine.h"
 
 /* c's handler thread is pos from now (the GIL's: c is not inside another). */
 static void own(HttpConn *c, int pos)
