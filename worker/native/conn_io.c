@@ -29,7 +29,6 @@ int srv_current(Server *s)
 	return tls_srv == s ? tls_pos : -1;
 }
 
-
 /* The calling OS thread acts as loop thread pos of s from now on (s
  * NULL: none): Server.bind, and the turn's and accept's own binding. */
 void srv_bind(Server *s, int pos)
