@@ -26,7 +26,10 @@ setup(
         # llhttp.c holds two parsers and compiles the loose one unless told
         # (it skips any two bytes after chunk data: request smuggling; review)
         define_macros=[("LLHTTP_STRICT_MODE", "1")],
-        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+        # hidden: the layers' functions are called across files, but are
+        # the extension's own (no PLT call, no symbol of another library
+        # taking their place); PyInit__http is exported by PyMODINIT_FUNC
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-fvisibility=hidden"],
     ), Extension(
         # the ipc layer's nesting bound, walked in C (ipc/nesting.py)
         "sockherd.ipc._depth",

@@ -40,6 +40,7 @@ LLHTTP = Path("/usr/share/llhttp")
 def test_parser_suite_under_asan_and_ubsan(tmp_path):
     so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
     flags = ["-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+             "-fvisibility=hidden",
              "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
     # every file of the extension, as setup.py builds it
     sources = [*sorted(NATIVE.glob("*.c")),

@@ -49,8 +49,6 @@ PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw);
  * end: a Content-Length), so a first chunk waits for finish(); `now`,
  * `wait`: as h1_send_body's. */
 int write_chunk(Respond *r, PyObject *data, int now, int hold, int wait);
-/* The head (with a held first chunk) if it did not go out yet. */
-int flush_first(Respond *r, long long known, int wait);
 /* The body's end: the head if still held, the codec's end of the body. */
 int finish(Respond *r, int wait);
 
@@ -71,8 +69,6 @@ int respond_resume(HttpConn *c);
 /* The connection closed under a parked response: its iterable's close(),
  * the access log, the counts (once). Takes the reference. */
 void respond_abandon(Respond *r);
-/* The end of a response: see wsgi_app.c. */
-int respond_end(HttpConn *c, Respond *r, int rc);
 /* struct h1_app's request and serve (see h1.h) */
 PyObject *wsgi_request(HttpConn *c);
 int wsgi_serve(HttpConn *c, PyObject *env, int whole);

@@ -159,7 +159,7 @@ static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, 
  * iterable (once: PEP 3333), the access log, the counts. rc < 0: with the
  * error set. Takes r's reference; returns whether the connection may
  * serve on (as respond()). */
-int respond_end(HttpConn *c, Respond *r, int rc)
+static int respond_end(HttpConn *c, Respond *r, int rc)
 {
 	Server *s = c->srv;
 	PyObject *env = r->env, *result = r->result;     /* ours from here */

@@ -23,7 +23,7 @@
 
 /* ---- the head and the body's blocks ------------------------------------------------------ */
 
-int flush_first(Respond *r, long long known, int wait)
+static int flush_first(Respond *r, long long known, int wait)
 {
 	PyObject *first = r->first;
 	int rc;
