@@ -30,6 +30,9 @@
  * context is the one an app thread of the request uses, and the one whose
  * drain step closes the connection once idle. Timers stay in the list they
  * were armed in; whichever thread fires one handles it as an event.
+ *
+ * In the connection layer, under engine.c. May call: conn_io.c (the
+ * connection's handlers, contain), conn_timers.c, fdcore.
  */
 #include <string.h>
 
