@@ -363,7 +363,7 @@ int h1_readable(HttpConn *c)
 			return -1;
 		if (n == -2) {
 			c->peer_eof = 1;
-			hconn_close_soft(c);                 /* EOF: what is owed goes out first */
+			hconn_close_soft(c);           /* EOF: what is owed goes out first */
 			return 0;
 		}
 		if (n == 0 || serve_read(c) < 0)
@@ -397,6 +397,9 @@ int h1_serve_first(HttpConn *c)
 	return serve_read(c);
 }
 
+/* A timer of the protocol's kinds is due (conn_io.c took the send and
+ * linger ones): a body that did not come in time, a head that did not,
+ * or an idle keep-alive connection. */
 int h1_timeout(HttpConn *c, int kind)
 {
 	if (kind == TIMER_BODY && c->held) {
@@ -407,7 +410,7 @@ int h1_timeout(HttpConn *c, int kind)
 	if (parser_head_started(c->parser))
 		hconn_refuse(c, 408, "the request head did not arrive in time");
 	else
-		hconn_close_soft(c);                         /* idle keep-alive: nothing to say */
+		hconn_close_soft(c);                   /* idle keep-alive: nothing to say */
 	return 0;
 }
 
