@@ -1,3 +1,4 @@
+import glob
 import os
 import shutil
 
@@ -15,19 +16,20 @@ setup(
     cffi_modules=["fdcore/_build.py:ffibuilder"],
     ext_modules=[Extension(
         "sockherd.worker._http",
-        sources=["worker/native/httpmodule.c", "worker/native/httpparse.c",
-                 "worker/native/httpscan.c", "worker/native/respond.c", "worker/native/hconn.c",
-                 "worker/native/engine.c", "worker/native/dispatch.c",
-                 f"{COPY}/api.c", f"{COPY}/http.c", f"{COPY}/llhttp.c"],
+        # every file of worker/native (its layers: worker/native/conn.h)
+        sources=sorted(glob.glob("worker/native/*.c")) +
+                [f"{COPY}/api.c", f"{COPY}/http.c", f"{COPY}/llhttp.c"],
         # fdcore's headers for its types: its functions are reached through
-        # the addresses the cffi module hands over (worker/native/http.h)
+        # the addresses the cffi module hands over (worker/native/conn.h)
         include_dirs=["worker/native", "fdcore", "/usr/share/include/llhttp"],
-        depends=["worker/native/httpparse.h", "worker/native/httpscan.h", "worker/native/http.h",
-                 "fdcore/fd.h", "fdcore/fd-t.h"],
+        depends=sorted(glob.glob("worker/native/*.h")) + ["fdcore/fd.h", "fdcore/fd-t.h"],
         # llhttp.c holds two parsers and compiles the loose one unless told
         # (it skips any two bytes after chunk data: request smuggling; review)
         define_macros=[("LLHTTP_STRICT_MODE", "1")],
-        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+        # hidden: the layers' functions are called across files, but are
+        # the extension's own (no PLT call, no symbol of another library
+        # taking their place); PyInit__http is exported by PyMODINIT_FUNC
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-fvisibility=hidden"],
     ), Extension(
         # the ipc layer's nesting bound, walked in C (ipc/nesting.py)
         "sockherd.ipc._depth",

@@ -108,7 +108,7 @@ class Loop:
         self.idle_grace = 1.0
         self.errors: list[BaseException] = []
         # loop threads that ended (positions), by a bug of ours or a kill:
-        # what the app raises never ends one (worker/native/respond.c). The
+        # what the app raises never ends one (worker/native/wsgi_app.c). The
         # worker's main thread watches failed_fd: it drains and exits, so
         # the master replaces the worker (bootstrap.py); `errors` says why
         self.ended: set[int] = set()

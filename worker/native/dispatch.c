@@ -50,10 +50,13 @@
  *     in its poll, so idle threads start on the queue at once, not one
  *     per app call; a thread never sleeps while its group has queued work.
  * A CPU-bound batch ends before SPILL_AFTER, so that path queues nothing.
+ *
+ * In the connection layer, under engine.c. May call: conn_io.c (the
+ * connection's handlers, contain), conn_timers.c, fdcore.
  */
 #include <string.h>
 
-#include "http.h"
+#include "engine.h"
 
 /* c's handler thread is pos from now (the GIL's: c is not inside another). */
 static void own(HttpConn *c, int pos)
@@ -199,27 +202,6 @@ int dispatch_run_spilled(Server *s, int pos)
 		Py_DECREF(q.c);
 	}
 	return ran;
-}
-
-/* c closes: its entry, if queued, leaves the queue now. A closed
- * connection's report is never run, and the entry's reference must not
- * outlive the connection: a loop that stopped with entries still queued
- * (each run ends past SPILL_AFTER) left them for good, and the engine with
- * them (c references its engine from an object the garbage collector does
- * not track). The GIL's; the caller holds a reference to c of its own. */
-void dispatch_unqueue(Server *s, HttpConn *c)
-{
-	if (!c->queued)
-		return;
-	for (int i = 0; i < s->rq_len; i++) {
-		if (s->runq[i].c != c)
-			continue;
-		memmove(&s->runq[i], &s->runq[i + 1], sizeof(*s->runq) * (size_t)(s->rq_len - i - 1));
-		s->rq_len--;
-		break;
-	}
-	c->queued = 0;
-	Py_DECREF(c);
 }
 
 void dispatch_free_spilled(Server *s)

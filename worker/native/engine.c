@@ -1,11 +1,12 @@
-/* The native engine of the wsgi interface: one Server per worker, whose
- * turn() is one loop turn of one loop thread, in one C call:
+/* The native engine: one Server per worker (its Python type: server.c),
+ * whose turn() is one loop turn of one loop thread, in one C call:
  *
  *   update pass + epoll_wait (fdcore's fdc_poll; the GIL is released only
  *   when the wait may block: a first call with timeout 0 under the GIL,
  *   a second, blocking one without it only if the first found nothing)
- *   -> each connection's report handled here (hconn.c: read, parse,
- *   environ, the app, framing, write), each fd left after its handler
+ *   -> each connection's report handled here (conn_io.c, and through its
+ *   table the codec and the adapter: read, parse, environ, the app,
+ *   framing, write), each fd left after its handler
  *   -> the connection timers that are due.
  *
  * Reports that are not a connection's (listeners) go back to the Python
@@ -13,130 +14,23 @@
  * Server.accept, which takes and registers a batch in one call), the gate,
  * the drain, the relief. fdcore is the cffi module's, called through the
  * function pointers the table hands over (struct fdc_api): one
- * implementation, without cffi's GIL release around each call.
+ * implementation, without cffi's GIL release around each call. The
+ * timers' lists are conn_timers.c's; the due ones are fired here.
  *
- * Timers: the header timeout, the keep-alive timeout and the lingering
- * close (hconn.c), each one fixed duration, so a FIFO list per loop thread and kind is sorted by deadline
- * by construction (arm = append): arming, cancelling and finding the next
- * deadline are O(1). Only a takeover inserts out of order (into the new
- * owner's list, walking from the tail). The lists are the GIL's: every
- * change happens in C with the GIL held, with no Python call between.
+ * The top of the connection layer. May call: dispatch.c, conn_type.c,
+ * conn_io.c, conn_timers.c, fdcore; above only through struct conn_ops
+ * (read_first: a shared connection's first read).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "http.h"
+#include "engine.h"
 
-static _Thread_local Server *tls_srv;
-static _Thread_local int tls_pos = -1;
-
-int srv_current(Server *s)
-{
-	return tls_srv == s ? tls_pos : -1;
-}
-
-double mono_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- containment ------------------------------------------------------------------------------- */
-
-/* An error out of a connection's handler (an event's or a timer's) that
- * is not the app's (those are answered in respond.c): ours, or no memory.
- * Logged, and that connection closes; the loop thread serves on: a loop
- * thread never ends while its worker serves (DESIGN §5, issue 18 §1). */
-void contain(HttpConn *c)
-{
-	report_exc(c->srv, NULL, "a connection's handler");
-	if (!c->closed && hconn_close_now(c) < 0)
-		report_exc(c->srv, NULL, "closing a failed connection");
-}
-
-/* ---- timers ------------------------------------------------------------------------------------ */
-
-static struct timer_list *list_of(HttpConn *c)
-{
-	return &c->srv->thr[c->tpos].timers[c->tkind];
-}
-
-void timer_cancel(HttpConn *c)
-{
-	struct timer_list *l;
-
-	if (c->tkind < 0)
-		return;
-	l = list_of(c);
-	if (c->tprev)
-		c->tprev->tnext = c->tnext;
-	else
-		l->head = c->tnext;
-	if (c->tnext)
-		c->tnext->tprev = c->tprev;
-	else
-		l->tail = c->tprev;
-	c->tprev = c->tnext = NULL;
-	c->tkind = -1;
-}
-
-/* kind >= 0: a new deadline from now. kind -1: c->tkind and c->due are
- * set already (a takeover): into the owner's list at its place. */
-void timer_arm(HttpConn *c, int kind)
-{
-	Server *s = c->srv;
-	struct timer_list *l;
-	HttpConn *after;
-
-	if (kind >= 0) {
-		double dur = kind == TIMER_HEADER ? s->header_timeout
-		             : kind == TIMER_KEEPALIVE ? s->keepalive_timeout
-		             : kind == TIMER_LINGER ? LINGER_SECONDS : s->body_timeout;
-
-		timer_cancel(c);
-		if (dur <= 0)
-			return;                          /* 0: no timeout of that kind */
-		c->tkind = kind;
-		c->due = mono_now() + dur;
-	}
-	c->tpos = c->pos;
-	l = list_of(c);
-	after = l->tail;
-	while (after && after->due > c->due)
-		after = after->tprev;
-	c->tprev = after;
-	c->tnext = after ? after->tnext : l->head;
-	if (c->tnext)
-		c->tnext->tprev = c;
-	else
-		l->tail = c;
-	if (after)
-		after->tnext = c;
-	else
-		l->head = c;
-}
-
-/* ms until the thread's next deadline, or -1 */
-static int timers_timeout(struct srv_thread *t, double now)
-{
-	double next = -1;
-
-	for (int k = 0; k < TIMER_KINDS; k++) {
-		HttpConn *h = t->timers[k].head;
-		if (h && (next < 0 || h->due < next))
-			next = h->due;
-	}
-	if (next < 0)
-		return -1;
-	return next <= now ? 0 : (int)((next - now) * 1000) + 1;
-}
+/* ---- timers: the due ones fired --------------------------------------------------------------- */
 
 static int fire_timers(Server *s, int pos)
 {
@@ -220,8 +114,7 @@ static struct srv_thread *as_thread(Server *s, int pos)
 		PyErr_SetString(PyExc_IndexError, "no such loop thread");
 		return NULL;
 	}
-	tls_srv = s;
-	tls_pos = pos;
+	srv_bind(s, pos);
 	return &s->thr[pos];
 }
 
@@ -392,7 +285,7 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 			close(fd);
 			return -1;
 		}
-		first = hconn_read_first(c);
+		first = s->ops->read_first(c);
 		if (first < 0 || c->closed) {
 			c->closed = 1;
 			Py_DECREF(c);
@@ -562,228 +455,8 @@ static PyObject *Server_bind(Server *s, PyObject *arg)
 		PyErr_SetString(PyExc_IndexError, "no such loop thread");
 		return NULL;
 	}
-	tls_srv = pos < 0 ? NULL : s;
-	tls_pos = pos < 0 ? -1 : (int)pos;
+	srv_bind(pos < 0 ? NULL : s, pos < 0 ? -1 : (int)pos);
 	Py_RETURN_NONE;
-}
-
-/* ---- construction ---------------------------------------------------------------------------------- */
-
-static int api_fn(PyObject *api, const char *name, void **out)
-{
-	PyObject *v = PyDict_GetItemString(api, name);       /* borrowed */
-	unsigned long long addr;
-
-	if (!v) {
-		PyErr_Format(PyExc_KeyError, "fdcore function %s missing", name);
-		return -1;
-	}
-	addr = PyLong_AsUnsignedLongLong(v);
-	if (PyErr_Occurred())
-		return -1;
-	*out = (void *)(uintptr_t)addr;
-	return 0;
-}
-
-static int Server_init(Server *s, PyObject *args, PyObject *kw)
-{
-	static char *names[] = {"loop", "api", "threads", "maxfd", "kind_conn", "app", "base", "slow",
-	                        "access", "report", "sendfile", "file_wrapper", "bytes_io", "no_body",
-	                        "event_type", "busy", "enter_app", "limits", "script_name",
-	                        "server_line", "header_timeout", "keepalive_timeout",
-	                        "body_timeout", "body_buffer", "min_body_rate", NULL};
-	PyObject *loop, *api, *threads, *app, *base, *slow, *access, *report, *sendfile, *fw, *bio, *nob;
-	PyObject *evt, *busy, *enter_app, *script_name, *server_line, *seq;
-	unsigned int line, field_size, nheaders;
-	unsigned long long body;
-	int maxfd;
-	unsigned int kind;
-	double ht, kt, bt, rate;
-	Py_ssize_t bbuf;
-
-	if (s->thr) {
-		PyErr_SetString(PyExc_RuntimeError, "Server is set up once");
-		return -1;
-	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!dddnd", names, &loop,
-	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
-	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
-	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &field_size, &nheaders,
-	                                 &body, &script_name, &PyBytes_Type, &server_line, &ht, &kt,
-	                                 &bt, &bbuf, &rate))
-		return -1;
-	if (bbuf < 0 || rate < 0) {
-		PyErr_SetString(PyExc_ValueError, "body_buffer and min_body_rate must not be negative");
-		return -1;
-	}
-	if (maxfd <= 0 || !line || !field_size || !nheaders) {
-		PyErr_SetString(PyExc_ValueError, "maxfd and the limits must be positive");
-		return -1;
-	}
-	if (api_fn(api, "fdc_poll", (void **)&s->api.poll) < 0 ||
-	    api_fn(api, "fdc_enter", (void **)&s->api.enter) < 0 ||
-	    api_fn(api, "fdc_leave", (void **)&s->api.leave) < 0 ||
-	    api_fn(api, "fdc_leave_batch", (void **)&s->api.leave_batch) < 0 ||
-	    api_fn(api, "fdc_delete", (void **)&s->api.delete) < 0 ||
-	    api_fn(api, "fdc_want_recv", (void **)&s->api.want_recv) < 0 ||
-	    api_fn(api, "fdc_stop_recv", (void **)&s->api.stop_recv) < 0 ||
-	    api_fn(api, "fdc_want_send", (void **)&s->api.want_send) < 0 ||
-	    api_fn(api, "fdc_stop_send", (void **)&s->api.stop_send) < 0 ||
-	    api_fn(api, "fdc_cant_recv", (void **)&s->api.cant_recv) < 0 ||
-	    api_fn(api, "fdc_insert", (void **)&s->api.insert) < 0 ||
-	    api_fn(api, "fdc_accept", (void **)&s->api.accept) < 0 ||
-	    api_fn(api, "fdc_counters", (void **)&s->api.counters) < 0 ||
-	    api_fn(api, "fdc_insert_shared", (void **)&s->api.insert_shared) < 0 ||
-	    api_fn(api, "fdc_wake", (void **)&s->api.wake) < 0 ||
-	    api_fn(api, "table", (void **)&s->table) < 0)
-		return -1;
-	seq = PySequence_Fast(threads, "threads: a list of (Thread, address, tgid, bit)");
-	if (!seq)
-		return -1;
-	s->nthreads = (int)PySequence_Fast_GET_SIZE(seq);
-	s->thr = PyMem_Calloc((size_t)(s->nthreads ? s->nthreads : 1), sizeof(*s->thr));
-	s->conns = PyMem_Calloc((size_t)maxfd, sizeof(*s->conns));
-	if (!s->thr || !s->conns) {
-		Py_DECREF(seq);
-		PyErr_NoMemory();
-		return -1;
-	}
-	for (int i = 0; i < s->nthreads; i++) {
-		PyObject *obj;
-		unsigned long long addr, bit;
-		int tgid;
-
-		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "OKiK", &obj, &addr, &tgid, &bit)) {
-			Py_DECREF(seq);
-			return -1;
-		}
-		s->thr[i].th = (struct fdc_thread *)(uintptr_t)addr;
-		{
-			PyObject *tid = PyObject_GetAttrString(obj, "tid");
-
-			s->thr[i].tid = tid ? (int)PyLong_AsLong(tid) : -1;
-			Py_XDECREF(tid);
-			if (PyErr_Occurred()) {
-				Py_DECREF(seq);
-				return -1;
-			}
-		}
-		s->thr[i].obj = Py_NewRef(obj);
-		s->thr[i].tgid = tgid;
-		s->thr[i].bit = bit;
-	}
-	Py_DECREF(seq);
-	s->maxfd = maxfd;
-	s->kind_conn = kind;
-	s->next_cookie = 1ull << 40;        /* apart from the Python loop's listener cookies */
-	s->loop = Py_NewRef(loop);
-	s->conns_dict = PyObject_GetAttrString(loop, "conns");
-	s->forget = PyObject_GetAttrString(loop, "forget");
-	s->post = PyObject_GetAttrString(loop, "post");
-	if (!s->conns_dict || !s->forget || !s->post)
-		return -1;
-	if (!PyDict_Check(s->conns_dict)) {
-		PyErr_SetString(PyExc_TypeError, "loop.conns must be a dict");
-		return -1;
-	}
-	s->app = Py_NewRef(app);
-	s->base = Py_NewRef(base);
-	s->slow = Py_NewRef(slow);
-	s->access = Py_NewRef(access);
-	s->report = Py_NewRef(report);
-	s->sendfile = Py_NewRef(sendfile);
-	s->file_wrapper = Py_NewRef(fw);
-	s->bytes_io = Py_NewRef(bio);
-	s->no_body = Py_NewRef(nob);
-	s->event_type = Py_NewRef(evt);
-	s->busy = Py_NewRef(busy);
-	s->enter_app = Py_NewRef(enter_app);
-	s->lim.line = line;
-	s->lim.field_size = field_size;
-	s->lim.fields = nheaders;
-	s->lim.body = body;
-	s->script_name = Py_NewRef(script_name);
-	s->server_line = Py_NewRef(server_line);
-	s->header_timeout = ht;
-	s->keepalive_timeout = kt;
-	s->body_timeout = bt;
-	s->body_buffer = (size_t)bbuf;
-	s->min_body_rate = rate;
-	if (busy != Py_None && (!PyList_Check(busy) || PyList_GET_SIZE(busy) < s->nthreads)) {
-		PyErr_SetString(PyExc_TypeError, "busy: None or a list, one float per loop thread");
-		return -1;
-	}
-	return 0;
-}
-
-static int Server_traverse(Server *s, visitproc visit, void *arg)
-{
-	for (int i = 0; s->thr && i < s->nthreads; i++)
-		Py_VISIT(s->thr[i].obj);
-	Py_VISIT(s->file_wrapper);
-	Py_VISIT(s->bytes_io);
-	Py_VISIT(s->no_body);
-	Py_VISIT(s->event_type);
-	Py_VISIT(s->loop);
-	Py_VISIT(s->conns_dict);
-	Py_VISIT(s->forget);
-	Py_VISIT(s->post);
-	Py_VISIT(s->app);
-	Py_VISIT(s->base);
-	Py_VISIT(s->slow);
-	Py_VISIT(s->access);
-	Py_VISIT(s->report);
-	Py_VISIT(s->sendfile);
-	Py_VISIT(s->enter_app);
-	Py_VISIT(s->busy);
-	Py_VISIT(s->on_retire);
-	Py_VISIT(s->on_refusal);
-	for (int i = 0; i < s->rq_len; i++)
-		Py_VISIT(s->runq[i].c);
-	return 0;
-}
-
-static int Server_clear(Server *s)
-{
-	Py_CLEAR(s->loop);
-	Py_CLEAR(s->conns_dict);
-	Py_CLEAR(s->forget);
-	Py_CLEAR(s->post);
-	Py_CLEAR(s->app);
-	Py_CLEAR(s->base);
-	Py_CLEAR(s->slow);
-	Py_CLEAR(s->access);
-	Py_CLEAR(s->report);
-	Py_CLEAR(s->sendfile);
-	Py_CLEAR(s->enter_app);
-	Py_CLEAR(s->busy);
-	Py_CLEAR(s->on_retire);
-	Py_CLEAR(s->on_refusal);
-	dispatch_free_spilled(s);
-	return 0;
-}
-
-static void Server_dealloc(Server *s)
-{
-	PyObject_GC_UnTrack(s);
-	Server_clear(s);
-	if (s->conns) {
-		for (int fd = 0; fd < s->maxfd; fd++)
-			Py_XDECREF(s->conns[fd]);
-		PyMem_Free(s->conns);
-	}
-	if (s->thr) {
-		for (int i = 0; i < s->nthreads; i++)
-			Py_XDECREF(s->thr[i].obj);
-		PyMem_Free(s->thr);
-	}
-	Py_XDECREF(s->file_wrapper);
-	Py_XDECREF(s->bytes_io);
-	Py_XDECREF(s->no_body);
-	Py_XDECREF(s->event_type);
-	Py_XDECREF(s->script_name);
-	Py_XDECREF(s->server_line);
-	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
 static PyObject *Server_retire_after(Server *s, PyObject *args)
@@ -804,7 +477,8 @@ static PyObject *Server_log_refusals(Server *s, PyObject *fn)
 	Py_RETURN_NONE;
 }
 
-static PyMethodDef Server_methods[] = {
+/* the Server type's methods (server.c holds the rest of the type) */
+PyMethodDef server_methods[] = {
 	{"turn", (PyCFunction)Server_turn, METH_VARARGS, turn_doc},
 	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
 	{"take", (PyCFunction)Server_take, METH_VARARGS, take_doc},
@@ -817,117 +491,4 @@ static PyMethodDef Server_methods[] = {
 	 "log_refusals(fn): fn(peer, status, reason, count) for a refused request, at most once a "
 	 "second; count: the refusals since the last call, this one included (None: no log)."},
 	{NULL},
-};
-
-static PyObject *get_draining(Server *s, void *c)
-{
-	(void)c;
-	return PyBool_FromLong(s->draining);
-}
-
-static int set_draining(Server *s, PyObject *v, void *c)
-{
-	int t = v ? PyObject_IsTrue(v) : -1;
-
-	(void)c;
-	if (t < 0)
-		return -1;
-	s->draining = t;
-	return 0;
-}
-
-static PyObject *get_dispatch(Server *s, void *c)
-{
-	(void)c;
-	return PyBool_FromLong(s->dispatch);
-}
-
-/* Set before the first connection: each is then shared by the loop
- * threads of its group (dispatch.c). */
-static int set_dispatch(Server *s, PyObject *v, void *c)
-{
-	int on = v ? PyObject_IsTrue(v) : -1;
-
-	(void)c;
-	if (on < 0)
-		return -1;
-	if (s->count) {
-		PyErr_SetString(PyExc_RuntimeError, "dispatch is set before the first connection");
-		return -1;
-	}
-	for (int i = 0; i < s->nthreads; i++) {
-		s->thr[i].group_mask = 0;
-		for (int j = 0; j < s->nthreads; j++)
-			if (s->thr[j].tgid == s->thr[i].tgid)
-				s->thr[i].group_mask |= s->thr[j].bit;
-	}
-	s->dispatch = on;
-	return 0;
-}
-
-static PyObject *get_requests(Server *s, void *c)
-{
-	(void)c;
-	return PyLong_FromUnsignedLongLong(s->requests);
-}
-
-static PyObject *get_count(Server *s, void *c)
-{
-	(void)c;
-	return PyLong_FromLong(s->count);
-}
-
-static PyObject *get_responses(Server *s, void *c)
-{
-	(void)c;
-	return Py_BuildValue("{sKsKsKsKsKsK}", "1xx", s->responses[1], "2xx", s->responses[2],
-	                     "3xx", s->responses[3], "4xx", s->responses[4],
-	                     "5xx", s->responses[5], "other", s->responses[0]);
-}
-
-static PyObject *get_refused(Server *s, void *c)
-{
-	static const char *names[REFUSALS] = REFUSAL_NAMES;
-	PyObject *d = PyDict_New();
-
-	(void)c;
-	for (int i = 0; d && i < REFUSALS; i++) {
-		PyObject *n = PyLong_FromUnsignedLongLong(s->refused[i]);
-
-		if (!n || PyDict_SetItemString(d, names[i], n) < 0) {
-			Py_XDECREF(n);
-			Py_CLEAR(d);
-			break;
-		}
-		Py_DECREF(n);
-	}
-	return d;
-}
-
-static PyGetSetDef Server_getset[] = {
-	{"draining", (getter)get_draining, (setter)set_draining,
-	 "responses carry Connection: close", NULL},
-	{"count", (getter)get_count, NULL, "open connections", NULL},
-	{"dispatch", (getter)get_dispatch, (setter)set_dispatch,
-	 "connections shared by the loop threads of their group: a request goes to an idle one",
-	 NULL},
-	{"requests", (getter)get_requests, NULL, "requests answered", NULL},
-	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
-	{"refused", (getter)get_refused, NULL, "requests the engine refused, by reason", NULL},
-	{NULL},
-};
-
-PyTypeObject ServerType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "sockherd.worker._http.Server",
-	.tp_doc = "The native wsgi engine of one worker (see engine.c).",
-	.tp_basicsize = sizeof(Server),
-	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-	.tp_new = PyType_GenericNew,
-	.tp_init = (initproc)Server_init,
-	.tp_dealloc = (destructor)Server_dealloc,
-	.tp_traverse = (traverseproc)Server_traverse,
-	.tp_clear = (inquiry)Server_clear,
-	.tp_methods = Server_methods,
-	.tp_getset = Server_getset,
 };

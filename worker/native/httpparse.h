@@ -3,7 +3,7 @@
  * or that llhttp 8.1 gets wrong even in strict mode.
  *
  * One hp_parser per connection. Plain C, no Python: the worker's extension
- * (httpmodule.c) builds environ from what it collects, and the native fuzz
+ * (wsgi_environ.c) builds environ from what it collects, and the native fuzz
  * and sanitizer tests drive it directly.
  *
  * llhttp 8.1 strict still accepts, and we refuse (400): a bare LF ending

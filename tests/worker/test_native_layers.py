@@ -1,0 +1,99 @@
+"""The native engine's layers (issue 22 §1): worker/native is a connection
+layer, an HTTP/1 codec and a WSGI adapter, with the assembly on top
+(worker/native/conn.h draws them), and no C file calls back up into one
+that calls it: the connection layer reaches the codec only through struct
+conn_ops, the codec the adapter only through struct h1_app.
+
+Checked on the code the compiler sees, not on comments: every file is
+compiled on its own and the functions it calls in another file of the
+extension (nm's undefined symbols, matched with the file that defines
+each) must all be of a file below it in the order below. A new file must
+be given its place here; a call upward (hconn.c calling respond() was the
+finding that started this) fails the test with the call named."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[2]
+NATIVE = ROOT / "worker" / "native"
+
+# bottom up; a file may call the files before it, never one after it
+LAYERS = {
+    "connection": ["conn_timers", "conn_io", "conn_type", "dispatch", "engine"],
+    "http1 codec": ["httpscan", "httpparse", "h1_parser", "h1_response", "h1_conn"],
+    "wsgi adapter": ["wsgi_environ", "wsgi_respond", "wsgi_body", "wsgi_app"],
+    "assembly": ["server", "httpmodule"],
+}
+ORDER = [name for files in LAYERS.values() for name in files]
+LAYER_OF = {name: layer for layer, files in LAYERS.items() for name in files}
+
+# which headers each layer's header may include (a type of the layer above
+# would be a dependency upward too)
+HEADERS = {
+    "conn.h": set(),
+    "engine.h": {"conn.h", "httpparse.h"},
+    "h1.h": {"engine.h", "httpparse.h"},
+    "wsgi.h": {"h1.h"},
+}
+
+
+def _calls(tmp_path: Path) -> dict[str, dict[str, set[str]]]:
+    """file -> {other file -> the functions of it that file calls}"""
+    include = sysconfig.get_paths()["include"]
+    defined: dict[str, str] = {}
+    undefined: dict[str, set[str]] = {}
+    for src in sorted(NATIVE.glob("*.c")):
+        obj = tmp_path / (src.stem + ".o")
+        subprocess.run(["gcc", "-std=gnu11", "-O2", "-fPIC", "-DLLHTTP_STRICT_MODE=1",
+                        f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
+                        f"-I{include}", "-c", str(src), "-o", str(obj)],
+                       check=True, timeout=120)
+        out = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True,
+                             timeout=30).stdout
+        undefined[src.stem] = set()
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1] == "T":
+                defined[parts[2]] = src.stem
+            elif len(parts) == 2 and parts[0] == "U":
+                undefined[src.stem].add(parts[1])
+    calls: dict[str, dict[str, set[str]]] = {}
+    for name, syms in undefined.items():
+        for sym in syms:
+            if sym in defined and defined[sym] != name:
+                calls.setdefault(name, {}).setdefault(defined[sym], set()).add(sym)
+    return calls
+
+
+def test_every_native_file_has_its_place_in_a_layer():
+    files = {src.stem for src in NATIVE.glob("*.c")}
+    assert files - set(ORDER) == set(), "a file of worker/native with no layer: add it to LAYERS"
+    assert set(ORDER) - files == set(), "LAYERS names a file that is gone"
+
+
+def test_no_file_calls_a_file_above_it(tmp_path):
+    calls = _calls(tmp_path)
+    upward = []
+    for caller, callees in sorted(calls.items()):
+        for callee, syms in sorted(callees.items()):
+            if ORDER.index(callee) > ORDER.index(caller):
+                upward.append(f"{caller}.c ({LAYER_OF[caller]}) calls {callee}.c "
+                              f"({LAYER_OF[callee]}): {sorted(syms)}")
+    assert not upward, "calls up the layers:\n" + "\n".join(upward)
+    # the check sees the calls at all: the codec does call the connection layer
+    assert "conn_io" in calls.get("h1_conn", {})
+
+
+def test_layer_headers_include_nothing_above_them():
+    for header, allowed in HEADERS.items():
+        text = (NATIVE / header).read_text()
+        ours = {inc for inc in re.findall(r'#include "([^"]+)"', text)
+                if (NATIVE / inc).exists()}
+        assert ours <= allowed, f"{header} includes {sorted(ours - allowed)}"

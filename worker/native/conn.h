@@ -1,0 +1,232 @@
+/* The connection layer of the native engine: one accepted socket, its fd
+ * owned through fdcore, bytes in and out, backpressure, timers, close.
+ * It knows no protocol: what the bytes mean is the layer above's (today
+ * the HTTP/1 codec, h1.h; a WebSocket codec beside it later), reached only
+ * through the table of callbacks below (struct conn_ops), one per Server,
+ * which the Server's assembly (server.c) fills.
+ *
+ * The layers, bottom up (each file may call the ones below it, and the
+ * layer above only through a table of callbacks):
+ *
+ *   connection   conn_timers.c  conn_io.c  conn_type.c  dispatch.c  engine.c
+ *                (conn.h, engine.h)   -> above only through struct conn_ops
+ *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  h1_response.c  h1_conn.c
+ *                (h1.h)               -> above only through struct h1_app
+ *   WSGI adapter wsgi_environ.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
+ *                (wsgi.h)
+ *   assembly     server.c (the Server type: which tables), httpmodule.c (the module)
+ *
+ * Threading: every function here runs with the GIL held, and the GIL is
+ * what serialises the loop threads' use of these objects (a connection is
+ * only touched by its owner thread, or by a relieving sibling while the
+ * owner is stuck elsewhere, both under the GIL). The GIL is released only
+ * around a wait that may block: the poll of a turn (engine.c) and the poll
+ * of a blocked writer or reader (conn_io.c), and nothing shared is changed
+ * across those.
+ */
+#ifndef SOCKHERD_CONN_H
+#define SOCKHERD_CONN_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "fd.h"        /* fdcore's types only: its code is reached via struct fdc_api */
+
+/* the module's exceptions (httpmodule.c); the connection layer raises ClientGone */
+extern PyObject *HttpError, *ClientGone, *BadBody;
+
+/* ---- fdcore, reached through function pointers ----
+ * The one fdcore implementation is the cffi module's (sockherd.fdcore);
+ * the table hands its functions' addresses over (Table.c_api()), so this
+ * extension calls them directly, without cffi's GIL release per call. */
+struct fdc_api {
+	int (*poll)(struct fdc_thread *, int, struct fdc_event *, int);
+	int (*enter)(struct fdc_thread *, int, uint32_t *);
+	int (*leave)(struct fdc_thread *, int, uint32_t);
+	int (*leave_batch)(struct fdc_thread *, const struct fdc_event *, int);
+	int (*delete)(struct fdc_thread *, int);
+	int (*want_recv)(struct fdc_thread *, int);
+	int (*stop_recv)(struct fdc_thread *, int);
+	int (*want_send)(struct fdc_thread *, int);
+	int (*stop_send)(struct fdc_thread *, int);
+	int (*cant_recv)(struct fdc_thread *, int);
+	int (*insert)(struct fdc_table *, int, uint64_t, uint32_t, int, uint64_t, uint32_t);
+	int (*accept)(struct fdc_thread *, int, int *, int);
+	void (*counters)(const struct fdc_thread *, struct fdc_counters *);
+	int (*insert_shared)(struct fdc_thread *, int, uint64_t, uint32_t, uint64_t);
+	int (*wake)(struct fdc_table *, int);
+};
+
+typedef struct Server Server;      /* engine.h */
+typedef struct HttpConn HttpConn;
+/* the layers above's objects, opaque here: the codec's parser (h1.h) and
+ * the adapter's response (wsgi.h) */
+typedef struct Parser Parser;
+typedef struct Respond Respond;
+
+/* header: a head must arrive whole (header_timeout); keepalive: idle
+ * between requests; linger: a closed connection's last bytes (below);
+ * send: output waits and the client takes none (body_timeout); body: a
+ * request body read in the loop before the app runs (body_timeout, pushed
+ * back by what arrives at min_body_rate) */
+enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_SEND = 3, TIMER_BODY = 4,
+       TIMER_KINDS = 5 };
+
+/* How long a connection we close may still send (its unread upload, a
+ * pipelined request) while we discard it: closing with unread input sends
+ * a reset, and a reset can destroy the response before the client reads
+ * it (nginx's lingering close; its lingering_timeout is 5 s too). */
+#define LINGER_SECONDS 5.0
+
+struct timer_list {
+	HttpConn *head, *tail;
+};
+
+#define HIGH_WATER (1u << 20)      /* pending output that blocks write(), or parks a body */
+#define LOW_WATER (64u << 10)      /* ... until it drains below this */
+
+/* ---- one connection ----
+ * The fields up to `peer_eof` and the timer's are this layer's; parser and
+ * held are the codec's, response and parked the adapter's: this layer
+ * only clears them when the connection closes (held, response), asks the
+ * table about them (parked) and shows them to Python. */
+struct HttpConn {
+	PyObject_HEAD
+	Server *srv;
+	int fd;
+	int pos;                           /* owner loop thread */
+	uint64_t cookie;
+	PyObject *th;                      /* owner's fdcore.Thread */
+	Parser *parser;
+	char *out;                         /* output not taken by the kernel yet */
+	size_t ostart, olen, ocap;
+	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
+	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1;
+	double last_active;
+	double due;                        /* timer: deadline, its list and links */
+	int tkind, tpos;
+	HttpConn *tprev, *tnext;
+	PyObject *addr;                    /* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT) */
+	PyObject *peer, *local;
+	PyObject *response;                /* the Respond of the request being served */
+	/* dispatch.c (a connection shared by its group's threads): the loop
+	 * thread handling it, -1 none; what others recorded for it meanwhile */
+	int inside;
+	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
+	int missed_timer;                  /* a due timer's kind, -1 none */
+	int queued;                        /* on the engine's spill queue (once at most) */
+	/* issue 21: a response whose body goes out from the loop (wsgi_body.c,
+	 * respond_resume): held here between POLLOUT events; the next
+	 * pipelined request waits for it, reading is off meanwhile */
+	Respond *parked;
+	unsigned long long wrote;          /* bytes the kernel took: progress, for the send timer */
+	/* the environ of a request whose body the loop reads before the app
+	 * runs (body_buffer): set from its head until its body is whole (or it
+	 * goes to the slow path, or the connection ends); NULL otherwise */
+	PyObject *held;
+};
+
+extern PyTypeObject HttpConnType;
+
+/* ---- what this layer calls above it: one table per Server ----
+ * Each entry runs on the connection's loop thread, GIL held; the int ones
+ * return 0 or -1 with a Python error that is not the app's (the engine
+ * contains it: logged, the connection closed). */
+struct conn_ops {
+	/* a new connection: its protocol state (c->parser) */
+	int (*open)(HttpConn *c);
+	/* the fd is readable (or hung up): read, answer what came */
+	int (*readable)(HttpConn *c);
+	/* A group-shared connection just accepted (dispatch): its first read
+	 * is made before any sibling's poller holds it (what is there at the
+	 * registration would wake every idle sibling), 1 if that read brought
+	 * something to serve (bytes, or the end of input), 0 nothing, -1 a
+	 * Python error; closed if the read failed. Then hconn_on_events(c,
+	 * EV_FIRST) serves what it read (serve_first). */
+	int (*read_first)(HttpConn *c);
+	int (*serve_first)(HttpConn *c);
+	/* the fd is writable and a response is parked on c: its turn */
+	int (*resume)(HttpConn *c);
+	/* a timer of the protocol's kinds (header, keep-alive, body) is due */
+	int (*timeout)(HttpConn *c, int kind);
+	/* output went out (or all of it): the timer for what c waits for now */
+	void (*rearm)(HttpConn *c);
+	/* the protocol has input it did not finish (an upload, a buffered
+	 * request): a close lingers */
+	int (*unread)(HttpConn *c);
+	/* bytes a parked response still owes (at least 1) */
+	size_t (*owed)(HttpConn *c);
+	/* c closed under its parked response (taken off c already): its end */
+	void (*abandon)(Respond *r);
+};
+
+/* ---- conn_timers.c ---- */
+double mono_now(void);
+void timer_arm(HttpConn *c, int kind);
+void timer_cancel(HttpConn *c);
+
+/* ---- conn_io.c ---- */
+/* The loop thread the calling OS thread is (Server.bind / turn), or -1;
+ * srv_bind makes it pos of s (s NULL: none). */
+int srv_current(Server *s);
+void srv_bind(Server *s, int pos);
+int hconn_close_now(HttpConn *c);
+/* Closes once the buffered output is sent. */
+void hconn_close_soft(HttpConn *c);
+/* Brings the fd's ACTIVE directions in line with what we want. */
+void hconn_sync(HttpConn *c);
+/* Appends to the output; flushes what the kernel takes when `now`. */
+int hconn_send(HttpConn *c, const char *data, size_t n, int now);
+int hconn_flush(HttpConn *c);
+/* n bytes of the pending output went out (written with more, by wsgi_body.c). */
+void hconn_taken(HttpConn *c, size_t n);
+/* Closes at once (reset, EPIPE): the client is gone. */
+void hconn_fail(HttpConn *c);
+/* Sends output until at most `below` bytes wait, blocking in poll (GIL
+ * released) while the client takes some at least every timeout seconds;
+ * -1 with ClientGone set on failure. */
+int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
+/* One read(2) of at most room bytes into buf: > 0 bytes read, 0 nothing
+ * to do now (EAGAIN; or the connection failed, closed then), -2 end of
+ * input (EOF). */
+ssize_t hconn_read(HttpConn *c, char *buf, size_t room);
+/* The handler of one poll report, under the running bit. 0 or -1 (a
+ * Python error that must end the loop thread: not an app's). */
+int hconn_on_events(HttpConn *c, uint32_t events);
+int hconn_on_timeout(HttpConn *c, int kind);
+#define EV_FIRST 0x80000000u               /* not an fdcore bit: see conn_ops.read_first */
+/* Logs the pending exception (taken, cleared) through the worker's report
+ * (wsgi.py's _report) with env (or NULL) and what failed. */
+void report_exc(Server *s, PyObject *env, const char *what);
+/* An error out of c's handler that is not the app's: logged, c closed;
+ * the loop thread serves on. */
+void contain(HttpConn *c);
+/* A growable buffer: buf[start .. len) used, room for `more` after len. */
+int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more);
+
+static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
+
+/* Input is read unless output waits: past HIGH_WATER, or a parked body
+ * (the requests behind it wait for it; what they send waits in the
+ * socket, bounded by its buffer), or a close. */
+static inline int hconn_reading(const HttpConn *c)
+{
+	return c->lingering || (!c->paused_out && !c->closing && !c->parked);
+}
+
+/* Output is owed: bytes buffered, or a parked body's rest. */
+static inline int hconn_owed(const HttpConn *c)
+{
+	return hconn_pending(c) || c->parked;
+}
+
+/* ---- conn_type.c ---- */
+HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+/* the connection type's own methods, joined with the layers' above by the
+ * module before the type is readied (httpmodule.c) */
+extern PyMethodDef hconn_methods[];
+
+
+#endif /* SOCKHERD_CONN_H */

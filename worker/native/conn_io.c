@@ -1,0 +1,473 @@
+/* The connection layer's I/O: one connection's fd through fdcore (its
+ * directions, its delete), its output buffered only as far as the kernel
+ * does not take it, backpressure (reading stops past HIGH_WATER), reads,
+ * a soft close with its lingering end, and the events of a poll report.
+ * What the bytes mean is the protocol's: read, answered, timed out or
+ * owed through the Server's struct conn_ops (conn.h), the only way up.
+ *
+ * fdcore verbs take the calling loop thread's context (srv_current), never
+ * the owner's (a review finding of the launch issue); a thread that is not
+ * a loop thread posts write and close to the owner's mailbox (conn_type.c).
+ *
+ * May call: conn_timers.c, fdcore (struct fdc_api), the loop's Python
+ * callables (forget, report); above only through struct conn_ops.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+static _Thread_local Server *tls_srv;
+static _Thread_local int tls_pos = -1;
+
+int srv_current(Server *s)
+{
+	return tls_srv == s ? tls_pos : -1;
+}
+
+/* The calling OS thread acts as loop thread pos of s from now on (s
+ * NULL: none): Server.bind, and the turn's and accept's own binding. */
+void srv_bind(Server *s, int pos)
+{
+	tls_srv = s;
+	tls_pos = pos;
+}
+
+/* ---- buffers ------------------------------------------------------------------ */
+
+int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more)
+{
+	if (*start && *start == *len)
+		*start = *len = 0;
+	if (*len + more <= *cap)
+		return 0;
+	if (*start) {                        /* slide what is left to the front */
+		memmove(*buf, *buf + *start, *len - *start);
+		*len -= *start;
+		*start = 0;
+		if (*len + more <= *cap)
+			return 0;
+	}
+	size_t ncap = *cap ? *cap : 4096;
+	while (ncap < *len + more)
+		ncap *= 2;
+	char *nbuf = PyMem_Realloc(*buf, ncap);
+	if (!nbuf) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	*buf = nbuf;
+	*cap = ncap;
+	return 0;
+}
+
+/* ---- the fdcore side ---------------------------------------------------------------- */
+
+/* The fdcore context for a verb on c: the calling loop thread's. From a
+ * thread of the app's own (a WSGI write() from a producer thread) only
+ * while c is serving: its owner is then inside the app, not in an fdcore
+ * call (its poll runs only between requests), and the GIL orders the two
+ * threads' C code, so the owner's context is used by one thread at a
+ * time. Else NULL: the caller posts to the owner, or does nothing. */
+static struct fdc_thread *ctx(HttpConn *c)
+{
+	int cur = srv_current(c->srv);
+
+	if (cur >= 0)
+		return c->srv->thr[cur].th;
+	return c->serving ? c->srv->thr[c->pos].th : NULL;
+}
+
+/* c closes: its entry in the group's queue (dispatch.c), if queued,
+ * leaves it now (here, not in dispatch.c: the connection layer's close
+ * calls nothing above it). A closed
+ * connection's report is never run, and the entry's reference must not
+ * outlive the connection: a loop that stopped with entries still queued
+ * (each run ends past SPILL_AFTER) left them for good, and the engine with
+ * them (c references its engine from an object the garbage collector does
+ * not track). The GIL's; the caller holds a reference to c of its own. */
+static void unqueue(Server *s, HttpConn *c)
+{
+	if (!c->queued)
+		return;
+	for (int i = 0; i < s->rq_len; i++) {
+		if (s->runq[i].c != c)
+			continue;
+		memmove(&s->runq[i], &s->runq[i + 1], sizeof(*s->runq) * (size_t)(s->rq_len - i - 1));
+		s->rq_len--;
+		break;
+	}
+	c->queued = 0;
+	Py_DECREF(c);
+}
+
+/* Brings the fd's ACTIVE directions in line with what we want. */
+static void sync_dirs(HttpConn *c)
+{
+	struct fdc_api *api = &c->srv->api;
+	struct fdc_thread *th = ctx(c);
+	size_t pending = hconn_pending(c);
+	int want, rd;
+
+	if (c->closed || !th)
+		return;
+	if (c->paused_out && pending < LOW_WATER)
+		c->paused_out = 0;
+	else if (!c->paused_out && pending > HIGH_WATER)
+		c->paused_out = 1;
+	want = hconn_owed(c);
+	if (want != c->want_send) {
+		c->want_send = (unsigned)want;
+		(want ? api->want_send : api->stop_send)(th, c->fd);
+	}
+	rd = hconn_reading(c);
+	if (rd != c->recv_on) {
+		c->recv_on = (unsigned)rd;
+		(rd ? api->want_recv : api->stop_recv)(th, c->fd);
+	}
+}
+
+int hconn_close_now(HttpConn *c)
+{
+	Server *s = c->srv;
+	struct fdc_thread *th;
+	PyObject *r;
+	Respond *parked;
+
+	if (c->closed)
+		return 0;
+	th = ctx(c);
+	if (!th) {
+		PyErr_SetString(PyExc_RuntimeError, "a connection closed outside its loop's threads");
+		return -1;
+	}
+	/* a body the loop was sending ends below. Serving: the resumption
+	 * running now sees the close and ends it itself */
+	parked = c->serving ? NULL : c->parked;
+	if (parked)
+		c->parked = NULL;
+	c->closed = 1;
+	timer_cancel(c);
+	Py_CLEAR(c->held);
+	PyMem_Free(c->out);
+	c->out = NULL;
+	c->ostart = c->olen = c->ocap = 0;
+	Py_CLEAR(c->response);
+	/* the loop's dict and the gate's counts (loop.forget) */
+	if (s->forget) {
+		r = PyObject_CallOneArg(s->forget, (PyObject *)c);
+		if (!r)
+			PyErr_WriteUnraisable(s->forget);
+		Py_XDECREF(r);
+	}
+	/* deferred to the leave of whichever thread is inside it */
+	s->api.delete(th, c->fd);
+	if (c->fd < s->maxfd && s->conns[c->fd] == c) {
+		s->conns[c->fd] = NULL;
+		s->count--;
+		Py_DECREF(c);
+	}
+	if (parked)
+		s->ops->abandon(parked);   /* close() (once), the access log, the counts; holds c */
+	unqueue(s, c);                 /* last: the caller holds c by a reference of its own */
+	return 0;
+}
+
+static void fail(HttpConn *c)
+{
+	if (hconn_close_now(c) < 0)
+		PyErr_WriteUnraisable((PyObject *)c);
+}
+
+void hconn_fail(HttpConn *c)
+{
+	fail(c);
+}
+
+/* Whether the client may still be sending: an upload not read whole, a
+ * request (part of one) buffered, or bytes waiting in the socket. */
+static int may_send_more(HttpConn *c)
+{
+	int avail = 0;
+
+	if (c->peer_eof)
+		return 0;
+	if (c->srv->ops->unread(c))
+		return 1;
+	return ioctl(c->fd, FIONREAD, &avail) == 0 && avail > 0;
+}
+
+/* All output sent and the connection ends: at once, or, if the client may
+ * still be sending, after a lingering close: our FIN now (shutdown), its
+ * bytes read and dropped until it closes too or LINGER_SECONDS pass. */
+static void end(HttpConn *c)
+{
+	if (c->lingering || !may_send_more(c) || shutdown(c->fd, SHUT_WR) < 0) {
+		fail(c);
+		return;
+	}
+	c->lingering = 1;
+	timer_arm(c, TIMER_LINGER);
+	sync_dirs(c);
+}
+
+/* Closes once the buffered output is sent. */
+static void close_soft(HttpConn *c)
+{
+	if (c->closed)
+		return;
+	c->closing = 1;
+	Py_CLEAR(c->held);                         /* a held request is never served now */
+	if (!hconn_owed(c))
+		end(c);
+	else
+		sync_dirs(c);
+}
+
+/* A lingering connection's input: dropped; its end closes it. */
+static void discard(HttpConn *c)
+{
+	char sink[16384];
+
+	for (int i = 0; i < 16; i++) {
+		ssize_t n = read(c->fd, sink, sizeof(sink));
+
+		if (n > 0)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			struct fdc_thread *th = ctx(c);
+			if (th && errno == EAGAIN)
+				c->srv->api.cant_recv(th, c->fd);
+			return;
+		}
+		fail(c);                               /* its FIN (or a reset): done */
+		return;
+	}
+}
+
+/* The timer for what the connection waits for now: the protocol's call
+ * (a head's clock, keep-alive, a held body), made after output went out. */
+static void rearm(HttpConn *c)
+{
+	c->srv->ops->rearm(c);
+}
+
+void hconn_close_soft(HttpConn *c)
+{
+	close_soft(c);
+}
+
+void hconn_sync(HttpConn *c)
+{
+	sync_dirs(c);
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+int hconn_send(HttpConn *c, const char *data, size_t n, int now)
+{
+	if (c->closed)
+		return 0;
+	if (n) {
+		if (buf_reserve(&c->out, &c->ostart, &c->olen, &c->ocap, n) < 0)
+			return -1;
+		memcpy(c->out + c->olen, data, n);
+		c->olen += n;
+	}
+	return now ? hconn_flush(c) : 0;
+}
+
+/* One write of what is pending. 0, or the connection is closed (failed);
+ * never a Python error. */
+int hconn_flush(HttpConn *c)
+{
+	size_t pending = hconn_pending(c);
+	ssize_t n;
+
+	if (c->closed || !pending)
+		return 0;
+	n = write(c->fd, c->out + c->ostart, pending);
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			n = 0;
+		else {
+			fail(c);                          /* reset, EPIPE: the client is gone */
+			return 0;
+		}
+	}
+	c->ostart += (size_t)n;
+	c->wrote += (unsigned long long)n;
+	if (c->ostart == c->olen) {
+		/* nothing kept for an idle connection (memory per connection) */
+		PyMem_Free(c->out);
+		c->out = NULL;
+		c->ostart = c->olen = c->ocap = 0;
+		if (c->closing && !c->parked) {
+			end(c);
+			return 0;
+		}
+		rearm(c);
+	}
+	else if (n > 0 || c->tkind != TIMER_SEND)
+		rearm(c);                          /* progress: the client reads */
+	sync_dirs(c);
+	return 0;
+}
+
+void hconn_taken(HttpConn *c, size_t n)
+{
+	c->ostart += n;
+	if (c->ostart == c->olen) {
+		PyMem_Free(c->out);
+		c->out = NULL;
+		c->ostart = c->olen = c->ocap = 0;
+	}
+}
+
+int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
+{
+	double deadline = mono_now() + timeout;
+
+	while (!c->closed && hconn_pending(c) > below) {
+		struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+		size_t before = hconn_pending(c);
+		double left;
+		int rc;
+
+		hconn_flush(c);
+		if (!c->closed && hconn_pending(c) < before)
+			deadline = mono_now() + timeout;   /* progress: the client reads, slowly maybe */
+		if (c->closed || hconn_pending(c) <= below)
+			break;
+		left = deadline - mono_now();
+		if (left <= 0) {
+			/* nothing more will reach it: closed here, so a ClientGone
+			 * on an open connection is always a read side's (respond) */
+			fail(c);
+			PyErr_SetString(ClientGone, "the client does not read");
+			return -1;
+		}
+		Py_BEGIN_ALLOW_THREADS
+		rc = poll(&pfd, 1, (int)(left * 1000) + 1);
+		Py_END_ALLOW_THREADS
+		(void)rc;
+	}
+	if (c->closed) {
+		PyErr_SetString(ClientGone, "the client went away");
+		return -1;
+	}
+	sync_dirs(c);
+	return 0;
+}
+
+/* ---- input ---------------------------------------------------------------------------------- */
+
+ssize_t hconn_read(HttpConn *c, char *buf, size_t room)
+{
+	ssize_t n = read(c->fd, buf, room);
+
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR) {
+			struct fdc_thread *th = ctx(c);
+			if (th && errno == EAGAIN && !c->closed && c->recv_on)
+				c->srv->api.cant_recv(th, c->fd);
+			return 0;
+		}
+		fail(c);
+		return 0;
+	}
+	return n == 0 ? -2 : n;
+}
+
+/* ---- events ---------------------------------------------------------------------------------- */
+
+int hconn_on_events(HttpConn *c, uint32_t events)
+{
+	c->last_active = mono_now();
+	if (events & EV_FIRST)
+		return c->srv->ops->serve_first(c);
+	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
+		fail(c);
+		return 0;
+	}
+	if ((events & FDC_POLL_OUT) && hconn_pending(c))
+		hconn_flush(c);
+	if (c->parked && !c->closed && (events & FDC_POLL_OUT)) {
+		unsigned long long before;
+		int rc;
+
+		/* edge-triggered (a shared connection, dispatch.c): a POLLOUT
+		 * comes again only after the kernel was full; a resume whose
+		 * writes it all took must go on while it makes progress */
+		do {
+			before = c->wrote;
+			rc = c->srv->ops->resume(c);
+		} while (rc == 0 && c->srv->dispatch && c->parked && !c->closed &&
+		         !hconn_pending(c) && c->wrote != before);
+		return rc;
+	}
+	if (c->lingering) {
+		if (!c->closed && (events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)))
+			discard(c);
+		return 0;
+	}
+	if ((events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)) && !c->closed && hconn_reading(c))
+		return c->srv->ops->readable(c);
+	return 0;
+}
+
+int hconn_on_timeout(HttpConn *c, int kind)
+{
+	if (c->closed || c->serving)
+		return 0;
+	if (c->lingering || kind == TIMER_SEND || kind == TIMER_LINGER) {
+		/* lingering: it had its time to read the answer; send: it took
+		 * nothing of its output for body_timeout (and a soft close would
+		 * wait for that output forever) */
+		fail(c);
+		return 0;
+	}
+	return c->srv->ops->timeout(c, kind);     /* header, keep-alive, body: the protocol's */
+}
+
+/* ---- containment ------------------------------------------------------------------------------- */
+
+void report_exc(Server *s, PyObject *env, const char *what)
+{
+	/* the exception as the handled one while report() runs: it logs
+	 * with exc_info=True, as log.exception would in an except block */
+	PyObject *t, *v, *tb;
+	PyErr_Fetch(&t, &v, &tb);
+	PyErr_NormalizeException(&t, &v, &tb);
+	if (tb && v)
+		PyException_SetTraceback(v, tb);
+	PyObject *prev = PyErr_GetHandledException();
+	PyErr_SetHandledException(v);
+	Py_XDECREF(t);
+	Py_XDECREF(tb);
+	PyErr_Clear();
+	{
+		PyObject *rc = PyObject_CallFunction(s->report, "Os", env ? env : Py_None, what);
+		if (!rc)
+			PyErr_WriteUnraisable(s->report);
+		Py_XDECREF(rc);
+	}
+	PyErr_SetHandledException(prev);
+	Py_XDECREF(prev);
+	Py_XDECREF(v);
+}
+
+/* An error out of a connection's handler (an event's or a timer's) that
+ * is not the app's (those are answered in wsgi_app.c): ours, or no memory.
+ * Logged, and that connection closes; the loop thread serves on: a loop
+ * thread never ends while its worker serves (DESIGN §5, issue 18 §1). */
+void contain(HttpConn *c)
+{
+	report_exc(c->srv, NULL, "a connection's handler");
+	if (!c->closed && hconn_close_now(c) < 0)
+		report_exc(c->srv, NULL, "closing a failed connection");
+}

@@ -1,0 +1,127 @@
+/* The engine of one worker (engine.c: the loop turn, accept, take; its
+ * Python type: server.c), the top of the connection layer: which loop
+ * threads poll which connections, the spill queue of dispatch.c, and the
+ * counts every layer adds to.
+ */
+#ifndef SOCKHERD_ENGINE_H
+#define SOCKHERD_ENGINE_H
+
+#include "conn.h"
+#include "httpparse.h"     /* struct hp_limits: the codec's settings, held here */
+
+struct h1_app;             /* h1.h */
+
+struct srv_thread {
+	struct fdc_thread *th;
+	PyObject *obj;                     /* the fdcore.Thread object */
+	int tgid;
+	uint64_t bit;
+	uint64_t group_mask;               /* the bits of its group's loop threads */
+	struct timer_list timers[TIMER_KINDS];
+	struct fdc_event ev[FDC_EVBATCH];
+	int first[FDC_EVBATCH], nfirst;    /* accepted, first read to serve (serve_accepted) */
+	int tid;                           /* fdcore's thread id (fdc_wake) */
+	int asleep;                        /* in its blocking poll (the GIL's) */
+};
+
+/* dispatch.c: the rest of a batch that ran long, for an idle sibling */
+struct spilled {
+	HttpConn *c;                       /* a strong reference */
+	uint32_t events;
+};
+
+/* What the engine refuses a request for (its status): the labels of
+ * Server.refused, in this order. */
+#define REFUSAL_NAMES {"bad_request", "header_timeout", "body_too_large", "uri_too_long", \
+                       "header_fields_too_large", "http_version", "server_error", "other", \
+                       "body_timeout"}
+/* body_timeout: a 408 too, but for a body the loop waited for, not a head */
+enum { REFUSALS = 9, REFUSAL_BODY_TIMEOUT = 8 };
+static inline int refusal_kind(int status)
+{
+	switch (status) {
+	case 400: return 0;
+	case 408: return 1;
+	case 413: return 2;
+	case 414: return 3;
+	case 431: return 4;
+	case 505: return 5;
+	case 500: return 6;
+	default: return 7;
+	}
+}
+
+/* ---- the server: one per worker (engine.c; its Python type: server.c) ----
+ * Its fields are grouped by the layer that reads them: fdcore and the
+ * loop threads, the connections and timers (connection layer), lim and
+ * the timeouts (codec), app .. no_body (the WSGI adapter), the counts. */
+struct Server {
+	PyObject_HEAD
+	/* the layers above, as this Server's assembly chose them (server.c) */
+	const struct conn_ops *ops;
+	const struct h1_app *app_ops;
+	struct fdc_api api;
+	struct fdc_table *table;
+	int nthreads;
+	struct srv_thread *thr;
+	HttpConn **conns;                  /* by fd: the open connections (strong refs) */
+	int maxfd;
+	long count;                        /* open connections */
+	uint64_t next_cookie;
+	uint32_t kind_conn;
+	PyObject *loop, *conns_dict, *forget, *post;
+	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io, *no_body;
+	PyObject *event_type, *busy, *enter_app;
+	struct hp_limits lim;
+	PyObject *script_name, *server_line;
+	double header_timeout, keepalive_timeout, body_timeout;
+	/* body_buffer: the most body read in the loop before the app runs
+	 * (0: none, every incomplete body streams); min_body_rate: bytes/s
+	 * that push the body deadline back a second (wsgi.py's MIN_BODY_RATE) */
+	size_t body_buffer;
+	double min_body_rate;
+	int draining;
+	int dispatch;                      /* connections shared by their group (dispatch.c) */
+	struct spilled *runq;              /* dispatch.c: spilled reports, FIFO */
+	int rq_len, rq_cap;
+	unsigned long long requests;       /* answered: the app's, and our refusals */
+	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
+	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
+	PyObject *on_retire;               /* called once when requests reach retire_at */
+	unsigned long long refused[REFUSALS];  /* requests the engine refused, by refusal_kind() */
+	/* the refusal log: at most a line a second (log_refusals' fn) */
+	PyObject *on_refusal;
+	double refusal_logged;             /* mono_now() of the last line */
+	unsigned long long refusal_unlogged;   /* refusals since that line */
+};
+
+extern PyTypeObject ServerType;
+extern PyMethodDef server_methods[];       /* engine.c */
+
+/* the responses[] index of a status code (0: other, or no response) */
+static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }
+/* One request answered (by the app, or refused by the engine): requests
+ * and responses[] count the same events, so the classes add up. Caller:
+ * a loop thread, GIL held. */
+static inline void srv_count(Server *s, int code)
+{
+	s->responses[status_class(code)]++;
+	s->requests++;
+}
+/* conn_timers.c: ms until the thread's next deadline, or -1 */
+int timers_timeout(struct srv_thread *t, double now);
+/* dispatch.c: one report or due timer for a group-shared connection */
+int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
+/* dispatch.c: the group's queue: a batch that ran past SPILL_AFTER, or
+ * any poll while the group has queued work, hands its reports to it
+ * (spill), run oldest first by every thread of the group after its poll
+ * (run_spilled); free_spilled at the engine's end. */
+#define SPILL_AFTER 0.002
+int dispatch_spill(Server *s, HttpConn *c, uint32_t events);
+void dispatch_wake_idle(Server *s, int pos);
+int dispatch_run_spilled(Server *s, int pos);
+int dispatch_has_spilled(const Server *s, int pos);
+void dispatch_free_spilled(Server *s);
+
+
+#endif /* SOCKHERD_ENGINE_H */

@@ -1,0 +1,123 @@
+/* The HTTP/1 codec of the native engine: requests parsed (httpparse.c:
+ * llhttp in strict mode plus our checks; its Python face RequestParser,
+ * h1_parser.c), responses framed (h1_response.c: the head, Content-Length
+ * or chunked, HEAD/204/304 bodies dropped, keep-alive), and the request
+ * loop of one connection (h1_conn.c: pipelining, a body read before the
+ * app runs, 100 Continue, refusals, the header and keep-alive timers).
+ *
+ * It sits on the connection layer (conn.h), which calls it through the
+ * struct conn_ops the Server's assembly fills with the h1_* entries below;
+ * it calls the app adapter above it only through struct h1_app (the
+ * adapter's request object, serving it, a parked response's turn and
+ * end). A WebSocket codec would sit beside it, with its own conn_ops.
+ */
+#ifndef SOCKHERD_H1_H
+#define SOCKHERD_H1_H
+
+#include "engine.h"
+#include "httpparse.h"
+
+/* ---- the parser (h1_parser.c) ---- */
+struct Parser {
+	PyObject_HEAD
+	struct hp_parser hp;
+	/* bytes received and not parsed yet: pending[start .. len) */
+	char *pending;
+	size_t start, len, cap;
+	/* body bytes parsed and not read by the app yet: body[bstart .. blen) */
+	char *body;
+	size_t bstart, blen, bcap;
+	PyObject *script_name;       /* str, "" or a prefix like "/app" */
+	int expect_continue;
+};
+
+extern PyTypeObject ParserType;
+/* RequestParser's own methods: the adapter's (next_request) follow them
+ * in the type (httpmodule.c) */
+extern PyMethodDef parser_methods[];
+
+/* A new parser with these limits (what RequestParser(...) makes). */
+Parser *parser_new(const struct hp_limits *lim, PyObject *script_name);
+/* Parses buffered bytes up to the next head: 1 a head is parsed (its
+ * fields in p->hp, for the adapter's request object), 0 more bytes are
+ * needed, -1 with HttpError set (a request to refuse) or another error. */
+int parser_head(Parser *p);
+/* Moves buffered body bytes through the body parser. */
+int parser_pump_body(Parser *p);
+/* parser.finish(): 1 if another request may follow, 0 if not. */
+int parser_finish(Parser *p);
+int parser_head_started(const Parser *p);
+PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
+
+/* ---- the response (h1_response.c) ----
+ * One response's framing, the codec's, inside the adapter's response
+ * object: what the request allows and what the head said. */
+struct h1_frame {
+	unsigned http11 : 1, keep : 1, head_only : 1, bodiless : 1, chunked : 1, app_date : 1,
+	         app_server : 1;
+	long long length;                  /* the announced length, -1 unknown */
+	int code;                          /* the status code given, 0 before start_response */
+	unsigned long long sent;           /* body bytes sent */
+	PyObject *prefix;                  /* the status line and the app's fields (head_from) */
+};
+
+/* Checks and serialises start_response's status and headers (the
+ * response_head() of the module): *prefix gets the status line and the
+ * app's fields, *length the app's Content-Length or -1, *flags whether
+ * the app asked for Connection: close and gave its own Date or Server
+ * (HEAD_*), *code the status code. 0 or -1. Takes WSGI's shapes (a str
+ * status, (str, str) pairs); an ASGI entry would take its bytes beside it. */
+enum { HEAD_CLOSE = 1, HEAD_APP_DATE = 2, HEAD_APP_SERVER = 4 };
+int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
+              int *flags, int *code);
+/* head_from, through this thread's cache of the last head (by identity). */
+int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
+                int *flags, int *code);
+/* "Date: <IMF-fixdate>\r\n" of now, formatted once a second per thread. */
+void http_date(const char **line, size_t *len);
+/* The head into c's output: f's prefix, Date, Server, and the framing we
+ * choose; known is the body's length if known, else -1. */
+int h1_head(HttpConn *c, struct h1_frame *f, long long known);
+/* Body bytes after the head, framed; `now`: try the socket at once;
+ * `wait`: past HIGH_WATER, wait here for the client to read, else the
+ * caller parks the body. -1 with ClientGone if c closed. */
+int h1_send_body(HttpConn *c, struct h1_frame *f, const char *data, size_t n, int now, int wait);
+/* The body's end: the last chunk, and a short body ends keep-alive. */
+int h1_end_body(HttpConn *c, struct h1_frame *f);
+/* the module's functions (response_head) */
+extern PyMethodDef h1_module_methods[];
+
+/* ---- what the codec calls above it: the app adapter (one per Server) ---- */
+/* serve's results: the connection closes, serves on, or the response is
+ * parked on it (c->parked): the rest of its body goes out from the loop,
+ * through resume, before the next request is served. */
+enum { RESPOND_CLOSE = 0, RESPOND_KEEP = 1, RESPOND_PARKED = 2 };
+struct h1_app {
+	/* a head was parsed (c->parser): the interface's request object
+	 * (WSGI: its environ), or NULL with an error that is not the app's */
+	PyObject *(*request)(HttpConn *c);
+	/* runs the app for req: its body is whole in the parser (whole), or
+	 * still coming (the adapter streams it). RESPOND_*, -1 with an error
+	 * that is not the app's */
+	int (*serve)(HttpConn *c, PyObject *req, int whole);
+	/* the parked response's turn, output below LOW_WATER: as serve */
+	int (*resume)(HttpConn *c);
+	/* c closed under its parked response (taken off c): its end */
+	void (*abandon)(Respond *r);
+};
+
+/* ---- one connection's requests (h1_conn.c): struct conn_ops's entries ---- */
+int h1_open(HttpConn *c);
+int h1_readable(HttpConn *c);
+int h1_read_first(HttpConn *c);
+int h1_serve_first(HttpConn *c);
+int h1_resume(HttpConn *c);
+int h1_timeout(HttpConn *c, int kind);
+void h1_rearm(HttpConn *c);
+int h1_unread(HttpConn *c);
+/* Answers an error (a refusal the engine counts) and closes. */
+void hconn_refuse(HttpConn *c, int status, const char *reason);
+/* the connection's methods the codec adds (refuse) */
+extern PyMethodDef h1_conn_methods[];
+
+#endif /* SOCKHERD_H1_H */

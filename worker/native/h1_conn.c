@@ -1,0 +1,450 @@
+/* The HTTP/1 codec's side of one connection: bytes in, requests answered
+ * in order (pipelining), refusals, the header, keep-alive and body timers.
+ *
+ * The connection layer calls in through struct conn_ops (the h1_* entries,
+ * conn.h): on a readable fd, one read, every complete request head
+ * answered, their responses gathered and sent with one write. A request
+ * whose body has fully arrived (or that has none) is served here, start to
+ * end. One whose body is still coming is held (c->held) while the loop
+ * reads its body, as nginx's client_body_buffer_size: the app runs once
+ * the body is whole, and meanwhile no thread waits on the client, so a
+ * slow upload costs its thread nothing. A body larger than body_buffer (a
+ * chunked one once that much of it is here) goes to the adapter's
+ * streaming path (wsgi.py's slow path), which streams wsgi.input from the
+ * socket: it is never held whole in memory. A response body larger than
+ * the output buffer is parked on the connection (c->parked, the
+ * adapter's) and goes out on its POLLOUT events (h1_resume): meanwhile
+ * the connection reads nothing and its next request waits.
+ *
+ * May call: h1_parser.c, h1_response.c (the Date line), the connection
+ * layer (conn_io.c, conn_timers.c); the adapter only through struct
+ * h1_app (c->srv->app_ops).
+ */
+#include <string.h>
+
+#include "h1.h"
+
+#define READ_ROOM (16u << 10)        /* free room a read gets at least */
+
+static const char *REASONS(int status)
+{
+	switch (status) {
+	case 400: return "Bad Request";
+	case 408: return "Request Timeout";
+	case 413: return "Content Too Large";
+	case 414: return "URI Too Long";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 505: return "HTTP Version Not Supported";
+	default: return "Error";
+	}
+}
+
+/* The timer for what the connection waits for now, after a request or
+ * some output went out: the client to take pending output (send), the
+ * rest of a head (its clock runs from the first of its bytes: not re-armed
+ * by the next ones), or the next request (keep-alive). */
+void h1_rearm(HttpConn *c)
+{
+	/* held: the body timer runs from the head on, whatever goes out */
+	if (c->closed || c->serving || c->lingering || c->held)
+		return;
+	if (hconn_owed(c)) {
+		c->head_clock = 0;                 /* a head's clock starts again after */
+		timer_arm(c, TIMER_SEND);
+		return;
+	}
+	if (c->closing)
+		return;
+	if (parser_head_started(c->parser)) {
+		if (!c->head_clock) {
+			c->head_clock = 1;
+			timer_arm(c, TIMER_HEADER);
+		}
+	}
+	else {
+		c->head_clock = 0;
+		timer_arm(c, TIMER_KEEPALIVE);
+	}
+}
+
+/* ---- refusals ------------------------------------------------------------------------------ */
+
+/* A refusal counted by kind, and logged with the peer and the reason: a
+ * line at most a second per worker (a flood of bad requests must not
+ * flood the log), saying how many were refused since the last one. */
+static void note_refusal(HttpConn *c, int status, int kind, const char *reason)
+{
+	Server *s = c->srv;
+	double now;
+	PyObject *rc;
+
+	s->refused[kind]++;
+	s->refusal_unlogged++;
+	if (!s->on_refusal)
+		return;
+	now = mono_now();
+	if (s->refusal_logged && now - s->refusal_logged < 1.0)
+		return;
+	rc = PyObject_CallFunction(s->on_refusal, "OisK", c->peer, status, reason,
+	                           s->refusal_unlogged);
+	s->refusal_logged = now;
+	s->refusal_unlogged = 0;
+	if (!rc)
+		PyErr_WriteUnraisable(s->on_refusal);
+	Py_XDECREF(rc);
+}
+
+/* hconn_refuse, counted under `kind` (refusal_kind() of the status, or
+ * one the status does not tell apart) */
+static void refuse_as(HttpConn *c, int status, int kind, const char *reason)
+{
+	char buf[1100];
+	char body[600];
+	const char *date;
+	size_t dn;
+	int bn = snprintf(body, sizeof(body), "%d %s: %.500s\n", status, REASONS(status), reason);
+	srv_count(c->srv, status);
+	note_refusal(c, status, kind, reason);
+	http_date(&date, &dn);
+	int hn = snprintf(buf, sizeof(buf),
+	                  "HTTP/1.1 %d %s\r\n%.*sContent-Type: text/plain\r\nContent-Length: %d\r\n"
+	                  "Connection: close\r\n\r\n%s", status, REASONS(status), (int)dn, date, bn,
+	                  body);
+
+	if (hconn_send(c, buf, (size_t)hn, 0) < 0)
+		PyErr_Clear();                         /* no memory: the close says enough */
+	hconn_close_soft(c);
+	hconn_flush(c);
+}
+
+void hconn_refuse(HttpConn *c, int status, const char *reason)
+{
+	refuse_as(c, status, refusal_kind(status), reason);
+}
+
+/* ---- input: requests ------------------------------------------------------------------------ */
+
+/* Whether the rest of the current request's body is read here, in the
+ * loop, before the app runs: a Content-Length within body_buffer (decided
+ * at the head), or a chunked body while what is buffered of it is below
+ * body_buffer. Else the slow path streams it. */
+static int body_fits(HttpConn *c)
+{
+	Parser *p = c->parser;
+	size_t room = c->srv->body_buffer;
+	int64_t length = hp_content_length(&p->hp);
+
+	if (!room)
+		return 0;
+	if (length >= 0)
+		return (uint64_t)length <= room;
+	return hp_chunked(&p->hp) && p->blen - p->bstart < room;
+}
+
+/* A held request's body progressed by n bytes (framing included, as the
+ * slow path counts them): its deadline moves back n / min_body_rate
+ * seconds, so a client sending at that rate or faster is never cut, one
+ * trickling a byte at a time is (the slow path's rule). */
+static void body_progress(HttpConn *c, size_t n)
+{
+	double rate = c->srv->min_body_rate;
+	double due;
+
+	if (c->tkind != TIMER_BODY || rate <= 0)
+		return;
+	due = c->due + (double)n / rate;
+	timer_cancel(c);
+	c->tkind = TIMER_BODY;
+	c->due = due;
+	timer_arm(c, -1);
+}
+
+/* Holds env (taken) while the loop reads its body: the body timer starts
+ * now, and a client that waits for a 100 Continue is told to send, here
+ * and now, as nginx does (RFC 9110 10.1.1: not an HTTP/1.0 client's). */
+static void hold(HttpConn *c, PyObject *env)
+{
+	static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+	Parser *p = c->parser;
+
+	c->held = env;
+	timer_arm(c, TIMER_BODY);
+	if (p->expect_continue) {
+		p->expect_continue = 0;                /* said: the slow path must not say it again */
+		if (p->hp.ll.http_minor && hconn_send(c, cont, sizeof(cont) - 1, 0) < 0)
+			PyErr_Clear();                     /* no memory: the client sends after its wait */
+	}
+}
+
+/* Answers every complete request head buffered, in order. 0, or -1 for
+ * an error that is not the app's. */
+static int serve_ready(HttpConn *c)
+{
+	Parser *p = c->parser;
+
+	while (!c->closed && !c->closing && !c->serving && !c->parked) {
+		int keep, whole;
+		PyObject *env;
+
+		if (c->held) {
+			/* ours again (the body's bytes were just read): whole now,
+			 * still coming, or past the buffer */
+			env = c->held;
+			c->held = NULL;
+			if (parser_pump_body(p) < 0) {
+				Py_DECREF(env);
+				return -1;
+			}
+		}
+		else {
+			int rc = parser_head(p);
+
+			if (rc <= 0) {
+				if (rc == 0)
+					return 0;
+				if (!PyErr_ExceptionMatches(HttpError))
+					return -1;
+				PyErr_Clear();
+				hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+				return 0;
+			}
+			/* the adapter's request object (an environ, with the addresses) */
+			env = c->srv->app_ops->request(c);
+			if (!env)
+				return -1;
+			timer_cancel(c);
+			c->head_clock = 0;                 /* this head is whole: the next one's clock */
+			/* what already arrived of the body is checked before the app
+			 * runs: a framing error there is a 400 and the app never sees it */
+			if (parser_pump_body(p) < 0) {
+				Py_DECREF(env);
+				return -1;
+			}
+			if (p->hp.state == HP_BODY && body_fits(c)) {
+				hold(c, env);
+				return 0;
+			}
+		}
+		if (p->hp.state == HP_ERROR) {
+			Py_DECREF(env);
+			hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+			return 0;
+		}
+		if (p->hp.state == HP_BODY && body_fits(c)) {
+			c->held = env;                     /* still coming: the body timer runs on */
+			return 0;
+		}
+		timer_cancel(c);                       /* a held one's body timer */
+		c->serving = 1;
+		/* whole: its body is all here (or it has none), served start to
+		 * end; else the adapter streams the rest of it */
+		whole = p->hp.state == HP_DONE;
+		keep = c->srv->app_ops->serve(c, env, whole);
+		if (whole && keep > 0 && keep != RESPOND_PARKED)
+			keep = parser_finish(p);
+		c->serving = 0;
+		Py_CLEAR(c->response);
+		Py_DECREF(env);
+		if (keep < 0)
+			return -1;
+		if (keep == RESPOND_PARKED) {
+			/* its rest goes out from the loop (resume): the next request
+			 * waits for it */
+			if (c->closed && c->parked) {
+				Respond *r = c->parked;
+
+				c->parked = NULL;
+				c->srv->app_ops->abandon(r);
+			}
+			return 0;
+		}
+		if (!keep) {
+			hconn_close_soft(c);
+			return 0;
+		}
+	}
+	return 0;
+}
+
+/* After requests were served: one write of what is owed, then the timer
+ * for what the connection waits for now and its directions. since: the
+ * bytes written before a parked body's turn; without progress since then
+ * its send timer runs on (NULL: re-armed whatever the write took). */
+static void after_serving(HttpConn *c, const unsigned long long *since)
+{
+	if (c->closed)
+		return;
+	hconn_flush(c);
+	if (c->closed)
+		return;
+	if (!since || c->wrote != *since || c->tkind != TIMER_SEND)
+		h1_rearm(c);
+	hconn_sync(c);
+}
+
+/* The parked body's turn (a POLLOUT): more of it, and once it ended, the
+ * requests that waited behind it. 0, or -1 for an error that is not the
+ * app's. */
+int h1_resume(HttpConn *c)
+{
+	unsigned long long wrote = c->wrote;
+	int keep;
+
+	c->serving = 1;                            /* the app's code may run (next, close) */
+	keep = c->srv->app_ops->resume(c);
+	c->serving = 0;
+	if (keep < 0)
+		return -1;
+	if (c->closed && c->parked) {
+		Respond *r = c->parked;                /* closed under it while it ran */
+
+		c->parked = NULL;
+		c->srv->app_ops->abandon(r);
+		return 0;
+	}
+	if (!c->closed && keep != RESPOND_PARKED) {
+		if (keep)
+			keep = parser_finish(c->parser);
+		if (!keep || c->closing)
+			hconn_close_soft(c);
+		else if (serve_ready(c) < 0)
+			return -1;
+	}
+	after_serving(c, &wrote);
+	return 0;
+}
+
+/* The requests a read completed, answered; one write of what they said. */
+static int serve_read(HttpConn *c)
+{
+	if (serve_ready(c) < 0)
+		return -1;
+	after_serving(c, NULL);
+	return 0;
+}
+
+/* One read into the parser: > 0 bytes read, 0 nothing to do now (EAGAIN;
+ * or the connection failed, closed then), -2 end of input (EOF), -1 a
+ * Python error. *filled: the read took all the room it was given. */
+static ssize_t read_some(HttpConn *c, int *filled)
+{
+	Parser *p = c->parser;
+	ssize_t n;
+	size_t room;
+
+	*filled = 0;
+	if (buf_reserve(&p->pending, &p->start, &p->len, &p->cap, READ_ROOM) < 0)
+		return -1;
+	room = p->cap - p->len;
+	n = hconn_read(c, p->pending + p->len, room);
+	if (n <= 0)
+		return n;
+	p->len += (size_t)n;
+	if (c->held)
+		body_progress(c, (size_t)n);
+	*filled = (size_t)n == room;
+	return n;
+}
+
+/* One read, the requests it completes, one write. A shared connection
+ * (dispatch.c) is polled edge-triggered: after a read that filled its
+ * room, bytes may wait that no new report will announce, so it reads
+ * again while it may. */
+int h1_readable(HttpConn *c)
+{
+	int filled;
+
+	do {
+		ssize_t n = read_some(c, &filled);
+
+		if (n == -1)
+			return -1;
+		if (n == -2) {
+			c->peer_eof = 1;
+			hconn_close_soft(c);           /* EOF: what is owed goes out first */
+			return 0;
+		}
+		if (n == 0 || serve_read(c) < 0)
+			return n == 0 ? 0 : -1;
+	} while (filled && c->srv->dispatch && !c->closed && hconn_reading(c));
+	return 0;
+}
+
+int h1_read_first(HttpConn *c)
+{
+	int filled;
+	ssize_t n = read_some(c, &filled);
+
+	if (n == -1)
+		return -1;
+	if (n == -2)
+		c->peer_eof = 1;
+	else if (filled)
+		c->missed |= FDC_POLL_IN;          /* more may wait: read as a report */
+	return n != 0;
+}
+
+int h1_serve_first(HttpConn *c)
+{
+	if (c->closed)
+		return 0;
+	if (c->peer_eof) {
+		hconn_close_soft(c);
+		return 0;
+	}
+	return serve_read(c);
+}
+
+/* A timer of the protocol's kinds is due (conn_io.c took the send and
+ * linger ones): a body that did not come in time, a head that did not,
+ * or an idle keep-alive connection. */
+int h1_timeout(HttpConn *c, int kind)
+{
+	if (kind == TIMER_BODY && c->held) {
+		Py_CLEAR(c->held);
+		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, "the request body did not arrive in time");
+		return 0;
+	}
+	if (parser_head_started(c->parser))
+		hconn_refuse(c, 408, "the request head did not arrive in time");
+	else
+		hconn_close_soft(c);                   /* idle keep-alive: nothing to say */
+	return 0;
+}
+
+/* Whether the client may still be sending, as far as the parser knows: an
+ * upload not read whole, a request (part of one) buffered. */
+int h1_unread(HttpConn *c)
+{
+	Parser *p = c->parser;
+
+	return p->hp.state == HP_BODY || p->len > p->start;
+}
+
+/* A new connection's parser, with the Server's limits. */
+int h1_open(HttpConn *c)
+{
+	c->parser = parser_new(&c->srv->lim, c->srv->script_name);
+	return c->parser ? 0 : -1;
+}
+
+/* ---- the Python side: the codec's method on the connection ------------------------------------ */
+
+static PyObject *HttpConn_refuse(HttpConn *c, PyObject *args)
+{
+	int status;
+	const char *reason;
+
+	if (!PyArg_ParseTuple(args, "is:refuse", &status, &reason))
+		return NULL;
+	hconn_refuse(c, status, reason);
+	Py_RETURN_NONE;
+}
+
+PyMethodDef h1_conn_methods[] = {
+	{"refuse", (PyCFunction)HttpConn_refuse, METH_VARARGS,
+	 "refuse(status, reason): answers the error and closes."},
+	{NULL},
+};
