@@ -500,11 +500,12 @@ int fdc_leave(struct fdc_thread *th, int fd, uint32_t gen)
 	}
 
 	/* still registered in a direction nobody wants (the handler stopped it,
-	 * or the report came for an inactive direction): have our poller fix it
-	 */
+	 * or the report came for an inactive direction): have our poller fix it.
+	 * Not an FDC_EDGE fd: its registration is never narrowed (poller.c) */
 	st = atomic_load(&e->state);
-	if (((atomic_load(&pol->recv) & bit) && !(st & (FDC_ACTIVE_R | FDC_WATCH_HUP))) ||
-	    ((atomic_load(&pol->send) & bit) && !(st & FDC_ACTIVE_W)))
+	if (!(st & FDC_EDGE) &&
+	    (((atomic_load(&pol->recv) & bit) && !(st & (FDC_ACTIVE_R | FDC_WATCH_HUP))) ||
+	     ((atomic_load(&pol->send) & bit) && !(st & FDC_ACTIVE_W))))
 		fdc_program_own_update(th, fd);
 
 	fdc_hook(t, FDC_HK_LEAVE, th->tid, fd, gen);

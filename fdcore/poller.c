@@ -799,6 +799,7 @@ int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner, uint32_t ki
 	 * other threads' update passes off the fd until every ADD is made */
 	atomic_fetch_or(&e->state, FDC_ACTIVE_R | FDC_EDGE | FDC_INSERTING);
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
+	ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLET;
 	rest = thread_mask & ~th->ltid_bit;
 	for (bit = th->ltid_bit; bit; bit = rest & -rest, rest &= rest - 1) {
 		int ltid = __builtin_ctzll(bit);
