@@ -501,7 +501,8 @@ int fdc_leave(struct fdc_thread *th, int fd, uint32_t gen)
 
 	/* still registered in a direction nobody wants (the handler stopped it,
 	 * or the report came for an inactive direction): have our poller fix it.
-	 * Not an FDC_EDGE fd: its registration is never narrowed (poller.c) */
+	 * Not an FDC_EDGE fd: its registration is never narrowed (poller.c),
+	 * and an update per report would cost every leave a list append */
 	st = atomic_load(&e->state);
 	if (!(st & FDC_EDGE) &&
 	    (((atomic_load(&pol->recv) & bit) && !(st & (FDC_ACTIVE_R | FDC_WATCH_HUP))) ||

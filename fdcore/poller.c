@@ -202,6 +202,8 @@ void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
  * report. th's thread, an owner, holding a reference on the fd's tgid.
  * The CAS takes only bits whose direction is still ACTIVE: one taker per
  * kept edge, whoever it is (a verb, or another owner's pass).
+ * Memory ordering: a seq_cst CAS on the state, the word apply_report and
+ * change_state CAS too: a kept edge is taken by exactly one of them.
  */
 static void take_kept(struct fdc_thread *th, int fd)
 {
@@ -658,7 +660,8 @@ static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *o
 			/* an EDGE fd's report of directions not ACTIVE (kept
 			 * by apply_report), or nobody wants it (leave programs
 			 * the DEL) */
-			kept += (st & (FDC_EDGE | FDC_WANTED)) > FDC_EDGE;
+			if (st & FDC_EDGE)
+				kept++;
 			fdc_leave(th, fd, gen);
 			continue;
 		}
