@@ -12,6 +12,7 @@ sibling holds a running bit; one report per arrival (edge-triggered), also
 after a DEL + ADD of the registration. tests/c/stress_shared.c runs the same
 protocol under threads and sanitizers.
 """
+import contextlib
 import errno
 import os
 import socket
@@ -111,19 +112,17 @@ def drain(sock: socket.socket | int) -> bytes:
         out += chunk
 
 
-@pytest.fixture
-def shared(request):
-    """(table, fd, peer, inserter tid) for a connection inserted by thread
-    `inserter` (indirect param, default 0) of a 3-thread group, shared by
-    all three."""
-    inserter = getattr(request, "param", 0)
+@contextlib.contextmanager
+def inserted(a: socket.socket, peer: socket.socket, inserter: int = 0):
+    """Yields (table, fd): socket a (non-blocking; peer is its other end)
+    inserted by thread `inserter` of a new 3-thread group, shared by all
+    three; then deleted, the peer and the table closed."""
     table = Table(3, 1)
-    a, peer = socket.socketpair()
     a.setblocking(False)
     fd = a.detach()
     try:
         table.threads[inserter].insert_shared(fd, OWNER, 0b111)
-        yield table, fd, peer, inserter
+        yield table, fd
     finally:
         try:
             if table.dump(fd).tgid:
@@ -131,6 +130,17 @@ def shared(request):
         finally:
             peer.close()
             table.close()
+
+
+@pytest.fixture
+def shared(request):
+    """(table, fd, peer, inserter tid) for a connection inserted by thread
+    `inserter` (indirect param, default 0) of a 3-thread group, shared by
+    all three."""
+    inserter = getattr(request, "param", 0)
+    a, peer = socket.socketpair()
+    with inserted(a, peer, inserter) as (table, fd):
+        yield table, fd, peer, inserter
 
 
 @pytest.mark.parametrize("shared", [0, 2], indirect=True, ids=["inserter0", "inserter2"])

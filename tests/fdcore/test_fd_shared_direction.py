@@ -21,7 +21,8 @@ import pytest
 from sockherd.fdcore import Table
 from sockherd.fdcore._fdcore import lib
 from test_fd_shared_conn import (
-    EPOLLET, EPOLLEXCLUSIVE, EPOLLIN, EPOLLOUT, OWNER, Poller, drain, interest, wait_asleep,
+    EPOLLET, EPOLLEXCLUSIVE, EPOLLIN, EPOLLOUT, OWNER, Poller, drain, inserted, interest,
+    wait_asleep,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,23 +47,12 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 def conn(request):
     """(table, fd, peer) for a connection inserted by thread 0 of a 3-thread
     group, shared by all three; thread 0's ADD report (writable) consumed."""
-    table = Table(3, 1)
     a, peer = tcp_pair() if request.param == "tcp" else socket.socketpair()
-    a.setblocking(False)
     peer.setblocking(False)
-    fd = a.detach()
-    try:
-        table.threads[0].insert_shared(fd, OWNER, 0b111)
+    with inserted(a, peer) as (table, fd):
         assert table.threads[0].poll(0) == []          # its ADD report: kept
         assert table.dump(fd).state & lib.FDC_KEPT_W
         yield table, fd, peer
-    finally:
-        try:
-            if table.dump(fd).tgid:
-                table.threads[0].delete(fd)
-        finally:
-            peer.close()
-            table.close()
 
 
 def fill(fd: int) -> int:
