@@ -622,6 +622,18 @@ int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)
 		fdc_drop(e);
 		return -ESTALE;
 	}
+	/* A group-shared connection (fdc_insert_shared) is polled exclusive
+	 * and edge-triggered by each owner: the kernel offers an arrival to
+	 * the first registration with a sleeper and no other, and reports it
+	 * once. Narrowed to us, an old owner asleep before its poller dropped
+	 * its registration would take the arrival, find its bit gone, and we
+	 * would never hear of those bytes (tests/c/repro/shared_takeover.c).
+	 * Nothing to take over either: it is its group's already. (The flag
+	 * is set by fdc_insert_shared before its first registration.) */
+	if (atomic_load(&e->state) & FDC_EDGE) {
+		fdc_drop(e);
+		return -EINVAL;
+	}
 	/* be alone inside: if its poller is handling it now, give up */
 	if (!atomic_compare_exchange_strong(&e->running_mask, &zero, bit)) {
 		fdc_drop(e);

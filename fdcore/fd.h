@@ -186,7 +186,9 @@ int fdc_released(struct fdc_table *t, int fd, uint32_t gen);
 /* Takes an idle fd of th's group for th alone: owner must equal
  * expected_owner (-ESTALE), no thread may be inside it (-EBUSY), and th
  * must not be one owner among several (-EINVAL: a co-owner's running bit
- * would look like an ordinary runner's). On success thread_mask = own bit
+ * would look like an ordinary runner's), nor may the fd be a group-shared
+ * connection (FDC_EDGE, fdc_insert_shared: -EINVAL; an old owner asleep
+ * would swallow the next arrival, which no report repeats). On success thread_mask = own bit
  * and recv is stopped (the new owner re-arms it), while a send still wanted
  * is registered by th's poller; the old owner's poller drops its
  * registration when it next sees the fd. Taking an fd th already owns

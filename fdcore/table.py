@@ -339,7 +339,8 @@ class Thread:
         """Takes fd for this thread alone; False if it is in use or is no
         longer the expected incarnation (normal outcomes of a race). Raises
         OSError for misuse: EBADF (fd out of range), EINVAL (this thread is
-        one owner among several of a shared fd)."""
+        one owner among several of a shared fd, or fd is a group-shared
+        connection: insert_shared)."""
         rc = lib.fdc_takeover(self._th, fd, expected_owner)
         if rc in (-errno.EBUSY, -errno.ESTALE):
             return False

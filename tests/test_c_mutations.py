@@ -70,6 +70,10 @@ The mutants:
              between an EAGAIN (or a recv pause) and the want is lost;
              caught by the writer's lost-report and lost-send-report checks
              of the shared scenario at -t 3 (pollers asleep take the edge).
+             shared-takeover: fdc_takeover takes a group-shared connection
+             (the review finding of issue 21: the old owners' exclusive
+             edge-triggered registrations stay, and one asleep swallows the
+             new owner's next arrival); tests/c/repro/shared_takeover.c.
              Not a mutant: the polled bits set after each ADD instead of
              before. It changes nothing a test can see unless a sibling's
              update pass runs during fdc_insert_shared, i.e. a verb names
@@ -97,7 +101,8 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    FDCORE, REPORTS, REPRO_WALK, SHARED_AFFINITY, build_program, run_program, san_env,
+    FDCORE, REPORTS, REPRO_WALK, SHARED_AFFINITY, SHARED_TAKEOVER, build_program, run_program,
+    san_env,
     stress_argv, stress_sources,
 )
 
@@ -214,6 +219,13 @@ MUTANTS = {
             Edit("poller.c", "static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)\n{",
                  "if ((flags & (FDC_POLL_OUT | FDC_POLL_ERR)) && !(old & FDC_ACTIVE_W))",
                  "if (0)"),
+        ),
+    ),
+    "shared-takeover": Mutant(
+        "fdc_takeover takes a group-shared connection (FDC_EDGE) like any fd",
+        (
+            Edit("fd.c", "int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)",
+                 "\tif (atomic_load(&e->state) & FDC_EDGE) {", "\tif (0) {"),
         ),
     ),
     "shared-no-replay": Mutant(
@@ -394,3 +406,10 @@ def test_shared_affinity_catches_reregistration(tmp_path):
     both sleep (round 1, after the first changes)."""
     assert_repro_catches(tmp_path, "shared-reregister", SHARED_AFFINITY,
                          "FAIL: inserter T1 round 1")
+
+
+def test_shared_takeover_catches_a_taken_shared_fd(tmp_path):
+    """A takeover of a group-shared connection leaves an old owner's
+    registration to swallow the next arrival (issue 21 review)."""
+    assert_repro_catches(tmp_path, "shared-takeover", SHARED_TAKEOVER,
+                         "FAIL: the new owner T2 never heard of the arrival")

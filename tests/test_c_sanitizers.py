@@ -11,7 +11,10 @@ tests/c/repro/shared_affinity.c (a group-shared connection's arrivals go to
 its inserting thread while it sleeps, issue 21) must pass under both;
 tests/c/repro/repro_shared_insert.c (a sibling's update pass during
 fdc_insert_shared, driven by wrapping epoll_ctl) passes since fdcore's
-FDC_INSERTING fix (it failed before: the finding it reproduces).
+FDC_INSERTING fix (it failed before: the finding it reproduces), and
+tests/c/repro/shared_takeover.c (a takeover of a group-shared connection:
+refused, else an old owner asleep swallowed the next arrival) since
+fdc_takeover refuses FDC_EDGE fds.
 
 The C programs are compiled here, once per sanitizer and per xdist worker,
 into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now
@@ -46,6 +49,7 @@ FDCORE = ROOT / "fdcore"
 CDIR = ROOT / "tests" / "c"
 REPRO_WALK = CDIR / "repro" / "repro_walk.c"
 SHARED_AFFINITY = CDIR / "repro" / "shared_affinity.c"
+SHARED_TAKEOVER = CDIR / "repro" / "shared_takeover.c"
 
 SECONDS = float(os.environ.get("FDC_STRESS_SECONDS") or 3)
 # build + the run + the final checks, with room for a loaded 2-core machine
@@ -232,3 +236,13 @@ def test_repro_shared_insert_under_sanitizer(tmp_path, san):
     """A sibling's update pass during fdc_insert_shared (driven by wrapping
     epoll_ctl) must leave a consistent, healthy registration."""
     assert_repro_passes(tmp_path, san, REPRO_SHARED_INSERT, cflags=("-Wl,--wrap=epoll_ctl",))
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_shared_takeover_under_sanitizer(tmp_path, san):
+    """A takeover of a group-shared connection never leaves an old owner's
+    exclusive edge-triggered registration to swallow the new owner's next
+    arrival (issue 21 review): fdc_takeover refuses it."""
+    assert_repro_passes(tmp_path, san, SHARED_TAKEOVER)

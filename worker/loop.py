@@ -774,14 +774,18 @@ class Loop:
                 self._pause_accepting(th, exc)
                 return
             raise
-        if n and self.rotate_accept:
-            self._requeue(th, lfd)
-        if ahead:
-            self.gate.balance_off(th)
-        self.gate.publish()
-        if n and self.engine.dispatch:
-            # the app may run in here: the listener is done with first
-            self.engine.serve_accepted(self._pos[th.tid])
+        try:
+            if n and self.rotate_accept:
+                self._requeue(th, lfd)
+            if ahead:
+                self.gate.balance_off(th)
+            self.gate.publish()
+        finally:
+            if n and self.engine.dispatch:
+                # the app may run in here: the listener is done with first;
+                # whatever happened there, what the first reads brought is
+                # served (each such connection waits for it: engine.c)
+                self.engine.serve_accepted(self._pos[th.tid])
 
     def _requeue(self, th, lfd: int) -> None:
         """Moves th's own registration of the listener to the end of the

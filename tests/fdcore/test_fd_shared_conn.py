@@ -9,7 +9,7 @@ step: the registrations (the kernel's own interest lists); the refusal of a
 mask without the caller; who gets an arrival when the inserter sleeps, or
 does not poll; no sibling woken by a direction change; a delete while a
 sibling holds a running bit; one report per arrival (edge-triggered), also
-after a DEL + ADD of the registration. tests/c/stress_shared.c runs the same
+after a DEL + ADD of the registration; no takeover. tests/c/stress_shared.c runs the same
 protocol under threads and sanitizers.
 """
 import contextlib
@@ -172,6 +172,31 @@ def test_a_subset_registers_only_its_threads():
             assert info.thread_mask == 0b101 and info.polled_recv == 0b101
             assert [interest(th.epfd, fd) is not None for th in table.threads] == [
                 True, False, True]
+        finally:
+            table.threads[0].delete(fd)
+            peer.close()
+
+
+@pytest.mark.parametrize("taker", [0, 1, 2])
+def test_a_takeover_is_refused_and_changes_nothing(taker):
+    """EINVAL for every thread of the group, an owner or not (review
+    finding: a non-owner's takeover left the owners' exclusive edge
+    registrations, and one asleep swallowed the next arrival:
+    tests/c/repro/shared_takeover.c), the registrations as they were."""
+    with Table(3, 1) as table:
+        a, peer = socket.socketpair()
+        fd = a.detach()
+        try:
+            table.threads[0].insert_shared(fd, OWNER, 0b011)
+            before = table.dump(fd)
+            with pytest.raises(OSError) as exc:
+                table.threads[taker].takeover(fd, OWNER)
+            assert exc.value.errno == errno.EINVAL
+            after = table.dump(fd)
+            assert (after.thread_mask, after.polled_recv, after.state, after.running_mask) == (
+                before.thread_mask, before.polled_recv, before.state, 0)
+            assert [interest(th.epfd, fd) is not None for th in table.threads] == [
+                True, True, False]
         finally:
             table.threads[0].delete(fd)
             peer.close()

@@ -241,9 +241,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	 * reports no event, and must not be slept over: the counter tells. */
 	struct fdc_counters before, after;
 
-	/* a sibling's batch that ran long left work for the group (dispatch.c) */
-	if (s->rq_len)
-		dispatch_run_spilled(s, pos);
+	/* work queued for the group (dispatch.c): never asleep on it */
 	if (s->rq_len && dispatch_has_spilled(s, pos))
 		timeout = 0;                           /* never asleep on queued work */
 	s->api.counters(t->th, &before);
@@ -277,6 +275,13 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	}
 	double start = 0;
 	int spilled = 0;
+	/* dispatch: while the group has queued work, what this poll brought
+	 * joins the queue behind it (served oldest first, below): a report
+	 * run at once would overtake requests that wait longer (measured: a
+	 * p50 below the ideal and a p99 of 2.4x it). With the queue empty
+	 * the batch runs here (affinity, nothing handed over) until it has
+	 * run for SPILL_AFTER. */
+	int queue = s->dispatch && !relieved && s->rq_len && dispatch_has_spilled(s, pos);
 
 	for (int i = 0; i < n; i++) {
 		struct fdc_event *ev = &t->ev[i];
@@ -304,8 +309,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 
 		if (!start)
 			start = now;
-		/* this batch ran long (the app blocks): its rest to idle siblings */
-		if (s->dispatch && !relieved && (spilled || now - start > SPILL_AFTER) &&
+		if (s->dispatch && !relieved && (queue || spilled || now - start > SPILL_AFTER) &&
 		    dispatch_spill(s, c, ev->events) == 0) {
 			spilled++;
 			s->api.leave(t->th, ev->fd, ev->gen);
@@ -336,8 +340,10 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		Py_DECREF(c);
 		handled++;
 	}
-	if (spilled)
-		dispatch_wake_idle(s, pos);
+	if (spilled && !queue)
+		dispatch_wake_idle(s, pos);            /* this batch ran long: help */
+	if (s->dispatch && s->rq_len)
+		handled += dispatch_run_spilled(s, pos);
 	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);
 		return NULL;
@@ -393,6 +399,13 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 			close(fd);
 			return first < 0 ? -1 : 0;
 		}
+		/* what that read brought is this thread's to serve first
+		 * (serve_first): a sibling that a report of the same socket
+		 * wakes meanwhile (the end of input after it, more bytes) only
+		 * records it, else it read the EOF and closed the connection
+		 * with the first request unserved (a fuzz run's dropped request) */
+		if (first)
+			c->inside = pos;
 		if (s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask) < 0) {
 			c->closed = 1;
 			Py_DECREF(c);
@@ -437,7 +450,10 @@ static int serve_first(Server *s, struct srv_thread *t, int pos, int fd)
 	HttpConn *c = fd < s->maxfd ? s->conns[fd] : NULL;
 	uint32_t gen;
 
-	if (!c || c->closed || s->api.enter(t->th, fd, &gen) != FDC_DONE)
+	if (!c || c->inside != pos)
+		return 0;
+	c->inside = -1;                 /* held since take_fd: dispatch_run's now */
+	if (c->closed || s->api.enter(t->th, fd, &gen) != FDC_DONE)
 		return 0;
 	Py_INCREF(c);
 	if (dispatch_run(c, pos, EV_FIRST, -1) < 0)

@@ -243,6 +243,7 @@ int hconn_close_now(HttpConn *c)
 	}
 	if (parked)
 		respond_abandon(parked);   /* close() (once), the access log, the counts; holds c */
+	dispatch_unqueue(s, c);        /* last: the caller holds c by a reference of its own */
 	return 0;
 }
 

@@ -262,15 +262,18 @@ int hconn_serve_first(HttpConn *c);
 #define EV_FIRST 0x80000000u               /* not an fdcore bit: see above */
 /* dispatch.c: one report or due timer for a group-shared connection */
 int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
-/* dispatch.c: a batch that ran past SPILL_AFTER hands its rest to the
- * group (spill, then wake_idle once), which any thread runs first thing in
- * its turn (run_spilled); free_spilled at the engine's end. */
+/* dispatch.c: the group's queue: a batch that ran past SPILL_AFTER, or
+ * any poll while the group has queued work, hands its reports to it
+ * (spill), run oldest first by every thread of the group after its poll
+ * (run_spilled); free_spilled at the engine's end. */
 #define SPILL_AFTER 0.002
 int dispatch_spill(Server *s, HttpConn *c, uint32_t events);
 void dispatch_wake_idle(Server *s, int pos);
-void dispatch_run_spilled(Server *s, int pos);
+int dispatch_run_spilled(Server *s, int pos);
 int dispatch_has_spilled(const Server *s, int pos);
 void dispatch_free_spilled(Server *s);
+/* hconn_close_now: a closing connection's entry leaves the queue */
+void dispatch_unqueue(Server *s, HttpConn *c);
 /* Appends to the output; flushes what the kernel takes when `now`. */
 int hconn_send(HttpConn *c, const char *data, size_t n, int now);
 int hconn_flush(HttpConn *c);

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "fd.h"
+#include "repro.h"
 
 #define ROUNDS 3
 #define SIBLING_WAIT_MS 300
@@ -51,19 +52,6 @@ static _Atomic int g_tid[2];
 static _Atomic int g_got[2];      /* reports for g_fd in this round */
 static _Atomic int g_quit;
 static _Atomic int g_ins;          /* the inserting thread of this round */
-
-static void die(int code, const char *what)
-{
-	fprintf(stderr, "%s%s\n", code == 1 ? "FAIL: " : "SETUP: ", what);
-	exit(code);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void *poller(void *arg)
 {
@@ -96,17 +84,7 @@ static void *poller(void *arg)
 /* Whether thread `me` is blocked in epoll_wait / epoll_pwait. */
 static int asleep(int me)
 {
-	char path[64], buf[64];
-	long nr;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", atomic_load(&g_tid[me]));
-	f = fopen(path, "r");
-	if (!f)
-		return 0;
-	nr = fgets(buf, sizeof(buf), f) ? strtol(buf, NULL, 10) : -1;
-	fclose(f);
-	return nr == SYS_epoll_wait || nr == SYS_epoll_pwait;
+	return in_epoll_wait(atomic_load(&g_tid[me]));
 }
 
 /* th's poller runs its update pass and takes its reports (none is for a
