@@ -52,6 +52,20 @@
  * every poll reports it again. Not for EXCLUSIVE fds (listeners). */
 #define FDC_WATCH_HUP   0x00000008u
 #define FDC_WANTED      (FDC_ACTIVE_RW | FDC_WATCH_HUP)
+/* KEPT_R / KEPT_W, FDC_EDGE fds only: an edge of this direction was
+ * reported while the direction was not ACTIVE. An edge-triggered report
+ * comes once; the registration of an EDGE fd is never narrowed to the
+ * wanted directions (poller.c, update_fd), so reports of a direction
+ * nobody wants arrive, are not handed out, and are kept here. The verb
+ * that makes the direction ACTIVE again takes the bit in the same CAS and
+ * owes the caller a report (a replay), which the kernel would not send:
+ * a flush that saw EAGAIN, then a writable edge consumed before its
+ * want_send, then the want_send, still gets its POLL_OUT. Set only while
+ * the direction is inactive, cleared only in the CAS that activates it
+ * (or by an update pass that replays it): never both KEPT_x and ACTIVE_x
+ * after a verb returns. */
+#define FDC_KEPT_R      0x02000000u
+#define FDC_KEPT_W      0x04000000u
 
 /* last poll report: IN/PRI/OUT are replaced at each report, ERR/HUP/RDHUP
  * stay until close. These are also the event bits handed to Python.
@@ -83,7 +97,8 @@
 #define FDC_EDGE        0x00200000u   /* registered EPOLLET (a group-shared
                                          connection, fdc_insert_shared): its
                                          owner reads until a short read, and
-                                         a direction change wakes nobody */
+                                         a direction change wakes nobody and
+                                         re-registers nothing (poller.c) */
 #define FDC_DISOWN      0x00400000u   /* final close forgets, never close()s */
 #define FDC_INSERTING   0x01000000u   /* fdc_insert_shared is still registering
                                          the fd in its siblings' pollers:
@@ -234,11 +249,12 @@ struct fdc_thread {
 	                                  thanks to the own update bit */
 	int nbupdt;
 	int in_pass;                   /* inside fdc_update_pass (reentry guard) */
-	struct fdc_failed {            /* fds whose registration failed, to be */
-		int32_t fd;            /* reported to their owner by the next */
-		uint32_t gen;          /* fdc_poll (poller.c); grows on demand */
-	} *failed;
-	int nbfailed, capfailed;
+	struct fdc_owed {              /* reports th owes its caller, made by */
+		int32_t fd;            /* its next fdc_poll before it waits: */
+		uint32_t gen;          /* failed registrations (ERR | CTL) and */
+		uint32_t events;       /* kept edges replayed (IN, OUT); one */
+	} *owed;                       /* entry per incarnation; grows on demand */
+	int nbowed, capowed;
 	struct fdc_counters_atomic ctr;
 };
 

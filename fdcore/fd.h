@@ -26,7 +26,11 @@
  *     DELs from it only in the final close of a CLONED or DISOWN fd.
  *  I8 each owner's update pass converges its own registration to the
  *     desired state (ACTIVE bits, thread_mask) before it sleeps: ADD, MOD,
- *     DEL; polled_mask says what the kernel has. A registration the kernel
+ *     DEL; polled_mask says what the kernel has. For an FDC_EDGE fd (a
+ *     group-shared connection) the desired registration is the one made
+ *     once, grown by EPOLLOUT, never narrowed while th owns it (poller.c):
+ *     reports of directions not ACTIVE are kept (FDC_KEPT_*), and the
+ *     verb that activates the direction replays them. A registration the kernel
  *     refuses is reported to the fd's owner (FDC_POLL_CTL), never left
  *     looking done (poller.c, ctl()). The one exception: with no memory
  *     left for the report list, the failure stays on the fd (FDC_ERR,
@@ -127,7 +131,7 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
  * group; th's own bit must be in it, -EINVAL otherwise): inserted as
  * fdc_insert(FDC_ACCEPTED) would, reading, and registered EPOLLIN |
  * EPOLLEXCLUSIVE | EPOLLET in the poller of every thread of the mask, th's
- * own first. The kernel then offers each new arrival to the first of those
+ * own first and with EPOLLOUT besides. The kernel then offers each new arrival to the first of those
  * pollers that has a thread asleep in it, and to no other: the thread that
  * accepted it while it waits, else one idle sibling (worker/native: per-
  * request dispatch, DESIGN.md section 5). Edge-triggered, so a thread that
@@ -136,8 +140,15 @@ int fdc_insert(struct fdc_table *t, int fd, uint64_t owner, uint32_t kind,
  * read (the kernel queues a new report for every arrival after it), and
  * decide among the threads which one handles a report (running bits do not
  * exclude: several threads may be inside a shared fd). Direction changes
- * (want_send ...) go to every owner's update pass but wake none: only the
- * changing thread's own registration matters before it sleeps.
+ * (want_send ...) re-register nothing and wake nobody: th's registration
+ * stays first in the file's wait queue for the connection's life (the
+ * affinity); a sibling adds EPOLLOUT (DEL + ADD of its own, once) at its
+ * first update pass while send is wanted. A report of a direction that is
+ * not ACTIVE is not handed out but kept, and replayed to the owner whose
+ * want_* activates it again (at its next fdc_poll, before it waits): a
+ * flush that saw EAGAIN, then the writable edge consumed before its
+ * want_send, still gets its POLL_OUT. A want_* by a thread that is no
+ * owner leaves the replay to the owners' update passes and wakes them.
  * I7's one exception: the registrations are made here, by th, in the other
  * threads' instances, after the entry is published and before anything
  * else can name it (it is on no update list), polled bits first as in an
@@ -196,7 +207,10 @@ int fdc_leave(struct fdc_thread *th, int fd, uint32_t gen);
 
 /* Direction verbs. want/stop flip ACTIVE and program a poller update when
  * it changes; may/cant flip READY (no update: polled == active). Any thread
- * of any group; -EBADF if the fd is not in the table.
+ * of any group; -EBADF if the fd is not in the table. On an FDC_EDGE fd a
+ * want_* by one of its owners may owe the caller a replayed report (fd-t.h,
+ * FDC_KEPT_*), made by the caller's next fdc_poll, and a change programs an
+ * update only when an owner lacks a registration it needs.
  */
 int fdc_want_recv(struct fdc_thread *th, int fd);
 int fdc_stop_recv(struct fdc_thread *th, int fd);
@@ -233,12 +247,15 @@ int fdc_update_pass(struct fdc_thread *th);
  * calls it with the GIL released), then the enter step for each report.
  * Returns how many events were written to out (th holds each), or -errno.
  * An fd whose registration th's pass could not make (I8) is reported first,
- * with FDC_POLL_ERR | FDC_POLL_CTL (errno in fdc_dump's ctl_errno), and the
- * wait does not block while such a report is pending: its owner must close
+ * with FDC_POLL_ERR | FDC_POLL_CTL (errno in fdc_dump's ctl_errno), as are
+ * the kept edges th's verbs or pass took (FDC_EDGE fds), and the wait does
+ * not block while such a report is pending: its owner must close
  * it or change what it wants. Every failed attempt of th is reported (one
  * pending report per fd and thread); a report th can no longer make (fd
  * closed, or taken over by another thread, whose poller tries its own
- * registration) is dropped.
+ * registration) is dropped. A round whose reports were all edges kept
+ * for directions nobody wants (an FDC_EDGE fd's) returns nothing to the
+ * caller: the wait goes on for what is left of timeout_ms.
  */
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
 

@@ -15,6 +15,21 @@
  *    file instead of all of them; it is accepted by ADD only (MOD fails with
  *    EINVAL) and only with EPOLLIN/EPOLLOUT/EPOLLWAKEUP/EPOLLET.
  *  - epoll_ctl on an instance is safe from any thread.
+ *  - EPOLLEXCLUSIVE instances sharing a file sit in the file's wait queue
+ *    in the order they were ADDed, and a wake-up stops at the first one
+ *    with a thread asleep in it (earlier ones without a sleeper keep the
+ *    report in their ready lists). DEL + ADD puts an instance at the end.
+ *    A wake-up for one direction (the socket's EPOLLIN or EPOLLOUT
+ *    callback) skips instances registered without it.
+ *  - ADD checks readiness at once: a ready file goes on the instance's
+ *    ready list and wakes a thread asleep in it. A fresh socket is
+ *    writable, so an ADD with EPOLLOUT reports (and wakes) at once.
+ *  - With EPOLLET a report comes per wake-up of the file, and carries all
+ *    its ready registered events: an arrival reports IN | OUT while the
+ *    socket is writable. Measured 2026-11-26 (Linux 6.x): TCP wakes for
+ *    EPOLLOUT only once a send found the buffer full (SOCK_NOSPACE), then
+ *    once when room came back; AF_UNIX stream wakes for it at every read
+ *    by the peer while writable.
  * What this means for us:
  *  - each thread owns one epoll instance and is the only one to ADD/MOD it
  *    (I7); it keeps polled_mask as its cache of what the kernel has;
@@ -26,6 +41,20 @@
  *    incarnation of a reused number is recognised and dropped;
  *  - a shared listener may be registered EXCLUSIVE: changing its directions
  *    then means DEL + ADD;
+ *  - a group-shared connection (FDC_EDGE, fdc_insert_shared) is never
+ *    DEL + ADDed for a direction change: that would put the accepting
+ *    thread's instance behind its siblings' and give its arrivals to them
+ *    for the connection's life (the affinity). Its registration only
+ *    grows: EPOLLIN | EPOLLOUT in the inserter's instance from the start,
+ *    EPOLLIN in its siblings' (an ADD with EPOLLOUT would wake each of
+ *    them at every accept), EPOLLOUT added to a sibling's (one DEL + ADD,
+ *    the sibling moving behind the others) the first time it passes while
+ *    send is wanted. Reports of a direction nobody wants are not handed
+ *    out but kept in the state (FDC_KEPT_*, fd-t.h) and replayed to the
+ *    thread whose verb wants that direction again, since edge-triggered
+ *    epoll will not report them twice. Cost: an AF_UNIX connection's
+ *    inserter is told of every read by its peer (dropped, kept);
+ *    a TCP one only after a full buffer, when send is wanted anyway;
  *  - a registration the kernel refuses (ENOSPC at max_user_watches, ENOMEM)
  *    is not retried behind the owner's back: polled_mask says what the
  *    kernel really has, and the owner gets an FDC_POLL_CTL report (ctl()).
@@ -36,6 +65,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fd-int.h"
@@ -86,6 +116,37 @@ static int ctl(struct fdc_thread *th, int op, int fd, struct epoll_event *ev, in
 	return n;
 }
 
+/* Queues a report th owes its caller about incarnation gen of fd, made by
+ * th's next fdc_poll before it waits (report_owed): merged into the one
+ * already owed for that incarnation, if any, so a failure and a replay,
+ * or two failed attempts, make one report. th's thread (the list is
+ * th's own). Returns 0, or -ENOMEM if the list could not grow (nothing
+ * queued).
+ */
+static int owe(struct fdc_thread *th, int fd, uint32_t gen, uint32_t events)
+{
+	/* owed reports are few and the list short: a scan, not an index */
+	for (int i = 0; i < th->nbowed; i++)
+		if (th->owed[i].fd == fd && th->owed[i].gen == gen) {
+			th->owed[i].events |= events;
+			return 0;
+		}
+	if (th->nbowed == th->capowed) {
+		int cap = th->capowed ? 2 * th->capowed : 16;
+		struct fdc_owed *p = realloc(th->owed, sizeof(*p) * (size_t)cap);
+
+		if (!p)
+			return -ENOMEM;
+		th->owed = p;
+		th->capowed = cap;
+	}
+	th->owed[th->nbowed].fd = fd;
+	th->owed[th->nbowed].gen = gen;
+	th->owed[th->nbowed].events = events;
+	th->nbowed++;
+	return 0;
+}
+
 /* Records that th's registration of fd failed with errno err and queues the
  * fd for a report to its owner by th's next fdc_poll (FDC_POLL_CTL; the
  * report itself is made under a running bit there). Every failed attempt
@@ -97,28 +158,65 @@ static int ctl(struct fdc_thread *th, int op, int fd, struct epoll_event *ev, in
 static void fail_fd(struct fdc_thread *th, int fd, int err)
 {
 	struct fdc_entry *e = &th->t->fdtab[fd];
-	uint32_t gen = atomic_load(&e->generation);
 
 	atomic_store(&e->ctl_errno, err);
 	atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL);
-	/* failures are rare and the list short: a scan, not an index */
-	for (int i = 0; i < th->nbfailed; i++)
-		if (th->failed[i].fd == fd && th->failed[i].gen == gen)
-			return;
-	if (th->nbfailed == th->capfailed) {
-		int cap = th->capfailed ? 2 * th->capfailed : 16;
-		struct fdc_failed *p = realloc(th->failed, sizeof(*p) * (size_t)cap);
+	/* out of memory while failing: the ERR state and ctl_errno stay on
+	 * the fd for its owner to see; only the report is lost */
+	owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL);
+}
 
-		/* out of memory while failing: the ERR state and ctl_errno stay
-		 * on the fd for its owner to see; only the push is lost */
-		if (!p)
+/* The report a kept edge stands for (fd-t.h, FDC_KEPT_*). */
+static uint32_t kept_events(uint32_t kept)
+{
+	return (kept & FDC_KEPT_R ? FDC_POLL_IN : 0) | (kept & FDC_KEPT_W ? FDC_POLL_OUT : 0);
+}
+
+/* fd-int.h. th took the kept edges `kept` (FDC_KEPT_R / FDC_KEPT_W) off
+ * the state of FDC_EDGE fd, in the CAS that made their directions ACTIVE
+ * (fd.c, change_state) or in its update pass (take_kept): it now owes its
+ * caller their report (POLL_IN, POLL_OUT), made by its next fdc_poll
+ * before it waits, as the kernel would have made it had the direction
+ * been wanted when the edge came.
+ * Who: th's thread, an owner of fd in th's group, holding a reference on
+ * the fd's tgid (the generation read here is the live incarnation's: it
+ * changes only in the final close, which waits for references).
+ * Returns nothing: if the report cannot be queued (no memory), the bits
+ * go back on the state (ACTIVE and KEPT both set, for once) and th's
+ * update pass is programmed, whose take_kept tries again: never lost.
+ * Memory ordering: seq_cst RMW on the state, as every writer of it.
+ */
+void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
+{
+	struct fdc_entry *e = &th->t->fdtab[fd];
+
+	if (owe(th, fd, atomic_load(&e->generation), kept_events(kept)) == 0)
+		return;
+	atomic_fetch_or(&e->state, kept);
+	fdc_updt_polling(th, fd, th->tgid);
+}
+
+/* An update pass's part of the replay: edges kept on directions ACTIVE
+ * now, which the verb that activated them could not take (its caller was
+ * no owner of fd: fd.c, change_state), are taken by th, which owes their
+ * report. th's thread, an owner, holding a reference on the fd's tgid.
+ * The CAS takes only bits whose direction is still ACTIVE: one taker per
+ * kept edge, whoever it is (a verb, or another owner's pass).
+ * Memory ordering: a seq_cst CAS on the state, the word apply_report and
+ * change_state CAS too: a kept edge is taken by exactly one of them.
+ */
+static void take_kept(struct fdc_thread *th, int fd)
+{
+	struct fdc_entry *e = &th->t->fdtab[fd];
+	uint32_t old = atomic_load(&e->state), take;
+
+	do {
+		take = old & ((old & FDC_ACTIVE_R ? FDC_KEPT_R : 0) |
+		              (old & FDC_ACTIVE_W ? FDC_KEPT_W : 0));
+		if (!take)
 			return;
-		th->failed = p;
-		th->capfailed = cap;
-	}
-	th->failed[th->nbfailed].fd = fd;
-	th->failed[th->nbfailed].gen = gen;
-	th->nbfailed++;
+	} while (!atomic_compare_exchange_weak(&e->state, &old, old & ~take));
+	fdc_replay_kept(th, fd, take);
 }
 
 static void set_bit(_Atomic uint64_t *m, uint64_t bit, int on)
@@ -140,10 +238,13 @@ static void set_polled(struct fdc_polled *pol, uint64_t bit, int r, int h, int w
 
 /* Converges th's own registration of fd to the desired state (I8): ADD
  * when th owns it and a direction is ACTIVE, MOD when the polled directions
- * differ, DEL when nothing is wanted or th is no longer an owner. On a
- * failure polled_mask ends up as the kernel has it and the owner is told
- * (ctl, fail_fd). th's thread, holding a reference on the fd's tgid.
- * Returns syscalls made.
+ * differ, DEL when nothing is wanted or th is no longer an owner. An
+ * FDC_EDGE fd's registration only grows while th owns it (the essay
+ * above): EPOLLIN once registered at all, EPOLLOUT once send was wanted
+ * at a pass; and its edges kept on ACTIVE directions are replayed
+ * (take_kept). On a failure polled_mask ends up as the kernel has it and
+ * the owner is told (ctl, fail_fd). th's thread, holding a reference on
+ * the fd's tgid. Returns syscalls made.
  */
 static int update_fd(struct fdc_thread *th, int fd)
 {
@@ -164,6 +265,17 @@ static int update_fd(struct fdc_thread *th, int fd)
 	int ps = !!(atomic_load(&pol->send) & bit);
 	int n, err, kept = 0;   /* kept: the old registration survives a failure */
 	struct epoll_event ev;
+
+	if (st & FDC_EDGE) {
+		/* never narrowed while th owns it: a DEL + ADD would put th's
+		 * instance behind its siblings' in the file's wait queue */
+		int any = owner && (pr || ps || wr || ww);
+
+		ww = any && (ps || ww);
+		wr = any;
+		if (owner && (st & (FDC_KEPT_R | FDC_KEPT_W)))
+			take_kept(th, fd);
+	}
 
 	/* What the kernel has is what our own polled bits say (only we write
 	 * them, and we hold a reference: the final close cannot zero them
@@ -339,6 +451,9 @@ int fdc_update_pass(struct fdc_thread *th)
 	return n;
 }
 
+/* The report bits that unblock the recv side (READY_R). */
+#define FDC_POLL_R_ANY (FDC_POLL_IN | FDC_POLL_PRI | FDC_POLL_HUP | FDC_POLL_ERR | FDC_POLL_RDHUP)
+
 /* Translates an epoll report into FDC_POLL_* bits. */
 static uint32_t poll_flags(uint32_t ev)
 {
@@ -348,8 +463,12 @@ static uint32_t poll_flags(uint32_t ev)
 }
 
 /* Records a report in the fd's state: last poll flags (IN/PRI/OUT replaced,
- * the rest sticky), READY for the directions it unblocks, SHUT and ERR.
- * Caller holds a running bit. Returns the new state.
+ * the rest sticky), READY for the directions it unblocks, SHUT and ERR;
+ * on an FDC_EDGE fd, KEPT for each direction it unblocks that is not
+ * ACTIVE (fd-t.h): decided in the same CAS as the verbs' ACTIVE changes
+ * (fd.c, change_state), so of a report and a want_* racing, either the
+ * report sees ACTIVE (and is handed out: deliverable) or the want sees
+ * KEPT (and replays it). Caller holds a running bit. Returns the new state.
  */
 static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
 {
@@ -357,7 +476,7 @@ static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
 
 	do {
 		new = (old & ~(FDC_POLL_IN | FDC_POLL_PRI | FDC_POLL_OUT)) | flags;
-		if (flags & (FDC_POLL_IN | FDC_POLL_PRI | FDC_POLL_HUP | FDC_POLL_ERR | FDC_POLL_RDHUP))
+		if (flags & FDC_POLL_R_ANY)
 			new |= FDC_READY_R;
 		if (flags & (FDC_POLL_OUT | FDC_POLL_ERR))
 			new |= FDC_READY_W;
@@ -367,8 +486,32 @@ static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)
 			new |= FDC_SHUT_R | FDC_SHUT_W;
 		if (flags & FDC_POLL_ERR)
 			new |= FDC_ERR;
+		if (old & FDC_EDGE) {
+			if ((flags & FDC_POLL_R_ANY) && !(old & FDC_ACTIVE_R))
+				new |= FDC_KEPT_R;
+			if ((flags & (FDC_POLL_OUT | FDC_POLL_ERR)) && !(old & FDC_ACTIVE_W))
+				new |= FDC_KEPT_W;
+		}
 	} while (new != old && !atomic_compare_exchange_weak(&e->state, &old, new));
 	return new;
+}
+
+/* What of a report recorded by apply_report (new state st) goes to the
+ * caller: nothing if no direction is wanted; for an FDC_EDGE fd, whose
+ * registration carries directions nobody wants, without IN/PRI while recv
+ * is not ACTIVE and without OUT while send is not (apply_report kept
+ * them). 0: the report is not handed out. */
+static uint32_t deliverable(uint32_t st, uint32_t flags)
+{
+	if (!(st & FDC_WANTED))
+		return 0;
+	if (st & FDC_EDGE) {
+		if (!(st & FDC_ACTIVE_R))
+			flags &= ~(FDC_POLL_IN | FDC_POLL_PRI);
+		if (!(st & FDC_ACTIVE_W))
+			flags &= ~FDC_POLL_OUT;
+	}
+	return flags;
 }
 
 /* Fills one event of a batch; the caller holds a running bit on fd. */
@@ -382,22 +525,23 @@ static void put_event(struct fdc_event *ev, struct fdc_entry *e, int fd, uint32_
 	ev->owner = atomic_load(&e->owner);
 }
 
-/* Writes the reports of th's failed registrations (fail_fd) to out[0..max),
- * entering each fd like a poll report (so th holds it). Reports about a
- * closed or moved incarnation, or to a thread no longer an owner, are
- * dropped; those beyond max wait for the next call. th's thread. Returns
- * how many were written. Called before epoll_wait, so a report never
- * waits behind batches that epoll keeps full.
+/* Writes the reports th owes (owe: failed registrations, replayed kept
+ * edges) to out[0..max), entering each fd like a poll report (so th holds
+ * it). Reports about a closed or moved incarnation, or to a thread no
+ * longer an owner, are dropped; so is a replay whose direction was
+ * stopped again meanwhile (apply_report keeps it again); those beyond max
+ * wait for the next call. th's thread. Returns how many were written.
+ * Called before epoll_wait, so a report never waits behind batches that
+ * epoll keeps full.
  */
-static int report_failed(struct fdc_thread *th, struct fdc_event *out, int max)
+static int report_owed(struct fdc_thread *th, struct fdc_event *out, int max)
 {
 	struct fdc_table *t = th->t;
-	const uint32_t flags = FDC_POLL_ERR | FDC_POLL_CTL;
 	int i, cnt = 0;
 
-	for (i = 0; i < th->nbfailed && cnt < max; i++) {
-		int fd = th->failed[i].fd;
-		uint32_t gen = th->failed[i].gen, held;
+	for (i = 0; i < th->nbowed && cnt < max; i++) {
+		int fd = th->owed[i].fd;
+		uint32_t gen = th->owed[i].gen, flags = th->owed[i].events, held, st;
 		struct fdc_entry *e = &t->fdtab[fd];
 
 		if (fdc_enter(th, fd, &held) != FDC_DONE)
@@ -406,15 +550,22 @@ static int report_failed(struct fdc_thread *th, struct fdc_event *out, int max)
 			fdc_leave(th, fd, held);
 			continue;
 		}
-		apply_report(e, flags);
+		st = apply_report(e, flags);
+		/* a failure is told whatever is wanted (I8) */
+		if (!(flags & FDC_POLL_CTL))
+			flags = deliverable(st, flags);
+		if (!flags) {
+			fdc_leave(th, fd, gen);
+			continue;
+		}
 		put_event(&out[cnt++], e, fd, gen, flags);
 	}
-	th->nbfailed -= i;
-	memmove(th->failed, th->failed + i, sizeof(*th->failed) * (size_t)th->nbfailed);
+	th->nbowed -= i;
+	memmove(th->owed, th->owed + i, sizeof(*th->owed) * (size_t)th->nbowed);
 	return cnt;
 }
 
-/* Merges an epoll report for fd into the failure report of out[0..nrep)
+/* Merges an epoll report for fd into the owed report of out[0..nrep)
  * that already holds it, if any: th entered it once, and leaves it once.
  * Returns 1 if merged. th's thread, holding the fd (the report).
  */
@@ -424,34 +575,34 @@ static int merge_report(struct fdc_thread *th, struct fdc_event *out, int nrep,
 	for (int j = 0; j < nrep; j++) {
 		if (out[j].fd != fd)
 			continue;
-		if (out[j].gen == gen) {
-			out[j].events |= flags;
-			apply_report(&th->t->fdtab[fd], out[j].events);
-		}
+		if (out[j].gen == gen)
+			out[j].events |= deliverable(apply_report(&th->t->fdtab[fd], flags), flags);
 		return 1;
 	}
 	return 0;
 }
 
-int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max)
+/* One round of fdc_poll: update pass, owed reports, one epoll_wait, the
+ * enter step. Sets *kept_only when the wait brought fd reports and every
+ * one of them was an EDGE fd's edge kept for a direction nobody wants
+ * (nothing for the caller, nothing wasted either). th's thread. Returns
+ * as fdc_poll. */
+static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max,
+                      int *kept_only)
 {
 	struct fdc_table *t = th->t;
 	struct epoll_event evs[FDC_EVBATCH];
-	int n, nrep, cnt, fdev = 0, merged = 0;
+	int n, nrep, cnt, fdev = 0, merged = 0, kept = 0;
 
-	if (max <= 0)
-		return -EINVAL;
-	if (max > FDC_EVBATCH)
-		max = FDC_EVBATCH;
-
-	fdc_count(th, CTR_LOOPS);
+	*kept_only = 0;
 	fdc_update_pass(th);
-	/* failed registrations first (I8); with reports to make, do not sleep */
-	nrep = th->nbfailed ? report_failed(th, out, max) : 0;
+	/* owed reports first (failed registrations, I8; replays); with
+	 * reports to make, do not sleep */
+	nrep = th->nbowed ? report_owed(th, out, max) : 0;
 	cnt = nrep;
 	if (cnt == max)
 		return cnt;
-	if (nrep || th->nbfailed)
+	if (nrep || th->nbowed)
 		timeout_ms = 0;
 	fdc_hook(t, FDC_HK_BEFORE_WAIT, th->tid, -1, 0);
 	n = epoll_wait(th->epfd, evs, max - cnt, timeout_ms);
@@ -504,17 +655,63 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 			continue;
 		}
 		st = apply_report(e, flags);
-		if (!(st & FDC_WANTED)) {
-			/* nobody wants it: leave programs the DEL */
+		flags = deliverable(st, flags);
+		if (!flags) {
+			/* an EDGE fd's report of directions not ACTIVE (kept
+			 * by apply_report), or nobody wants it (leave programs
+			 * the DEL) */
+			if (st & FDC_EDGE)
+				kept++;
 			fdc_leave(th, fd, gen);
 			continue;
 		}
 		put_event(&out[cnt++], e, fd, gen, flags);
 	}
-	/* woken by fds, and none of their reports reached the caller */
-	if (fdev && cnt == nrep && !merged)
+	*kept_only = fdev && kept == fdev;
+	/* woken by fds, and none of their reports reached the caller nor
+	 * was kept for it */
+	if (fdev && cnt == nrep && !merged && !*kept_only)
 		fdc_count(th, CTR_WAKE_NOWORK);
 	return cnt;
+}
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max)
+{
+	long long until = 0;
+	int n, kept_only;
+
+	if (max <= 0)
+		return -EINVAL;
+	if (max > FDC_EVBATCH)
+		max = FDC_EVBATCH;
+	fdc_count(th, CTR_LOOPS);
+	if (timeout_ms > 0)
+		until = mono_ms() + timeout_ms;   /* a vDSO call, no syscall */
+	/* A round whose reports were all kept edges (the ADD of a connection
+	 * th just accepted reports it writable; an AF_UNIX peer's every read
+	 * does too) has nothing for the caller: wait again, for what is left
+	 * of the timeout, rather than hand the caller an empty turn per
+	 * accepted connection. Bounded: a caller always gets its turn back. */
+	for (int round = 0; ; round++) {
+		n = poll_round(th, timeout_ms, out, max, &kept_only);
+		if (n || !kept_only || !timeout_ms || round == 16)
+			return n;
+		if (timeout_ms > 0) {
+			long long now = mono_ms();
+
+			if (now >= until)
+				return 0;
+			timeout_ms = (int)(until - now);
+		}
+	}
 }
 
 int fdc_leave_batch(struct fdc_thread *th, const struct fdc_event *ev, int n)
@@ -571,6 +768,10 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max)
  * insert: th's own instance first (the kernel offers an exclusive event to
  * the instances in the order they registered: the accepting thread keeps
  * its connections while it waits, the affinity), then each sibling's.
+ * th's with EPOLLOUT besides: no direction change will ever re-register it
+ * (update_fd), so it must hold both from the start; its ADD reports the
+ * fresh socket writable to th itself, awake here (kept: KEPT_W). The
+ * siblings' without: an ADD reporting at once would wake each of them.
  * Ordering: each polled bit is set (seq_cst) before its ADD, as update_fd
  * does, and the whole happens under a reference on the fd's tgid, so the
  * final close (which waits for references) sees every bit of an ADD made.
@@ -600,19 +801,23 @@ int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner, uint32_t ki
 	/* reading is wanted before any poller can report it; INSERTING keeps
 	 * other threads' update passes off the fd until every ADD is made */
 	atomic_fetch_or(&e->state, FDC_ACTIVE_R | FDC_EDGE | FDC_INSERTING);
-	ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLET;
 	ev.data.u64 = ((uint64_t)atomic_load(&e->generation) << 32) | (uint32_t)fd;
+	ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLET;
 	rest = thread_mask & ~th->ltid_bit;
 	for (bit = th->ltid_bit; bit; bit = rest & -rest, rest &= rest - 1) {
 		int ltid = __builtin_ctzll(bit);
 
 		atomic_fetch_or(&pol->recv, bit);
 		if (bit == th->ltid_bit) {
+			atomic_fetch_or(&pol->send, bit);
+			ev.events = EPOLLIN | EPOLLOUT | EPOLLEXCLUSIVE | EPOLLET;
 			ctl(th, EPOLL_CTL_ADD, fd, &ev, &err);
 			if (err) {
 				atomic_fetch_and(&pol->recv, ~bit);
+				atomic_fetch_and(&pol->send, ~bit);
 				fail_fd(th, fd, err);
 			}
+			ev.events = EPOLLIN | EPOLLEXCLUSIVE | EPOLLET;
 			continue;
 		}
 		fdc_count(th, CTR_CTL_ADD);

@@ -66,6 +66,9 @@ class State(enum.IntFlag):
     EXCLUSIVE = lib.FDC_EXCLUSIVE
     DISOWN = lib.FDC_DISOWN
     MUST_CLOSE = lib.FDC_MUST_CLOSE
+    EDGE = lib.FDC_EDGE
+    KEPT_R = lib.FDC_KEPT_R          # EDGE: an unwanted edge kept for the next want
+    KEPT_W = lib.FDC_KEPT_W
 
 
 class Event(NamedTuple):

@@ -59,6 +59,17 @@ The mutants:
              a sibling's before the inserter's (affinity lost: arrivals go
              to an idle sibling while the inserter waits too); the stress
              cannot tell, tests/c/repro/shared_affinity.c does.
+             shared-reregister: the registration before the affinity fix
+             (update passes narrow an EDGE fd's registration to the ACTIVE
+             directions, each change programmed: DEL + ADD); the stress
+             cannot tell, tests/c/repro/shared_affinity.c's rounds after
+             a direction change do (round 1).
+             shared-drop-kept / shared-drop-kept-send: a report of a
+             direction not ACTIVE is dropped instead of kept (FDC_KEPT_*),
+             both directions / the send side alone: an edge consumed
+             between an EAGAIN (or a recv pause) and the want is lost;
+             caught by the writer's lost-report and lost-send-report checks
+             of the shared scenario at -t 3 (pollers asleep take the edge).
              shared-takeover: fdc_takeover takes a group-shared connection
              (the review finding of issue 21: the old owners' exclusive
              edge-triggered registrations stay, and one asleep swallows the
@@ -182,6 +193,34 @@ MUTANTS = {
                  " bit = rest & -rest, rest &= rest - 1) {"),
         ),
     ),
+    "shared-reregister": Mutant(
+        "a direction change of a group-shared connection re-registers it (DEL + ADD):"
+        " the inserter's instance goes behind its siblings'",
+        (
+            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+                 "\t\tww = any && (ps || ww);\n\t\twr = any;\n", ""),
+            Edit("fd.c", "static int change_state(struct fdc_thread *th, int fd, uint32_t set,"
+                 " uint32_t clr)\n{",
+                 "else if (edge_needs_pass(th->t, fd, new, tm)) {", "else if (1) {"),
+        ),
+    ),
+    "shared-drop-kept": Mutant(
+        "fdc_poll drops a group-shared connection's report of a direction not ACTIVE"
+        " instead of keeping it for the want that comes next",
+        (
+            Edit("poller.c", "static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)\n{",
+                 "\t\tif (old & FDC_EDGE) {", "\t\tif (0) {"),
+        ),
+    ),
+    "shared-drop-kept-send": Mutant(
+        "fdc_poll drops a group-shared connection's writable edge while send is not ACTIVE"
+        " (an EAGAIN, the edge, then want_send: the response stalls)",
+        (
+            Edit("poller.c", "static uint32_t apply_report(struct fdc_entry *e, uint32_t flags)\n{",
+                 "if ((flags & (FDC_POLL_OUT | FDC_POLL_ERR)) && !(old & FDC_ACTIVE_W))",
+                 "if (0)"),
+        ),
+    ),
     "shared-takeover": Mutant(
         "fdc_takeover takes a group-shared connection (FDC_EDGE) like any fd",
         (
@@ -211,6 +250,9 @@ STRESS_CASES = [
     ("shared-lt", "shared-lt", "shared", 1, ("-t", "6", "-b", "2")),
     # caught by the writer: a burst nobody reads within the lost-report delay
     ("shared-no-replay", "shared-no-replay", "shared", 1, ("-t", "6", "-b", "2")),
+    # caught by the writer: a burst, or a response, that nobody goes on with
+    ("shared-drop-kept", "shared-drop-kept", "shared", 1, ("-t", "3")),
+    ("shared-drop-kept-send", "shared-drop-kept-send", "shared", 1, ("-t", "3")),
 ]
 
 
@@ -355,6 +397,15 @@ def test_shared_affinity_catches_siblings_first(tmp_path):
     first; tests/c/repro/shared_affinity.c can)."""
     assert_repro_catches(tmp_path, "shared-siblings-first", SHARED_AFFINITY,
                          "FAIL: inserter T1 round 0")
+
+
+def test_shared_affinity_catches_reregistration(tmp_path):
+    """The affinity fix: a direction change (a response larger than the
+    socket buffer) re-registering the inserter's exclusive entry puts it
+    behind its sibling's, and the next arrival goes to the sibling while
+    both sleep (round 1, after the first changes)."""
+    assert_repro_catches(tmp_path, "shared-reregister", SHARED_AFFINITY,
+                         "FAIL: inserter T1 round 1")
 
 
 def test_shared_takeover_catches_a_taken_shared_fd(tmp_path):

@@ -84,10 +84,15 @@ REPORTS = (
 # every handler checks the fd is still open and the same incarnation.
 COOWN = ("-t", "6")
 # "shared" (issue 21): group-shared connections (fdc_insert_shared, exclusive
-# edge-triggered in every poller) handled with dispatch.c's inside/missed
-# protocol by 6 threads beside 2 busy loops on 2 cores; every byte a writer
-# sends is read once, in order, and none waits unannounced (a lost report).
+# edge-triggered in every poller, registered once) handled with dispatch.c's
+# inside/missed protocol by 6 threads beside 2 busy loops on 2 cores; every
+# byte a writer sends is read once, in order, and none waits unannounced (a
+# lost report), through recv pauses and responses that hit EAGAIN. "shared-t3":
+# 3 threads and no busy loop, so pollers often sleep and take the writable
+# edge of a response in its EAGAIN-to-want_send window (the kept edge's
+# replay: FDC_KEPT_W).
 SHARED = ("-t", "6", "-b", "2")
+SHARED_T3 = ("-t", "3")
 SCENARIOS = [
     (f"{name}-g{groups}", mode, groups, extra)
     for name, mode, extra in (
@@ -98,6 +103,7 @@ SCENARIOS = [
         ("coown-shared", "coown", ("-x", "1", *COOWN)),
         ("coown-handover", "coown", ("-x", "2", *COOWN)),
         ("shared", "shared", SHARED),
+        ("shared-t3", "shared", SHARED_T3),
     )
     for groups in (1, 2)
 ]

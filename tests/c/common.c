@@ -366,9 +366,29 @@ void check_quiescent(int allow_stale)
 		        "update bit left after every thread's update pass");
 		CHECKFD(fd, fdc_in_shared_list(t, fd) == 0, "still on the shared update list");
 		CHECKFD(fd, (st & FDC_MUST_CLOSE) == 0, "MUST_CLOSE set on a live fd");
-		/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */
-		check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm, allow_stale);
-		check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+		if (st & FDC_EDGE) {
+			/* a group-shared connection's registration is made once
+			 * and only grows (poller.c): EPOLLIN in every owner's
+			 * poller whatever is wanted, EPOLLOUT in every owner's
+			 * while send is wanted (each passed since), in some
+			 * (the inserter's at least, unless it left) when not */
+			CHECKFD(fd, (pr & tm) == tm, "EDGE: an owner does not poll recv");
+			if (st & FDC_ACTIVE_W)
+				CHECKFD(fd, (pw & tm) == tm,
+				        "EDGE: send ACTIVE but some owner does not poll it (update lost)");
+			if (!allow_stale)
+				CHECKFD(fd, ((pr | pw) & ~tm) == 0, "EDGE: polled outside thread_mask");
+			/* a kept edge is taken by the verb that activates its
+			 * direction, or by an owner's pass: never left beside it */
+			CHECKFD(fd, !((st & FDC_KEPT_R) && (st & FDC_ACTIVE_R)) &&
+			            !((st & FDC_KEPT_W) && (st & FDC_ACTIVE_W)),
+			        "EDGE: an edge kept on an ACTIVE direction (replay lost): state %#x", st);
+		} else {
+			/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */
+			check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm,
+			          allow_stale);
+			check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+		}
 		/* and of the recv-side kind: a hang-up watch alone iff WATCH_HUP
 		 * without ACTIVE_R (never on an exclusive fd) */
 		check_dir(fd, "hang-up watch alone",

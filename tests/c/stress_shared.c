@@ -1,24 +1,40 @@
 /* "shared" scenario: connections shared by every thread of a group
  * (fdc_insert_shared: EPOLLIN | EPOLLEXCLUSIVE | EPOLLET in each of their
- * pollers), handled the way worker/native/dispatch.c does, under threads
- * that are preempted anywhere (issue 21).
+ * pollers, EPOLLOUT too in the inserter's, registrations never narrowed),
+ * handled the way worker/native/dispatch.c does, under threads that are
+ * preempted anywhere (issue 21).
  *
  * A few slots per thread, each holding one socketpair end inserted with
  * fdc_insert_shared by a random thread (for its whole group, or a random
  * subset with its own bit); the peer end stays with the test. Pollers loop
  * on fdc_poll with short timeouts (so some sleep in epoll_wait and the
  * kernel's one-sleeper hand-off is exercised) and, at random:
- *   - want_send / stop_send on a slot (DEL + ADD of every owner's exclusive
- *     edge-triggered registration, waking nobody);
+ *   - want_send / stop_send on a slot (no epoll_ctl, except a sibling's
+ *     first pass with send wanted, which adds EPOLLOUT: DEL + ADD; waking
+ *     nobody);
+ *   - stop_recv, a pause, want_recv on a slot (reading paused: an arrival
+ *     meanwhile is reported, not handed out, kept in the state, and must
+ *     be replayed to the thread that wants recv again, FDC_KEPT_R);
  *   - delete a slot's connection and refill it at once (socketpair takes
  *     the lowest free numbers: the closed one comes back), sometimes with
  *     the peer closed first (a hang-up, reported to every waiter) and
  *     sometimes with bytes already waiting when it is inserted (every ADD
  *     reports them); deletes also come from inside a handler while other
  *     threads hold running bits (the last to leave closes).
- * Odd slots are deleted and refilled, even ones live the whole run, and
- * slots 0, 4, 8, ... see no send flips either (an ADD reports what is
- * readable, which would also repair a lost report).
+ * Odd slots are deleted and refilled (which hides a report lost on them),
+ * even ones live the whole run, and slots 0, 4, 8, ... see no send flips
+ * (a sibling's first pass with send wanted ADDs, and an ADD reports what
+ * is readable, which would also repair a lost report); their reading is
+ * paused now and then instead. Send flips go to odd slots, and slots 2,
+ * 6, 10, ... answer: a handler that read bytes there now and then writes a
+ * response of RESP bytes, until EAGAIN, then (after a pause: preempted
+ * there) wants send and goes on at each POLLOUT; the writer thread drains
+ * those peers, and sends them nothing while a response is owed (the
+ * report of an arrival says "writable" too, and would repair a lost one).
+ * A writable edge that came between the EAGAIN and the want_send was
+ * consumed while send was not wanted: only fdcore's replay (FDC_KEPT_W)
+ * tells the handler, and without it the response stalls, which the writer
+ * turns into FAIL "lost send report" (peer drained, response unfinished).
  * A writer thread (not a poller) sends numbered bytes on each peer, a new
  * burst only once everything sent before was read, so the last byte of a
  * burst is announced by one edge and nothing else: a report lost anywhere
@@ -57,6 +73,9 @@
 
 #define SLOTS_PER_THREAD 2     /* g_nslots even: delete_one, flip_send */
 #define BURST 48
+#define RESP (256 << 10)       /* a response: many times what the answering
+                                  fd's send buffer (SNDBUF_ANSWER) holds */
+#define SNDBUF_ANSWER 16384
 
 struct slot {
 	pthread_mutex_t mu;     /* orders the test's own uses of fd and peer */
@@ -66,6 +85,9 @@ struct slot {
 	uint64_t wrote;         /* bytes sent on peer (this incarnation) */
 	double since;           /* when the oldest byte not yet read was sent */
 	int send_on;
+	int pausers;            /* threads pausing its reading: not deleted */
+	uint64_t drained;       /* response bytes the writer read off peer */
+	double out_since;       /* last progress of a response owed, or idle */
 };
 
 /* Per fd number, the incarnation's connection state (dispatch.c's HttpConn
@@ -81,6 +103,9 @@ struct sconn {
 	_Atomic uint64_t readn; /* bytes read, in order */
 	_Atomic int readers;    /* threads in read() on it: 0 or 1 */
 	_Atomic int eof_ok;     /* the test closed the peer */
+	_Atomic uint64_t owe;   /* response bytes not yet written (slots 2 mod 4) */
+	_Atomic uint64_t wrote; /* response bytes written, in all */
+	int send_on;            /* the handler wants send (inside only) */
 };
 
 static struct slot *g_slots;
@@ -91,6 +116,7 @@ static _Atomic int g_writer_done;
 static _Atomic uint64_t g_reports, g_missed, g_replays, g_dead_reports, g_bytes, g_reads;
 static _Atomic uint64_t g_bursts, g_deletes, g_hdeletes, g_prefilled, g_sendflips, g_outs;
 static _Atomic uint64_t g_eofs, g_hup_first, g_subset;
+static _Atomic uint64_t g_pauses, g_resps, g_eagains, g_resp_outs, g_windows;
 
 static void lock(pthread_mutex_t *m) { CHECK(pthread_mutex_lock(m) == 0, "lock"); }
 static void unlock(pthread_mutex_t *m) { CHECK(pthread_mutex_unlock(m) == 0, "unlock"); }
@@ -128,6 +154,10 @@ static void slot_fill(struct fdc_thread *th, struct slot *s)
 	SYS(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv));
 	int fd = sv[pick], peer = sv[!pick];
 	CHECK(fd < g_run.maxfd, "fd %d beyond the table", fd);
+	if ((s - g_slots) % 4 == 2) {
+		int sz = SNDBUF_ANSWER;   /* a response hits EAGAIN many times */
+		SYS(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz)));
+	}
 	if (chance(4)) {
 		mask = (rnd() & en) | th->ltid_bit;
 		atomic_fetch_add_explicit(&g_subset, 1, memory_order_relaxed);
@@ -148,13 +178,17 @@ static void slot_fill(struct fdc_thread *th, struct slot *s)
 	atomic_store(&c->readn, 0);
 	atomic_store(&c->readers, 0);
 	atomic_store(&c->eof_ok, 0);
+	atomic_store(&c->owe, 0);
+	atomic_store(&c->wrote, 0);
+	c->send_on = 0;
 	unlock(&c->mu);
 	s->fd = fd;
 	s->peer = peer;
 	s->cookie = cookie;
 	s->wrote = 0;
 	s->send_on = 0;
-	s->since = now_s();
+	s->drained = 0;
+	s->since = s->out_since = now_s();
 	if (chance(4)) {
 		/* a client whose request is there before the registrations */
 		send_burst(s, 1 + rndn(BURST));
@@ -192,7 +226,7 @@ static int slot_claim(struct slot *s, uint64_t cookie)
 	int got = 0;
 
 	lock(&s->mu);
-	if (s->live && (!cookie || s->cookie == cookie)) {
+	if (s->live && !s->pausers && (!cookie || s->cookie == cookie)) {
 		s->live = 0;
 		got = 1;
 	}
@@ -271,12 +305,101 @@ static void read_all(struct fdc_thread *th, struct sconn *c, int fd)
 	CHECKFD(fd, atomic_fetch_sub(&c->readers, 1) == 1, "reader count");
 }
 
+/* Reads what an answering connection wrote off its peer, and fails if a
+ * response stays unfinished with nothing to read for the lost-report
+ * delay: its POLLOUT never came. The writer's, or a handler's in its
+ * EAGAIN window; under the slot's lock. */
+static void drain_peer(struct slot *s, struct sconn *c, double now)
+{
+	uint8_t buf[32768];
+	ssize_t n;
+	int got = 0;
+
+	while ((n = recv(s->peer, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+		s->drained += (uint64_t)n;
+		got = 1;
+	}
+	if (got) {
+		s->out_since = now;
+		return;
+	}
+	CHECKFD(s->fd, n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK),
+	        "recv on the peer of fd %d: %zd (%s)", s->fd, n, n < 0 ? strerror(errno) : "EOF");
+	if (!atomic_load(&c->owe))
+		s->out_since = now;
+	else if (now - s->out_since > g_lost_after)
+		FAILFD(s->fd, "lost send report: fd %d owes %llu bytes of its response, its peer"
+		       " drained all %llu written %.1f s ago (inside %d missed %#x)", s->fd,
+		       (unsigned long long)atomic_load(&c->owe), (unsigned long long)s->drained,
+		       now - s->out_since, c->inside, c->missed);
+}
+
+/* Writes what c's response still owes until done or EAGAIN, by the thread
+ * inside. On EAGAIN, after a pause now and then (a writable edge may come
+ * and be consumed right there, send not yet wanted), wants send: the
+ * POLLOUT that goes on must come, replayed if the edge came in the pause. */
+static void write_owed(struct fdc_thread *th, struct sconn *c, int fd)
+{
+	static const uint8_t zeros[16384];
+
+	while (atomic_load(&c->owe)) {
+		uint64_t owe = atomic_load(&c->owe);
+		ssize_t n = write(fd, zeros, owe < sizeof(zeros) ? owe : sizeof(zeros));
+
+		if (n > 0) {
+			atomic_store(&c->owe, owe - (uint64_t)n);
+			atomic_fetch_add(&c->wrote, (uint64_t)n);
+			continue;
+		}
+		CHECKFD(fd, n < 0 && errno == EAGAIN, "write fd %d: %zd (%s)", fd, n,
+		        n < 0 ? strerror(errno) : "0");
+		atomic_fetch_add_explicit(&g_eagains, 1, memory_order_relaxed);
+		if (!c->send_on) {
+			if (chance(2)) {
+				/* the peer reads now: the writable edge comes here,
+				 * and a poller asleep takes it, send not yet wanted */
+				struct slot *s = &g_slots[c->slot];
+
+				lock(&s->mu);
+				drain_peer(s, c, now_s());
+				unlock(&s->mu);
+				atomic_fetch_add_explicit(&g_windows, 1, memory_order_relaxed);
+				usleep(100 + rndn(400));   /* for the woken poller to run */
+			}
+			else if (chance(2))
+				sched_yield();
+			int rc = fdc_want_send(th, fd);
+			CHECKFD(fd, rc >= 0, "want_send: %s", strerror(-rc));
+			c->send_on = 1;
+		}
+		return;
+	}
+	if (c->send_on) {
+		int rc = fdc_stop_send(th, fd);
+		CHECKFD(fd, rc >= 0, "stop_send: %s", strerror(-rc));
+		c->send_on = 0;
+	}
+}
+
 /* One report's work, by the thread inside. */
 static void serve(struct fdc_thread *th, struct sconn *c, int fd, uint32_t events)
 {
+	int answers = c->slot % 4 == 2;
+
 	if (events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_ERR | FDC_POLL_RDHUP))
 		read_all(th, c, fd);
-	if (events & FDC_POLL_OUT) {
+	if (answers) {
+		/* a request read: a response now and then, one at a time */
+		if ((events & FDC_POLL_IN) && !atomic_load(&c->owe) && chance(4) &&
+		    !atomic_load(&g_run.stop)) {
+			atomic_store(&c->owe, RESP);
+			atomic_fetch_add_explicit(&g_resps, 1, memory_order_relaxed);
+		}
+		if (events & FDC_POLL_OUT)
+			atomic_fetch_add_explicit(&g_resp_outs, 1, memory_order_relaxed);
+		write_owed(th, c, fd);
+	}
+	else if (events & FDC_POLL_OUT) {
 		/* a response flushed: send no longer wanted, now and then */
 		atomic_fetch_add_explicit(&g_outs, 1, memory_order_relaxed);
 		if (chance(2)) {
@@ -367,13 +490,11 @@ static void poll_once(struct fdc_thread *th, int timeout)
 		handle(th, &evs[i]);
 }
 
-/* want/stop send on a slot not a multiple of 4: an ADD reports what is
- * readable, which would also repair a lost report; slots 0, 4, ... see
- * nothing but arrivals. */
+/* want/stop send on an odd slot (slots 2 mod 4 answer: their send is the
+ * handler's own); slots 0, 4, ... see nothing but arrivals. */
 static void flip_send(struct fdc_thread *th)
 {
-	int i = (int)rndn((unsigned)g_nslots);
-	struct slot *s = &g_slots[i % 4 ? i : i + 1];
+	struct slot *s = &g_slots[rndn((unsigned)g_nslots) | 1];
 
 	lock(&s->mu);
 	if (s->live) {
@@ -382,6 +503,38 @@ static void flip_send(struct fdc_thread *th)
 		CHECKFD(s->fd, rc >= 0, "want/stop_send: %s", strerror(-rc));
 		atomic_fetch_add_explicit(&g_sendflips, 1, memory_order_relaxed);
 	}
+	unlock(&s->mu);
+}
+
+/* Pauses the reading of a slot 0 (mod 4) for a while, then resumes it:
+ * what arrives meanwhile is kept by fdcore and must be replayed to us at
+ * want_recv (our next poll reports it). The slot cannot be deleted
+ * meanwhile (pausers; it is even: it never is), and the writer goes on
+ * sending to it. */
+static void pause_recv(struct fdc_thread *th)
+{
+	struct slot *s = &g_slots[rndn((unsigned)g_nslots) & ~3u];
+	int fd = -1, rc;
+
+	lock(&s->mu);
+	if (s->live) {
+		s->pausers++;
+		fd = s->fd;
+	}
+	unlock(&s->mu);
+	if (fd < 0)
+		return;
+	rc = fdc_stop_recv(th, fd);
+	CHECKFD(fd, rc >= 0, "stop_recv: %s", strerror(-rc));
+	if (chance(2))
+		sched_yield();
+	else
+		usleep(50 + rndn(400));            /* a burst may arrive in here */
+	rc = fdc_want_recv(th, fd);
+	CHECKFD(fd, rc >= 0, "want_recv: %s", strerror(-rc));
+	atomic_fetch_add_explicit(&g_pauses, 1, memory_order_relaxed);
+	lock(&s->mu);
+	s->pausers--;
 	unlock(&s->mu);
 }
 
@@ -423,6 +576,8 @@ static void *shared_worker(void *arg)
 			flip_send(th);
 		else if (r == 6 && !atomic_load(&g_run.stop))
 			delete_one(th);
+		else if (r < 10)
+			pause_recv(th);
 		/* mostly short sleeps: the kernel hands each edge to a sleeper */
 		poll_once(th, chance(4) ? 0 : 1 + (int)rndn(3));
 	}
@@ -456,9 +611,11 @@ static void *writer(void *arg)
 				uint64_t rd = atomic_load(&c->readn);
 				CHECKFD(s->fd, rd <= s->wrote, "fd %d: %llu bytes read, %llu written", s->fd,
 				        (unsigned long long)rd, (unsigned long long)s->wrote);
+				if (i % 4 == 2)
+					drain_peer(s, c, now);
 				if (rd == s->wrote) {
 					s->since = now;
-					if (chance(2))
+					if (chance(2) && !(i % 4 == 2 && atomic_load(&c->owe)))
 						send_burst(s, 1 + rndn(BURST));
 				} else if (now - s->since > g_lost_after) {
 					FAILFD(s->fd, "lost report: fd %d has %llu of %llu bytes read, the last"
@@ -507,7 +664,8 @@ int run_shared(void)
 	snprintf(extra, sizeof(extra),
 	         "busy=%d reports=%llu missed=%llu replays=%llu dead_reports=%llu bytes=%llu reads=%llu"
 	         " bursts=%llu deletes=%llu handler_deletes=%llu prefilled=%llu subset=%llu"
-	         " sendflips=%llu outs=%llu hup_first=%llu eofs=%llu lost_after=%.1f%s",
+	         " sendflips=%llu outs=%llu hup_first=%llu eofs=%llu pauses=%llu resps=%llu"
+	         " eagains=%llu resp_outs=%llu windows=%llu lost_after=%.1f%s",
 	         g_opt.busy, (unsigned long long)g_reports, (unsigned long long)g_missed,
 	         (unsigned long long)g_replays, (unsigned long long)g_dead_reports,
 	         (unsigned long long)g_bytes, (unsigned long long)g_reads,
@@ -515,7 +673,9 @@ int run_shared(void)
 	         (unsigned long long)g_hdeletes, (unsigned long long)g_prefilled,
 	         (unsigned long long)g_subset, (unsigned long long)g_sendflips,
 	         (unsigned long long)g_outs, (unsigned long long)g_hup_first,
-	         (unsigned long long)g_eofs, g_lost_after,
+	         (unsigned long long)g_eofs, (unsigned long long)g_pauses,
+	         (unsigned long long)g_resps, (unsigned long long)g_eagains,
+	         (unsigned long long)g_resp_outs, (unsigned long long)g_windows, g_lost_after,
 #ifdef SHARED_NO_REPLAY
 	         " NO_REPLAY"
 #else

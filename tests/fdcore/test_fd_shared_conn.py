@@ -3,7 +3,8 @@ through the Python binding, on real socketpairs and real epoll instances.
 
 A connection inserted with Thread.insert_shared is registered EPOLLIN |
 EPOLLEXCLUSIVE | EPOLLET in the poller of every thread of its mask, the
-inserting thread's first. What worker/native/dispatch.c relies on, step by
+inserting thread's first and with EPOLLOUT besides; a direction change
+re-registers nothing (tests/fdcore/test_fd_shared_direction.py). What worker/native/dispatch.c relies on, step by
 step: the registrations (the kernel's own interest lists); the refusal of a
 mask without the caller; who gets an arrival when the inserter sleeps, or
 does not poll; no sibling woken by a direction change; a delete while a
@@ -11,6 +12,7 @@ sibling holds a running bit; one report per arrival (edge-triggered), also
 after a DEL + ADD of the registration; no takeover. tests/c/stress_shared.c runs the same
 protocol under threads and sanitizers.
 """
+import contextlib
 import errno
 import os
 import socket
@@ -110,19 +112,17 @@ def drain(sock: socket.socket | int) -> bytes:
         out += chunk
 
 
-@pytest.fixture
-def shared(request):
-    """(table, fd, peer, inserter tid) for a connection inserted by thread
-    `inserter` (indirect param, default 0) of a 3-thread group, shared by
-    all three."""
-    inserter = getattr(request, "param", 0)
+@contextlib.contextmanager
+def inserted(a: socket.socket, peer: socket.socket, inserter: int = 0):
+    """Yields (table, fd): socket a (non-blocking; peer is its other end)
+    inserted by thread `inserter` of a new 3-thread group, shared by all
+    three; then deleted, the peer and the table closed."""
     table = Table(3, 1)
-    a, peer = socket.socketpair()
     a.setblocking(False)
     fd = a.detach()
     try:
         table.threads[inserter].insert_shared(fd, OWNER, 0b111)
-        yield table, fd, peer, inserter
+        yield table, fd
     finally:
         try:
             if table.dump(fd).tgid:
@@ -132,15 +132,33 @@ def shared(request):
             table.close()
 
 
+@pytest.fixture
+def shared(request):
+    """(table, fd, peer, inserter tid) for a connection inserted by thread
+    `inserter` (indirect param, default 0) of a 3-thread group, shared by
+    all three."""
+    inserter = getattr(request, "param", 0)
+    a, peer = socket.socketpair()
+    with inserted(a, peer, inserter) as (table, fd):
+        yield table, fd, peer, inserter
+
+
+@pytest.mark.parametrize("shared", [0, 2], indirect=True, ids=["inserter0", "inserter2"])
 def test_registered_exclusive_edge_triggered_in_every_poller(shared):
-    table, fd, _peer, _ = shared
+    """The inserter's registration has EPOLLOUT from the start (it is never
+    re-registered: a DEL + ADD would lose the affinity), the siblings' not
+    (an ADD with EPOLLOUT reports a fresh socket at once and would wake
+    each of them at every accept)."""
+    table, fd, _peer, ins = shared
     info = table.dump(fd)
-    assert info.thread_mask == 0b111 and info.polled_recv == 0b111 and info.polled_send == 0
+    assert info.thread_mask == 0b111 and info.polled_recv == 0b111
+    assert info.polled_send == 1 << ins
     assert info.state & lib.FDC_EDGE and info.state & lib.FDC_EXCLUSIVE
     assert info.state & lib.FDC_ACTIVE_R and not info.update_mask and not info.in_shared_list
     for th in table.threads:
         got = interest(th.epfd, fd)
-        assert got == (EPOLLIN | EPOLLEXCLUSIVE | EPOLLET, info.generation << 32 | fd), (
+        out = EPOLLOUT if th.tid == ins else 0
+        assert got == (EPOLLIN | out | EPOLLEXCLUSIVE | EPOLLET, info.generation << 32 | fd), (
             th.tid, got)
 
 
@@ -344,17 +362,17 @@ def test_edge_triggered_one_report_per_arrival(shared):
 
 
 def test_still_edge_triggered_after_a_pass_re_adds_it(shared):
-    """want_send / stop_send make each pass DEL + ADD the exclusive entry:
-    the new registration is edge-triggered too (update_fd adds EPOLLET for
-    FDC_EDGE)."""
+    """A sibling's first pass with send wanted DEL + ADDs its entry with
+    EPOLLOUT: the new registration is edge-triggered too (update_fd adds
+    EPOLLET for FDC_EDGE), and kept when send is stopped again."""
     table, fd, peer, _ = shared
-    th = table.threads[0]
-    th.want_send(fd)
+    me, th = table.threads[0], table.threads[1]
+    me.want_send(fd)
     th.update_pass()
-    th.stop_send(fd)
+    me.stop_send(fd)
     th.update_pass()
     events, _ = interest(th.epfd, fd)
-    assert events == EPOLLIN | EPOLLEXCLUSIVE | EPOLLET, hex(events)
+    assert events == EPOLLIN | EPOLLOUT | EPOLLEXCLUSIVE | EPOLLET, hex(events)
     th.poll(0)                                # the ADD's own report, if any
     th.leave_all()
     one_report_per_arrival(table, fd, peer, th)
@@ -373,21 +391,16 @@ def test_requeue_keeps_a_shared_connection_edge_triggered(shared):
     assert events & EPOLLET, hex(events)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding (issue 21 review): a direction change makes each pass DEL + ADD "
-    "its exclusive registration (the kernel refuses MOD), which puts it at the "
-    "tail of the file's wait queue; after one want_send/stop_send by the "
-    "inserting thread (a response that did not fit in one write) its siblings "
-    "come first and take every arrival while it sleeps too: the issue's 'keep "
-    "affinity' is lost for the connection's life. Proposed fix: register an "
-    "FDC_EDGE fd EPOLLIN|EPOLLOUT|EPOLLET|EPOLLEXCLUSIVE once at insert and never "
-    "re-register it on want/stop_send (fdc_poll drops POLL_OUT while ACTIVE_W is "
-    "off; edge-triggered, an unwanted EPOLLOUT is reported only after a send hit "
-    "EAGAIN)"))
 def test_affinity_survives_a_direction_change(shared):
+    """The finding of the issue-21 review (was a strict xfail): a direction
+    change made each pass DEL + ADD its exclusive registration (the kernel
+    refuses MOD), which put the inserter's at the tail of the file's wait
+    queue; after one want_send / stop_send (a response that did not fit in
+    one write) its siblings came first and took every arrival while it
+    slept too, for the connection's life. Now nothing is re-registered."""
     table, fd, peer, _ = shared
     ins, sib = table.threads[0], table.threads[1]
-    for change in (ins.want_send, ins.stop_send):
+    for change in (ins.want_send, ins.stop_send, ins.stop_recv, ins.want_recv):
         change(fd)
         ins.poll(0)                           # its pass, and the ADD's report
         ins.leave_all()

@@ -6,7 +6,8 @@ loop threads, real sockets, the registrations read from the fd table
 (Table.dump: polled_recv, the threads whose poller holds EPOLLIN).
 
 Review finding (issue 21 review, fdcore updlist.c fdc_updt_polling with
-hconn.c sync_dirs): a response body past the output buffer is parked and
+hconn.c sync_dirs; fixed since by fdcore's registration of a group-shared
+connection made once and never narrowed, poller.c): a response body past the output buffer is parked and
 reading stops (stop_recv) until it went out. For a group-shared fd
 (FDC_EDGE) a direction change wakes no sibling: each thread re-registers
 (DEL + ADD, exclusive) at its own next update pass. A sibling that passed
@@ -54,12 +55,6 @@ def read_big(c: socket.socket) -> None:
         got += len(chunk)
 
 
-@pytest.mark.xfail(strict=True, reason="finding (issue 21 review): a direction change of a "
-                   "group-shared fd (reading stopped while a large response is parked, "
-                   "hconn.c sync_dirs) wakes no sibling (fdcore updlist.c fdc_updt_polling, "
-                   "FDC_EDGE); a sibling that passed meanwhile sleeps with a registration "
-                   "without EPOLLIN once reading resumed, and the next request waits for the "
-                   "thread that resumed it")
 def test_every_thread_polls_for_the_next_request_after_a_large_response(serve_wsgi):
     loop, addr = serve_wsgi(app, threads=2)
     table = loop.table
@@ -77,13 +72,17 @@ def test_every_thread_polls_for_the_next_request_after_a_large_response(serve_ws
                 "a response waiting for the client"
             fd = next(x.fd for x in list(loop.conns.values()) if x.pending)
 
-            # every thread passes while reading is off (as under load)
+            # every thread passes while reading is off (as under load): the
+            # registration stays (fdcore never narrows an FDC_EDGE fd's)
+            passes = [th.counters()["loops"] for th in loop.loop_threads]
             def passed() -> bool:
                 for th in loop.loop_threads:
                     table.wake(th.tid)
-                return table.dump(fd).polled_recv == 0
-
-            assert wait_for(passed), "no registration with EPOLLIN while the body is parked"
+                return all(th.counters()["loops"] > n
+                           for th, n in zip(loop.loop_threads, passes))
+            assert wait_for(passed), "the loop threads never passed"
+            assert table.dump(fd).polled_recv == group, (
+                f"round {r}: EPOLLIN taken off while the body is parked")
             read_big(c)
             assert wait_for(lambda: not any(x.pending for x in list(loop.conns.values()))), \
                 "the response sent"

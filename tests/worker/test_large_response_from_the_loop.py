@@ -5,7 +5,8 @@ body_timeout, and every other connection of that thread waited with it).
 
 The body as a list of bytes, a generator of 64 KiB blocks (with a
 Content-Length, and chunked) and a wsgi.file_wrapper of a regular file
-(sendfile). A real master with one worker of one loop thread (`-w 1 -t 1`), real
+(sendfile). A real master with one worker of one loop thread (`-w 1 -t 1`) and of two
+(`-t 2`: connections shared by the group, per-request dispatch), real
 sockets on loopback. The app shrinks its connection's send buffer and the
 clients their receive buffers, so the 10 MB body cannot hide in the
 kernel's buffers: most of it must wait in the server while the client
@@ -106,11 +107,15 @@ def app(environ, start_response):
 """.replace("{SIZE}", str(SIZE))
 
 
-@pytest.fixture
-def server(master, tmp_path):
+@pytest.fixture(params=["1", "2"], ids=["t1", "t2"])
+def server(master, tmp_path, request):
+    """One worker of one loop thread, and of two: a group whose
+    connections are shared (dispatch), where the body's POLLOUT comes
+    from a registration made once (fdcore: no re-registration on a
+    direction change)."""
     (tmp_path / "bigapp.py").write_text(APP)
-    return master("bigapp:app", "-w", "1", "-t", "1", "--body-timeout", str(BODY_TIMEOUT),
-                  ready=1)
+    return master("bigapp:app", "-w", "1", "-t", request.param, "--body-timeout",
+                  str(BODY_TIMEOUT), ready=1)
 
 
 class Reader:

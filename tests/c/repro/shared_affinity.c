@@ -10,12 +10,19 @@
  * the kernel shows both asleep in epoll_wait (/proc/self/task/N/syscall),
  * main writes one byte on the peer; the inserter must return with it, the
  * sibling must time out empty. The handler reads until a short read.
+ * Before rounds 1 and on, the inserter changes directions as a large
+ * response does (want_send, stop_recv, stop_send, want_recv, its poller
+ * running its update pass and reports in between): the connection must
+ * keep its thread (fdcore registers a shared connection once, and never
+ * DEL + ADDs it for a direction change, which would put the inserter's
+ * instance behind its sibling's for good).
  * Exit status: 0 and "OK" if every round went to the inserter, 1 with
  * "FAIL: ..." otherwise, 2 if a round could not be set up.
  *
  * Its own program (not part of the stress binary); built and run by
  * tests/test_c_sanitizers.py (must pass) and tests/test_c_mutations.py
- * (siblings registered first: must fail). tests/fdcore/
+ * (siblings registered first: must fail in round 0; re-registered on a
+ * direction change: must fail in round 1). tests/fdcore/
  * test_fd_shared_conn.py checks the same through the Python binding.
  */
 #define _GNU_SOURCE
@@ -80,6 +87,35 @@ static int asleep(int me)
 	return in_epoll_wait(atomic_load(&g_tid[me]));
 }
 
+/* th's poller runs its update pass and takes its reports (none is for a
+ * thread waiting: both pollers are parked on their semaphores). */
+static void turn(struct fdc_thread *th)
+{
+	struct fdc_event ev[8];
+	int n = fdc_poll(th, 0, ev, 8);
+
+	if (n < 0)
+		die(2, "fdc_poll failed");
+	for (int i = 0; i < n; i++)
+		fdc_leave(th, ev[i].fd, ev[i].gen);
+}
+
+/* The direction changes of a response that did not fit in one write, by
+ * the inserter (main uses its context while its poller thread waits on
+ * its semaphore: one OS thread at a time). */
+static void change_directions(struct fdc_thread *th, int fd)
+{
+	int (*const verbs[])(struct fdc_thread *, int) = {
+		fdc_want_send, fdc_stop_recv, fdc_stop_send, fdc_want_recv,
+	};
+
+	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
+		if (verbs[i](th, fd) != 0)
+			die(2, "direction verb failed");
+		turn(th);
+	}
+}
+
 int main(void)
 {
 	pthread_t th[2];
@@ -108,6 +144,8 @@ int main(void)
 		for (int r = 0; r < ROUNDS; r++) {
 			double t0 = now_s();
 
+			if (r)
+				change_directions(fdc_thread(g_t, ins), g_fd);
 			atomic_store(&g_got[0], 0);
 			atomic_store(&g_got[1], 0);
 			sem_post(&g_go[0]);
