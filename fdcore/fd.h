@@ -255,7 +255,8 @@ int fdc_update_pass(struct fdc_thread *th);
  * closed, or taken over by another thread, whose poller tries its own
  * registration) is dropped. A round whose reports were all edges kept
  * for directions nobody wants (an FDC_EDGE fd's) returns nothing to the
- * caller: the wait goes on for what is left of timeout_ms.
+ * caller: the wait goes on for what is left of timeout_ms, unless a
+ * wake-up (fdc_wake) came in that round too: then it returns (0 events).
  */
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
 

@@ -583,16 +583,17 @@ static int merge_report(struct fdc_thread *th, struct fdc_event *out, int nrep,
 }
 
 /* One round of fdc_poll: update pass, owed reports, one epoll_wait, the
- * enter step. Sets *kept_only when the wait brought fd reports and every
+ * enter step. Sets *kept_only when the wait brought fd reports, every
  * one of them was an EDGE fd's edge kept for a direction nobody wants
- * (nothing for the caller, nothing wasted either). th's thread. Returns
- * as fdc_poll. */
+ * (nothing for the caller, nothing wasted either), and no wake-up: a
+ * wake-up read here is drained, so waiting on would swallow it (review of
+ * the kept edges, finding 1). th's thread. Returns as fdc_poll. */
 static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max,
                       int *kept_only)
 {
 	struct fdc_table *t = th->t;
 	struct epoll_event evs[FDC_EVBATCH];
-	int n, nrep, cnt, fdev = 0, merged = 0, kept = 0;
+	int n, nrep, cnt, fdev = 0, merged = 0, kept = 0, woken = 0;
 
 	*kept_only = 0;
 	fdc_update_pass(th);
@@ -628,6 +629,7 @@ static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *o
 				/* EAGAIN: another report of the same wake-up */
 			}
 			fdc_count(th, CTR_WAKEUPS);
+			woken = 1;
 			continue;
 		}
 		fdev++;
@@ -667,11 +669,11 @@ static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *o
 		}
 		put_event(&out[cnt++], e, fd, gen, flags);
 	}
-	*kept_only = fdev && kept == fdev;
 	/* woken by fds, and none of their reports reached the caller nor
 	 * was kept for it */
-	if (fdev && cnt == nrep && !merged && !*kept_only)
+	if (fdev && cnt == nrep && !merged && kept != fdev)
 		fdc_count(th, CTR_WAKE_NOWORK);
+	*kept_only = fdev && kept == fdev && !woken;
 	return cnt;
 }
 
