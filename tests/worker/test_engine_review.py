@@ -1,5 +1,5 @@
 """Adversarial review of the native WSGI engine (worker/native engine.c,
-hconn.c, respond.c) and its Python side (worker/wsgi.py serve_slow,
+now conn_io.c, h1_conn.c, wsgi_respond.c, wsgi_app.c) and its Python side (worker/wsgi.py serve_slow,
 sendfile_response; worker/loop.py's use of engine.turn and accept).
 
 Each finding was a strict-xfail test first, failing on the engine as
@@ -91,7 +91,7 @@ def shrink_sndbuf(environ, size=8192):
 # ==== findings ==========================================================================
 
 # ---- the header timer is lost for a head pipelined after a served request -----------------
-# hconn.c read_and_serve (l. 456-461): the header timer is armed only
+# h1_conn.c's request loop (once hconn.c read_and_serve): the header timer is armed only
 # `if (!c->head_clock)`; head_clock is set at accept (engine.c l. 344) and
 # reset only on the idle branch. serve_ready cancels the timer when a head
 # completes (l. 396), so a first request followed in the same read by the
@@ -123,12 +123,12 @@ def test_partial_head_after_a_split_head_still_gets_408(serve):
 
 
 # ---- a closing connection with unsent output is never closed -------------------------------
-# A connection that is `closing` (close_soft, hconn.c l. 219) with output
+# A connection that is `closing` (close_soft, conn_io.c) with output
 # still pending waits for the output to drain; nothing bounds that wait:
 # read_and_serve returns before arming any timer once closing (l. 452),
 # hconn_on_timeout's keep-alive branch itself turns into close_soft, and
 # respond()'s ClientGone from hconn_flush_wait ("the client does not read",
-# l. 292) does not close the connection either (respond.c l. 587-588 only
+# l. 292) does not close the connection either (wsgi_app.c respond() only
 # clears it; serve_ready then close_soft's). A client that stops reading
 # keeps the connection and up to HIGH_WATER+ bytes of output for ever, and
 # the drain never finishes: _drain_step only closes a connection with no
@@ -166,7 +166,7 @@ def test_drain_completes_with_a_client_that_does_not_read(serve):
 
 
 # ---- exc_info after the head went out (but no body byte): the status changes --------------
-# respond.c Respond_call l. 243-261 checks `r->started` (a body byte was
+# wsgi_respond.c Respond_call checks `r->started` (a body byte was
 # given), not `r->headers_sent`. Two empty write()s flush the head (the
 # first is held, the second flushes it: flush_first, headers_sent = 1,
 # started still 0); start_response(..., exc_info) is then accepted and
@@ -197,7 +197,7 @@ def test_exc_info_after_the_head_went_out_cannot_change_the_framing(serve):
 
 
 # ---- 304 with a Content-Length closes the connection ----------------------------------------
-# respond.c finish() l. 199: `r->sent < r->length && !r->head_only` sets
+# wsgi_respond.c finish(): `r->sent < r->length && !r->head_only` sets
 # keep = 0; a 304 (bodiless) keeps the app's Content-Length (head_from only
 # drops it for 1xx and 204, as RFC 9110 8.6 allows on a 304) and sends
 # nothing, so every 304 that carries one closes a kept-alive connection.
@@ -225,7 +225,7 @@ def test_304_with_content_length_keeps_the_connection(serve):
 # bodiless statuses (1xx, 204, 304) get the file sent with sendfile after a
 # head that announces no body (emit_head drops the length for bodiless):
 # the file's bytes are read by the client as the next response. The
-# iterated paths respect "HEAD, 1xx, 204 and 304 send no body" (respond.c
+# iterated paths respect "HEAD, 1xx, 204 and 304 send no body" (wsgi_respond.c
 # header comment); this one does not.
 
 @pytest.mark.parametrize("status", ["304 Not Modified", "204 No Content"])
@@ -278,7 +278,7 @@ def test_pipelined_responses_in_order_with_mixed_framing(serve):
 
 
 # ---- the keep-alive timer runs while the response is still going out -----------------------
-# read_and_serve arms TIMER_KEEPALIVE right after serving (hconn.c l. 462-465),
+# read_and_serve arms TIMER_KEEPALIVE right after serving (h1_conn.c),
 # while output may still be pending (a response under HIGH_WATER that the
 # kernel did not take at once); POLL_OUT progress (hconn_flush) never moves
 # it. A client reading a response for longer than keepalive_timeout gets the
@@ -318,10 +318,10 @@ def test_keepalive_timer_does_not_run_while_the_response_is_being_read(serve):
 
 # ---- the WSGI write() from a thread that is not a loop thread ------------------------------
 # HttpConn.write posts to the owner's mailbox from a non-loop thread
-# (hconn.c l. 528), but Respond.write (the write callable start_response
-# returns, respond.c l. 275) goes straight to hconn_send/hconn_flush. When
+# (conn_io.c), but Respond.write (the write callable start_response
+# returns, wsgi_respond.c) goes straight to hconn_send/hconn_flush. When
 # the client is gone, hconn_flush's fail() -> hconn_close_now() refuses
-# ("a connection closed outside its loop's threads", hconn.c l. 185) and
+# ("a connection closed outside its loop's threads", conn_io.c) and
 # only reports it as unraisable: the connection stays open, every later
 # write() fails the same way, and hconn_flush_wait spins (poll returns at
 # once on the reset socket, the failed close leaves c->closed 0) until
@@ -364,7 +364,7 @@ def test_write_from_an_app_thread_to_a_reset_client(serve, monkeypatch):
 
 # ---- write() of a finished response still writes --------------------------------------------
 # A Respond outlives its request (the app may keep the write callable);
-# nothing marks it finished: write_chunk -> send_body (respond.c l. 103)
+# nothing marks it finished: write_chunk -> h1_send_body (h1_response.c)
 # appends to the connection's output whatever request it serves now. After
 # a chunked response ("0\r\n\r\n" sent) a late write puts a chunk into the
 # middle of the stream, before the next response's status line.
@@ -498,7 +498,7 @@ def test_refused_upload_is_not_drained_when_the_connection_closes(serve):
 
 
 # ---- a client that reads, slowly, is cut after body_timeout ---------------------------------------
-# hconn_flush_wait (hconn.c l. 280) has one deadline for the whole wait,
+# hconn_flush_wait (conn_io.c) has one deadline for the whole wait,
 # from its start: a client that keeps reading, but drains the HIGH_WATER ->
 # LOW_WATER span (~1 MiB) slower than body_timeout, gets ClientGone and a
 # cut response. flush_now's doc (l. 565-568) says "did not read for timeout
@@ -707,7 +707,7 @@ def test_no_reference_leak_on_each_path(serve, case, monkeypatch):
     gc.collect()
     assert refs and all(r() is None for r in refs), [r() for r in refs]
     # + 1 at most: the loop thread's head cache keeps the last status it
-    # serialised (respond.c, head_cached), until another replaces it
+    # serialised (h1_response.c, head_cached), until another replaces it
     assert wait_for(lambda: sys.getrefcount(status) <= base_count + 1, 2), \
         (sys.getrefcount(status), base_count)
 
@@ -716,7 +716,7 @@ def test_no_reference_leak_on_each_path(serve, case, monkeypatch):
 # The app writes (the first chunk is held, nothing sent), then reads the
 # body of an Expect: 100-continue request: _Streaming._body_chunk raises
 # ClientGone (wsgi.py l. 236-239: "the response went out before the body was
-# asked for"), which respond() clears silently (respond.c l. 587-588)
+# asked for"), which respond() clears silently (wsgi_app.c)
 # without finish(): the held head and chunk never leave, and the client,
 # which is present and waiting, gets a bare close instead of the response.
 

@@ -1,6 +1,6 @@
 """Adversarial review of the native engine's counting and take() changes
 (diff from 69269fd: engine.c Server.take / retire_after / requests and
-responses[] with status_class(); hconn.c hconn_refuse counting; respond.c
+responses[] with status_class(); hconn_refuse counting (h1_conn.c); wsgi_app.c
 r->code and the count at the end of respond()).
 
 The FINDING tests fail on the code as reviewed; the GUARD tests pin what
@@ -109,8 +109,8 @@ def status_lines(out: bytes) -> list[int]:
 # ==== findings ==========================================================================
 
 # ---- F1: a bad request body is counted twice ---------------------------------------------
-# respond.c respond(), BadBody branch: `hconn_refuse(c, status, reason)`,
-# and hconn.c hconn_refuse does `responses[status_class(status)]++`; then
+# wsgi_app.c respond(), BadBody branch: `hconn_refuse(c, status, reason)`,
+# and h1_conn.c hconn_refuse does `responses[status_class(status)]++`; then
 # respond() falls through to the common tail, which counts the same
 # request again: `s->responses[status_class(r->code)]++` with r->code the
 # app's status (200 here) or 0 ("other") if it had not called
@@ -146,8 +146,8 @@ def test_bad_chunked_body_is_counted_once_as_4xx(serve_wsgi, app):
 
 
 # ---- F2: refusals are in responses[] but not in requests ----------------------------------
-# hconn.c hconn_refuse counts `responses[...]++` and nothing else; requests
-# is only bumped at the end of respond.c respond(). http.h calls requests
+# h1_conn.c hconn_refuse counts `responses[...]++` and nothing else; requests
+# is only bumped at the end of wsgi_app.c respond(). The engine counts requests
 # "answered (every response framed)", and master/metrics.py exports both
 # (sockherd_worker_requests, sockherd_worker_responses): after a pipeline
 # whose second request is malformed, two responses are framed, responses
@@ -169,7 +169,7 @@ def test_refused_request_after_a_good_one_counts_in_requests_too(serve_wsgi):
 
 
 # ---- F3: max_requests never fires if set at or below the count already reached -------------
-# respond.c: `if (++s->requests == s->retire_at && s->on_retire)`: equality,
+# respond.c then: `if (++s->requests == s->retire_at && s->on_retire)`: equality,
 # so retire_after(n, fn) with n <= requests already answered never calls
 # fn. worker/bootstrap.py calls _retire_after(loop, ...) after loop.start()
 # (line ~99) and after the board set-up (line ~269): the listeners are
