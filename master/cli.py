@@ -226,7 +226,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         try:
             check_free(settings)             # another master's endpoint: refused
             listeners = inherited + bind_all(settings)
-        except (BindError, OSError) as exc:
+        except (BindError, OSError, ValueError) as exc:
             for lst in inherited:
                 lst.close()
             log.error("%s", exc)

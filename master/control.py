@@ -37,6 +37,7 @@ import time
 import zmq
 
 from sockherd.ipc import control as proto
+from sockherd.master.addresses import UNIX_PATH_MAX
 
 log = logging.getLogger("sockherd.master")
 
@@ -96,6 +97,17 @@ def events_endpoint(control: str) -> str:
     return f"{host}:{int(port) + 1}"
 
 
+def check_length(endpoint: str) -> None:
+    """ValueError naming the way out if an ipc:// path cannot be a unix
+    socket's (sun_path): connect() to it fails with no errno, which the
+    liveness probe took for a live master (a misleading refusal)."""
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise ValueError(f"control: {endpoint} is {len(os.fsencode(path))} bytes long, a unix "
+                         f"socket path holds at most {UNIX_PATH_MAX}: give a shorter "
+                         f"--runtime-dir DIR (or --control ENDPOINT, or --control off)")
+
+
 def _get(values, key: str):
     return values.get(key, "") if isinstance(values, dict) else getattr(values, key, "")
 
@@ -108,6 +120,7 @@ def check_free(values) -> None:
     if endpoint is None or not endpoint.startswith("ipc://"):
         return                      # off, or tcp: a bind that fails says so itself
     for ep in (endpoint, events_endpoint(endpoint)):
+        check_length(ep)
         if live_endpoint(ep):
             raise OSError(                  # an address in use, as a bind's would be
                 f"control: {ep} is served by another running master; give this one its "
@@ -167,6 +180,7 @@ class ControlServer:
             # removes a stopped unit's RuntimeDirectory; review)
             _private_dir(os.path.dirname(self.endpoint[len("ipc://"):]))
             for ep in (self.endpoint, self.events_at):
+                check_length(ep)
                 if _live(ep[len("ipc://"):]):
                     if not self._said_busy:
                         log.warning("control: %s is served by another running master; "
