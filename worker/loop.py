@@ -34,6 +34,7 @@ a thread that is not a loop thread posts the call to the owner's mailbox.
 from __future__ import annotations
 
 import collections
+import email.utils
 import errno
 import heapq
 import itertools
@@ -338,8 +339,10 @@ class Loop:
             self._posted.clear()
         if not fds:
             return 0
-        answer = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-                  b"Content-Length: 34\r\nConnection: close\r\n\r\n"
+        # a Date as on every response the engine makes itself (RFC 9110 6.6.1)
+        date = email.utils.formatdate(usegmt=True).encode()
+        answer = (b"HTTP/1.1 503 Service Unavailable\r\nDate: " + date + b"\r\n"
+                  b"Content-Type: text/plain\r\nContent-Length: 34\r\nConnection: close\r\n\r\n"
                   b"503 Service Unavailable: stopping\n") if self.engine is not None else b""
         socks = []
         for fd in fds:

@@ -29,17 +29,18 @@ def app(environ, start_response):
 
 
 def _get(port: int, path: str, out: dict) -> None:
-    """One request; out[path] = (status line or the error, seconds)."""
+    """One request; out[path] = (status line or the error, seconds, the
+    bytes read)."""
     t = time.monotonic()
+    data = b""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
             s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
-            data = b""
             while b"done" not in data and (chunk := s.recv(4096)):
                 data += chunk
-        out[path] = (data.split(b"\r\n")[0].decode() or "EOF", time.monotonic() - t)
+        out[path] = (data.split(b"\r\n")[0].decode() or "EOF", time.monotonic() - t, data)
     except OSError as exc:
-        out[path] = (repr(exc), time.monotonic() - t)
+        out[path] = (repr(exc), time.monotonic() - t, data)
 
 
 def _slow_then_queued(master, tmp_path, app: str, *args: str):
@@ -97,8 +98,12 @@ def test_a_queued_connection_no_thread_gets_to_is_refused_at_the_deadline(master
     m.proc.send_signal(signal.SIGTERM)
     m.wait_log(r"drain: took 1 connection", timeout=10)
     queued.join(20)
-    status, seconds = got["/queued"]
+    status, seconds, data = got["/queued"]
     assert status == "HTTP/1.1 503 Service Unavailable", got
+    # found by the acceptance audit of issue 18 (§4: the responses the
+    # engine makes itself, 503 included, carry a Date): this one had none
+    head = data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]
+    assert [f for f in head if f.lower().startswith(b"date: ")], data
     m.wait_log(r"refused 1 queued connection", timeout=10)
     slow.join(20)
     m.proc.wait(timeout=30)

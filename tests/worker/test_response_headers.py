@@ -93,6 +93,21 @@ def test_engine_refusals_carry_a_date(serve, request_bytes):
     assert head_fields(out).count(b"date") == 1, out[:300]
 
 
+@pytest.mark.parametrize("settings,request_bytes,status", [
+    ({"header_timeout": 0.5}, b"GET / HTTP/1.1\r\nHost: h\r\n", b"408"),
+    ({"limit_request_body": 5}, b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n"
+     b"0123456789", b"413"),
+], ids=["408", "413"])
+def test_engine_refusals_on_timers_and_body_limits_carry_a_date(serve, settings, request_bytes,
+                                                                  status):
+    """The same for the refusals of a timer and of the body limit (found by
+    the acceptance audit of issue 18: only 400, 414, 431 and 500 were pinned)."""
+    _, addr = serve(lambda e, s: [], **settings)
+    out = exchange(addr, request_bytes)
+    assert out.startswith(b"HTTP/1.1 " + status + b" "), out[:80]
+    assert head_fields(out).count(b"date") == 1, out[:300]
+
+
 def test_app_500_carries_a_date(serve):
     """The 500 the engine makes for a failing app has its Date too."""
     def app(environ, start_response):

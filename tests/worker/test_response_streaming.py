@@ -114,11 +114,20 @@ def streamed(environ, start_response):
     return (block for block in (b"a", b"b"))
 
 
+def streamed_always(environ, start_response):
+    """The same resource as a generator for HEAD too (an app that does not
+    special-case HEAD; found by the acceptance audit of issue 18: only the
+    werkzeug shape, an empty tuple for HEAD, was pinned)."""
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return (block for block in (b"a", b"b"))
+
+
+@pytest.mark.parametrize("app", [streamed, streamed_always], ids=["werkzeug", "generator"])
 @pytest.mark.parametrize("method", [b"HEAD", b"GET"])
-def test_head_of_a_streamed_response_has_no_content_length(serve, method):
+def test_head_of_a_streamed_response_has_no_content_length(serve, method, app):
     """Defect: HEAD on a generator response said Content-Length: 0 while
     GET of the same resource is chunked: the length is unknown, so none."""
-    _, addr = serve(streamed)
+    _, addr = serve(app)
     with socket.create_connection(addr, timeout=10) as c:
         c.sendall(method + b" / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
         out = read_until(c, b"\x00never")
@@ -127,6 +136,8 @@ def test_head_of_a_streamed_response_has_no_content_length(serve, method):
     assert b"Content-Length" not in head, out
     if method == b"GET":
         assert b"Transfer-Encoding: chunked" in head
+    else:
+        assert out.endswith(b"\r\n\r\n"), out          # no body bytes after the head
 
 
 def test_flask_stream_with_context_first_block_is_not_held(serve):
