@@ -150,7 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
             "stops sending before the drain starts (lame duck); 0: drain at once",
             _seconds(0, 3600), "S", section="supervision"),
     Setting("idle_grace", ("--idle-grace",), float, 1.0,
-            "while draining, an idle connection is closed after staying idle this long",
+            "while draining, an idle connection is closed after staying idle this long, and a "
+            "connection queued at the drain's start that no loop thread takes this long is "
+            "refused (503)",
             _seconds(0, 3600), "S", section="supervision"),
     Setting("takeover_after", ("--takeover-after",), float, 0.5,
             "connections of a thread stuck this long in one handler move to an idle thread",

@@ -170,6 +170,15 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                             "exiting, they are cut", cut)
                 loop.refuse_posted()
                 return status or (EXIT_DRAIN_DEADLINE if cut else 0)
+            # a connection queued at the drain's start that no loop thread
+            # took within idle_grace (each is in a slow handler) is refused
+            # now, never held up to the deadline (issue 18 §5: prompt)
+            due = loop.posted_due(grace)
+            if due is not None:
+                if due <= time.monotonic():
+                    loop.refuse_posted(waited=grace)
+                    continue
+                timeout = min(timeout, due - time.monotonic())
         if channel_open:
             # our heartbeat: the master only listens (one wake-up each side
             # per interval; its check timer fires only when one is late)

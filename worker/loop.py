@@ -123,7 +123,8 @@ class Loop:
         self._timer_seq = itertools.count()
         self.relief = Relief(self, takeover_after)
         self._stragglers: list[tuple[int, int, int]] = []   # (dup, fd, gen): _delete_listeners
-        self._posted: set[int] = set()      # accepted by _take_queued, not adopted yet
+        # accepted by _take_queued, not adopted yet: fd -> when (monotonic)
+        self._posted: dict[int, float] = {}
         self._posted_lock = threading.Lock()   # who takes a posted fd: its adopter or
                                                # refuse_posted at the deadline, never both
         self._adopting = 0                  # posted fds claimed, not in conns yet
@@ -299,7 +300,7 @@ class Loop:
         passes it on; with no thread left it stays in _posted for
         refuse_posted."""
         with self._posted_lock:
-            self._posted.add(fd)             # not drained until it is adopted
+            self._posted[fd] = time.monotonic()   # not drained until it is adopted
             me = self._mail_posted(fd)
         if me is not None:
             self.table.wake(self.loop_threads[me].tid)
@@ -320,7 +321,7 @@ class Loop:
         with self._posted_lock:
             if fd not in self._posted:
                 return                       # refused at the drain's deadline
-            self._posted.discard(fd)
+            del self._posted[fd]
             self._adopting += 1              # still counted until it is in conns
         try:
             self._adopt_accepted(self.loop_threads[me], me, fd)
@@ -328,15 +329,25 @@ class Loop:
             with self._posted_lock:
                 self._adopting -= 1
 
-    def refuse_posted(self, linger: float = 0.5) -> int:
-        """The main thread at the drain's deadline: connections _take_queued
-        accepted that no loop thread got to (each was busy in the app until
-        now) are refused rather than reset by our exit: an HTTP interface's
-        client gets a 503 (Connection: close) after its unread input is
-        read, then a FIN; a stream client gets the FIN. Returns how many."""
+    def posted_due(self, wait: float) -> float | None:
+        """When the oldest connection _take_queued posted will have waited
+        `wait` seconds for a loop thread (monotonic), or None: none waits."""
         with self._posted_lock:
-            fds = list(self._posted)
-            self._posted.clear()
+            return min(self._posted.values()) + wait if self._posted else None
+
+    def refuse_posted(self, linger: float = 0.5, waited: float = 0.0) -> int:
+        """The main thread: connections _take_queued accepted that no loop
+        thread got to in `waited` seconds (each was busy in the app) are
+        refused rather than held behind a slow handler or reset by our
+        exit: an HTTP interface's client gets a 503 (Connection: close)
+        after its unread input is read, then a FIN; a stream client gets
+        the FIN. With waited 0 (the drain's deadline, or no loop thread
+        left): all of them. Returns how many."""
+        now = time.monotonic()
+        with self._posted_lock:
+            fds = [fd for fd, at in self._posted.items() if now - at >= waited]
+            for fd in fds:
+                del self._posted[fd]
         if not fds:
             return 0
         # a Date as on every response the engine makes itself (RFC 9110 6.6.1)
@@ -372,8 +383,8 @@ class Loop:
                 s.close()
         for s in socks:
             s.close()
-        log.warning("drain deadline: refused %d queued connection(s) no loop thread got to",
-                    len(fds))
+        log.warning("drain: refused %d queued connection(s) no loop thread got to%s", len(fds),
+                    f" in {waited:g} s" if waited else "")
         return len(fds)
 
     def _accept_stragglers(self, th, me: int) -> int:

@@ -64,7 +64,9 @@ def test_a_connection_queued_behind_a_busy_thread_at_term(master, tmp_path):
     connection already queued waited for the handler's end to be accepted
     (up to hard_stop_after, then reset at the worker's exit), and the
     listener kept queueing new connections meanwhile (they were accepted
-    after the TERM instead of refused)."""
+    after the TERM instead of refused). Then (issue 18 §5's audit): taken
+    at once but held behind the handler; now refused with a 503 once no
+    loop thread took it within idle_grace (1 s), never held longer."""
     m, got, slow, queued = _slow_then_queued(master, tmp_path, SLOW_APP)
     term_at = time.time()
     m.proc.send_signal(signal.SIGTERM)
@@ -77,10 +79,31 @@ def test_a_connection_queued_behind_a_busy_thread_at_term(master, tmp_path):
     late: dict = {}
     _get(m.port, "/late", late)
     assert "ConnectionRefusedError" in late["/late"][0], late
+    queued.join(20)
+    status, seconds, _ = got["/queued"]
+    assert status == "HTTP/1.1 503 Service Unavailable", got     # answered, never reset
+    answered_at = time.time()
+    assert answered_at - term_at < 2.5, f"held {answered_at - term_at:.1f} s behind the handler"
+    m.wait_log(r"refused 1 queued connection\(s\) no loop thread got to in 1 s", timeout=10)
+    slow.join(20)
+    assert got["/slow"][0] == "HTTP/1.1 200 OK", got
+    assert m.proc.wait(timeout=30) == 0
+
+
+QUICK_APP = SLOW_APP.replace("time.sleep(3)", "time.sleep(1)")
+
+
+def test_a_connection_queued_behind_a_short_handler_at_term_is_served(master, tmp_path):
+    """The other half of the rule: a loop thread that frees within
+    idle_grace serves the connection queued at TERM (a 200, not a 503)."""
+    m, got, slow, queued = _slow_then_queued(master, tmp_path, QUICK_APP, "--idle-grace", "5")
+    m.proc.send_signal(signal.SIGTERM)
+    m.wait_log(r"drain: took 1 connection", timeout=10)
     for t in (slow, queued):
         t.join(20)
     assert got["/slow"][0] == "HTTP/1.1 200 OK", got
-    assert got["/queued"][0] == "HTTP/1.1 200 OK", got    # answered, never reset
+    assert got["/queued"][0] == "HTTP/1.1 200 OK", got
+    assert "refused" not in m.text()
     assert m.proc.wait(timeout=30) == 0
 
 
@@ -94,7 +117,8 @@ def test_a_queued_connection_no_thread_gets_to_is_refused_at_the_deadline(master
     worker's exit (a reset: its request unread). Now the worker answers it
     503 (Connection: close) at the deadline, reading its request first, so
     the client gets an answer, never a reset."""
-    m, got, slow, queued = _slow_then_queued(master, tmp_path, LONG_APP, "--hard-stop-after", "2")
+    m, got, slow, queued = _slow_then_queued(master, tmp_path, LONG_APP, "--hard-stop-after", "2",
+                                             "--idle-grace", "5")
     m.proc.send_signal(signal.SIGTERM)
     m.wait_log(r"drain: took 1 connection", timeout=10)
     queued.join(20)
