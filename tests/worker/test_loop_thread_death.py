@@ -138,7 +138,7 @@ def test_a_connection_taken_at_drain_goes_to_a_live_loop_thread(serve_wsgi, when
             def die():
                 raise Killed("killed on purpose")
             with loop._posted_lock:          # both in thread 0's mail, die first
-                loop._posted.add(fd)
+                loop._posted[fd] = time.monotonic()
                 loop._mail[0].append((die, ()))
                 loop._mail[0].append((loop._adopt_posted, (0, fd)))
             loop.table.wake(loop.loop_threads[0].tid)
