@@ -103,7 +103,8 @@ struct HttpConn {
 	char *out;                         /* output not taken by the kernel yet */
 	size_t ostart, olen, ocap;
 	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
-	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1;
+	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
+	         in_kept : 1;                  /* conn_io.c: input left while not reading */
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
