@@ -117,7 +117,12 @@ struct HttpConn {
 	int inside;
 	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
 	int missed_timer;                  /* a due timer's kind, -1 none */
-	int queued;                        /* on the engine's spill queue (once at most) */
+	/* its entry in its group's spill queue (dispatch.c, engine.h: struct
+	 * runq), once at most: the queue's loop thread + 1 (0: not queued),
+	 * the links, the events of the reports merged into it */
+	int queued;
+	HttpConn *qprev, *qnext;
+	uint32_t qevents;
 	/* issue 21: a response whose body goes out from the loop (wsgi_body.c,
 	 * respond_resume): held here between POLLOUT events; the next
 	 * pipelined request waits for it, reading is off meanwhile */

@@ -94,14 +94,7 @@ static void unqueue(Server *s, HttpConn *c)
 {
 	if (!c->queued)
 		return;
-	for (int i = 0; i < s->rq_len; i++) {
-		if (s->runq[i].c != c)
-			continue;
-		memmove(&s->runq[i], &s->runq[i + 1], sizeof(*s->runq) * (size_t)(s->rq_len - i - 1));
-		s->rq_len--;
-		break;
-	}
-	c->queued = 0;
+	runq_unlink(s, c);
 	Py_DECREF(c);
 }
 
