@@ -19,10 +19,23 @@ buffers large) brought no POLLOUT edge from the kernel after reading
 stopped, whose report would have carried the POLLIN along (and been kept):
 when the body ended and reading turned back on, nobody read the socket,
 and the request waited for the keep-alive timeout.
+
+With small socket buffers the same drop happens (it did in every round of
+a first attempt at this test), but the body's park then always comes from
+a write the kernel refused, whose later POLLOUT wake-up carries the POLLIN
+of the waiting request and, reading being off by then, is kept by fdcore
+(FDC_KEPT_R) and replayed at want_recv: the loss needs a body held whole
+(a list of non-bytes items, here bytearrays) parked before any write, and
+buffers that take it (set here on the server's socket as autotuning sets
+them on a fast long-lived connection), or that wake-up's report to land
+in the few microseconds between the refused write and the stop of
+reading. The second test is the same loss without a sibling: a read that
+filled its room stopped by the park with bytes left in the socket.
 """
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import threading
 
@@ -88,13 +101,16 @@ def read_response(c: socket.socket, buf: bytes) -> tuple[bytes, bytes]:
 
 
 def asleep(name: str) -> bool:
-    """Whether loop thread `name` waits in its epoll_wait (the kernel's word)."""
+    """Whether loop thread `name` waits in its epoll_wait (the kernel's word:
+    the syscall it is blocked in)."""
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the epoll_wait syscall numbers of x86-64 and arm64 only")
     th = next(t for t in threading.enumerate() if t.name == name)
     try:
         with open(f"/proc/self/task/{th.native_id}/syscall") as f:
             return f.read().split()[0] in EPOLL_WAITS
-    except OSError:
-        return False
+    except PermissionError:
+        pytest.skip("/proc/self/task/*/syscall is not readable here")
 
 
 def conn_of(loop, n: int):
