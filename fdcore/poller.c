@@ -182,8 +182,15 @@ static uint32_t kept_events(uint32_t kept)
  * the fd's tgid (the generation read here is the live incarnation's: it
  * changes only in the final close, which waits for references).
  * Returns nothing: if the report cannot be queued (no memory), the bits
- * go back on the state (ACTIVE and KEPT both set, for once) and th's
- * update pass is programmed, whose take_kept tries again: never lost.
+ * go back on the state (ACTIVE and KEPT both set, for once) and an update
+ * pass is programmed, whose take_kept tries again: never lost. Inside
+ * th's own pass (take_kept) the retry is the NEXT pass's: th's local list
+ * (whose walk stops at the entries it began with, fdc_update_pass), never
+ * the list being walked, which met the fd again at once and failed again
+ * for ever (the review of the kept edges, finding 2: local_append's trap;
+ * a several-owner fd went back to the shared list's tail instead, met
+ * again walk after walk until the pass's last round); th is woken, so its
+ * next wait returns at once and that pass comes without delay.
  * Memory ordering: seq_cst RMW on the state, as every writer of it.
  */
 void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
@@ -193,6 +200,11 @@ void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
 	if (owe(th, fd, atomic_load(&e->generation), kept_events(kept)) == 0)
 		return;
 	atomic_fetch_or(&e->state, kept);
+	if (th->in_pass) {
+		fdc_program_own_update(th, fd);
+		fdc_wake(th->t, th->tid);
+		return;
+	}
 	fdc_updt_polling(th, fd, th->tgid);
 }
 
@@ -412,8 +424,13 @@ int fdc_update_pass(struct fdc_thread *th)
 	int n = 0;
 
 	th->in_pass = 1;
-	/* local list: fds th owns alone; the list may grow while we walk it */
-	for (int i = 0; i < th->nbupdt; i++) {
+	/* local list: fds th owns alone (and the retries of replays deferred
+	 * by an earlier pass, fdc_replay_kept). Only what it held when the
+	 * pass began: what the walk itself appends (a replay that still could
+	 * not be queued) is the next pass's, so a pass always ends */
+	int nb = th->nbupdt;
+
+	for (int i = 0; i < nb; i++) {
 		int fd = th->updt[i];
 		struct fdc_entry *e = &t->fdtab[fd];
 
@@ -429,7 +446,8 @@ int fdc_update_pass(struct fdc_thread *th)
 			fdc_count(th, CTR_POLL_DROP_FD);
 		fdc_drop(e);
 	}
-	th->nbupdt = 0;
+	th->nbupdt -= nb;
+	memmove(th->updt, th->updt + nb, sizeof(*th->updt) * (size_t)th->nbupdt);
 
 	/* shared list: a removal while we walk may carry us past entries (we
 	 * stood on one that was removed and re-added at the tail), so walk

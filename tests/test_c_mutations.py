@@ -74,6 +74,12 @@ The mutants:
              (the review finding of issue 21: the old owners' exclusive
              edge-triggered registrations stay, and one asleep swallows the
              new owner's next arrival); tests/c/repro/shared_takeover.c.
+             replay-kept-same-pass: the update pass walks what its own walk
+             appends to th's local list (the review of the kept edges,
+             finding 2): a kept edge's replay that cannot be queued (no
+             memory) is programmed again and met again by the same pass,
+             until local_append's trap; tests/c/repro/replay_kept_nomem.c
+             (realloc wrapped at link time).
              Not a mutant: the polled bits set after each ADD instead of
              before. It changes nothing a test can see unless a sibling's
              update pass runs during fdc_insert_shared, i.e. a verb names
@@ -101,7 +107,8 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    FDCORE, REPORTS, REPRO_WALK, SHARED_AFFINITY, SHARED_TAKEOVER, build_program, run_program,
+    FDCORE, REPLAY_KEPT_NOMEM, REPORTS, REPRO_WALK, SHARED_AFFINITY, SHARED_TAKEOVER,
+    build_program, run_program,
     san_env,
     stress_argv, stress_sources,
 )
@@ -226,6 +233,17 @@ MUTANTS = {
         (
             Edit("fd.c", "int fdc_takeover(struct fdc_thread *th, int fd, uint64_t expected_owner)",
                  "\tif (atomic_load(&e->state) & FDC_EDGE) {", "\tif (0) {"),
+        ),
+    ),
+    "replay-kept-same-pass": Mutant(
+        "the update pass walks the entries its own walk appends: a kept edge's replay"
+        " that cannot be queued (no memory) is retried by the pass that meets it, for"
+        " ever (the review of the kept edges, finding 2)",
+        (
+            Edit("poller.c", "int fdc_update_pass(struct fdc_thread *th)\n{",
+                 "\tfor (int i = 0; i < nb; i++) {", "\tfor (int i = 0; i < th->nbupdt; i++) {"),
+            Edit("poller.c", "int fdc_update_pass(struct fdc_thread *th)\n{",
+                 "\tth->nbupdt -= nb;\n", "\tnb = th->nbupdt;\n\tth->nbupdt -= nb;\n"),
         ),
     ),
     "shared-no-replay": Mutant(
@@ -364,22 +382,25 @@ def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, group
         f"{res.stdout[-2000:] if res else ''}\n{res.stderr[-8000:] if res else ''}")
 
 
-def assert_repro_catches(tmp_path, mutant: str, source: Path, fail_line: str) -> None:
+def assert_repro_catches(tmp_path, mutant: str, source: Path, fail_line: str,
+                         cflags: tuple[str, ...] = ()) -> None:
     """A tests/c/repro/ program built under ASAN against the mutant exits 1
-    with fail_line; the control, on the unmutated core, exits 0 with OK."""
+    with fail_line (on either stream); the control, on the unmutated core,
+    exits 0 with OK. cflags: the program's own (a link-time wrap)."""
     mutate(tmp_path / "core", MUTANTS[mutant])
     binary = build_program(tmp_path / source.stem, "asan", [str(source)],
-                           core=tmp_path / "core")
+                           core=tmp_path / "core", cflags=cflags)
     t0 = time.monotonic()
     argv, res = run_bounded([str(binary)], san_env("asan"), timeout=60)
     assert res is not None, f"{source.stem} hung on mutant {mutant}"
-    assert res.returncode == 1 and fail_line in res.stderr, (
+    assert res.returncode == 1 and fail_line in res.stdout + res.stderr, (
         f"{source.stem} on mutant {mutant} should exit 1 with its FAIL line: exit "
         f"{res.returncode}\n{res.stdout}\n{res.stderr[-8000:]}")
     print(f"{mutant}: caught by {source.stem} in {time.monotonic() - t0:.2f} s")
 
     # control (also tests/test_c_sanitizers.py): the unmutated core passes
-    clean = build_program(tmp_path / f"{source.stem}_clean", "asan", [str(source)])
+    clean = build_program(tmp_path / f"{source.stem}_clean", "asan", [str(source)],
+                          cflags=cflags)
     argv, res = run_bounded([str(clean)], san_env("asan"), timeout=60)
     assert res is not None and res.returncode == 0 and res.stdout.startswith("OK"), (
         f"control: {source.stem} on the unmutated core: {res and res.returncode}\n"
@@ -413,3 +434,12 @@ def test_shared_takeover_catches_a_taken_shared_fd(tmp_path):
     registration to swallow the next arrival (issue 21 review)."""
     assert_repro_catches(tmp_path, "shared-takeover", SHARED_TAKEOVER,
                          "FAIL: the new owner T2 never heard of the arrival")
+
+
+def test_replay_kept_nomem_catches_a_retry_in_the_same_pass(tmp_path):
+    """A kept edge's replay that cannot be queued is retried by the next
+    update pass, never by the one that met it (tests/c/repro/
+    replay_kept_nomem.c: the pass dies on local_append's trap)."""
+    assert_repro_catches(tmp_path, "replay-kept-same-pass", REPLAY_KEPT_NOMEM,
+                         "FAIL: the update pass with the replay unqueueable died",
+                         cflags=("-Wl,--wrap=realloc",))

@@ -253,12 +253,6 @@ REPLAY_KEPT_NOMEM = CDIR / "repro" / "replay_kept_nomem.c"
 
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason=(
-    "poller.c fdc_replay_kept: when owe() cannot grow the owed list it puts the kept "
-    "bits back and calls fdc_updt_polling, which from take_kept inside th's update "
-    "pass re-appends the fd to the list being walked; the pass retries at once, for "
-    "ever, until local_append's __builtin_trap (an fd owned alone) or without end "
-    "(several owners: the shared list's tail)"))
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
 def test_replay_kept_without_memory_under_sanitizer(tmp_path, san):
     """A kept edge's replay that cannot be queued (realloc fails: wrapped

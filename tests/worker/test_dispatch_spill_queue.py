@@ -42,10 +42,12 @@ class Blocking:
         self.events = {n: threading.Event() for n in names}
         self.entered = {n: threading.Event() for n in names}
         self.thread: dict[str, str] = {}
+        self.order: list[str] = []             # the queries, as the app was called
 
     def __call__(self, environ, start_response):
         q = environ["QUERY_STRING"]
         self.thread[q] = threading.current_thread().name
+        self.order.append(q)
         if q in self.events:
             self.entered[q].set()
             self.events[q].wait(20)
@@ -210,3 +212,58 @@ def test_a_report_spilled_while_its_connection_is_inside_keeps_the_order(spilled
         out += chunk
     bodies = [part.split(b"\r\n\r\n", 1)[1] for part in out.split(b"HTTP/1.1 ")[1:]]
     assert bodies == [f"b {app.thread['b']}".encode(), f"b2 {app.thread['b']}".encode()]
+
+
+def answers(s: socket.socket, n: int) -> list[bytes]:
+    """The first words of the bodies of the next n responses on s (each
+    with a Content-Length)."""
+    s.settimeout(5)
+    buf, bodies = b"", []
+    while len(bodies) < n:
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            assert chunk, (bodies, buf)
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        while len(buf) < length:
+            chunk = s.recv(65536)
+            assert chunk, (bodies, buf)
+            buf += chunk
+        bodies.append(buf[:length].split()[0])
+        buf = buf[length:]
+    assert not buf, buf
+    return bodies
+
+
+def test_copies_merged_into_queued_entries_are_served_once_in_their_places(serve_wsgi):
+    """Merging in O(1) (inkept, the spill queue): the first thread let go
+    takes ?c1 .. ?c4 in one batch; ?c1 blocks, so ?c2 .. ?c4 are queued,
+    and ?c2, taken from the queue, blocks too: ?c3 and ?c4 wait there,
+    ?c3b is pipelined on c3 meanwhile. The other thread, let go, finds
+    the copies of c1 .. c4 its poller kept: the group has queued work, so
+    they join the queue, c3's and c4's merged into their entries. The
+    queue runs oldest first: ?c3 and ?c3b (one read), then ?c4, each
+    answered once, all while ?c2 still blocks."""
+    app = Blocking("a", "b", "c1", "c2")
+    loop, addr = serve_wsgi(app, threads=2)
+    socks: dict = {}
+    try:
+        spill_setup(loop, addr, app, socks,
+                    then=(("c1", "c1"), ("c2", "c2"), ("c3", "c3"), ("c4", "c4")))
+        app.events["c1"].set()
+        assert wait_for(app.entered["c2"].is_set), "c2 run from the queue"
+        assert app.thread["c2"] == app.thread["a"]
+        ask(socks["c3"], "c3b")
+        app.events["b"].set()
+        assert answers(socks["c3"], 2) == [b"c3", b"c3b"]
+        assert answers(socks["c4"], 1) == [b"c4"]
+        assert not app.events["c2"].is_set()
+        app.events["c2"].set()
+        assert answers(socks["c2"], 1) == [b"c2"]
+        assert answers(socks["c1"], 1) == [b"c1"]
+        assert app.order == ["a", "b", "c1", "c2", "c3", "c3b", "c4"], app.order
+    finally:
+        app.release()
+        for s in socks.values():
+            s.close()

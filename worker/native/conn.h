@@ -103,7 +103,8 @@ struct HttpConn {
 	char *out;                         /* output not taken by the kernel yet */
 	size_t ostart, olen, ocap;
 	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
-	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1;
+	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
+	         in_kept : 1;                  /* conn_io.c: input left while not reading */
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -116,7 +117,12 @@ struct HttpConn {
 	int inside;
 	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
 	int missed_timer;                  /* a due timer's kind, -1 none */
-	int queued;                        /* on the engine's spill queue (once at most) */
+	/* its entry in its group's spill queue (dispatch.c, engine.h: struct
+	 * runq), once at most: the queue's loop thread + 1 (0: not queued),
+	 * the links, the events of the reports merged into it */
+	int queued;
+	HttpConn *qprev, *qnext;
+	uint32_t qevents;
 	/* issue 21: a response whose body goes out from the loop (wsgi_body.c,
 	 * respond_resume): held here between POLLOUT events; the next
 	 * pipelined request waits for it, reading is off meanwhile */

@@ -94,14 +94,7 @@ static void unqueue(Server *s, HttpConn *c)
 {
 	if (!c->queued)
 		return;
-	for (int i = 0; i < s->rq_len; i++) {
-		if (s->runq[i].c != c)
-			continue;
-		memmove(&s->runq[i], &s->runq[i + 1], sizeof(*s->runq) * (size_t)(s->rq_len - i - 1));
-		s->rq_len--;
-		break;
-	}
-	c->queued = 0;
+	runq_unlink(s, c);
 	Py_DECREF(c);
 }
 
@@ -125,6 +118,12 @@ static void sync_dirs(HttpConn *c)
 		(want ? api->want_send : api->stop_send)(th, c->fd);
 	}
 	rd = hconn_reading(c);
+	if (rd && c->in_kept) {
+		/* input a report brought while we did not read (keep_input):
+		 * the thread inside c reads it as a report of its own */
+		c->in_kept = 0;
+		c->missed |= FDC_POLL_IN;
+	}
 	if (rd != c->recv_on) {
 		c->recv_on = (unsigned)rd;
 		(rd ? api->want_recv : api->stop_recv)(th, c->fd);
@@ -385,8 +384,30 @@ ssize_t hconn_read(HttpConn *c, char *buf, size_t room)
 
 /* ---- events ---------------------------------------------------------------------------------- */
 
+#define EV_INPUT (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)
+
+/* A group-shared connection (dispatch.c) is polled edge-triggered: input
+ * is announced once, so input met while c does not read (a parked body,
+ * output past HIGH_WATER: hconn_reading) is remembered here, and
+ * sync_dirs replays it as a report (c->missed) once reading is back on.
+ * fdcore keeps such an edge itself only when recv was not ACTIVE as the
+ * report came (FDC_KEPT_R); a report taken while it still was (a sibling
+ * polled it while c's thread was in the app, before the response parked),
+ * or a read stopped with bytes left in the socket (its room filled, then
+ * a request parked), is this layer's to keep: no edge will come for it
+ * (the kernel repeats an EPOLLIN only in a report of its own, and a body
+ * the kernel takes without refusing bytes brings none). A replay that
+ * finds nothing costs one read (EAGAIN). */
+static void keep_input(HttpConn *c)
+{
+	if (c->srv->dispatch && !c->closed && !hconn_reading(c))
+		c->in_kept = 1;
+}
+
 int hconn_on_events(HttpConn *c, uint32_t events)
 {
+	int rc;
+
 	c->last_active = mono_now();
 	if (events & EV_FIRST)
 		return c->srv->ops->serve_first(c);
@@ -398,8 +419,9 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 		hconn_flush(c);
 	if (c->parked && !c->closed && (events & FDC_POLL_OUT)) {
 		unsigned long long before;
-		int rc;
 
+		if (events & EV_INPUT)
+			keep_input(c);                    /* read once the body ended */
 		/* edge-triggered (a shared connection, dispatch.c): a POLLOUT
 		 * comes again only after the kernel was full; a resume whose
 		 * writes it all took must go on while it makes progress */
@@ -411,13 +433,20 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 		return rc;
 	}
 	if (c->lingering) {
-		if (!c->closed && (events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)))
+		if (!c->closed && (events & EV_INPUT))
 			discard(c);
 		return 0;
 	}
-	if ((events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)) && !c->closed && hconn_reading(c))
-		return c->srv->ops->readable(c);
-	return 0;
+	if (!(events & EV_INPUT) || c->closed)
+		return 0;
+	if (!hconn_reading(c)) {
+		keep_input(c);
+		return 0;
+	}
+	rc = c->srv->ops->readable(c);
+	if (rc == 0)
+		keep_input(c);          /* reading stopped under it: bytes may be left */
+	return rc;
 }
 
 int hconn_on_timeout(HttpConn *c, int kind)

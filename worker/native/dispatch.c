@@ -31,7 +31,7 @@
  * drain step closes the connection once idle. Timers stay in the list they
  * were armed in; whichever thread fires one handles it as an event.
  *
- * The group's queue (the engine's runq), for fairness when the app blocks.
+ * The group's queue (struct runq, engine.h), for fairness when the app blocks.
  * With every thread busy, an arrival lands in the ready list of each
  * poller it passes, and a copy stays there, at its old place, after
  * another thread served it: the connection's NEXT request is then taken
@@ -54,7 +54,6 @@
  * In the connection layer, under engine.c. May call: conn_io.c (the
  * connection's handlers, contain), conn_timers.c, fdcore.
  */
-#include <string.h>
 
 #include "engine.h"
 
@@ -115,34 +114,33 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
 }
 
 /* Queues c's report (c referenced), once: a connection already queued
- * has the events added to its entry (the kernel offers an arrival to every
- * poller it passes that has no sleeper, so a busy group sees copies of it:
- * without this the queue grew to 1,500 entries for 32 connections and a
- * request waited behind them for a second). 0, or -1 when the queue
- * cannot grow (the caller then handles it itself). The GIL's. */
-int dispatch_spill(Server *s, HttpConn *c, uint32_t events)
+ * has the events added to its entry, which keeps its place (the kernel
+ * offers an arrival to every poller it passes that has no sleeper, so a
+ * busy group sees copies of it: without this the queue grew to 1,500
+ * entries for 32 connections and a request waited behind them for a
+ * second). O(1) either way: the entry is c itself (its qevents, linked
+ * into its group's queue, engine.h: struct runq), found through c, never
+ * by a scan. The GIL's. */
+void dispatch_spill(Server *s, HttpConn *c, uint32_t events)
 {
+	struct runq *q;
+
 	if (c->queued) {
 		/* a copy of the same arrival (offered to several pollers that had
 		 * no sleeper) or a later one: the entry queued already reads it */
-		for (int i = 0; i < s->rq_len; i++)
-			if (s->runq[i].c == c)
-				s->runq[i].events |= events;
-		return 0;
+		c->qevents |= events;
+		return;
 	}
-	if (s->rq_len == s->rq_cap) {
-		int cap = s->rq_cap ? 2 * s->rq_cap : 64;
-		struct spilled *q = PyMem_Realloc(s->runq, sizeof(*q) * (size_t)cap);
-
-		if (!q)
-			return -1;
-		s->runq = q;
-		s->rq_cap = cap;
-	}
-	c->queued = 1;
-	s->runq[s->rq_len].c = (HttpConn *)Py_NewRef(c);
-	s->runq[s->rq_len++].events = events;
-	return 0;
+	q = srv_runq(s, c->pos);
+	c->queued = s->thr[c->pos].lead + 1;
+	c->qevents = events;
+	c->qnext = NULL;
+	c->qprev = q->tail;
+	if (q->tail)
+		q->tail->qnext = c;
+	else
+		q->head = c;
+	q->tail = (HttpConn *)Py_NewRef(c);
 }
 
 /* Wakes one sibling of pos asleep in its poll, if any (the others are
@@ -168,60 +166,45 @@ int dispatch_run_spilled(Server *s, int pos)
 {
 	int ran = 0;
 	struct srv_thread *t = &s->thr[pos];
+	struct runq *q = srv_runq(s, pos);
 	double start = 0;
-	int i = 0;
+	HttpConn *c;
 
-	while (i < s->rq_len) {
-		struct spilled q = s->runq[i];
-		uint32_t gen;
+	while ((c = q->head)) {
+		uint32_t gen, events = c->qevents;
 
-		if (s->thr[q.c->pos].tgid != t->tgid) {
-			i++;
-			continue;
-		}
 		if (start && mono_now() - start > SPILL_AFTER) {
 			dispatch_wake_idle(s, pos);
 			break;
 		}
 		if (!start)
 			start = mono_now();
-		q.c->queued = 0;
-		memmove(&s->runq[i], &s->runq[i + 1], sizeof(q) * (size_t)(s->rq_len - i - 1));
-		s->rq_len--;
+		runq_unlink(s, c);                     /* its reference is ours now */
 		/* more of the group's work waits behind this one: a sibling asleep
 		 * starts on it now, not once this entry has run (which may block) */
-		if (i < s->rq_len && dispatch_has_spilled(s, pos))
+		if (q->head)
 			dispatch_wake_idle(s, pos);
-		if (!q.c->closed && s->conns[q.c->fd] == q.c &&
-		    s->api.enter(t->th, q.c->fd, &gen) == FDC_DONE) {
-			if (!q.c->closed && dispatch_run(q.c, pos, q.events, -1) < 0)
-				contain(q.c);              /* as in a turn */
-			s->api.leave(t->th, q.c->fd, gen);
+		if (!c->closed && s->conns[c->fd] == c &&
+		    s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
+			if (!c->closed && dispatch_run(c, pos, events, -1) < 0)
+				contain(c);                    /* as in a turn */
+			s->api.leave(t->th, c->fd, gen);
 			ran++;
 		}
-		Py_DECREF(q.c);
+		Py_DECREF(c);
 	}
 	return ran;
 }
 
+/* Empties every group's queue (the engine's end, or its clear). */
 void dispatch_free_spilled(Server *s)
 {
-	while (s->rq_len) {
-		HttpConn *c = s->runq[--s->rq_len].c;
+	for (int i = 0; s->thr && i < s->nthreads; i++) {
+		HttpConn *c;
 
-		c->queued = 0;
-		Py_DECREF(c);
+		while ((c = s->thr[i].rq.head)) {
+			runq_unlink(s, c);
+			Py_DECREF(c);
+		}
 	}
-	PyMem_Free(s->runq);
-	s->runq = NULL;
-	s->rq_cap = 0;
-}
-
-/* Whether work of pos's group is queued (its poll must not sleep then). */
-int dispatch_has_spilled(const Server *s, int pos)
-{
-	for (int i = 0; i < s->rq_len; i++)
-		if (s->thr[s->runq[i].c->pos].tgid == s->thr[pos].tgid)
-			return 1;
-	return 0;
 }

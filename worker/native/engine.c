@@ -135,7 +135,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	struct fdc_counters before, after;
 
 	/* work queued for the group (dispatch.c): never asleep on it */
-	if (s->rq_len && dispatch_has_spilled(s, pos))
+	if (s->dispatch && dispatch_has_spilled(s, pos))
 		timeout = 0;                           /* never asleep on queued work */
 	s->api.counters(t->th, &before);
 	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
@@ -174,7 +174,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	 * p50 below the ideal and a p99 of 2.4x it). With the queue empty
 	 * the batch runs here (affinity, nothing handed over) until it has
 	 * run for SPILL_AFTER. */
-	int queue = s->dispatch && !relieved && s->rq_len && dispatch_has_spilled(s, pos);
+	int queue = s->dispatch && !relieved && dispatch_has_spilled(s, pos);
 
 	for (int i = 0; i < n; i++) {
 		struct fdc_event *ev = &t->ev[i];
@@ -202,8 +202,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 
 		if (!start)
 			start = now;
-		if (s->dispatch && !relieved && (queue || spilled || now - start > SPILL_AFTER) &&
-		    dispatch_spill(s, c, ev->events) == 0) {
+		if (s->dispatch && !relieved && (queue || spilled || now - start > SPILL_AFTER)) {
+			dispatch_spill(s, c, ev->events);
 			spilled++;
 			s->api.leave(t->th, ev->fd, ev->gen);
 			continue;
@@ -235,7 +235,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	}
 	if (spilled && !queue)
 		dispatch_wake_idle(s, pos);            /* this batch ran long: help */
-	if (s->dispatch && s->rq_len)
+	if (s->dispatch && dispatch_has_spilled(s, pos))
 		handled += dispatch_run_spilled(s, pos);
 	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);

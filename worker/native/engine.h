@@ -22,12 +22,13 @@ struct srv_thread {
 	int first[FDC_EVBATCH], nfirst;    /* accepted, first read to serve (serve_accepted) */
 	int tid;                           /* fdcore's thread id (fdc_wake) */
 	int asleep;                        /* in its blocking poll (the GIL's) */
-};
-
-/* dispatch.c: the rest of a batch that ran long, for an idle sibling */
-struct spilled {
-	HttpConn *c;                       /* a strong reference */
-	uint32_t events;
+	int lead;                          /* its group's first loop thread: holds rq */
+	/* dispatch.c's queue of the group, in its lead thread's entry: the
+	 * connections whose reports wait, oldest first (each holds a strong
+	 * reference), linked through their qprev/qnext */
+	struct runq {
+		HttpConn *head, *tail;
+	} rq;
 };
 
 /* What the engine refuses a request for (its status): the labels of
@@ -82,8 +83,6 @@ struct Server {
 	double min_body_rate;
 	int draining;
 	int dispatch;                      /* connections shared by their group (dispatch.c) */
-	struct spilled *runq;              /* dispatch.c: spilled reports, FIFO */
-	int rq_len, rq_cap;
 	unsigned long long requests;       /* answered: the app's, and our refusals */
 	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
@@ -117,11 +116,43 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
  * (spill), run oldest first by every thread of the group after its poll
  * (run_spilled); free_spilled at the engine's end. */
 #define SPILL_AFTER 0.002
-int dispatch_spill(Server *s, HttpConn *c, uint32_t events);
+void dispatch_spill(Server *s, HttpConn *c, uint32_t events);
 void dispatch_wake_idle(Server *s, int pos);
 int dispatch_run_spilled(Server *s, int pos);
-int dispatch_has_spilled(const Server *s, int pos);
 void dispatch_free_spilled(Server *s);
+
+/* The queue of loop thread pos's group. */
+static inline struct runq *srv_runq(Server *s, int pos)
+{
+	return &s->thr[s->thr[pos].lead].rq;
+}
+
+/* Whether work of pos's group is queued (its poll must not sleep then). */
+static inline int dispatch_has_spilled(Server *s, int pos)
+{
+	return srv_runq(s, pos)->head != NULL;
+}
+
+/* Takes queued c off its group's queue, in O(1); the queue's reference
+ * is the caller's now. The GIL's. Here, not in dispatch.c, since
+ * conn_io.c's close takes a closing connection off too (it calls nothing
+ * above it). */
+static inline void runq_unlink(Server *s, HttpConn *c)
+{
+	struct runq *q = &s->thr[c->queued - 1].rq;
+
+	if (c->qprev)
+		c->qprev->qnext = c->qnext;
+	else
+		q->head = c->qnext;
+	if (c->qnext)
+		c->qnext->qprev = c->qprev;
+	else
+		q->tail = c->qprev;
+	c->qprev = c->qnext = NULL;
+	c->queued = 0;
+	c->qevents = 0;
+}
 
 
 #endif /* SOCKHERD_ENGINE_H */

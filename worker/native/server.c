@@ -141,6 +141,12 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 		s->thr[i].obj = Py_NewRef(obj);
 		s->thr[i].tgid = tgid;
 		s->thr[i].bit = bit;
+		s->thr[i].lead = i;
+		for (int j = 0; j < i; j++)
+			if (s->thr[j].tgid == tgid) {
+				s->thr[i].lead = j;
+				break;
+			}
 	}
 	Py_DECREF(seq);
 	s->maxfd = maxfd;
@@ -208,8 +214,9 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->busy);
 	Py_VISIT(s->on_retire);
 	Py_VISIT(s->on_refusal);
-	for (int i = 0; i < s->rq_len; i++)
-		Py_VISIT(s->runq[i].c);
+	for (int i = 0; s->thr && i < s->nthreads; i++)
+		for (HttpConn *c = s->thr[i].rq.head; c; c = c->qnext)
+			Py_VISIT(c);
 	return 0;
 }
 
