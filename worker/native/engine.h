@@ -22,6 +22,7 @@ struct srv_thread {
 	int first[FDC_EVBATCH], nfirst;    /* accepted, first read to serve (serve_accepted) */
 	int tid;                           /* fdcore's thread id (fdc_wake) */
 	int asleep;                        /* in its blocking poll (the GIL's) */
+	PyObject *aio;                     /* ASGI: its asyncio loop (Server.set_aio), or NULL */
 };
 
 /* dispatch.c: the rest of a batch that ran long, for an idle sibling */
@@ -97,6 +98,7 @@ struct Server {
 
 extern PyTypeObject ServerType;
 extern PyMethodDef server_methods[];       /* engine.c */
+extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
 
 /* the responses[] index of a status code (0: other, or no response) */
 static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }

@@ -1,0 +1,303 @@
+/* The ASGI adapter's entry points: a request head made a scope and its
+ * app started as a task (struct h1_app: asgi_request, asgi_serve), the
+ * task's end (asgi_done), what ends every response (asgi_end: the counts,
+ * the access log, the codec going on), and the connection's side: input
+ * for a waiting receive (asgi_input), output drained for a waiting send
+ * (asgi_resume), the client gone (asgi_drop).
+ *
+ * The errors of §2 of issue 22, all logged with the request, never a
+ * traceback to the client:
+ *  - the app raises (any BaseException) before its head went out: 500;
+ *    after: the connection is closed mid-body;
+ *  - it returns without a whole response: the same, logged as such;
+ *  - a message of the wrong type or order: send() raises into the app
+ *    naming the message (asgi_call.c), and the above applies.
+ * A SystemExit or KeyboardInterrupt of a task goes through asyncio's run
+ * loop; worker/aio.py runs it again (the loop thread never ends for it).
+ *
+ * Threads: a call's task lives on the loop of the thread that served its
+ * request (the connection's owner), and its send() and receive() touch
+ * the connection from that thread. So an ASGI Server never shares its
+ * connections among a group's threads (no per-request dispatch) and the
+ * relief never moves one (asgi.py turns both off): a connection with a
+ * running task is only ever touched by its task's thread.
+ *
+ * May call: asgi_call.c, asgi_scope.c, the codec (h1_conn.c: refusal,
+ * call done; h1_response.c), the connection layer (conn_io.c).
+ */
+#include <string.h>
+
+#include "asgi.h"
+
+static PyObject *P_500;                    /* the 500's status line and field, made once */
+
+/* ---- the codec's calls: a request, served ----------------------------------------------------- */
+
+PyObject *asgi_request(HttpConn *c)
+{
+	return asgi_build_scope(c);
+}
+
+/* The app's error (pending) logged with the request, then answered: a
+ * 500 if its head did not go out, else the connection closes. */
+static void app_failed(AsgiCall *call, const char *what)
+{
+	HttpConn *c = call->conn;
+
+	report_exc(call->srv, call->scope, what);
+	if (!c || call->gone || call->ended)
+		return;
+	if (call->head_sent) {
+		call->f.keep = 0;
+		asgi_account(call);
+		Py_INCREF(c);                          /* the close drops the call's */
+		hconn_close_now(c);                    /* mid-body: the client sees a cut */
+		Py_DECREF(c);
+		return;
+	}
+	{
+		struct h1_frame f = {.http11 = call->f.http11, .keep = 0, .head_only = call->f.head_only,
+		                     .length = -1, .code = 500, .prefix = Py_NewRef(P_500)};
+		static const char msg[] = "Internal Server Error\n";
+
+		Py_XSETREF(call->f.prefix, NULL);
+		call->f = f;
+		call->started = call->head_sent = 1;
+		if (h1_head(c, &call->f, sizeof(msg) - 1) < 0 ||
+		    h1_send_body(c, &call->f, msg, sizeof(msg) - 1, 0, 0) < 0 ||
+		    h1_end_body(c, &call->f) < 0)
+			report_exc(call->srv, call->scope, "the 500 response");
+		asgi_end(call, 0);
+	}
+}
+
+int asgi_serve(HttpConn *c, PyObject *scope, int whole)
+{
+	Server *s = c->srv;
+	AsgiCall *call = asgi_call_new(c, scope);
+	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL, *r;
+
+	(void)whole;                               /* receive reads what is still to come */
+	if (!call)
+		return -1;
+	/* the connection holds the call from now: a close drops it */
+	c->call = Py_NewRef((PyObject *)call);
+	receive = PyObject_GetAttrString((PyObject *)call, "receive");
+	send = PyObject_GetAttrString((PyObject *)call, "send");
+	done = PyObject_GetAttrString((PyObject *)call, "_done");
+	if (!receive || !send || !done)
+		goto ours;
+	coro = PyObject_CallFunctionObjArgs(s->app, scope, receive, send, NULL);
+	if (!coro) {
+		app_failed(call, "app");
+		goto out;
+	}
+	/* the app's body runs in the loop's ready pass right after this turn */
+	task = PyObject_CallMethod(call->aio, "create_task", "O", coro);
+	if (!task) {
+		/* not a coroutine: an ASGI 2 app, a sync function (TypeError) */
+		app_failed(call, "app");
+		goto out;
+	}
+	r = PyObject_CallMethod(task, "add_done_callback", "O", done);
+	if (!r)
+		goto ours;
+	Py_DECREF(r);
+out:
+	Py_XDECREF(receive);
+	Py_XDECREF(send);
+	Py_XDECREF(done);
+	Py_XDECREF(coro);
+	Py_XDECREF(task);
+	Py_DECREF(call);
+	/* running: the requests behind it wait for its end (asgi_end); or
+	 * answered here already (an error): the codec goes on from the close */
+	return c->call ? RESPOND_PARKED : RESPOND_CLOSE;
+ours:
+	if (c->call == (PyObject *)call) {
+		c->call = NULL;
+		Py_DECREF(call);
+	}
+	Py_XDECREF(receive);
+	Py_XDECREF(send);
+	Py_XDECREF(done);
+	Py_XDECREF(coro);
+	Py_XDECREF(task);
+	Py_DECREF(call);
+	return -1;
+}
+
+/* ---- the end ------------------------------------------------------------------------------------- */
+
+void asgi_account(AsgiCall *call)
+{
+	Server *s = call->srv;
+	PyObject *rc;
+
+	if (call->counted)
+		return;
+	call->counted = 1;
+	srv_count(s, call->head_sent ? call->f.code : 0);
+	if (s->access != Py_None) {
+		rc = PyObject_CallFunction(s->access, "OiKd", call->scope,
+		                           call->head_sent ? call->f.code : 0, call->f.sent, call->since);
+		if (!rc)
+			PyErr_WriteUnraisable(s->access);
+		Py_XDECREF(rc);
+	}
+	if (s->on_retire && s->requests >= s->retire_at) {
+		PyObject *fn = s->on_retire;           /* max_requests: once (wsgi_app.c) */
+
+		s->on_retire = NULL;
+		rc = PyObject_CallNoArgs(fn);
+		if (!rc)
+			PyErr_WriteUnraisable(fn);
+		Py_XDECREF(rc);
+		Py_DECREF(fn);
+	}
+}
+
+void asgi_end(AsgiCall *call, int keep)
+{
+	HttpConn *c = call->conn;
+	PyObject *msg;
+
+	if (call->ended || !c)
+		return;
+	call->ended = 1;
+	asgi_account(call);
+	/* a receive waiting for the client's end: the response ended (ASGI:
+	 * a receive after it says disconnect) */
+	if (call->rx && (msg = asgi_disconnect())) {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+	call->conn = NULL;                         /* ours now */
+	if (c->call == (PyObject *)call) {
+		c->call = NULL;
+		Py_DECREF(call);                       /* the connection's (the caller holds one) */
+	}
+	if (!c->closed) {
+		Parser *p = c->parser;
+
+		/* a whole body the app did not read is dropped; one still
+		 * coming ends the connection (parser_finish says so) */
+		if (p->hp.state == HP_DONE)
+			p->bstart = p->blen;
+		if (h1_call_done(c, keep) < 0)
+			contain(c);
+	}
+	Py_DECREF(c);
+}
+
+/* The task ended: its exception, or a return without a whole response,
+ * answered and logged (once); a return after the response, nothing. */
+PyObject *asgi_done(AsgiCall *call, PyObject *task)
+{
+	PyObject *cancelled = PyObject_CallMethod(task, "cancelled", NULL), *exc;
+	int is_cancelled = cancelled ? PyObject_IsTrue(cancelled) : -1;
+
+	Py_XDECREF(cancelled);
+	if (is_cancelled < 0)
+		return NULL;
+	if (is_cancelled)
+		exc = PyObject_CallFunction(PyExc_RuntimeError, "s",
+		                            "the app's task was cancelled");
+	else
+		exc = PyObject_CallMethod(task, "exception", NULL);
+	if (!exc)
+		return NULL;
+	if (exc != Py_None) {
+		PyObject *tb = PyException_GetTraceback(exc);
+
+		PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, tb);   /* takes exc */
+		app_failed(call, "app");
+	}
+	else {
+		Py_DECREF(exc);
+		if (!call->ended && !call->gone) {
+			PyErr_SetString(PyExc_RuntimeError, call->started
+			                ? "the app returned before its response ended (more_body)"
+			                : "the app returned without sending http.response.start");
+			app_failed(call, "app");
+		}
+	}
+	Py_RETURN_NONE;
+}
+
+/* ---- the connection's side ------------------------------------------------------------------------ */
+
+int asgi_resume(HttpConn *c)
+{
+	AsgiCall *call = (AsgiCall *)c->call;
+
+	if (call && call->tx && hconn_pending(c) < LOW_WATER)
+		asgi_resolve(&call->tx, Py_None, NULL);
+	return RESPOND_PARKED;
+}
+
+int asgi_input(HttpConn *c)
+{
+	AsgiCall *call = (AsgiCall *)c->call;
+	PyObject *msg = NULL;
+
+	if (!call || !call->rx)
+		return 0;
+	if (!call->body_done) {
+		msg = asgi_take_body(call);
+		if (!msg && PyErr_Occurred())
+			return -1;
+	}
+	if (!msg && (c->peer_eof || c->parser->hp.state == HP_ERROR))
+		msg = asgi_disconnect();               /* the client ended (or broke) its request */
+	if (msg) {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+	return 0;
+}
+
+void asgi_drop(HttpConn *c, PyObject *obj)
+{
+	AsgiCall *call = (AsgiCall *)obj;
+	PyObject *msg, *exc;
+
+	(void)c;
+	call->gone = 1;
+	if (!call->ended)
+		asgi_account(call);                    /* what went out of it, if anything */
+	if (call->rx && (msg = asgi_disconnect())) {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+	if (call->tx) {
+		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
+		if (exc) {
+			asgi_resolve(&call->tx, NULL, exc);
+			Py_DECREF(exc);
+		}
+		else
+			PyErr_WriteUnraisable(obj);
+	}
+	Py_CLEAR(call->conn);
+	Py_DECREF(obj);                            /* the connection's reference */
+}
+
+/* nothing is ever parked by this adapter (its bodies go out from send) */
+void asgi_abandon(Respond *r)
+{
+	Py_XDECREF((PyObject *)r);
+}
+
+size_t asgi_owed(HttpConn *c)
+{
+	(void)c;
+	return 0;
+}
+
+int asgi_make_app(void)
+{
+	P_500 = PyBytes_FromString("HTTP/1.1 500 Internal Server Error\r\n"
+	                           "Content-Type: text/plain; charset=utf-8\r\n");
+	return P_500 ? asgi_make_keys() : -1;
+}
