@@ -1,9 +1,9 @@
 /* The ASGI 3 adapter (HTTP, spec 2.4) of the native engine, beside the
  * WSGI one: a parsed request made a scope in C (asgi_scope.c), the app
  * called with the receive and send of one AsgiCall (asgi_call.c: the
- * messages checked and framed by the codec), and the call run as a task
- * of the owner loop thread's asyncio loop (worker/aio.py), its end, its
- * errors and its counts (asgi_app.c). It sits on the HTTP/1 codec, which
+ * messages checked and framed by the codec), the call's end and counts
+ * (asgi_end.c), and the call run as a task of the owner loop thread's
+ * asyncio loop (worker/aio.py), its errors (asgi_app.c). It sits on the HTTP/1 codec, which
  * calls it only through the struct h1_app the Server's assembly fills
  * (server.c: asgi_h1_app); it calls the codec (h1.h) and the connection
  * layer (conn.h) directly.
@@ -51,19 +51,21 @@ PyObject *asgi_disconnect(void);
  * here, or the body's end), NULL with no error if the app must wait,
  * NULL with an error. */
 PyObject *asgi_take_body(AsgiCall *call);
-/* Sets *fut's result (or exception exc), if it is still pending; *fut
- * cleared. Never fails (an error is unraisable). */
-void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
 int asgi_make_keys(void);
 /* the adapter's constants (module init) */
 int asgi_make_app(void);
 
-/* ---- asgi_app.c: serving, ending ---- */
+/* ---- asgi_end.c: a call's end ---- */
 /* The response is whole (or the app's error answered): counted and
  * logged, the call detached, the codec goes on with the connection. */
 void asgi_end(AsgiCall *call, int keep);
 /* Counted and logged, once (the response, or what there is of it). */
 void asgi_account(AsgiCall *call);
+/* Sets *fut's result (or exception exc), if it is still pending; *fut
+ * cleared. Never fails (an error is unraisable). */
+void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
+
+/* ---- asgi_app.c: serving ---- */
 /* struct h1_app's entries and the connection layer's drop */
 PyObject *asgi_request(HttpConn *c);
 int asgi_serve(HttpConn *c, PyObject *scope, int whole);

@@ -22,8 +22,8 @@
  * relief never moves one (asgi.py turns both off): a connection with a
  * running task is only ever touched by its task's thread.
  *
- * May call: asgi_call.c, asgi_scope.c, the codec (h1_conn.c: refusal,
- * call done; h1_response.c), the connection layer (conn_io.c).
+ * May call: asgi_call.c, asgi_end.c, asgi_scope.c, the codec
+ * (h1_response.c), the connection layer (conn_io.c).
  */
 #include <string.h>
 
@@ -71,6 +71,10 @@ static void app_failed(AsgiCall *call, const char *what)
 	}
 }
 
+static PyObject *asgi_done(AsgiCall *call, PyObject *task);
+static PyMethodDef done_def = {"asgi_done", (PyCFunction)asgi_done, METH_O,
+                               "the done callback of an ASGI call's task"};
+
 int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 {
 	Server *s = c->srv;
@@ -84,7 +88,7 @@ int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 	c->call = Py_NewRef((PyObject *)call);
 	receive = PyObject_GetAttrString((PyObject *)call, "receive");
 	send = PyObject_GetAttrString((PyObject *)call, "send");
-	done = PyObject_GetAttrString((PyObject *)call, "_done");
+	done = PyCFunction_New(&done_def, (PyObject *)call);
 	if (!receive || !send || !done)
 		goto ours;
 	coro = PyObject_CallFunctionObjArgs(s->app, scope, receive, send, NULL);
@@ -127,72 +131,11 @@ ours:
 	return -1;
 }
 
-/* ---- the end ------------------------------------------------------------------------------------- */
-
-void asgi_account(AsgiCall *call)
-{
-	Server *s = call->srv;
-	PyObject *rc;
-
-	if (call->counted)
-		return;
-	call->counted = 1;
-	srv_count(s, call->head_sent ? call->f.code : 0);
-	if (s->access != Py_None) {
-		rc = PyObject_CallFunction(s->access, "OiKd", call->scope,
-		                           call->head_sent ? call->f.code : 0, call->f.sent, call->since);
-		if (!rc)
-			PyErr_WriteUnraisable(s->access);
-		Py_XDECREF(rc);
-	}
-	if (s->on_retire && s->requests >= s->retire_at) {
-		PyObject *fn = s->on_retire;           /* max_requests: once (wsgi_app.c) */
-
-		s->on_retire = NULL;
-		rc = PyObject_CallNoArgs(fn);
-		if (!rc)
-			PyErr_WriteUnraisable(fn);
-		Py_XDECREF(rc);
-		Py_DECREF(fn);
-	}
-}
-
-void asgi_end(AsgiCall *call, int keep)
-{
-	HttpConn *c = call->conn;
-	PyObject *msg;
-
-	if (call->ended || !c)
-		return;
-	call->ended = 1;
-	asgi_account(call);
-	/* a receive waiting for the client's end: the response ended (ASGI:
-	 * a receive after it says disconnect) */
-	if (call->rx && (msg = asgi_disconnect())) {
-		asgi_resolve(&call->rx, msg, NULL);
-		Py_DECREF(msg);
-	}
-	call->conn = NULL;                         /* ours now */
-	if (c->call == (PyObject *)call) {
-		c->call = NULL;
-		Py_DECREF(call);                       /* the connection's (the caller holds one) */
-	}
-	if (!c->closed) {
-		Parser *p = c->parser;
-
-		/* a whole body the app did not read is dropped; one still
-		 * coming ends the connection (parser_finish says so) */
-		if (p->hp.state == HP_DONE)
-			p->bstart = p->blen;
-		if (h1_call_done(c, keep) < 0)
-			contain(c);
-	}
-	Py_DECREF(c);
-}
+/* ---- the task's end ---------------------------------------------------------------------------- */
 
 /* The task ended: its exception, or a return without a whole response,
  * answered and logged (once); a return after the response, nothing. */
-PyObject *asgi_done(AsgiCall *call, PyObject *task)
+static PyObject *asgi_done(AsgiCall *call, PyObject *task)
 {
 	PyObject *cancelled = PyObject_CallMethod(task, "cancelled", NULL), *exc;
 	int is_cancelled = cancelled ? PyObject_IsTrue(cancelled) : -1;

@@ -13,8 +13,9 @@
  * The messages are checked here, each error naming the message: they are
  * the app's errors (raised into it; asgi_app.c answers and logs them).
  *
- * May call: the codec (h1_response.c's framing, h1_conn.c's input room),
- * the connection layer (conn_io.c), asgi_app.c's end.
+ * May call: asgi_end.c (the response's end), asgi_scope.c (messages), the
+ * codec (h1_response.c's framing, h1_conn.c's input room, refusals), the
+ * connection layer (conn_io.c).
  */
 #include <string.h>
 
@@ -77,32 +78,6 @@ PyTypeObject AsgiReadyType = {
 };
 
 /* ---- futures ---------------------------------------------------------------------------------- */
-
-void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
-{
-	PyObject *f = *fut, *done, *rc;
-
-	if (!f)
-		return;
-	*fut = NULL;
-	{
-		PyObject *t, *v, *tb;
-
-		PyErr_Fetch(&t, &v, &tb);          /* called on error paths too */
-		done = PyObject_CallMethod(f, "done", NULL);
-		if (done && !PyObject_IsTrue(done))
-			rc = exc ? PyObject_CallMethod(f, "set_exception", "O", exc)
-			         : PyObject_CallMethod(f, "set_result", "O", value ? value : Py_None);
-		else
-			rc = done ? Py_NewRef(Py_None) : NULL;
-		if (!rc)
-			PyErr_WriteUnraisable(f);
-		Py_XDECREF(rc);
-		Py_XDECREF(done);
-		PyErr_Restore(t, v, tb);
-	}
-	Py_DECREF(f);
-}
 
 static PyObject *new_future(AsgiCall *call)
 {
@@ -389,14 +364,10 @@ static PyObject *Call_send(AsgiCall *call, PyObject *msg)
 	return r;
 }
 
-/* the task's end: asgi_app.c */
-PyObject *asgi_done(AsgiCall *call, PyObject *task);
-
 static PyMethodDef Call_methods[] = {
 	{"receive", (PyCFunction)Call_receive, METH_NOARGS,
 	 "receive() -> awaitable of the next message (http.request, http.disconnect)."},
 	{"send", (PyCFunction)Call_send, METH_O, "send(message) -> awaitable."},
-	{"_done", (PyCFunction)asgi_done, METH_O, "the task's done callback."},
 	{NULL},
 };
 
