@@ -181,3 +181,30 @@ def test_a_task_left_running_does_not_hold_the_connection(serve_asgi):
     out = raw(addr, b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n"
                     b"Connection: close\r\n\r\n")
     assert out.count(b"HTTP/1.1 200 OK") == 2 and out.endswith(b"ok /b")
+
+
+def test_send_from_another_thread_is_refused(serve_asgi):
+    """The connection is its loop thread's alone: a send() or receive()
+    called from another thread (an executor's) raises RuntimeError in it
+    and touches nothing; the request is then answered from the loop."""
+    import asyncio
+
+    seen = []
+
+    async def app(scope, receive, send):
+        def from_thread():
+            out = []
+            for call in (lambda: send({"type": "http.response.start", "status": 200,
+                                       "headers": []}), receive):
+                try:
+                    call()
+                except RuntimeError as exc:
+                    out.append(str(exc))
+            return out
+
+        seen.extend(await asyncio.get_running_loop().run_in_executor(None, from_thread))
+        await ok(scope, receive, send)
+
+    _, addr = serve_asgi(app)
+    still_serves(addr)
+    assert len(seen) == 2 and all("not the connection's loop thread" in s for s in seen)
