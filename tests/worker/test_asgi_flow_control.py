@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
 
 import pytest
@@ -73,9 +74,11 @@ def test_a_client_that_does_not_read_suspends_send(serve_asgi):
     assert body == (bytes(range(256)) * (CHUNK // 256)) * (TOTAL // CHUNK)
 
 
-def test_disconnect_during_a_streaming_response(serve_asgi):
+@pytest.mark.parametrize("end", ["fin", "reset"])
+def test_disconnect_during_a_streaming_response(serve_asgi, end):
     """An SSE-like stream that listens for the client's end: the client
-    closes, receive() says http.disconnect, a send() after it raises
+    closes (its FIN, or a reset: the connection fails without an end of
+    input), receive() says http.disconnect, a send() after it raises
     ClientDisconnected (an OSError), the loop thread serves on."""
     seen = []
 
@@ -109,6 +112,8 @@ def test_disconnect_during_a_streaming_response(serve_asgi):
         got = b""
         while got.count(b"tick") < 3:
             got += c.recv(65536)
+        if end == "reset":
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     wait_until(lambda: len(seen) == 4, what="the app to see the disconnect")
     assert seen[0] == {"type": "http.request", "body": b"", "more_body": False}
     assert seen[1] == {"type": "http.disconnect"}

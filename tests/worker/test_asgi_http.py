@@ -232,18 +232,25 @@ def test_head_204_304_have_no_body(serve):
     assert parts[3].endswith(b"\r\n\r\nbody")
 
 
-def test_pipelined_requests_answered_in_order(serve):
-    """Pipelined requests: each waits for the one before, whose app takes
-    longer; the answers come in request order on one connection."""
+def test_pipelined_requests_answered_in_order(serve_asgi):
+    """Pipelined requests, arriving while the first one's app still runs:
+    each waits for the one before (slower than it); the answers come in
+    request order on one connection."""
     async def app(scope, receive, send):
         n = int(scope["path"][1:])
-        await asyncio.sleep(0.02 * (5 - n))         # the first is the slowest
+        await asyncio.sleep(0.05 * (5 - n))         # the first is the slowest
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"<%d>" % n})
 
-    _, addr = serve(app)
-    reqs = b"".join(b"GET /%d HTTP/1.1\r\nHost: h\r\n\r\n" % i for i in range(5))
-    out = raw(addr, reqs + b"GET /5 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    _, addr = serve_asgi(app)
+    with socket.create_connection(addr, timeout=10) as c:
+        for i in range(5):
+            c.sendall(b"GET /%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
+            time.sleep(0.02)                        # a read of its own, the first app runs
+        c.sendall(b"GET /5 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        out = b""
+        while chunk := c.recv(65536):
+            out += chunk
     bodies = [p.rsplit(b"\r\n\r\n", 1)[1] for p in out.split(b"HTTP/1.1 200 OK")[1:]]
     assert bodies == [b"<%d>" % i for i in range(6)]
 
