@@ -50,3 +50,23 @@ def test_a_drain_waits_for_a_running_app(serve_asgi):
     assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"late but whole")
     assert b"Connection: close" in out
     assert loop.drained.wait(5)
+
+
+def test_an_app_idle_after_a_burst_the_client_took_late(serve_asgi):
+    """A streamed burst that waited in the output (the send timer ran for
+    it), taken by the client, then the app thinks longer than
+    body_timeout before its last part: the send timer ended with the
+    output it timed; the connection is not cut for the app's own time."""
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x" * (4 << 20), "more_body": True})
+        await asyncio.sleep(1.5)
+        await send({"type": "http.response.body", "body": b"the end"})
+
+    _, addr = serve_asgi(app, body_timeout=0.5)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        time.sleep(0.2)                            # the burst waits in our output
+        out = read_all(c)
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"the end\r\n0\r\n\r\n")

@@ -55,9 +55,15 @@ void h1_rearm(HttpConn *c)
 		timer_arm(c, TIMER_SEND);
 		return;
 	}
-	/* a call runs: the app's own time is not the client's to be timed */
-	if (c->closing || c->call)
+	if (c->closing)
 		return;
+	if (c->call) {
+		/* a call runs: the app's own time is not the client's to be
+		 * timed; a send timer of output now taken ends here (it cut an
+		 * SSE stream quiet for body_timeout after a burst) */
+		timer_cancel(c);
+		return;
+	}
 	if (parser_head_started(c->parser)) {
 		if (!c->head_clock) {
 			c->head_clock = 1;
