@@ -189,6 +189,9 @@ def close(aio) -> None:
         return
     try:
         for task in asyncio.all_tasks(aio):
+            # never to run again (its thread is gone): no "destroyed but
+            # pending" report for what a stop cut short by design
+            task._log_destroy_pending = False
             task.cancel()
         aio.close()
     except Exception:  # noqa: BLE001 - at exit: logged, the rest still closes

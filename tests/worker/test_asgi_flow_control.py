@@ -144,3 +144,36 @@ def test_disconnect_mid_upload(serve_asgi):
         wait_until(lambda: seen, what="the first part")
     wait_until(lambda: seen[-1] == "http.disconnect", what="http.disconnect")
     assert seen[0] == "http.request"
+
+
+def test_input_while_an_app_runs_is_bounded(serve_asgi):
+    """A client pipelining megabytes behind a request whose app runs: the
+    connection reads on (a disconnect must be seen) but stops once
+    CALL_INPUT_MAX (256 KiB) waits unparsed; the rest stays in the kernel."""
+    release = []
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/slow":
+            release.append(asyncio.get_running_loop().create_future())
+            await release[0]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    loop, addr = serve_asgi(app)
+    flood = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n" * ((4 << 20) // 30)
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
+        wait_until(lambda: release, what="the app to run")
+        c.setblocking(False)
+        sent, deadline = 0, time.monotonic() + 1.0
+        while time.monotonic() < deadline and sent < len(flood):
+            try:
+                sent += c.send(flood[sent:sent + 65536])
+            except BlockingIOError:
+                time.sleep(0.01)
+        conn = next(iter(loop.conns.values()))
+        time.sleep(0.2)                            # what it will read of it, read
+        assert conn.parser.pending <= (256 << 10) + (64 << 10), conn.parser.pending
+        assert sent > 1 << 20                      # the kernel holds the rest
+        aio_loop = loop.aio_loop(0)
+        aio_loop.call_soon_threadsafe(release[0].set_result, None)

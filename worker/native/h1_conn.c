@@ -383,6 +383,15 @@ static ssize_t read_some(HttpConn *c, int *filled)
 	if (buf_reserve(&p->pending, &p->start, &p->len, &p->cap, READ_ROOM) < 0)
 		return -1;
 	room = p->cap - p->len;
+	if (c->call) {
+		/* a call runs: what it may leave unread is bounded (h1_input_room),
+		 * so one read takes at most what is left of the bound */
+		size_t buffered = (p->len - p->start) + (p->blen - p->bstart);
+		size_t left = buffered < CALL_INPUT_MAX ? CALL_INPUT_MAX - buffered : 0;
+
+		if (room > left)
+			room = left > READ_ROOM ? left : READ_ROOM;
+	}
 	n = hconn_read(c, p->pending + p->len, room);
 	if (n <= 0)
 		return n;
