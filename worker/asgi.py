@@ -40,6 +40,22 @@ def make_handler(app, cfg: dict, state: dict | None = None):
     return Handler
 
 
+async def run_call(app, scope, receive, send, done):
+    """One request's app, as its task runs it: done(exception or None) at
+    its end (worker/native/asgi_app.c answers what is missing and logs).
+    Every BaseException of the app ends here (SystemExit, KeyboardInterrupt
+    included: a loop thread never ends for the app); GeneratorExit is the
+    coroutine being closed (its loop closes), not the app's."""
+    try:
+        await app(scope, receive, send)
+    except GeneratorExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - contained, answered, logged
+        done(exc)
+    else:
+        done(None)
+
+
 def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
     from sockherd.fdcore.table import Event
     from sockherd.worker.loop import KIND_CONN
@@ -57,7 +73,8 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
         loop=loop, api=loop.table.c_api(),
         threads=[(th, th.address, th.tgid, th.bit) for th in loop.loop_threads],
         maxfd=loop.table.maxfd, kind_conn=KIND_CONN, app=app, base=base,
-        slow=None, access=_ScopeAccessLog(lim.access) if lim.access else None, report=_report,
+        slow=run_call,                        # an ASGI Server's runner of one call
+        access=_ScopeAccessLog(lim.access) if lim.access else None, report=_report,
         sendfile=None, file_wrapper=None, bytes_io=None, no_body=None, event_type=Event,
         busy=None, enter_app=None,
         limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,

@@ -12,8 +12,9 @@
  *  - it returns without a whole response: the same, logged as such;
  *  - a message of the wrong type or order: send() raises into the app
  *    naming the message (asgi_call.c), and the above applies.
- * A SystemExit or KeyboardInterrupt of a task goes through asyncio's run
- * loop; worker/aio.py runs it again (the loop thread never ends for it).
+ * The runner (asgi.py run_call) catches every BaseException of the app
+ * and hands it to done(): a SystemExit or KeyboardInterrupt never reaches
+ * asyncio's run loop (worker/aio.py runs that again all the same).
  *
  * Threads: a call's task lives on the loop of the thread that served its
  * request (the connection's owner), and its send() and receive() touch
@@ -71,15 +72,21 @@ static void app_failed(AsgiCall *call, const char *what)
 	}
 }
 
-static PyObject *asgi_done(AsgiCall *call, PyObject *task);
+static PyObject *asgi_done(AsgiCall *call, PyObject *exc);
 static PyMethodDef done_def = {"asgi_done", (PyCFunction)asgi_done, METH_O,
-                               "the done callback of an ASGI call's task"};
+                               "done(exc or None): the end of an ASGI call's app"};
 
+/* The app runs inside the runner (asgi.py run_call: the Server's `slow`
+ * slot for an ASGI Server), a coroutine that awaits the app and then
+ * calls done(exception or None): no done callback, which cost a handle
+ * and one more loop iteration per request, and every BaseException of
+ * the app ends there, not in asyncio's run loop. */
 int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 {
 	Server *s = c->srv;
 	AsgiCall *call = asgi_call_new(c, scope);
-	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL, *r;
+	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL;
+	PyObject *args[5];
 
 	(void)whole;                               /* receive reads what is still to come */
 	if (!call)
@@ -91,33 +98,27 @@ int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 	done = PyCFunction_New(&done_def, (PyObject *)call);
 	if (!receive || !send || !done)
 		goto ours;
-	coro = PyObject_CallFunctionObjArgs(s->app, scope, receive, send, NULL);
-	if (!coro) {
-		app_failed(call, "app");
-		goto out;
-	}
+	args[0] = s->app;
+	args[1] = scope;
+	args[2] = receive;
+	args[3] = send;
+	args[4] = done;
+	coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
 	/* the app's body runs in the loop's ready pass right after this turn */
-	task = PyObject_CallMethod(call->aio, "create_task", "O", coro);
-	if (!task) {
-		/* not a coroutine: an ASGI 2 app, a sync function (TypeError) */
-		app_failed(call, "app");
-		goto out;
-	}
-	r = PyObject_CallMethod(task, "add_done_callback", "O", done);
-	if (!r)
+	task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
+	if (!task)
 		goto ours;
-	Py_DECREF(r);
-out:
 	Py_XDECREF(receive);
 	Py_XDECREF(send);
 	Py_XDECREF(done);
 	Py_XDECREF(coro);
 	Py_XDECREF(task);
 	Py_DECREF(call);
-	/* running: the requests behind it wait for its end (asgi_end); or
-	 * answered here already (an error): the codec goes on from the close */
-	return c->call ? RESPOND_PARKED : RESPOND_CLOSE;
+	/* running: the requests behind it wait for its end (asgi_end) */
+	return RESPOND_PARKED;
 ours:
+	if (coro)                                  /* never run: no "never awaited" warning */
+		Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
 	if (c->call == (PyObject *)call) {
 		c->call = NULL;
 		Py_DECREF(call);
@@ -133,37 +134,25 @@ ours:
 
 /* ---- the task's end ---------------------------------------------------------------------------- */
 
-/* The task ended: its exception, or a return without a whole response,
- * answered and logged (once); a return after the response, nothing. */
-static PyObject *asgi_done(AsgiCall *call, PyObject *task)
+/* The app ended (its runner's done): its exception, or a return without
+ * a whole response, answered and logged (once); a return after the
+ * response, nothing. */
+static PyObject *asgi_done(AsgiCall *call, PyObject *exc)
 {
-	PyObject *cancelled = PyObject_CallMethod(task, "cancelled", NULL), *exc;
-	int is_cancelled = cancelled ? PyObject_IsTrue(cancelled) : -1;
-
-	Py_XDECREF(cancelled);
-	if (is_cancelled < 0)
-		return NULL;
-	if (is_cancelled)
-		exc = PyObject_CallFunction(PyExc_RuntimeError, "s",
-		                            "the app's task was cancelled");
-	else
-		exc = PyObject_CallMethod(task, "exception", NULL);
-	if (!exc)
-		return NULL;
 	if (exc != Py_None) {
-		PyObject *tb = PyException_GetTraceback(exc);
-
-		PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, tb);   /* takes exc */
+		if (!PyExceptionInstance_Check(exc)) {
+			PyErr_SetString(PyExc_TypeError, "done(): an exception or None");
+			return NULL;
+		}
+		PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc),
+		              PyException_GetTraceback(exc));
 		app_failed(call, "app");
 	}
-	else {
-		Py_DECREF(exc);
-		if (!call->ended && !call->gone) {
-			PyErr_SetString(PyExc_RuntimeError, call->started
-			                ? "the app returned before its response ended (more_body)"
-			                : "the app returned without sending http.response.start");
-			app_failed(call, "app");
-		}
+	else if (!call->ended && !call->gone) {
+		PyErr_SetString(PyExc_RuntimeError, call->started
+		                ? "the app returned before its response ended (more_body)"
+		                : "the app returned without sending http.response.start");
+		app_failed(call, "app");
 	}
 	Py_RETURN_NONE;
 }

@@ -71,6 +71,8 @@ struct Server {
 	uint64_t next_cookie;
 	uint32_t kind_conn;
 	PyObject *loop, *conns_dict, *forget, *post;
+	/* slow: WSGI's slow path (wsgi.py serve_slow); ASGI's runner of one
+	 * call (asgi.py run_call) */
 	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io, *no_body;
 	PyObject *event_type, *busy, *enter_app;
 	struct hp_limits lim;
