@@ -65,6 +65,8 @@ class PollerSelector(selectors._BaseSelectorImpl):
         self._owner = owner
         self._th = th
         self._turn = turn
+        self._stopping = owner._stop           # the Loop's stop: the asyncio loop's too
+        self.loop = None                        # the asyncio loop this selector serves
         self._cookies: dict[int, int] = {}
         self.failed = False                 # the turn raised: ours, the thread ends
 
@@ -125,6 +127,8 @@ class PollerSelector(selectors._BaseSelectorImpl):
         except BaseException:
             self.failed = True
             raise
+        if self._stopping.is_set():
+            self.loop.stop()                    # run_forever returns after this iteration
         if not reports:
             return []
         ready = []
@@ -153,19 +157,12 @@ def run(owner, th, me: int, turn, started) -> None:
     until the Loop stops, each iteration one turn of the loop thread.
     started() is called once the loop runs (Loop.aio_loop's promise)."""
     selector = PollerSelector(owner, th, turn)
-    aio = ThreadEventLoop(selector)
+    aio = selector.loop = ThreadEventLoop(selector)
     owner._aio[me] = aio
     owner.engine.set_aio(me, aio)
     asyncio.set_event_loop(aio)
-    stop = owner._stop
-
-    def check_stop() -> None:
-        if stop.is_set():
-            aio.stop()
-
-    selector._turn = lambda ms: _then(turn(ms), check_stop)
     aio.call_soon(started)
-    while not stop.is_set():
+    while not owner._stop.is_set():
         try:
             aio.run_forever()
         except (SystemExit, KeyboardInterrupt) as exc:
@@ -175,11 +172,6 @@ def run(owner, th, me: int, turn, started) -> None:
             # callback; the loop thread serves on
             log.error("an app task raised %s: contained, loop thread %d serves on",
                       type(exc).__name__, me)
-
-
-def _then(result, fn):
-    fn()
-    return result
 
 
 def close(aio) -> None:

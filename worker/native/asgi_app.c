@@ -87,6 +87,7 @@ int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 	AsgiCall *call = asgi_call_new(c, scope);
 	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL;
 	PyObject *args[5];
+	int rc = -1;
 
 	(void)whole;                               /* receive reads what is still to come */
 	if (!call)
@@ -106,22 +107,15 @@ int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 	coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
 	/* the app's body runs in the loop's ready pass right after this turn */
 	task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
-	if (!task)
-		goto ours;
-	Py_XDECREF(receive);
-	Py_XDECREF(send);
-	Py_XDECREF(done);
-	Py_XDECREF(coro);
-	Py_XDECREF(task);
-	Py_DECREF(call);
-	/* running: the requests behind it wait for its end (asgi_end) */
-	return RESPOND_PARKED;
+	rc = task ? RESPOND_PARKED : -1;       /* running: the requests behind it wait */
 ours:
-	if (coro)                                  /* never run: no "never awaited" warning */
-		Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
-	if (c->call == (PyObject *)call) {
-		c->call = NULL;
-		Py_DECREF(call);
+	if (rc < 0) {
+		if (coro)                              /* never run: no "never awaited" warning */
+			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (c->call == (PyObject *)call) {
+			c->call = NULL;
+			Py_DECREF(call);
+		}
 	}
 	Py_XDECREF(receive);
 	Py_XDECREF(send);
@@ -129,7 +123,7 @@ ours:
 	Py_XDECREF(coro);
 	Py_XDECREF(task);
 	Py_DECREF(call);
-	return -1;
+	return rc;
 }
 
 /* ---- the task's end ---------------------------------------------------------------------------- */

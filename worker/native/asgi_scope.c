@@ -91,35 +91,15 @@ PyObject *asgi_take_body(AsgiCall *call)
 
 /* ---- the scope ---- */
 
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	c |= 0x20;
-	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* s percent-decoded, then UTF-8 (bad sequences replaced) */
+/* s percent-decoded, then UTF-8 (bad sequences replaced, as uvicorn) */
 static PyObject *unquote_utf8(const char *s, size_t n)
 {
 	char stack[512], *out = n <= sizeof(stack) ? stack : PyMem_Malloc(n);
-	size_t k = 0;
 	PyObject *r;
 
 	if (!out)
 		return PyErr_NoMemory();
-	for (size_t i = 0; i < n; i++) {
-		int hi, lo;
-
-		if (s[i] == '%' && i + 2 < n && (hi = hexval((unsigned char)s[i + 1])) >= 0 &&
-		    (lo = hexval((unsigned char)s[i + 2])) >= 0) {
-			out[k++] = (char)(hi << 4 | lo);
-			i += 2;
-		}
-		else
-			out[k++] = s[i];
-	}
-	r = PyUnicode_DecodeUTF8(out, (Py_ssize_t)k, "replace");
+	r = PyUnicode_DecodeUTF8(out, (Py_ssize_t)hp_unquote(s, n, out), "replace");
 	if (out != stack)
 		PyMem_Free(out);
 	return r;

@@ -15,15 +15,18 @@
 
 /* What the connection layer calls above it: the HTTP/1 codec's request
  * loop, and the adapter's parked response (its bytes owed, its end) */
+#define H1_CONN_OPS \
+	.open = h1_open, \
+	.readable = h1_readable, \
+	.read_first = h1_read_first, \
+	.serve_first = h1_serve_first, \
+	.resume = h1_resume, \
+	.timeout = h1_timeout, \
+	.rearm = h1_rearm, \
+	.unread = h1_unread
+
 static const struct conn_ops h1_conn_ops = {
-	.open = h1_open,
-	.readable = h1_readable,
-	.read_first = h1_read_first,
-	.serve_first = h1_serve_first,
-	.resume = h1_resume,
-	.timeout = h1_timeout,
-	.rearm = h1_rearm,
-	.unread = h1_unread,
+	H1_CONN_OPS,
 	.owed = wsgi_owed,
 	.abandon = respond_abandon,
 };
@@ -39,14 +42,7 @@ static const struct h1_app wsgi_h1_app = {
 /* What an ASGI Server's codec calls above it: the ASGI adapter, whose
  * calls outlive serve (asgi.h) */
 static const struct conn_ops h1_asgi_conn_ops = {
-	.open = h1_open,
-	.readable = h1_readable,
-	.read_first = h1_read_first,
-	.serve_first = h1_serve_first,
-	.resume = h1_resume,
-	.timeout = h1_timeout,
-	.rearm = h1_rearm,
-	.unread = h1_unread,
+	H1_CONN_OPS,
 	.owed = asgi_owed,
 	.abandon = asgi_abandon,
 	.drop = asgi_drop,
