@@ -44,9 +44,10 @@ import logging
 import math
 import selectors
 
+from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
+
 log = logging.getLogger("sockherd.worker")
 
-KIND_AIO = 3                      # worker/loop.py: KIND_LISTENER 1, KIND_CONN 2
 
 # fdcore's report bits (fdcore/fd-t.h FDC_POLL_*)
 _IN, _OUT, _ERR, _HUP, _RDHUP = 0x100, 0x400, 0x800, 0x1000, 0x2000

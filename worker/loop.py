@@ -45,7 +45,6 @@ import threading
 import time
 
 from sockherd.fdcore import Outcome, Table
-from sockherd.worker import aio
 from sockherd.worker.gate import CAP, EMFILE, Gate
 from sockherd.worker.relief import Relief
 from sockherd.worker.stream import (OUTPUT_LIMIT, Connection, read_unread, ready_now,
@@ -55,6 +54,7 @@ log = logging.getLogger("sockherd.worker")
 
 KIND_LISTENER = 1
 KIND_CONN = 2
+KIND_AIO = 3          # an fd an ASGI app registered with its asyncio loop (worker/aio.py)
 
 
 class Loop:
@@ -200,8 +200,10 @@ class Loop:
             del self.local.th
             if self.engine is not None:
                 self.engine.bind(-1)
-            for loop in self._aio:
-                aio.close(loop)              # its tasks' connections closed above
+            if self.asgi:
+                from sockherd.worker import aio
+                for loop in self._aio:
+                    aio.close(loop)          # its tasks' connections closed above
         while self._stragglers:
             os.close(self._stragglers.pop()[0])
         os.close(self.drained_fd)
@@ -550,7 +552,8 @@ class Loop:
             turn = self._turner(th, me)
             if self.asgi:
                 # the thread's asyncio loop runs it: each of its iterations
-                # is one turn (worker/aio.py)
+                # is one turn (worker/aio.py; asyncio imported only for it)
+                from sockherd.worker import aio
                 aio.run(self, th, me, turn, self._aio_started[me].set)
             else:
                 while not self._stop.is_set():
@@ -591,12 +594,12 @@ class Loop:
                 if handled:
                     relief.activity += 1
                 if events and asgi:
-                    app = [ev for ev in events if ev.kind == aio.KIND_AIO]
+                    app = [ev for ev in events if ev.kind == KIND_AIO]
                     if app:
                         if not relieved:
                             for ev in app:       # asyncio's now: held by no one
                                 th.leave(ev.fd, ev.gen)
-                        events = [ev for ev in events if ev.kind != aio.KIND_AIO]
+                        events = [ev for ev in events if ev.kind != KIND_AIO]
                 if events:
                     relief.activity += 1
                     self._enter_app(me)
