@@ -8,7 +8,7 @@ thread end)."""
 from __future__ import annotations
 
 import http.client
-import json
+import signal
 import threading
 
 import pytest
@@ -29,6 +29,13 @@ async def app(scope, receive, send):
     start = threading.current_thread().name
     if path == "/sleep":
         await asyncio.sleep(0.05)
+    if path == "/long":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(12):
+            await send({"type": "http.response.body", "body": b"part%d;" % i, "more_body": True})
+            await asyncio.sleep(0.15)
+        await send({"type": "http.response.body", "body": b"end"})
+        return
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for i in range(3):
@@ -114,3 +121,23 @@ def test_no_app_behaviour_ends_a_loop_thread(asgi_master):
     text = m.text()
     assert "loop thread" not in text or "ended" not in text, text
     assert text.count("app failed on GET /exit") == 2, text
+
+
+def test_a_reload_lets_a_streaming_response_finish(asgi_master):
+    """HUP while a streamed response is under way: the old worker drains
+    (its connection is not idle while the app runs) and the whole stream
+    arrives; the new generation serves the next request."""
+    m = asgi_master("-w", "1")
+    old_pid = get(m.port, "/")[1].split()[0]
+    conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=20)
+    conn.request("GET", "/long")
+    r = conn.getresponse()
+    first = r.read1(64)
+    assert first.startswith(b"part0;")
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"reload: generation \d+ serving")
+    rest = r.read()
+    assert first + rest == b"".join(b"part%d;" % i for i in range(12)) + b"end"
+    conn.close()
+    status, body = get(m.port, "/")
+    assert status == 200 and body.split()[0] != old_pid
