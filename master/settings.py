@@ -68,8 +68,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("app", ("app",), str, "", "the app, `module:callable`; empty: the embedded status page",
             msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"), "MODULE:CALLABLE",
             section="app", positional=True),
-    Setting("interface", ("--interface",), Literal["wsgi", "stream"], "wsgi",
-            "how the app is called: `wsgi` (PEP 3333) or `stream` (a handler class)", section="app"),
+    Setting("interface", ("--interface",), Literal["wsgi", "asgi", "stream"], "wsgi",
+            "how the app is called: `wsgi` (PEP 3333), `asgi` (ASGI 3, HTTP) or `stream` "
+            "(a handler class)", section="app"),
     Setting("chdir", ("--chdir",), str, "", "directory to change to before importing the app",
             metavar="DIR", section="app"),
     Setting("pythonpath", ("--pythonpath",), list[str], [],

@@ -91,6 +91,9 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
             raise BootstrapError(f"{cause}{exc}") from None
         if interface == "wsgi":
             handler = make_handler(handler, cfg)    # the app, served over HTTP/1.1
+        elif interface == "asgi":
+            from sockherd.worker import asgi
+            handler = asgi.make_handler(handler, cfg)
     # one context more than the loop threads: the main thread's, to drain
     # at once even while every loop thread is inside a slow handler
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))

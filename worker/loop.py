@@ -55,6 +55,7 @@ log = logging.getLogger("sockherd.worker")
 
 KIND_LISTENER = 1
 KIND_CONN = 2
+KIND_AIO = 3          # an fd an ASGI app registered with its asyncio loop (worker/aio.py)
 
 
 class Loop:
@@ -132,6 +133,11 @@ class Loop:
         # runs the connections' side of each turn; None for a stream handler
         make_engine = getattr(handler_class, "make_engine", None)
         self.engine = make_engine(self) if make_engine is not None else None
+        # an ASGI app: each loop thread runs an asyncio loop on its poller
+        # (worker/aio.py), its tasks the requests that thread serves
+        self.asgi = self.engine is not None and self.engine.interface == "asgi"
+        self._aio: list = [None] * len(self.loop_threads)
+        self._aio_started = [threading.Event() for _ in self.loop_threads]
 
     # ---- set-up ------------------------------------------------------------------
     def add_listener(self, sock: socket.socket) -> None:
@@ -155,6 +161,14 @@ class Loop:
         watchdog = self.relief.start()
         if watchdog is not None:
             self._threads.append(watchdog)
+        if self.asgi:
+            # aio_loop(i) is a running loop from here on (the lifespan's
+            # startup runs on loop 0); a thread that ended first is _ended's
+            deadline = time.monotonic() + 10.0
+            for i, started in enumerate(self._aio_started):
+                while not started.wait(0.05) and i not in self.ended:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"loop thread {i}: its asyncio loop did not start")
 
     def _not_from_a_loop_thread(self, what: str) -> None:
         """stop() and drain() are the worker's main thread's: from a loop
@@ -188,6 +202,10 @@ class Loop:
             del self.local.th
             if self.engine is not None:
                 self.engine.bind(-1)
+            if self.asgi:
+                from sockherd.worker import aio
+                for loop in self._aio:
+                    aio.close(loop)          # its tasks' connections closed above
         while self._stragglers:
             os.close(self._stragglers.pop()[0])
         os.close(self.drained_fd)
@@ -542,65 +560,102 @@ class Loop:
     def _run(self, th) -> None:
         me = self._pos[th.tid]
         self.local.th = th
+        if self.engine is not None:
+            self.engine.bind(me)
+        try:
+            turn = self._turner(th, me)
+            if self.asgi:
+                # the thread's asyncio loop runs it: each of its iterations
+                # is one turn (worker/aio.py; asyncio imported only for it)
+                from sockherd.worker import aio
+                aio.run(self, th, me, turn, self._aio_started[me].set)
+            else:
+                while not self._stop.is_set():
+                    turn(-1)
+        except BaseException as exc:  # noqa: BLE001 - a loop thread's end, reported
+            self._ended(th, me, exc)
+
+    def _turner(self, th, me: int):
+        """One turn of loop thread `me`'s body as a function of its own
+        state: turn(wait_ms) polls at most wait_ms (-1: no bound of the
+        caller's) and more only as the thread's own deadlines allow, runs
+        what came (connections, listeners, mail, timers, the drain step, the
+        relief), and returns the reports of the app's own fds (KIND_AIO,
+        worker/aio.py), left already."""
         relief = self.relief
         busy = relief.busy
         relieved = relief.enabled and bool(relief.siblings(me))
         mail = self._mail[me]
         heap = self._timers[me]
         engine = self.engine
-        if engine is not None:
-            engine.bind(me)
-        try:
-            while not self._stop.is_set():
-                timeout = self._resume_accepting(th)
-                if self.gate.reasons:
-                    timeout = _sooner(timeout, self.gate.tick(th))
-                if self._draining.is_set():
-                    timeout = _sooner(timeout, self._drain_step(th, me))
-                if heap:
-                    timeout = _sooner(timeout, _ms_until(heap[0][0]))
-                if engine is not None:
-                    # the connections' reports are handled in there; what
-                    # comes back is the listeners' (held, or left if relieved)
-                    handled, events = engine.turn(me, timeout, relieved)
-                    if handled:
-                        relief.activity += 1
-                    if events:
-                        relief.activity += 1
-                        self._enter_app(me)
-                        if relieved:
-                            self._dispatch_entering(th, me, events)
-                        else:
-                            try:
-                                self._dispatch_held(th, me, events)
-                            finally:
-                                for ev in events:
-                                    th.leave(ev.fd, ev.gen)
-                        busy[me] = 0.0
-                else:
-                    events = th.poll(timeout)
-                    if events:
-                        relief.activity += 1
-                        self._enter_app(me)
-                        if relieved:
-                            th.leave_all()       # siblings may take what we have not reached
-                            self._dispatch_entering(th, me, events)
-                        else:
-                            self._dispatch_held(th, me, events)
-                            th.leave_all()
-                        busy[me] = 0.0
-                if mail:
+        asgi = self.asgi
+        no_reports: list = []
+
+        def turn(wait: int) -> list:
+            app = no_reports
+            timeout = _sooner(wait, self._resume_accepting(th))
+            if self.gate.reasons:
+                timeout = _sooner(timeout, self.gate.tick(th))
+            if self._draining.is_set():
+                timeout = _sooner(timeout, self._drain_step(th, me))
+            if heap:
+                timeout = _sooner(timeout, _ms_until(heap[0][0]))
+            if engine is not None:
+                # the connections' reports are handled in there; what
+                # comes back is the listeners' (held, or left if relieved)
+                # and the app's own fds' (asgi)
+                handled, events = engine.turn(me, timeout, relieved)
+                if handled:
+                    relief.activity += 1
+                if events and asgi:
+                    app = [ev for ev in events if ev.kind == KIND_AIO]
+                    if app:
+                        if not relieved:
+                            for ev in app:       # asyncio's now: held by no one
+                                th.leave(ev.fd, ev.gen)
+                        events = [ev for ev in events if ev.kind != KIND_AIO]
+                if events:
+                    relief.activity += 1
                     self._enter_app(me)
-                    while mail:
-                        fn, args = mail.popleft()
-                        fn(*args)
+                    if relieved:
+                        self._dispatch_entering(th, me, events)
+                    else:
+                        try:
+                            self._dispatch_held(th, me, events)
+                        finally:
+                            for ev in events:
+                                th.leave(ev.fd, ev.gen)
                     busy[me] = 0.0
-                if heap and heap[0][0] <= time.monotonic():
-                    self._fire_timers(th, me, heap)
-                if relief.asked[me] is not None:
-                    relief.take_from(th, me)
-        except BaseException as exc:  # noqa: BLE001 - a loop thread's end, reported
-            self._ended(th, me, exc)
+            else:
+                events = th.poll(timeout)
+                if events:
+                    relief.activity += 1
+                    self._enter_app(me)
+                    if relieved:
+                        th.leave_all()       # siblings may take what we have not reached
+                        self._dispatch_entering(th, me, events)
+                    else:
+                        self._dispatch_held(th, me, events)
+                        th.leave_all()
+                    busy[me] = 0.0
+            if mail:
+                self._enter_app(me)
+                while mail:
+                    fn, args = mail.popleft()
+                    fn(*args)
+                busy[me] = 0.0
+            if heap and heap[0][0] <= time.monotonic():
+                self._fire_timers(th, me, heap)
+            if relief.asked[me] is not None:
+                relief.take_from(th, me)
+            return app
+
+        return turn
+
+    def aio_loop(self, i: int):
+        """Loop thread i's asyncio loop (an ASGI app's), running once
+        start() returned; None for another interface."""
+        return self._aio[i] if self.asgi else None
 
     @property
     def open_connections(self) -> int:

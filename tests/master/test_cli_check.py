@@ -66,7 +66,7 @@ def test_app_that_does_not_import(appdir, spec, message):
     (("-w", "-3"), {}, "bad setting: command line: -w = '-3': expected `int` >= 0"),
     ((), {"SOCKHERD_BACKLOG": "huge"}, "environment: SOCKHERD_BACKLOG = 'huge'"),
     (("-b", "127.0.0.1:99999"), {}, "bind: '127.0.0.1:99999': port '99999'"),
-    (("--interface", "asgi"), {}, "--interface = 'asgi': invalid enum value"),
+    (("--interface", "rsgi"), {}, "--interface = 'rsgi': invalid enum value"),
     (("bad spec",), {}, "MODULE:CALLABLE = 'bad spec'"),
 ])
 def test_bad_setting_exits_2(appdir, args, env, message):

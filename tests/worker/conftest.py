@@ -56,6 +56,18 @@ def serve_stream():
 
 
 @pytest.fixture
+def serve_asgi(serve_stream):
+    """start(app, threads=1, state=None, **settings) -> (loop, addr): the
+    asgi interface (worker/asgi.py), each loop thread an asyncio loop."""
+    from sockherd.worker.asgi import make_handler as make_asgi_handler
+
+    def start(app, threads=1, state=None, **cfg):
+        return serve_stream(make_asgi_handler(app, {"threads": threads, **cfg}, state), threads)
+
+    return start
+
+
+@pytest.fixture
 def serve_wsgi(serve_stream):
     """start(app, threads=1, **settings) -> (loop, addr): the wsgi interface."""
     def start(app, threads=1, **cfg):

@@ -16,9 +16,11 @@ reference, on the Parser and on sockets; FUZZ_HTTP_EXAMPLES, 100 here unless
 set, passes through for bench/fuzz_http.sh's longer runs) and
 test_body_buffer_engine.py (a body read in the loop before the app runs:
 the held request's edges), test_dispatch_spill_queue.py (per-request
-dispatch: the spill queue) and the responses of issue 18 §4
+dispatch: the spill queue), the responses of issue 18 §4
 (test_response_streaming.py, test_response_headers.py,
-test_pipelined_output.py, test_http_refusals.py) run against that build in a child interpreter
+test_pipelined_output.py, test_http_refusals.py) and the ASGI adapter's
+(test_asgi_http.py, test_asgi_app_errors.py, test_asgi_flow_control.py,
+test_aio_loop.py) run against that build in a child interpreter
 with libasan preloaded (conftest.py swaps it in). Any sanitizer report
 fails the run."""
 from __future__ import annotations
@@ -78,7 +80,11 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_response_streaming.py"),
                           str(ROOT / "tests" / "worker" / "test_response_headers.py"),
                           str(ROOT / "tests" / "worker" / "test_pipelined_output.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_refusals.py")],
+                          str(ROOT / "tests" / "worker" / "test_http_refusals.py"),
+                          str(ROOT / "tests" / "worker" / "test_asgi_http.py"),
+                          str(ROOT / "tests" / "worker" / "test_asgi_app_errors.py"),
+                          str(ROOT / "tests" / "worker" / "test_asgi_flow_control.py"),
+                          str(ROOT / "tests" / "worker" / "test_aio_loop.py")],
                          env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report

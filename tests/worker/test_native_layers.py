@@ -1,5 +1,7 @@
 """The native engine's layers (issue 22 §1): worker/native is a connection
-layer, an HTTP/1 codec and a WSGI adapter, with the assembly on top
+layer, an HTTP/1 codec and two adapters beside each other (WSGI, ASGI:
+each calls only the codec and the connection layer, never the other),
+with the assembly on top
 (worker/native/conn.h draws them), and no C file calls back up into one
 that calls it: the connection layer reaches the codec only through struct
 conn_ops, the codec the adapter only through struct h1_app.
@@ -29,8 +31,12 @@ LAYERS = {
     "connection": ["conn_timers", "conn_io", "conn_type", "dispatch", "engine"],
     "http1 codec": ["httpscan", "httpparse", "h1_parser", "h1_response", "h1_conn"],
     "wsgi adapter": ["wsgi_environ", "wsgi_respond", "wsgi_body", "wsgi_app"],
+    "asgi adapter": ["asgi_scope", "asgi_end", "asgi_call", "asgi_app"],
     "assembly": ["server", "httpmodule"],
 }
+# the adapters sit side by side: neither calls the other (both are above
+# the codec, below the assembly)
+BESIDE = {"wsgi adapter": "asgi adapter", "asgi adapter": "wsgi adapter"}
 ORDER = [name for files in LAYERS.values() for name in files]
 LAYER_OF = {name: layer for layer, files in LAYERS.items() for name in files}
 
@@ -41,6 +47,7 @@ HEADERS = {
     "engine.h": {"conn.h", "httpparse.h"},
     "h1.h": {"engine.h", "httpparse.h"},
     "wsgi.h": {"h1.h"},
+    "asgi.h": {"h1.h"},
 }
 
 
@@ -83,12 +90,18 @@ def test_no_file_calls_a_file_above_it(tmp_path):
     upward = []
     for caller, callees in sorted(calls.items()):
         for callee, syms in sorted(callees.items()):
-            if ORDER.index(callee) > ORDER.index(caller):
+            if ORDER.index(callee) > ORDER.index(caller) or \
+                    BESIDE.get(LAYER_OF[caller]) == LAYER_OF[callee]:
                 upward.append(f"{caller}.c ({LAYER_OF[caller]}) calls {callee}.c "
                               f"({LAYER_OF[callee]}): {sorted(syms)}")
     assert not upward, "calls up the layers:\n" + "\n".join(upward)
     # the check sees the calls at all: the codec does call the connection layer
     assert "conn_io" in calls.get("h1_conn", {})
+    # the ASGI adapter calls only the codec and the connection layer
+    for name in LAYERS["asgi adapter"]:
+        below = {LAYER_OF[callee] for callee in calls.get(name, {})}
+        assert below <= {"connection", "http1 codec", "asgi adapter"}, (name, below)
+    assert "h1_response" in calls.get("asgi_call", {})
 
 
 def test_layer_headers_include_nothing_above_them():

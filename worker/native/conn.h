@@ -104,7 +104,8 @@ struct HttpConn {
 	size_t ostart, olen, ocap;
 	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
 	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
-	         in_kept : 1;                  /* conn_io.c: input left while not reading */
+	         in_kept : 1,                  /* conn_io.c: input left while not reading */
+	         in_full : 1;                  /* the protocol takes no more input now (call) */
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -132,6 +133,15 @@ struct HttpConn {
 	 * runs (body_buffer): set from its head until its body is whole (or it
 	 * goes to the slow path, or the connection ends); NULL otherwise */
 	PyObject *held;
+	/* An adapter's request still running after its serve returned (ASGI:
+	 * the app is a task of the owner thread's asyncio loop): the requests
+	 * behind it wait (as for parked), but input is still read (its body as
+	 * the app asks, the client's end) up to a bound (in_full), output is
+	 * owed only while bytes wait, and no timer runs for the app's own
+	 * time. The adapter's object; the connection drops it (conn_ops.drop)
+	 * when it closes first. Owner thread only: a connection with a call is
+	 * never shared or taken over (asgi_app.c says why). */
+	PyObject *call;
 };
 
 extern PyTypeObject HttpConnType;
@@ -166,6 +176,10 @@ struct conn_ops {
 	size_t (*owed)(HttpConn *c);
 	/* c closed under its parked response (taken off c already): its end */
 	void (*abandon)(Respond *r);
+	/* c closed under its adapter's call (taken off c already, the
+	 * reference passed): the app learns that its client is gone. NULL
+	 * for an adapter that makes no calls (WSGI). */
+	void (*drop)(HttpConn *c, PyObject *call);
 };
 
 /* ---- conn_timers.c ---- */
@@ -219,7 +233,7 @@ static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->osta
  * socket, bounded by its buffer), or a close. */
 static inline int hconn_reading(const HttpConn *c)
 {
-	return c->lingering || (!c->paused_out && !c->closing && !c->parked);
+	return c->lingering || (!c->paused_out && !c->closing && !c->parked && !c->in_full);
 }
 
 /* Output is owed: bytes buffered, or a parked body's rest. */

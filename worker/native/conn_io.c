@@ -134,7 +134,7 @@ int hconn_close_now(HttpConn *c)
 {
 	Server *s = c->srv;
 	struct fdc_thread *th;
-	PyObject *r;
+	PyObject *r, *call;
 	Respond *parked;
 
 	if (c->closed)
@@ -149,6 +149,8 @@ int hconn_close_now(HttpConn *c)
 	parked = c->serving ? NULL : c->parked;
 	if (parked)
 		c->parked = NULL;
+	call = c->call;                /* its reference: the adapter's below */
+	c->call = NULL;
 	c->closed = 1;
 	timer_cancel(c);
 	Py_CLEAR(c->held);
@@ -172,6 +174,12 @@ int hconn_close_now(HttpConn *c)
 	}
 	if (parked)
 		s->ops->abandon(parked);   /* close() (once), the access log, the counts; holds c */
+	if (call) {
+		if (s->ops->drop)
+			s->ops->drop(c, call); /* the app's receive says disconnect; holds c */
+		else
+			Py_DECREF(call);
+	}
 	unqueue(s, c);                 /* last: the caller holds c by a reference of its own */
 	return 0;
 }
@@ -417,6 +425,10 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	}
 	if ((events & FDC_POLL_OUT) && hconn_pending(c))
 		hconn_flush(c);
+	/* a call's send() may wait for the output to drain: its turn, and
+	 * the input is read below as for any report (its body, its end) */
+	if (c->call && !c->closed && (events & FDC_POLL_OUT) && c->srv->ops->resume(c) < 0)
+		return -1;
 	if (c->parked && !c->closed && (events & FDC_POLL_OUT)) {
 		unsigned long long before;
 

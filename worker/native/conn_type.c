@@ -118,6 +118,7 @@ static void HttpConn_dealloc(HttpConn *c)
 	Py_XDECREF(c->response);
 	Py_XDECREF(c->parked);
 	Py_XDECREF(c->held);
+	Py_XDECREF(c->call);
 	Py_XDECREF(c->srv);
 	PyObject_Free(c);
 }
@@ -297,12 +298,13 @@ static PyObject *get_response(HttpConn *c, void *x)
 static PyObject *get_buffering(HttpConn *c, void *x)
 {
 	(void)x;
-	return PyBool_FromLong(c->held != NULL);
+	/* a call runs (ASGI): not idle either, whatever its last event */
+	return PyBool_FromLong(c->held != NULL || c->call != NULL);
 }
 
 static PyGetSetDef HttpConn_getset[] = {
 	{"buffering", (getter)get_buffering, NULL,
-	 "a request's body is being read before its app runs (not idle)", NULL},
+	 "a request's body is being read before its app runs, or its ASGI app runs (not idle)", NULL},
 	{"pending", (getter)get_pending, NULL,
 	 "bytes written and not yet sent, with a parked body's rest (1 for an iterator's)", NULL},
 	{"closed", (getter)get_closed, NULL, "closed (or failed)", NULL},

@@ -22,6 +22,7 @@ struct srv_thread {
 	int first[FDC_EVBATCH], nfirst;    /* accepted, first read to serve (serve_accepted) */
 	int tid;                           /* fdcore's thread id (fdc_wake) */
 	int asleep;                        /* in its blocking poll (the GIL's) */
+	PyObject *aio;                     /* ASGI: its asyncio loop (Server.set_aio), or NULL */
 	int lead;                          /* its group's first loop thread: holds rq */
 	/* dispatch.c's queue of the group, in its lead thread's entry: the
 	 * connections whose reports wait, oldest first (each holds a strong
@@ -71,6 +72,8 @@ struct Server {
 	uint64_t next_cookie;
 	uint32_t kind_conn;
 	PyObject *loop, *conns_dict, *forget, *post;
+	/* slow: WSGI's slow path (wsgi.py serve_slow); ASGI's runner of one
+	 * call (asgi.py run_call) */
 	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io, *no_body;
 	PyObject *event_type, *busy, *enter_app;
 	struct hp_limits lim;
@@ -96,6 +99,7 @@ struct Server {
 
 extern PyTypeObject ServerType;
 extern PyMethodDef server_methods[];       /* engine.c */
+extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
 
 /* the responses[] index of a status code (0: other, or no response) */
 static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }

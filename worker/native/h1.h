@@ -70,6 +70,10 @@ struct h1_frame {
 enum { HEAD_CLOSE = 1, HEAD_APP_DATE = 2, HEAD_APP_SERVER = 4 };
 int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
               int *flags, int *code);
+/* head_from for ASGI's shapes: an int status (100-599) and an iterable of
+ * [name, value] pairs of bytes; the same checks and results. */
+int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
+                   int *flags, int *code);
 /* head_from, through this thread's cache of the last head (by identity). */
 int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
                 int *flags, int *code);
@@ -104,7 +108,21 @@ struct h1_app {
 	int (*resume)(HttpConn *c);
 	/* c closed under its parked response (taken off c): its end */
 	void (*abandon)(Respond *r);
+	/* input came (bytes, or the end of input: c->peer_eof) while the
+	 * adapter's call runs (c->call): a receive waiting for it may be
+	 * answered. NULL for an adapter without calls. 0 or -1. */
+	int (*input)(HttpConn *c);
 };
+
+/* The adapter's call on c ended (its response whole, c->call taken off):
+ * the request is finished (keep: it may serve another), the requests
+ * that waited behind it served, what is owed sent. 0 or -1 (not the
+ * app's error). The owner loop thread, outside any handler of c. */
+int h1_call_done(HttpConn *c, int keep);
+/* The adapter took input of its call: reading goes on if the bound of
+ * what a call may leave buffered (CALL_INPUT_MAX) allows. */
+void h1_input_room(HttpConn *c);
+#define CALL_INPUT_MAX (256u << 10)
 
 /* ---- one connection's requests (h1_conn.c): struct conn_ops's entries ---- */
 int h1_open(HttpConn *c);

@@ -57,6 +57,13 @@ void h1_rearm(HttpConn *c)
 	}
 	if (c->closing)
 		return;
+	if (c->call) {
+		/* a call runs: the app's own time is not the client's to be
+		 * timed; a send timer of output now taken ends here (it cut an
+		 * SSE stream quiet for body_timeout after a burst) */
+		timer_cancel(c);
+		return;
+	}
 	if (parser_head_started(c->parser)) {
 		if (!c->head_clock) {
 			c->head_clock = 1;
@@ -184,7 +191,7 @@ static int serve_ready(HttpConn *c)
 {
 	Parser *p = c->parser;
 
-	while (!c->closed && !c->closing && !c->serving && !c->parked) {
+	while (!c->closed && !c->closing && !c->serving && !c->parked && !c->call) {
 		int keep, whole;
 		PyObject *env;
 
@@ -325,6 +332,44 @@ static int serve_read(HttpConn *c)
 	return 0;
 }
 
+/* Input while a call runs: its body moved through the body parser, the
+ * adapter told (its receive may wait for it), and reading stops while
+ * more than CALL_INPUT_MAX waits unread (a client pipelining ahead of a
+ * slow app, an upload the app does not read). */
+static int call_input(HttpConn *c)
+{
+	if (parser_pump_body(c->parser) < 0)
+		return -1;
+	h1_input_room(c);
+	return c->srv->app_ops->input ? c->srv->app_ops->input(c) : 0;
+}
+
+void h1_input_room(HttpConn *c)
+{
+	Parser *p = c->parser;
+	int full = c->call && (p->len - p->start) + (p->blen - p->bstart) > CALL_INPUT_MAX;
+
+	if (full != c->in_full) {
+		c->in_full = (unsigned)full;
+		hconn_sync(c);
+	}
+}
+
+int h1_call_done(HttpConn *c, int keep)
+{
+	if (c->closed)
+		return 0;
+	c->in_full = 0;
+	if (keep)
+		keep = parser_finish(c->parser);       /* 0 if the app left body unread */
+	if (!keep || c->closing)
+		hconn_close_soft(c);
+	else if (serve_ready(c) < 0)
+		return -1;
+	after_serving(c, NULL);
+	return 0;
+}
+
 /* One read into the parser: > 0 bytes read, 0 nothing to do now (EAGAIN;
  * or the connection failed, closed then), -2 end of input (EOF), -1 a
  * Python error. *filled: the read took all the room it was given. */
@@ -338,6 +383,15 @@ static ssize_t read_some(HttpConn *c, int *filled)
 	if (buf_reserve(&p->pending, &p->start, &p->len, &p->cap, READ_ROOM) < 0)
 		return -1;
 	room = p->cap - p->len;
+	if (c->call) {
+		/* a call runs: what it may leave unread is bounded (h1_input_room),
+		 * so one read takes at most what is left of the bound */
+		size_t buffered = (p->len - p->start) + (p->blen - p->bstart);
+		size_t left = buffered < CALL_INPUT_MAX ? CALL_INPUT_MAX - buffered : 0;
+
+		if (room > left)
+			room = left > READ_ROOM ? left : READ_ROOM;
+	}
 	n = hconn_read(c, p->pending + p->len, room);
 	if (n <= 0)
 		return n;
@@ -363,9 +417,13 @@ int h1_readable(HttpConn *c)
 			return -1;
 		if (n == -2) {
 			c->peer_eof = 1;
+			if (c->call && call_input(c) < 0)  /* its app learns of the end */
+				return -1;
 			hconn_close_soft(c);           /* EOF: what is owed goes out first */
 			return 0;
 		}
+		if (n > 0 && c->call && call_input(c) < 0)
+			return -1;
 		if (n == 0 || serve_read(c) < 0)
 			return n == 0 ? 0 : -1;
 	} while (filled && c->srv->dispatch && !c->closed && hconn_reading(c));

@@ -415,3 +415,205 @@ PyMethodDef h1_module_methods[] = {
 	 response_head_doc},
 	{NULL},
 };
+
+/* ---- the head from ASGI's shapes -------------------------------------------------------------- */
+
+static const char *reason_of(int code)
+{
+	switch (code) {
+	case 100: return "Continue";
+	case 101: return "Switching Protocols";
+	case 200: return "OK";
+	case 201: return "Created";
+	case 202: return "Accepted";
+	case 203: return "Non-Authoritative Information";
+	case 204: return "No Content";
+	case 205: return "Reset Content";
+	case 206: return "Partial Content";
+	case 301: return "Moved Permanently";
+	case 302: return "Found";
+	case 303: return "See Other";
+	case 304: return "Not Modified";
+	case 307: return "Temporary Redirect";
+	case 308: return "Permanent Redirect";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 406: return "Not Acceptable";
+	case 408: return "Request Timeout";
+	case 409: return "Conflict";
+	case 410: return "Gone";
+	case 411: return "Length Required";
+	case 412: return "Precondition Failed";
+	case 413: return "Content Too Large";
+	case 415: return "Unsupported Media Type";
+	case 416: return "Range Not Satisfiable";
+	case 422: return "Unprocessable Content";
+	case 425: return "Too Early";
+	case 426: return "Upgrade Required";
+	case 428: return "Precondition Required";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "";                        /* an empty reason is valid (RFC 9112 4) */
+	}
+}
+
+static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
+{
+	if (n != (Py_ssize_t)strlen(want))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if ((s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]) != want[i])
+			return 0;
+	return 1;
+}
+
+/* One [name, value] pair of the app's: borrowed name and value, both
+ * bytes; 0 or -1 with a TypeError naming the pair. */
+static int asgi_pair(PyObject *pair, PyObject **name, PyObject **value)
+{
+	if ((PyTuple_CheckExact(pair) || PyList_CheckExact(pair)) && PySequence_Fast_GET_SIZE(pair) == 2) {
+		*name = PySequence_Fast_GET_ITEM(pair, 0);
+		*value = PySequence_Fast_GET_ITEM(pair, 1);
+		if (PyBytes_Check(*name) && PyBytes_Check(*value))
+			return 0;
+	}
+	PyErr_Format(PyExc_TypeError, "http.response.start: header %.200R is not a [name, value] "
+	             "pair of bytes", pair);
+	return -1;
+}
+
+int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
+                   int *flags_out, int *code_out)
+{
+	PyObject *seq = NULL, *out;
+	long long length = -1;
+	int close = 0, flags = 0, overflow = 0, code;
+	long v;
+	Py_ssize_t n, size;
+	const char *reason;
+	char line[64], *w;
+
+	if (!PyLong_Check(status) || PyBool_Check(status)) {
+		PyErr_Format(PyExc_TypeError, "http.response.start: status must be an int, not %.100s",
+		             Py_TYPE(status)->tp_name);
+		return -1;
+	}
+	v = PyLong_AsLongAndOverflow(status, &overflow);
+	if (overflow || v < 100 || v > 599) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "http.response.start: status %R is not within "
+			             "100-599", status);
+		return -1;
+	}
+	code = (int)v;
+	reason = reason_of(code);
+	if (headers == Py_None)
+		seq = PyTuple_New(0);
+	else
+		seq = PySequence_Fast(headers, "http.response.start: headers must be an iterable of "
+		                      "[name, value] pairs of bytes");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	size = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *name, *value;
+		const char *ns, *vs;
+		Py_ssize_t nl, vl;
+
+		if (asgi_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+			goto fail;
+		ns = PyBytes_AS_STRING(name);
+		nl = PyBytes_GET_SIZE(name);
+		vs = PyBytes_AS_STRING(value);
+		vl = PyBytes_GET_SIZE(value);
+		if (!nl) {
+			PyErr_SetString(PyExc_ValueError, "http.response.start: an empty header name");
+			goto fail;
+		}
+		for (Py_ssize_t k = 0; k < nl; k++)
+			if (!is_tchar((unsigned char)ns[k])) {
+				PyErr_Format(PyExc_ValueError, "http.response.start: header name %R is not a "
+				             "token (RFC 9110 5.1)", name);
+				goto fail;
+			}
+		for (Py_ssize_t k = 0; k < vl; k++) {
+			unsigned char ch = (unsigned char)vs[k];
+			if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+				PyErr_Format(PyExc_ValueError, "http.response.start: header %R: value with a "
+				             "control character", name);
+				goto fail;
+			}
+		}
+		if (bytes_lower_is(ns, nl, "content-length")) {
+			long long cl = 0;
+
+			if (length >= 0 || !vl || vl > 18)
+				goto bad_length;
+			for (Py_ssize_t k = 0; k < vl; k++) {
+				if (vs[k] < '0' || vs[k] > '9')
+					goto bad_length;
+				cl = cl * 10 + (vs[k] - '0');
+			}
+			length = cl;
+			if ((code >= 100 && code < 200) || code == 204)
+				continue;
+		}
+		else if (bytes_lower_is(ns, nl, "connection")) {
+			close |= bytes_lower_is(vs, vl, "close");
+			continue;
+		}
+		else if (bytes_lower_is(ns, nl, "transfer-encoding"))
+			continue;
+		else if (bytes_lower_is(ns, nl, "date"))
+			flags |= HEAD_APP_DATE;
+		else if (bytes_lower_is(ns, nl, "server"))
+			flags |= HEAD_APP_SERVER;
+		size += nl + 2 + vl + 2;
+	}
+	if ((code >= 100 && code < 200) || code == 204)
+		length = -1;
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	w += snprintf(w, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
+		const char *ns = PyBytes_AS_STRING(name);
+		Py_ssize_t nl = PyBytes_GET_SIZE(name), vl = PyBytes_GET_SIZE(value);
+
+		if (bytes_lower_is(ns, nl, "connection") || bytes_lower_is(ns, nl, "transfer-encoding") ||
+		    (((code >= 100 && code < 200) || code == 204) &&
+		     bytes_lower_is(ns, nl, "content-length")))
+			continue;
+		memcpy(w, ns, (size_t)nl);
+		w += nl;
+		*w++ = ':';
+		*w++ = ' ';
+		memcpy(w, PyBytes_AS_STRING(value), (size_t)vl);
+		w += vl;
+		*w++ = '\r';
+		*w++ = '\n';
+	}
+	Py_DECREF(seq);
+	*prefix = out;
+	*length_out = length;
+	*flags_out = flags | (close ? HEAD_CLOSE : 0);
+	*code_out = code;
+	return 0;
+bad_length:
+	PyErr_SetString(PyExc_ValueError, "http.response.start: Content-Length: one, in digits");
+fail:
+	Py_XDECREF(seq);
+	return -1;
+}

@@ -1,7 +1,8 @@
 /* sockherd.worker._http: the HTTP/1.1 request path in native code, one
  * CPython extension built of three layers (conn.h draws them): the
  * connection layer (conn_*.c, dispatch.c, engine.c), the HTTP/1 codec
- * (httpscan.c, httpparse.c, h1_*.c) and the WSGI adapter (wsgi_*.c),
+ * (httpscan.c, httpparse.c, h1_*.c) and the WSGI and ASGI adapters
+ * (wsgi_*.c, asgi_*.c),
  * assembled by the Server type (server.c). This file is the module: its
  * exceptions, its types readied with each layer's methods joined, its
  * functions.
@@ -9,6 +10,7 @@
  * May call: every layer's types and method tables, nothing else.
  */
 #include "wsgi.h"
+#include "asgi.h"
 
 PyObject *HttpError, *ClientGone, *BadBody;
 
@@ -18,7 +20,8 @@ PyObject *HttpError, *ClientGone, *BadBody;
  * readied: each layer keeps its methods with its code, and no layer below
  * names a function of the one above. */
 #define JOINED_MAX 24
-static PyMethodDef conn_methods[JOINED_MAX], parser_methods_all[JOINED_MAX];
+static PyMethodDef conn_methods[JOINED_MAX], parser_methods_all[JOINED_MAX],
+                   server_methods_all[JOINED_MAX];
 
 static int join_methods(PyMethodDef *out, const PyMethodDef *const *parts, int nparts)
 {
@@ -45,17 +48,21 @@ PyMODINIT_FUNC PyInit__http(void)
 {
 	const PyMethodDef *conn_parts[] = {hconn_methods, h1_conn_methods, wsgi_conn_methods};
 	const PyMethodDef *parser_parts[] = {parser_methods, wsgi_parser_methods};
+	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods};
 	PyObject *m;
 
 	if (join_methods(conn_methods, conn_parts, 3) < 0 ||
-	    join_methods(parser_methods_all, parser_parts, 2) < 0)
+	    join_methods(parser_methods_all, parser_parts, 2) < 0 ||
+	    join_methods(server_methods_all, server_parts, 2) < 0)
 		return NULL;
 	HttpConnType.tp_methods = conn_methods;
 	ParserType.tp_methods = parser_methods_all;
+	ServerType.tp_methods = server_methods_all;
 	if (PyType_Ready(&ParserType) < 0 || PyType_Ready(&ServerType) < 0 ||
-	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0)
+	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
+	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0)
 		return NULL;
-	if (make_keys() < 0)
+	if (make_keys() < 0 || asgi_make_app() < 0)
 		return NULL;
 	m = PyModule_Create(&module);
 	if (!m)
@@ -72,7 +79,13 @@ PyMODINIT_FUNC PyInit__http(void)
 	    "sockherd.worker._http.BadBody",
 	    "The request body's framing is invalid: args are (status, reason); the\n"
 	    "connection cannot carry another request.", PyExc_Exception, NULL);
-	if (!HttpError || !ClientGone || !BadBody ||
+	ClientDisconnected = PyErr_NewExceptionWithDoc(
+	    "sockherd.worker._http.ClientDisconnected",
+	    "An ASGI send() after the client went away (an OSError, as ASGI 2.4 asks).",
+	    PyExc_OSError, NULL);
+	if (!HttpError || !ClientGone || !BadBody || !ClientDisconnected ||
+	    PyModule_AddObjectRef(m, "ClientDisconnected", ClientDisconnected) < 0 ||
+	    PyModule_AddObjectRef(m, "AsgiCall", (PyObject *)&AsgiCallType) < 0 ||
 	    PyModule_AddObjectRef(m, "HttpError", HttpError) < 0 ||
 	    PyModule_AddObjectRef(m, "ClientGone", ClientGone) < 0 ||
 	    PyModule_AddObjectRef(m, "BadBody", BadBody) < 0 ||

@@ -622,3 +622,31 @@ int64_t hp_content_length(const struct hp_parser *p)
 {
 	return p->length;
 }
+
+/* ---- percent-decoding --------------------------------------------------------------------------- */
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c |= 0x20;
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+size_t hp_unquote(const char *s, size_t n, char *out)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int hi, lo;
+
+		if (s[i] == '%' && i + 2 < n && (hi = hexval((unsigned char)s[i + 1])) >= 0 &&
+		    (lo = hexval((unsigned char)s[i + 2])) >= 0) {
+			out[k++] = (char)(hi << 4 | lo);
+			i += 2;
+		}
+		else
+			out[k++] = s[i];
+	}
+	return k;
+}

@@ -154,4 +154,9 @@ int64_t hp_content_length(const struct hp_parser *p);
  * into p->head. */
 int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, uint32_t *path);
 
+/* Percent-decodes s[0 .. n) into out (room for n bytes); an invalid
+ * escape stays as it is. Returns the bytes written. (The adapters' paths:
+ * WSGI's PATH_INFO, ASGI's path.) */
+size_t hp_unquote(const char *s, size_t n, char *out);
+
 #endif /* SOCKHERD_HTTPPARSE_H */

@@ -11,18 +11,22 @@
 #include "engine.h"
 #include "h1.h"
 #include "wsgi.h"
+#include "asgi.h"
 
 /* What the connection layer calls above it: the HTTP/1 codec's request
  * loop, and the adapter's parked response (its bytes owed, its end) */
+#define H1_CONN_OPS \
+	.open = h1_open, \
+	.readable = h1_readable, \
+	.read_first = h1_read_first, \
+	.serve_first = h1_serve_first, \
+	.resume = h1_resume, \
+	.timeout = h1_timeout, \
+	.rearm = h1_rearm, \
+	.unread = h1_unread
+
 static const struct conn_ops h1_conn_ops = {
-	.open = h1_open,
-	.readable = h1_readable,
-	.read_first = h1_read_first,
-	.serve_first = h1_serve_first,
-	.resume = h1_resume,
-	.timeout = h1_timeout,
-	.rearm = h1_rearm,
-	.unread = h1_unread,
+	H1_CONN_OPS,
 	.owed = wsgi_owed,
 	.abandon = respond_abandon,
 };
@@ -33,6 +37,23 @@ static const struct h1_app wsgi_h1_app = {
 	.serve = wsgi_serve,
 	.resume = respond_resume,
 	.abandon = respond_abandon,
+};
+
+/* What an ASGI Server's codec calls above it: the ASGI adapter, whose
+ * calls outlive serve (asgi.h) */
+static const struct conn_ops h1_asgi_conn_ops = {
+	H1_CONN_OPS,
+	.owed = asgi_owed,
+	.abandon = asgi_abandon,
+	.drop = asgi_drop,
+};
+
+static const struct h1_app asgi_h1_app = {
+	.request = asgi_request,
+	.serve = asgi_serve,
+	.resume = asgi_resume,
+	.abandon = asgi_abandon,
+	.input = asgi_input,
 };
 
 /* ---- construction ---------------------------------------------------------------------------------- */
@@ -194,8 +215,10 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 
 static int Server_traverse(Server *s, visitproc visit, void *arg)
 {
-	for (int i = 0; s->thr && i < s->nthreads; i++)
+	for (int i = 0; s->thr && i < s->nthreads; i++) {
 		Py_VISIT(s->thr[i].obj);
+		Py_VISIT(s->thr[i].aio);
+	}
 	Py_VISIT(s->file_wrapper);
 	Py_VISIT(s->bytes_io);
 	Py_VISIT(s->no_body);
@@ -236,6 +259,8 @@ static int Server_clear(Server *s)
 	Py_CLEAR(s->busy);
 	Py_CLEAR(s->on_retire);
 	Py_CLEAR(s->on_refusal);
+	for (int i = 0; s->thr && i < s->nthreads; i++)
+		Py_CLEAR(s->thr[i].aio);
 	dispatch_free_spilled(s);
 	return 0;
 }
@@ -299,6 +324,10 @@ static int set_dispatch(Server *s, PyObject *v, void *c)
 		PyErr_SetString(PyExc_RuntimeError, "dispatch is set before the first connection");
 		return -1;
 	}
+	if (on && s->app_ops == &asgi_h1_app) {
+		PyErr_SetString(PyExc_ValueError, "an ASGI Server does not dispatch (asgi_app.c)");
+		return -1;
+	}
 	for (int i = 0; i < s->nthreads; i++) {
 		s->thr[i].group_mask = 0;
 		for (int j = 0; j < s->nthreads; j++)
@@ -306,6 +335,45 @@ static int set_dispatch(Server *s, PyObject *v, void *c)
 				s->thr[i].group_mask |= s->thr[j].bit;
 	}
 	s->dispatch = on;
+	return 0;
+}
+
+static PyObject *get_interface(Server *s, void *c)
+{
+	(void)c;
+	return PyUnicode_FromString(s->app_ops == &asgi_h1_app ? "asgi" : "wsgi");
+}
+
+/* "wsgi" (the default) or "asgi": which adapter serves the app, set
+ * before the first connection; an ASGI one never shares a connection
+ * among threads (asgi_app.c) */
+static int set_interface(Server *s, PyObject *v, void *c)
+{
+	(void)c;
+	if (!v || !PyUnicode_Check(v)) {
+		PyErr_SetString(PyExc_TypeError, "interface: 'wsgi' or 'asgi'");
+		return -1;
+	}
+	if (s->count) {
+		PyErr_SetString(PyExc_RuntimeError, "interface is set before the first connection");
+		return -1;
+	}
+	if (PyUnicode_CompareWithASCIIString(v, "asgi") == 0) {
+		if (s->dispatch) {
+			PyErr_SetString(PyExc_ValueError, "an ASGI Server does not dispatch (asgi_app.c)");
+			return -1;
+		}
+		s->ops = &h1_asgi_conn_ops;
+		s->app_ops = &asgi_h1_app;
+	}
+	else if (PyUnicode_CompareWithASCIIString(v, "wsgi") == 0) {
+		s->ops = &h1_conn_ops;
+		s->app_ops = &wsgi_h1_app;
+	}
+	else {
+		PyErr_Format(PyExc_ValueError, "interface %R: 'wsgi' or 'asgi'", v);
+		return -1;
+	}
 	return 0;
 }
 
@@ -356,8 +424,34 @@ static PyGetSetDef Server_getset[] = {
 	 "connections shared by the loop threads of their group: a request goes to an idle one",
 	 NULL},
 	{"requests", (getter)get_requests, NULL, "requests answered", NULL},
+	{"interface", (getter)get_interface, (setter)set_interface,
+	 "the app's interface: 'wsgi' or 'asgi' (set before the first connection)", NULL},
 	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
 	{"refused", (getter)get_refused, NULL, "requests the engine refused, by reason", NULL},
+	{NULL},
+};
+
+PyDoc_STRVAR(set_aio_doc,
+"set_aio(pos, loop): loop thread pos's asyncio loop, on which an ASGI\n"
+"Server runs the tasks of the requests that thread serves (worker/aio.py).");
+
+static PyObject *Server_set_aio(Server *s, PyObject *args)
+{
+	int pos;
+	PyObject *loop;
+
+	if (!PyArg_ParseTuple(args, "iO:set_aio", &pos, &loop))
+		return NULL;
+	if (pos < 0 || pos >= s->nthreads) {
+		PyErr_SetString(PyExc_IndexError, "no such loop thread");
+		return NULL;
+	}
+	Py_XSETREF(s->thr[pos].aio, loop == Py_None ? NULL : Py_NewRef(loop));
+	Py_RETURN_NONE;
+}
+
+PyMethodDef server_asgi_methods[] = {
+	{"set_aio", (PyCFunction)Server_set_aio, METH_VARARGS, set_aio_doc},
 	{NULL},
 };
 

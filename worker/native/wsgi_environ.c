@@ -12,39 +12,16 @@
 
 /* ---- environ -------------------------------------------------------------------- */
 
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	c |= 0x20;
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	return -1;
-}
-
 /* Percent-decodes s into a latin-1 str (PEP 3333: bytes as code points
  * 0-255); an invalid escape stays as it is. */
 static PyObject *unquote_latin1(const char *s, size_t n)
 {
 	char stack[512], *out = n <= sizeof(stack) ? stack : PyMem_Malloc(n);
-	size_t k = 0;
 	PyObject *r;
 
 	if (!out)
 		return PyErr_NoMemory();
-	for (size_t i = 0; i < n; i++) {
-		int hi, lo;
-
-		if (s[i] == '%' && i + 2 < n &&
-		    (hi = hexval((unsigned char)s[i + 1])) >= 0 &&
-		    (lo = hexval((unsigned char)s[i + 2])) >= 0) {
-			out[k++] = (char)(hi << 4 | lo);
-			i += 2;
-		}
-		else
-			out[k++] = s[i];
-	}
-	r = PyUnicode_DecodeLatin1(out, (Py_ssize_t)k, NULL);
+	r = PyUnicode_DecodeLatin1(out, (Py_ssize_t)hp_unquote(s, n, out), NULL);
 	if (out != stack)
 		PyMem_Free(out);
 	return r;

@@ -1,0 +1,198 @@
+"""Each loop thread's asyncio event loop, on that thread's fdcore poller.
+
+Facts that shaped it:
+
+  - asyncio's SelectorEventLoop asks one thing of its selector per
+    iteration (`_run_once`): select(timeout) -> the fds that are ready,
+    then it runs what is due and what is ready. Everything else (the self-
+    pipe of call_soon_threadsafe, sockets, add_reader) goes through the
+    selector's register/modify/unregister.
+  - A loop thread already has one poller (its fdcore context, one epoll)
+    and one loop body (worker/loop.py: the engine's turn, the listeners,
+    the mailbox, the timers, the drain step). A second epoll per thread
+    would mean two waits, and a thread asleep in one while the other has
+    work.
+
+What this means here: the selector below IS the loop thread. Its
+select(timeout) runs one iteration of the loop body (Loop._turner) with
+that timeout folded in, and returns the app's own fds among the reports.
+An fd the app registers (a socket of asyncpg, httpx, the loop's self-
+pipe) is inserted into the same fdcore table, owned by this thread alone,
+with a kind of its own (KIND_AIO), and DISOWNED: the table never closes
+it (the app does, after unregistering it). Its reports come back from the
+turn like a listener's, are left at once (the thread holds no running bit
+on an app fd once select returns, so unregister's delete forgets the fd
+at once and its number may be reused) and handed to asyncio. epoll is
+level-triggered for such an fd (not FDC_EDGE), as asyncio expects.
+
+A request's task is created inside select() (the engine serves the
+request in the turn): it is in the ready queue before `_run_once` counts
+it, so a request whose app never waits completes in the same iteration
+(Python 3.11 has no eager tasks; this gets the same latency).
+
+A SystemExit or KeyboardInterrupt that an app task raises goes through
+asyncio (Task.__step re-raises them after recording them on the task)
+and out of run_forever: the task is done and its request answered by its
+done callback (worker/native/asgi_app.c), so the loop runs again. Only
+an error out of the turn itself (ours) ends the loop thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import selectors
+
+from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
+
+log = logging.getLogger("sockherd.worker")
+
+
+# fdcore's report bits (fdcore/fd-t.h FDC_POLL_*)
+_IN, _OUT, _ERR, _HUP, _RDHUP = 0x100, 0x400, 0x800, 0x1000, 0x2000
+_READABLE = _IN | _ERR | _HUP | _RDHUP
+_WRITABLE = _OUT | _ERR | _HUP
+
+_MAX_WAIT_MS = 3_600_000          # as worker/loop.py's: poll's timeout is 32-bit
+
+
+class PollerSelector(selectors._BaseSelectorImpl):
+    """A selector over loop thread `th`'s fdcore context: select() is one
+    turn of the loop thread (turn(timeout_ms) -> the app fds' reports)."""
+
+    def __init__(self, owner, th, turn):
+        super().__init__()
+        self._owner = owner
+        self._th = th
+        self._turn = turn
+        self._stopping = owner._stop           # the Loop's stop: the asyncio loop's too
+        self.loop = None                        # the asyncio loop this selector serves
+        self._cookies: dict[int, int] = {}
+        self.failed = False                 # the turn raised: ours, the thread ends
+
+    def _want(self, fd: int, old: int, new: int) -> None:
+        th = self._th
+        if (new ^ old) & selectors.EVENT_READ:
+            (th.want_recv if new & selectors.EVENT_READ else th.stop_recv)(fd)
+        if (new ^ old) & selectors.EVENT_WRITE:
+            (th.want_send if new & selectors.EVENT_WRITE else th.stop_send)(fd)
+
+    def register(self, fileobj, events, data=None):
+        key = super().register(fileobj, events, data)
+        cookie = next(self._owner._cookies)
+        try:
+            # disown: the app closes its fd; the table only forgets it
+            self._owner.table.insert(key.fd, cookie, tgid=self._th.tgid,
+                                     thread_mask=self._th.bit, kind=KIND_AIO, disown=True)
+        except BaseException:
+            super().unregister(fileobj)
+            raise
+        self._cookies[key.fd] = cookie
+        self._want(key.fd, 0, events)
+        return key
+
+    def unregister(self, fileobj):
+        key = super().unregister(fileobj)
+        del self._cookies[key.fd]
+        if not self._th.delete(key.fd):
+            # a running bit still held (never, see above): the number stays
+            # the table's until released; say so rather than reuse it blind
+            log.error("app fd %d: unregistered while held; its number may be reused early",
+                      key.fd)
+        return key
+
+    def modify(self, fileobj, events, data=None):
+        try:
+            key = self._fd_to_key[self._fileobj_lookup(fileobj)]
+        except KeyError:
+            raise KeyError(f"{fileobj!r} is not registered") from None
+        if events & ~(selectors.EVENT_READ | selectors.EVENT_WRITE) or not events:
+            raise ValueError(f"Invalid events: {events!r}")
+        if events != key.events:
+            self._want(key.fd, key.events, events)
+        if events != key.events or data is not key.data:
+            key = key._replace(events=events, data=data)
+            self._fd_to_key[key.fd] = key
+        return key
+
+    def select(self, timeout=None):
+        if timeout is None:
+            ms = -1
+        elif timeout <= 0:
+            ms = 0
+        else:
+            ms = min(_MAX_WAIT_MS, math.ceil(timeout * 1000))
+        try:
+            reports = self._turn(ms)
+        except BaseException:
+            self.failed = True
+            raise
+        if self._stopping.is_set():
+            self.loop.stop()                    # run_forever returns after this iteration
+        if not reports:
+            return []
+        ready = []
+        keys, cookies = self._fd_to_key, self._cookies
+        for ev in reports:
+            key = keys.get(ev.fd)
+            if key is None or cookies.get(ev.fd) != ev.owner:
+                continue                    # unregistered since (an older incarnation's)
+            mask = 0
+            if ev.events & _READABLE:
+                mask |= selectors.EVENT_READ
+            if ev.events & _WRITABLE:
+                mask |= selectors.EVENT_WRITE
+            mask &= key.events
+            if mask:
+                ready.append((key, mask))
+        return ready
+
+
+class ThreadEventLoop(asyncio.SelectorEventLoop):
+    """The asyncio loop of one loop thread (PollerSelector's)."""
+
+
+def run(owner, th, me: int, turn, started) -> None:
+    """Loop thread `me`'s body when its app is ASGI: its asyncio loop runs
+    until the Loop stops, each iteration one turn of the loop thread.
+    started() is called once the loop runs (Loop.aio_loop's promise)."""
+    selector = PollerSelector(owner, th, turn)
+    aio = selector.loop = ThreadEventLoop(selector)
+    owner._aio[me] = aio
+    owner.engine.set_aio(me, aio)
+    asyncio.set_event_loop(aio)
+    aio.call_soon(started)
+    while not owner._stop.is_set():
+        try:
+            aio.run_forever()
+        except (SystemExit, KeyboardInterrupt) as exc:
+            if selector.failed:
+                raise
+            # an app task's: recorded on its task, answered by its done
+            # callback; the loop thread serves on
+            log.error("an app task raised %s: contained, loop thread %d serves on",
+                      type(exc).__name__, me)
+
+
+def close(aio) -> None:
+    """Closes a stopped thread's loop (the Loop's stop(), every loop thread
+    gone): its tasks that never ended are cancelled first, their
+    connections closed already."""
+    if aio is None or aio.is_closed():
+        return
+    try:
+        for task in asyncio.all_tasks(aio):
+            # never to run again (its thread is gone): no "destroyed but
+            # pending" report for what a stop cut short by design, and a
+            # request's task created in the last turn, never started, is
+            # closed unstarted (no "never awaited" warning)
+            task._log_destroy_pending = False
+            coro = task.get_coro()
+            if inspect.iscoroutine(coro) and \
+                    inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
+            task.cancel()
+        aio.close()
+    except Exception:  # noqa: BLE001 - at exit: logged, the rest still closes
+        log.exception("closing a loop thread's asyncio loop")

@@ -1,0 +1,126 @@
+"""The `asgi` interface (ASGI 3.0, HTTP, spec 2.4): the Python side of the
+native engine's ASGI adapter (worker/native/asgi_*.c).
+
+The request path is native as for WSGI: the loop turn, reading, parsing,
+the scope, the receive and send callables and their messages, the
+framing and the writes. Each request's app runs as a task of the asyncio
+loop of the loop thread that serves its connection; that loop's I/O is
+the thread's own fdcore poller (worker/aio.py). What stays here: the
+settings, the scope keys every request shares, the access log and the
+logging of an app's errors.
+
+Not done yet (README): http.response.pathsend, http.response.trailers,
+WebSocket scopes, a body_timeout for a request body the app streams
+(receive() waits for the client as long as the app waits on it).
+"""
+from __future__ import annotations
+
+import logging
+
+from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
+from sockherd.worker.wsgi import AccessLog, _Limits, _log_refusal, MIN_BODY_RATE
+
+log = logging.getLogger("sockherd.worker")
+
+ASGI_VERSION = {"version": "3.0", "spec_version": "2.4"}
+
+
+def make_handler(app, cfg: dict, state: dict | None = None):
+    """What the loop is given for the asgi interface: a class whose
+    make_engine(loop) builds the worker's native Server serving the ASGI
+    `app` with the settings cfg. state: the lifespan state, shallow-copied
+    into each request's scope["state"] (None: no "state" key)."""
+    limits = _Limits(cfg)
+
+    class Handler:
+        @staticmethod
+        def make_engine(loop):
+            return make_engine(loop, app, limits, state)
+
+    return Handler
+
+
+async def run_call(app, scope, receive, send, done):
+    """One request's app, as its task runs it: done(exception or None) at
+    its end (worker/native/asgi_app.c answers what is missing and logs).
+    Every BaseException of the app ends here (SystemExit, KeyboardInterrupt
+    included: a loop thread never ends for the app); GeneratorExit is the
+    coroutine being closed (its loop closes), not the app's."""
+    try:
+        await app(scope, receive, send)
+    except GeneratorExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - contained, answered, logged
+        done(exc)
+    else:
+        done(None)
+
+
+def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
+    from sockherd.fdcore.table import Event
+    from sockherd.worker.loop import KIND_CONN
+
+    # a connection whose task runs is its thread's alone (asgi_app.c): no
+    # per-request dispatch among a group's threads, and no relief moving
+    # connections off a thread (a thread in asyncio is never stuck in a
+    # handler: its app awaits instead)
+    loop.relief.enabled = False
+    base = {"type": "http", "asgi": dict(ASGI_VERSION), "scheme": "http",
+            "root_path": lim.root_path}
+    if state is not None:
+        base["state"] = state
+    engine = Server(
+        loop=loop, api=loop.table.c_api(),
+        threads=[(th, th.address, th.tgid, th.bit) for th in loop.loop_threads],
+        maxfd=loop.table.maxfd, kind_conn=KIND_CONN, app=app, base=base,
+        slow=run_call,                        # an ASGI Server's runner of one call
+        access=_ScopeAccessLog(lim.access) if lim.access else None, report=_report,
+        sendfile=None, file_wrapper=None, bytes_io=None, no_body=None, event_type=Event,
+        busy=None, enter_app=None,
+        limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
+        server_line=lim.server_line, header_timeout=lim.header_timeout,
+        keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
+        body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
+    engine.interface = "asgi"
+    engine.log_refusals(_log_refusal)
+    return engine
+
+
+def _header(scope: dict, name: bytes) -> str:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return value.decode("latin-1")
+    return "-"
+
+
+class _ScopeAccessLog:
+    """The access log's line for a scope: the same atoms as the WSGI one
+    (wsgi.py AccessLog), read from the scope."""
+
+    def __init__(self, access: AccessLog):
+        self.access = access
+
+    def __call__(self, scope: dict, status: int, sent: int, started: float) -> None:
+        get = scope.get
+        raw = get("raw_path") or b""
+        query = get("query_string") or b""
+        client = get("client")
+        env = {
+            "REQUEST_METHOD": get("method", "-"),
+            "SERVER_PROTOCOL": f"HTTP/{get('http_version', '1.1')}",
+            "RAW_URI": (raw + (b"?" + query if query else b"")).decode("latin-1"),
+            "PATH_INFO": get("path", "-"),
+            "QUERY_STRING": query.decode("latin-1"),
+            "REMOTE_ADDR": client[0] if client else "-",
+            "HTTP_REFERER": _header(scope, b"referer"),
+            "HTTP_USER_AGENT": _header(scope, b"user-agent"),
+        }
+        self.access(env, str(status) if status else None, sent, started)
+
+
+def _report(scope, what: str) -> None:
+    """Logs the exception being handled (set by the engine)."""
+    if what == "app" and isinstance(scope, dict):
+        log.exception("app failed on %s %s", scope.get("method"), scope.get("path"))
+    else:
+        log.exception("%s failed", what)

@@ -1,0 +1,83 @@
+/* The ASGI 3 adapter (HTTP, spec 2.4) of the native engine, beside the
+ * WSGI one: a parsed request made a scope in C (asgi_scope.c), the app
+ * called with the receive and send of one AsgiCall (asgi_call.c: the
+ * messages checked and framed by the codec), the call's end and counts
+ * (asgi_end.c), and the call run as a task of the owner loop thread's
+ * asyncio loop (worker/aio.py), its errors (asgi_app.c). It sits on the HTTP/1 codec, which
+ * calls it only through the struct h1_app the Server's assembly fills
+ * (server.c: asgi_h1_app); it calls the codec (h1.h) and the connection
+ * layer (conn.h) directly.
+ *
+ * A request's call outlives the codec's serve: the task runs in the
+ * loop's ready pass, after the turn. Meanwhile the connection holds it
+ * (c->call, conn.h): the requests behind it wait, its input is still
+ * read (the body as the app receives it, the client's end), and its
+ * send() writes straight into the connection's output.
+ */
+#ifndef SOCKHERD_ASGI_H
+#define SOCKHERD_ASGI_H
+
+#include "h1.h"
+
+typedef struct AsgiCall {
+	PyObject_HEAD
+	Server *srv;
+	HttpConn *conn;                    /* NULL once detached: ended, or the client gone */
+	struct h1_frame f;                 /* the codec's framing of the response */
+	PyObject *scope;
+	PyObject *aio;                     /* the owner loop thread's asyncio loop */
+	PyObject *rx, *tx;                 /* the futures a receive / a send waits on, or NULL */
+	/* started: http.response.start taken; head_sent: the head is in the
+	 * output (held until the first body message: hello is one write);
+	 * ended: the response is whole (or was answered for the app);
+	 * gone: the connection closed first; body_done: the last
+	 * http.request was received; counted: counted and logged (once) */
+	unsigned started : 1, head_sent : 1, ended : 1, gone : 1, body_done : 1, counted : 1;
+	double since;
+} AsgiCall;
+
+extern PyTypeObject AsgiCallType, AsgiReadyType;
+/* sockherd.worker._http.ClientDisconnected (an OSError): a send() once
+ * the client is gone (ASGI 2.4) */
+extern PyObject *ClientDisconnected;
+
+/* ---- asgi_call.c: the call and its receive / send ---- */
+AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope);
+/* An awaitable done at once with value (a new reference). */
+PyObject *asgi_ready(PyObject *value);
+/* {"type": "http.disconnect"}, a new dict */
+PyObject *asgi_disconnect(void);
+/* The next http.request message if one can be given now (body bytes
+ * here, or the body's end), NULL with no error if the app must wait,
+ * NULL with an error. */
+PyObject *asgi_take_body(AsgiCall *call);
+int asgi_make_keys(void);
+/* the adapter's constants (module init) */
+int asgi_make_app(void);
+
+/* ---- asgi_end.c: a call's end ---- */
+/* The response is whole (or the app's error answered): counted and
+ * logged, the call detached, the codec goes on with the connection. */
+void asgi_end(AsgiCall *call, int keep);
+/* Counted and logged, once (the response, or what there is of it). */
+void asgi_account(AsgiCall *call);
+/* Sets *fut's result (or exception exc), if it is still pending; *fut
+ * cleared. Never fails (an error is unraisable). */
+void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
+
+/* ---- asgi_app.c: serving ---- */
+/* struct h1_app's entries and the connection layer's drop */
+PyObject *asgi_request(HttpConn *c);
+int asgi_serve(HttpConn *c, PyObject *scope, int whole);
+int asgi_resume(HttpConn *c);
+int asgi_input(HttpConn *c);
+void asgi_drop(HttpConn *c, PyObject *call);
+void asgi_abandon(Respond *r);
+size_t asgi_owed(HttpConn *c);
+
+/* ---- asgi_scope.c ---- */
+/* The scope of the head c's parser holds: a copy of the Server's base
+ * (type, asgi, scheme, root_path, state) with the request's keys. */
+PyObject *asgi_build_scope(HttpConn *c);
+
+#endif /* SOCKHERD_ASGI_H */

@@ -1,0 +1,229 @@
+/* The ASGI adapter's entry points: a request head made a scope and its
+ * app started as a task (struct h1_app: asgi_request, asgi_serve), the
+ * task's end (asgi_done), what ends every response (asgi_end: the counts,
+ * the access log, the codec going on), and the connection's side: input
+ * for a waiting receive (asgi_input), output drained for a waiting send
+ * (asgi_resume), the client gone (asgi_drop).
+ *
+ * The errors of §2 of issue 22, all logged with the request, never a
+ * traceback to the client:
+ *  - the app raises (any BaseException) before its head went out: 500;
+ *    after: the connection is closed mid-body;
+ *  - it returns without a whole response: the same, logged as such;
+ *  - a message of the wrong type or order: send() raises into the app
+ *    naming the message (asgi_call.c), and the above applies.
+ * The runner (asgi.py run_call) catches every BaseException of the app
+ * and hands it to done(): a SystemExit or KeyboardInterrupt never reaches
+ * asyncio's run loop (worker/aio.py runs that again all the same).
+ *
+ * Threads: a call's task lives on the loop of the thread that served its
+ * request (the connection's owner), and its send() and receive() touch
+ * the connection from that thread. So an ASGI Server never shares its
+ * connections among a group's threads (no per-request dispatch) and the
+ * relief never moves one (asgi.py turns both off): a connection with a
+ * running task is only ever touched by its task's thread.
+ *
+ * May call: asgi_call.c, asgi_end.c, asgi_scope.c, the codec
+ * (h1_response.c), the connection layer (conn_io.c).
+ */
+#include <string.h>
+
+#include "asgi.h"
+
+static PyObject *P_500;                    /* the 500's status line and field, made once */
+
+/* ---- the codec's calls: a request, served ----------------------------------------------------- */
+
+PyObject *asgi_request(HttpConn *c)
+{
+	return asgi_build_scope(c);
+}
+
+/* The app's error (pending) logged with the request, then answered: a
+ * 500 if its head did not go out, else the connection closes. */
+static void app_failed(AsgiCall *call, const char *what)
+{
+	HttpConn *c = call->conn;
+
+	report_exc(call->srv, call->scope, what);
+	if (!c || call->gone || call->ended)
+		return;
+	if (call->head_sent) {
+		call->f.keep = 0;
+		asgi_account(call);
+		Py_INCREF(c);                          /* the close drops the call's */
+		hconn_close_now(c);                    /* mid-body: the client sees a cut */
+		Py_DECREF(c);
+		return;
+	}
+	{
+		struct h1_frame f = {.http11 = call->f.http11, .keep = 0, .head_only = call->f.head_only,
+		                     .length = -1, .code = 500, .prefix = Py_NewRef(P_500)};
+		static const char msg[] = "Internal Server Error\n";
+
+		Py_XSETREF(call->f.prefix, NULL);
+		call->f = f;
+		call->started = call->head_sent = 1;
+		if (h1_head(c, &call->f, sizeof(msg) - 1) < 0 ||
+		    h1_send_body(c, &call->f, msg, sizeof(msg) - 1, 0, 0) < 0 ||
+		    h1_end_body(c, &call->f) < 0)
+			report_exc(call->srv, call->scope, "the 500 response");
+		asgi_end(call, 0);
+	}
+}
+
+static PyObject *asgi_done(AsgiCall *call, PyObject *exc);
+static PyMethodDef done_def = {"asgi_done", (PyCFunction)asgi_done, METH_O,
+                               "done(exc or None): the end of an ASGI call's app"};
+
+/* The app runs inside the runner (asgi.py run_call: the Server's `slow`
+ * slot for an ASGI Server), a coroutine that awaits the app and then
+ * calls done(exception or None): no done callback, which cost a handle
+ * and one more loop iteration per request, and every BaseException of
+ * the app ends there, not in asyncio's run loop. */
+int asgi_serve(HttpConn *c, PyObject *scope, int whole)
+{
+	Server *s = c->srv;
+	AsgiCall *call = asgi_call_new(c, scope);
+	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL;
+	PyObject *args[5];
+	int rc = -1;
+
+	(void)whole;                               /* receive reads what is still to come */
+	if (!call)
+		return -1;
+	/* the connection holds the call from now: a close drops it */
+	c->call = Py_NewRef((PyObject *)call);
+	receive = PyObject_GetAttrString((PyObject *)call, "receive");
+	send = PyObject_GetAttrString((PyObject *)call, "send");
+	done = PyCFunction_New(&done_def, (PyObject *)call);
+	if (!receive || !send || !done)
+		goto ours;
+	args[0] = s->app;
+	args[1] = scope;
+	args[2] = receive;
+	args[3] = send;
+	args[4] = done;
+	coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
+	/* the app's body runs in the loop's ready pass right after this turn */
+	task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
+	rc = task ? RESPOND_PARKED : -1;       /* running: the requests behind it wait */
+ours:
+	if (rc < 0) {
+		if (coro)                              /* never run: no "never awaited" warning */
+			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (c->call == (PyObject *)call) {
+			c->call = NULL;
+			Py_DECREF(call);
+		}
+	}
+	Py_XDECREF(receive);
+	Py_XDECREF(send);
+	Py_XDECREF(done);
+	Py_XDECREF(coro);
+	Py_XDECREF(task);
+	Py_DECREF(call);
+	return rc;
+}
+
+/* ---- the task's end ---------------------------------------------------------------------------- */
+
+/* The app ended (its runner's done): its exception, or a return without
+ * a whole response, answered and logged (once); a return after the
+ * response, nothing. */
+static PyObject *asgi_done(AsgiCall *call, PyObject *exc)
+{
+	if (exc != Py_None) {
+		if (!PyExceptionInstance_Check(exc)) {
+			PyErr_SetString(PyExc_TypeError, "done(): an exception or None");
+			return NULL;
+		}
+		PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc),
+		              PyException_GetTraceback(exc));
+		app_failed(call, "app");
+	}
+	else if (!call->ended && !call->gone) {
+		PyErr_SetString(PyExc_RuntimeError, call->started
+		                ? "the app returned before its response ended (more_body)"
+		                : "the app returned without sending http.response.start");
+		app_failed(call, "app");
+	}
+	Py_RETURN_NONE;
+}
+
+/* ---- the connection's side ------------------------------------------------------------------------ */
+
+int asgi_resume(HttpConn *c)
+{
+	AsgiCall *call = (AsgiCall *)c->call;
+
+	if (call && call->tx && hconn_pending(c) < LOW_WATER)
+		asgi_resolve(&call->tx, Py_None, NULL);
+	return RESPOND_PARKED;
+}
+
+int asgi_input(HttpConn *c)
+{
+	AsgiCall *call = (AsgiCall *)c->call;
+	PyObject *msg = NULL;
+
+	if (!call || !call->rx)
+		return 0;
+	if (!call->body_done) {
+		msg = asgi_take_body(call);
+		if (!msg && PyErr_Occurred())
+			return -1;
+	}
+	if (!msg && (c->peer_eof || c->parser->hp.state == HP_ERROR))
+		msg = asgi_disconnect();               /* the client ended (or broke) its request */
+	if (msg) {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+	return 0;
+}
+
+void asgi_drop(HttpConn *c, PyObject *obj)
+{
+	AsgiCall *call = (AsgiCall *)obj;
+	PyObject *msg, *exc;
+
+	(void)c;
+	call->gone = 1;
+	if (!call->ended)
+		asgi_account(call);                    /* what went out of it, if anything */
+	if (call->rx && (msg = asgi_disconnect())) {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+	if (call->tx) {
+		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
+		if (exc) {
+			asgi_resolve(&call->tx, NULL, exc);
+			Py_DECREF(exc);
+		}
+		else
+			PyErr_WriteUnraisable(obj);
+	}
+	Py_CLEAR(call->conn);
+	Py_DECREF(obj);                            /* the connection's reference */
+}
+
+/* nothing is ever parked by this adapter (its bodies go out from send) */
+void asgi_abandon(Respond *r)
+{
+	Py_XDECREF((PyObject *)r);
+}
+
+size_t asgi_owed(HttpConn *c)
+{
+	(void)c;
+	return 0;
+}
+
+int asgi_make_app(void)
+{
+	P_500 = PyBytes_FromString("HTTP/1.1 500 Internal Server Error\r\n"
+	                           "Content-Type: text/plain; charset=utf-8\r\n");
+	return P_500 ? asgi_make_keys() : -1;
+}

@@ -1,0 +1,403 @@
+/* One ASGI call (asgi.h: AsgiCall): the receive and send the app is
+ * given, and the awaitables they return.
+ *
+ * Neither suspends unless it must: receive with body bytes here, and send
+ * while the output is below HIGH_WATER, return an awaitable that is done
+ * at once (AsgiReady: its __await__ ends at the first step), so a hello
+ * or JSON app runs start to end in one step of its task. receive waits
+ * (an asyncio future of the owner loop) for body bytes still to come or,
+ * the body read, for the client's end; send waits while the output is
+ * past HIGH_WATER, until it drains below LOW_WATER (asgi_resume): nothing
+ * is buffered without bound.
+ *
+ * The messages are checked here, each error naming the message: they are
+ * the app's errors (raised into it; asgi_app.c answers and logs them).
+ *
+ * May call: asgi_end.c (the response's end), asgi_scope.c (messages), the
+ * codec (h1_response.c's framing, h1_conn.c's input room, refusals), the
+ * connection layer (conn_io.c).
+ */
+#include <string.h>
+
+#include "asgi.h"
+
+PyObject *ClientDisconnected;
+
+/* ---- an awaitable done at once -------------------------------------------------------------- */
+
+typedef struct {
+	PyObject_HEAD
+	PyObject *value;
+} AsgiReady;
+
+static AsgiReady ready_none = {PyObject_HEAD_INIT(&AsgiReadyType) NULL};
+
+PyObject *asgi_ready(PyObject *value)
+{
+	AsgiReady *r;
+
+	if (value == Py_None)
+		return Py_NewRef((PyObject *)&ready_none);   /* stateless: one will do */
+	r = PyObject_New(AsgiReady, &AsgiReadyType);
+	if (r)
+		r->value = Py_NewRef(value);
+	return (PyObject *)r;
+}
+
+static void Ready_dealloc(AsgiReady *r)
+{
+	Py_XDECREF(r->value);
+	PyObject_Free(r);
+}
+
+static PyObject *Ready_await(PyObject *self)
+{
+	return Py_NewRef(self);
+}
+
+/* the first step ends the await with the value (StopIteration) */
+static PyObject *Ready_next(AsgiReady *r)
+{
+	if (r->value)
+		_PyGen_SetStopIterationValue(r->value);
+	return NULL;
+}
+
+static PyAsyncMethods ready_async = {.am_await = Ready_await};
+
+PyTypeObject AsgiReadyType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.AsgiReady",
+	.tp_doc = "An awaitable done at once (receive / send that need not wait).",
+	.tp_basicsize = sizeof(AsgiReady),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_dealloc = (destructor)Ready_dealloc,
+	.tp_as_async = &ready_async,
+	.tp_iter = Ready_await,
+	.tp_iternext = (iternextfunc)Ready_next,
+};
+
+/* ---- futures ---------------------------------------------------------------------------------- */
+
+static PyObject *new_future(AsgiCall *call)
+{
+	return PyObject_CallMethod(call->aio, "create_future", NULL);
+}
+
+/* ---- the call ---------------------------------------------------------------------------------- */
+
+AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
+{
+	Server *s = c->srv;
+	struct hp_parser *hp = &c->parser->hp;
+	AsgiCall *call = PyObject_GC_New(AsgiCall, &AsgiCallType);
+
+	if (!call)
+		return NULL;
+	memset((char *)call + sizeof(PyObject), 0, sizeof(AsgiCall) - sizeof(PyObject));
+	call->srv = (Server *)Py_NewRef(s);
+	call->conn = (HttpConn *)Py_NewRef(c);
+	call->scope = Py_NewRef(scope);
+	call->aio = Py_XNewRef(s->thr[c->pos].aio);
+	call->f.http11 = hp->ll.http_minor == 1;
+	call->f.keep = hp_keep_alive(hp) && !s->draining;
+	call->f.head_only = hp->ll.method == HTTP_HEAD;
+	call->f.length = -1;
+	call->since = s->access != Py_None ? mono_now() : 0.0;
+	PyObject_GC_Track(call);
+	if (!call->aio) {
+		Py_DECREF(call);
+		PyErr_SetString(PyExc_RuntimeError, "ASGI: the loop thread has no asyncio loop "
+		                "(Server.set_aio)");
+		return NULL;
+	}
+	return call;
+}
+
+static int Call_traverse(AsgiCall *call, visitproc visit, void *arg)
+{
+	Py_VISIT(call->scope);
+	Py_VISIT(call->aio);
+	Py_VISIT(call->rx);
+	Py_VISIT(call->tx);
+	return 0;
+}
+
+static int Call_clear(AsgiCall *call)
+{
+	Py_CLEAR(call->scope);
+	Py_CLEAR(call->aio);
+	Py_CLEAR(call->rx);
+	Py_CLEAR(call->tx);
+	return 0;
+}
+
+static void Call_dealloc(AsgiCall *call)
+{
+	PyObject_GC_UnTrack(call);
+	Call_clear(call);
+	Py_CLEAR(call->conn);
+	Py_CLEAR(call->f.prefix);
+	Py_CLEAR(call->srv);
+	PyObject_GC_Del(call);
+}
+
+/* The call's connection for a receive or a send: NULL if detached;
+ * RuntimeError from a thread that is not its owner loop thread (its
+ * output and fd are that thread's alone). */
+static int owner_thread(AsgiCall *call, const char *what)
+{
+	HttpConn *c = call->conn;
+
+	if (c && srv_current(c->srv) != c->pos) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI %s from a thread that is not the connection's "
+		             "loop thread (use loop.call_soon_threadsafe)", what);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- receive ----------------------------------------------------------------------------------- */
+
+static PyObject *receive(AsgiCall *call)
+{
+	HttpConn *c = call->conn;
+	Parser *p;
+	PyObject *msg;
+
+	if (owner_thread(call, "receive()") < 0)
+		return NULL;
+	if (call->gone || call->ended || !c || c->closed || (call->body_done && c->peer_eof))
+		goto disconnect;
+	p = c->parser;
+	if (!call->body_done) {
+		msg = asgi_take_body(call);
+		if (msg) {
+			PyObject *r = asgi_ready(msg);
+			Py_DECREF(msg);
+			return r;
+		}
+		if (PyErr_Occurred())
+			return NULL;
+		if (p->hp.state == HP_ERROR) {
+			/* the client's framing error: a 400 if nothing was said yet,
+			 * else the connection ends; the app reads a disconnect */
+			call->counted = 1;                 /* the refusal counts it */
+			call->gone = 1;
+			if (!call->head_sent)
+				hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request body");
+			else
+				hconn_close_now(c);
+			goto disconnect;
+		}
+		if (c->peer_eof)
+			goto disconnect;                   /* the end of input mid-body */
+	}
+	if (call->rx) {
+		PyErr_SetString(PyExc_RuntimeError, "ASGI receive() called while another receive() of "
+		                "the same request waits");
+		return NULL;
+	}
+	if (!call->body_done && p->expect_continue) {
+		/* it waits for our word before it sends the body: asked for now */
+		p->expect_continue = 0;
+		if (!call->head_sent && call->f.http11 &&
+		    hconn_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, 1) < 0)
+			return NULL;
+	}
+	call->rx = new_future(call);
+	return Py_XNewRef(call->rx);
+disconnect:
+	msg = asgi_disconnect();
+	if (msg) {
+		PyObject *r = asgi_ready(msg);
+		Py_DECREF(msg);
+		return r;
+	}
+	return NULL;
+}
+
+/* ---- send -------------------------------------------------------------------------------------- */
+
+static PyObject *start(AsgiCall *call, PyObject *msg)
+{
+	PyObject *status, *headers, *prefix;
+	long long length;
+	int flags, code;
+
+	if (call->started) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.start sent twice",
+		             msg);
+		return NULL;
+	}
+	status = PyDict_GetItemString(msg, "status");          /* borrowed */
+	if (!status) {
+		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): http.response.start without a "
+		             "status", msg);
+		return NULL;
+	}
+	headers = PyDict_GetItemString(msg, "headers");
+	if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags, &code) < 0)
+		return NULL;
+	Py_XSETREF(call->f.prefix, prefix);
+	call->f.length = length;
+	call->f.code = code;
+	call->f.app_date = !!(flags & HEAD_APP_DATE);
+	call->f.app_server = !!(flags & HEAD_APP_SERVER);
+	call->f.bodiless = code == 204 || code == 304 || code < 200;
+	if (flags & HEAD_CLOSE)
+		call->f.keep = 0;
+	call->started = 1;
+	return asgi_ready(Py_None);
+}
+
+static PyObject *body(AsgiCall *call, PyObject *msg)
+{
+	HttpConn *c = call->conn;
+	PyObject *data = PyDict_GetItemString(msg, "body"), *more_obj;
+	Py_buffer view = {0};
+	int more;
+
+	if (!call->started) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.body before "
+		             "http.response.start", msg);
+		return NULL;
+	}
+	if (data && !PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
+		PyErr_Format(PyExc_TypeError, "ASGI send(): http.response.body's body must be bytes, "
+		             "not %.100s", Py_TYPE(data)->tp_name);
+		return NULL;
+	}
+	more_obj = PyDict_GetItemString(msg, "more_body");
+	more = more_obj ? PyObject_IsTrue(more_obj) : 0;
+	if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
+		return NULL;
+	if (!call->head_sent) {
+		/* the whole body in this message: its length is known */
+		if (h1_head(c, &call->f, more ? -1 : (long long)view.len) < 0)
+			goto fail;
+		call->head_sent = 1;
+	}
+	if (view.len && h1_send_body(c, &call->f, view.buf, (size_t)view.len, 0, 0) < 0)
+		goto fail;
+	PyBuffer_Release(&view);
+	if (!more) {
+		if (h1_end_body(c, &call->f) < 0)
+			return NULL;
+		asgi_end(call, call->f.keep);          /* sends what is owed */
+		return asgi_ready(Py_None);
+	}
+	hconn_flush(c);                            /* streaming: each part as it comes */
+	if (c->closed || call->gone) {
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		return NULL;
+	}
+	if (hconn_pending(c) > HIGH_WATER) {
+		/* past the high water mark: the app waits until the client
+		 * takes it below the low one (asgi_resume) */
+		call->tx = new_future(call);
+		return Py_XNewRef(call->tx);
+	}
+	return asgi_ready(Py_None);
+fail:
+	PyBuffer_Release(&view);
+	return NULL;
+}
+
+static PyObject *send(AsgiCall *call, PyObject *msg)
+{
+	PyObject *type;
+
+	if (!PyDict_Check(msg)) {
+		PyErr_Format(PyExc_TypeError, "ASGI send() takes a message dict, not %.100s",
+		             Py_TYPE(msg)->tp_name);
+		return NULL;
+	}
+	type = PyDict_GetItemString(msg, "type");
+	if (!type || !PyUnicode_Check(type)) {
+		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
+		return NULL;
+	}
+	if (call->gone || (call->conn && call->conn->closed)) {
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		return NULL;
+	}
+	if (call->ended) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) after the response ended", msg);
+		return NULL;
+	}
+	if (owner_thread(call, "send()") < 0)
+		return NULL;
+	if (call->tx) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
+		             "request waits", msg);
+		return NULL;
+	}
+	if (PyUnicode_CompareWithASCIIString(type, "http.response.start") == 0)
+		return start(call, msg);
+	if (PyUnicode_CompareWithASCIIString(type, "http.response.body") == 0)
+		return body(call, msg);
+	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of an http scope here "
+	             "(http.response.start, http.response.body; pathsend and trailers are not "
+	             "supported)", msg);
+	return NULL;
+}
+
+/* receive and send hold the connection while they run: a close in
+ * there (a failed write, a refusal) drops the call's reference to it */
+static PyObject *Call_receive(AsgiCall *call, PyObject *noarg)
+{
+	HttpConn *c = (HttpConn *)Py_XNewRef(call->conn);
+	PyObject *r = receive(call);
+
+	(void)noarg;
+	Py_XDECREF(c);
+	return r;
+}
+
+static PyObject *Call_send(AsgiCall *call, PyObject *msg)
+{
+	HttpConn *c = (HttpConn *)Py_XNewRef(call->conn);
+	PyObject *r = send(call, msg);
+
+	Py_XDECREF(c);
+	return r;
+}
+
+static PyMethodDef Call_methods[] = {
+	{"receive", (PyCFunction)Call_receive, METH_NOARGS,
+	 "receive() -> awaitable of the next message (http.request, http.disconnect)."},
+	{"send", (PyCFunction)Call_send, METH_O, "send(message) -> awaitable."},
+	{NULL},
+};
+
+static PyObject *get_scope(AsgiCall *call, void *x)
+{
+	(void)x;
+	return Py_NewRef(call->scope ? call->scope : Py_None);
+}
+
+static PyObject *get_status(AsgiCall *call, void *x)
+{
+	(void)x;
+	return PyLong_FromLong(call->f.code);
+}
+
+static PyGetSetDef Call_getset[] = {
+	{"scope", (getter)get_scope, NULL, "the request's scope", NULL},
+	{"status", (getter)get_status, NULL, "the response's status, 0 before start", NULL},
+	{NULL},
+};
+
+PyTypeObject AsgiCallType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.AsgiCall",
+	.tp_doc = "One ASGI request's receive and send (asgi_call.c).",
+	.tp_basicsize = sizeof(AsgiCall),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+	.tp_dealloc = (destructor)Call_dealloc,
+	.tp_traverse = (traverseproc)Call_traverse,
+	.tp_clear = (inquiry)Call_clear,
+	.tp_methods = Call_methods,
+	.tp_getset = Call_getset,
+};

@@ -1,0 +1,102 @@
+/* The end of an ASGI call (asgi.h): the response whole, or answered for
+ * the app, or its client gone: counted and logged once (asgi_account),
+ * the call detached from its connection and the codec going on with the
+ * requests behind it (asgi_end); and the futures a receive or a send
+ * waits on, resolved (asgi_resolve).
+ *
+ * May call: asgi_scope.c (the disconnect message), the codec (h1_conn.c:
+ * the call done), the connection layer (conn_io.c: containment).
+ */
+#include "asgi.h"
+
+/* ---- futures ---------------------------------------------------------------------------------- */
+
+void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
+{
+	PyObject *f = *fut, *done, *rc;
+
+	if (!f)
+		return;
+	*fut = NULL;
+	{
+		PyObject *t, *v, *tb;
+
+		PyErr_Fetch(&t, &v, &tb);          /* called on error paths too */
+		done = PyObject_CallMethod(f, "done", NULL);
+		if (done && !PyObject_IsTrue(done))
+			rc = exc ? PyObject_CallMethod(f, "set_exception", "O", exc)
+			         : PyObject_CallMethod(f, "set_result", "O", value ? value : Py_None);
+		else
+			rc = done ? Py_NewRef(Py_None) : NULL;
+		if (!rc)
+			PyErr_WriteUnraisable(f);
+		Py_XDECREF(rc);
+		Py_XDECREF(done);
+		PyErr_Restore(t, v, tb);
+	}
+	Py_DECREF(f);
+}
+
+/* ---- the end ---------------------------------------------------------------------------------------- */
+
+void asgi_account(AsgiCall *call)
+{
+	Server *s = call->srv;
+	PyObject *rc;
+
+	if (call->counted)
+		return;
+	call->counted = 1;
+	srv_count(s, call->head_sent ? call->f.code : 0);
+	if (s->access != Py_None) {
+		rc = PyObject_CallFunction(s->access, "OiKd", call->scope,
+		                           call->head_sent ? call->f.code : 0, call->f.sent, call->since);
+		if (!rc)
+			PyErr_WriteUnraisable(s->access);
+		Py_XDECREF(rc);
+	}
+	if (s->on_retire && s->requests >= s->retire_at) {
+		PyObject *fn = s->on_retire;           /* max_requests: once (wsgi_app.c) */
+
+		s->on_retire = NULL;
+		rc = PyObject_CallNoArgs(fn);
+		if (!rc)
+			PyErr_WriteUnraisable(fn);
+		Py_XDECREF(rc);
+		Py_DECREF(fn);
+	}
+}
+
+void asgi_end(AsgiCall *call, int keep)
+{
+	HttpConn *c = call->conn;
+	PyObject *msg;
+
+	if (call->ended || !c)
+		return;
+	call->ended = 1;
+	asgi_account(call);
+	/* a receive waiting for the client's end: the response ended (ASGI:
+	 * a receive after it says disconnect) */
+	if (call->rx && (msg = asgi_disconnect())) {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+	call->conn = NULL;                         /* ours now */
+	if (c->call == (PyObject *)call) {
+		c->call = NULL;
+		Py_DECREF(call);                       /* the connection's (the caller holds one) */
+	}
+	if (!c->closed) {
+		Parser *p = c->parser;
+
+		/* a whole body the app did not read is dropped; one still
+		 * coming ends the connection (parser_finish says so) */
+		if (p->hp.state == HP_DONE)
+			p->bstart = p->blen;
+		if (h1_call_done(c, keep) < 0)
+			contain(c);
+	}
+	Py_DECREF(c);
+}
+

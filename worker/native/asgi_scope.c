@@ -1,0 +1,232 @@
+/* The ASGI adapter's scope (HTTP, spec 2.4): a head the codec parsed
+ * (struct Parser, h1.h) made a scope dict in C, from the Server's base
+ * (type, asgi, scheme, root_path, and the lifespan state, copied per
+ * request):
+ *
+ *   http_version "1.1" | "1.0", method, path (percent-decoded, UTF-8,
+ *   undecodable bytes replaced, as uvicorn), raw_path (the target's path
+ *   as sent, without the query), query_string (bytes after '?'), headers
+ *   (a list of (name lower-cased, value) bytes pairs in order, trailing
+ *   whitespace of a value dropped), client (host, port) or None, server
+ *   (host, port) or (unix path, None).
+ *
+ * path is the whole path the client asked for: root_path is not taken
+ * off it (the spec's reading since asgiref 3.7: an app strips it itself,
+ * as Starlette and Django do).
+ *
+ * May call: the codec's parser state (httpparse.h).
+ */
+#include <string.h>
+
+#include "asgi.h"
+
+static PyObject *K_TYPE, *K_ASGI, *K_HTTP_VERSION, *K_METHOD, *K_PATH, *K_RAW_PATH, *K_QUERY,
+                *K_HEADERS, *K_CLIENT, *K_SERVER, *K_STATE, *V_11, *V_10, *K_BODY, *K_MORE,
+                *V_REQUEST, *V_DISCONNECT, *V_EMPTY_BYTES;
+static PyObject *method_names[64];
+
+int asgi_make_keys(void)
+{
+	struct { PyObject **at; const char *s; } keys[] = {
+		{&K_TYPE, "type"}, {&K_ASGI, "asgi"}, {&K_HTTP_VERSION, "http_version"},
+		{&K_METHOD, "method"}, {&K_PATH, "path"}, {&K_RAW_PATH, "raw_path"},
+		{&K_QUERY, "query_string"}, {&K_HEADERS, "headers"}, {&K_CLIENT, "client"},
+		{&K_SERVER, "server"}, {&K_STATE, "state"}, {&V_11, "1.1"}, {&V_10, "1.0"},
+		{&K_BODY, "body"}, {&K_MORE, "more_body"}, {&V_REQUEST, "http.request"},
+		{&V_DISCONNECT, "http.disconnect"},
+	};
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
+			return -1;
+	V_EMPTY_BYTES = PyBytes_FromStringAndSize(NULL, 0);
+	return V_EMPTY_BYTES ? 0 : -1;
+}
+
+/* ---- messages (asgi_call.c's, built with the same keys) ---- */
+
+PyObject *asgi_disconnect(void)
+{
+	PyObject *d = PyDict_New();
+
+	if (d && PyDict_SetItem(d, K_TYPE, V_DISCONNECT) < 0)
+		Py_CLEAR(d);
+	return d;
+}
+
+/* {"type": "http.request", "body": body, "more_body": more}; takes body */
+static PyObject *request_message(PyObject *body, int more)
+{
+	PyObject *d = body ? PyDict_New() : NULL;
+
+	if (d && (PyDict_SetItem(d, K_TYPE, V_REQUEST) < 0 || PyDict_SetItem(d, K_BODY, body) < 0 ||
+	          PyDict_SetItem(d, K_MORE, more ? Py_True : Py_False) < 0))
+		Py_CLEAR(d);
+	Py_XDECREF(body);
+	return d;
+}
+
+PyObject *asgi_take_body(AsgiCall *call)
+{
+	HttpConn *c = call->conn;
+	Parser *p = c->parser;
+	size_t avail;
+	PyObject *body;
+
+	if (parser_pump_body(p) < 0)
+		return NULL;
+	avail = p->blen - p->bstart;
+	if (!avail && p->hp.state != HP_DONE)
+		return NULL;                           /* HP_BODY: wait; HP_ERROR: the caller's */
+	body = avail ? PyBytes_FromStringAndSize(p->body + p->bstart, (Py_ssize_t)avail)
+	             : Py_NewRef(V_EMPTY_BYTES);
+	if (!body)
+		return NULL;
+	p->bstart = p->blen;
+	if (p->hp.state == HP_DONE)
+		call->body_done = 1;
+	h1_input_room(c);                          /* taken: reading may go on */
+	return request_message(body, !call->body_done);
+}
+
+/* ---- the scope ---- */
+
+/* s percent-decoded, then UTF-8 (bad sequences replaced, as uvicorn) */
+static PyObject *unquote_utf8(const char *s, size_t n)
+{
+	char stack[512], *out = n <= sizeof(stack) ? stack : PyMem_Malloc(n);
+	PyObject *r;
+
+	if (!out)
+		return PyErr_NoMemory();
+	r = PyUnicode_DecodeUTF8(out, (Py_ssize_t)hp_unquote(s, n, out), "replace");
+	if (out != stack)
+		PyMem_Free(out);
+	return r;
+}
+
+static int set_new(PyObject *d, PyObject *key, PyObject *v)
+{
+	int rc = v ? PyDict_SetItem(d, key, v) : -1;
+
+	Py_XDECREF(v);
+	return rc;
+}
+
+static PyObject *method_name(unsigned m)
+{
+	PyObject **slot = m < 64 ? &method_names[m] : NULL, *v;
+
+	if (slot && *slot)
+		return Py_NewRef(*slot);
+	v = PyUnicode_InternFromString(llhttp_method_name((llhttp_method_t)m));
+	if (v && slot)
+		*slot = Py_NewRef(v);
+	return v;
+}
+
+/* the headers, lower-cased names; sets p->expect_continue as the
+ * environ does (the codec's hold and the call's receive answer it) */
+static PyObject *headers_of(Parser *p)
+{
+	struct hp_parser *hp = &p->hp;
+	PyObject *list = PyList_New((Py_ssize_t)hp->nfields);
+	char stack[256];
+
+	if (!list)
+		return NULL;
+	p->expect_continue = 0;
+	for (uint32_t i = 0; i < hp->nfields; i++) {
+		const struct hp_field *f = &hp->fields[i];
+		const char *name = hp->head + f->name, *val = hp->head + f->value;
+		size_t nl = f->name_len, vl = f->value_len;
+		char *low = nl <= sizeof(stack) ? stack : PyMem_Malloc(nl);
+		PyObject *pair;
+
+		if (!low) {
+			Py_DECREF(list);
+			return PyErr_NoMemory();
+		}
+		while (vl && (val[vl - 1] == ' ' || val[vl - 1] == '\t'))
+			vl--;                              /* trailing OWS is not the value */
+		for (size_t k = 0; k < nl; k++)
+			low[k] = name[k] >= 'A' && name[k] <= 'Z' ? (char)(name[k] + 32) : name[k];
+		if (nl == 6 && !memcmp(low, "expect", 6) && vl == 12 && !strncasecmp(val, "100-continue", 12))
+			p->expect_continue = 1;
+		pair = Py_BuildValue("(y#y#)", low, (Py_ssize_t)nl, val, (Py_ssize_t)vl);
+		if (low != stack)
+			PyMem_Free(low);
+		if (!pair) {
+			Py_DECREF(list);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, pair);
+	}
+	return list;
+}
+
+PyObject *asgi_build_scope(HttpConn *c)
+{
+	Server *s = c->srv;
+	Parser *p = c->parser;
+	struct hp_parser *hp = &p->hp;
+	const char *target = hp->head, *path = target;
+	size_t tlen = hp->url_len, plen, qlen = 0;
+	const char *query = NULL;
+	uint32_t host = 0, host_len = 0, path_off = 0;
+	PyObject *scope = PyDict_Copy(s->base), *v;
+
+	if (!scope)
+		return NULL;
+	/* the asgi dict and the state: each request its own copy (an app
+	 * that writes to them must not reach the next request) */
+	v = PyDict_GetItemWithError(scope, K_ASGI);
+	if (v && set_new(scope, K_ASGI, PyDict_Copy(v)) < 0)
+		goto fail;
+	if (!v && PyErr_Occurred())
+		goto fail;
+	v = PyDict_GetItemWithError(scope, K_STATE);
+	if (v && set_new(scope, K_STATE, PyDict_Copy(v)) < 0)
+		goto fail;
+	if (PyErr_Occurred())
+		goto fail;
+	if (PyDict_SetItem(scope, K_HTTP_VERSION, hp->ll.http_minor ? V_11 : V_10) < 0 ||
+	    set_new(scope, K_METHOD, method_name(hp->ll.method)) < 0)
+		goto fail;
+	if (hp_absolute(hp, &host, &host_len, &path_off))
+		path = target + path_off;             /* a proxy's absolute-form: its path */
+	plen = tlen - (size_t)(path - target);
+	{
+		const char *hash = memchr(path, '#', plen), *q;
+
+		if (hash)
+			plen = (size_t)(hash - path);
+		q = memchr(path, '?', plen);
+		if (q) {
+			query = q + 1;
+			qlen = plen - (size_t)(query - path);
+			plen = (size_t)(q - path);
+		}
+	}
+	if (set_new(scope, K_RAW_PATH, PyBytes_FromStringAndSize(path, (Py_ssize_t)plen)) < 0 ||
+	    set_new(scope, K_QUERY, query ? PyBytes_FromStringAndSize(query, (Py_ssize_t)qlen)
+	                                  : Py_NewRef(V_EMPTY_BYTES)) < 0 ||
+	    set_new(scope, K_PATH, plen ? unquote_utf8(path, plen)
+	                                : PyUnicode_FromStringAndSize("/", 1)) < 0 ||
+	    set_new(scope, K_HEADERS, headers_of(p)) < 0)
+		goto fail;
+	/* addresses: (host, port) tuples for TCP; a unix socket has no
+	 * client address and its path as the server's */
+	if (PyTuple_Check(c->peer) && PyTuple_Check(c->local)) {
+		if (PyDict_SetItem(scope, K_CLIENT, c->peer) < 0 ||
+		    PyDict_SetItem(scope, K_SERVER, c->local) < 0)
+			goto fail;
+	}
+	else if (PyDict_SetItem(scope, K_CLIENT, Py_None) < 0 ||
+	         set_new(scope, K_SERVER, Py_BuildValue("(OO)", c->local, Py_None)) < 0)
+		goto fail;
+	return scope;
+fail:
+	Py_DECREF(scope);
+	return NULL;
+}
