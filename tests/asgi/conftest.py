@@ -47,8 +47,10 @@ def sockherd_missing(*modules: str) -> str:
 class Server:
     """One running server of either kind, serving one app."""
 
-    def __init__(self, kind: str, proc: subprocess.Popen, log: Path, port: int, records: Path):
+    def __init__(self, kind: str, proc: subprocess.Popen, log: Path, port: int, records: Path,
+                 master=None):
         self.kind, self.proc, self.log, self.port, self.records = kind, proc, log, port, records
+        self.master = master        # sockherd: test_run's Master (wait_log, reload helpers)
 
     @property
     def url(self) -> str:
@@ -91,7 +93,7 @@ def asgi_server(request, master, tmp_path, monkeypatch):
                 pytest.skip(why)
             m = master(app, "--interface", "asgi", "-w", str(workers),
                        "--pythonpath", str(APPS), *extra, ready=workers)
-            return Server(kind, m.proc, m.log, m.port, records)
+            return Server(kind, m.proc, m.log, m.port, records, master=m)
         log = tmp_path / f"uvicorn{len(started)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
