@@ -74,7 +74,8 @@ def test_sse_first_event_arrives_before_the_stream_ends(fastapi_app):
                 if line.startswith("data: "):
                     arrivals.append((line, time.monotonic() - t0))
     assert [a for a, _ in arrivals] == ["data: 0", "data: 1", "data: 2"]
-    assert arrivals[0][1] < 0.9, f"first event after {arrivals[0][1]:.2f} s"
+    # 1.5 s leaves room for a loaded machine; a buffered stream's first event is at >= 2 s
+    assert arrivals[0][1] < 1.5, f"first event after {arrivals[0][1]:.2f} s"
     assert arrivals[2][1] >= 1.9
     assert srv.record("sse-first") == {"sent": 3, "completed": True}
 
