@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 APPS = HERE.parent / "apps"
 sys.path.insert(0, str(HERE.parent / "master"))
-from test_run import gone, master, wait_for  # noqa: E402,F401  (master: the fixture)
+from test_run import master, wait_for  # noqa: E402,F401  (master: the fixture)
 
 KINDS = ["sockherd"] + (["uvicorn"] if os.environ.get("SOCKHERD_ASGI_REFERENCE") == "1" else [])
 
