@@ -77,6 +77,7 @@ import benchlib as B
 
 WRK_THREADS = 2
 WORKERS = 2
+HELLO = b"Hello, world!"
 
 BROWSER_HEADERS = [
     "User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0",
@@ -160,10 +161,14 @@ def server_spec(name: str, port: int) -> dict:
 
 
 class Server:
-    def __init__(self, procs: B.Procs, tmp: str, name: str):
+    def __init__(self, procs: B.Procs, tmp: str, name: str, spec_for=None,
+                 expect: bytes = HELLO):
+        """spec_for(port) -> the spec (default: server_spec(name, port));
+        expect: the body of the app's answer to GET / (the probes check it)."""
         self.name = name
         self.port = B.free_port()
-        self.spec = server_spec(name, self.port)
+        self.spec = spec_for(self.port) if spec_for else server_spec(name, self.port)
+        self.expect = expect
         self.log = os.path.join(tmp, f"{name}.log")
         self.out = os.path.join(tmp, f"{name}.out")
         self.log_seen = [0, 0]
@@ -185,7 +190,7 @@ class Server:
         last = ["", ""]
 
         def answering():
-            last[:] = probe(self.port, [])
+            last[:] = probe(self.port, [], expect=self.expect)
             return last[0] == "ok"
         try:
             B.wait_for(answering, 20, f"{self.name} answering", interval=0.1)
@@ -232,8 +237,10 @@ def request_bytes(port: int, headers: list[str]) -> bytes:
     return ("GET / HTTP/1.1\r\n" + "".join(h + "\r\n" for h in hs) + "\r\n").encode()
 
 
-def probe(port: int, headers: list[str], expect_close: bool = False) -> tuple[str, str]:
-    """One request on a fresh connection: ("ok" | what is wrong, the response head)."""
+def probe(port: int, headers: list[str], expect_close: bool = False,
+          expect: bytes = HELLO) -> tuple[str, str]:
+    """One request on a fresh connection: ("ok" | what is wrong, the response head);
+    `expect` is the body the app answers (asgi_hello.py's FastAPI app has its own)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
             s.sendall(request_bytes(port, headers))
@@ -257,7 +264,7 @@ def probe(port: int, headers: list[str], expect_close: bool = False) -> tuple[st
                 body += d
             if not lines[0].startswith("HTTP/1.1 200"):
                 return f"status line {lines[0]!r}", head.decode("latin-1")
-            if body != b"Hello, world!":
+            if body != expect:
                 return f"body {body[:60]!r}", head.decode("latin-1")
             if expect_close:
                 s.settimeout(2)
@@ -325,7 +332,7 @@ def parse_result(out: str) -> dict:
 def measure(srv: Server, load: str, a, lua: str) -> dict:
     conns, headers, _ = LOADS[load]
     hdrs = [f"Host: 127.0.0.1:{srv.port}", *BROWSER_HEADERS] if headers == "browser" else headers
-    verdict, head = probe(srv.port, hdrs, expect_close=(load == "close-c50"))
+    verdict, head = probe(srv.port, hdrs, expect_close=(load == "close-c50"), expect=srv.expect)
     notes = [] if verdict == "ok" else [f"probe: {verdict}"]
     pids = B.tree(srv.p.pid)
     sock0 = {pid: socket_fds(pid) for pid in pids}     # idle: listeners, channels
@@ -381,7 +388,7 @@ def failure_report(srv: Server, load: str, rnd: int, err, t_start: float) -> str
         except OSError:
             alive.append(f"{pid} gone")
     rc = srv.p.poll()
-    verdict, _ = probe(srv.port, [])
+    verdict, _ = probe(srv.port, [], expect=srv.expect)
     tail = "\n".join(srv.text().splitlines()[-40:])
     return (f"**{srv.name}** failed at load {load} (round {rnd}, {time.monotonic() - t_start:.0f} s "
             f"into the run, {time.strftime('%H:%M:%S UTC', time.gmtime())}): {err}\n\n"

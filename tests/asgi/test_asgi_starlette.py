@@ -1,0 +1,88 @@
+"""A real Starlette app (tests/apps/asgi_starlette.py) served by a real
+server, httpx as the client (issue 22 §4): routing, the scope as the ASGI
+spec words it (percent-decoded path beside raw_path, lower-cased headers in
+order, client and server), request bodies whole and chunked, a streaming
+response, and request.is_disconnected() turning true when the client goes
+away during a long poll. Each test runs against every server kind of
+conftest.py (uvicorn only with SOCKHERD_ASGI_REFERENCE=1)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def starlette_app(asgi_server):
+    return asgi_server("asgi_starlette:app")
+
+
+def test_routes_and_query(starlette_app):
+    with httpx.Client(base_url=starlette_app.url, timeout=30) as c:
+        r = c.get("/")
+        assert r.status_code == 200 and r.text == "starlette home"
+        assert r.headers["content-length"] == str(len("starlette home"))
+        assert c.get("/hello/ada", params={"q": "x y"}).text == "hello ada q=x y"
+        assert c.get("/missing").status_code == 404
+        assert c.post("/").status_code == 405
+
+
+def test_scope_fields(starlette_app):
+    srv = starlette_app
+    headers = [("X-First", "One"), ("X-Dup", "a"), ("X-Dup", "b")]
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        s = c.get("/scope/caf%C3%A9/x%2Fy?b=1&a=%20", headers=headers).json()
+    assert s["type"] == "http" and s["asgi"]["version"] == "3.0" and "spec_version" in s["asgi"]
+    assert (s["http_version"], s["method"], s["scheme"]) == ("1.1", "GET", "http")
+    assert s["path"] == "/scope/café/x/y"                       # percent-decoded UTF-8
+    assert s["raw_path"] == "/scope/caf%C3%A9/x%2Fy"
+    assert s["query_string"] == "b=1&a=%20" and s["root_path"] == ""
+    names = [k for k, _ in s["headers"]]
+    assert all(k == k.lower() for k in names)
+    assert [h for h in s["headers"] if h[0].startswith("x-")] == \
+        [["x-first", "One"], ["x-dup", "a"], ["x-dup", "b"]]
+    assert ["host", f"127.0.0.1:{srv.port}"] in s["headers"]
+    assert s["client"][0] == "127.0.0.1" and isinstance(s["client"][1], int)
+    assert s["server"] == ["127.0.0.1", srv.port]
+
+
+def test_request_body_whole_and_chunked(starlette_app):
+    data = os.urandom(2 << 20)
+    want = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with httpx.Client(base_url=starlette_app.url, timeout=60) as c:
+        assert c.post("/body", content=data).json() == want
+
+        def blocks():                           # no length: Transfer-Encoding: chunked
+            for i in range(0, len(data), 100_000):
+                yield data[i:i + 100_000]
+        assert c.post("/body", content=blocks()).json() == want
+        assert c.post("/body", content=b"").json() == {"size": 0,
+                                                       "sha256": hashlib.sha256(b"").hexdigest()}
+
+
+def test_streaming_response(starlette_app):
+    with httpx.Client(base_url=starlette_app.url, timeout=30) as c:
+        r = c.get("/stream", params={"n": 50})
+        assert r.status_code == 200
+        assert r.text == "".join(f"chunk {i};" for i in range(50))
+        assert r.headers.get("transfer-encoding") == "chunked"
+        assert "content-length" not in r.headers
+        assert c.get("/").text == "starlette home"          # the connection serves on
+
+
+def test_is_disconnected_turns_true_when_the_client_goes(starlette_app):
+    srv = starlette_app
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        s.sendall(f"GET /wait-disconnect/d1 HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n"
+                  .encode())
+        srv.record("waiting-d1")
+    finally:
+        s.close()
+    rec = srv.record("disconnected-d1", timeout=15)
+    assert "timed_out" not in rec, rec
