@@ -7,10 +7,11 @@ for the process table (workers.py: spawn, feed, reap, exit policy,
 heartbeats) and the generations (generations.py: reload, commit or refuse,
 replacements, scaling, adoption after an upgrade); upgrade.py re-executes,
 handoff.py serves a takeover. Child exits arrive as SIGCHLD and are reaped
-with waitpid(WNOHANG) until none is left. A worker's messages (READY,
-heartbeats, reports) are dispatched in `_on_message`, inside a boundary
-(`_contained`) no message can end the loop through: one illegal for the
-worker's state marks it misbehaving, and it is replaced (misbehaving.py).
+with waitpid(WNOHANG) until none is left; exits.py says what follows an exit
+or a start that failed. A worker's messages (READY, heartbeats, reports) are
+read and dispatched by channels.py, inside a boundary no message can end the
+loop through: one illegal for the worker's state marks it misbehaving, and
+it is replaced (misbehaving.py).
 
 Signals: TERM drains every worker and exits 0 once they are gone (the master
 closes its own listener copies first, so new connections are refused at once
@@ -26,7 +27,6 @@ HUP reloads (generations.py), USR2 upgrades (upgrade.py).
 from __future__ import annotations
 
 import collections
-import errno
 import heapq
 import itertools
 import logging
@@ -35,25 +35,18 @@ import signal
 import socket
 import time
 
-from sockherd.ipc.errors import IPCError, PeerClosed
-from sockherd.ipc.messages import FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply
-from sockherd.master import comeback, upgrade
+from sockherd.master import channels, comeback, exits, probation, upgrade
 from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
 from sockherd.master.inspect import Asker
-from sockherd.master import misbehaving, probation
-from sockherd.master.lifecycle import Event, IllegalTransition, Outcome, State
+from sockherd.master.lifecycle import Event, State
 from sockherd.master.listeners import Listener
-from sockherd.master.spawn import Shortage
-from sockherd.master.workers import (
-    ProcessTable, Slot, exit_policy, finished, heartbeat_check, name, ready,
-)
+from sockherd.master.workers import ProcessTable, Slot, finished, heartbeat_check, name
 from sockherd.worker.board import Board
 
 log = logging.getLogger("sockherd.master")
 
-SHORTAGE_RETRY = 1.0        # seconds before a spawn the master's resources failed is retried
 HANDLED = comeback.HANDLED
 
 
@@ -61,7 +54,8 @@ class Supervisor:
     """The loop: signals, worker channels, timers, other threads' calls and
     the side servers (extras) in one selector; what it sees goes to the
     process table (workers.py), the generations (generations.py) and the
-    hand-off (handoff.py). The attributes other modules read (slots,
+    hand-off (handoff.py), a worker's messages through channels.py, its
+    exit through exits.py. The attributes other modules read (slots,
     pending, generation, settings, listeners, reload counts...) are the
     generations' and are read through it."""
 
@@ -88,7 +82,8 @@ class Supervisor:
         self.startup_failed = False
         self.ever_ready = False
         self.first_failure = ""
-        self._short_slots: set[Slot] = set()  # their spawn failed for the master's resources
+        # slots whose spawn the master's own resources failed (exits.short)
+        self._short_slots: set[Slot] = set()
         self._wake_r, self._wake_w = socket.socketpair()
         self.events = Events()
         self.table = ProcessTable(self.board, self.sel, self.events, self._at)
@@ -145,36 +140,7 @@ class Supervisor:
     at = _at
 
     def spawn(self, slot: Slot) -> None:
-        settings, config, listeners = self.gens.of(slot)
-        try:
-            why = self.table.spawn(slot, config, listeners, settings, self._live())
-        except Shortage as exc:
-            why = self._short(slot, exc)
-        else:
-            if not why and slot in self._short_slots:
-                self._short_slots.discard(slot)
-                log.info("worker %s: started, the master's shortage over", name(slot))
-        if why and not self.gens.on_failure(slot, why):
-            self._after_exit(slot, Outcome.FAILED_START, 0.0)
-
-    def _short(self, slot: Slot, exc: Shortage) -> str:
-        """A spawn the master's own resources failed (issue 19, finding 3):
-        the slot of a serving generation is retried every SHORTAGE_RETRY
-        seconds, its back-off untouched (the worker did nothing wrong; the
-        slot is never given up for it; said once a streak); a reload's or a
-        replacement's worker ends that attempt, as any failure to start
-        does (why)."""
-        what = errno.errorcode.get(exc.errno, str(exc.errno))
-        why = f"cannot start: the master is short of resources: {what} ({exc.strerror})"
-        if self.gens.starting(slot) or slot.replacing is not None:
-            log.error("worker %s: %s", name(slot), why)
-            return why
-        say = log.debug if slot in self._short_slots else log.warning
-        say("worker %s: %s; retried every %gs until it starts (not counted as a failure of "
-            "the worker)", name(slot), why, SHORTAGE_RETRY)
-        self._short_slots.add(slot)
-        self._at(SHORTAGE_RETRY, "respawn", slot)
-        return ""
+        exits.spawn(self, slot)             # a failure and what follows: exits.py
 
     def _feed(self, slot: Slot, event: Event) -> None:
         self.table.feed(slot, event, self.settings.hard_stop_after)
@@ -203,165 +169,6 @@ class Supervisor:
     def _scale_down(self) -> None:
         self.gens.scale_down()
 
-    # ---- worker channels ----------------------------------------------------------------
-    def _on_channel(self, slot: Slot) -> None:
-        """Every complete message the worker's channel holds now, never
-        waiting for more: a frame begun and not complete stays in the
-        channel's decoder (at most its max frame) and is completed by a
-        later wake-up (issue 19 §6: a wait here of up to 5 s for the rest of
-        a frame froze the loop: `ctl status` went unanswered for 5.1 s). One
-        read can bring several messages (replies to concurrent control
-        requests, a READY and a heartbeat), and select() cannot see those
-        left in the inbox (review: they waited for the worker's next
-        heartbeat), so all are handled here. A worker that begins a frame
-        and never ends it sends no heartbeat either: the heartbeat check
-        kills it."""
-        ch = slot.proc.channel
-        try:
-            ch.read_available()
-        except PeerClosed:
-            self.table.forget_channel(slot)
-            return                                  # the exit itself comes as SIGCHLD
-        except IPCError as exc:
-            self.table.forget_channel(slot)         # the stream is lost: nothing more from it
-            if not ch.eof:                          # at EOF: its exit comes as SIGCHLD
-                self._misbehaved(slot, f"its channel broke: {exc}")
-            return
-        while True:
-            try:
-                got = ch.next_message()             # None once the inbox is empty
-            except IPCError as exc:                 # a malformed one (dropped): the next
-                log.error("worker %s: %s", name(slot), exc)
-                continue
-            if got is None:
-                return
-            self._contained(slot, got)
-            if slot.proc is None or slot.proc.channel is not ch or ch.fileno() < 0:
-                return
-
-    def _contained(self, slot: Slot, got) -> None:
-        """One message inside the boundary: whatever a worker sends, or
-        whatever bug of ours its handling meets, is logged and the loop
-        carries on (issue 19 §1: an IllegalTransition escaping from here
-        ended the master, and PDEATHSIG every worker with it)."""
-        try:
-            self._on_message(slot, got)
-        except IllegalTransition as exc:
-            self._misbehaved(slot, f"{misbehaving.shown(got.msg)} ({exc})",
-                             type(got.msg).__name__)
-        except Exception:                          # noqa: BLE001 - a bug of ours
-            log.exception("worker %s: handling its %s failed; the master carries on",
-                          name(slot), type(got.msg).__name__)
-
-    def _misbehaved(self, slot: Slot, offence: str, kind: str = "channel") -> None:
-        """A message illegal for the worker's state, or a channel it broke
-        (offence: which): it is not trusted any more; replaced (its successor
-        READY first), else drained."""
-        what, why = misbehaving.verdict(slot, self.slots, self.stopping, self.pending)
-        pid = slot.proc.pid if slot.proc is not None else 0
-        doing = {misbehaving.REPLACE: "replacing it",
-                 misbehaving.DRAIN: f"draining it (not replaced: {why})",
-                 misbehaving.LEAVE: f"left as it is ({why})"}[what]
-        told = misbehaving.to_log(slot, kind, time.monotonic())
-        if told:
-            log.error("worker %s (pid %d) misbehaves: %s: %s%s", name(slot), pid, offence, doing,
-                      f" ({told - 1} more offences since the last such line)" if told > 1 else "")
-        if what == misbehaving.REPLACE:
-            self._replace(slot, "misbehaving")
-        elif what == misbehaving.DRAIN:
-            self._feed(slot, Event.DRAIN)
-
-    def _on_message(self, slot: Slot, got) -> None:
-        """A worker's message: READY, failed before READY, a heartbeat, a
-        max_requests retirement, or a report it was asked for (inspect.py)."""
-        got.close_fds()
-        msg = got.msg
-        if isinstance(msg, Ready):
-            self._on_ready(slot, msg)
-        elif isinstance(msg, FailedBeforeReady):
-            log.error("worker %s: failed before ready: %s", name(slot), msg.reason)
-            self._feed(slot, Event.FAILED)
-            if slot.replacing is not None:
-                return                                  # its exit says the rest (_reap)
-            if self.gens.starting(slot):
-                # the traceback is logged above: the refusal says its last line
-                last = (msg.reason.strip().splitlines() or ["?"])[-1]
-                self.gens.refuse(f"worker {name(slot)} failed before ready: {last}")
-                return
-            self.first_failure = self.first_failure or msg.reason
-        elif isinstance(msg, Heartbeat):
-            self.table.on_heartbeat(slot)
-        elif isinstance(msg, Retiring):
-            self._replace(slot, f"max_requests ({msg.requests} requests)")
-        elif isinstance(msg, StatsReply):
-            self.asker.on_reply(msg)
-
-    def _on_ready(self, slot: Slot, msg: Ready) -> None:
-        self.table.on_heartbeat(slot)
-        self._feed(slot, Event.READY)
-        if slot.life.state is State.READY:
-            self.table.serving(slot, self.gens.of(slot)[0])
-        log.info("worker %s: ready, pid %d", name(slot), msg.pid)
-        self.events.emit("ready", worker=name(slot), pid=slot.proc.pid)
-        if self.gens.on_ready(slot):
-            return                           # a reload's or a replacement's
-        self.ever_ready = self.ever_ready or slot in self.slots
-        if not self.announced and ready(self._active()):
-            self.announced = True
-            self.events.emit("serving", generation=self.generation,
-                             workers=len(self._active()))
-        if self.stopping or slot.retired:
-            self._feed(slot, Event.DRAIN)
-        elif self.on_serving is not None and ready(self._active()):
-            on_serving, self.on_serving = self.on_serving, None
-            on_serving()
-            # a takeover serves its own hand-off socket only now: one
-            # that failed before must leave the old instance's in place
-            self._serve_handoff()
-
-    # ---- exits --------------------------------------------------------------------------
-    def _reap(self) -> None:
-        for slot, pid, how, served in self.table.reap():
-            # each exit in the boundary: one whose handling fails must not
-            # leave the others unreaped until the next SIGCHLD
-            self._contain(f"the exit of pid {pid}", self._exited, slot, pid, how, served)
-
-    def _exited(self, slot: Slot, pid: int, how: str, served: float) -> None:
-        self.asker.gone(pid)
-        outcome = slot.life.outcome
-        # one READY and waiting for the rest of its generation did not
-        # fail "before ready" (issue 19 §10: the refusal said so)
-        why = f"exited with {how} " + (
-            "before ready" if not slot.life.was_ready else
-            "after it was ready, before the commit" if self.gens.starting(slot) else
-            f"({outcome.value})")
-        if self.gens.on_failure(slot, why, outcome) or self.gens.on_exit(slot):
-            return                          # a reload's, a replacement's, an older one's
-        if outcome is Outcome.FAILED_START and not slot.life.drain_requested \
-                and not self.first_failure:
-            self.first_failure = f"worker {name(slot)} exited with {how}"
-        if not self.stopping and not slot.retired:
-            self._after_exit(slot, outcome, served)
-
-    def _after_exit(self, slot: Slot, outcome: Outcome, served: float) -> None:
-        after = exit_policy(slot.backoff, outcome, served, self.ever_ready)
-        if after.what == "stop":
-            log.error("worker %d.%d failed at first start: stopping", self.generation, slot.index)
-            self.startup_failed = True
-            self.stopping = True
-            for other in self._live():
-                if other.life is not None:
-                    self._feed(other, Event.KILL)
-        else:
-            # never given up on: the back-off is capped (lifecycle.Backoff),
-            # the slot shows as backing off in `ctl status` and the metrics
-            slot.next_try = time.monotonic() + after.delay
-            failures = slot.backoff.failures
-            (log.error if failures >= 5 else log.info)(
-                "worker slot %d: respawn in %.1fs%s", slot.index, after.delay,
-                f" ({failures} failures in a row)" if failures else "")
-            self._at(after.delay, "respawn", slot)
-
     # ---- signals and timers --------------------------------------------------------------
     def _on_signals(self) -> None:
         try:
@@ -388,7 +195,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGCHLD:
-            self._reap()
+            exits.reap(self)
         elif signum == signal.SIGTTIN and not self.stopping:
             self._scale_up()
         elif signum == signal.SIGTTOU and not self.stopping:
@@ -488,7 +295,7 @@ class Supervisor:
         self.gens.adopt(self.adopted, self.table)
         self.ever_ready = self.announced = True
         # a worker that exited while the exec happened is reaped now
-        self._reap()
+        exits.reap(self)
 
     # ---- other threads, other sockets ------------------------------------------------------
     def run_in_loop(self, fn) -> None:
@@ -599,7 +406,8 @@ class Supervisor:
                     if mask & selectors.EVENT_READ and key.data.proc is not None:
                         # an OSError of the socket itself (not a worker's doing:
                         # those are IPCErrors, handled inside) must not end the loop
-                        self._contain("a worker's channel", self._on_channel, key.data)
+                        self._contain("a worker's channel", channels.on_channel, self,
+                                      key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, what, slot, pid = heapq.heappop(self.timers)
