@@ -153,21 +153,20 @@ def test_startup_completes_before_ready_and_nothing_is_served_before(master, app
     port_of(m)
     wait_for(lambda: (apps / "startup-began").exists(), 30, "the lifespan startup to begin")
     # a client during startup: the kernel queues it, nobody serves it yet
-    early = m.connect()
-    early.sendall(REQUEST)
-    early.settimeout(1.0)
-    with pytest.raises(TimeoutError):
-        early.recv(100)
-    assert not re.search(r"worker 1\.0: ready", m.text())
-    (apps / "go").write_text("")
-    m.wait_log(r"worker 1\.0: ready")
-    assert (apps / "started").exists()
-    text = m.text()
-    assert text.index("lifespan: startup complete") < text.index("worker 1.0: ready")
-    # served now, the early client first
-    early.settimeout(10)
-    assert early.recv(100).startswith(b"HTTP/1.1 ")
-    early.close()
+    with m.connect() as early:
+        early.sendall(REQUEST)
+        early.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            early.recv(100)
+        assert not re.search(r"worker 1\.0: ready", m.text())
+        (apps / "go").write_text("")
+        m.wait_log(r"worker 1\.0: ready")
+        assert (apps / "started").exists()
+        text = m.text()
+        assert text.index("lifespan: startup complete") < text.index("worker 1.0: ready")
+        # served now, the early client first
+        early.settimeout(10)
+        assert early.recv(100).startswith(b"HTTP/1.1 ")
     assert "interface: asgi (a coroutine function)" in text
 
 
@@ -225,14 +224,13 @@ def test_a_failed_startup_refuses_the_reload_and_the_old_generation_serves_on(ma
 def test_shutdown_runs_on_term_once_the_last_connection_closed(master, apps):
     (apps / "go").write_text("")
     m = master("life:app", "-w", "1", "--idle-grace", "3", ready=1)
-    idle = m.connect()                  # kept open: the drain closes it after idle_grace
-    m.proc.send_signal(signal.SIGTERM)
-    m.wait_log(r"\[worker \d+\] INFO draining")
-    never(lambda: (apps / "shutdown-began").exists(), 1.5,
-          "lifespan shutdown began while a connection was still open")
-    idle.settimeout(15)
-    assert idle.recv(100) == b""
-    idle.close()
+    with m.connect() as idle:           # kept open: the drain closes it after idle_grace
+        m.proc.send_signal(signal.SIGTERM)
+        m.wait_log(r"\[worker \d+\] INFO draining")
+        never(lambda: (apps / "shutdown-began").exists(), 1.5,
+              "lifespan shutdown began while a connection was still open")
+        idle.settimeout(15)
+        assert idle.recv(100) == b""
     wait_for(lambda: (apps / "stopped").exists(), 15, "the lifespan shutdown")
     assert m.proc.wait(timeout=30) == 0
     text = m.text()
