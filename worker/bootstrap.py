@@ -216,9 +216,12 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
             if loop.drained.is_set():
                 if not shutting_down:
                     shutting_down = True
-                    began = lifespan is not None and lifespan.begin_shutdown()
-                    log.info("drained: no connection left%s",
-                             "; lifespan shutdown" if began else "")
+                    if lifespan is not None and lifespan.shutdown_due:
+                        # said first: the app may answer before this thread logs
+                        log.info("drained: no connection left; lifespan shutdown")
+                        lifespan.begin_shutdown()
+                    else:
+                        log.info("drained: no connection left")
                 if lifespan is None or not lifespan.shutdown_pending:
                     return status
             if not loop.threads_alive:

@@ -60,7 +60,8 @@ class Lifespan:
         self.done_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # shutdown over
         self._aio: asyncio.AbstractEventLoop | None = None
         self._own: _OwnLoop | None = None
-        self._task: concurrent.futures.Future | None = None
+        self._task: concurrent.futures.Future | None = None     # _main, seen from here
+        self._atask: asyncio.Task | None = None                 # ... and on its loop
         self._queue: asyncio.Queue | None = None
         self._shutdown_sent = False
         self._asked = 0                 # receive() calls: 0 = the app never took part
@@ -80,14 +81,19 @@ class Lifespan:
         try:
             self._started.result(timeout)
         except concurrent.futures.TimeoutError:
-            self._task.cancel()
+            self._cancel()
             raise LifespanFailed(f"lifespan startup did not complete within {timeout:g}s "
                                  f"(ready_timeout)") from None
+
+    @property
+    def shutdown_due(self) -> bool:
+        """Startup completed and the app's task still runs: shutdown is sent."""
+        return self.supported and self.phase == "serving"
 
     def begin_shutdown(self) -> bool:
         """Sends lifespan.shutdown; done_fd is readable once the app
         answered or ended. False: nothing to wait for (no lifespan)."""
-        if not self.supported or self.phase != "serving":
+        if not self.shutdown_due:
             return False
         self.phase = "shutdown"
         self._shutdown_sent = True
@@ -100,11 +106,25 @@ class Lifespan:
         """lifespan.shutdown sent, the app not done with it yet."""
         return self._shutdown_sent and not self._stopped.done()
 
+    def _cancel(self, wait: float = 0.5) -> None:
+        """Cancels the app's task if it still runs, and gives its
+        cancellation (the app's finally blocks) `wait` seconds on its loop."""
+        if self._task is None or self._task.done() or self._aio.is_closed():
+            return
+        self._aio.call_soon_threadsafe(self._task_cancel)
+        try:
+            self._task.exception(wait)
+        except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
+            pass
+
+    def _task_cancel(self) -> None:
+        if self._atask is not None:
+            self._atask.cancel()
+
     def close(self) -> None:
-        """After the loops stopped or before they stop: a task still
-        running (shutdown past its deadline) is cancelled."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        """Before the loops stop: a task still running (a shutdown past its
+        deadline, a Stop) is cancelled. Idempotent."""
+        self._cancel()
         if self._own is not None:
             self._own.close()
         if self.done_fd >= 0:
@@ -113,6 +133,7 @@ class Lifespan:
 
     # ---- the task, on the asyncio loop -----------------------------------------------
     async def _main(self) -> None:
+        self._atask = asyncio.current_task()
         self._queue = asyncio.Queue()
         self._queue.put_nowait({"type": "lifespan.startup"})
         scope = {"type": "lifespan", "asgi": dict(SCOPE_ASGI), "state": self.state}
@@ -198,6 +219,8 @@ class _OwnLoop:
         self.thread.start()
 
     def close(self) -> None:
+        if self.loop.is_closed():
+            return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         if not self.thread.is_alive():
