@@ -103,7 +103,11 @@ def _find(app) -> _Found:
             and is_coroutine_function(getattr(app, "__call__", None)):
         return _Found("asgi", f"an object ({type(app).__name__}) whose __call__ is a "
                       "coroutine function", True)
-    if is_coroutine_function(inspect.unwrap(app)):
+    try:
+        inner = inspect.unwrap(app)
+    except ValueError:                       # a __wrapped__ cycle: nothing to learn there
+        inner = app
+    if is_coroutine_function(inner):
         # a decorator's sync wrapper (functools.wraps) around an async app:
         # it returns the coroutine, or it would not be put in front of one
         return _Found("asgi", "a wrapper of a coroutine function", False)

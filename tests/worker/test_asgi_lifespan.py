@@ -148,8 +148,9 @@ def never(fn, seconds: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def test_startup_completes_before_ready_and_nothing_is_served_before(master, apps):
-    m = master("life:app", "-w", "1", ready=None)
+@pytest.mark.parametrize("threads", [(), ("-t", "4", "--thread-groups", "2")])
+def test_startup_completes_before_ready_and_nothing_is_served_before(master, apps, threads):
+    m = master("life:app", "-w", "1", *threads, ready=None)
     port_of(m)
     wait_for(lambda: (apps / "startup-began").exists(), 30, "the lifespan startup to begin")
     # a client during startup: the kernel queues it, nobody serves it yet
