@@ -252,7 +252,8 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                     pass                         # EOF is seen by the read below
                 next_beat = now + beat
             timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
-        watch = [sig_r, loop.drained_fd, loop.failed_fd] + \
+        # drained_fd stays readable once drained: not watched during the shutdown
+        watch = [sig_r, loop.failed_fd] + ([loop.drained_fd] if not shutting_down else []) + \
             ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else []) + \
             ([lifespan.done_fd] if lifespan is not None and lifespan.shutdown_pending else [])
         ready, _, _ = select.select(watch, [], [], timeout)

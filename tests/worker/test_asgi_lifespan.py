@@ -140,6 +140,13 @@ def response(m) -> bytes:
         return c.recv(1000)
 
 
+def main_thread_cpu(pid: int) -> float:
+    """CPU seconds of pid's main thread (the one that waits in select())."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def never(fn, seconds: float, what: str) -> None:
     """fn() stays false for `seconds` (polled)."""
     until = time.monotonic() + seconds
@@ -243,9 +250,16 @@ def test_shutdown_runs_on_term_once_the_last_connection_closed(master, apps):
 def test_a_shutdown_that_hangs_ends_at_the_drain_deadline(master, apps):
     (apps / "go").write_text("")
     (apps / "hang").write_text("")
-    m = master("life:app", "-w", "1", "--hard-stop-after", "2", ready=1)
+    m = master("life:app", "-w", "1", "--hard-stop-after", "3", ready=1)
+    worker = children(m.proc.pid)[0]
     m.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: (apps / "shutdown-began").exists(), 15, "the lifespan shutdown")
+    # the worker waits for the app without spinning (its drained eventfd
+    # stays readable: it kept select() busy, a core for the whole wait)
+    cpu0 = main_thread_cpu(worker)
+    never(lambda: "drain deadline reached" in m.text(), 1.0, "the deadline came early")
+    cpu = main_thread_cpu(worker) - cpu0
+    assert cpu < 0.1, f"the worker's main thread used {cpu:.2f}s of CPU in 1s of waiting"
     m.wait_log(r"drain deadline reached during the lifespan shutdown: exiting without it")
     assert m.proc.wait(timeout=30) == 0
     assert not (apps / "stopped").exists()
