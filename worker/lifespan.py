@@ -58,6 +58,7 @@ class Lifespan:
         self.supported = False          # startup completed: shutdown will be sent
         self.phase = "startup"          # -> serving -> shutdown -> done, or failed
         self.done_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # shutdown over
+        self._fd_lock = threading.Lock()
         self._aio: asyncio.AbstractEventLoop | None = None
         self._own: _OwnLoop | None = None
         self._task: concurrent.futures.Future | None = None     # _main, seen from here
@@ -97,7 +98,7 @@ class Lifespan:
             return False
         self.phase = "shutdown"
         self._shutdown_sent = True
-        self._stopped.add_done_callback(lambda _: os.eventfd_write(self.done_fd, 1))
+        self._stopped.add_done_callback(self._wake)
         self._aio.call_soon_threadsafe(self._queue.put_nowait, {"type": "lifespan.shutdown"})
         return True
 
@@ -121,15 +122,24 @@ class Lifespan:
         if self._atask is not None:
             self._atask.cancel()
 
+    def _wake(self, _) -> None:
+        """The main thread's select(): the shutdown is over. Under the lock
+        close() takes: a task that ends late must not write to the number
+        after close() freed it (it may be another file's by then)."""
+        with self._fd_lock:
+            if self.done_fd >= 0:
+                os.eventfd_write(self.done_fd, 1)
+
     def close(self) -> None:
         """Before the loops stop: a task still running (a shutdown past its
         deadline, a Stop) is cancelled. Idempotent."""
         self._cancel()
         if self._own is not None:
             self._own.close()
-        if self.done_fd >= 0:
-            os.close(self.done_fd)
-            self.done_fd = -1
+        with self._fd_lock:
+            if self.done_fd >= 0:
+                os.close(self.done_fd)
+                self.done_fd = -1
 
     # ---- the task, on the asyncio loop -----------------------------------------------
     async def _main(self) -> None:
