@@ -33,6 +33,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from sockherd.fdcore import Table
 from sockherd.ipc.channel import Channel
@@ -50,10 +51,12 @@ from sockherd.worker.embedded import status_app
 from sockherd.worker.gate import STARTUP
 from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.interface import InterfaceError, choose
-from sockherd.worker.lifespan import Lifespan, LifespanFailed
 from sockherd.worker.loop import Loop
 from sockherd.worker.stream import OUTPUT_LIMIT
 from sockherd.worker.wsgi import make_handler
+
+if TYPE_CHECKING:      # imported where used: asyncio's import is for ASGI workers only
+    from sockherd.worker.lifespan import Lifespan
 
 log = logging.getLogger("sockherd.worker")
 ASSIGNMENT_TIMEOUT = 30.0
@@ -105,6 +108,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
             state: dict = {}        # the lifespan's, copied into each request's scope
             handler = _asgi_handler(chosen.app, cfg, state)
             if cfg.get("lifespan", "auto") != "off":
+                from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
                 lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state)
         else:
             handler = chosen.app                       # a stream handler class
@@ -148,6 +152,8 @@ def _start_lifespan(loop: Loop, lifespan: Lifespan, cfg: dict) -> None:
     """Lifespan startup on loop thread 0's asyncio loop, then the listeners
     polled. A failure stops the loop (its listeners closed) and raises
     BootstrapError with the app's message: FAILED_BEFORE_READY."""
+    from sockherd.worker.lifespan import LifespanFailed
+
     aio_loop = getattr(loop, "aio_loop", None)     # None until the asgi branch is merged
     try:
         lifespan.start(aio_loop(0) if aio_loop is not None else None,

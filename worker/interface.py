@@ -31,7 +31,6 @@ it may return an awaitable (ASGI 3) or not, and only its author knows.
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import sys
@@ -62,11 +61,14 @@ class _Found:
 def is_coroutine_function(fn) -> bool:
     """inspect's test (partials unwrapped; markcoroutinefunction's mark from
     3.12 on), and before 3.14 asyncio's too: asgiref marks Django's handlers
-    for it on Pythons without inspect.markcoroutinefunction (3.11)."""
+    for it on Pythons without inspect.markcoroutinefunction (3.11). Only
+    where asyncio is imported already (asgiref imports it; no mark exists
+    otherwise): a WSGI worker does not pay for importing it."""
     if inspect.iscoroutinefunction(fn):
         return True
+    aio = sys.modules.get("asyncio")
     # asyncio.iscoroutinefunction warns from 3.14 on, where inspect's mark is the only one
-    return sys.version_info < (3, 14) and asyncio.iscoroutinefunction(fn)
+    return aio is not None and sys.version_info < (3, 14) and aio.iscoroutinefunction(fn)
 
 
 def _required_positional(fn) -> int | None:
