@@ -269,3 +269,18 @@ def test_a_contradicted_interface_stops_the_first_start_saying_what_was_found(ma
     assert "failed before ready: --interface wsgi, but app 'plain:asgi' is a coroutine " \
            "function: that is the asgi interface (set --interface asgi, or auto)" in text, text
     assert "no worker became ready" in text
+
+
+def test_a_wsgi_worker_does_not_pay_for_asyncio(appdir):
+    """Found by test_upgrade_comeback.py: importing asyncio for detection
+    and lifespan in every worker made WSGI workers start later (~40 ms idle,
+    more under load). Only an ASGI worker imports it."""
+    code = ("import sys; from sockherd.worker import bootstrap, interface\n"
+            "import plain\n"
+            "assert interface.choose(plain.wsgi).kind == 'wsgi'\n"
+            "assert interface.choose(plain.Echo).kind == 'stream'\n"
+            "print('asyncio' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=appdir, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(appdir)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "False\n"
