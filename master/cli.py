@@ -1,8 +1,9 @@
 """Command line entry point: `sockherd` and `python -m sockherd.master`.
 
 `sockherd check` validates the settings and imports the app without serving,
-like `nginx -t` / `haproxy -c`: exit 0 when both are fine, 2 for a bad
-setting, 1 for an app that does not import. `sockherd run` serves (stream
+like `nginx -t` / `haproxy -c`, and says which interface the app is served
+with: exit 0 when all is fine, 2 for a bad setting, 1 for an app that does
+not import or does not fit the interface asked for. `sockherd run` serves (stream
 apps for now: WSGI comes with the HTTP issue); `ctl` lands with the control
 issue. Signals are documented here because operators
 look for them in `--help` first.
@@ -41,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     check = sub.add_parser("check", help="validate the settings and import the app, then exit",
                            description="Validate the settings and import the app without "
-                                       "serving. Exit 0 if both are fine, 2 for a bad setting, "
-                                       "1 for an app that does not import.")
+                                       "serving, and say which interface serves it. Exit 0 if "
+                                       "all is fine, 2 for a bad setting, 1 for an app that "
+                                       "does not import or does not fit --interface.")
     run = sub.add_parser("run", help="serve: the master, its listeners and its workers",
                          description="Bind the listeners, start the workers and supervise them "
                                      "until TERM (graceful) or INT/QUIT (fast). Exit 2 for a bad "
@@ -89,24 +91,30 @@ def _settings(ns: argparse.Namespace):
 
 def cmd_check(ns: argparse.Namespace) -> int:
     from sockherd.worker.app import AppImportError, import_app
+    from sockherd.worker.interface import InterfaceError, choose
 
     settings = _settings(ns)
     if settings is None:
         return EXIT_SETTINGS
     if settings.app:
         try:
-            import_app(settings.app, chdir=settings.chdir, pythonpath=settings.pythonpath)
-        except AppImportError as exc:
+            app = import_app(settings.app, chdir=settings.chdir, pythonpath=settings.pythonpath)
+            # the worker's own choice (bootstrap.py), with the same words
+            chosen = choose(app, settings.interface, f"app {settings.app!r}")
+        except (AppImportError, InterfaceError) as exc:
             if exc.__cause__ is not None:
                 traceback.print_exception(exc.__cause__, file=sys.stderr)
             print(f"sockherd: {exc}", file=sys.stderr)
             return EXIT_APP
-        app = f"app {settings.app} imports ({settings.interface} interface)"
+        app = f"app {settings.app} imports"
+        interface = f"interface: {chosen}"
     else:
         app = "no app: the embedded status page"
+        interface = "interface: wsgi (the embedded status page)"
     workers = settings.workers or os.cpu_count() or 1
     print(f"sockherd check: settings valid; {app}; {workers} workers x {settings.threads} "
           f"threads in {settings.thread_groups} groups; bind {', '.join(settings.bind)}")
+    print(f"sockherd check: {interface}")
     return 0
 
 

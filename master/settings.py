@@ -68,9 +68,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("app", ("app",), str, "", "the app, `module:callable`; empty: the embedded status page",
             msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"), "MODULE:CALLABLE",
             section="app", positional=True),
-    Setting("interface", ("--interface",), Literal["wsgi", "asgi", "stream"], "wsgi",
-            "how the app is called: `wsgi` (PEP 3333), `asgi` (ASGI 3, HTTP) or `stream` "
-            "(a handler class)", section="app"),
+    Setting("interface", ("--interface",), Literal["auto", "asgi", "wsgi", "stream"], "auto",
+            "how the app is called: `asgi` (ASGI 3; an ASGI 2 app is wrapped), `wsgi` (PEP 3333) "
+            "or `stream` (a handler class); `auto`: found out from the app (worker/interface.py), "
+            "an explicit one the app contradicts is refused at start", section="app"),
+    # uvicorn's names and meanings; no timeout of its own: the startup is
+    # bounded by ready_timeout (the worker is not READY before it ends), the
+    # shutdown by the drain's deadline (hard_stop_after)
+    Setting("lifespan", ("--lifespan",), Literal["auto", "on", "off"], "auto",
+            "ASGI lifespan: `on`: startup must complete before the worker is ready (a failure "
+            "stops it); `auto`: the same, but an app that rejects the lifespan scope is served "
+            "without it; `off`: never sent", section="app"),
     Setting("chdir", ("--chdir",), str, "", "directory to change to before importing the app",
             metavar="DIR", section="app"),
     Setting("pythonpath", ("--pythonpath",), list[str], [],

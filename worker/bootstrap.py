@@ -6,10 +6,14 @@
    against its descriptor (ipc.listeners.adopt: all or nothing). With
    --user/--group, the switch (worker/identity.py: capabilities dropped,
    no_new_privs), then PR_SET_PDEATHSIG again and the parent check again.
-3. The process title, the app import, one fdcore Table of T threads in G
-   groups, the listeners inserted once per group, the loop threads started.
+3. The process title, the app import and its interface (worker/interface.py:
+   logged), one fdcore Table of T threads in G groups, the listeners
+   inserted once per group, the loop threads started. An ASGI app's
+   lifespan startup (worker/lifespan.py) runs then, its listeners not polled
+   until it completed: nothing is served before.
 4. READY to the master, or FAILED_BEFORE_READY with the reason (a traceback
-   for an app that does not import) and exit status 1.
+   for an app that does not import, the app's message for a failed
+   startup) and exit status 1.
 Then the main thread serves the channel: it sends a heartbeat every
 heartbeat_interval (and echoes the master's probes); Drain stops
 accepting and lets connections finish (Loop.drain), and the worker exits once
@@ -28,6 +32,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from sockherd.fdcore import Table
 from sockherd.ipc.channel import Channel
@@ -42,10 +47,15 @@ from sockherd.worker import (ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE, EXIT_DRA
 from sockherd.worker.app import AppImportError, import_app
 from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
+from sockherd.worker.gate import STARTUP
 from sockherd.worker.identity import IdentityError, resolve, switch
+from sockherd.worker.interface import InterfaceError, choose
 from sockherd.worker.loop import Loop
 from sockherd.worker.stream import OUTPUT_LIMIT
 from sockherd.worker.wsgi import make_handler
+
+if TYPE_CHECKING:      # imported where used: asyncio's import is for ASGI workers only
+    from sockherd.worker.lifespan import Lifespan
 
 log = logging.getLogger("sockherd.worker")
 ASSIGNMENT_TIMEOUT = 30.0
@@ -55,7 +65,7 @@ class BootstrapError(Exception):
     """Why this worker cannot become READY (sent to the master as is)."""
 
 
-def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
+def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifespan | None]:
     import prctl
 
     socks = adopt(msg.listeners, fds)          # closes every fd on a mismatch
@@ -77,23 +87,30 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     # no app: the embedded status page, named as the master names it (cli.py)
     prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} "
                         f"[{msg.app or 'embedded'}]")
-    interface = cfg.get("interface", "wsgi")
+    lifespan = None
     if not msg.app:
         handler = make_handler(status_app, cfg)     # the embedded default
     else:
         try:
-            handler = import_app(msg.app, chdir=cfg.get("chdir", ""),
-                                 pythonpath=cfg.get("pythonpath", []))
-        except AppImportError as exc:
+            app = import_app(msg.app, chdir=cfg.get("chdir", ""),
+                             pythonpath=cfg.get("pythonpath", []))
+            chosen = choose(app, cfg.get("interface", "auto"), f"app {msg.app!r}")
+        except (AppImportError, InterfaceError) as exc:
             for s in socks:
                 s.close()
             cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
             raise BootstrapError(f"{cause}{exc}") from None
-        if interface == "wsgi":
-            handler = make_handler(handler, cfg)    # the app, served over HTTP/1.1
-        elif interface == "asgi":
-            from sockherd.worker import asgi
-            handler = asgi.make_handler(handler, cfg)
+        log.info("interface: %s", chosen)
+        if chosen.kind == "wsgi":
+            handler = make_handler(chosen.app, cfg)    # the app, served over HTTP/1.1
+        elif chosen.kind == "asgi":
+            state: dict = {}        # the lifespan's, copied into each request's scope
+            handler = _asgi_handler(chosen.app, cfg, state)
+            if cfg.get("lifespan", "auto") != "off":
+                from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
+                lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state)
+        else:
+            handler = chosen.app                       # a stream handler class
     # one context more than the loop threads: the main thread's, to drain
     # at once even while every loop thread is inside a slow handler
     table = Table(int(cfg.get("threads", 1)) + 1, int(cfg.get("thread_groups", 1)))
@@ -105,8 +122,37 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> Loop:
     loop.config = cfg                   # the embedded page finds the control endpoint in it
     for s in socks:
         loop.add_listener(s)
+    if lifespan is not None:
+        # nothing is served before startup completed: the listeners are in
+        # the table but not polled (connections wait in the backlog, and in
+        # a reload the serving generation takes them) until it did
+        loop.gate.off(loop.control, STARTUP)
     loop.start()
-    return loop
+    if lifespan is not None:
+        _start_lifespan(loop, lifespan, cfg)
+    return loop, lifespan
+
+
+def _asgi_handler(app, cfg: dict, state: dict):
+    """The ASGI HTTP adapter's handler class (asyncio: ASGI workers only)."""
+    from sockherd.worker import asgi
+    return asgi.make_handler(app, cfg, state=state)
+
+
+def _start_lifespan(loop: Loop, lifespan: Lifespan, cfg: dict) -> None:
+    """Lifespan startup on loop thread 0's asyncio loop, then the listeners
+    polled. A failure stops the loop (its listeners closed) and raises
+    BootstrapError with the app's message: FAILED_BEFORE_READY."""
+    from sockherd.worker.lifespan import LifespanFailed
+
+    try:
+        lifespan.start(loop.aio_loop(0), float(cfg.get("ready_timeout", 60.0)))
+    except LifespanFailed as exc:
+        lifespan.close()
+        loop.stop()
+        loop.table.close()
+        raise BootstrapError(str(exc)) from None
+    loop.gate.on(loop.control, STARTUP)
 
 
 # the worker's exit status after a loop thread ended (sysexits' EX_SOFTWARE):
@@ -129,13 +175,16 @@ def _retire_after(loop: Loop, cfg: dict) -> tuple[int, int]:
 
 
 def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
-                   retire: tuple[int, int] = (-1, 0)) -> int:
+                   retire: tuple[int, int] = (-1, 0), lifespan: Lifespan | None = None) -> int:
     """The main thread after READY: one select over the channel, the signal
     wake-up socket and the loop's drained eventfd; no timeout unless a drain
     has a deadline. SIGTERM drains (a TERM to the whole process group, as
     systemd's default KillMode and timeout(1) send, must not cut requests:
     the master drains us the same way), and so does the master's Drain or
-    its death (EOF, or SIGTERM by PR_SET_PDEATHSIG)."""
+    its death (EOF, or SIGTERM by PR_SET_PDEATHSIG). An ASGI app's lifespan
+    shutdown runs once the drain has no connection left, before the loops
+    stop, within the same deadline; the channel is served meanwhile (the
+    heartbeats go on). A Stop ends the worker without it."""
     grace = float(cfg.get("idle_grace", 1.0))
     hard = float(cfg.get("hard_stop_after", 30.0))
     beat = float(cfg.get("heartbeat_interval", 5.0))
@@ -143,6 +192,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
     deadline = None                    # monotonic time by which a drain must end
     status = 0                         # EXIT_THREAD_ENDED once a loop thread ended
     channel_open = True
+    shutting_down = False              # drained: lifespan.shutdown sent, if any is due
     next_beat = time.monotonic() + beat
     beats = 0
 
@@ -159,8 +209,16 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
         timeout = None
         if deadline is not None:
             if loop.drained.is_set():
-                log.info("drained: no connection left")
-                return status
+                if not shutting_down:
+                    shutting_down = True
+                    if lifespan is not None and lifespan.shutdown_due:
+                        # said first: the app may answer before this thread logs
+                        log.info("drained: no connection left; lifespan shutdown")
+                        lifespan.begin_shutdown()
+                    else:
+                        log.info("drained: no connection left")
+                if lifespan is None or not lifespan.shutdown_pending:
+                    return status
             if not loop.threads_alive:
                 # nobody left to serve or to drain: what they owned is closed
                 log.error("no loop thread left: exiting")
@@ -168,6 +226,10 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 return status
             timeout = deadline - time.monotonic()
             if timeout <= 0:
+                if lifespan is not None and lifespan.shutdown_pending:
+                    log.warning("drain deadline reached during the lifespan shutdown: "
+                                "exiting without it")
+                    return status or EXIT_DRAIN_DEADLINE
                 cut = loop.open_connections
                 log.warning("drain deadline reached with %d connection(s) still open: "
                             "exiting, they are cut", cut)
@@ -194,8 +256,10 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                     pass                         # EOF is seen by the read below
                 next_beat = now + beat
             timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
-        watch = [sig_r, loop.drained_fd, loop.failed_fd] + \
-            ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else [])
+        # drained_fd stays readable once drained: not watched during the shutdown
+        watch = [sig_r, loop.failed_fd] + ([loop.drained_fd] if not shutting_down else []) + \
+            ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else []) + \
+            ([lifespan.done_fd] if lifespan is not None and lifespan.shutdown_pending else [])
         ready, _, _ = select.select(watch, [], [], timeout)
         if loop.failed_fd in ready:
             # a loop thread ended (logged with its traceback by that thread):
@@ -307,7 +371,7 @@ def main() -> int:
         if not isinstance(got.msg, Assignment):
             got.close_fds()
             raise BootstrapError(f"expected an assignment first, got {type(got.msg).__name__}")
-        loop = _prepare(got.msg, got.fds, master)
+        loop, lifespan = _prepare(got.msg, got.fds, master)
     except (BootstrapError, IPCError, OSError) as exc:
         reason = str(exc) or type(exc).__name__
         log.error("failed before ready: %s", reason)
@@ -337,8 +401,10 @@ def main() -> int:
     retire = _retire_after(loop, got.msg.config)
     ch.send(Ready(pid=os.getpid()))
     try:
-        return _serve_channel(ch, loop, got.msg.config, sig_r, retire)
+        return _serve_channel(ch, loop, got.msg.config, sig_r, retire, lifespan)
     finally:
+        if lifespan is not None:
+            lifespan.close()
         loop.stop()
         _log_totals(loop)
         loop.table.close()

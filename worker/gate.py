@@ -1,8 +1,9 @@
 """Whether a worker's threads poll its listeners, and the balance between
 workers.
 
-The listeners are polled unless some reason holds: an EMFILE pause, the
-connection cap (max_connections), or the balance (this worker is ahead of
+The listeners are polled unless some reason holds: an ASGI app's lifespan
+startup not over yet, an EMFILE pause, the connection cap (max_connections),
+or the balance (this worker is ahead of
 the least loaded other worker: worker/board.py). Turning polling off or on
 is an fd-level verb (stop_recv / want_recv), so every thread of the worker
 follows; it happens on transitions only, under a lock (reasons come and go
@@ -31,6 +32,7 @@ import threading
 import time
 
 EMFILE, CAP, BALANCE = "emfile", "cap", "balance"
+STARTUP = "startup"        # an ASGI app's lifespan startup is not over (worker/bootstrap.py)
 TICK_SLACK = 0.05          # s after which any loop thread runs a late balance check
 
 

@@ -15,7 +15,6 @@ test's own (asgi_records.py).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -32,15 +31,6 @@ sys.path.insert(0, str(HERE.parent / "master"))
 from test_run import master, wait_for  # noqa: E402,F401  (master: the fixture)
 
 KINDS = ["sockherd"] + (["uvicorn"] if os.environ.get("SOCKHERD_ASGI_REFERENCE") == "1" else [])
-
-
-def sockherd_missing(*modules: str) -> str:
-    """Why sockherd cannot run these tests in this tree, or ''."""
-    for mod in modules:
-        if importlib.util.find_spec(mod) is None:
-            return (f"{mod} is not in this tree yet (issue 22's ASGI work); "
-                    "SOCKHERD_ASGI_REFERENCE=1 runs these tests against uvicorn")
-    return ""
 
 
 class Server:
@@ -76,8 +66,7 @@ class Server:
 
 @pytest.fixture(params=KINDS)
 def asgi_server(request, master, tmp_path, monkeypatch):
-    """serve(app, *extra_sockherd_args, workers=1, needs=()) -> Server.
-    `needs`: further sockherd modules the test needs (skipped without them)."""
+    """serve(app, *extra_sockherd_args, workers=1) -> Server."""
     kind = request.param
     records = tmp_path / "records"
     records.mkdir()
@@ -85,11 +74,8 @@ def asgi_server(request, master, tmp_path, monkeypatch):
     monkeypatch.setenv("ASGI_TEST_RECORDS", str(records))
     started: list[subprocess.Popen] = []
 
-    def serve(app: str, *extra: str, workers: int = 1, needs: tuple[str, ...] = ()) -> Server:
+    def serve(app: str, *extra: str, workers: int = 1) -> Server:
         if kind == "sockherd":
-            why = sockherd_missing("sockherd.worker.asgi", *needs)
-            if why:
-                pytest.skip(why)
             m = master(app, "--interface", "asgi", "-w", str(workers),
                        "--pythonpath", str(APPS), *extra, ready=workers)
             return Server(kind, m.proc, m.log, m.port, records, master=m)

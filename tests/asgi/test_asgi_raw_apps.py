@@ -56,7 +56,7 @@ def test_hello_pipelined_requests_answered_in_order(asgi_server):
 
 
 def test_lifespan_state_reaches_each_request_as_a_copy(asgi_server):
-    srv = asgi_server("asgi_lifespan:app", needs=("sockherd.worker.lifespan",))
+    srv = asgi_server("asgi_lifespan:app")
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         first = c.get("/").json()
         assert first["greeting"] == "hello from startup" and first["startup_recorded"] is True

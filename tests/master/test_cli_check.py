@@ -33,7 +33,8 @@ def test_good_app_and_settings(appdir):
     r = check("good:app", "-w", "3", "-t", "4", "--thread-groups", "2", "-b", "127.0.0.1:0",
               cwd=appdir)
     assert r.returncode == 0, r.stderr
-    assert "app good:app imports (wsgi interface)" in r.stdout
+    assert "app good:app imports;" in r.stdout
+    assert "interface: wsgi (a plain callable of two arguments)" in r.stdout
     assert "3 workers x 4 threads in 2 groups; bind 127.0.0.1:0" in r.stdout
     r = check("good:Handlers.handler", cwd=appdir)
     assert r.returncode == 0, r.stderr
@@ -66,7 +67,7 @@ def test_app_that_does_not_import(appdir, spec, message):
     (("-w", "-3"), {}, "bad setting: command line: -w = '-3': expected `int` >= 0"),
     ((), {"SOCKHERD_BACKLOG": "huge"}, "environment: SOCKHERD_BACKLOG = 'huge'"),
     (("-b", "127.0.0.1:99999"), {}, "bind: '127.0.0.1:99999': port '99999'"),
-    (("--interface", "rsgi"), {}, "--interface = 'rsgi': invalid enum value"),
+    (("--interface", "http"), {}, "--interface = 'http': invalid enum value"),
     (("bad spec",), {}, "MODULE:CALLABLE = 'bad spec'"),
 ])
 def test_bad_setting_exits_2(appdir, args, env, message):
