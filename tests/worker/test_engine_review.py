@@ -707,7 +707,7 @@ def test_no_reference_leak_on_each_path(serve, case, monkeypatch):
     gc.collect()
     assert refs and all(r() is None for r in refs), [r() for r in refs]
     # + 1 at most: the loop thread's head cache keeps the last status it
-    # serialised (h1_response.c, head_cached), until another replaces it
+    # serialised (h1_head.c, head_cached), until another replaces it
     assert wait_for(lambda: sys.getrefcount(status) <= base_count + 1, 2), \
         (sys.getrefcount(status), base_count)
 

@@ -14,7 +14,7 @@
  * the app's errors (raised into it; asgi_app.c answers and logs them).
  *
  * May call: asgi_end.c (the response's end), asgi_scope.c (messages), the
- * codec (h1_response.c's framing, h1_conn.c's input room, refusals), the
+ * codec (h1_head.c's head, h1_response.c's framing, h1_conn.c's input room, refusals), the
  * connection layer (conn_io.c).
  */
 #include <string.h>

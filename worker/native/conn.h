@@ -10,7 +10,7 @@
  *
  *   connection   conn_timers.c  conn_io.c  conn_type.c  dispatch.c  engine.c
  *                (conn.h, engine.h)   -> above only through struct conn_ops
- *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  h1_response.c  h1_conn.c
+ *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  h1_head.c  h1_response.c  h1_conn.c
  *                (h1.h)               -> above only through struct h1_app
  *   WSGI adapter wsgi_environ.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
  *                (wsgi.h)

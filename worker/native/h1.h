@@ -1,7 +1,8 @@
 /* The HTTP/1 codec of the native engine: requests parsed (httpparse.c:
  * llhttp in strict mode plus our checks; its Python face RequestParser,
- * h1_parser.c), responses framed (h1_response.c: the head, Content-Length
- * or chunked, HEAD/204/304 bodies dropped, keep-alive), and the request
+ * h1_parser.c), response heads checked (h1_head.c), responses framed
+ * (h1_response.c: the head, Content-Length or chunked, HEAD/204/304
+ * bodies dropped, keep-alive), and the request
  * loop of one connection (h1_conn.c: pipelining, a body read before the
  * app runs, 100 Continue, refusals, the header and keep-alive timers).
  *
@@ -49,7 +50,7 @@ int parser_finish(Parser *p);
 int parser_head_started(const Parser *p);
 PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
 
-/* ---- the response (h1_response.c) ----
+/* ---- the response (h1_head.c: the head checked; h1_response.c: framed) ----
  * One response's framing, the codec's, inside the adapter's response
  * object: what the request allows and what the head said. */
 struct h1_frame {

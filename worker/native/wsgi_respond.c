@@ -15,7 +15,7 @@
  *    were given; after that the app's exception is raised again; one that
  *    is not an exception triple is a TypeError (check_exc_info).
  *
- * May call: the codec (h1_response.c), the connection layer (conn_io.c).
+ * May call: the codec (h1_head.c, h1_response.c), the connection layer (conn_io.c).
  */
 #include <string.h>
 

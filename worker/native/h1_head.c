@@ -1,0 +1,465 @@
+/* The HTTP/1 codec's response heads: an app's status and fields checked
+ * (field names are tokens, values carry no CTL, Content-Length one run of
+ * digits) and serialised into the status line and the app's fields, with
+ * what the framing needs taken out (its Content-Length, Connection: close,
+ * whether it gave Date or Server). Two shapes, one file: WSGI's (a str
+ * status, (str, str) pairs: head_from, and head_cached, the last head
+ * kept per thread) and ASGI's (an int status, (bytes, bytes) pairs:
+ * head_from_asgi). h1_response.c puts the result on the wire.
+ *
+ * May call: nothing of the engine (CPython only).
+ */
+#include <string.h>
+
+#include "h1.h"
+
+/* ---- the head: checked, serialised, cached ------------------------------------------------- */
+
+/* The last head serialised by this thread, by identity: an app that gives
+ * the same status and the same header tuples (code constants, as most
+ * do) gets the checked prefix again without the checks. The references
+ * held keep the identities from being reused. Per thread: no lock. */
+#define HEAD_CACHE_MAX 16
+static _Thread_local struct {
+	PyObject *status, *prefix, *items[HEAD_CACHE_MAX];
+	Py_ssize_t n;
+	long long length;
+	int flags, code;
+} hc;
+
+int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
+                int *flags, int *code)
+{
+	PyObject **items;
+	Py_ssize_t n;
+
+	if (!PyList_CheckExact(headers) && !PyTuple_CheckExact(headers))
+		return head_from(status, headers, prefix, length, flags, code);
+	n = PySequence_Fast_GET_SIZE(headers);
+	items = PySequence_Fast_ITEMS(headers);
+	if (hc.prefix && hc.status == status && hc.n == n &&
+	    (!n || !memcmp(hc.items, items, (size_t)n * sizeof(*items)))) {
+		*prefix = Py_NewRef(hc.prefix);
+		*length = hc.length;
+		*flags = hc.flags;
+		*code = hc.code;
+		return 0;
+	}
+	if (head_from(status, headers, prefix, length, flags, code) < 0)
+		return -1;
+	if (n > HEAD_CACHE_MAX || !PyUnicode_CheckExact(status))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (!PyTuple_CheckExact(items[i]))          /* an immutable pair only */
+			return 0;
+	Py_XDECREF(hc.status);
+	Py_XDECREF(hc.prefix);
+	for (Py_ssize_t i = 0; i < hc.n; i++)
+		Py_DECREF(hc.items[i]);
+	hc.status = Py_NewRef(status);
+	hc.prefix = Py_NewRef(*prefix);
+	for (Py_ssize_t i = 0; i < n; i++)
+		hc.items[i] = Py_NewRef(items[i]);
+	hc.n = n;
+	hc.length = *length;
+	hc.flags = *flags;
+	hc.code = *code;
+	return 0;
+}
+
+/* RFC 9110 5.6.2 tchar */
+static int is_tchar(unsigned int c)
+{
+	static const char extra[] = "!#$%&'*+-.^_`|~";
+
+	return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') ||
+	       (c && c < 128 && strchr(extra, (int)c));
+}
+
+/* A field value (or reason phrase) we may send: latin-1, no CTL but HTAB. */
+static int value_ok(PyObject *s)
+{
+	Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+	int kind = PyUnicode_KIND(s);
+	const void *data = PyUnicode_DATA(s);
+
+	if (kind != PyUnicode_1BYTE_KIND)
+		return 0;                                  /* beyond latin-1 */
+	for (Py_ssize_t i = 0; i < n; i++) {
+		Py_UCS4 c = PyUnicode_READ(kind, data, i);
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			return 0;
+	}
+	return 1;
+}
+
+static int lower_is(PyObject *name, const char *want)
+{
+	Py_ssize_t n = PyUnicode_GET_LENGTH(name);
+
+	if (n != (Py_ssize_t)strlen(want))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		Py_UCS4 c = PyUnicode_READ_CHAR(name, i);
+		if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != (Py_UCS4)want[i])
+			return 0;
+	}
+	return 1;
+}
+
+PyDoc_STRVAR(response_head_doc,
+"response_head(status, headers) -> (prefix, content_length, close)\n\n"
+"Checks a WSGI start_response's status and headers and serialises them:\n"
+"prefix is b'HTTP/1.1 <status>\\r\\n' and one 'name: value\\r\\n' per header,\n"
+"without the hop-by-hop Connection and Transfer-Encoding (the server's to\n"
+"set; close is True if the app asked for Connection: close) and without\n"
+"Content-Length on 1xx and 204; content_length is the app's, or -1.\n"
+"Raises TypeError or ValueError (status not like '200 OK', a name not a\n"
+"token, a value with a control character or beyond latin-1, a\n"
+"Content-Length not one number in digits).");
+
+int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
+              int *flags_out, int *code_out)
+{
+	PyObject *seq = NULL, *out = NULL;
+	long long length = -1;
+	int close = 0, flags = 0, code;
+	Py_ssize_t n, size;
+	char *w;
+
+	if (!PyUnicode_Check(status) || PyUnicode_GET_LENGTH(status) < 4 || !value_ok(status) ||
+	    PyUnicode_READ_CHAR(status, 3) != ' ' ||
+	    PyUnicode_READ_CHAR(status, 0) < '1' || PyUnicode_READ_CHAR(status, 0) > '5' ||
+	    PyUnicode_READ_CHAR(status, 1) < '0' || PyUnicode_READ_CHAR(status, 1) > '9' ||
+	    PyUnicode_READ_CHAR(status, 2) < '0' || PyUnicode_READ_CHAR(status, 2) > '9')
+	{
+		PyErr_Format(PyExc_ValueError, "bad status %R: expected like '200 OK', "
+		             "printable latin-1, no CR or LF", status);
+		return -1;
+	}
+	code = (int)(PyUnicode_READ_CHAR(status, 0) - '0') * 100 +
+	       (int)(PyUnicode_READ_CHAR(status, 1) - '0') * 10 + (int)(PyUnicode_READ_CHAR(status, 2) - '0');
+	seq = PySequence_Fast(headers, "headers must be a list of (name, value) tuples");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	/* first pass: check, and size the result */
+	size = 9 + PyUnicode_GET_LENGTH(status) + 2;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i), *name, *value;
+
+		if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+		    !PyUnicode_Check(name = PyTuple_GET_ITEM(pair, 0)) ||
+		    !PyUnicode_Check(value = PyTuple_GET_ITEM(pair, 1))) {
+			PyErr_Format(PyExc_TypeError, "header %R: a (name, value) tuple of str", pair);
+			goto fail;
+		}
+		Py_ssize_t nl = PyUnicode_GET_LENGTH(name);
+		if (!nl) {
+			PyErr_SetString(PyExc_ValueError, "an empty header name");
+			goto fail;
+		}
+		for (Py_ssize_t k = 0; k < nl; k++)
+			if (!is_tchar(PyUnicode_READ_CHAR(name, k))) {
+				PyErr_Format(PyExc_ValueError, "header name %R is not a token (RFC 9110 5.1)",
+				             name);
+				goto fail;
+			}
+		if (!value_ok(value)) {
+			PyErr_Format(PyExc_ValueError, "header %R: value with a control character or "
+			             "outside latin-1", name);
+			goto fail;
+		}
+		if (lower_is(name, "content-length")) {
+			Py_ssize_t vl = PyUnicode_GET_LENGTH(value);
+			long long v = 0;
+
+			if (length >= 0 || !vl || vl > 18)
+				goto bad_length;
+			for (Py_ssize_t k = 0; k < vl; k++) {
+				Py_UCS4 c = PyUnicode_READ_CHAR(value, k);
+				if (c < '0' || c > '9')
+					goto bad_length;
+				v = v * 10 + (long long)(c - '0');
+			}
+			length = v;
+			if ((code >= 100 && code < 200) || code == 204)
+				continue;                  /* 1xx, 204: no Content-Length (RFC 9110 8.6) */
+		}
+		else if (lower_is(name, "connection")) {
+			close |= PyUnicode_GET_LENGTH(value) == 5 && lower_is(value, "close");
+			continue;
+		}
+		else if (lower_is(name, "transfer-encoding"))
+			continue;
+		else if (lower_is(name, "date"))
+			flags |= HEAD_APP_DATE;            /* the app's wins: ours is left out */
+		else if (lower_is(name, "server"))
+			flags |= HEAD_APP_SERVER;
+		size += nl + 2 + PyUnicode_GET_LENGTH(value) + 2;
+	}
+	if ((code >= 100 && code < 200) || code == 204)
+		length = -1;
+	/* second pass: write */
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	memcpy(w, "HTTP/1.1 ", 9);
+	w += 9;
+	for (Py_ssize_t k = 0; k < PyUnicode_GET_LENGTH(status); k++)
+		*w++ = (char)PyUnicode_READ_CHAR(status, k);
+	*w++ = '\r';
+	*w++ = '\n';
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+
+		if (lower_is(name, "connection") || lower_is(name, "transfer-encoding") ||
+		    (((code >= 100 && code < 200) || code == 204) && lower_is(name, "content-length")))
+			continue;
+		memcpy(w, PyUnicode_DATA(name), (size_t)PyUnicode_GET_LENGTH(name));
+		w += PyUnicode_GET_LENGTH(name);
+		*w++ = ':';
+		*w++ = ' ';
+		memcpy(w, PyUnicode_DATA(value), (size_t)PyUnicode_GET_LENGTH(value));
+		w += PyUnicode_GET_LENGTH(value);
+		*w++ = '\r';
+		*w++ = '\n';
+	}
+	Py_DECREF(seq);
+	*prefix = out;
+	*length_out = length;
+	*flags_out = flags | (close ? HEAD_CLOSE : 0);
+	*code_out = code;
+	return 0;
+bad_length:
+	PyErr_SetString(PyExc_ValueError, "Content-Length: one, in digits");
+fail:
+	Py_XDECREF(seq);
+	return -1;
+}
+
+static PyObject *response_head(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+	PyObject *prefix;
+	long long length;
+	int flags, code;
+
+	(void)mod;
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "response_head(status, headers)");
+		return NULL;
+	}
+	if (head_from(args[0], args[1], &prefix, &length, &flags, &code) < 0)
+		return NULL;
+	return Py_BuildValue("(NLO)", prefix, length, flags & HEAD_CLOSE ? Py_True : Py_False);
+}
+
+PyMethodDef h1_module_methods[] = {
+	{"response_head", (PyCFunction)(void (*)(void))response_head, METH_FASTCALL,
+	 response_head_doc},
+	{NULL},
+};
+
+/* ---- the head from ASGI's shapes -------------------------------------------------------------- */
+
+static const char *reason_of(int code)
+{
+	switch (code) {
+	case 100: return "Continue";
+	case 101: return "Switching Protocols";
+	case 200: return "OK";
+	case 201: return "Created";
+	case 202: return "Accepted";
+	case 203: return "Non-Authoritative Information";
+	case 204: return "No Content";
+	case 205: return "Reset Content";
+	case 206: return "Partial Content";
+	case 301: return "Moved Permanently";
+	case 302: return "Found";
+	case 303: return "See Other";
+	case 304: return "Not Modified";
+	case 307: return "Temporary Redirect";
+	case 308: return "Permanent Redirect";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 406: return "Not Acceptable";
+	case 408: return "Request Timeout";
+	case 409: return "Conflict";
+	case 410: return "Gone";
+	case 411: return "Length Required";
+	case 412: return "Precondition Failed";
+	case 413: return "Content Too Large";
+	case 415: return "Unsupported Media Type";
+	case 416: return "Range Not Satisfiable";
+	case 422: return "Unprocessable Content";
+	case 425: return "Too Early";
+	case 426: return "Upgrade Required";
+	case 428: return "Precondition Required";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "";                        /* an empty reason is valid (RFC 9112 4) */
+	}
+}
+
+static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
+{
+	if (n != (Py_ssize_t)strlen(want))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if ((s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]) != want[i])
+			return 0;
+	return 1;
+}
+
+/* One [name, value] pair of the app's: borrowed name and value, both
+ * bytes; 0 or -1 with a TypeError naming the pair. */
+static int asgi_pair(PyObject *pair, PyObject **name, PyObject **value)
+{
+	if ((PyTuple_CheckExact(pair) || PyList_CheckExact(pair)) && PySequence_Fast_GET_SIZE(pair) == 2) {
+		*name = PySequence_Fast_GET_ITEM(pair, 0);
+		*value = PySequence_Fast_GET_ITEM(pair, 1);
+		if (PyBytes_Check(*name) && PyBytes_Check(*value))
+			return 0;
+	}
+	PyErr_Format(PyExc_TypeError, "http.response.start: header %.200R is not a [name, value] "
+	             "pair of bytes", pair);
+	return -1;
+}
+
+int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
+                   int *flags_out, int *code_out)
+{
+	PyObject *seq = NULL, *out;
+	long long length = -1;
+	int close = 0, flags = 0, overflow = 0, code;
+	long v;
+	Py_ssize_t n, size;
+	const char *reason;
+	char line[64], *w;
+
+	if (!PyLong_Check(status) || PyBool_Check(status)) {
+		PyErr_Format(PyExc_TypeError, "http.response.start: status must be an int, not %.100s",
+		             Py_TYPE(status)->tp_name);
+		return -1;
+	}
+	v = PyLong_AsLongAndOverflow(status, &overflow);
+	if (overflow || v < 100 || v > 599) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "http.response.start: status %R is not within "
+			             "100-599", status);
+		return -1;
+	}
+	code = (int)v;
+	reason = reason_of(code);
+	if (headers == Py_None)
+		seq = PyTuple_New(0);
+	else
+		seq = PySequence_Fast(headers, "http.response.start: headers must be an iterable of "
+		                      "[name, value] pairs of bytes");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	size = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *name, *value;
+		const char *ns, *vs;
+		Py_ssize_t nl, vl;
+
+		if (asgi_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+			goto fail;
+		ns = PyBytes_AS_STRING(name);
+		nl = PyBytes_GET_SIZE(name);
+		vs = PyBytes_AS_STRING(value);
+		vl = PyBytes_GET_SIZE(value);
+		if (!nl) {
+			PyErr_SetString(PyExc_ValueError, "http.response.start: an empty header name");
+			goto fail;
+		}
+		for (Py_ssize_t k = 0; k < nl; k++)
+			if (!is_tchar((unsigned char)ns[k])) {
+				PyErr_Format(PyExc_ValueError, "http.response.start: header name %R is not a "
+				             "token (RFC 9110 5.1)", name);
+				goto fail;
+			}
+		for (Py_ssize_t k = 0; k < vl; k++) {
+			unsigned char ch = (unsigned char)vs[k];
+			if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+				PyErr_Format(PyExc_ValueError, "http.response.start: header %R: value with a "
+				             "control character", name);
+				goto fail;
+			}
+		}
+		if (bytes_lower_is(ns, nl, "content-length")) {
+			long long cl = 0;
+
+			if (length >= 0 || !vl || vl > 18)
+				goto bad_length;
+			for (Py_ssize_t k = 0; k < vl; k++) {
+				if (vs[k] < '0' || vs[k] > '9')
+					goto bad_length;
+				cl = cl * 10 + (vs[k] - '0');
+			}
+			length = cl;
+			if ((code >= 100 && code < 200) || code == 204)
+				continue;
+		}
+		else if (bytes_lower_is(ns, nl, "connection")) {
+			close |= bytes_lower_is(vs, vl, "close");
+			continue;
+		}
+		else if (bytes_lower_is(ns, nl, "transfer-encoding"))
+			continue;
+		else if (bytes_lower_is(ns, nl, "date"))
+			flags |= HEAD_APP_DATE;
+		else if (bytes_lower_is(ns, nl, "server"))
+			flags |= HEAD_APP_SERVER;
+		size += nl + 2 + vl + 2;
+	}
+	if ((code >= 100 && code < 200) || code == 204)
+		length = -1;
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	w += snprintf(w, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
+		const char *ns = PyBytes_AS_STRING(name);
+		Py_ssize_t nl = PyBytes_GET_SIZE(name), vl = PyBytes_GET_SIZE(value);
+
+		if (bytes_lower_is(ns, nl, "connection") || bytes_lower_is(ns, nl, "transfer-encoding") ||
+		    (((code >= 100 && code < 200) || code == 204) &&
+		     bytes_lower_is(ns, nl, "content-length")))
+			continue;
+		memcpy(w, ns, (size_t)nl);
+		w += nl;
+		*w++ = ':';
+		*w++ = ' ';
+		memcpy(w, PyBytes_AS_STRING(value), (size_t)vl);
+		w += vl;
+		*w++ = '\r';
+		*w++ = '\n';
+	}
+	Py_DECREF(seq);
+	*prefix = out;
+	*length_out = length;
+	*flags_out = flags | (close ? HEAD_CLOSE : 0);
+	*code_out = code;
+	return 0;
+bad_length:
+	PyErr_SetString(PyExc_ValueError, "http.response.start: Content-Length: one, in digits");
+fail:
+	Py_XDECREF(seq);
+	return -1;
+}
