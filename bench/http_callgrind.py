@@ -10,8 +10,9 @@ For each --checkout DIR (repeatable; default this checkout; the first is the
 baseline of the ratios) and each thread count, `DIR/.venv/bin/sockherd run
 hello:app --interface wsgi -w 1 -t T` (bench/apps/hello.py, this checkout's
 apps) runs under `nice -n 19 valgrind --tool=callgrind --trace-children=yes`
-with its own --runtime-dir, --control off and ready / heartbeat timeouts of
-600 s (valgrind is slow). A Python client opens --conns keep-alive
+with its own --runtime-dir, --control off, ready / heartbeat timeouts of
+600 s (valgrind is slow) and a heartbeat every 300 s (work per second,
+not per request). A Python client opens --conns keep-alive
 connections and sends `GET /` round-robin, one request in flight at a time
 (each answer read whole and checked: 200, "Hello, world!"): --warmup requests
 uncounted, `callgrind_control -z` on the worker, --requests counted,
@@ -52,8 +53,9 @@ def sockherd_bin(checkout: str) -> str:
 
 def git_line(checkout: str) -> str:
     def git(*args):
+        # no strip(): porcelain lines start with a status column that may be a space
         return subprocess.run(["git", "-C", checkout, *args], capture_output=True,
-                              text=True).stdout.strip()
+                              text=True).stdout.rstrip("\n")
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "master", "worker",
                 "fdcore", "ipc")
     return (f"git {git('rev-parse', '--short', 'HEAD')} "
@@ -61,11 +63,31 @@ def git_line(checkout: str) -> str:
             f"{' '.join(ln[3:] for ln in dirty.splitlines()) or 'none'}")
 
 
-def requests(conns: list[HC.HttpConn], n: int) -> None:
-    for i in range(n):
-        body = conns[i % len(conns)].request("/")
-        if body != BODY:
-            raise B.BenchError(f"unexpected body {body[:60]!r}")
+REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+ANSWER_END = b"\r\n\r\n" + BODY
+
+
+def requests(conns: list[HC.HttpConn], n: int, burst: bool = False) -> None:
+    """n requests, one at a time round-robin over conns; burst: a request
+    on every connection, then every answer read (n rounded up to that)."""
+    if not burst:
+        for i in range(n):
+            body = conns[i % len(conns)].request("/")
+            if body != BODY:
+                raise B.BenchError(f"unexpected body {body[:60]!r}")
+        return
+    for _ in range(-(-n // len(conns))):
+        for c in conns:
+            c.sock.sendall(REQUEST)
+        for c in conns:
+            got = b""
+            while not got.endswith(ANSWER_END):     # hello's answer: 13 bytes after the head
+                d = c.sock.recv(65536)
+                if not d:
+                    raise B.BenchError("the server closed a connection")
+                got += d
+            if not got.startswith(b"HTTP/1.1 200") or got.count(b"HTTP/1.1") != 1:
+                raise B.BenchError(f"unexpected answer {got[:80]!r}")
 
 
 def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: str,
@@ -81,7 +103,10 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
             "--pythonpath", B.APPS, "-w", "1", "-t", str(threads),
             "-b", f"127.0.0.1:{port}", "--control", "off",
             "--runtime-dir", os.path.join(tmp, f"rt-{tag}"),
-            "--ready-timeout", "600", "--heartbeat-timeout", "600"]
+            "--ready-timeout", "600", "--heartbeat-timeout", "600",
+            # the worker's main thread wakes per heartbeat: work per second, not
+            # per request, which a slower (loaded) run would count more of
+            "--heartbeat-interval", "300"]
     env = dict(os.environ, PYTHONHASHSEED="0")
     p = procs.start(vg + argv, log_path=log, env=env, cwd=B.APPS)
     pid = B.wait_sockherd_ready(p, log, 1, timeout=a.timeout)[0]
@@ -96,10 +121,13 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
             return False
     B.wait_for(answering, a.timeout, f"{tag} answering", interval=0.2)
     try:
-        requests(conns, a.warmup)
+        for c in conns:                 # all open before the count
+            if c.sock is None:
+                c.request("/")
+        requests(conns, a.warmup, a.burst)
         subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
-        requests(conns, a.requests)
+        requests(conns, a.requests, a.burst)
         before = set(glob.glob(f"{pattern}{pid}*"))
         subprocess.run(["callgrind_control", "-d", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
@@ -136,6 +164,9 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=4, help="keep-alive connections (4)")
     ap.add_argument("--requests", type=int, default=3000, help="requests counted (3000)")
     ap.add_argument("--warmup", type=int, default=300, help="requests uncounted first (300)")
+    ap.add_argument("--burst", action="store_true",
+                    help="a request on every connection at once, then the answers "
+                         "(wrk-like batches per poll); --requests a multiple of --conns")
     ap.add_argument("--runs", type=int, default=1, help="servers started per row (1)")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
     ap.add_argument("--timeout", type=float, default=600,
@@ -145,6 +176,8 @@ def main() -> int:
     threads = [int(x) for x in a.threads.split(",") if x.strip()]
     if not threads or min(threads) < 1 or a.conns < 1 or a.requests < 1 or a.runs < 1:
         ap.error("--threads, --conns, --requests and --runs must be positive")
+    if a.burst and (a.requests % a.conns or a.warmup % a.conns):
+        ap.error("--burst: --requests and --warmup must be multiples of --conns")
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         raise B.BenchError("valgrind (Debian package valgrind) is needed")
     paths = [os.path.abspath(c) for c in a.checkout] or [B.ROOT]
@@ -168,7 +201,8 @@ def main() -> int:
     for pth, lb in zip(paths, labels):
         print(f"- {lb}: {pth}, {git_line(pth)}")
     vg = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"- -w 1, {a.conns} keep-alive connections, one request in flight; "
+    print(f"- -w 1, {a.conns} keep-alive connections, "
+          f"{'a request on each at once (--burst)' if a.burst else 'one request in flight'}; "
           f"{a.requests:,} requests counted after {a.warmup:,} uncounted; {vg}\n")
     rows = []
     for t in threads:
