@@ -67,11 +67,33 @@ REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 ANSWER_END = b"\r\n\r\n" + BODY
 
 
-def requests(conns: list[HC.HttpConn], n: int, burst: bool = False) -> None:
+def epoll_sleepers(pid: int) -> int:
+    """How many threads of pid sleep in epoll_wait (the loop threads that
+    wait for work; the main thread waits in select)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                n += f.read().strip() == "do_epoll_wait"
+        except OSError:
+            pass
+    return n
+
+
+def requests(conns: list[HC.HttpConn], n: int, burst: bool = False,
+             idle: tuple[int, int] | None = None) -> None:
     """n requests, one at a time round-robin over conns; burst: a request
-    on every connection, then every answer read (n rounded up to that)."""
+    on every connection, then every answer read (n rounded up to that).
+    idle (pid, threads): before each request, wait until that many threads
+    of pid sleep in epoll_wait, so that every request meets an idle worker
+    (the engine polls once without waiting, then waits: whether a request
+    is there at the first poll is a race with the client that the machine's
+    load decides, and it costs a poll and a GIL round trip)."""
     if not burst:
         for i in range(n):
+            if idle is not None:
+                B.wait_for(lambda: epoll_sleepers(idle[0]) >= idle[1], 60,
+                           "the worker's loop threads asleep", interval=0.0005)
             body = conns[i % len(conns)].request("/")
             if body != BODY:
                 raise B.BenchError(f"unexpected body {body[:60]!r}")
@@ -127,7 +149,8 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
         requests(conns, a.warmup, a.burst)
         subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
-        requests(conns, a.requests, a.burst)
+        requests(conns, a.requests, a.burst,
+                 None if a.burst or a.no_idle else (pid, threads))
         before = set(glob.glob(f"{pattern}{pid}*"))
         subprocess.run(["callgrind_control", "-d", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
@@ -167,6 +190,9 @@ def main() -> int:
     ap.add_argument("--burst", action="store_true",
                     help="a request on every connection at once, then the answers "
                          "(wrk-like batches per poll); --requests a multiple of --conns")
+    ap.add_argument("--no-idle", action="store_true",
+                    help="do not wait for the worker's loop threads to sleep in epoll_wait "
+                         "before each request (load-dependent counts)")
     ap.add_argument("--runs", type=int, default=1, help="servers started per row (1)")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
     ap.add_argument("--timeout", type=float, default=600,
@@ -202,7 +228,8 @@ def main() -> int:
         print(f"- {lb}: {pth}, {git_line(pth)}")
     vg = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
     print(f"- -w 1, {a.conns} keep-alive connections, "
-          f"{'a request on each at once (--burst)' if a.burst else 'one request in flight'}; "
+          f"{'a request on each at once (--burst)' if a.burst else 'one request in flight'}"
+          f"{'' if a.burst or a.no_idle else ', each sent once the loop threads sleep in epoll_wait'}; "
           f"{a.requests:,} requests counted after {a.warmup:,} uncounted; {vg}\n")
     rows = []
     for t in threads:
