@@ -1,8 +1,8 @@
 """bench/http_callgrind.py (instructions per WSGI hello request under
 callgrind, per checkout) runs end to end: one short run of this checkout at
--t 1 with --burst, its table printed, the ratio to itself 1.000, and no
-process left behind. Only the script's plumbing is pinned down: no count is
-asserted."""
+-t 1 (each request sent to an idle worker), its table printed, the ratio to
+itself 1.000, a dump kept, and no process left behind. Only the script's
+plumbing is pinned down: no count is asserted."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,7 @@ def test_short_run_prints_a_count_and_leaves_nothing(tmp_path):
     try:
         p = subprocess.Popen(
             [sys.executable, str(SCRIPT), "--checkout", str(ROOT), "--threads", "1",
-             "--burst", "--conns", "2", "--requests", "20", "--warmup", "4",
+             "--conns", "2", "--requests", "20", "--warmup", "4",
              "--keep", str(keep), "--timeout", "240"],
             cwd=ROOT, env=dict(os.environ, TMPDIR=str(work)), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
