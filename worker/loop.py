@@ -593,7 +593,9 @@ class Loop:
 
         def turn(wait: int) -> list:
             app = no_reports
-            timeout = _sooner(wait, self._resume_accepting(th))
+            timeout = self._resume_accepting(th)
+            if wait >= 0:                # asyncio's bound (aio.py); a WSGI turn has none
+                timeout = _sooner(wait, timeout)
             if self.gate.reasons:
                 timeout = _sooner(timeout, self.gate.tick(th))
             if self._draining.is_set():
