@@ -383,8 +383,9 @@ def report_hello(rows: list[dict], names: list[str]) -> None:
 
 def checkout_line(t: Target) -> str:
     def git(*args):
+        # rstrip: porcelain's first line starts with its status column (" M path")
         return subprocess.run(["git", "-C", t.checkout, *args], capture_output=True,
-                              text=True).stdout.strip()
+                              text=True).stdout.rstrip()
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "master", "worker",
                 "fdcore", "ipc")
     return (f"- {t.name}: {t.checkout}, git {git('rev-parse', '--short', 'HEAD')} "
