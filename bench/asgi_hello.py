@@ -325,11 +325,7 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
-    bad = [r for r in results
-           if any(n.startswith(("probe:", "process tree changed", "log:", "wrk exit"))
-                  for n in r["notes"])
-           or r["status"] + r["connect"] + r["read"] + r["write"] + r["timeout"]]
-    return 1 if failures or any(r["server"].startswith("sockherd") for r in bad) else 0
+    return H.exit_status(results, failures)
 
 
 if __name__ == "__main__":

@@ -699,12 +699,18 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
+    return exit_status(results, failures)
+
+
+def exit_status(results: list[dict], failures: list) -> int:
+    """1 if a run failed or a sockherd row is not to be trusted (a failed
+    probe, a changed process tree, an error in its log, wrk failing, any
+    non-2xx or socket error), else 0: peers' bad rows are only reported."""
     bad = [r for r in results
            if any(n.startswith(("probe:", "process tree changed", "log:", "wrk exit"))
                   for n in r["notes"])
            or r["status"] + r["connect"] + r["read"] + r["write"] + r["timeout"]]
     return 1 if failures or any(r["server"].startswith("sockherd") for r in bad) else 0
-
 
 if __name__ == "__main__":
     try:

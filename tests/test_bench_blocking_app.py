@@ -41,6 +41,27 @@ def processes_under(path: Path) -> list[str]:
     return out
 
 
+
+def run_script(script: Path, args: list[str], work: Path, timeout: float) -> str:
+    """Runs a bench script with TMPDIR=work (its servers' runtime dirs go
+    there) and returns its stdout; it must exit 0. Past the timeout it is
+    TERMed (it then reaps its servers), killed if that takes too long."""
+    p = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT,
+                         env=dict(os.environ, TMPDIR=str(work)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.communicate(timeout=25)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+        raise
+    assert p.returncode == 0, f"{out}\n{err}"
+    return out
+
 def test_quick_run_of_every_part_against_two_checkouts(tmp_path):
     rows_file = tmp_path / "rows.json"
     # the servers' runtime dirs go under TMPDIR: short, since a unix socket path
@@ -53,23 +74,9 @@ def test_quick_run_of_every_part_against_two_checkouts(tmp_path):
 
 
 def run_and_check(work: Path, rows_file: Path) -> None:
-    p = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--quick", "--only", "sockherd",
-         "--parts", "table,hol,hello", "--checkout", str(ROOT), "--checkout", str(ROOT),
-         "--json", str(rows_file)],
-        cwd=ROOT, env=dict(os.environ, TMPDIR=str(work)), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = p.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGTERM)          # the script then reaps its servers
-        try:
-            p.communicate(timeout=25)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-        raise
-    assert p.returncode == 0, f"{out}\n{err}"
+    out = run_script(SCRIPT, ["--quick", "--only", "sockherd", "--parts", "table,hol,hello",
+                              "--checkout", str(ROOT), "--checkout", str(ROOT),
+                              "--json", str(rows_file)], work, 120)
     for heading in ("#### table:", "#### head-of-line:", "#### hello:"):
         assert heading in out
     rows = json.loads(rows_file.read_text())

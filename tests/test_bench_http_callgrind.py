@@ -5,18 +5,14 @@ itself 1.000, a dump kept, and no process left behind. Only the script's
 plumbing is pinned down: no count is asserted."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from test_bench_blocking_app import processes_under
+from test_bench_blocking_app import processes_under, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "http_callgrind.py"
@@ -35,23 +31,9 @@ def test_short_run_prints_a_count_and_leaves_nothing(tmp_path):
     work = Path(tempfile.mkdtemp(prefix="hcg-", dir="/tmp"))
     keep = tmp_path / "dumps"
     try:
-        p = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--checkout", str(ROOT), "--threads", "1",
-             "--conns", "2", "--requests", "20", "--warmup", "4",
-             "--keep", str(keep), "--timeout", "240"],
-            cwd=ROOT, env=dict(os.environ, TMPDIR=str(work)), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGTERM)      # the script then reaps its server
-            try:
-                p.communicate(timeout=25)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-            raise
-        assert p.returncode == 0, f"{out}\n{err}"
+        out = run_script(SCRIPT, ["--checkout", str(ROOT), "--threads", "1", "--conns", "2",
+                                  "--requests", "20", "--warmup", "4", "--keep", str(keep),
+                                  "--timeout", "240"], work, 300)
         row = re.search(rf"\| -t 1 \| {re.escape(ROOT.name)} \| ([\d,]+) \| - \| 1\.000 \|", out)
         assert row, out
         assert int(row.group(1).replace(",", "")) > 0
