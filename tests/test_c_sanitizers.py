@@ -260,3 +260,20 @@ def test_replay_kept_without_memory_under_sanitizer(tmp_path, san):
     for ever, and told once memory is back (review of the kept edges,
     finding 2)."""
     assert_repro_passes(tmp_path, san, REPLAY_KEPT_NOMEM, cflags=("-Wl,--wrap=realloc",))
+
+
+REPLAY_KEPT_SHARED_NOMEM = CDIR / "repro" / "replay_kept_shared_nomem.c"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=True, reason="fdcore: an out-of-memory kept-edge retry on an EDGE fd "
+                   "shared with a sleeping sibling is appended once more to the local list "
+                   "each pass (walk_shared and the local walk both consume the retry bit) "
+                   "until local_append's trap; open finding of the fd3c058 review")
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_replay_kept_shared_without_memory_under_sanitizer(tmp_path, san):
+    """The same out-of-memory retry as above, on an fd shared by two
+    threads whose other owner sleeps: one retry per fd, never a copy per
+    pass until the process traps (review of fd3c058)."""
+    assert_repro_passes(tmp_path, san, REPLAY_KEPT_SHARED_NOMEM, cflags=("-Wl,--wrap=realloc",))
