@@ -261,11 +261,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     sup = Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
                      activated=inherited, adopted=state,
                      on_serving=serving if took_from > 0 else None)
-    from sockherd.master import control, control_guard, metrics, notify
+    from sockherd.master import control, control_guard, devreload, metrics, notify
     try:
         control.attach(sup)                  # sockherd ctl (ZeroMQ): master/control.py
         control_guard.attach(sup)            # ... kept off EMFILE: master/control_guard.py
         metrics.attach(sup)                  # --metrics: master/metrics.py
+        devreload.attach(sup)                # --reload: master/devreload.py
     except (OSError, ValueError) as exc:
         log.error("%s", exc)
         from sockherd.master import comeback

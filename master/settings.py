@@ -243,6 +243,23 @@ SETTINGS: tuple[Setting, ...] = (
             "/-/status; empty: none", metavar="HOST:PORT", section="control"),
     Setting("log_level", ("--log-level",), Literal["debug", "info", "warning", "error"], "info",
             "least severe level logged (to stderr)", section="logging"),
+    # issue 24 §5: uvicorn's development names and meanings (master/devreload.py)
+    Setting("reload", ("--reload",), bool, False,
+            "development: reload (as HUP does) when a watched file changes: the app's package "
+            "(or the directory of a single-module app) and reload_extra_files; a change that "
+            "breaks the import is a refused reload, the last good code serving on; Ctrl-C "
+            "drains in-flight requests for up to 5 s (again: at once). Needs `watchfiles` "
+            "(`pip install 'sockherd[reload]'`)", section="development"),
+    Setting("reload_extra_files", ("--reload-extra-files",), list[str], [],
+            "more files or directories watched with --reload (repeatable)", metavar="PATH",
+            section="development"),
+    Setting("reload_include", ("--reload-include",), list[str], ["*.py"],
+            "file name patterns (glob) whose change reloads (repeatable; a file named in "
+            "reload_extra_files always does)", metavar="GLOB", section="development"),
+    Setting("reload_exclude", ("--reload-exclude",), list[str], [".*", "*~", "__pycache__"],
+            "file or directory name patterns (glob) never watched (repeatable; watchfiles' "
+            "own defaults, .git, editors' swap files and the like, always apply)",
+            metavar="GLOB", section="development"),
 )
 
 BY_KEY = {s.key: s for s in SETTINGS}

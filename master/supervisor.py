@@ -35,7 +35,7 @@ import signal
 import socket
 import time
 
-from sockherd.master import channels, comeback, exits, probation, upgrade
+from sockherd.master import channels, comeback, devreload, exits, probation, upgrade
 from sockherd.master.events import Events
 from sockherd.master.generations import Generations
 from sockherd.master.handoff import Handoff
@@ -92,6 +92,7 @@ class Supervisor:
         self._inbox: collections.deque = collections.deque()
         self._inbox_r, self._inbox_w = socket.socketpair()
         self.extras: list = []               # control server, metrics...: see add_extra()
+        self.dev_stop = False                # --reload: Ctrl-C drains briefly (devreload.DEV_DRAIN)
         self.control = None                  # the control server (master/control.py)
         # workers that exited unplanned, by outcome (metrics.Restarts): kept
         # by metrics.attach, whether or not the metrics are served
@@ -143,7 +144,10 @@ class Supervisor:
         exits.spawn(self, slot)             # a failure and what follows: exits.py
 
     def _feed(self, slot: Slot, event: Event) -> None:
-        self.table.feed(slot, event, self.settings.hard_stop_after)
+        hard = self.settings.hard_stop_after
+        if self.dev_stop:
+            hard = min(hard, devreload.DEV_DRAIN)
+        self.table.feed(slot, event, hard)
 
     feed = _feed
 
@@ -204,6 +208,13 @@ class Supervisor:
             self._reload(queue=True)                # during a reload: runs after it
         elif signum == signal.SIGTERM and not self.stopping:
             self._graceful_stop()
+        elif signum == signal.SIGINT and self.settings.reload and not self.stopping:
+            # --reload (development): Ctrl-C lets in-flight requests end, as
+            # uvicorn does, briefly; the second one stops at once
+            log.info("INT: draining in-flight requests for %gs at most (INT again: at once)",
+                     min(devreload.DEV_DRAIN, self.settings.hard_stop_after))
+            self.dev_stop = True
+            self._graceful_stop(delay=0.0)
         elif signum == signal.SIGTERM and not self.killing:
             log.info("TERM: stopping gracefully already (INT or QUIT stops at once)")
         elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
@@ -260,13 +271,13 @@ class Supervisor:
             if slot.life is not None:
                 self._feed(slot, Event.KILL)
 
-    def _graceful_stop(self) -> None:
+    def _graceful_stop(self, delay: float | None = None) -> None:
         self.events.emit("stopping", fast=False)
         self.stopping = True                 # readiness says 503 from now (inspect.py)
         if self.pending:
             self.gens.refuse("the master is stopping")
         self.gens.end_probation("the master is stopping")
-        delay = self.settings.unready_delay
+        delay = self.settings.unready_delay if delay is None else delay
         if delay > 0:
             log.info("graceful stop: unready; serving on for %gs (unready_delay), then draining",
                      delay)

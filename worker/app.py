@@ -11,10 +11,24 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 
 
 class AppImportError(Exception):
     """The app could not be imported or is not what the spec names."""
+
+
+def cause_traceback(exc: BaseException) -> str:
+    """The traceback of what the app's import raised, as an operator reads
+    it: the app's own frames (and a SyntaxError's caret), without the
+    import machinery's (importlib's frozen modules, import_app itself),
+    which say nothing about the app and push its frames off the screen."""
+    te = traceback.TracebackException.from_exception(exc)
+    machinery = (importlib.__file__, __file__)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith("<frozen importlib")
+         and f.filename not in machinery])
+    return "".join(te.format())
 
 
 def import_app(spec: str, *, chdir: str = "", pythonpath: list[str] | tuple = ()) -> object:

@@ -31,7 +31,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING
 
 from sockherd.fdcore import Table
@@ -44,7 +43,7 @@ from sockherd.ipc.messages import (
 )
 from sockherd.worker import (ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE, EXIT_DRAIN_DEADLINE,
                              report)
-from sockherd.worker.app import AppImportError, import_app
+from sockherd.worker.app import AppImportError, cause_traceback, import_app
 from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
 from sockherd.worker.gate import STARTUP
@@ -98,7 +97,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
         except (AppImportError, InterfaceError) as exc:
             for s in socks:
                 s.close()
-            cause = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
+            cause = cause_traceback(exc.__cause__) if exc.__cause__ else ""
             raise BootstrapError(f"{cause}{exc}") from None
         log.info("interface: %s", chosen)
         if chosen.kind == "wsgi":
