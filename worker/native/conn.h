@@ -105,7 +105,8 @@ struct HttpConn {
 	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
 	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
 	         in_kept : 1,                  /* conn_io.c: input left while not reading */
-	         in_full : 1;                  /* the protocol takes no more input now (call) */
+	         in_full : 1,                  /* the protocol takes no more input now (call) */
+	         trusted : 1;                  /* its peer may send forwarding fields (conn_peer) */
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -244,6 +245,12 @@ static inline int hconn_owed(const HttpConn *c)
 
 /* ---- conn_type.c ---- */
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+/* The peer address the trusted-proxy rules judge (forwarded.h): set from
+ * getpeername at accept; a layer that learns the client's own address
+ * before the first request (the PROXY protocol) calls it again with that
+ * one. Sets c->trusted; costs a few compares, nothing with no rules. */
+struct sockaddr;
+void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len);
 /* the connection type's own methods, joined with the layers' above by the
  * module before the type is readied (httpmodule.c) */
 extern PyMethodDef hconn_methods[];
