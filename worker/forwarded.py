@@ -24,7 +24,7 @@ DEFAULT_SCHEME = ["X-Forwarded-Protocol=ssl", "X-Forwarded-Proto=https", "X-Forw
 # forwarder_headers: the field, its bit in worker/native/forwarded.h
 FORWARDER = {"x-forwarded-host": 1, "x-forwarded-port": 2, "x-forwarded-prefix": 4}
 UNIX = ("unix", "unix:")
-MAX_SCHEME = 8                       # forwarded.c's seen.scheme_last
+MAX_SCHEME = 8                       # worker/native/fwd_fields.c: seen.scheme_last
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -61,11 +61,17 @@ def parse(allow, scheme, forwarder) -> Rules:
             unix = True
         else:
             try:
-                nets.append(ipaddress.ip_network(item, strict=False))
+                net = ipaddress.ip_network(item, strict=False)
             except ValueError:
                 raise ForwardedError(
                     f"forwarded_allow_ips: {item!r} is not an address, a CIDR network, "
                     f"'*' or 'unix'") from None
+            mapped = net.version == 6 and net.prefixlen >= 96 and net.network_address.ipv4_mapped
+            if mapped:
+                # the engine compares a v4-mapped peer (a dual-stack socket's)
+                # as its IPv4 address: so must the network be
+                net = ipaddress.ip_network(f"{mapped}/{net.prefixlen - 96}")
+            nets.append(net)
     pairs = []
     for item in _items(scheme):
         name, eq, value = item.partition("=")

@@ -56,6 +56,9 @@ def test_comma_lists_in_one_flag():
                     ["X-Forwarded-Host,x-forwarded-prefix"])
     assert [str(n) for n in rules.nets] == ["10.0.0.1/32", "192.168.0.0/16"]
     assert rules.unix and not rules.all and rules.forwarder == 1 | 4
+    # a v4-mapped network is its IPv4 one: the engine compares a dual-stack
+    # socket's v4-mapped peer as IPv4
+    assert [str(n) for n in F.parse(["::ffff:10.0.0.0/104"], [], []).nets] == ["10.0.0.0/8"]
 
 
 @pytest.mark.parametrize("env,message", [

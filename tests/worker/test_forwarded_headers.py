@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 
 import pytest
 
@@ -365,3 +366,17 @@ def test_unix_socket_peer_trusted_only_when_said(serve_on):
         path = serve_on(echo, where="unix", forwarded_allow_ips=allow)
         env = ask(path, [("X-Forwarded-For", "192.0.2.5"), ("X-Forwarded-Proto", "https")])
         assert env["REMOTE_ADDR"] == "192.0.2.5" and env["wsgi.url_scheme"] == "https"
+
+
+def test_access_log_names_the_client(serve_on, caplog):
+    """The access log's %(h)s is REMOTE_ADDR: the client, not the proxy."""
+    caplog.set_level(logging.INFO, logger="sockherd.access")
+    addr = serve_on(echo, access_log=True, access_log_format="%(h)s %(r)s")
+    ask(addr, [("X-Forwarded-For", "203.0.113.7")], path="/logged")
+
+    def lines():
+        return [r.getMessage() for r in caplog.records if r.name == "sockherd.access"]
+    deadline = time.monotonic() + 10          # the line follows the response
+    while not lines() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lines() == ["203.0.113.7 GET /logged HTTP/1.1"]

@@ -62,7 +62,7 @@ PyMODINIT_FUNC PyInit__http(void)
 	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
 	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0)
 		return NULL;
-	if (make_keys() < 0 || fwd_make_keys() < 0 || asgi_make_app() < 0)
+	if (make_keys() < 0 || wsgi_fwd_make_keys() < 0 || asgi_fwd_make_keys() < 0 || asgi_make_app() < 0)
 		return NULL;
 	m = PyModule_Create(&module);
 	if (!m)
