@@ -380,3 +380,38 @@ def test_access_log_names_the_client(serve_on, caplog):
     while not lines() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert lines() == ["203.0.113.7 GET /logged HTTP/1.1"]
+
+
+def test_garbage_values_never_fail_a_request(serve_on):
+    """Random values built from the characters the parsers care about, on
+    one kept-alive connection: every request answered 200, REMOTE_ADDR
+    always an address, the scheme http or https (under ASan too:
+    test_http_asan.py runs this file)."""
+    import ipaddress
+    import random
+
+    rnd = random.Random(24)
+    alphabet = '[]:";,=_ .\t0123456789abcdefABCDEFforFORprotohsunknwx/\\?#-'
+    names = ["X-Forwarded-For", "Forwarded", "X-Forwarded-Proto", "X-Forwarded-Ssl",
+             "X-Forwarded-Host", "X-Forwarded-Port", "X-Forwarded-Prefix"]
+    seeds = ['for="[2001:db8::1]:80";proto=https', "for=192.0.2.1", "203.0.113.9, 10.0.0.1",
+             "/api/", "shop.example:443", "https", "_hidden"]
+    addr = serve_on(echo, forwarded_allow_ips=["127.0.0.1", "10.0.0.0/8"],
+                    forwarder_headers=ALL_FORWARDER)
+    with connect(addr) as c:
+        for _ in range(400):
+            fields = []
+            for _ in range(rnd.randint(1, 4)):
+                value = rnd.choice(seeds) if rnd.random() < 0.3 else ""
+                value = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 40))) + value
+                if rnd.random() < 0.5 and value:         # mutate a valid-looking one
+                    i = rnd.randrange(len(value))
+                    value = value[:i] + rnd.choice(alphabet) + value[i + 1:]
+                fields.append((rnd.choice(names), value.strip() or "x"))
+            c.sendall(request(headers=fields))
+            status, body = read_response(c)
+            assert status == 200, (fields, body)
+            env = json.loads(body)
+            ipaddress.ip_address(env["REMOTE_ADDR"])
+            assert env["wsgi.url_scheme"] in ("http", "https")
+            assert env["SERVER_PORT"].isdigit(), fields
