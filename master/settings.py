@@ -36,6 +36,9 @@ class Setting:
     # former keys still read (file and environment; their flags are in
     # flags), for a renamed setting the README documented
     aliases: tuple[str, ...] = ()
+    # environment variables of the same meaning under another server's name
+    # (gunicorn's and uvicorn's FORWARDED_ALLOW_IPS), read below ours
+    foreign_envs: tuple[str, ...] = ()
 
     @property
     def env(self) -> str:
@@ -45,7 +48,8 @@ class Setting:
     def envs(self) -> tuple[str, ...]:
         """The environment variables read, the alias ones first (the
         setting's own name wins when both are set)."""
-        return tuple(ENV_PREFIX + a.upper() for a in self.aliases) + (self.env,)
+        return (self.foreign_envs + tuple(ENV_PREFIX + a.upper() for a in self.aliases)
+                + (self.env,))
 
     @property
     def annotated(self) -> Any:
@@ -215,6 +219,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("root_path", ("--root-path",), str, "",
             "SCRIPT_NAME: the path prefix the app is mounted at (e.g. /app)",
             msgspec.Meta(pattern=r"^$|^/.*[^/]$"), "PATH", section="http"),
+    # behind a proxy (issue 24 §1; worker/forwarded.py, worker/native/forwarded.h):
+    # gunicorn's and uvicorn's names, defaults and list spelling
+    Setting("forwarded_allow_ips", ("--forwarded-allow-ips",), list[str], ["127.0.0.1", "::1"],
+            "peers trusted to say who the client is (X-Forwarded-For, Forwarded) and its "
+            "scheme: addresses, CIDR networks, `*` (every peer), `unix` (unix-socket peers); "
+            "comma-separated or repeated; empty: none (no header is looked at)",
+            metavar="ADDRESSES", section="proxy", foreign_envs=("FORWARDED_ALLOW_IPS",)),
+    Setting("secure_scheme_headers", ("--secure-scheme-headers",), list[str],
+            ["X-Forwarded-Protocol=ssl", "X-Forwarded-Proto=https", "X-Forwarded-Ssl=on"],
+            "`HEADER=VALUE` pairs: from a trusted peer, HEADER equal to VALUE means https, "
+            "another value http (gunicorn's default); empty: none",
+            metavar="HEADER=VALUE", section="proxy"),
+    Setting("forwarder_headers", ("--forwarder-headers",), list[str], [],
+            "which of `X-Forwarded-Host` (and Forwarded's host=), `X-Forwarded-Port`, "
+            "`X-Forwarded-Prefix` a trusted peer may set (HTTP_HOST and SERVER_NAME, "
+            "SERVER_PORT, SCRIPT_NAME / root_path); empty: none",
+            metavar="HEADERS", section="proxy"),
     Setting("server_header", ("--server-header",), str, "",
             "the Server header of responses; empty: none", metavar="TEXT", section="http"),
     Setting("access_log", ("--access-log",), bool, False,
@@ -399,6 +420,12 @@ def _check_together(s: Any) -> None:
     try:
         resolve(s.user, s.group)
     except IdentityError as exc:
+        raise SettingsError(str(exc)) from None
+    from sockherd.worker.forwarded import ForwardedError, parse as parse_forwarded
+
+    try:
+        parse_forwarded(s.forwarded_allow_ips, s.secure_scheme_headers, s.forwarder_headers)
+    except ForwardedError as exc:
         raise SettingsError(str(exc)) from None
     if s.heartbeat_timeout <= s.heartbeat_interval:
         raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "

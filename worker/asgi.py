@@ -19,6 +19,7 @@ import logging
 
 from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
 from sockherd.worker.wsgi import AccessLog, _Limits, _log_refusal, MIN_BODY_RATE
+from sockherd.worker import forwarded
 
 log = logging.getLogger("sockherd.worker")
 
@@ -83,6 +84,7 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     engine.interface = "asgi"
     engine.log_refusals(_log_refusal)
+    forwarded.install(engine, lim.forwarded)
     return engine
 
 

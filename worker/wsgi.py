@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from sockherd.worker import forwarded
 from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa: F401
 from sockherd.worker.stream import wait_ready
 
@@ -60,6 +61,7 @@ class _Limits:
         self.header_timeout = float(cfg.get("header_timeout", 15.0))
         self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
+        self.forwarded = forwarded.from_config(cfg)     # trusted proxies (worker/forwarded.py)
 
 
 class AccessLog:
@@ -140,6 +142,7 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     engine.log_refusals(_log_refusal)
+    forwarded.install(engine, lim.forwarded)
     engine.dispatch = dispatch
     return engine
 

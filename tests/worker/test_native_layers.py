@@ -28,10 +28,11 @@ NATIVE = ROOT / "worker" / "native"
 
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
-    "connection": ["conn_timers", "conn_io", "conn_type", "dispatch", "engine"],
-    "http1 codec": ["httpscan", "httpparse", "h1_parser", "h1_head", "h1_response", "h1_conn"],
-    "wsgi adapter": ["wsgi_environ", "wsgi_respond", "wsgi_body", "wsgi_app"],
-    "asgi adapter": ["asgi_scope", "asgi_end", "asgi_call", "asgi_app"],
+    "connection": ["fwd_trust", "conn_timers", "conn_io", "conn_type", "dispatch", "engine"],
+    "http1 codec": ["httpscan", "httpparse", "h1_parser", "fwd_fields", "h1_head", "h1_response",
+                    "h1_conn"],
+    "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],
+    "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_call", "asgi_app"],
     "assembly": ["server", "httpmodule"],
 }
 # the adapters sit side by side: neither calls the other (both are above
@@ -44,7 +45,8 @@ LAYER_OF = {name: layer for layer, files in LAYERS.items() for name in files}
 # would be a dependency upward too)
 HEADERS = {
     "conn.h": set(),
-    "engine.h": {"conn.h", "httpparse.h"},
+    "forwarded.h": set(),
+    "engine.h": {"conn.h", "httpparse.h", "forwarded.h"},
     "h1.h": {"engine.h", "httpparse.h"},
     "wsgi.h": {"h1.h"},
     "asgi.h": {"h1.h"},

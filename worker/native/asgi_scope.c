@@ -225,6 +225,8 @@ PyObject *asgi_build_scope(HttpConn *c)
 	else if (PyDict_SetItem(scope, K_CLIENT, Py_None) < 0 ||
 	         set_new(scope, K_SERVER, Py_BuildValue("(OO)", c->local, Py_None)) < 0)
 		goto fail;
+	if (c->trusted && fwd_scope(c, scope) < 0)     /* a trusted proxy's fields (forwarded.h) */
+		goto fail;
 	return scope;
 fail:
 	Py_DECREF(scope);

@@ -8,12 +8,14 @@
  * The layers, bottom up (each file may call the ones below it, and the
  * layer above only through a table of callbacks):
  *
- *   connection   conn_timers.c  conn_io.c  conn_type.c  dispatch.c  engine.c
- *                (conn.h, engine.h)   -> above only through struct conn_ops
- *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  h1_head.c  h1_response.c  h1_conn.c
- *                (h1.h)               -> above only through struct h1_app
- *   WSGI adapter wsgi_environ.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
+ *   connection   fwd_trust.c  conn_timers.c  conn_io.c  conn_type.c  dispatch.c  engine.c
+ *                (conn.h, engine.h, forwarded.h) -> above only through struct conn_ops
+ *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c  h1_response.c
+ *                h1_conn.c  (h1.h)    -> above only through struct h1_app
+ *   WSGI adapter wsgi_environ.c  wsgi_forwarded.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
  *                (wsgi.h)
+ *   ASGI adapter asgi_forwarded.c  asgi_scope.c  asgi_end.c  asgi_call.c  asgi_app.c
+ *                (asgi.h)
  *   assembly     server.c (the Server type: which tables), httpmodule.c (the module)
  *
  * Threading: every function here runs with the GIL held, and the GIL is
@@ -105,7 +107,8 @@ struct HttpConn {
 	unsigned closed : 1, closing : 1, want_send : 1, recv_on : 1, paused_out : 1,
 	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
 	         in_kept : 1,                  /* conn_io.c: input left while not reading */
-	         in_full : 1;                  /* the protocol takes no more input now (call) */
+	         in_full : 1,                  /* the protocol takes no more input now (call) */
+	         trusted : 1;                  /* its peer may send forwarding fields (conn_peer) */
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -244,6 +247,12 @@ static inline int hconn_owed(const HttpConn *c)
 
 /* ---- conn_type.c ---- */
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+/* The peer address the trusted-proxy rules judge (forwarded.h): set from
+ * getpeername at accept; a layer that learns the client's own address
+ * before the first request (the PROXY protocol) calls it again with that
+ * one. Sets c->trusted; costs a few compares, nothing with no rules. */
+struct sockaddr;
+void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len);
 /* the connection type's own methods, joined with the layers' above by the
  * module before the type is readied (httpmodule.c) */
 extern PyMethodDef hconn_methods[];

@@ -54,6 +54,7 @@ static int addresses(HttpConn *c)
 		c->local = Py_NewRef(Py_None);
 		return c->addr ? 0 : -1;
 	}
+	conn_peer(c, (const struct sockaddr *)&peer, pl);
 	if (local.ss_family == AF_INET || local.ss_family == AF_INET6) {
 		PyObject *lh = host_str(&local), *ph = host_str(&peer);
 
@@ -79,6 +80,11 @@ static int addresses(HttpConn *c)
 		c->addr = c->local ? Py_BuildValue("(Osss)", c->local, "", "", "") : NULL;
 	}
 	return c->addr && c->local && c->peer ? 0 : -1;
+}
+
+void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len)
+{
+	c->trusted = fwd_trusts(&c->srv->fwd, sa, len) != 0;
 }
 
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)

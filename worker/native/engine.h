@@ -8,6 +8,7 @@
 
 #include "conn.h"
 #include "httpparse.h"     /* struct hp_limits: the codec's settings, held here */
+#include "forwarded.h"     /* struct fwd_rules: the trusted proxies */
 
 struct h1_app;             /* h1.h */
 
@@ -95,6 +96,8 @@ struct Server {
 	PyObject *on_refusal;
 	double refusal_logged;             /* mono_now() of the last line */
 	unsigned long long refusal_unlogged;   /* refusals since that line */
+	/* trusted proxy headers (forwarded.h): which peers, which fields */
+	struct fwd_rules fwd;
 };
 
 extern PyTypeObject ServerType;

@@ -48,12 +48,12 @@ PyMODINIT_FUNC PyInit__http(void)
 {
 	const PyMethodDef *conn_parts[] = {hconn_methods, h1_conn_methods, wsgi_conn_methods};
 	const PyMethodDef *parser_parts[] = {parser_methods, wsgi_parser_methods};
-	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods};
+	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods, fwd_server_methods};
 	PyObject *m;
 
 	if (join_methods(conn_methods, conn_parts, 3) < 0 ||
 	    join_methods(parser_methods_all, parser_parts, 2) < 0 ||
-	    join_methods(server_methods_all, server_parts, 2) < 0)
+	    join_methods(server_methods_all, server_parts, 3) < 0)
 		return NULL;
 	HttpConnType.tp_methods = conn_methods;
 	ParserType.tp_methods = parser_methods_all;
@@ -62,7 +62,7 @@ PyMODINIT_FUNC PyInit__http(void)
 	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
 	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0)
 		return NULL;
-	if (make_keys() < 0 || asgi_make_app() < 0)
+	if (make_keys() < 0 || wsgi_fwd_make_keys() < 0 || asgi_fwd_make_keys() < 0 || asgi_make_app() < 0)
 		return NULL;
 	m = PyModule_Create(&module);
 	if (!m)

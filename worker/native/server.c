@@ -228,6 +228,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->forget);
 	Py_VISIT(s->post);
 	Py_VISIT(s->app);
+	Py_VISIT(s->fwd.log);
 	Py_VISIT(s->base);
 	Py_VISIT(s->slow);
 	Py_VISIT(s->access);
@@ -259,6 +260,7 @@ static int Server_clear(Server *s)
 	Py_CLEAR(s->busy);
 	Py_CLEAR(s->on_retire);
 	Py_CLEAR(s->on_refusal);
+	Py_CLEAR(s->fwd.log);
 	for (int i = 0; s->thr && i < s->nthreads; i++)
 		Py_CLEAR(s->thr[i].aio);
 	dispatch_free_spilled(s);
@@ -285,6 +287,7 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->event_type);
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);
+	fwd_free(&s->fwd);
 	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 

@@ -38,7 +38,8 @@ PyObject *wsgi_request(HttpConn *c)
 {
 	PyObject *env = build_environ(c->parser, c->srv->base);
 
-	if (env && set_addr(c, env) < 0) {
+	/* a trusted proxy's fields (forwarded.h): only its connections look */
+	if (env && (set_addr(c, env) < 0 || (c->trusted && fwd_environ(c, env) < 0))) {
 		Py_DECREF(env);
 		return NULL;
 	}

@@ -1,0 +1,105 @@
+/* Trusted proxy headers (issue 24 §1): which peers may say who the client
+ * is (forwarded_allow_ips), and what such a peer's X-Forwarded-For,
+ * Forwarded (RFC 7239), scheme headers (secure_scheme_headers) and, when
+ * forwarder_headers names them, X-Forwarded-Host / -Port / -Prefix mean.
+ *
+ * Two moments, two costs:
+ *  - at accept (conn_type.c's conn_peer), once per connection: is the
+ *    peer in the allow list? (fwd_trusts, fwd_trust.c: a few prefix
+ *    compares). The answer is the connection's `trusted` bit. With the
+ *    setting empty it is never set.
+ *  - per request head, only on a trusted connection: one pass over the
+ *    field names (fwd_read, fwd_fields.c), then, if a forwarding field was
+ *    there, its values parsed. An untrusted connection's requests never
+ *    look.
+ *
+ * What fwd_read finds is put where each app looks by its adapter
+ * (wsgi_forwarded.c: fwd_environ; asgi_forwarded.c: fwd_scope). Parsing
+ * is conservative: a
+ * value that does not parse is ignored as a whole (the request is served
+ * as if it were absent) and reported to the Server's fwd log callable
+ * (worker logs it at debug), never an error of the request.
+ *
+ * Layering: the rules are the connection layer's (fwd_trust.c: the
+ * peer's address); the field reading is the codec's (fwd_fields.c: the
+ * parsed head); each adapter has its own file; none calls up.
+ */
+#ifndef SOCKHERD_FORWARDED_H
+#define SOCKHERD_FORWARDED_H
+
+#include <stdint.h>
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* one allowed network: family AF_INET (4 bytes of addr) or AF_INET6 (16) */
+struct fwd_net {
+	int family;
+	unsigned bits;
+	unsigned char addr[16];
+};
+
+/* a secure_scheme_headers entry: the field name (lower-case) and the value
+ * (compared without case) that means https; any other value means http */
+struct fwd_scheme {
+	char *name, *value;
+	size_t name_len, value_len;
+};
+
+enum { FWD_HOST = 1, FWD_PORT = 2, FWD_PREFIX = 4 };     /* forwarder_headers */
+
+struct fwd_rules {
+	unsigned on : 1,                   /* some peer may be trusted at all */
+	         all : 1,                  /* "*": every peer */
+	         unix_peers : 1;           /* "unix": a unix-socket peer */
+	int nnets, nscheme;
+	struct fwd_net *nets;
+	struct fwd_scheme *scheme;
+	unsigned forwarder;                /* FWD_* bits */
+	PyObject *log;                     /* log(peer, field, value) for an ignored value, or NULL */
+};
+
+/* What a trusted request's fields say, pointers into its head. */
+struct fwd_found {
+	int family;                        /* the client's address: AF_INET(6), 0 none */
+	unsigned char addr[16];
+	int port;                          /* its port, 0 unknown */
+	int https;                         /* -1 not said, 0 http, 1 https */
+	const char *host;                  /* host[:port] (FWD_HOST), NULL none */
+	size_t host_len;
+	int server_port;                   /* X-Forwarded-Port (FWD_PORT), -1 none */
+	const char *prefix;                /* X-Forwarded-Prefix (FWD_PREFIX), no trailing '/' */
+	size_t prefix_len;
+};
+
+typedef struct HttpConn HttpConn;
+
+/* ---- fwd_trust.c (connection layer) ---- */
+/* Whether the rules trust a peer of this address (AF_INET, AF_INET6, a
+ * v4-mapped v6 address as its v4 one; AF_UNIX: unix_peers). Pure. */
+struct sockaddr;      /* <sys/socket.h>'s send() would clash with asgi_call.c's */
+int fwd_trusts(const struct fwd_rules *r, const struct sockaddr *sa, unsigned len);
+/* an address (family AF_INET, 4 bytes, or AF_INET6, 16) in the allow list */
+int fwd_addr_trusted(const struct fwd_rules *r, int fam, const unsigned char *a);
+void fwd_free(struct fwd_rules *r);
+/* Server.set_forwarded (the worker's settings, worker/forwarded.py) */
+extern PyMethodDef fwd_server_methods[];
+
+/* ---- fwd_fields.c (codec) ---- */
+/* The forwarding fields of c's parsed head, c trusted: 1 if any says
+ * something (f filled), 0 if none, -1 with a Python error (only the log
+ * callable's). */
+int fwd_read(HttpConn *c, struct fwd_found *f);
+/* f's client address as a str (inet_ntop's canonical form: never the
+ * bytes as sent) */
+PyObject *fwd_addr_str(const struct fwd_found *f);
+/* d[key] = f's prefix + d[key] (missing: ""); 0 or -1 */
+int fwd_prepend(PyObject *d, PyObject *key, const struct fwd_found *f);
+
+/* ---- the adapters: f put where the app looks (c trusted); 0 or -1 ---- */
+int fwd_environ(HttpConn *c, PyObject *env);        /* wsgi_forwarded.c */
+int fwd_scope(HttpConn *c, PyObject *scope);        /* asgi_forwarded.c */
+int wsgi_fwd_make_keys(void);
+int asgi_fwd_make_keys(void);
+
+#endif /* SOCKHERD_FORWARDED_H */
