@@ -7,7 +7,9 @@ wall-clock hello check of blocking_app.py swings +-20 % on a shared 2-core box).
         [--conns 4] [--requests 3000] [--warmup 300] [--runs 1]
 
 For each --checkout DIR (repeatable; default this checkout; the first is the
-baseline of the ratios) and each thread count, `DIR/.venv/bin/sockherd run
+baseline of the ratios; `DIR::ARGS` appends ARGS, shell-split, to that row's
+`sockherd run`, e.g. `--checkout . --checkout '.::--access-logfile /tmp/a.log'`
+for the access log's cost) and each thread count, `DIR/.venv/bin/sockherd run
 hello:app --interface wsgi -w 1 -t T` (bench/apps/hello.py, this checkout's
 apps) runs under `nice -n 19 valgrind --tool=callgrind --trace-children=yes`
 with its own --runtime-dir, --control off, ready / heartbeat timeouts of
@@ -32,6 +34,8 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -113,7 +117,7 @@ def requests(conns: list[HC.HttpConn], n: int, burst: bool = False,
 
 
 def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: str,
-            threads: int, run: int, a) -> float:
+            threads: int, run: int, a, extra: list[str] = ()) -> float:
     port = B.free_port()
     tag = f"{label}-t{threads}-r{run}"
     log = os.path.join(tmp, f"{tag}.log")
@@ -128,7 +132,7 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
             "--ready-timeout", "600", "--heartbeat-timeout", "600",
             # the worker's main thread wakes per heartbeat: work per second, not
             # per request, which a slower (loaded) run would count more of
-            "--heartbeat-interval", "300"]
+            "--heartbeat-interval", "300", *extra]
     env = dict(os.environ, PYTHONHASHSEED="0")
     p = procs.start(vg + argv, log_path=log, env=env, cwd=B.APPS)
     pid = B.wait_sockherd_ready(p, log, 1, timeout=a.timeout)[0]
@@ -206,10 +210,13 @@ def main() -> int:
         ap.error("--burst: --requests and --warmup must be multiples of --conns")
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         raise B.BenchError("valgrind (Debian package valgrind) is needed")
-    paths = [os.path.abspath(c) for c in a.checkout] or [B.ROOT]
+    specs = [c.partition("::") for c in a.checkout] or [(B.ROOT, "", "")]
+    paths = [os.path.abspath(c) for c, _, _ in specs]
+    extras = [shlex.split(x) for _, _, x in specs]
     for pth in paths:
         sockherd_bin(pth)
-    labels = [os.path.basename(p) for p in paths]
+    labels = [os.path.basename(p) + (" " + " ".join(x) if x else "")
+              for p, x in zip(paths, extras)]
     if len(set(labels)) < len(labels):
         labels = [f"{lb}#{i + 1}" for i, lb in enumerate(labels)]
     if a.keep:
@@ -220,9 +227,9 @@ def main() -> int:
     with B.Procs() as procs, B.tempdir("http_callgrind-") as tmp:
         for t in threads:
             for run in range(1, a.runs + 1):
-                for pth, lb in zip(paths, labels):
+                for pth, lb, x in zip(paths, labels, extras):
                     res.setdefault((lb, t), []).append(
-                        run_one(procs, tmp, a.keep, pth, lb, t, run, a))
+                        run_one(procs, tmp, a.keep, pth, re.sub(r"[^\w.-]+", "_", lb)[:60], t, run, a, x))
     print(head)
     for pth, lb in zip(paths, labels):
         print(f"- {lb}: {pth}, {git_line(pth)}")

@@ -130,8 +130,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     settings = _settings(ns)
     if settings is None:
         return EXIT_SETTINGS
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s [master %(process)d] %(levelname)s %(message)s")
+    from sockherd.master import logs
+    from sockherd.worker.logfiles import LogFileError
+    try:
+        logs.setup(settings)                  # error_logfile, log_format, log_config
+    except (LogFileError, OSError) as exc:
+        print(f"sockherd: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
     log = logging.getLogger("sockherd.master")
     from sockherd.master.fdbudget import BUDGET, raise_soft_limit
     raise_soft_limit()                    # and a reserve kept (master/fdbudget.py)

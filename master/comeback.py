@@ -75,7 +75,7 @@ RECORD_LIMIT = 64 * 1024        # one environment string: below MAX_ARG_STRLEN (
 # the signals the master handles (supervisor.HANDLED): blocked across an
 # exec, so that one arriving in between waits for the next image's handlers
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTTIN,
-           signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2)
+           signal.SIGTTOU, signal.SIGHUP, signal.SIGUSR2, signal.SIGUSR1)
 
 log = logging.getLogger("sockherd.master")
 

@@ -239,12 +239,28 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server_header", ("--server-header",), str, "",
             "the Server header of responses; empty: none", metavar="TEXT", section="http"),
     Setting("access_log", ("--access-log",), bool, False,
-            "log one line per HTTP request (logger sockherd.access, to stderr)",
+            "log one line per HTTP request to access_logfile (stderr if it is not set)",
             section="logging"),
     Setting("access_log_format", ("--access-log-format",), str,
-            '%(h)s - - [%(t)s] "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
-            "access log line, gunicorn's atoms: h t r m U q H s b f a L D p",
+            '%(h)s - - %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
+            "access log line, gunicorn's atoms and meanings: h l u t r m U q H s B b f a T M D "
+            "L p, {header}i, {header}o, {key}e (README, Log files)",
             metavar="FORMAT", section="logging"),
+    # gunicorn's names (--access-logfile, --error-logfile) and meanings, but
+    # `-` is stderr for both
+    Setting("access_logfile", ("--access-logfile",), str, "",
+            "where access lines go: a file (appended to; reopened on USR1) or `-` for stderr; "
+            "setting it turns access_log on", metavar="PATH", section="logging"),
+    Setting("error_logfile", ("--error-logfile",), str, "-",
+            "where the master's and the workers' log lines (and their stderr) go: a file "
+            "(appended to; reopened on USR1) or `-` for stderr", metavar="PATH",
+            section="logging"),
+    Setting("log_format", ("--log-format",), Literal["text", "json"], "text",
+            "`json`: one JSON object per line in both logs, with stable keys (README, Logs)",
+            section="logging"),
+    Setting("log_config", ("--log-config",), str, "",
+            "a logging.config.dictConfig file (`.toml`, else JSON) applied after the defaults, "
+            "in the master and every worker", metavar="FILE", section="logging"),
     Setting("runtime_dir", ("--runtime-dir",), str, "",
             "where the control sockets live (created 0700); empty: $XDG_RUNTIME_DIR/sockherd, "
             "else /run/sockherd as root, else a per-user directory under the temp dir",
@@ -263,7 +279,7 @@ SETTINGS: tuple[Setting, ...] = (
             "host:port of a Prometheus metrics listener (/metrics) with the status page at "
             "/-/status; empty: none", metavar="HOST:PORT", section="control"),
     Setting("log_level", ("--log-level",), Literal["debug", "info", "warning", "error"], "info",
-            "least severe level logged (to stderr)", section="logging"),
+            "least severe level logged (to error_logfile)", section="logging"),
     # issue 24 §5: uvicorn's development names and meanings (master/devreload.py)
     Setting("reload", ("--reload",), bool, False,
             "development: reload (as HUP does) when a watched file changes: the app's package "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,6 +132,11 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
     if board_fd >= 0:                     # the balance board (worker/board.py)
         env[ENV_BOARD] = str(board_fd)
         passed.append(board_fd)
+    # USR1 (reopen the log files) starts blocked in the worker (the mask goes
+    # across fork and exec): its default action would kill a worker that
+    # has not set its handler yet; it unblocks it then (bootstrap.main), and
+    # a USR1 sent meanwhile is delivered at that moment, not lost
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     try:
         proc = subprocess.Popen([sys.executable, "-m", "sockherd.worker"],
                                 pass_fds=passed, env=env, close_fds=True)
@@ -138,6 +144,7 @@ def _spawn(generation, index, config, app, listeners, send_timeout, board_fd,
         parent.close()
         raise
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         child.close()
     channel = _channel(parent)
     try:

@@ -30,6 +30,7 @@ import collections
 import heapq
 import itertools
 import logging
+import os
 import selectors
 import signal
 import socket
@@ -43,6 +44,8 @@ from sockherd.master.inspect import Asker
 from sockherd.master.lifecycle import Event, State
 from sockherd.master.listeners import Listener
 from sockherd.master.workers import ProcessTable, Slot, finished, heartbeat_check, name
+from sockherd.master.logs import log_owner
+from sockherd.worker import logfiles
 from sockherd.worker.board import Board
 
 log = logging.getLogger("sockherd.master")
@@ -204,6 +207,8 @@ class Supervisor:
             self._scale_up()
         elif signum == signal.SIGTTOU and not self.stopping:
             self._scale_down()
+        elif signum == signal.SIGUSR1:
+            self._reopen_logs()
         elif signum == signal.SIGHUP and not self.stopping:
             self._reload(queue=True)                # during a reload: runs after it
         elif signum == signal.SIGTERM and not self.stopping:
@@ -260,6 +265,20 @@ class Supervisor:
                       now - slot.last_heartbeat)
             self._feed(slot, Event.HEARTBEAT_LOST)
         self._at(max(0.0, due - now) + 0.05, "heartbeat", None)
+
+    def _reopen_logs(self) -> None:
+        """USR1 (logrotate's postrotate): the master's log files anew, then
+        each worker's (worker/logfiles.py says why no line is lost)."""
+        logfiles.reopen_all(log_owner(self.settings))
+        told = 0
+        for slot in self._live():
+            if slot.proc is not None:
+                try:
+                    os.kill(slot.proc.pid, signal.SIGUSR1)
+                    told += 1
+                except ProcessLookupError:
+                    pass
+        log.info("USR1: log files reopened; %d worker(s) told", told)
 
     # ---- stopping -----------------------------------------------------------------------
     def _fast_stop(self) -> None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 
 from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
-from sockherd.worker.wsgi import AccessLog, _Limits, _log_refusal, MIN_BODY_RATE
 from sockherd.worker import forwarded
+from sockherd.worker.accesslog import AccessLog
+from sockherd.worker.wsgi import _Limits, _log_refusal, MIN_BODY_RATE
 
 log = logging.getLogger("sockherd.worker")
 
@@ -97,10 +98,12 @@ def _header(scope: dict, name: bytes) -> str:
 
 class _ScopeAccessLog:
     """The access log's line for a scope: the same atoms as the WSGI one
-    (wsgi.py AccessLog), read from the scope."""
+    (accesslog.py), read from the scope; a response header ({name}o) prints
+    '-' here."""
 
     def __init__(self, access: AccessLog):
         self.access = access
+        self.every_header = "}i)" in access.fmt or "(u)" in access.fmt or access.json
 
     def __call__(self, scope: dict, status: int, sent: int, started: float) -> None:
         get = scope.get
@@ -117,6 +120,10 @@ class _ScopeAccessLog:
             "HTTP_REFERER": _header(scope, b"referer"),
             "HTTP_USER_AGENT": _header(scope, b"user-agent"),
         }
+        if self.every_header:                   # {name}i, u: the WSGI names of them all
+            for key, value in get("headers") or ():
+                env.setdefault("HTTP_" + key.decode("latin-1").upper().replace("-", "_"),
+                               value.decode("latin-1"))
         self.access(env, str(status) if status else None, sent, started)
 
 

@@ -44,6 +44,7 @@ from sockherd.ipc.messages import (
 from sockherd.worker import (ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE, EXIT_DRAIN_DEADLINE,
                              report)
 from sockherd.worker.app import AppImportError, cause_traceback, import_app
+from sockherd.worker import logfiles
 from sockherd.worker.board import SLOTS, Board
 from sockherd.worker.embedded import status_app
 from sockherd.worker.gate import STARTUP
@@ -67,9 +68,14 @@ class BootstrapError(Exception):
 def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifespan | None]:
     import prctl
 
-    socks = adopt(msg.listeners, fds)          # closes every fd on a mismatch
     cfg = msg.config
-    logging.getLogger().setLevel(str(cfg.get("log_level", "info")).upper())
+    try:
+        _logging(cfg)
+    except BootstrapError:
+        for fd in fds:                         # the listeners it came with
+            os.close(fd)
+        raise
+    socks = adopt(msg.listeners, fds)          # closes every fd on a mismatch
     try:
         ident = resolve(cfg.get("user", ""), cfg.get("group", ""))
         if ident is not None:
@@ -349,11 +355,30 @@ def _soft_fd_limit(soft: str) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(soft), hard))
 
 
+def _logging(cfg: dict) -> None:
+    """The settings' logging: fd 2 is the error log already (inherited from
+    the master, master/logs.py): kept for USR1's reopen; the format and
+    log_config as the master has them. A bad log_config (changed since the
+    master read it, at a reload) fails the start like a bad app."""
+    path = str(cfg.get("error_logfile", logfiles.STDERR))
+    if path != logfiles.STDERR:
+        logfiles.OPENED.append(logfiles.LogFile.adopt(path, "error_logfile", 2))
+    try:
+        logfiles.configure(f"worker {os.getpid()}", str(cfg.get("log_level", "info")),
+                           str(cfg.get("log_format", "text")), str(cfg.get("log_config", "")))
+    except logfiles.LogFileError as exc:
+        raise BootstrapError(str(exc)) from None
+
+
 def main() -> int:
     import prctl
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [worker {os.getpid()}] %(levelname)s %(message)s")
+    # USR1: the log files anew (worker/logfiles.py); blocked since the spawn
+    # (master/spawn.py), so one sent before this line is delivered now
+    signal.signal(signal.SIGUSR1, lambda *_: logfiles.reopen_all())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     fd = int(os.environ.pop(ENV_FD))
     master = int(os.environ.pop(ENV_MASTER, "0"))
     _soft_fd_limit(os.environ.pop(ENV_NOFILE, ""))

@@ -14,7 +14,7 @@ here is what is rare or policy:
     minimum rate), so a large upload is never held whole in memory; the
     100 Continue goes out when the app first reads;
   - `wsgi.file_wrapper`: a regular file is sent with sendfile(2);
-  - the access log and the logging of an app's exception;
+  - the logging of an app's exception (the access log: accesslog.py);
   - the settings (_Limits) and the environ keys every request shares.
 
 A request whose body is all here (or that has none: most of them) never
@@ -34,6 +34,7 @@ import time
 
 from sockherd.worker import forwarded
 from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa: F401
+from sockherd.worker.accesslog import access_log
 from sockherd.worker.stream import wait_ready
 
 log = logging.getLogger("sockherd.worker")
@@ -56,46 +57,11 @@ class _Limits:
         self.server_header = str(cfg.get("server_header", ""))
         self.server_line = (b"Server: %s\r\n" % self.server_header.encode("latin-1")
                             if self.server_header else b"")
-        self.access = AccessLog(str(cfg.get("access_log_format", ""))) \
-            if cfg.get("access_log") else None
+        self.access = access_log(cfg)
         self.header_timeout = float(cfg.get("header_timeout", 15.0))
         self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
         self.forwarded = forwarded.from_config(cfg)     # trusted proxies (worker/forwarded.py)
-
-
-class AccessLog:
-    """One line per request in gunicorn's format atoms: h remote address,
-    t time, r request line, m method, U path, q query, H protocol, s status,
-    b body bytes sent ('-' for none), f Referer, a User-Agent, L seconds
-    (decimal), D microseconds, p pid."""
-
-    log = logging.getLogger("sockherd.access")
-
-    def __init__(self, fmt: str):
-        self.fmt = fmt
-
-    def __call__(self, env: dict, status: str | None, sent: int, started: float) -> None:
-        took = time.monotonic() - started
-        # .get: the environ is the app's, which may have emptied it (review)
-        get = env.get
-        method, proto = get("REQUEST_METHOD", "-"), get("SERVER_PROTOCOL", "-")
-        line = f'{method} {get("RAW_URI", "-")} {proto}'
-        atoms = _Atoms(h=get("REMOTE_ADDR") or "-",
-                       t=time.strftime("%d/%b/%Y:%H:%M:%S %z"), r=line,
-                       m=method, U=get("PATH_INFO", "-"), q=get("QUERY_STRING", "-"),
-                       H=proto, s=(status or "-")[:3], b=sent or "-",
-                       f=get("HTTP_REFERER", "-"), a=get("HTTP_USER_AGENT", "-"),
-                       L=f"{took:.6f}", D=int(took * 1e6), p=os.getpid())
-        try:
-            self.log.info(self.fmt % atoms)
-        except (KeyError, TypeError, ValueError) as exc:
-            self.log.error("access_log_format %r: %s", self.fmt, exc)
-
-
-class _Atoms(dict):
-    def __missing__(self, key):
-        return "-"                              # unknown atoms print as '-', as gunicorn
 
 
 def make_handler(app, cfg: dict):

@@ -349,17 +349,17 @@ def test_file_wrapper_over_a_non_file_is_iterated(serve):
     conn.close()
 
 
-def test_access_log_lines(serve, caplog):
-    import logging
-    caplog.set_level(logging.INFO, logger="sockherd.access")
-    _, addr = serve(hello, access_log=True,
+def test_access_log_lines(serve, tmp_path):
+    log = tmp_path / "access.log"
+    _, addr = serve(hello, access_logfile=str(log),
                     access_log_format='%(h)s "%(r)s" %(s)s %(b)s "%(a)s" %(m)s %(U)s %(q)s %(z)s')
     raw(addr, b"GET /x?y=1 HTTP/1.1\r\nHost: h\r\nUser-Agent: probe/1\r\nConnection: close\r\n\r\n")
     deadline = time.monotonic() + 5
-    while "probe/1" not in caplog.text:
+    while "probe/1" not in log.read_text():
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert '127.0.0.1 "GET /x?y=1 HTTP/1.1" 200 8 "probe/1" GET /x y=1 -' in caplog.text
+    # exactly the format: no logger prefix, no second timestamp
+    assert log.read_text() == '127.0.0.1 "GET /x?y=1 HTTP/1.1" 200 8 "probe/1" GET /x y=1 -\n'
 
 
 from test_http_parser import BAD  # noqa: E402  (the strictness cases, parser level)

@@ -77,6 +77,7 @@ struct Server {
 	 * call (asgi.py run_call) */
 	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io, *no_body;
 	PyObject *event_type, *busy, *enter_app;
+	int access_headers;     /* the access log's format names a response header (accesslog.py) */
 	struct hp_limits lim;
 	PyObject *script_name, *server_line;
 	double header_timeout, keepalive_timeout, body_timeout;

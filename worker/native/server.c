@@ -187,6 +187,12 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	s->base = Py_NewRef(base);
 	s->slow = Py_NewRef(slow);
 	s->access = Py_NewRef(access);
+	if (access != Py_None) {
+		PyObject *w = PyObject_GetAttrString(access, "wants_response_headers");
+		s->access_headers = w && PyObject_IsTrue(w) == 1;
+		Py_XDECREF(w);
+		PyErr_Clear();              /* an access log without the attribute: no headers */
+	}
 	s->report = Py_NewRef(report);
 	s->sendfile = Py_NewRef(sendfile);
 	s->file_wrapper = Py_NewRef(fw);

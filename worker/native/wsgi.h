@@ -19,6 +19,7 @@ struct Respond {
 	struct h1_frame f;                 /* the codec's framing of this response */
 	unsigned headers_sent : 1, started : 1, finished : 1;
 	PyObject *status, *first;          /* first: the held first chunk */
+	PyObject *out_headers;             /* the app's headers, for the access log's {name}o atoms */
 	/* A body that goes out from the loop, past HIGH_WATER (issue 21):
 	 * parked: waiting for the output to drain, no app code running;
 	 * all_here: `it` iterates a list the app returned (its blocks are held

@@ -116,8 +116,10 @@ static void close_result(Server *s, PyObject *env, PyObject *result)
 
 static void access_log(Server *s, PyObject *env, Respond *r, double started)
 {
-	PyObject *rc = PyObject_CallFunction(s->access, "OOKd", env, r->status ? r->status : Py_None,
-	                                     r->f.sent, started);
+	PyObject *st = r->status ? r->status : Py_None;
+	PyObject *rc = s->access_headers && r->out_headers
+		? PyObject_CallFunction(s->access, "OOKdO", env, st, r->f.sent, started, r->out_headers)
+		: PyObject_CallFunction(s->access, "OOKd", env, st, r->f.sent, started);
 
 	if (!rc)
 		PyErr_WriteUnraisable(s->access);

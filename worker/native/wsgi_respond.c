@@ -125,7 +125,7 @@ Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
 	r->f.length = -1;
 	r->f.code = 0;
 	r->f.sent = 0;
-	r->status = r->f.prefix = r->first = NULL;
+	r->status = r->f.prefix = r->first = r->out_headers = NULL;
 	r->parked = r->all_here = 0;
 	r->env = r->result = r->it = r->tail = NULL;
 	r->tail_i = r->items = 0;
@@ -141,6 +141,7 @@ static void Respond_dealloc(Respond *r)
 {
 	Py_XDECREF(r->conn);
 	Py_XDECREF(r->status);
+	Py_XDECREF(r->out_headers);
 	Py_XDECREF(r->f.prefix);
 	Py_XDECREF(r->first);
 	Py_XDECREF(r->env);
@@ -227,6 +228,8 @@ PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw)
 	}
 	Py_XSETREF(r->f.prefix, prefix);
 	Py_XSETREF(r->status, Py_NewRef(status));
+	if (r->conn->srv->access_headers)     /* only a format naming a response header */
+		Py_XSETREF(r->out_headers, Py_NewRef(headers));
 	if (flags & HEAD_CLOSE)
 		r->f.keep = 0;
 	r->f.app_date = (flags & HEAD_APP_DATE) != 0;
