@@ -132,6 +132,7 @@ def on_ready(sup, slot: Slot, msg: Ready) -> None:
     sup.ever_ready = sup.ever_ready or slot in sup.slots
     if not sup.announced and ready(sup._active()):
         sup.announced = True
+        sup.hooks.call("when_ready", sup.server)
         sup.events.emit("serving", generation=sup.generation,
                         workers=len(sup._active()))
     if sup.stopping or slot.retired:

@@ -1,0 +1,105 @@
+"""gunicorn's setting names in a settings file (TOML or a gunicorn-style
+Python file): what each one becomes here.
+
+A gunicorn config moves over unchanged when every name it sets either is a
+setting of ours (the same name and meaning: bind, workers, threads,
+max_requests, limit_request_line...), is declared as an alias of one
+(settings.py `aliases`: graceful_timeout, keepalive, loglevel, wsgi_app), is
+translated below (accesslog, errorlog), or does nothing here that it would
+do there (HARMLESS: a warning, the value dropped). Any other gunicorn
+setting is refused naming it, with what to do instead: silently ignoring
+`certfile` would serve plain HTTP where TLS was asked for. A gunicorn
+setting given a false value (None, False, "", 0, an empty list) asks for
+nothing and is dropped without a word: that is how gunicorn configs spell
+"off" (`daemon = False`, `certfile = None`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# the hooks we call (worker/hooks.py says when, with what)
+HOOKS = ("on_starting", "when_ready", "on_reload", "on_exit", "post_worker_init",
+         "worker_exit", "child_exit", "pre_request", "post_request")
+
+# gunicorn settings that change nothing here: the value is dropped with a warning
+HARMLESS = {
+    "preload_app": "each worker imports the app itself (a reload starts new workers anyway)",
+    "sendfile": "sendfile(2) is used for wsgi.file_wrapper whenever the file allows",
+    "reuse_port": "the workers share the master's listening socket",
+    "proc_name": "process titles are `sockherd: master [APP]` and `sockherd: worker G.I [APP]`",
+    "default_proc_name": "process titles are set by sockherd",
+    "worker_tmp_dir": "liveness is a heartbeat over the worker's channel, no temp file",
+    "worker_connections": "max_connections bounds the connections of a worker",
+    "tmp_upload_dir": "gunicorn itself does not use it",
+    "capture_output": "the workers' stdout and stderr are the master's",
+    "enable_stdio_inheritance": "the workers' stdout and stderr are the master's",
+    "disable_redirect_access_to_syslog": "there is no syslog output",
+    "check_config": "use `sockherd check`",
+    "print_config": "use `sockherd check --print-config`",
+}
+
+# gunicorn settings with no counterpart yet: refused when set to a true value
+UNSUPPORTED = {
+    "reload": "", "reload_engine": "", "reload_extra_files": "", "spew": "",
+    "daemon": "run it under systemd, a container runtime or a supervisor instead",
+    "raw_env": "set the environment of the master: the workers inherit it",
+    "umask": "", "initgroups": "", "pythonpath_append": "",
+    "secure_scheme_headers": "", "forwarded_allow_ips": "", "forwarder_headers": "",
+    "header_map": "", "strip_header_spaces": "", "permit_obsolete_folding": "",
+    "permit_unconventional_http_method": "", "permit_unconventional_http_version": "",
+    "casefold_http_method": "",
+    "logger_class": "", "logconfig": "", "logconfig_dict": "", "logconfig_json": "",
+    "syslog": "", "syslog_addr": "", "syslog_prefix": "", "syslog_facility": "",
+    "statsd_host": "use --metrics (Prometheus) instead", "dogstatsd_tags": "",
+    "statsd_prefix": "",
+    "paste": "", "raw_paste_global_conf": "",
+    "ssl_context": "", "keyfile": "", "certfile": "", "ssl_version": "", "cert_reqs": "",
+    "ca_certs": "", "suppress_ragged_eofs": "", "do_handshake_on_connect": "",
+    "ciphers": "", "is_ssl": "",
+    "proxy_protocol": "", "proxy_allow_ips": "",
+    # hooks we do not call: workers are spawned with exec, never forked from the master
+    "pre_fork": "", "post_fork": "", "pre_exec": "", "worker_int": "", "worker_abort": "",
+    "nworkers_changed": "", "ssl_context_hook": "",
+}
+
+LOG_FILES_LATER = "log files are not supported yet: only '-' (stderr)"
+
+
+class Refused(ValueError):
+    """A gunicorn setting we cannot honour (the message names it)."""
+
+
+def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict, list[str]]:
+    """data (one file's top-level names) with gunicorn's names made ours:
+    (the settings to decode, warnings). Names in `known` (our keys and
+    aliases) pass as they are. Raises Refused."""
+    out: dict[str, Any] = {}
+    warnings: list[str] = []
+    for name, value in data.items():
+        if name in known:
+            out[name] = value
+        elif name == "accesslog":
+            if value == "-":
+                out["access_log"] = True           # gunicorn's "-": access lines to stderr
+            elif value:
+                raise Refused(f"{source}: accesslog = {value!r}: {LOG_FILES_LATER}")
+        elif name == "errorlog":
+            if value and value != "-":
+                raise Refused(f"{source}: errorlog = {value!r}: {LOG_FILES_LATER}")
+        elif name in HARMLESS:
+            if value:
+                warnings.append(f"{source}: gunicorn's {name} = {value!r} is ignored: "
+                                f"{HARMLESS[name]}")
+        elif name in UNSUPPORTED:
+            if value:
+                why = UNSUPPORTED[name]
+                raise Refused(f"{source}: gunicorn's {name} is not supported by sockherd"
+                              + (f": {why}" if why else ""))
+        else:
+            out[name] = value                      # unknown: the decoder names it
+    return out, warnings
+
+
+def is_gunicorn_name(name: str) -> bool:
+    return name in HARMLESS or name in UNSUPPORTED or name in HOOKS \
+        or name in ("accesslog", "errorlog")
