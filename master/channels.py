@@ -115,7 +115,7 @@ def on_message(sup, slot: Slot, got) -> None:
     elif isinstance(msg, Heartbeat):
         sup.table.on_heartbeat(slot)
     elif isinstance(msg, Retiring):
-        sup._replace(slot, f"max_requests ({msg.requests} requests)")
+        sup._replace(slot, msg.reason or f"max_requests ({msg.requests} requests)")
     elif isinstance(msg, StatsReply):
         sup.asker.on_reply(msg)
 

@@ -167,6 +167,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("python", ("--python",), str, "",
             "the interpreter an upgrade (USR2) re-executes the master with (a new venv, a new "
             "Python); empty: the one running", metavar="PATH", section="supervision"),
+    # gunicorn's timeout, for what it is meant to catch: a request that never
+    # ends (a hung call, an endless loop). Our heartbeats come from the
+    # worker's main thread, which never waits on requests: without this,
+    # nothing notices a loop thread stuck in the app (worker/stuck.py)
+    Setting("timeout", ("--timeout",), float, 0.0,
+            "a request in the app longer than this gets its worker replaced (a new one READY "
+            "first; the stuck one stops accepting, finishes the rest, and is killed at "
+            "hard_stop_after), logged with the request and the stuck thread's stack "
+            "(gunicorn's timeout; its default is 30, ours off); 0: never",
+            _seconds(0, 86400), "S", section="supervision"),
     Setting("hard_stop_after", ("--hard-stop-after", "--graceful-timeout"), float, 30.0,
             "a draining worker still busy after this long is killed (gunicorn's "
             "graceful_timeout)", _seconds(0, 86400), "S",

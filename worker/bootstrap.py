@@ -52,6 +52,7 @@ from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.interface import InterfaceError, choose
 from sockherd.worker.loop import Loop
 from sockherd.worker.stream import OUTPUT_LIMIT
+from sockherd.worker.stuck import StuckWatch, describe
 from sockherd.worker.wsgi import make_handler
 
 if TYPE_CHECKING:      # imported where used: asyncio's import is for ASGI workers only
@@ -221,6 +222,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
     shutting_down = False              # drained: lifespan.shutdown sent, if any is due
     next_beat = time.monotonic() + beat
     beats = 0
+    stuck = StuckWatch(loop, float(cfg.get("timeout") or 0.0))    # worker/stuck.py
 
     def drain(until: float, why: str) -> None:
         nonlocal deadline
@@ -282,6 +284,9 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                     pass                         # EOF is seen by the read below
                 next_beat = now + beat
             timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
+            due = stuck.due() if deadline is None else None
+            if due is not None:
+                timeout = min(timeout, max(0.0, due - now))
         # drained_fd stays readable once drained: not watched during the shutdown
         watch = [sig_r, loop.failed_fd] + ([loop.drained_fd] if not shutting_down else []) + \
             ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else []) + \
@@ -297,6 +302,13 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                       len(loop.ended), len(loop.loop_threads), why)
             drain(time.monotonic() + hard, "a loop thread ended")
             continue
+        if deadline is None and channel_open and (found := stuck.check(time.monotonic())):
+            reason, text = describe(found, stuck.timeout)
+            log.error("%s: asking to be replaced", text)
+            try:
+                ch.send(Retiring(requests=0, reason=reason[:4096]), timeout=5)
+            except IPCError:
+                pass
         if retire_fd in ready:
             os.eventfd_read(retire_fd)
             os.close(retire_fd)

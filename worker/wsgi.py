@@ -60,6 +60,7 @@ class _Limits:
         self.header_timeout = float(cfg.get("header_timeout", 15.0))
         self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
+        self.timeout = float(cfg.get("timeout", 0.0))
 
 
 class AccessLog:
@@ -132,8 +133,9 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         slow=functools.partial(serve_slow, lim), access=lim.access, report=_report,
         sendfile=functools.partial(sendfile_response, lim), file_wrapper=FileWrapper,
         bytes_io=io.BytesIO, no_body=NO_BODY, event_type=Event,
-        # the relief's stamps only where there is a sibling to relieve
-        busy=relief.busy if relief.enabled else None,
+        # the relief's stamps only where there is a sibling to relieve, or
+        # a request timeout to watch (worker/stuck.py)
+        busy=relief.busy if relief.enabled or lim.timeout else None,
         enter_app=loop._enter_app if relief.enabled else None,
         limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,
