@@ -36,11 +36,20 @@ HARMLESS = {
     "disable_redirect_access_to_syslog": "there is no syslog output",
     "check_config": "use `sockherd check`",
     "print_config": "use `sockherd check --print-config`",
+    # hooks of gunicorn's fork model: ours exec each worker, nothing is
+    # inherited from the master that a fork hook would have to fix up
+    "pre_fork": "never called: workers are started with exec, not forked",
+    "post_fork": "never called: workers are started with exec, not forked "
+                 "(post_worker_init runs in each worker)",
+    "pre_exec": "never called: an upgrade (USR2) re-executes the master in place",
+    "worker_int": "never called: a worker ignores INT (the master stops it)",
+    "worker_abort": "never called: a request past `timeout` is logged with its stack",
+    "nworkers_changed": "never called",
 }
 
 # gunicorn settings with no counterpart yet: refused when set to a true value
 UNSUPPORTED = {
-    "reload": "", "reload_engine": "", "reload_extra_files": "", "spew": "",
+    "reload_engine": "", "spew": "",
     "daemon": "run it under systemd, a container runtime or a supervisor instead",
     "raw_env": "set the environment of the master: the workers inherit it",
     "umask": "", "initgroups": "", "pythonpath_append": "",
@@ -57,9 +66,6 @@ UNSUPPORTED = {
     "ca_certs": "", "suppress_ragged_eofs": "", "do_handshake_on_connect": "",
     "ciphers": "", "is_ssl": "",
     "proxy_protocol": "", "proxy_allow_ips": "",
-    # hooks we do not call: workers are spawned with exec, never forked from the master
-    "pre_fork": "", "post_fork": "", "pre_exec": "", "worker_int": "", "worker_abort": "",
-    "nworkers_changed": "", "ssl_context_hook": "",
 }
 
 LOG_FILES_LATER = "log files are not supported yet: only '-' (stderr)"
@@ -88,8 +94,8 @@ def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict,
                 raise Refused(f"{source}: errorlog = {value!r}: {LOG_FILES_LATER}")
         elif name in HARMLESS:
             if value:
-                warnings.append(f"{source}: gunicorn's {name} = {value!r} is ignored: "
-                                f"{HARMLESS[name]}")
+                shown = f"hook {name}()" if callable(value) else f"{name} = {value!r}"
+                warnings.append(f"{source}: gunicorn's {shown} is ignored: {HARMLESS[name]}")
         elif name in UNSUPPORTED:
             if value:
                 why = UNSUPPORTED[name]

@@ -252,8 +252,9 @@ SETTINGS: tuple[Setting, ...] = (
             "log one line per HTTP request (logger sockherd.access, to stderr)",
             section="logging"),
     Setting("access_log_format", ("--access-log-format",), str,
-            '%(h)s - - [%(t)s] "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
-            "access log line, gunicorn's atoms: h t r m U q H s b f a L D p",
+            '%(h)s - - %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
+            "access log line, gunicorn's atoms: h t ([time], bracketed as gunicorn's) r m U q H s "
+            "b f a L D p (others print -)",
             metavar="FORMAT", section="logging"),
     Setting("runtime_dir", ("--runtime-dir",), str, "",
             "where the control sockets live (created 0700); empty: $XDG_RUNTIME_DIR/sockherd, "

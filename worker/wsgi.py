@@ -65,7 +65,7 @@ class _Limits:
 
 class AccessLog:
     """One line per request in gunicorn's format atoms: h remote address,
-    t time, r request line, m method, U path, q query, H protocol, s status,
+    t time ([...], as gunicorn brackets it), r request line, m method, U path, q query, H protocol, s status,
     b body bytes sent ('-' for none), f Referer, a User-Agent, L seconds
     (decimal), D microseconds, p pid."""
 
@@ -81,7 +81,7 @@ class AccessLog:
         method, proto = get("REQUEST_METHOD", "-"), get("SERVER_PROTOCOL", "-")
         line = f'{method} {get("RAW_URI", "-")} {proto}'
         atoms = _Atoms(h=get("REMOTE_ADDR") or "-",
-                       t=time.strftime("%d/%b/%Y:%H:%M:%S %z"), r=line,
+                       t=time.strftime("[%d/%b/%Y:%H:%M:%S %z]"), r=line,
                        m=method, U=get("PATH_INFO", "-"), q=get("QUERY_STRING", "-"),
                        H=proto, s=(status or "-")[:3], b=sent or "-",
                        f=get("HTTP_REFERER", "-"), a=get("HTTP_USER_AGENT", "-"),

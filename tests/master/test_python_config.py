@@ -107,7 +107,7 @@ def test_python_file_errors_name_the_file_never_toml(appdir):
     ("daemon = True", "gunicorn's daemon is not supported by sockherd: run it under systemd"),
     ("accesslog = '/var/log/access.log'", "accesslog = '/var/log/access.log': log files are "
                                           "not supported yet: only '-' (stderr)"),
-    ("def post_fork(server, worker):\n    pass", "gunicorn's post_fork is not supported"),
+    ("def ssl_context(conf, default):\n    pass", "gunicorn's ssl_context is not supported"),
 ])
 def test_unsupported_gunicorn_setting_is_refused_by_name(appdir, line, message):
     cfg = appdir / "gunicorn.conf.py"
@@ -119,11 +119,14 @@ def test_unsupported_gunicorn_setting_is_refused_by_name(appdir, line, message):
 
 def test_harmless_gunicorn_setting_is_a_warning(appdir):
     cfg = appdir / "gunicorn.conf.py"
-    cfg.write_text("preload_app = True\nworker_tmp_dir = '/dev/shm'\n")
+    cfg.write_text("preload_app = True\nworker_tmp_dir = '/dev/shm'\n"
+                   "def post_fork(server, worker):\n    server.log.info('spawned')\n")
     r = check("-c", str(cfg), "good:app", cwd=appdir)
     assert r.returncode == 0, r.stderr
     assert "warning: " in r.stderr and "gunicorn's preload_app = True is ignored" in r.stderr
     assert "gunicorn's worker_tmp_dir = '/dev/shm' is ignored" in r.stderr
+    assert "gunicorn's hook post_fork() is ignored: never called: workers are started with " \
+        "exec, not forked (post_worker_init runs in each worker)" in r.stderr
 
 
 def test_gunicorn_names_in_toml_and_flags(appdir):

@@ -74,6 +74,9 @@ def test_stuck_request_gets_its_worker_replaced(master, tmp_path, threads):
         m.wait_log(r"worker 1\.0: timeout: request GET /hang\?x=1 in the app for \d+\.\ds "
                    r"\(timeout 1s\): starting its replacement")
         m.wait_log(r"worker 1\.0: replaced by pid (\d+); draining pid %d" % old)
+        # the Drain reaches the old worker a moment after that line: from its
+        # own line on it accepts nothing more
+        m.wait_log(r"\[worker %d\] INFO draining \(the master asked\)" % old)
         new = pid_of(m.port)
         assert new != old
         if threads == "2":
@@ -84,6 +87,9 @@ def test_stuck_request_gets_its_worker_replaced(master, tmp_path, threads):
         assert pid_of(m.port) == new
         # its replacement is not replaced again: fired once, for the stuck one
         assert len(re.findall(r"starting its replacement", m.text())) == 1
+    except BaseException:
+        print(m.text())
+        raise
     finally:
         stuck.close()
 
