@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 from pathlib import Path
 
 import pytest
 
-from test_run import gone, master, wait_for  # noqa: F401 (fixture)
+from test_run import gone, http_get, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,13 +74,7 @@ def application(environ, start_response):
 
 
 def get(port: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
-        c.sendall(b"GET /ping?x=1 HTTP/1.1\r\nHost: x\r\nUser-Agent: probe\r\n"
-                  b"Connection: close\r\n\r\n")
-        data = b""
-        while chunk := c.recv(65536):
-            data += chunk
-    return data
+    return http_get(port, "/ping?x=1", "User-Agent: probe\r\n")
 
 
 def test_a_real_gunicorn_conf_runs_unchanged(master, tmp_path: Path):

@@ -8,12 +8,11 @@ ever called."""
 from __future__ import annotations
 
 import signal
-import socket
 from pathlib import Path
 
 import pytest
 
-from test_run import gone, master, wait_for  # noqa: F401 (fixture)
+from test_run import http_get, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,13 +75,7 @@ def named(tmp_path: Path, hook: str) -> list[list[str]]:
 
 
 def get(port: int, path: str, headers: str = "") -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
-        c.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n"
-                  .encode())
-        data = b""
-        while chunk := c.recv(65536):
-            data += chunk
-    return data
+    return http_get(port, path, headers)
 
 
 def test_hooks_of_a_python_config_are_called(master, tmp_path):

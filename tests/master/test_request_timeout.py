@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from test_run import gone, master, wait_for  # noqa: F401 (fixture)
+from test_run import gone, http_get as get, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,13 +31,7 @@ def app(environ, start_response):
 """
 
 
-def get(port: int, target: str = "/", timeout: float = 20) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as c:
-        c.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := c.recv(65536):
-            data += chunk
-    return data
+
 
 
 def pid_of(port: int) -> int:

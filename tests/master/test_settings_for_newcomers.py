@@ -9,7 +9,6 @@ without a hint, `--interface http` said "invalid enum value" only, `run
 app."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from test_python_config import check, config
-from test_run import master  # noqa: F401 (fixture)
+from test_run import http_get as get, master  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,13 +29,7 @@ def create_app(greeting="hello"):
 """
 
 
-def get(port: int, path: str = "/") -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
-        c.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
-        data = b""
-        while chunk := c.recv(65536):
-            data += chunk
-    return data
+
 
 
 def test_one_string_for_a_list_setting_is_one_item(tmp_path: Path):
