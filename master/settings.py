@@ -13,7 +13,6 @@ turns it into exit status 2 before anything binds or spawns.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping
 
@@ -377,51 +376,19 @@ def _traced_environment(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[st
 
 def from_file(path: str, warnings: list[str] | None = None) -> dict[str, Any]:
     """A TOML file of top-level keys named as the settings (or gunicorn's
-    names), or a Python file (`*.py`, or one that is not TOML but compiles
-    as Python) whose module globals are, as gunicorn reads its config."""
-    from sockherd.master import gunicorn_names, pyconfig
+    names), or a Python file (`*.py`) whose module globals are, as gunicorn
+    reads its config (master/settings_file.py)."""
+    from sockherd.master import settings_file
 
-    known = set(BY_KEY) | set(ALIASES)
-    hooks = False
     try:
-        if pyconfig.looks_like_python(path):
-            data, hooks = pyconfig.settings_of(path, known)
-        else:
-            data = _toml(path)
-    except pyconfig.PyConfigError as exc:
-        raise SettingsError(str(exc)) from None
-    try:
-        data, said = gunicorn_names.translate(data, path, known)
-    except gunicorn_names.Refused as exc:
+        data, said = settings_file.read(path, ALIASES, set(BY_KEY),
+                                        {s.key for s in SETTINGS if s.is_list})
+    except settings_file.FileError as exc:
         raise SettingsError(str(exc)) from None
     if warnings is not None:
         warnings.extend(said)
-    for alias, key in ALIASES.items():
-        if alias in data:
-            data.setdefault(key, data[alias])
-            del data[alias]
-    if hooks:
-        if data.get("hooks"):
-            raise SettingsError(f"{path}: defines hook functions and names hooks = "
-                                f"{data['hooks']!r} too: keep one of them")
-        data["hooks"] = os.path.abspath(path)
-    for s in SETTINGS:
-        # one string where a list is due is that one item (bind = "host:port")
-        if s.is_list and isinstance(data.get(s.key), str):
-            data[s.key] = [data[s.key]]
     # a Python file's values are computed (often from the environment: "4")
-    return _layer(data, path, strict=not pyconfig.looks_like_python(path))
-
-
-def _toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc} (a Python config is read as "
-                            f"Python when its name ends in .py)") from None
+    return _layer(data, path, strict=not path.endswith(".py"))
 
 
 def add_arguments(parser) -> None:
