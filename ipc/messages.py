@@ -66,10 +66,12 @@ class Heartbeat(_Message, tag="heartbeat"):
 
 
 class Retiring(_Message, tag="retiring"):
-    """Worker -> master: it reached max_requests; it serves on until the
-    master, once a replacement is READY, tells it to drain."""
+    """Worker -> master: it reached max_requests, or (reason) a request
+    outlived `timeout` in the app; it serves on until the master, once a
+    replacement is READY, tells it to drain."""
 
     requests: Annotated[int, msgspec.Meta(ge=0)]
+    reason: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
 class Drain(_Message, tag="drain"):

@@ -115,7 +115,7 @@ def on_message(sup, slot: Slot, got) -> None:
     elif isinstance(msg, Heartbeat):
         sup.table.on_heartbeat(slot)
     elif isinstance(msg, Retiring):
-        sup._replace(slot, f"max_requests ({msg.requests} requests)")
+        sup._replace(slot, msg.reason or f"max_requests ({msg.requests} requests)")
     elif isinstance(msg, StatsReply):
         sup.asker.on_reply(msg)
 
@@ -132,6 +132,7 @@ def on_ready(sup, slot: Slot, msg: Ready) -> None:
     sup.ever_ready = sup.ever_ready or slot in sup.slots
     if not sup.announced and ready(sup._active()):
         sup.announced = True
+        sup.hooks.call("when_ready", sup.server)
         sup.events.emit("serving", generation=sup.generation,
                         workers=len(sup._active()))
     if sup.stopping or slot.retired:

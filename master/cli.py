@@ -53,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=SIGNALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     for p in (check, run):
         p.add_argument("-c", "--config", metavar="FILE",
-                       help=f"TOML settings file (env {S.ENV_PREFIX}CONFIG)")
+                       help=f"settings file: TOML, or Python (FILE.py: its module globals, as "
+                            f"gunicorn reads gunicorn.conf.py, hooks included) (env "
+                            f"{S.ENV_PREFIX}CONFIG)")
         S.add_arguments(p)
+    check.add_argument("--print-config", action="store_true",
+                       help="print every effective setting and where it came from (default, "
+                            "file, env, cli), then exit")
     run.add_argument("--takeover", metavar="PATH",
                      help="take the listeners of the instance serving the hand-off socket PATH "
                           "(its handoff_socket setting), start the workers, and once they are "
@@ -77,28 +82,81 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--curve-client-cert", metavar="FILE",
                      help="tcp://: this client's secret certificate")
     ctl.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND ...")
+    parser.commands = {"check": check, "run": run, "ctl": ctl}
     return parser
 
 
-def _settings(ns: argparse.Namespace):
-    """The effective settings, or None after saying what is wrong."""
+CMD_ARGS = S.ENV_PREFIX + "CMD_ARGS"
+
+
+def cmd_args(command: str, env=None) -> dict:
+    """SOCKHERD_CMD_ARGS (gunicorn's GUNICORN_CMD_ARGS): flags of `command`
+    in one variable, read as its command line is; between the SOCKHERD_*
+    variables and the real command line. Raises SettingsError."""
+    import shlex
+
+    text = (os.environ if env is None else env).get(CMD_ARGS, "")
+    if not text.strip():
+        return {}
+    sub = build_parser().commands[command]
     try:
-        return S.resolve(vars(ns), config=ns.config)
+        words = shlex.split(text)
+        got, extra = sub.parse_known_args(words, argparse.Namespace())
+    except (ValueError, SystemExit) as exc:
+        raise S.SettingsError(f"environment: {CMD_ARGS} = {text!r}: cannot be read as "
+                              f"`sockherd {command}` flags ({exc})") from None
+    if extra:
+        raise S.SettingsError(f"environment: {CMD_ARGS} = {text!r}: unknown flag(s) "
+                              f"{' '.join(extra)}")
+    return vars(got)
+
+
+def resolve(ns: argparse.Namespace) -> S.Traced:
+    """The settings of `run` or `check`'s command line, its file and the
+    environment (SOCKHERD_CMD_ARGS included). Raises SettingsError."""
+    extra = cmd_args(ns.command)
+    config = ns.config or extra.pop("config", None)
+    return S.traced(vars(ns), config=config, cmd_args=extra)
+
+
+def _settings(ns: argparse.Namespace, traced: bool = False):
+    """The effective settings (Traced if traced), or None after saying what
+    is wrong. The warnings (gunicorn settings that do nothing here) go to stderr."""
+    try:
+        got = resolve(ns)
     except S.SettingsError as exc:
         print(f"sockherd: bad setting: {exc}", file=sys.stderr)
         return None
+    for warning in got.warnings:
+        print(f"sockherd: warning: {warning}", file=sys.stderr)
+    return got if traced else got.settings
+
+
+def print_config(got: S.Traced) -> None:
+    """Every setting as a TOML line, with where its value came from."""
+    import json
+
+    width = max(len(s.key) for s in S.SETTINGS)
+    for s in S.SETTINGS:
+        value = getattr(got.settings, s.key)
+        print(f"{s.key:<{width}} = {json.dumps(value)}  # {got.sources[s.key]}")
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
     from sockherd.worker.app import AppImportError, import_app
     from sockherd.worker.interface import InterfaceError, choose
 
-    settings = _settings(ns)
-    if settings is None:
+    got = _settings(ns, traced=True)
+    if got is None:
         return EXIT_SETTINGS
+    if ns.print_config:
+        print_config(got)
+        return 0
+    settings = got.settings
     if settings.app:
         try:
-            app = import_app(settings.app, chdir=settings.chdir, pythonpath=settings.pythonpath)
+            app = import_app(settings.app, chdir=settings.chdir, pythonpath=settings.pythonpath,
+                             factory=settings.factory)
             # the worker's own choice (bootstrap.py), with the same words
             chosen = choose(app, settings.interface, f"app {settings.app!r}")
         except (AppImportError, InterfaceError) as exc:
@@ -157,6 +215,21 @@ def cmd_run(ns: argparse.Namespace) -> int:
         state = None
     if state is not None:
         upgrade.on_probation(state)       # a failure from here goes back with it (comeback.py)
+    from sockherd.worker import hooks as hooks_mod
+    server = hooks_mod.Server(pid=os.getpid(), cfg=settings)
+    try:
+        hooks = hooks_mod.load(settings.hooks, chdir=settings.chdir,
+                               pythonpath=settings.pythonpath)
+        if state is None:                 # a fresh start; an upgrade's image started before
+            hooks.run("on_starting", server)
+    except Exception as exc:              # noqa: BLE001 - the operator's code: its traceback
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+        what = str(exc) if isinstance(exc, hooks_mod.HooksError) else \
+            f"hook on_starting ({hooks.source}) failed: {exc!r}"
+        log.error("%s: not starting", what)
+        for lst in salvaged:
+            lst.close()
+        return 1
     try:
         if state is None:
             inherited = activated()
@@ -202,7 +275,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     def reload():
         """The settings again for a reload (HUP): the same command line, the
         file and the environment read anew. Raises SettingsError."""
-        return own(S.resolve(vars(ns), config=ns.config))
+        got = resolve(ns)
+        for warning in got.warnings:
+            log.warning("%s", warning)
+        return own(got.settings)
 
     settings = own(settings)
     took_from = 0
@@ -263,9 +339,35 @@ def cmd_run(ns: argparse.Namespace) -> int:
         except ProcessLookupError:
             log.info("takeover: serving; pid %d is gone already", took_from)
 
+    if settings.pidfile:
+        from sockherd.master import pidfile
+        try:
+            pidfile.write(settings.pidfile)
+        except OSError as exc:
+            log.error("pidfile %s: cannot write it: %s", settings.pidfile, exc.strerror)
+            for lst in listeners:
+                lst.close()
+            return 1
+    try:
+        return _supervise(settings, listeners, reload, inherited, state,
+                          serving if took_from > 0 else None, hooks, server)
+    finally:
+        hooks.call("on_exit", server)
+        if settings.pidfile:
+            pidfile.remove(settings.pidfile)
+
+
+def _supervise(settings, listeners, reload, inherited, state, on_serving, hooks, server) -> int:
+    import logging
+
+    import msgspec
+
+    from sockherd.master.supervisor import Supervisor
+
+    log = logging.getLogger("sockherd.master")
     sup = Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
-                     activated=inherited, adopted=state,
-                     on_serving=serving if took_from > 0 else None)
+                     activated=inherited, adopted=state, on_serving=on_serving)
+    sup.hooks, sup.server = hooks, server      # master/hooks: when_ready, on_reload, child_exit
     from sockherd.master import control, control_guard, devreload, metrics, notify
     try:
         control.attach(sup)                  # sockherd ctl (ZeroMQ): master/control.py
@@ -287,7 +389,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        # said with the usage of the command given (`sockherd run`'s), not the top level's
+        parser.commands.get(ns.command, parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if ns.command == "check":
         return cmd_check(ns)
     if ns.command == "run":

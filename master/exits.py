@@ -13,6 +13,7 @@ Functions of the supervisor (sup), as upgrade.py's are.
 from __future__ import annotations
 
 import errno
+import os
 import logging
 import time
 
@@ -68,6 +69,8 @@ def reap(sup) -> None:
 
 def exited(sup, slot: Slot, pid: int, how: str, served: float) -> None:
     sup.asker.gone(pid)
+    if sup.hooks.has("child_exit"):
+        sup.hooks.call("child_exit", sup.server, _worker_view(sup, slot, pid, how))
     outcome = slot.life.outcome
     # one READY and waiting for the rest of its generation did not
     # fail "before ready" (issue 19 §10: the refusal said so)
@@ -102,3 +105,16 @@ def after_exit(sup, slot: Slot, outcome: Outcome, served: float) -> None:
             "worker slot %d: respawn in %.1fs%s", slot.index, after.delay,
             f" ({failures} failures in a row)" if failures else "")
         sup._at(after.delay, "respawn", slot)
+
+
+def _worker_view(sup, slot: Slot, pid: int, how: str):
+    """The exited worker as child_exit sees it (worker/hooks.py): exitcode
+    is its status, or minus the signal that killed it (as Popen says)."""
+    import signal
+
+    from sockherd.worker.hooks import Worker
+
+    kind, _, what = how.partition(" ")
+    code = int(what) if kind == "status" else -signal.Signals[what].value
+    return Worker(pid=pid, ppid=os.getpid(), cfg=sup.settings, generation=slot.generation,
+                  index=slot.index, exitcode=code)

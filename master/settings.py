@@ -13,7 +13,6 @@ turns it into exit status 2 before anything binds or spawns.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping
 
@@ -69,9 +68,20 @@ def _seconds(lo: float, hi: float) -> msgspec.Meta:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("app", ("app",), str, "", "the app, `module:callable`; empty: the embedded status page",
-            msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"), "MODULE:CALLABLE",
-            section="app", positional=True),
+    Setting("app", ("app",), str, "",
+            "the app, `module:callable`; `module:factory()` (or `--factory`): the callable "
+            "called first, with the literal arguments given, and what it returns served; "
+            "empty: the embedded status page",
+            msgspec.Meta(pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*(\(.*\))?$"),
+            "MODULE:CALLABLE", section="app", positional=True, aliases=("wsgi_app",)),
+    Setting("factory", ("--factory",), bool, False,
+            "the app named is a factory: called with no arguments in each worker, what it "
+            "returns is the app (uvicorn's --factory)", section="app"),
+    Setting("hooks", ("--hooks",), str, "",
+            "server hooks: a module (dotted name, imported after chdir and pythonpath) or a "
+            "`.py` file whose functions named after the hooks are called (README, Hooks); "
+            "a `-c FILE.py` that defines hook functions sets it to itself",
+            metavar="MODULE|FILE.py", section="app"),
     Setting("interface", ("--interface",), Literal["auto", "asgi", "wsgi", "stream"], "auto",
             "how the app is called: `asgi` (ASGI 3; an ASGI 2 app is wrapped), `wsgi` (PEP 3333) "
             "or `stream` (a handler class); `auto`: found out from the app (worker/interface.py), "
@@ -89,15 +99,21 @@ SETTINGS: tuple[Setting, ...] = (
             "directories put first on sys.path before importing the app (repeatable)",
             metavar="DIR", section="app"),
     Setting("workers", ("-w", "--workers"), int, 0,
-            "worker processes; 0: one per CPU", msgspec.Meta(ge=0, le=1024), "N", section="workers"),
+            "worker processes; 0: one per CPU (`WEB_CONCURRENCY`, as gunicorn reads it, "
+            "changes this default)", msgspec.Meta(ge=0, le=1024), "N", section="workers"),
     Setting("threads", ("-t", "--threads"), int, 1,
             "threads per worker; more pay off only for apps that block (the GIL)",
             msgspec.Meta(ge=1, le=1024), "N", section="workers"),
+    # accepted so that gunicorn configs run: both are what our threads do
+    Setting("worker_class", ("-k", "--worker-class"), Literal["sync", "gthread"], "gthread",
+            "gunicorn's worker class: `sync` and `gthread` are accepted and served by the "
+            "threaded workers (`threads` says how many); any other class is refused",
+            metavar="CLASS", section="workers"),
     Setting("thread_groups", ("--thread-groups",), int, 1,
             "thread groups per worker (at most 64 threads a group)",
             msgspec.Meta(ge=1, le=32), "G", section="workers"),
     Setting("bind", ("-b", "--bind"), list[str], ["127.0.0.1:8000"],
-            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N`, `systemd:NAME` (a socket-activated one; repeatable)",
+            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N`, `systemd:NAME` (a socket-activated one; repeatable); `PORT` in the environment, as gunicorn reads it, makes the default `0.0.0.0:$PORT`",
             msgspec.Meta(min_length=1), "ADDRESS", section="listeners"),
     Setting("backlog", ("--backlog",), int, 2048, "listen() backlog of each bound socket",
             msgspec.Meta(ge=1, le=65535), "N", section="listeners"),
@@ -154,9 +170,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("python", ("--python",), str, "",
             "the interpreter an upgrade (USR2) re-executes the master with (a new venv, a new "
             "Python); empty: the one running", metavar="PATH", section="supervision"),
-    Setting("hard_stop_after", ("--hard-stop-after",), float, 30.0,
-            "a draining worker still busy after this long is killed", _seconds(0, 86400), "S",
-            section="supervision"),
+    # gunicorn's timeout, for what it is meant to catch: a request that never
+    # ends (a hung call, an endless loop). Our heartbeats come from the
+    # worker's main thread, which never waits on requests: without this,
+    # nothing notices a loop thread stuck in the app (worker/stuck.py)
+    Setting("timeout", ("--timeout",), float, 0.0,
+            "a request in the app longer than this gets its worker replaced (a new one READY "
+            "first; the stuck one stops accepting, finishes the rest, and is killed at "
+            "hard_stop_after), logged with the request and the stuck thread's stack "
+            "(gunicorn's timeout; its default is 30, ours off); 0: never",
+            _seconds(0, 86400), "S", section="supervision"),
+    Setting("hard_stop_after", ("--hard-stop-after", "--graceful-timeout"), float, 30.0,
+            "a draining worker still busy after this long is killed (gunicorn's "
+            "graceful_timeout)", _seconds(0, 86400), "S",
+            section="supervision", aliases=("graceful_timeout",)),
+    Setting("pidfile", ("-p", "--pid"), str, "",
+            "a file the master writes its pid to at start (removed at exit); empty: none",
+            metavar="FILE", section="supervision"),
     Setting("unready_delay", ("--unready-delay",), float, 0.0,
             "on a graceful stop (TERM, `ctl stop`), the readiness endpoint turns unready at once "
             "and the listeners are served on for this long, so that a balancer's health check "
@@ -205,10 +235,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("header_timeout", ("--header-timeout",), float, 15.0,
             "a request head must arrive whole within this long of its first byte (or of the "
             "connection): 408 and close (slowloris)", _seconds(0.1, 3600), "S", section="http"),
-    Setting("keepalive_timeout", ("--keepalive-timeout",), float, 75.0,
+    Setting("keepalive_timeout", ("--keepalive-timeout", "--keep-alive"), float, 75.0,
             "an idle kept-alive connection is closed after this long (longer than the idle "
-            "pools of common load balancers, as nginx); 0: never", _seconds(0, 86400), "S",
-            section="http"),
+            "pools of common load balancers, as nginx; gunicorn's keepalive); 0: never",
+            _seconds(0, 86400), "S", section="http", aliases=("keepalive",)),
     Setting("max_connections", ("--max-connections",), int, 10000,
             "open connections per worker beyond which it stops accepting; 0: no cap",
             msgspec.Meta(ge=0), "N", section="http"),
@@ -279,7 +309,7 @@ SETTINGS: tuple[Setting, ...] = (
             "host:port of a Prometheus metrics listener (/metrics) with the status page at "
             "/-/status; empty: none", metavar="HOST:PORT", section="control"),
     Setting("log_level", ("--log-level",), Literal["debug", "info", "warning", "error"], "info",
-            "least severe level logged (to error_logfile)", section="logging"),
+            "least severe level logged (to error_logfile)", section="logging", aliases=("loglevel",)),
     # issue 24 §5: uvicorn's development names and meanings (master/devreload.py)
     Setting("reload", ("--reload",), bool, False,
             "development: reload (as HUP does) when a watched file changes: the app's package "
@@ -344,38 +374,57 @@ def _explain(exc: msgspec.ValidationError, values: Mapping[str, Any], source: st
         if s.positional and source == "command line":
             name = s.metavar or key
         reason = reason[:1].lower() + reason[1:]
+        allowed = getattr(s.type, "__args__", ()) if getattr(s.type, "__origin__", None) \
+            is Literal else ()
+        if allowed:
+            reason += f" (allowed: {', '.join(allowed)})"
         return f"{source}: {name} = {values.get(key)!r}: {reason}"
     if msg.startswith("Object contains unknown field"):
-        unknown = msg.split("`")[1]
-        return f"{source}: unknown setting {unknown!r} (known: {', '.join(BY_KEY)})"
+        return f"{source}: {unknown(msg.split('`')[1])}"
     return f"{source}: {msg}"
+
+
+def unknown(name: str) -> str:
+    """What to say of a key that is no setting: the nearest known one first."""
+    import difflib
+
+    near = difflib.get_close_matches(name, [*BY_KEY, *ALIASES], n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"unknown setting {name!r}{hint} (known: {', '.join(BY_KEY)})"
 
 
 def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
     """The SOCKHERD_* variables of env; list settings are comma-separated."""
+    return _traced_environment(env)[0]
+
+
+def _traced_environment(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     raw: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for s in SETTINGS:
         for name in s.envs:
             if name in env:
                 value = env[name]
                 raw[s.key] = [v for v in value.split(",") if v] if s.is_list else value
-    return _layer(raw, "environment", strict=False)
+                names[s.key] = name
+    return _layer(raw, "environment", strict=False), names
 
 
-def from_file(path: str) -> dict[str, Any]:
-    """A TOML file of top-level keys, named as the settings."""
+def from_file(path: str, warnings: list[str] | None = None) -> dict[str, Any]:
+    """A TOML file of top-level keys named as the settings (or gunicorn's
+    names), or a Python file (`*.py`) whose module globals are, as gunicorn
+    reads its config (master/settings_file.py)."""
+    from sockherd.master import settings_file
+
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read the settings file: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
-    for alias, key in ALIASES.items():
-        if alias in data:
-            data.setdefault(key, data[alias])
-            del data[alias]
-    return _layer(data, path, strict=True)
+        data, said = settings_file.read(path, ALIASES, set(BY_KEY),
+                                        {s.key for s in SETTINGS if s.is_list})
+    except settings_file.FileError as exc:
+        raise SettingsError(str(exc)) from None
+    if warnings is not None:
+        warnings.extend(said)
+    # a Python file's values are computed (often from the environment: "4")
+    return _layer(data, path, strict=not path.endswith(".py"))
 
 
 def add_arguments(parser) -> None:
@@ -398,22 +447,63 @@ def add_arguments(parser) -> None:
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
-            config: str | None = None) -> Any:
+            config: str | None = None, cmd_args: Mapping[str, Any] | None = None) -> Any:
     """The effective Settings from the command line (flags: dest -> value, as
-    argparse gives them), the environment and the TOML file `config` (or
+    argparse gives them), the environment and the settings file `config` (or
     $SOCKHERD_CONFIG). Raises SettingsError."""
+    return traced(flags, env, config, cmd_args).settings
+
+
+@dataclass
+class Traced:
+    """The settings, where each came from (`sockherd check --print-config`)
+    and the warnings reading them gave."""
+    settings: Any
+    sources: dict[str, str]
+    warnings: list[str]
+
+
+def traced(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
+           config: str | None = None, cmd_args: Mapping[str, Any] | None = None) -> Traced:
+    """resolve(), with where each value came from. Layers, each over the one
+    before: the defaults; WEB_CONCURRENCY and PORT (gunicorn's: they change
+    the defaults of workers and bind); the file; the SOCKHERD_* variables;
+    SOCKHERD_CMD_ARGS (cmd_args: parsed as the command line is, by cli.py);
+    the command line."""
     env = os.environ if env is None else env
     merged: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+    sources = {s.key: "default" for s in SETTINGS}
+    warnings: list[str] = []
+
+    def over(layer: dict[str, Any], source) -> None:
+        merged.update(layer)
+        sources.update({k: source(k) if callable(source) else source for k in layer})
+
+    gunicorn_env = {}
+    if env.get("WEB_CONCURRENCY"):
+        gunicorn_env["workers"] = env["WEB_CONCURRENCY"]
+    if env.get("PORT"):
+        gunicorn_env["bind"] = [f"0.0.0.0:{env['PORT']}"]
+    try:
+        layer = _layer(gunicorn_env, "environment", strict=False)
+    except SettingsError as exc:
+        raise SettingsError(str(exc).replace("SOCKHERD_WORKERS", "WEB_CONCURRENCY")
+                            .replace("SOCKHERD_BIND", "PORT")) from None
+    over(layer, {"workers": "env WEB_CONCURRENCY", "bind": "env PORT"}.get)
     path = config or env.get(ENV_PREFIX + "CONFIG")
     if path:
-        merged.update(from_file(path))
-    merged.update(from_environment(env))
-    merged.update(_layer({k: v for k, v in flags.items() if k in BY_KEY}, "command line",
-                         strict=False))
+        over(from_file(path, warnings), f"file {path}")
+    layer, names = _traced_environment(env)
+    over(layer, lambda k: f"env {names[k]}")
+    if cmd_args:
+        over(_layer({k: v for k, v in cmd_args.items() if k in BY_KEY},
+                    f"environment: {ENV_PREFIX}CMD_ARGS", strict=False),
+             f"env {ENV_PREFIX}CMD_ARGS")
+    over(_layer({k: v for k, v in flags.items() if k in BY_KEY}, "command line",
+                strict=False), "cli")
     settings = msgspec.convert(merged, Settings)
     _check_together(settings)
-    return settings
-
+    return Traced(settings, sources, warnings)
 
 def _check_together(s: Any) -> None:
     """Rules that tie several settings together, and values whose check

@@ -27,6 +27,7 @@ HUP reloads (generations.py), USR2 upgrades (upgrade.py).
 from __future__ import annotations
 
 import collections
+import os
 import heapq
 import itertools
 import logging
@@ -47,6 +48,8 @@ from sockherd.master.workers import ProcessTable, Slot, finished, heartbeat_chec
 from sockherd.master.logs import log_owner
 from sockherd.worker import logfiles
 from sockherd.worker.board import Board
+from sockherd.worker.hooks import Hooks
+from sockherd.worker.hooks import Server as HookServer
 
 log = logging.getLogger("sockherd.master")
 
@@ -106,6 +109,9 @@ class Supervisor:
         self._carry_on(self.carried)
         self.started_at = time.time()
         self.announced = False               # "serving" said (the first generation READY)
+        # the operator's hooks (worker/hooks.py) and the server view they get: cli.py's
+        self.hooks = Hooks()
+        self.server = HookServer(pid=os.getpid(), cfg=settings)
 
     # ---- what other modules read (inspect, notify, metrics, commands, upgrade) ------------
     settings = property(lambda self: self.gens.settings)
@@ -156,6 +162,7 @@ class Supervisor:
 
     # ---- control commands (master/commands) -------------------------------------------
     def _reload(self, queue: bool = False) -> str:
+        self.hooks.call("on_reload", self.server)
         return self.gens.reload(self.reload_settings, self.ever_ready, queue)
 
     def _upgrade(self, before_exec=None) -> str:

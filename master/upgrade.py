@@ -221,7 +221,7 @@ def _settings_refusal(argv: list[str]) -> str:
     if getattr(ns, "command", None) != "run":
         return ""
     try:
-        S.resolve(vars(ns), config=ns.config)
+        cli.resolve(ns)                              # SOCKHERD_CMD_ARGS too, as `run` reads it
     except S.SettingsError as exc:
         return str(exc)
     return ""

@@ -31,8 +31,33 @@ def cause_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def import_app(spec: str, *, chdir: str = "", pythonpath: list[str] | tuple = ()) -> object:
-    """Returns the object `spec` ("package.module:attr.attr") names."""
+def _call_of(spec: str) -> tuple[str, tuple | None]:
+    """("module:attr", its literal call arguments) of a `module:factory(...)`
+    spec (gunicorn's), or (spec, None): not a call."""
+    import ast
+
+    if not spec.endswith(")") or "(" not in spec:
+        return spec, None
+    head, _, args = spec.partition("(")
+    try:
+        call = ast.parse(f"f({args}", mode="eval").body
+        if call.keywords:
+            raise ValueError("keyword arguments")
+        return head, tuple(ast.literal_eval(a) for a in call.args)
+    except (SyntaxError, ValueError) as exc:
+        raise AppImportError(f"app {spec!r}: the factory's arguments must be Python literals "
+                             f"({exc})") from None
+
+
+def import_app(spec: str, *, chdir: str = "", pythonpath: list[str] | tuple = (),
+               factory: bool = False) -> object:
+    """Returns the object `spec` ("package.module:attr.attr") names; with
+    `module:factory(args)` or factory=True (uvicorn's --factory), what that
+    callable returns when called (with the literal args, or none)."""
+    spec_text = spec
+    spec, args = _call_of(spec)
+    if factory and args is None:
+        args = ()
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
         raise AppImportError(f"app {spec!r}: expected module:callable")
@@ -60,6 +85,17 @@ def import_app(spec: str, *, chdir: str = "", pythonpath: list[str] | tuple = ()
         except AttributeError:
             raise AppImportError(f"app {spec!r}: {module_name!r} has no attribute path "
                                  f"{attr_path!r} (missing {part!r})") from None
+    if args is not None:
+        if not callable(obj):
+            raise AppImportError(f"app {spec_text!r}: the factory is a {type(obj).__name__}, "
+                                 f"not callable")
+        try:
+            obj = obj(*args)
+        except (Exception, SystemExit) as exc:   # the app's own code
+            raise AppImportError(f"app {spec_text!r}: calling the factory failed: "
+                                 f"{exc!r}") from exc
     if not callable(obj):
-        raise AppImportError(f"app {spec!r}: {type(obj).__name__} object is not callable")
+        what = "the factory returned a" if args is not None else ""
+        raise AppImportError(f"app {spec_text!r}: {what}{' ' if what else ''}"
+                             f"{type(obj).__name__} object is not callable")
     return obj

@@ -43,6 +43,7 @@ from sockherd.ipc.messages import (
 )
 from sockherd.worker import (ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE, EXIT_DRAIN_DEADLINE,
                              report)
+from sockherd.worker import hooks as hooks_mod
 from sockherd.worker.app import AppImportError, cause_traceback, import_app
 from sockherd.worker import logfiles
 from sockherd.worker.board import SLOTS, Board
@@ -52,6 +53,7 @@ from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.interface import InterfaceError, choose
 from sockherd.worker.loop import Loop
 from sockherd.worker.stream import OUTPUT_LIMIT
+from sockherd.worker.stuck import StuckWatch, describe
 from sockherd.worker.wsgi import make_handler
 
 if TYPE_CHECKING:      # imported where used: asyncio's import is for ASGI workers only
@@ -98,19 +100,23 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
     else:
         try:
             app = import_app(msg.app, chdir=cfg.get("chdir", ""),
-                             pythonpath=cfg.get("pythonpath", []))
+                             pythonpath=cfg.get("pythonpath", []),
+                             factory=bool(cfg.get("factory")))
             chosen = choose(app, cfg.get("interface", "auto"), f"app {msg.app!r}")
-        except (AppImportError, InterfaceError) as exc:
+            hooks = _post_worker_init(msg, cfg, chosen.app, master)
+        except (AppImportError, InterfaceError, hooks_mod.HooksError) as exc:
             for s in socks:
                 s.close()
             cause = cause_traceback(exc.__cause__) if exc.__cause__ else ""
             raise BootstrapError(f"{cause}{exc}") from None
         log.info("interface: %s", chosen)
         if chosen.kind == "wsgi":
-            handler = make_handler(chosen.app, cfg)    # the app, served over HTTP/1.1
+            # the app, served over HTTP/1.1 (wrapped only for pre/post_request hooks)
+            handler = make_handler(hooks_mod.wrap_wsgi(chosen.app, hooks, WORKER[0]), cfg)
         elif chosen.kind == "asgi":
             state: dict = {}        # the lifespan's, copied into each request's scope
-            handler = _asgi_handler(chosen.app, cfg, state)
+            handler = _asgi_handler(hooks_mod.wrap_asgi(chosen.app, hooks, WORKER[0]), cfg,
+                                    state)
             if cfg.get("lifespan", "auto") != "off":
                 from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
                 lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state)
@@ -136,6 +142,28 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
     if lifespan is not None:
         _start_lifespan(loop, lifespan, cfg)
     return loop, lifespan
+
+
+# this worker's hooks and the Worker view they are given (worker_exit needs both)
+HOOKS: list[hooks_mod.Hooks] = [hooks_mod.Hooks()]
+WORKER: list[hooks_mod.Worker | None] = [None]
+
+
+def _post_worker_init(msg: Assignment, cfg: dict, app, master: int) -> hooks_mod.Hooks:
+    """This worker's hooks loaded, and post_worker_init run: the app is
+    imported, nothing is served yet. Its exception is this worker's failed
+    start, with its traceback (HooksError: the cause chained)."""
+    hooks = hooks_mod.load(str(cfg.get("hooks", "")), chdir=cfg.get("chdir", ""),
+                           pythonpath=cfg.get("pythonpath", []))
+    worker = hooks_mod.Worker(pid=os.getpid(), ppid=master or os.getppid(), cfg=cfg,
+                              generation=msg.generation, index=msg.worker_index, wsgi=app)
+    HOOKS[0], WORKER[0] = hooks, worker
+    try:
+        hooks.run("post_worker_init", worker)
+    except Exception as exc:            # noqa: BLE001 - the operator's code
+        raise hooks_mod.HooksError(f"hook post_worker_init ({hooks.source}) failed: "
+                                   f"{exc!r}") from exc
+    return hooks
 
 
 def _asgi_handler(app, cfg: dict, state: dict):
@@ -200,6 +228,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
     shutting_down = False              # drained: lifespan.shutdown sent, if any is due
     next_beat = time.monotonic() + beat
     beats = 0
+    stuck = StuckWatch(loop, float(cfg.get("timeout") or 0.0))    # worker/stuck.py
 
     def drain(until: float, why: str) -> None:
         nonlocal deadline
@@ -261,6 +290,9 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                     pass                         # EOF is seen by the read below
                 next_beat = now + beat
             timeout = next_beat - now if timeout is None else min(timeout, next_beat - now)
+            due = stuck.due() if deadline is None else None
+            if due is not None:
+                timeout = min(timeout, max(0.0, due - now))
         # drained_fd stays readable once drained: not watched during the shutdown
         watch = [sig_r, loop.failed_fd] + ([loop.drained_fd] if not shutting_down else []) + \
             ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else []) + \
@@ -276,6 +308,13 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                       len(loop.ended), len(loop.loop_threads), why)
             drain(time.monotonic() + hard, "a loop thread ended")
             continue
+        if deadline is None and channel_open and (found := stuck.check(time.monotonic())):
+            reason, text = describe(found, stuck.timeout)
+            log.error("%s: asking to be replaced", text)
+            try:
+                ch.send(Retiring(requests=0, reason=reason[:4096]), timeout=5)
+            except IPCError:
+                pass
         if retire_fd in ready:
             os.eventfd_read(retire_fd)
             os.close(retire_fd)
@@ -430,6 +469,9 @@ def main() -> int:
         if lifespan is not None:
             lifespan.close()
         loop.stop()
+        if WORKER[0] is not None:
+            HOOKS[0].call("worker_exit", hooks_mod.Server(pid=WORKER[0].ppid, cfg=WORKER[0].cfg),
+                          WORKER[0])
         _log_totals(loop)
         loop.table.close()
         ch.close()

@@ -62,6 +62,7 @@ class _Limits:
         self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
         self.forwarded = forwarded.from_config(cfg)     # trusted proxies (worker/forwarded.py)
+        self.timeout = float(cfg.get("timeout", 0.0))
 
 
 def make_handler(app, cfg: dict):
@@ -100,8 +101,9 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         slow=functools.partial(serve_slow, lim), access=lim.access, report=_report,
         sendfile=functools.partial(sendfile_response, lim), file_wrapper=FileWrapper,
         bytes_io=io.BytesIO, no_body=NO_BODY, event_type=Event,
-        # the relief's stamps only where there is a sibling to relieve
-        busy=relief.busy if relief.enabled else None,
+        # the relief's stamps only where there is a sibling to relieve, or
+        # a request timeout to watch (worker/stuck.py)
+        busy=relief.busy if relief.enabled or lim.timeout else None,
         enter_app=loop._enter_app if relief.enabled else None,
         limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,

@@ -843,3 +843,15 @@ def test_a_worker_ahead_still_takes_connections_nobody_else_takes(master):
     finally:
         for c in held:
             c.close()
+
+
+def http_get(port: int, target: str = "/", headers: str = "", timeout: float = 20) -> bytes:
+    """One HTTP/1.1 GET on a new connection (Connection: close), its whole
+    answer (headers: more header lines, each ending in CRLF)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as c:
+        c.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n"
+                  .encode())
+        data = b""
+        while chunk := c.recv(65536):
+            data += chunk
+    return data

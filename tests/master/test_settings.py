@@ -79,7 +79,7 @@ def test_bad_file(tmp_path: Path):
     with pytest.raises(S.SettingsError, match=r"s.toml: workers = '2': expected `int`, got `str`"):
         S.resolve({}, env={}, config=str(cfg))
     cfg.write_text("wrokers = 2\n")
-    with pytest.raises(S.SettingsError, match=r"unknown setting 'wrokers' \(known: app, "):
+    with pytest.raises(S.SettingsError, match=r"unknown setting 'wrokers'; did you mean 'workers'\? \(known: app, "):
         S.resolve({}, env={}, config=str(cfg))
     cfg.write_text("workers = \n")
     with pytest.raises(S.SettingsError, match=r"s.toml: not valid TOML"):

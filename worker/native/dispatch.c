@@ -186,6 +186,11 @@ int dispatch_run_spilled(Server *s, int pos)
 			dispatch_wake_idle(s, pos);
 		if (!c->closed && s->conns[c->fd] == c &&
 		    s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
+			/* a queued request's own start: the timeout counts from
+			 * here, not from the poll that queued it (nor from 0); a
+			 * stamp lost to a failed float allocation only delays it */
+			if (engine_stamp(s, pos, mono_now()) < 0)
+				PyErr_Clear();
 			if (!c->closed && dispatch_run(c, pos, events, -1) < 0)
 				contain(c);                    /* as in a turn */
 			s->api.leave(t->th, c->fd, gen);

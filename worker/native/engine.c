@@ -81,7 +81,7 @@ static int fire_timers(Server *s, int pos)
 
 /* ---- the turn ------------------------------------------------------------------------------------ */
 
-static int stamp(Server *s, int pos, double when)
+int engine_stamp(Server *s, int pos, double when)
 {
 	PyObject *f;
 
@@ -209,7 +209,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 			continue;
 		}
 		Py_INCREF(c);
-		if (stamp(s, pos, now) < 0) {
+		if (engine_stamp(s, pos, now) < 0) {
 			Py_DECREF(c);
 			goto fail;
 		}
@@ -237,7 +237,7 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		dispatch_wake_idle(s, pos);            /* this batch ran long: help */
 	if (s->dispatch && dispatch_has_spilled(s, pos))
 		handled += dispatch_run_spilled(s, pos);
-	if (fire_timers(s, pos) < 0 || stamp(s, pos, 0.0) < 0) {
+	if (fire_timers(s, pos) < 0 || engine_stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);
 		return NULL;
 	}

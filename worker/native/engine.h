@@ -115,6 +115,9 @@ static inline void srv_count(Server *s, int code)
 	s->responses[status_class(code)]++;
 	s->requests++;
 }
+/* engine.c: loop thread pos entered a handler at `when` (0: left them):
+ * the busy list's stamp (the relief's, the request timeout's), when given */
+int engine_stamp(Server *s, int pos, double when);
 /* conn_timers.c: ms until the thread's next deadline, or -1 */
 int timers_timeout(struct srv_thread *t, double now);
 /* dispatch.c: one report or due timer for a group-shared connection */
