@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
-from sockherd.worker.wsgi import AccessLog, _Limits, _log_refusal, MIN_BODY_RATE
+from sockherd.worker.wsgi import AccessLog, _Limits, connection_layer, MIN_BODY_RATE
 
 log = logging.getLogger("sockherd.worker")
 
@@ -82,7 +82,7 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     engine.interface = "asgi"
-    engine.log_refusals(_log_refusal)
+    connection_layer(engine, lim)
     return engine
 
 

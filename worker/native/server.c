@@ -285,6 +285,7 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->event_type);
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);
+	PyMem_Free(s->proxy_nets);
 	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
