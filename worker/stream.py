@@ -408,13 +408,8 @@ class Connection:
     def _proxy_read(self) -> None:
         """One read into the header's buffer, then the parser's verdict (the
         engine's own parser, worker/native/proxy_proto.c)."""
-        try:
-            data = os.read(self.fd, READ_SIZE)
-        except BlockingIOError:
-            self.loop.local.th.cant_recv(self.fd)
-            return
-        except OSError as exc:
-            self._fail(exc)
+        data = self._read_once()
+        if data is None:
             return
         self.last_active = time.monotonic()
         self._proxy_buf += data
@@ -469,14 +464,20 @@ class Connection:
     def _reading(self) -> bool:
         return not (self._paused_by_app or self._paused_by_output or self._closing or self._eof)
 
-    def _read(self) -> None:
+    def _read_once(self) -> bytes | None:
+        """One read: its bytes (b"": the end of input), or None: nothing
+        now (the core told), or the connection failed (closed)."""
         try:
-            data = os.read(self.fd, READ_SIZE)
+            return os.read(self.fd, READ_SIZE)
         except BlockingIOError:
             self.loop.local.th.cant_recv(self.fd)
-            return
         except OSError as exc:
             self._fail(exc)
+        return None
+
+    def _read(self) -> None:
+        data = self._read_once()
+        if data is None:
             return
         if not data:
             self._eof = self._eof_told = True

@@ -7,7 +7,6 @@ peer not allowed, closes the connection before the handler hears of it."""
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 
@@ -16,6 +15,7 @@ import pytest
 import proxy_reference as ref
 from sockherd.worker.proxy import Policy
 from test_http_review import wait_for
+from test_proxy_protocol_http import closed_lines, exchange
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,36 +49,13 @@ def serve(serve_stream):
     return start
 
 
-def talk(addr, *pieces: bytes, pace: float = 0.0) -> bytes:
-    with socket.create_connection(addr, timeout=10) as c:
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i, piece in enumerate(pieces):
-            c.sendall(piece)
-            if pace and i < len(pieces) - 1:
-                ready, _, _ = select.select([c], [], [], pace)
-                assert not ready, "on_connect ran (or a close) before the header was whole"
-        c.shutdown(socket.SHUT_WR)
-        out = b""
-        try:
-            while chunk := c.recv(65536):
-                out += chunk
-        except ConnectionResetError:
-            pass
-        return out
-
-
-def closed_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.getMessage().startswith("closed the connection from ")]
-
-
 @pytest.mark.parametrize("header,peer", [
     (ref.v1("192.0.2.7", "127.0.0.1", 5555, 7), ("192.0.2.7", 5555)),
     (ref.v2("2001:db8::5", "::1", 6000, 7), ("2001:db8::5", 6000)),
 ])
 def test_the_stream_app_sees_the_client_address(serve, header, peer):
     _, a = serve()
-    out = talk(a, header + b"ping")
+    out = exchange(a, header + b"ping")
     assert out == b"peer=%s\nping" % repr(peer).encode()
     connect = next(e for e in EVENTS if e[0] == "connect")
     assert connect[1] == peer and connect[2]["src"] == peer
@@ -90,7 +67,7 @@ def test_a_header_split_across_segments_then_data(serve):
     _, a = serve("v2")
     pieces = [header[i:i + 3] for i in range(0, len(header), 3)]
     pieces[-1] += b"data"
-    out = talk(a, *pieces, pace=0.003)
+    out = exchange(a, *pieces, pace=0.003)
     assert out.startswith(b"peer=('192.0.2.7', 5555)\n") and out.endswith(b"data")
     assert EVENTS[0][2]["authority"] == "a.example"
 
@@ -110,7 +87,7 @@ def test_local_keeps_the_real_peer(serve):
 def test_a_bad_header_closes_before_the_handler_hears_of_it(serve, caplog, data):
     caplog.set_level(logging.INFO, logger="sockherd.worker")
     _, a = serve()
-    assert talk(a, data) == b""
+    assert exchange(a, data) == b""
     wait_for(lambda: closed_lines(caplog), 10, "the log line")
     assert EVENTS == []                                # no on_connect, no on_close
 
@@ -130,8 +107,8 @@ def test_a_peer_not_allowed(serve, caplog):
     own address."""
     caplog.set_level(logging.INFO, logger="sockherd.worker")
     _, a = serve(allow=("10.0.0.0/8",))
-    assert talk(a, ref.v1() + b"ping") == b""
+    assert exchange(a, ref.v1() + b"ping") == b""
     wait_for(lambda: closed_lines(caplog), 10, "the log line")
     assert "not in proxy_allow_from" in closed_lines(caplog)[0]
-    out = talk(a, b"PR", b"OBE", pace=0.05)
+    out = exchange(a, b"PR", b"OBE", pace=0.05)
     assert out.startswith(b"peer=('127.0.0.1', ") and out.endswith(b"PROBE")
