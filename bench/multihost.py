@@ -17,9 +17,14 @@ included; a leftover of an earlier crashed run is removed first):
 Each host: `ip netns exec shmh-hN sockherd run mhapp:app -w 2 -t 2 -b
 10.251.7.1N:8000 --metrics 10.251.7.1N:9100 --runtime-dir DIR
 --unready-delay 1.0`, its app (mhapp.py, in a directory of its own)
-answering `pid=P v=VERSION host=hN`. HAProxy in shmh-lb: roundrobin over
-both, `option httpchk GET /-/ready` on the metrics port (inter 200ms, fall
-2, rise 2), traffic to the app port. `--lb default` keeps HAProxy's default
+answering `pid=P v=VERSION host=hN peer=REMOTE_ADDR`. HAProxy in shmh-lb:
+roundrobin over both, `option httpchk GET /-/ready` on the metrics port
+(inter 200ms, fall 2, rise 2), traffic to the app port with a PROXY
+protocol v2 header (`send-proxy-v2`, deploy/haproxy/haproxy.cfg's shape):
+each host runs `--proxy-protocol v2 --proxy-allow-from 10.251.7.10`, so the
+app sees the client's address (10.251.7.1), not the balancer's; the final
+check asks for it (the harness's own direct requests, from a peer not
+allowed, are served as themselves). `--lb default` keeps HAProxy's default
 retries (3, on connection failures only, same server); `--lb retry` adds
 `retry-on conn-failure empty-response` and `option redispatch 1`: a GET is
 idempotent, and an empty response is what HAProxy sees when a server closes
@@ -103,7 +108,8 @@ HOST = {host!r}
 def app(environ, start_response):
     if environ.get("PATH_INFO") == "/sleep":
         time.sleep(float(environ.get("QUERY_STRING") or 1))
-    body = b"pid=%d v=%d host=%s\\n" % (os.getpid(), VERSION, HOST.encode())
+    body = b"pid=%d v=%d host=%s peer=%s\\n" % (os.getpid(), VERSION, HOST.encode(),
+                                                environ["REMOTE_ADDR"].encode())
     start_response("200 OK", [("Content-Type", "text/plain"),
                               ("Content-Length", str(len(body)))])
     return [body]
@@ -268,6 +274,18 @@ def http_get(ip: str, port: int, path: str = "/", timeout: float = 2.0) -> tuple
 
 
 ANSWER_RE = re.compile(r"pid=(\d+) v=(\d+) host=(\w+)")
+PEER_RE = re.compile(r"peer=(\S+)")
+CLIENT_IP = f"{NET}.1"          # the root namespace's bridge address: the client's
+
+
+def client_peers(ip: str, port: int, n: int) -> list[str]:
+    """REMOTE_ADDR as the app saw it, for n requests (None for an error)."""
+    out = []
+    for _ in range(n):
+        st, body = http_get(ip, port)
+        m = PEER_RE.search(body) if st == 200 else None
+        out.append(m.group(1) if m else "error")
+    return out
 
 
 def answers(ip: str, port: int, n: int) -> list[tuple[int, int, str] | None]:
@@ -302,8 +320,10 @@ def verify_version(ip: str, port: int, version: int, n: int = 12,
 def haproxy_cfg(d: str, lb_mode: str) -> str:
     retry = ("    retry-on conn-failure empty-response\n"
              "    option redispatch 1\n") if lb_mode == "retry" else ""
-    servers = "".join(f"    server {h['name']} {h['ip']}:{APP_PORT} check port {METRICS_PORT}\n"
-                      for h in HOSTS)
+    # send-proxy-v2: the client's address to the app (its checks go to the
+    # metrics port, which HAProxy sends no header to: `check port`)
+    servers = "".join(f"    server {h['name']} {h['ip']}:{APP_PORT} send-proxy-v2 "
+                      f"check port {METRICS_PORT}\n" for h in HOSTS)
     cfg = os.path.join(d, "haproxy.cfg")
     with open(cfg, "w") as f:
         f.write(f"""global
@@ -384,7 +404,8 @@ class Host:
                 "-w", str(WORKERS), "-t", str(THREADS), "--pythonpath", self.appdir,
                 "-b", f"{self.ip}:{APP_PORT}", "--metrics", f"{self.ip}:{METRICS_PORT}",
                 "--runtime-dir", self.rundir, "--unready-delay", str(UNREADY_DELAY),
-                "--hard-stop-after", "20"]
+                "--hard-stop-after", "20",
+                "--proxy-protocol", "v2", "--proxy-allow-from", LB["ip"]]
 
     def start(self) -> None:
         log = os.path.join(self.dir, f"sockherd{len(self.logs)}.log")
@@ -612,6 +633,11 @@ class Run:
         out["lb_ok"] = via["ok"] and via.get("hosts") == sorted(h.name for h in self.hosts)
         out["lb_hosts"] = via.get("hosts")
         out["ok"] &= out["lb_ok"]
+        # the PROXY protocol: the app saw the client, never the balancer
+        peers = client_peers(LB["ip"], LB_PORT, 16)
+        out["client_peers"] = sorted(set(peers))
+        out["peers_ok"] = bool(peers) and set(peers) == {CLIENT_IP}
+        out["ok"] &= out["peers_ok"]
         return out
 
 
@@ -705,6 +731,9 @@ def report(rows: list[dict], final: dict, a) -> str:
                f"{'yes' if all(final['hosts'].values()) else 'NO ' + str(final['hosts'])}; "
                f"through the LB from {final.get('lb_hosts')}: "
                f"{'yes' if final.get('lb_ok') else 'NO'}")
+    out.append(f"- client addresses the app saw through the LB (PROXY protocol v2): "
+               f"{final.get('client_peers')} (the client is {CLIENT_IP}): "
+               f"{'yes' if final.get('peers_ok') else 'NO'}")
     for r in rows:
         for n in r.get("notes", [])[:10]:
             out.append(f"- note ({r['lb']}/{r['mode']}): {n}")

@@ -121,6 +121,19 @@ SETTINGS: tuple[Setting, ...] = (
             msgspec.Meta(pattern=r"^0?[0-7]{3}$"), "MODE", section="listeners"),
     Setting("unix_owner", ("--unix-owner",), str, "", "`user[:group]` owning bound unix sockets",
             metavar="USER[:GROUP]", section="listeners"),
+    # HAProxy's PROXY protocol (worker/proxy.py, worker/native/conn_proxy.c)
+    Setting("proxy_protocol", ("--proxy-protocol",), Literal["off", "v1", "v2", "auto"], "off",
+            "the PROXY protocol header a proxy in front sends ahead of each connection (HTTP "
+            "and stream): `v1` (text), `v2` (binary, with TLVs), `auto` (either, told by its "
+            "first byte); its source address becomes the client's (REMOTE_ADDR, the ASGI "
+            "client, a stream's conn.peer). A peer in proxy_allow_from must send one (missing, "
+            "malformed or slower than header_timeout: the connection closes, a log line); a "
+            "header from any other peer is refused the same way", section="listeners"),
+    Setting("proxy_allow_from", ("--proxy-allow-from",), list[str],
+            ["127.0.0.0/8", "::1", "unix"],
+            "the peers that send PROXY protocol headers: addresses or CIDRs, `unix` "
+            "(unix-socket peers), `*` (all; repeatable, or comma-separated); the default: a "
+            "proxy on the same host", metavar="CIDR", section="listeners"),
     Setting("user", ("--user",), str, "", "user the workers run as (the master keeps its own)",
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
@@ -528,7 +541,12 @@ def _check_together(s: Any) -> None:
     except IdentityError as exc:
         raise SettingsError(str(exc)) from None
     from sockherd.worker.forwarded import ForwardedError, parse as parse_forwarded
+    from sockherd.worker.proxy import check_allow
 
+    try:
+        check_allow(s.proxy_allow_from)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     try:
         parse_forwarded(s.forwarded_allow_ips, s.secure_scheme_headers, s.forwarder_headers)
     except ForwardedError as exc:

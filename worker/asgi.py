@@ -20,7 +20,7 @@ import logging
 from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
 from sockherd.worker import forwarded
 from sockherd.worker.accesslog import AccessLog
-from sockherd.worker.wsgi import _Limits, _log_refusal, MIN_BODY_RATE
+from sockherd.worker.wsgi import _Limits, connection_layer, MIN_BODY_RATE
 
 log = logging.getLogger("sockherd.worker")
 
@@ -84,7 +84,7 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     engine.interface = "asgi"
-    engine.log_refusals(_log_refusal)
+    connection_layer(engine, lim)
     forwarded.install(engine, lim.forwarded)
     return engine
 

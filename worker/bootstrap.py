@@ -52,6 +52,7 @@ from sockherd.worker.gate import STARTUP
 from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.interface import InterfaceError, choose
 from sockherd.worker.loop import Loop
+from sockherd.worker.proxy import DEFAULT_ALLOW, Policy
 from sockherd.worker.stream import OUTPUT_LIMIT
 from sockherd.worker.stuck import StuckWatch, describe
 from sockherd.worker.wsgi import make_handler
@@ -128,7 +129,10 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
     loop = Loop(table, handler, control=True,
                 takeover_after=float(cfg.get("takeover_after", 0.5)),
                 max_connections=int(cfg.get("max_connections", 0)),
-                output_limit=int(cfg.get("stream_output_limit") or OUTPUT_LIMIT))
+                output_limit=int(cfg.get("stream_output_limit") or OUTPUT_LIMIT),
+                proxy=Policy(cfg.get("proxy_protocol", "off"),
+                             cfg.get("proxy_allow_from", DEFAULT_ALLOW)),
+                header_timeout=float(cfg.get("header_timeout", 15.0)))
     loop.identity = (msg.generation, msg.worker_index)
     loop.config = cfg                   # the embedded page finds the control endpoint in it
     for s in socks:

@@ -71,7 +71,7 @@ class Loop:
     def __init__(self, table: Table, handler_class, *, accept_batch: int = 64,
                  emfile_pause: float = 0.5, control: bool = False,
                  takeover_after: float = 0.5, max_connections: int = 0,
-                 output_limit: int = OUTPUT_LIMIT):
+                 output_limit: int = OUTPUT_LIMIT, proxy=None, header_timeout: float = 15.0):
         self.table = table
         self.identity = (0, 0)                      # (generation, index), for the status page
         self.control = table.threads[-1] if control else None
@@ -94,6 +94,10 @@ class Loop:
         # a stream connection's pending output past this closes it (stream.py)
         self.output_limit = output_limit
         self.high_water, self.low_water = water_marks(output_limit)
+        # the PROXY protocol header a stream connection waits for (a
+        # worker/proxy.Policy, or None), within header_timeout
+        self.proxy = proxy
+        self.header_timeout = header_timeout
         self.queue_lock = threading.Lock()      # Connection._queued (_post_write)
         # stream handlers that take part in drains (on_drain): told by _drain_step
         self._tells_drain = callable(getattr(handler_class, "on_drain", None))
@@ -742,7 +746,7 @@ class Loop:
                 if conn.th is th and not conn.closed and conn.timer_at and conn.timer_at <= now:
                     conn.timer_at = 0.0
                     self._enter_app(me)
-                    conn._call("on_timeout", default=conn.close)
+                    conn.timed_out()
                     self.relief.busy[me] = 0.0
             finally:
                 th.leave(conn.fd, gen)

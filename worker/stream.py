@@ -81,6 +81,7 @@ import socket
 import time
 
 from sockherd.fdcore import State
+from sockherd.worker._http import proxy_parse, proxy_signature
 
 log = logging.getLogger("sockherd.worker")
 
@@ -132,7 +133,8 @@ class Connection:
     __slots__ = ("fd", "cookie", "th", "loop", "handler", "peer", "local", "last_active", "_out",
                  "_closing", "_closed", "_paused_by_app", "_paused_by_output", "_want_send",
                  "_watching", "_eof", "_eof_told", "_held", "_delivering", "_writing_paused",
-                 "_queued", "_pause_told", "told_drain", "connected", "timer_at", "timer_entry")
+                 "_queued", "_pause_told", "told_drain", "connected", "timer_at", "timer_entry",
+                 "proxy", "_proxy_wait", "_proxy_trusted", "_proxy_buf")
 
     def __init__(self, loop, th, fd: int, cookie: int, handler):
         self.fd = fd
@@ -167,6 +169,16 @@ class Connection:
         self.connected = False                # on_connect ran (connect())
         self.timer_at = 0.0                   # set_timer's deadline (0: none)
         self.timer_entry = 0.0                # its entry in the owner's timer heap
+        # the PROXY protocol (worker/proxy.py): a header may come ahead of
+        # the handler's bytes; on_connect waits for it, within header_timeout
+        self.proxy = None                     # what a header told (a dict), or None
+        policy = loop.proxy
+        self._proxy_wait = policy is not None and policy.on
+        if self._proxy_wait:
+            self._proxy_trusted = policy.allowed(self.peer)
+            self._proxy_buf = bytearray()
+            self.timer_at = time.monotonic() + loop.header_timeout
+            loop.arm(self, self.timer_at)
 
     # ---- the app's side --------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -328,8 +340,12 @@ class Connection:
     # OS thread would corrupt its update list and its running bit (review).
     def connect(self) -> None:
         """Runs on_connect once, by the owner while it holds the fd (and
-        on_drain after it if the worker is draining already)."""
+        on_drain after it if the worker is draining already); with a
+        PROXY protocol header to wait for, once it came (_proxy_done)."""
         if self.connected:
+            return
+        if self._proxy_wait:
+            self._sync()                     # reading on, for the header
             return
         self.connected = True
         self._call("on_connect")
@@ -358,6 +374,12 @@ class Connection:
     def on_events(self, events: int) -> None:
         """Called by the owning thread while it holds the fd; events are the
         poll report's State.POLL_* bits."""
+        if self._proxy_wait and not self._closed:
+            if events & _FAILED:
+                self._fail(None)
+            elif events & _READABLE:
+                self._proxy_read()
+            return
         if not self.connected:
             self.connect()
             if self._closed:
@@ -374,17 +396,88 @@ class Connection:
             elif events & _HANGUP and not self._eof and not self._closing:
                 self._hung_up()
 
+    def timed_out(self) -> None:
+        """The timer is due: the handler's on_timeout (default: close),
+        or, while a PROXY header is awaited, header_timeout's close."""
+        if self._proxy_wait:
+            self._proxy_refuse("no whole PROXY protocol header within header_timeout")
+            return
+        self._call("on_timeout", default=self.close)
+
+    # ---- the PROXY protocol header, ahead of the handler's bytes ---------------
+    def _proxy_read(self) -> None:
+        """One read into the header's buffer, then the parser's verdict (the
+        engine's own parser, worker/native/proxy_proto.c)."""
+        data = self._read_once()
+        if data is None:
+            return
+        self.last_active = time.monotonic()
+        self._proxy_buf += data
+        self._proxy_feed(eof=not data)
+
+    def _proxy_feed(self, eof: bool) -> None:
+        buf = self._proxy_buf
+        if not self._proxy_trusted:
+            sig = proxy_signature(buf)
+            if sig == 1:
+                self._proxy_refuse("a PROXY protocol header from a peer not in proxy_allow_from")
+            elif sig == 0 or eof:
+                self._proxy_done(None, 0, eof)  # not a header: the handler's bytes
+            return
+        used, info = proxy_parse(buf, self.loop.proxy.mode)
+        if used == 0:
+            if eof:                              # a bare connect-and-close: no line
+                self._proxy_refuse("a truncated PROXY protocol header" if buf else None)
+            return
+        if used < 0:
+            self._proxy_refuse(info)
+            return
+        info["peer"] = self.peer
+        if not info["local"]:
+            self.peer = info["src"]
+        self._proxy_done(info, used, eof)
+
+    def _proxy_done(self, info, used: int, eof: bool) -> None:
+        """The header is in (or there is none): on_connect, then the bytes
+        after it as on_data, then the end of input if it came."""
+        rest = bytes(self._proxy_buf[used:])
+        self.proxy = info
+        self._proxy_buf = None
+        self._proxy_wait = False
+        self.timer_at = 0.0                      # header_timeout's: the handler's from now
+        self.connect()
+        if rest and not self._closed:
+            self._call("on_data", rest)
+        if eof and not self._closed:
+            self._eof = self._eof_told = True
+            self._sync()
+            self._call("on_eof", default=self.close)
+
+    def _proxy_refuse(self, reason: str | None) -> None:
+        """Closed over its header (logged, at most a line a second); the
+        handler was never told of the connection, nor is of its end."""
+        if reason:
+            self.loop.proxy.refused(self.peer, reason)
+        self._out.clear()
+        self._close_now(gone=True)
+
     def _reading(self) -> bool:
         return not (self._paused_by_app or self._paused_by_output or self._closing or self._eof)
 
-    def _read(self) -> None:
+    def _read_once(self) -> bytes | None:
+        """One read: its bytes (b"": the end of input), or None: nothing
+        now (the core told), or the connection failed (closed)."""
         try:
-            data = os.read(self.fd, READ_SIZE)
+            return os.read(self.fd, READ_SIZE)
         except BlockingIOError:
             self.loop.local.th.cant_recv(self.fd)
-            return
         except OSError as exc:
             self._fail(exc)
+        return None
+
+    def _read(self) -> None:
+        data = self._read_once()
+        if data is None:
             return
         if not data:
             self._eof = self._eof_told = True
@@ -574,7 +667,7 @@ class Connection:
         # deferred to the leave of whichever thread is inside it
         self.loop.local.th.delete(self.fd)
         on_close = getattr(self.handler, "on_close", None)
-        if on_close is not None:
+        if on_close is not None and not self._proxy_wait:   # on_connect ran
             try:
                 on_close(self)
             except BaseException:  # noqa: BLE001 - contained: the connection is closed already

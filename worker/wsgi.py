@@ -35,6 +35,7 @@ import time
 from sockherd.worker import forwarded
 from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa: F401
 from sockherd.worker.accesslog import access_log
+from sockherd.worker.proxy import DEFAULT_ALLOW, Policy, log_closed
 from sockherd.worker.stream import wait_ready
 
 log = logging.getLogger("sockherd.worker")
@@ -59,6 +60,8 @@ class _Limits:
                             if self.server_header else b"")
         self.access = access_log(cfg)
         self.header_timeout = float(cfg.get("header_timeout", 15.0))
+        self.proxy = Policy(cfg.get("proxy_protocol", "off"),
+                            cfg.get("proxy_allow_from", DEFAULT_ALLOW))
         self.keepalive_timeout = float(cfg.get("keepalive_timeout", 75.0))
         self.multithread = int(cfg.get("threads", 1)) > 1
         self.forwarded = forwarded.from_config(cfg)     # trusted proxies (worker/forwarded.py)
@@ -109,15 +112,26 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         server_line=lim.server_line, header_timeout=lim.header_timeout,
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
-    engine.log_refusals(_log_refusal)
+    connection_layer(engine, lim)
     forwarded.install(engine, lim.forwarded)
     engine.dispatch = dispatch
     return engine
 
 
+def connection_layer(engine: Server, lim: "_Limits") -> None:
+    """The engine's connection-layer settings, whatever its interface: the
+    refusal log, and the PROXY protocol header expected (worker/proxy.py)."""
+    engine.log_refusals(_log_refusal)
+    if lim.proxy.on:
+        engine.set_proxy(lim.proxy.mode, lim.proxy.native(), lim.proxy.unix)
+
+
 def _log_refusal(peer, status: int, reason: str, count: int) -> None:
     """A request the engine refused (called at most once a second per
     worker: count is how many since the last line, this one included)."""
+    if status == 0:                  # a connection closed over its PROXY header
+        log_closed(peer, reason, count)
+        return
     who = "%s:%s" % peer if isinstance(peer, tuple) else (peer or "unix socket")
     more = f" ({count} refused since the last line)" if count > 1 else ""
     log.warning("refused %d from %s: %s%s", status, who, reason, more)

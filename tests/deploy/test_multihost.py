@@ -100,6 +100,8 @@ def test_rolling_versions_across_hosts_lose_no_request(run):
         assert s["exit_s"] >= M.UNREADY_DELAY, summary
     assert final["ok"], summary + f"\n{final.get('why')}"  # last version everywhere
     assert final["lb_hosts"] == ["h1", "h2"], summary
+    # send-proxy-v2 to --proxy-protocol v2: the app saw the client, not HAProxy
+    assert final["client_peers"] == [M.CLIENT_IP], summary
     assert bad_logs == [], summary
     # the clean-up (the fixture's too, idempotent): nothing of ours left
     procs = list(run.procs.procs)

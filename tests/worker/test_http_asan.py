@@ -43,7 +43,9 @@ NATIVE = ROOT / "worker" / "native"
 LLHTTP = Path("/usr/share/llhttp")
 
 
-def test_parser_suite_under_asan_and_ubsan(tmp_path):
+def build_asan(tmp_path) -> dict:
+    """The extension built again with ASan + UBSan into tmp_path; the
+    environment that makes a child interpreter load it (conftest.py)."""
     so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
     flags = ["-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
              "-fvisibility=hidden",
@@ -56,40 +58,37 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                    check=True, timeout=300)
     libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
                              text=True, check=True).stdout.strip()
-    env = dict(os.environ, SOCKHERD_HTTP_MODULE=str(so), LD_PRELOAD=libasan,
-               # CPython's own allocations are not ours to judge (leaks at exit)
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
-               PYTHONMALLOC="malloc",
-               # the framing fuzz's share of this run: tens of seconds unless asked for more
-               FUZZ_HTTP_EXAMPLES=os.environ.get("FUZZ_HTTP_EXAMPLES", "100"))
+    return dict(os.environ, SOCKHERD_HTTP_MODULE=str(so), LD_PRELOAD=libasan,
+                # CPython's own allocations are not ours to judge (leaks at exit)
+                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+                PYTHONMALLOC="malloc")
+
+
+def run_under_asan(env: dict, files: list[str], timeout: float) -> None:
+    """pytest on files (of tests/worker) in a child with the sanitizer
+    build; fails on a failed test or any sanitizer report."""
     # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", str(ROOT / "tests" / "worker" / "test_http_parser.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_review.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_smuggling.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_limits.py"),
-                          str(ROOT / "tests" / "worker" / "test_wsgi.py"),
-                          str(ROOT / "tests" / "worker" / "test_app_containment.py"),
-                          str(ROOT / "tests" / "worker" / "test_engine_fuzz.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_framing_fuzz.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_framing_known.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_pipeline_eof.py"),
-                          str(ROOT / "tests" / "worker" / "test_parked_response_body.py"),
-                          str(ROOT / "tests" / "worker" / "test_body_buffer_engine.py"),
-                          str(ROOT / "tests" / "worker" / "test_dispatch_spill_queue.py"),
-                          str(ROOT / "tests" / "worker" / "test_response_streaming.py"),
-                          str(ROOT / "tests" / "worker" / "test_response_headers.py"),
-                          str(ROOT / "tests" / "worker" / "test_pipelined_output.py"),
-                          str(ROOT / "tests" / "worker" / "test_http_refusals.py"),
-                          str(ROOT / "tests" / "worker" / "test_asgi_http.py"),
-                          str(ROOT / "tests" / "worker" / "test_asgi_app_errors.py"),
-                          str(ROOT / "tests" / "worker" / "test_asgi_flow_control.py"),
-                          str(ROOT / "tests" / "worker" / "test_aio_loop.py"),
-                          str(ROOT / "tests" / "worker" / "test_forwarded_headers.py"),
-                          str(ROOT / "tests" / "worker" / "test_forwarded_asgi.py")],
-                         env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
+                          "-p", "no:xdist",
+                          *(str(ROOT / "tests" / "worker" / f) for f in files)],
+                         env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, report
     assert " passed" in run.stdout, report
+
+
+def test_parser_suite_under_asan_and_ubsan(tmp_path):
+    env = build_asan(tmp_path)
+    # the framing fuzz's share of this run: tens of seconds unless asked for more
+    env["FUZZ_HTTP_EXAMPLES"] = os.environ.get("FUZZ_HTTP_EXAMPLES", "100")
+    run_under_asan(env, [
+        "test_http_parser.py", "test_http_review.py", "test_http_smuggling.py",
+        "test_http_limits.py", "test_wsgi.py", "test_app_containment.py", "test_engine_fuzz.py",
+        "test_http_framing_fuzz.py", "test_http_framing_known.py", "test_http_pipeline_eof.py",
+        "test_parked_response_body.py", "test_body_buffer_engine.py",
+        "test_dispatch_spill_queue.py", "test_response_streaming.py",
+        "test_response_headers.py", "test_pipelined_output.py", "test_http_refusals.py",
+        "test_asgi_http.py", "test_asgi_app_errors.py", "test_asgi_flow_control.py",
+        "test_aio_loop.py"], timeout=500 + LONGER)

@@ -28,7 +28,8 @@ NATIVE = ROOT / "worker" / "native"
 
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
-    "connection": ["fwd_trust", "conn_timers", "conn_io", "conn_type", "dispatch", "engine"],
+    "connection": ["proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy", "conn_type",
+                   "dispatch", "engine"],
     "http1 codec": ["httpscan", "httpparse", "h1_parser", "fwd_fields", "h1_head", "h1_response",
                     "h1_conn"],
     "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],

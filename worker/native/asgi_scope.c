@@ -22,7 +22,7 @@
 
 static PyObject *K_TYPE, *K_ASGI, *K_HTTP_VERSION, *K_METHOD, *K_PATH, *K_RAW_PATH, *K_QUERY,
                 *K_HEADERS, *K_CLIENT, *K_SERVER, *K_STATE, *V_11, *V_10, *K_BODY, *K_MORE,
-                *V_REQUEST, *V_DISCONNECT, *V_EMPTY_BYTES;
+                *V_REQUEST, *V_DISCONNECT, *V_EMPTY_BYTES, *K_EXTENSIONS, *K_PROXY;
 static PyObject *method_names[64];
 
 int asgi_make_keys(void)
@@ -33,7 +33,7 @@ int asgi_make_keys(void)
 		{&K_QUERY, "query_string"}, {&K_HEADERS, "headers"}, {&K_CLIENT, "client"},
 		{&K_SERVER, "server"}, {&K_STATE, "state"}, {&V_11, "1.1"}, {&V_10, "1.0"},
 		{&K_BODY, "body"}, {&K_MORE, "more_body"}, {&V_REQUEST, "http.request"},
-		{&V_DISCONNECT, "http.disconnect"},
+		{&V_DISCONNECT, "http.disconnect"}, {&K_EXTENSIONS, "extensions"}, {&K_PROXY, "proxy"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -217,8 +217,8 @@ PyObject *asgi_build_scope(HttpConn *c)
 		goto fail;
 	/* addresses: (host, port) tuples for TCP; a unix socket has no
 	 * client address and its path as the server's */
-	if (PyTuple_Check(c->peer) && PyTuple_Check(c->local)) {
-		if (PyDict_SetItem(scope, K_CLIENT, c->peer) < 0 ||
+	if (PyTuple_Check(hconn_peer(c)) && PyTuple_Check(c->local)) {
+		if (PyDict_SetItem(scope, K_CLIENT, hconn_peer(c)) < 0 ||
 		    PyDict_SetItem(scope, K_SERVER, c->local) < 0)
 			goto fail;
 	}
@@ -227,6 +227,18 @@ PyObject *asgi_build_scope(HttpConn *c)
 		goto fail;
 	if (c->trusted && fwd_scope(c, scope) < 0)     /* a trusted proxy's fields (forwarded.h) */
 		goto fail;
+	/* a PROXY protocol header's dict (conn_proxy.c): the "proxy"
+	 * extension, a copy per request (the ssl dict inside is shared) */
+	if (c->proxy) {
+		PyObject *ext = PyDict_New();
+
+		if (set_new(scope, K_EXTENSIONS, Py_XNewRef(ext)) < 0 ||
+		    set_new(ext, K_PROXY, PyDict_Copy(c->proxy)) < 0) {
+			Py_XDECREF(ext);
+			goto fail;
+		}
+		Py_DECREF(ext);
+	}
 	return scope;
 fail:
 	Py_DECREF(scope);

@@ -145,6 +145,11 @@ struct HttpConn {
 	 * when it closes first. Owner thread only: a connection with a call is
 	 * never shared or taken over (asgi_app.c says why). */
 	PyObject *call;
+	/* The PROXY protocol (conn_proxy.c): a header may still come ahead of
+	 * the codec's bytes (proxy_wait), from a peer that must send one
+	 * (proxy_trusted) or may not; what a header told (its dict), or NULL */
+	unsigned proxy_wait : 1, proxy_trusted : 1;
+	PyObject *proxy;
 };
 
 extern PyTypeObject HttpConnType;
@@ -244,6 +249,22 @@ static inline int hconn_owed(const HttpConn *c)
 {
 	return hconn_pending(c) || c->parked;
 }
+
+/* The client's address as the layers above must show it ((host, port),
+ * a unix peer's "" or path, None when unknown): the socket's peer, or the
+ * source a trusted PROXY protocol header named. REMOTE_ADDR and
+ * REMOTE_PORT are c->addr's last two, from the same source. */
+static inline PyObject *hconn_peer(const HttpConn *c) { return c->peer; }
+
+/* ---- conn_proxy.c ---- */
+/* The header ahead of buf[0 .. len) (the codec's buffered input; eof: no
+ * more will come). Returns the header's bytes, which the caller drops
+ * from its buffer; while c->proxy_wait stays set more bytes are needed;
+ * a bad header, or one from a peer not allowed, closes c (logged). -1: a
+ * Python error. */
+ssize_t hconn_proxy(HttpConn *c, const char *buf, size_t len, int eof);
+/* header_timeout passed with the header not whole: c closes (logged). */
+void hconn_proxy_timeout(HttpConn *c);
 
 /* ---- conn_type.c ---- */
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);

@@ -475,6 +475,31 @@ int hconn_on_timeout(HttpConn *c, int kind)
 	return c->srv->ops->timeout(c, kind);     /* header, keep-alive, body: the protocol's */
 }
 
+/* ---- the refusal log ------------------------------------------------------------------------- */
+
+/* A refusal logged with the peer and the reason: a line at most a second
+ * per worker (a flood of bad requests must not flood the log), saying how
+ * many were refused since the last one. The codec's refused requests and
+ * this layer's closed connections (a bad PROXY header: status 0) share it. */
+void srv_log_refusal(Server *s, PyObject *peer, int status, const char *reason)
+{
+	double now;
+	PyObject *rc;
+
+	s->refusal_unlogged++;
+	if (!s->on_refusal)
+		return;
+	now = mono_now();
+	if (s->refusal_logged && now - s->refusal_logged < 1.0)
+		return;
+	rc = PyObject_CallFunction(s->on_refusal, "OisK", peer, status, reason, s->refusal_unlogged);
+	s->refusal_logged = now;
+	s->refusal_unlogged = 0;
+	if (!rc)
+		PyErr_WriteUnraisable(s->on_refusal);
+	Py_XDECREF(rc);
+}
+
 /* ---- containment ------------------------------------------------------------------------------- */
 
 void report_exc(Server *s, PyObject *env, const char *what)

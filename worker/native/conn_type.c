@@ -52,6 +52,7 @@ static int addresses(HttpConn *c)
 		c->addr = Py_BuildValue("(ssss)", "", "", "", "");
 		c->peer = Py_NewRef(Py_None);
 		c->local = Py_NewRef(Py_None);
+		c->proxy_wait = c->srv->proxy_mode != 0;   /* not trusted: no peer to trust */
 		return c->addr ? 0 : -1;
 	}
 	conn_peer(c, (const struct sockaddr *)&peer, pl);
@@ -79,12 +80,11 @@ static int addresses(HttpConn *c)
 		c->peer = PyUnicode_FromString("");
 		c->addr = c->local ? Py_BuildValue("(Osss)", c->local, "", "", "") : NULL;
 	}
+	if (c->srv->proxy_mode) {
+		c->proxy_wait = 1;
+		c->proxy_trusted = (unsigned)proxy_allowed(c->srv, &peer);
+	}
 	return c->addr && c->local && c->peer ? 0 : -1;
-}
-
-void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len)
-{
-	c->trusted = fwd_trusts(&c->srv->fwd, sa, len) != 0;
 }
 
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
@@ -125,6 +125,7 @@ static void HttpConn_dealloc(HttpConn *c)
 	Py_XDECREF(c->parked);
 	Py_XDECREF(c->held);
 	Py_XDECREF(c->call);
+	Py_XDECREF(c->proxy);
 	Py_XDECREF(c->srv);
 	PyObject_Free(c);
 }
@@ -328,6 +329,8 @@ static PyMemberDef HttpConn_members[] = {
 	{"parser", T_OBJECT, offsetof(HttpConn, parser), READONLY, "its RequestParser"},
 	{"peer", T_OBJECT, offsetof(HttpConn, peer), READONLY, "the client's address"},
 	{"local", T_OBJECT, offsetof(HttpConn, local), READONLY, "our address"},
+	{"proxy", T_OBJECT, offsetof(HttpConn, proxy), READONLY,
+	 "what a PROXY protocol header told (a dict), or None"},
 	{NULL},
 };
 

@@ -81,16 +81,6 @@ static int fire_timers(Server *s, int pos)
 
 /* ---- the turn ------------------------------------------------------------------------------------ */
 
-int engine_stamp(Server *s, int pos, double when)
-{
-	PyObject *f;
-
-	if (s->busy == Py_None)
-		return 0;
-	f = PyFloat_FromDouble(when);
-	return f ? PyList_SetItem(s->busy, pos, f) : -1;
-}
-
 static PyObject *event_obj(Server *s, const struct fdc_event *ev)
 {
 	return PyObject_CallFunction(s->event_type, "iIIIK", ev->fd, ev->events, ev->gen, ev->kind,

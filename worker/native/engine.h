@@ -99,11 +99,38 @@ struct Server {
 	unsigned long long refusal_unlogged;   /* refusals since that line */
 	/* trusted proxy headers (forwarded.h): which peers, which fields */
 	struct fwd_rules fwd;
+	/* the PROXY protocol (conn_proxy.c, Server.set_proxy): the header
+	 * expected (PP_*, proxy_proto.h; 0: none, and no cost), from which
+	 * peers, and the connections closed over one */
+	int proxy_mode;
+	struct pp_net *proxy_nets;
+	int proxy_nnets, proxy_unix;
+	unsigned long long proxy_refused;
+};
+
+/* a net of proxy_allow_from: family, address, prefix bits */
+struct pp_net {
+	int family;
+	uint8_t addr[16];
+	int bits;
 };
 
 extern PyTypeObject ServerType;
 extern PyMethodDef server_methods[];       /* engine.c */
 extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
+extern PyMethodDef server_proxy_methods[]; /* conn_proxy.c: set_proxy */
+extern PyMethodDef proxy_module_methods[]; /* conn_proxy.c: proxy_parse, proxy_signature */
+
+/* ---- conn_proxy.c ---- */
+struct sockaddr_storage;
+/* Whether a peer of this address may (and so must) send a PROXY header. */
+int proxy_allowed(const Server *s, const struct sockaddr_storage *peer);
+struct pp_result;
+/* A parsed header's dict (version, local, src, dst, the TLVs' values). */
+PyObject *proxy_info(const struct pp_result *r);
+/* The refusal log: fn(peer, status, reason, count) at most a line a
+ * second (conn_io.c); status 0: a connection closed before any request. */
+void srv_log_refusal(Server *s, PyObject *peer, int status, const char *reason);
 
 /* the responses[] index of a status code (0: other, or no response) */
 static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }
@@ -117,7 +144,18 @@ static inline void srv_count(Server *s, int code)
 }
 /* engine.c: loop thread pos entered a handler at `when` (0: left them):
  * the busy list's stamp (the relief's, the request timeout's), when given */
-int engine_stamp(Server *s, int pos, double when);
+/* The relief's (and the timeout's) stamp of loop thread pos: when it
+ * entered the app (0.0: it left), in s->busy; nothing without it. Inline:
+ * dispatch.c stamps the threads it hands a request to, below engine.c. */
+static inline int engine_stamp(Server *s, int pos, double when)
+{
+	PyObject *f;
+
+	if (s->busy == Py_None)
+		return 0;
+	f = PyFloat_FromDouble(when);
+	return f ? PyList_SetItem(s->busy, pos, f) : -1;
+}
 /* conn_timers.c: ms until the thread's next deadline, or -1 */
 int timers_timeout(struct srv_thread *t, double now);
 /* dispatch.c: one report or due timer for a group-shared connection */

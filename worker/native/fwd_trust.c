@@ -163,3 +163,11 @@ PyMethodDef fwd_server_methods[] = {
 	{"set_forwarded", (PyCFunction)Server_set_forwarded, METH_VARARGS, set_forwarded_doc},
 	{NULL},
 };
+
+/* c's trust for its peer sa (at accept: conn_type.c; again for the client
+ * a PROXY header names: conn_proxy.c). Here, below both, so that neither
+ * calls up the layers. */
+void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len)
+{
+	c->trusted = fwd_trusts(&c->srv->fwd, sa, len) != 0;
+}

@@ -78,29 +78,12 @@ void h1_rearm(HttpConn *c)
 
 /* ---- refusals ------------------------------------------------------------------------------ */
 
-/* A refusal counted by kind, and logged with the peer and the reason: a
- * line at most a second per worker (a flood of bad requests must not
- * flood the log), saying how many were refused since the last one. */
+/* A refusal counted by kind, and logged (srv_log_refusal: at most a line
+ * a second per worker, a flood of bad requests must not flood the log). */
 static void note_refusal(HttpConn *c, int status, int kind, const char *reason)
 {
-	Server *s = c->srv;
-	double now;
-	PyObject *rc;
-
-	s->refused[kind]++;
-	s->refusal_unlogged++;
-	if (!s->on_refusal)
-		return;
-	now = mono_now();
-	if (s->refusal_logged && now - s->refusal_logged < 1.0)
-		return;
-	rc = PyObject_CallFunction(s->on_refusal, "OisK", c->peer, status, reason,
-	                           s->refusal_unlogged);
-	s->refusal_logged = now;
-	s->refusal_unlogged = 0;
-	if (!rc)
-		PyErr_WriteUnraisable(s->on_refusal);
-	Py_XDECREF(rc);
+	c->srv->refused[kind]++;
+	srv_log_refusal(c->srv, c->peer, status, reason);
 }
 
 /* hconn_refuse, counted under `kind` (refusal_kind() of the status, or
@@ -402,6 +385,29 @@ static ssize_t read_some(HttpConn *c, int *filled)
 	return n;
 }
 
+/* The PROXY protocol header ahead of the first request, through the
+ * connection layer's step (conn_proxy.c) on the buffered bytes: its bytes
+ * leave the buffer, what follows them stays for the requests. 1: go on to
+ * the requests, 0: not now (the header is not whole, or c closed over a
+ * bad one), -1 a Python error. eof: no byte will follow. */
+static int proxy_step(HttpConn *c, int eof)
+{
+	Parser *p = c->parser;
+	ssize_t used;
+
+	if (!c->proxy_wait)
+		return 1;
+	used = hconn_proxy(c, p->pending + p->start, p->len - p->start, eof);
+	if (used < 0)
+		return -1;
+	p->start += (size_t)used;
+	if (c->proxy_wait || c->closed)
+		return 0;
+	/* nothing after the header yet: the header timer armed at accept runs
+	 * on for the head (serving nothing would arm keep-alive's) */
+	return p->len > p->start || eof;
+}
+
 /* One read, the requests it completes, one write. A shared connection
  * (dispatch.c) is polled edge-triggered: after a read that filled its
  * room, bytes may wait that no new report will announce, so it reads
@@ -415,6 +421,15 @@ int h1_readable(HttpConn *c)
 
 		if (n == -1)
 			return -1;
+		if (n != 0 && c->proxy_wait) {
+			int go = proxy_step(c, n == -2);
+
+			if (go <= 0) {
+				if (go == 0 && n == -2 && !c->closed)
+					hconn_close_soft(c);       /* EOF before a header: nothing to serve */
+				return go;
+			}
+		}
 		if (n == -2) {
 			c->peer_eof = 1;
 			if (c->call && call_input(c) < 0)  /* its app learns of the end */
@@ -448,6 +463,15 @@ int h1_serve_first(HttpConn *c)
 {
 	if (c->closed)
 		return 0;
+	if (c->proxy_wait) {
+		int go = proxy_step(c, c->peer_eof);
+
+		if (go <= 0) {
+			if (go == 0 && c->peer_eof && !c->closed)
+				hconn_close_soft(c);
+			return go;
+		}
+	}
 	if (c->peer_eof) {
 		hconn_close_soft(c);
 		return 0;
@@ -460,6 +484,10 @@ int h1_serve_first(HttpConn *c)
  * or an idle keep-alive connection. */
 int h1_timeout(HttpConn *c, int kind)
 {
+	if (c->proxy_wait) {
+		hconn_proxy_timeout(c);                /* not HTTP yet: no 408, a close */
+		return 0;
+	}
 	if (kind == TIMER_BODY && c->held) {
 		Py_CLEAR(c->held);
 		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, "the request body did not arrive in time");

@@ -21,7 +21,7 @@ PyObject *HttpError, *ClientGone, *BadBody;
  * names a function of the one above. */
 #define JOINED_MAX 24
 static PyMethodDef conn_methods[JOINED_MAX], parser_methods_all[JOINED_MAX],
-                   server_methods_all[JOINED_MAX];
+                   server_methods_all[JOINED_MAX], module_methods[JOINED_MAX];
 
 static int join_methods(PyMethodDef *out, const PyMethodDef *const *parts, int nparts)
 {
@@ -41,19 +41,22 @@ static int join_methods(PyMethodDef *out, const PyMethodDef *const *parts, int n
 
 static struct PyModuleDef module = {
 	PyModuleDef_HEAD_INIT, "sockherd.worker._http",
-	"The native HTTP/1.1 request path (llhttp, strict).", -1, h1_module_methods,
+	"The native HTTP/1.1 request path (llhttp, strict).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__http(void)
 {
 	const PyMethodDef *conn_parts[] = {hconn_methods, h1_conn_methods, wsgi_conn_methods};
 	const PyMethodDef *parser_parts[] = {parser_methods, wsgi_parser_methods};
-	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods, fwd_server_methods};
+	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods, fwd_server_methods,
+	                                     server_proxy_methods};
+	const PyMethodDef *module_parts[] = {h1_module_methods, proxy_module_methods};
 	PyObject *m;
 
 	if (join_methods(conn_methods, conn_parts, 3) < 0 ||
 	    join_methods(parser_methods_all, parser_parts, 2) < 0 ||
-	    join_methods(server_methods_all, server_parts, 3) < 0)
+	    join_methods(server_methods_all, server_parts, 4) < 0 ||
+	    join_methods(module_methods, module_parts, 2) < 0)
 		return NULL;
 	HttpConnType.tp_methods = conn_methods;
 	ParserType.tp_methods = parser_methods_all;

@@ -294,6 +294,7 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);
 	fwd_free(&s->fwd);
+	PyMem_Free(s->proxy_nets);
 	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -425,6 +426,12 @@ static PyObject *get_refused(Server *s, void *c)
 	return d;
 }
 
+static PyObject *get_proxy_refused(Server *s, void *c)
+{
+	(void)c;
+	return PyLong_FromUnsignedLongLong(s->proxy_refused);
+}
+
 static PyGetSetDef Server_getset[] = {
 	{"draining", (getter)get_draining, (setter)set_draining,
 	 "responses carry Connection: close", NULL},
@@ -437,6 +444,8 @@ static PyGetSetDef Server_getset[] = {
 	 "the app's interface: 'wsgi' or 'asgi' (set before the first connection)", NULL},
 	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
 	{"refused", (getter)get_refused, NULL, "requests the engine refused, by reason", NULL},
+	{"proxy_refused", (getter)get_proxy_refused, NULL,
+	 "connections closed over their PROXY protocol header (conn_proxy.c)", NULL},
 	{NULL},
 };
 

@@ -17,6 +17,33 @@
 
 /* ---- the codec's calls: a request, served -------------------------------------------------- */
 
+/* What a PROXY protocol header told (conn_proxy.c), as proxy.<key>
+ * environ keys: proxy.version, proxy.local, proxy.peer (the proxy's own
+ * address), proxy.src, proxy.dst, and the TLVs' proxy.alpn,
+ * proxy.authority, proxy.unique_id, proxy.ssl (a dict). Only on a
+ * connection that had a header. */
+static int set_proxy_keys(PyObject *info, PyObject *env)
+{
+	PyObject *k, *v;
+	Py_ssize_t pos = 0;
+
+	while (PyDict_Next(info, &pos, &k, &v)) {
+		PyObject *key = PyUnicode_FromFormat("proxy.%U", k);
+		int rc;
+
+		if (!key)
+			return -1;
+		/* a dict (ssl) copied: the app may change its own */
+		v = PyDict_Check(v) ? PyDict_Copy(v) : Py_NewRef(v);
+		rc = v ? PyDict_SetItem(env, key, v) : -1;
+		Py_DECREF(key);
+		Py_XDECREF(v);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
+}
+
 static int set_addr(HttpConn *c, PyObject *env)
 {
 	PyObject *keys[] = {K_SERVER_NAME, K_SERVER_PORT, K_REMOTE_ADDR, K_REMOTE_PORT};
@@ -29,7 +56,7 @@ static int set_addr(HttpConn *c, PyObject *env)
 	for (int i = 2; i < 4; i++)
 		if (PyDict_SetItem(env, keys[i], PyTuple_GET_ITEM(c->addr, i)) < 0)
 			return -1;
-	return 0;
+	return c->proxy ? set_proxy_keys(c->proxy, env) : 0;
 }
 
 /* A parsed head's environ, with the connection's addresses: struct
