@@ -248,6 +248,9 @@ struct fdc_thread {
 	int *updt;                     /* local update list: fds, no duplicates
 	                                  thanks to the own update bit */
 	int nbupdt;
+	int nbwalk;                    /* updt[0 .. nbwalk) belong to the update
+	                                  pass under way (0 outside one): a final
+	                                  close never trims them (fd.c) */
 	int in_pass;                   /* inside fdc_update_pass (reentry guard) */
 	struct fdc_owed {              /* reports th owes its caller, made by */
 		int32_t fd;            /* its next fdc_poll before it waits: */
@@ -255,6 +258,17 @@ struct fdc_thread {
 		uint32_t events;       /* kept edges replayed (IN, OUT); one */
 	} *owed;                       /* entry per incarnation; grows on demand */
 	int nbowed, capowed;
+	/* Retries of reports owe() could not queue (no memory): at most one
+	 * entry per fd, a ring of maxfd slots allocated with the context, so
+	 * listing a retry never allocates. retry_why[fd] says what to retry
+	 * (FDC_RETRY_*, poller.c) and is 0 while fd is not listed: the guard
+	 * that keeps one entry per fd whatever walk met it. Attempted at the
+	 * start of each update pass; while any is left, the poller's wait is
+	 * bounded by retry_ms, doubled at each attempt that fails again (a
+	 * back-off, never a wake-up of itself). th's thread only. */
+	int *retry;
+	uint8_t *retry_why;
+	int retry_head, nbretry, retry_ms;
 	struct fdc_counters_atomic ctr;
 };
 
