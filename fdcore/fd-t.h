@@ -235,6 +235,19 @@ struct fdc_group {
 
 struct fdc_table;
 
+/* What a listed retry of a report stands for (fdc_thread.retry_why[fd]):
+ * a report owe() could not queue (no memory), retried by the thread's
+ * next update pass (poller.c, retry_later and retry_owed). */
+#define FDC_RETRY_KEPT  0x01   /* kept edges put back on ACTIVE directions
+                                  (fdc_replay_kept): take them again. The
+                                  only time an EDGE fd's state holds KEPT_x
+                                  and ACTIVE_x after a verb returned: an
+                                  owner has the fd listed for this */
+#define FDC_RETRY_CTL   0x02   /* a failed registration's report (fail_fd) */
+/* back-off of a thread's wait while retries are listed, in ms */
+#define FDC_RETRY_MIN_MS 1
+#define FDC_RETRY_MAX_MS 128
+
 /* A thread context. Exactly one OS thread at a time may use a context: its
  * local update list and epoll instance are not shared. Other threads only
  * read epfd (to DEL a cloned fd on close) and write evfd (to wake it).
@@ -261,7 +274,7 @@ struct fdc_thread {
 	/* Retries of reports owe() could not queue (no memory): at most one
 	 * entry per fd, a ring of maxfd slots allocated with the context, so
 	 * listing a retry never allocates. retry_why[fd] says what to retry
-	 * (FDC_RETRY_*, poller.c) and is 0 while fd is not listed: the guard
+	 * (FDC_RETRY_*, above) and is 0 while fd is not listed: the guard
 	 * that keeps one entry per fd whatever walk met it. Attempted at the
 	 * start of each update pass; while any is left, the poller's wait is
 	 * bounded by retry_ms, doubled at each attempt that fails again (a

@@ -147,14 +147,6 @@ static int owe(struct fdc_thread *th, int fd, uint32_t gen, uint32_t events)
 	return 0;
 }
 
-/* What a listed retry stands for (th->retry_why[fd], fd-t.h). */
-#define FDC_RETRY_KEPT  0x01   /* kept edges put back on ACTIVE directions
-                                  (fdc_replay_kept): take them again */
-#define FDC_RETRY_CTL   0x02   /* a failed registration's report (fail_fd) */
-/* back-off of a thread's wait while retries are listed, in ms */
-#define FDC_RETRY_MIN_MS 1
-#define FDC_RETRY_MAX_MS 128
-
 /* Lists fd for a retry of a report owe() could not queue (no memory):
  * made by th's next update pass (retry_owed), not by the walk under way.
  * One entry per fd, whatever walk (local, shared, the retry's own) met it

@@ -133,7 +133,7 @@ import pytest
 
 from test_c_sanitizers import (
     CTL_REPORT_NOMEM, FDCORE, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
-    SHARED_AFFINITY, SHARED_TAKEOVER, UPDATE_PASS_CLOSE,
+    SHARED_AFFINITY, SHARED_TAKEOVER, STRESS_CFLAGS, UPDATE_PASS_CLOSE,
     build_program, run_program,
     san_env,
     stress_argv, stress_sources,
@@ -392,7 +392,7 @@ def test_mutants_apply(tmp_path):
 def clean_stress(tmp_path_factory):
     """The stress program on the unmutated core (the control's build)."""
     return build_program(tmp_path_factory.mktemp("clean") / "stress_fd", STRESS_SAN,
-                         stress_sources())
+                         stress_sources(), cflags=STRESS_CFLAGS)
 
 
 def failure(res: subprocess.CompletedProcess | None) -> str | None:
@@ -420,7 +420,7 @@ def run_bounded(argv, env, timeout):
 def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, groups, extra):
     mutate(tmp_path / "core", MUTANTS[mutant])
     binary = build_program(tmp_path / "stress_fd", STRESS_SAN, stress_sources(),
-                           core=tmp_path / "core", cflags=MUTANTS[mutant].cflags)
+                           core=tmp_path / "core", cflags=(*STRESS_CFLAGS, *MUTANTS[mutant].cflags))
     env = san_env(STRESS_SAN)
     env.pop("FDC_STRESS_SEED", None)
     env.pop("FDC_STRESS_SECONDS", None)

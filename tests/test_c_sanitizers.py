@@ -35,7 +35,7 @@ Knobs (environment):
 Other options of the program (threads, watchdog, quiescent-point period, ...)
 are listed at the top of tests/c/stress_fd.c.
 A long stress of one scenario, outside pytest:
-  gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -I fdcore \
+  gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -Wl,--wrap=realloc -I fdcore \
       fdcore/fd.c fdcore/updlist.c fdcore/poller.c tests/c/*.c -o /tmp/stress_fd
   FDC_STRESS_SECONDS=600 /tmp/stress_fd takeover -g 2
   FDC_STRESS_SECONDS=60 /tmp/stress_fd coown -t 6 -x 3 -b 2
@@ -95,9 +95,13 @@ COOWN = ("-t", "6")
 # lost report), through recv pauses and responses that hit EAGAIN. "shared-t3":
 # 3 threads and no busy loop, so pollers often sleep and take the writable
 # edge of a response in its EAGAIN-to-want_send window (the kept edge's
-# replay: FDC_KEPT_W).
+# replay: FDC_KEPT_W). "shared-nomem": 8 threads and 3 busy loops on 2 cores,
+# the core's realloc failing 1 in 2 calls (-m 2, common.c's nomem_point):
+# kept-edge replays and failed registrations' reports go through the retry
+# ring (poller.c, retry_later) all through the run, and none is lost.
 SHARED = ("-t", "6", "-b", "2")
 SHARED_T3 = ("-t", "3")
+SHARED_NOMEM = ("-t", "8", "-b", "3", "-m", "2")
 SCENARIOS = [
     (f"{name}-g{groups}", mode, groups, extra)
     for name, mode, extra in (
@@ -109,6 +113,7 @@ SCENARIOS = [
         ("coown-handover", "coown", ("-x", "2", *COOWN)),
         ("shared", "shared", SHARED),
         ("shared-t3", "shared", SHARED_T3),
+        ("shared-nomem", "shared", SHARED_NOMEM),
     )
     for groups in (1, 2)
 ]
@@ -122,6 +127,10 @@ def core_sources(core=FDCORE):
 def stress_sources():
     """The stress program's own files: tests/c/*.c, not tests/c/repro/."""
     return sorted(str(p) for p in CDIR.glob("*.c"))
+
+
+# the stress program fails the core's realloc on purpose with -m (common.c)
+STRESS_CFLAGS = ("-Wl,--wrap=realloc",)
 
 
 def build_program(out, san, sources, core=FDCORE, cflags=()):
@@ -154,7 +163,7 @@ def stress_binary(tmp_path_factory):
     def build(san):
         if san not in built:
             out = tmp_path_factory.mktemp(f"stress-{san}") / "stress_fd"
-            built[san] = build_program(out, san, stress_sources())
+            built[san] = build_program(out, san, stress_sources(), cflags=STRESS_CFLAGS)
         return built[san]
 
     return build
