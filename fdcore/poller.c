@@ -177,8 +177,12 @@ static void retry_later(struct fdc_thread *th, int fd, uint8_t why)
  * report itself is made under a running bit there). Every failed attempt
  * is reported unless a report of this incarnation is already pending on
  * th: a new owner after a takeover, or the owner retrying after a report,
- * hears of its own failure too. th's thread, holding a reference on the
- * fd's tgid (so the generation is the live incarnation's).
+ * hears of its own failure too. If the report cannot be queued (no
+ * memory), fd is listed for a retry by a later pass (retry_later): never
+ * dropped. th's thread, holding a reference on the fd's tgid (so the
+ * generation is the live incarnation's). Memory ordering: the errno is
+ * stored before the state's FDC_POLL_CTL (both seq_cst), so whoever sees
+ * the flag reads this errno or a later failure's.
  */
 static void fail_fd(struct fdc_thread *th, int fd, int err)
 {
@@ -262,6 +266,8 @@ static void take_kept(struct fdc_thread *th, int fd)
  * again (still no memory), else 0. A number reused by a new incarnation
  * th owns gets a spurious but true report at worst (its own kept edges,
  * or its own failure once more). th's thread, in its update pass.
+ * Memory ordering: the grab (a seq_cst RMW) pins the tgid (I1); the loads
+ * of thread_mask and state are seq_cst, and the take is take_kept's CAS.
  */
 static int retry_one(struct fdc_thread *th, int fd, uint8_t why)
 {
@@ -501,6 +507,20 @@ static int walk_shared(struct fdc_thread *th, struct fdc_group *g)
 	return n;
 }
 
+/* fd.h. th's update pass, before each wait of fdc_poll (and from
+ * local_append when th's local list is full outside a pass): the retries
+ * listed by earlier passes (retry_owed), then th's local list, then its
+ * group's shared list. Who: th's thread only, never nested (in_pass:
+ * local_append traps on a full list inside a pass). Returns the epoll_ctl
+ * calls made. Keeps: every update bit of th's set when the pass began is
+ * consumed by it (I7), and what the pass itself lists (a retry, an entry
+ * a hook appends) is the next pass's, so a pass always ends; the local
+ * list loses exactly the nbwalk entries walked, whatever a close on this
+ * thread did meanwhile (fd.c, close_orphan). Memory ordering: each update
+ * bit is cleared (seq_cst RMW) before update_fd loads the state, the
+ * order update_fd's comment relies on; the lists' own in walk_shared and
+ * fdc_done_update.
+ */
 int fdc_update_pass(struct fdc_thread *th)
 {
 	struct fdc_table *t = th->t;
@@ -727,7 +747,9 @@ static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *o
 	if (n < 0) {
 		if (errno != EINTR)
 			return cnt ? cnt : -errno;
-		n = 0;
+		/* a signal: the caller's turn (its handlers run), whatever
+		 * bounded the wait */
+		n = capped = 0;
 	}
 	*retry_timer = capped && n == 0 && cnt == 0;
 	if (n)
