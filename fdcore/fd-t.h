@@ -235,6 +235,19 @@ struct fdc_group {
 
 struct fdc_table;
 
+/* What a listed retry of a report stands for (fdc_thread.retry_why[fd]):
+ * a report owe() could not queue (no memory), retried by the thread's
+ * next update pass (poller.c, retry_later and retry_owed). */
+#define FDC_RETRY_KEPT  0x01   /* kept edges put back on ACTIVE directions
+                                  (fdc_replay_kept): take them again. The
+                                  only time an EDGE fd's state holds KEPT_x
+                                  and ACTIVE_x after a verb returned: an
+                                  owner has the fd listed for this */
+#define FDC_RETRY_CTL   0x02   /* a failed registration's report (fail_fd) */
+/* back-off of a thread's wait while retries are listed, in ms */
+#define FDC_RETRY_MIN_MS 1
+#define FDC_RETRY_MAX_MS 128
+
 /* A thread context. Exactly one OS thread at a time may use a context: its
  * local update list and epoll instance are not shared. Other threads only
  * read epfd (to DEL a cloned fd on close) and write evfd (to wake it).
@@ -248,6 +261,9 @@ struct fdc_thread {
 	int *updt;                     /* local update list: fds, no duplicates
 	                                  thanks to the own update bit */
 	int nbupdt;
+	int nbwalk;                    /* updt[0 .. nbwalk) belong to the update
+	                                  pass under way (0 outside one): a final
+	                                  close never trims them (fd.c) */
 	int in_pass;                   /* inside fdc_update_pass (reentry guard) */
 	struct fdc_owed {              /* reports th owes its caller, made by */
 		int32_t fd;            /* its next fdc_poll before it waits: */
@@ -255,6 +271,17 @@ struct fdc_thread {
 		uint32_t events;       /* kept edges replayed (IN, OUT); one */
 	} *owed;                       /* entry per incarnation; grows on demand */
 	int nbowed, capowed;
+	/* Retries of reports owe() could not queue (no memory): at most one
+	 * entry per fd, a ring of maxfd slots allocated with the context, so
+	 * listing a retry never allocates. retry_why[fd] says what to retry
+	 * (FDC_RETRY_*, above) and is 0 while fd is not listed: the guard
+	 * that keeps one entry per fd whatever walk met it. Attempted at the
+	 * start of each update pass; while any is left, the poller's wait is
+	 * bounded by retry_ms, doubled at each attempt that fails again (a
+	 * back-off, never a wake-up of itself). th's thread only. */
+	int *retry;
+	uint8_t *retry_why;
+	int retry_head, nbretry, retry_ms;
 	struct fdc_counters_atomic ctr;
 };
 

@@ -63,6 +63,8 @@ void fdc_table_free(struct fdc_table *t)
 				close(th->evfd);
 			free(th->updt);
 			free(th->owed);
+			free(th->retry);
+			free(th->retry_why);
 		}
 		free(t->threads);
 	}
@@ -78,7 +80,11 @@ static int thread_init(struct fdc_table *t, struct fdc_thread *th)
 	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = FDC_WAKE_TOKEN };
 
 	th->updt = malloc(sizeof(*th->updt) * (size_t)t->maxfd);
-	if (!th->updt)
+	/* the retry ring of reports that could not be queued: allocated now,
+	 * so that a retry is listed without memory (poller.c, retry_later) */
+	th->retry = malloc(sizeof(*th->retry) * (size_t)t->maxfd);
+	th->retry_why = calloc((size_t)t->maxfd, sizeof(*th->retry_why));
+	if (!th->updt || !th->retry || !th->retry_why)
 		return -ENOMEM;
 	th->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (th->epfd < 0)
@@ -344,8 +350,13 @@ static void close_orphan(struct fdc_thread *th, int fd)
 		atomic_store(&pol->hup, 0);
 	atomic_store(&e->running_mask, 0);
 	atomic_store(&e->thread_mask, 0);
-	/* "update then close" is common: drop our own now-useless entry */
-	if (th->nbupdt && th->updt[th->nbupdt - 1] == fd)
+	/* "update then close" is common: drop our own now-useless entry,
+	 * unless the update pass under way counts it among the entries it
+	 * walks (a close during the walk: it drops them all by number when
+	 * done, and a trim under it ended the pass with nbupdt -1:
+	 * tests/c/repro/update_pass_close.c). Left there, the entry costs a
+	 * failed grab. */
+	if (th->nbupdt > th->nbwalk && th->updt[th->nbupdt - 1] == fd)
 		th->nbupdt--;
 	atomic_store(&e->owner, 0);
 	atomic_store(&e->kind, 0);

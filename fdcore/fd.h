@@ -239,7 +239,9 @@ int fdc_in_shared_list(struct fdc_table *t, int fd);
 /* ---- poller (poller.c) ---- */
 
 /* Applies th's pending updates (local list, then the group's shared list)
- * to its own epoll instance. Returns the number of epoll_ctl calls.
+ * to its own epoll instance, after retrying the reports th could not queue
+ * for want of memory (poller.c, retry_owed). Returns the number of
+ * epoll_ctl calls.
  */
 int fdc_update_pass(struct fdc_thread *th);
 
@@ -257,6 +259,10 @@ int fdc_update_pass(struct fdc_thread *th);
  * for directions nobody wants (an FDC_EDGE fd's) returns nothing to the
  * caller: the wait goes on for what is left of timeout_ms, unless a
  * wake-up (fdc_wake) came in that round too: then it returns (0 events).
+ * A report that found no memory is never dropped: it is retried by th's
+ * later passes, and meanwhile each wait lasts no longer than a back-off
+ * (1 ms doubling to 128 ms) before a pass tries again, within the
+ * caller's timeout_ms, which such rounds do not end early.
  */
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max);
 

@@ -147,13 +147,42 @@ static int owe(struct fdc_thread *th, int fd, uint32_t gen, uint32_t events)
 	return 0;
 }
 
+/* Lists fd for a retry of a report owe() could not queue (no memory):
+ * made by th's next update pass (retry_owed), not by the walk under way.
+ * One entry per fd, whatever walk (local, shared, the retry's own) met it
+ * and however often: an fd already listed only gains `why`. Never
+ * allocates (the ring has a slot per fd: fd-t.h), so it cannot fail.
+ * Nobody is woken: the wait that follows is bounded by th->retry_ms
+ * (poll_round), set here to its minimum if no retry was pending. th's
+ * thread (the ring is th's own), holding a reference on the fd's tgid
+ * (fd < maxfd). Keeps: nbretry == the number of fds whose retry_why is
+ * non-zero. Plain memory, th's own: no ordering. */
+static void retry_later(struct fdc_thread *th, int fd, uint8_t why)
+{
+	int maxfd = th->t->maxfd;
+
+	if (th->retry_why[fd]) {
+		th->retry_why[fd] |= why;
+		return;
+	}
+	th->retry_why[fd] = why;
+	th->retry[(th->retry_head + th->nbretry) % maxfd] = fd;
+	th->nbretry++;
+	if (!th->retry_ms)
+		th->retry_ms = FDC_RETRY_MIN_MS;
+}
+
 /* Records that th's registration of fd failed with errno err and queues the
  * fd for a report to its owner by th's next fdc_poll (FDC_POLL_CTL; the
  * report itself is made under a running bit there). Every failed attempt
  * is reported unless a report of this incarnation is already pending on
  * th: a new owner after a takeover, or the owner retrying after a report,
- * hears of its own failure too. th's thread, holding a reference on the
- * fd's tgid (so the generation is the live incarnation's).
+ * hears of its own failure too. If the report cannot be queued (no
+ * memory), fd is listed for a retry by a later pass (retry_later): never
+ * dropped. th's thread, holding a reference on the fd's tgid (so the
+ * generation is the live incarnation's). Memory ordering: the errno is
+ * stored before the state's FDC_POLL_CTL (both seq_cst), so whoever sees
+ * the flag reads this errno or a later failure's.
  */
 static void fail_fd(struct fdc_thread *th, int fd, int err)
 {
@@ -161,9 +190,11 @@ static void fail_fd(struct fdc_thread *th, int fd, int err)
 
 	atomic_store(&e->ctl_errno, err);
 	atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL);
-	/* out of memory while failing: the ERR state and ctl_errno stay on
-	 * the fd for its owner to see; only the report is lost */
-	owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL);
+	/* out of memory while failing: a later pass tells it (retry_owed).
+	 * Dropped, the owner of a connection nobody polls any more waited
+	 * for events that never came (tests/c/repro/ctl_report_nomem.c) */
+	if (owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL) < 0)
+		retry_later(th, fd, FDC_RETRY_CTL);
 }
 
 /* The report a kept edge stands for (fd-t.h, FDC_KEPT_*). */
@@ -182,15 +213,15 @@ static uint32_t kept_events(uint32_t kept)
  * the fd's tgid (the generation read here is the live incarnation's: it
  * changes only in the final close, which waits for references).
  * Returns nothing: if the report cannot be queued (no memory), the bits
- * go back on the state (ACTIVE and KEPT both set, for once) and an update
- * pass is programmed, whose take_kept tries again: never lost. Inside
- * th's own pass (take_kept) the retry is the NEXT pass's: th's local list
- * (whose walk stops at the entries it began with, fdc_update_pass), never
- * the list being walked, which met the fd again at once and failed again
- * for ever (the review of the kept edges, finding 2: local_append's trap;
- * a several-owner fd went back to the shared list's tail instead, met
- * again walk after walk until the pass's last round); th is woken, so its
- * next wait returns at once and that pass comes without delay.
+ * go back on the state (ACTIVE and KEPT both set, for once) and fd is
+ * listed for a retry (retry_later): th's next update pass takes them
+ * again (or another owner's pass does first: take_kept), never the walk
+ * under way, and th waits with a back-off meanwhile. Never lost, listed
+ * once per fd. Not on an update list: the local walk and the shared
+ * walk both met such an entry, and each re-listed it (review of fd3c058:
+ * one more local-list copy per pass on an fd shared with a sleeping
+ * sibling, th woken at each, until local_append's trap;
+ * tests/c/repro/replay_kept_shared_nomem.c).
  * Memory ordering: seq_cst RMW on the state, as every writer of it.
  */
 void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
@@ -200,12 +231,7 @@ void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
 	if (owe(th, fd, atomic_load(&e->generation), kept_events(kept)) == 0)
 		return;
 	atomic_fetch_or(&e->state, kept);
-	if (th->in_pass) {
-		fdc_program_own_update(th, fd);
-		fdc_wake(th->t, th->tid);
-		return;
-	}
-	fdc_updt_polling(th, fd, th->tgid);
+	retry_later(th, fd, FDC_RETRY_KEPT);
 }
 
 /* An update pass's part of the replay: edges kept on directions ACTIVE
@@ -229,6 +255,70 @@ static void take_kept(struct fdc_thread *th, int fd)
 			return;
 	} while (!atomic_compare_exchange_weak(&e->state, &old, old & ~take));
 	fdc_replay_kept(th, fd, take);
+}
+
+/* One listed retry (retry_later) of fd, for the reasons `why`: kept edges
+ * on ACTIVE directions are taken again (take_kept), a failed
+ * registration's report is owed again if the live incarnation still
+ * carries FDC_POLL_CTL (sticky until the close). Nothing if fd was closed,
+ * moved to another group, or th is no owner of it any more (a report to a
+ * non-owner is dropped by report_owed anyway). Returns 1 if fd is listed
+ * again (still no memory), else 0. A number reused by a new incarnation
+ * th owns gets a spurious but true report at worst (its own kept edges,
+ * or its own failure once more). th's thread, in its update pass.
+ * Memory ordering: the grab (a seq_cst RMW) pins the tgid (I1); the loads
+ * of thread_mask and state are seq_cst, and the take is take_kept's CAS.
+ */
+static int retry_one(struct fdc_thread *th, int fd, uint8_t why)
+{
+	struct fdc_entry *e = &th->t->fdtab[fd];
+	uint32_t st;
+
+	if (!fdc_grab(e, th->tgid))
+		return 0;
+	if (atomic_load(&e->thread_mask) & th->ltid_bit) {
+		st = atomic_load(&e->state);
+		if ((why & FDC_RETRY_KEPT) && (st & FDC_EDGE))
+			take_kept(th, fd);
+		if ((why & FDC_RETRY_CTL) && (st & FDC_POLL_CTL) &&
+		    owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL) < 0)
+			retry_later(th, fd, FDC_RETRY_CTL);
+	}
+	fdc_drop(e);
+	return th->retry_why[fd] != 0;
+}
+
+/* The update pass's retries of reports that could not be queued
+ * (retry_later): the fds listed when it begins, oldest first, each taken
+ * off the ring before its attempt (so a failed attempt re-lists it at the
+ * tail, for the NEXT pass: the pass always ends, and the ring never holds
+ * more than one slot per fd). The first attempt that fails again stops
+ * the round: memory is still short, the rest waits for the next pass too.
+ * The back-off: th->retry_ms doubles (to FDC_RETRY_MAX_MS) at each round
+ * that fails, and is cleared once nothing is listed; poll_round bounds
+ * the wait by it, so a thread with nothing else to do retries at growing
+ * intervals instead of sleeping through the return of memory, and never
+ * wakes itself. th's thread (the ring is th's own: no ordering).
+ */
+static void retry_owed(struct fdc_thread *th)
+{
+	int maxfd = th->t->maxfd;
+
+	for (int n = th->nbretry; n > 0; n--) {
+		int fd = th->retry[th->retry_head];
+		uint8_t why = th->retry_why[fd];
+
+		th->retry_head = (th->retry_head + 1) % maxfd;
+		th->nbretry--;
+		th->retry_why[fd] = 0;
+		if (retry_one(th, fd, why)) {
+			th->retry_ms = th->retry_ms * 2 > FDC_RETRY_MAX_MS ?
+			               FDC_RETRY_MAX_MS : th->retry_ms * 2;
+			break;
+		}
+	}
+	if (!th->nbretry)
+		th->retry_ms = 0;
 }
 
 static void set_bit(_Atomic uint64_t *m, uint64_t bit, int on)
@@ -417,6 +507,20 @@ static int walk_shared(struct fdc_thread *th, struct fdc_group *g)
 	return n;
 }
 
+/* fd.h. th's update pass, before each wait of fdc_poll (and from
+ * local_append when th's local list is full outside a pass): the retries
+ * listed by earlier passes (retry_owed), then th's local list, then its
+ * group's shared list. Who: th's thread only, never nested (in_pass:
+ * local_append traps on a full list inside a pass). Returns the epoll_ctl
+ * calls made. Keeps: every update bit of th's set when the pass began is
+ * consumed by it (I7), and what the pass itself lists (a retry, an entry
+ * a hook appends) is the next pass's, so a pass always ends; the local
+ * list loses exactly the nbwalk entries walked, whatever a close on this
+ * thread did meanwhile (fd.c, close_orphan). Memory ordering: each update
+ * bit is cleared (seq_cst RMW) before update_fd loads the state, the
+ * order update_fd's comment relies on; the lists' own in walk_shared and
+ * fdc_done_update.
+ */
 int fdc_update_pass(struct fdc_thread *th)
 {
 	struct fdc_table *t = th->t;
@@ -424,13 +528,18 @@ int fdc_update_pass(struct fdc_thread *th)
 	int n = 0;
 
 	th->in_pass = 1;
-	/* local list: fds th owns alone (and the retries of replays deferred
-	 * by an earlier pass, fdc_replay_kept). Only what it held when the
-	 * pass began: what the walk itself appends (a replay that still could
-	 * not be queued) is the next pass's, so a pass always ends */
-	int nb = th->nbupdt;
+	/* reports that found no memory last time: first, so that what this
+	 * pass's walks list again is the next pass's (retry_owed) */
+	if (th->nbretry)
+		retry_owed(th);
 
-	for (int i = 0; i < nb; i++) {
+	/* local list: fds th owns alone. Only what it held when the pass
+	 * began (nbwalk): what a hook run by the walk appends is the next
+	 * pass's, so a pass always ends; and a close run by the walk on this
+	 * thread (a hook's delete) leaves those entries alone (fd.c,
+	 * close_orphan), so they are exactly the nbwalk dropped below */
+	th->nbwalk = th->nbupdt;
+	for (int i = 0; i < th->nbwalk; i++) {
 		int fd = th->updt[i];
 		struct fdc_entry *e = &t->fdtab[fd];
 
@@ -446,8 +555,9 @@ int fdc_update_pass(struct fdc_thread *th)
 			fdc_count(th, CTR_POLL_DROP_FD);
 		fdc_drop(e);
 	}
-	th->nbupdt -= nb;
-	memmove(th->updt, th->updt + nb, sizeof(*th->updt) * (size_t)th->nbupdt);
+	th->nbupdt -= th->nbwalk;
+	memmove(th->updt, th->updt + th->nbwalk, sizeof(*th->updt) * (size_t)th->nbupdt);
+	th->nbwalk = 0;
 
 	/* shared list: a removal while we walk may carry us past entries (we
 	 * stood on one that was removed and re-added at the tail), so walk
@@ -605,15 +715,18 @@ static int merge_report(struct fdc_thread *th, struct fdc_event *out, int nrep,
  * one of them was an EDGE fd's edge kept for a direction nobody wants
  * (nothing for the caller, nothing wasted either), and no wake-up: a
  * wake-up read here is drained, so waiting on would swallow it (review of
- * the kept edges, finding 1). th's thread. Returns as fdc_poll. */
+ * the kept edges, finding 1). Sets *retry_timer when the wait was cut
+ * short by the back-off of a listed retry (retry_owed) and ended on it,
+ * with nothing reported: the caller's timeout is not over. th's thread.
+ * Returns as fdc_poll. */
 static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max,
-                      int *kept_only)
+                      int *kept_only, int *retry_timer)
 {
 	struct fdc_table *t = th->t;
 	struct epoll_event evs[FDC_EVBATCH];
-	int n, nrep, cnt, fdev = 0, merged = 0, kept = 0, woken = 0;
+	int n, nrep, cnt, fdev = 0, merged = 0, kept = 0, woken = 0, capped = 0;
 
-	*kept_only = 0;
+	*kept_only = *retry_timer = 0;
 	fdc_update_pass(th);
 	/* owed reports first (failed registrations, I8; replays); with
 	 * reports to make, do not sleep */
@@ -623,13 +736,22 @@ static int poll_round(struct fdc_thread *th, int timeout_ms, struct fdc_event *o
 		return cnt;
 	if (nrep || th->nbowed)
 		timeout_ms = 0;
+	/* reports that found no memory are listed (retry_later): sleep no
+	 * longer than the back-off, the next round's pass tries again */
+	if (th->nbretry && (timeout_ms < 0 || timeout_ms > th->retry_ms)) {
+		timeout_ms = th->retry_ms;
+		capped = 1;
+	}
 	fdc_hook(t, FDC_HK_BEFORE_WAIT, th->tid, -1, 0);
 	n = epoll_wait(th->epfd, evs, max - cnt, timeout_ms);
 	if (n < 0) {
 		if (errno != EINTR)
 			return cnt ? cnt : -errno;
-		n = 0;
+		/* a signal: the caller's turn (its handlers run), whatever
+		 * bounded the wait */
+		n = capped = 0;
 	}
+	*retry_timer = capped && n == 0 && cnt == 0;
 	if (n)
 		fdc_count(th, CTR_POLL_IO);
 
@@ -706,7 +828,7 @@ static long long mono_ms(void)
 int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int max)
 {
 	long long until = 0;
-	int n, kept_only;
+	int n, kept_only, retry_timer, kept_rounds = 0;
 
 	if (max <= 0)
 		return -EINVAL;
@@ -719,10 +841,14 @@ int fdc_poll(struct fdc_thread *th, int timeout_ms, struct fdc_event *out, int m
 	 * th just accepted reports it writable; an AF_UNIX peer's every read
 	 * does too) has nothing for the caller: wait again, for what is left
 	 * of the timeout, rather than hand the caller an empty turn per
-	 * accepted connection. Bounded: a caller always gets its turn back. */
-	for (int round = 0; ; round++) {
-		n = poll_round(th, timeout_ms, out, max, &kept_only);
-		if (n || !kept_only || !timeout_ms || round == 16)
+	 * accepted connection. Bounded: a caller always gets its turn back.
+	 * A round that only waited out a retry's back-off (retry_owed) is no
+	 * turn of the caller's either: its timeout goes on. */
+	for (;;) {
+		n = poll_round(th, timeout_ms, out, max, &kept_only, &retry_timer);
+		if (n || !timeout_ms)
+			return n;
+		if (!retry_timer && (!kept_only || kept_rounds++ == 16))
 			return n;
 		if (timeout_ms > 0) {
 			long long now = mono_ms();

@@ -74,12 +74,37 @@ The mutants:
              (the review finding of issue 21: the old owners' exclusive
              edge-triggered registrations stay, and one asleep swallows the
              new owner's next arrival); tests/c/repro/shared_takeover.c.
-             replay-kept-same-pass: the update pass walks what its own walk
-             appends to th's local list (the review of the kept edges,
-             finding 2): a kept edge's replay that cannot be queued (no
-             memory) is programmed again and met again by the same pass,
-             until local_append's trap; tests/c/repro/replay_kept_nomem.c
-             (realloc wrapped at link time).
+             replay-kept-same-pass: the update pass retries what its own
+             retries list again (the review of the kept edges, finding 2,
+             in today's terms: the retry ring's round re-reads its length
+             and goes on past a failure): a kept edge's replay that cannot
+             be queued (no memory) is met again by the same pass, for
+             ever; tests/c/repro/replay_kept_nomem.c (realloc wrapped at
+             link time; its child's alarm).
+  nomem-*    the out-of-memory retries of reports (poller.c, retry_later,
+             retry_owed; the review of fd3c058 and the look at the other
+             OOM paths after it), each caught by a repro with realloc
+             wrapped:
+             nomem-update-list: fd3c058's retry, on the update lists (the
+             local one inside a pass, with a wake-up of its own): on an
+             fd shared with a sleeping sibling both walks re-list it, a
+             copy more per pass until local_append's trap;
+             tests/c/repro/replay_kept_shared_nomem.c.
+             nomem-self-wake: a listed retry wakes its thread (a spin
+             while memory is short); the same repro, whose thread must
+             never be woken.
+             nomem-no-timer: the wait is not bounded by the back-off: a
+             thread with nothing else to do sleeps through the return of
+             memory; the same repro (a retry during a 300 ms poll, the
+             replay well before a 3 s one's end), and ctl_report_nomem.c.
+             nomem-no-backoff: the bound never grows (1 ms for ever); the
+             same repro (3..20 retries in a 300 ms poll).
+             nomem-ctl-dropped: a failed registration's report that cannot
+             be queued is dropped (the code before); tests/c/repro/
+             ctl_report_nomem.c (epoll_ctl wrapped too).
+             close-trims-walk: a final close during an update pass trims
+             an entry the pass walks (the code before): the pass ends
+             with nbupdt -1; tests/c/repro/update_pass_close.c.
              Not a mutant: the polled bits set after each ADD instead of
              before. It changes nothing a test can see unless a sibling's
              update pass runs during fdc_insert_shared, i.e. a verb names
@@ -107,7 +132,8 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    FDCORE, REPLAY_KEPT_NOMEM, REPORTS, REPRO_WALK, SHARED_AFFINITY, SHARED_TAKEOVER,
+    CTL_REPORT_NOMEM, FDCORE, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
+    SHARED_AFFINITY, SHARED_TAKEOVER, STRESS_CFLAGS, UPDATE_PASS_CLOSE,
     build_program, run_program,
     san_env,
     stress_argv, stress_sources,
@@ -135,6 +161,9 @@ class Mutant:
     edits: tuple[Edit, ...]
     cflags: tuple[str, ...] = ()   # a -D switch of the test program itself
 
+
+RETRY_OWED = "static void retry_owed(struct fdc_thread *th)\n{"
+RETRY_LATER = "static void retry_later(struct fdc_thread *th, int fd, uint8_t why)\n{"
 
 MUTANTS = {
     "bug1": Mutant(
@@ -236,14 +265,62 @@ MUTANTS = {
         ),
     ),
     "replay-kept-same-pass": Mutant(
-        "the update pass walks the entries its own walk appends: a kept edge's replay"
+        "the update pass retries what its own retries list again: a kept edge's replay"
         " that cannot be queued (no memory) is retried by the pass that meets it, for"
         " ever (the review of the kept edges, finding 2)",
         (
-            Edit("poller.c", "int fdc_update_pass(struct fdc_thread *th)\n{",
-                 "\tfor (int i = 0; i < nb; i++) {", "\tfor (int i = 0; i < th->nbupdt; i++) {"),
-            Edit("poller.c", "int fdc_update_pass(struct fdc_thread *th)\n{",
-                 "\tth->nbupdt -= nb;\n", "\tnb = th->nbupdt;\n\tth->nbupdt -= nb;\n"),
+            Edit("poller.c", RETRY_OWED,
+                 "\tfor (int n = th->nbretry; n > 0; n--) {", "\twhile (th->nbretry > 0) {"),
+            Edit("poller.c", RETRY_OWED, "\t\t\tbreak;\n", ""),
+        ),
+    ),
+    "nomem-update-list": Mutant(
+        "a replay that cannot be queued is retried through the update lists (fd3c058:"
+        " th's local list inside a pass, and a wake-up of th)",
+        (
+            Edit("poller.c", "void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)\n{",
+                 "\tretry_later(th, fd, FDC_RETRY_KEPT);\n",
+                 "\tif (th->in_pass) {\n\t\tfdc_program_own_update(th, fd);\n"
+                 "\t\tfdc_wake(th->t, th->tid);\n\t\treturn;\n\t}\n"
+                 "\tfdc_updt_polling(th, fd, th->tgid);\n"),
+        ),
+    ),
+    "nomem-self-wake": Mutant(
+        "a listed retry wakes its own thread (a spin while memory is short)",
+        (
+            Edit("poller.c", RETRY_LATER, "\tth->nbretry++;\n",
+                 "\tth->nbretry++;\n\tfdc_wake(th->t, th->tid);\n"),
+        ),
+    ),
+    "nomem-no-timer": Mutant(
+        "the wait is not bounded while retries are listed: memory's return is slept through",
+        (
+            Edit("poller.c", "static int poll_round(struct fdc_thread *th, int timeout_ms,",
+                 "\tif (th->nbretry && (timeout_ms < 0 || timeout_ms > th->retry_ms)) {",
+                 "\tif (0) {"),
+        ),
+    ),
+    "nomem-no-backoff": Mutant(
+        "the retries' bound never grows: a retry every millisecond while memory is short",
+        (
+            Edit("poller.c", RETRY_OWED,
+                 "th->retry_ms * 2 > FDC_RETRY_MAX_MS ?\n"
+                 "\t\t\t               FDC_RETRY_MAX_MS : th->retry_ms * 2;",
+                 "th->retry_ms;"),
+        ),
+    ),
+    "nomem-ctl-dropped": Mutant(
+        "a failed registration's report that cannot be queued (no memory) is dropped",
+        (
+            Edit("poller.c", "static void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
+                 "\t\tretry_later(th, fd, FDC_RETRY_CTL);\n", "\t\t;\n"),
+        ),
+    ),
+    "close-trims-walk": Mutant(
+        "a final close during an update pass trims an entry the pass walks (nbupdt -1)",
+        (
+            Edit("fd.c", "static void close_orphan(struct fdc_thread *th, int fd)\n{",
+                 "th->nbupdt > th->nbwalk &&", "th->nbupdt &&"),
         ),
     ),
     "shared-no-replay": Mutant(
@@ -315,7 +392,7 @@ def test_mutants_apply(tmp_path):
 def clean_stress(tmp_path_factory):
     """The stress program on the unmutated core (the control's build)."""
     return build_program(tmp_path_factory.mktemp("clean") / "stress_fd", STRESS_SAN,
-                         stress_sources())
+                         stress_sources(), cflags=STRESS_CFLAGS)
 
 
 def failure(res: subprocess.CompletedProcess | None) -> str | None:
@@ -343,7 +420,7 @@ def run_bounded(argv, env, timeout):
 def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, groups, extra):
     mutate(tmp_path / "core", MUTANTS[mutant])
     binary = build_program(tmp_path / "stress_fd", STRESS_SAN, stress_sources(),
-                           core=tmp_path / "core", cflags=MUTANTS[mutant].cflags)
+                           core=tmp_path / "core", cflags=(*STRESS_CFLAGS, *MUTANTS[mutant].cflags))
     env = san_env(STRESS_SAN)
     env.pop("FDC_STRESS_SEED", None)
     env.pop("FDC_STRESS_SECONDS", None)
@@ -439,7 +516,42 @@ def test_shared_takeover_catches_a_taken_shared_fd(tmp_path):
 def test_replay_kept_nomem_catches_a_retry_in_the_same_pass(tmp_path):
     """A kept edge's replay that cannot be queued is retried by the next
     update pass, never by the one that met it (tests/c/repro/
-    replay_kept_nomem.c: the pass dies on local_append's trap)."""
+    replay_kept_nomem.c: the pass never ends, and its child's alarm kills
+    it; before the retry ring, it died on local_append's trap)."""
     assert_repro_catches(tmp_path, "replay-kept-same-pass", REPLAY_KEPT_NOMEM,
                          "FAIL: the update pass with the replay unqueueable died",
                          cflags=("-Wl,--wrap=realloc",))
+
+
+WRAP_REALLOC = ("-Wl,--wrap=realloc",)
+
+
+@pytest.mark.parametrize("mutant,fail_line", [
+    ("nomem-update-list", "FAIL: A died (signal 4)"),
+    ("nomem-self-wake", "FAIL: A woke itself"),
+    ("nomem-no-timer", "FAIL: a 300 ms poll while memory is short"),
+    ("nomem-no-backoff", "FAIL: a 300 ms poll while memory is short"),
+])
+def test_replay_kept_shared_nomem_catches(tmp_path, mutant, fail_line):
+    """The out-of-memory retry of a kept edge on an fd shared with a
+    sleeping sibling (review of fd3c058): listed once, retried with a
+    back-off, never a wake-up of its own, replayed once memory is back
+    (tests/c/repro/replay_kept_shared_nomem.c)."""
+    assert_repro_catches(tmp_path, mutant, REPLAY_KEPT_SHARED_NOMEM, fail_line,
+                         cflags=WRAP_REALLOC)
+
+
+@pytest.mark.parametrize("mutant", ["nomem-ctl-dropped", "nomem-no-timer"])
+def test_ctl_report_nomem_catches(tmp_path, mutant):
+    """A failed registration's report that found no memory is told once
+    memory is back, within a back-off (tests/c/repro/ctl_report_nomem.c)."""
+    assert_repro_catches(tmp_path, mutant, CTL_REPORT_NOMEM,
+                         "FAIL: the failed registration's report",
+                         cflags=("-Wl,--wrap=epoll_ctl,--wrap=realloc",))
+
+
+def test_update_pass_close_catches_a_trim_under_the_walk(tmp_path):
+    """A close during an update pass must not trim the entries the pass
+    walks (tests/c/repro/update_pass_close.c)."""
+    assert_repro_catches(tmp_path, "close-trims-walk", UPDATE_PASS_CLOSE,
+                         "FAIL: the pass that closed Y")

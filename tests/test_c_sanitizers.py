@@ -14,7 +14,12 @@ fdc_insert_shared, driven by wrapping epoll_ctl) passes since fdcore's
 FDC_INSERTING fix (it failed before: the finding it reproduces), and
 tests/c/repro/shared_takeover.c (a takeover of a group-shared connection:
 refused, else an old owner asleep swallowed the next arrival) since
-fdc_takeover refuses FDC_EDGE fds.
+fdc_takeover refuses FDC_EDGE fds. The out-of-memory repros
+(replay_kept_nomem.c, replay_kept_shared_nomem.c, ctl_report_nomem.c:
+realloc wrapped at link time) pass since a report that cannot be queued is
+listed once per fd in its thread's retry ring and retried with a back-off
+(poller.c, retry_later); update_pass_close.c since a close during an
+update pass no longer trims the entries the pass walks.
 
 The C programs are compiled here, once per sanitizer and per xdist worker,
 into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now
@@ -30,7 +35,7 @@ Knobs (environment):
 Other options of the program (threads, watchdog, quiescent-point period, ...)
 are listed at the top of tests/c/stress_fd.c.
 A long stress of one scenario, outside pytest:
-  gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -I fdcore \
+  gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -Wl,--wrap=realloc -I fdcore \
       fdcore/fd.c fdcore/updlist.c fdcore/poller.c tests/c/*.c -o /tmp/stress_fd
   FDC_STRESS_SECONDS=600 /tmp/stress_fd takeover -g 2
   FDC_STRESS_SECONDS=60 /tmp/stress_fd coown -t 6 -x 3 -b 2
@@ -90,9 +95,13 @@ COOWN = ("-t", "6")
 # lost report), through recv pauses and responses that hit EAGAIN. "shared-t3":
 # 3 threads and no busy loop, so pollers often sleep and take the writable
 # edge of a response in its EAGAIN-to-want_send window (the kept edge's
-# replay: FDC_KEPT_W).
+# replay: FDC_KEPT_W). "shared-nomem": 8 threads and 3 busy loops on 2 cores,
+# the core's realloc failing 1 in 2 calls (-m 2, common.c's nomem_point):
+# kept-edge replays and failed registrations' reports go through the retry
+# ring (poller.c, retry_later) all through the run, and none is lost.
 SHARED = ("-t", "6", "-b", "2")
 SHARED_T3 = ("-t", "3")
+SHARED_NOMEM = ("-t", "8", "-b", "3", "-m", "2")
 SCENARIOS = [
     (f"{name}-g{groups}", mode, groups, extra)
     for name, mode, extra in (
@@ -104,6 +113,7 @@ SCENARIOS = [
         ("coown-handover", "coown", ("-x", "2", *COOWN)),
         ("shared", "shared", SHARED),
         ("shared-t3", "shared", SHARED_T3),
+        ("shared-nomem", "shared", SHARED_NOMEM),
     )
     for groups in (1, 2)
 ]
@@ -117,6 +127,10 @@ def core_sources(core=FDCORE):
 def stress_sources():
     """The stress program's own files: tests/c/*.c, not tests/c/repro/."""
     return sorted(str(p) for p in CDIR.glob("*.c"))
+
+
+# the stress program fails the core's realloc on purpose with -m (common.c)
+STRESS_CFLAGS = ("-Wl,--wrap=realloc",)
 
 
 def build_program(out, san, sources, core=FDCORE, cflags=()):
@@ -149,7 +163,7 @@ def stress_binary(tmp_path_factory):
     def build(san):
         if san not in built:
             out = tmp_path_factory.mktemp(f"stress-{san}") / "stress_fd"
-            built[san] = build_program(out, san, stress_sources())
+            built[san] = build_program(out, san, stress_sources(), cflags=STRESS_CFLAGS)
         return built[san]
 
     return build
@@ -267,13 +281,39 @@ REPLAY_KEPT_SHARED_NOMEM = CDIR / "repro" / "replay_kept_shared_nomem.c"
 
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="fdcore: an out-of-memory kept-edge retry on an EDGE fd "
-                   "shared with a sleeping sibling is appended once more to the local list "
-                   "each pass (walk_shared and the local walk both consume the retry bit) "
-                   "until local_append's trap; open finding of the fd3c058 review")
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
 def test_replay_kept_shared_without_memory_under_sanitizer(tmp_path, san):
     """The same out-of-memory retry as above, on an fd shared by two
     threads whose other owner sleeps: one retry per fd, never a copy per
-    pass until the process traps (review of fd3c058)."""
+    pass until the process traps; retried with a back-off (never a
+    wake-up of its own), and replayed within one once memory is back
+    (review of fd3c058)."""
     assert_repro_passes(tmp_path, san, REPLAY_KEPT_SHARED_NOMEM, cflags=("-Wl,--wrap=realloc",))
+
+
+CTL_REPORT_NOMEM = CDIR / "repro" / "ctl_report_nomem.c"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_ctl_report_without_memory_under_sanitizer(tmp_path, san):
+    """A failed registration (epoll_ctl wrapped: ENOSPC) whose report
+    cannot be queued (realloc wrapped) is reported by a later pass once
+    memory is back, never dropped (issue 21, the out-of-memory paths after
+    the review of fd3c058)."""
+    assert_repro_passes(tmp_path, san, CTL_REPORT_NOMEM,
+                        cflags=("-Wl,--wrap=epoll_ctl,--wrap=realloc",))
+
+
+UPDATE_PASS_CLOSE = CDIR / "repro" / "update_pass_close.c"
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_update_pass_close_under_sanitizer(tmp_path, san):
+    """A final close on th's thread during th's update pass (a hook's
+    delete) leaves th's local list consistent: the pass ends with it
+    empty, not at -1 entries (issue 21, th->nbupdt accounting)."""
+    assert_repro_passes(tmp_path, san, UPDATE_PASS_CLOSE)

@@ -19,6 +19,35 @@ _Thread_local uint64_t tl_closes;
 /* non-zero start: the hook may run on a thread that never called seed_thread */
 _Thread_local uint64_t tl_rng = 0x9E3779B97F4A7C15ULL;
 
+_Atomic uint64_t g_nomem_fails;
+/* its own generator: -m leaves the other random choices of a seed alone */
+static _Thread_local uint64_t tl_nomem_rng = 0x2545F4914F6CDD1DULL;
+
+void *__real_realloc(void *p, size_t n);
+
+void *__wrap_realloc(void *p, size_t n)
+{
+	if (g_opt.nomem > 0) {
+		tl_nomem_rng ^= tl_nomem_rng >> 12;
+		tl_nomem_rng ^= tl_nomem_rng << 25;
+		tl_nomem_rng ^= tl_nomem_rng >> 27;
+		if ((tl_nomem_rng * 0x2545F4914F6CDD1DULL >> 33) % (unsigned)g_opt.nomem == 0) {
+			atomic_fetch_add(&g_nomem_fails, 1);
+			return NULL;
+		}
+	}
+	return __real_realloc(p, n);
+}
+
+void nomem_point(struct fdc_thread *th)
+{
+	if (g_opt.nomem > 0 && !th->nbowed && th->owed && chance(2)) {
+		free(th->owed);
+		th->owed = NULL;
+		th->capowed = 0;
+	}
+}
+
 static int g_base_fds;
 static pthread_t g_wd;
 static _Atomic int g_wd_stop;
@@ -331,6 +360,19 @@ static void check_dir(int fd, const char *dir, int active, uint64_t polled, uint
 		CHECKFD(fd, (polled & ~tm) == 0, "%s polled by a thread outside thread_mask", dir);
 }
 
+/* Whether an owner (tm, of fd's group) has fd listed for a retry of its
+ * kept edges (poller.c, retry_later). Workers are stopped: their retry
+ * rings hold still. */
+static int retry_listed(struct fdc_table *t, int fd, uint64_t tm)
+{
+	const struct fdc_group *g = &t->groups[atomic_load(&t->fdtab[fd].refc_tgid) & FDC_TGID_MASK];
+
+	for (; tm; tm &= tm - 1)
+		if (fdc_thread(t, g->base + __builtin_ctzll(tm))->retry_why[fd] & FDC_RETRY_KEPT)
+			return 1;
+	return 0;
+}
+
 void check_quiescent(int allow_stale)
 {
 	struct fdc_table *t = g_run.t;
@@ -379,9 +421,12 @@ void check_quiescent(int allow_stale)
 			if (!allow_stale)
 				CHECKFD(fd, ((pr | pw) & ~tm) == 0, "EDGE: polled outside thread_mask");
 			/* a kept edge is taken by the verb that activates its
-			 * direction, or by an owner's pass: never left beside it */
-			CHECKFD(fd, !((st & FDC_KEPT_R) && (st & FDC_ACTIVE_R)) &&
-			            !((st & FDC_KEPT_W) && (st & FDC_ACTIVE_W)),
+			 * direction, or by an owner's pass: never left beside it,
+			 * unless its report found no memory and an owner has it
+			 * listed for a retry (-m; poller.c, retry_later) */
+			CHECKFD(fd, (!((st & FDC_KEPT_R) && (st & FDC_ACTIVE_R)) &&
+			             !((st & FDC_KEPT_W) && (st & FDC_ACTIVE_W))) ||
+			            retry_listed(t, fd, tm),
 			        "EDGE: an edge kept on an ACTIVE direction (replay lost): state %#x", st);
 		} else {
 			/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */

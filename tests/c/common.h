@@ -68,6 +68,8 @@ struct opts {
 	                            XC_SHARED, XC_HANDOVER (stress_coown.c) */
 	int busy;                /* busy-loop threads beside the workers, so that
 	                            workers get preempted inside the protocols */
+	int nomem;               /* -m: the core's realloc fails 1 in `nomem`
+	                            calls (0: never); see nomem_point */
 };
 extern struct opts g_opt;
 
@@ -104,6 +106,17 @@ extern _Atomic int *g_inside;
 
 /* thread-local: closes this OS thread performed (counted by the hook) */
 extern _Thread_local uint64_t tl_closes;
+/* Out of memory on purpose (-m N; the program is linked with
+ * -Wl,--wrap=realloc, so the core's realloc calls come to common.c): each
+ * fails 1 in N. The core reallocates only to grow a thread's owed list,
+ * which then stays grown, so a poller calls nomem_point before each poll:
+ * 1 in 2 times it gives back its owed list when empty (th's own thread,
+ * between its polls: nobody else touches it), and the next report it owes
+ * needs memory again. Kept-edge replays and failed registrations' reports
+ * then take the retry path (poller.c, retry_later) all through the run. */
+void nomem_point(struct fdc_thread *th);
+extern _Atomic uint64_t g_nomem_fails;
+
 /* fdc_takeover, checking that a close it performed (a racing delete turned
  * the takeover into the deferred close) happened once and returned -ESTALE;
  * such a close is counted in *closed. */

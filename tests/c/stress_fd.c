@@ -20,6 +20,10 @@
  *   -b      busy-loop threads (no context) beside the workers (0): with more
  *           runnable threads than cores, workers are preempted at any point
  *           of the protocols, not only where the hook yields
+ *   -m      shared scenario: the core's realloc fails 1 in `m` calls (0 =
+ *           never; common.h, nomem_point): its out-of-memory retries run
+ *           beside everything else. The program is linked with
+ *           -Wl,--wrap=realloc (tests/test_c_sanitizers.py, STRESS_CFLAGS)
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED; FDC_STRESS_GDB=1 makes the watchdog
  * print every thread's stack (gdb attaches) besides the shared lists.
@@ -428,7 +432,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups] "
 	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]"
-	                " [-b busy]\n");
+	                " [-b busy] [-m nomem]\n");
 	exit(2);
 }
 
@@ -443,7 +447,7 @@ int main(int argc, char **argv)
 	                       .iters = 1L << 40, .seed = (uint64_t)time(NULL), .widen = 64,
 	                       .watchdog = 10, .pause = 0.5, .chaos = 8 };
 	optind = 2;
-	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:b:")) != -1) {
+	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:b:m:")) != -1) {
 		switch (c) {
 		case 't': g_opt.nthreads = atoi(optarg); break;
 		case 'g': g_opt.ngroups = atoi(optarg); break;
@@ -456,6 +460,7 @@ int main(int argc, char **argv)
 		case 'p': g_opt.pause = atof(optarg); break;
 		case 'x': g_opt.extended = atoi(optarg); break;
 		case 'b': g_opt.busy = atoi(optarg); break;
+		case 'm': g_opt.nomem = atoi(optarg); break;
 		default: usage();
 		}
 	}
@@ -466,7 +471,7 @@ int main(int argc, char **argv)
 	if ((env = getenv("FDC_STRESS_SEED")) && *env)
 		g_opt.seed = strtoull(env, NULL, 0);
 	if (g_opt.nthreads < 1 || g_opt.nthreads > MAX_THREADS || g_opt.ngroups < 1 ||
-	    g_opt.ngroups > g_opt.nthreads || g_opt.busy < 0 || g_opt.busy > MAX_THREADS)
+	    g_opt.ngroups > g_opt.nthreads || g_opt.busy < 0 || g_opt.busy > MAX_THREADS || g_opt.nomem < 0)
 		usage();
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (!strcmp(g_opt.mode, "churn"))

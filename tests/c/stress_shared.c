@@ -483,7 +483,10 @@ leave:
 static void poll_once(struct fdc_thread *th, int timeout)
 {
 	struct fdc_event evs[16];
-	int k = fdc_poll(th, timeout, evs, 16);
+	int k;
+
+	nomem_point(th);
+	k = fdc_poll(th, timeout, evs, 16);
 
 	CHECK(k >= 0, "fdc_poll: %s", strerror(-k));
 	for (int i = 0; i < k; i++)
@@ -665,7 +668,7 @@ int run_shared(void)
 	         "busy=%d reports=%llu missed=%llu replays=%llu dead_reports=%llu bytes=%llu reads=%llu"
 	         " bursts=%llu deletes=%llu handler_deletes=%llu prefilled=%llu subset=%llu"
 	         " sendflips=%llu outs=%llu hup_first=%llu eofs=%llu pauses=%llu resps=%llu"
-	         " eagains=%llu resp_outs=%llu windows=%llu lost_after=%.1f%s",
+	         " eagains=%llu resp_outs=%llu windows=%llu nomem_fails=%llu lost_after=%.1f%s",
 	         g_opt.busy, (unsigned long long)g_reports, (unsigned long long)g_missed,
 	         (unsigned long long)g_replays, (unsigned long long)g_dead_reports,
 	         (unsigned long long)g_bytes, (unsigned long long)g_reads,
@@ -675,7 +678,8 @@ int run_shared(void)
 	         (unsigned long long)g_outs, (unsigned long long)g_hup_first,
 	         (unsigned long long)g_eofs, (unsigned long long)g_pauses,
 	         (unsigned long long)g_resps, (unsigned long long)g_eagains,
-	         (unsigned long long)g_resp_outs, (unsigned long long)g_windows, g_lost_after,
+	         (unsigned long long)g_resp_outs, (unsigned long long)g_windows,
+	         (unsigned long long)atomic_load(&g_nomem_fails), g_lost_after,
 #ifdef SHARED_NO_REPLAY
 	         " NO_REPLAY"
 #else

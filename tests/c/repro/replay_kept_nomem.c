@@ -41,19 +41,7 @@
 #include <unistd.h>
 
 #include "fd.h"
-
-static int g_nomem, g_failed;
-
-void *__real_realloc(void *p, size_t n);
-
-void *__wrap_realloc(void *p, size_t n)
-{
-	if (g_nomem) {
-		g_failed++;
-		return NULL;
-	}
-	return __real_realloc(p, n);
-}
+#include "nomem.h"
 
 int main(void)
 {
