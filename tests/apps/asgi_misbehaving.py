@@ -1,0 +1,92 @@
+"""A raw ASGI 3 app whose routes each misbehave in one way an adversarial
+review of the ASGI adapter found (tests/asgi/test_asgi_*), beside a plain
+route that answers the worker's pid (to show the worker still serves, and
+is the same process). Records go through asgi_records.py."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+from asgi_records import record
+
+# past glibc's largest dynamic mmap threshold (32 MiB): the body's bytes
+# object is a mapping of its own, unmapped as soon as it is freed, so a
+# read of it after its free faults at once instead of reading stale memory
+MAPPED = (32 << 20) + 4096
+
+
+async def start(send, status=200, headers=()):
+    await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+
+
+async def pid(scope, receive, send):
+    body = str(os.getpid()).encode()
+    await start(send, headers=[(b"content-length", str(len(body)).encode())])
+    await send({"type": "http.response.body", "body": body})
+
+
+class ClearsMessage:
+    """A more_body whose truth test empties the message it is in: the body
+    bytes are then held by nothing but whoever took them out before."""
+
+    def __init__(self, msg):
+        self.msg = msg
+
+    def __bool__(self):
+        self.msg.clear()
+        return False
+
+
+async def more_body_clears_message(scope, receive, send):
+    await start(send, headers=[(b"content-length", str(MAPPED).encode())])
+    msg = {"type": "http.response.body", "body": bytes(MAPPED)}
+    msg["more_body"] = ClearsMessage(msg)
+    await send(msg)
+
+
+async def receive_with_timeout(scope, receive, send):
+    """Waits for the body with a timeout that expires first (the client
+    sends it only once the timeout is recorded), then reads it whole."""
+    try:
+        await asyncio.wait_for(receive(), 0.05)
+    except asyncio.TimeoutError:
+        record("receive-timed-out")
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    await start(send, headers=[(b"content-length", str(len(body)).encode())])
+    await send({"type": "http.response.body", "body": body})
+
+
+async def raises_generator_exit(scope, receive, send):
+    raise GeneratorExit("the app's own")
+
+
+async def raises_generator_exit_mid_body(scope, receive, send):
+    await start(send)
+    await send({"type": "http.response.body", "body": b"first", "more_body": True})
+    raise GeneratorExit("the app's own")
+
+
+async def informational_status(scope, receive, send):
+    await start(send, status=int(scope["query_string"] or b"100"))
+    await send({"type": "http.response.body", "body": b"not a final response"})
+
+
+ROUTES = {
+    "/pid": pid,
+    "/more-body-clears-message": more_body_clears_message,
+    "/receive-with-timeout": receive_with_timeout,
+    "/generator-exit": raises_generator_exit,
+    "/generator-exit-mid-body": raises_generator_exit_mid_body,
+    "/informational-status": informational_status,
+}
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        raise RuntimeError(f"asgi_misbehaving serves http only, not {scope['type']!r}")
+    await ROUTES[scope["path"]](scope, receive, send)
