@@ -193,7 +193,7 @@ static PyObject *receive(AsgiCall *call)
 		if (c->peer_eof)
 			goto disconnect;                   /* the end of input mid-body */
 	}
-	if (call->rx) {
+	if (asgi_waiting(&call->rx)) {
 		PyErr_SetString(PyExc_RuntimeError, "ASGI receive() called while another receive() of "
 		                "the same request waits");
 		return NULL;
@@ -351,7 +351,7 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 	}
 	if (owner_thread(call, "send()") < 0)
 		return NULL;
-	if (call->tx) {
+	if (asgi_waiting(&call->tx)) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
 		             "request waits", msg);
 		return NULL;

@@ -359,6 +359,14 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 			             "100-599", status);
 		return -1;
 	}
+	if (v < 200) {
+		/* an interim response is never a request's answer: sent as one,
+		 * its client waits on for the final one and takes the next
+		 * pipelined response for it (review, finding 4) */
+		PyErr_Format(PyExc_ValueError, "http.response.start: status %R is informational "
+		             "(1xx), not a final response's", status);
+		return -1;
+	}
 	code = (int)v;
 	reason = reason_of(code);
 	if (headers == Py_None)

@@ -1,0 +1,37 @@
+"""A receive() the app stops waiting for (asyncio.wait_for's timeout, a
+cancelled task) leaves the request readable (review of issue 22's
+adapter, finding 2): the cancelled future stayed the call's waiting
+receive, so the app's next receive() was refused as "called while another
+receive() waits" (a 500), and body bytes that came meanwhile were taken
+out of the parser for that dead future and lost."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def read_response(s: socket.socket) -> bytes:
+    out = b""
+    while b"\r\n\r\n" not in out or not out.endswith(b"hello"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def test_a_receive_that_timed_out_leaves_the_body_to_the_next(asgi_server):
+    # --body-buffer 0: the app runs before its body came (else the loop
+    # reads a small body whole first and receive() never waits)
+    srv = asgi_server("asgi_misbehaving:app", "--body-buffer", "0")
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s:
+        s.sendall(b"POST /receive-with-timeout HTTP/1.1\r\nHost: h\r\n"
+                  b"Content-Length: 5\r\n\r\n")
+        srv.record("receive-timed-out")
+        s.sendall(b"hello")
+        out = read_response(s)
+    assert out.startswith(b"HTTP/1.1 200 ") and out.endswith(b"\r\n\r\nhello"), \
+        f"{out!r}\n{srv.text()}"
