@@ -61,6 +61,22 @@ async def receive_with_timeout(scope, receive, send):
     await send({"type": "http.response.body", "body": body})
 
 
+async def send_with_timeout(scope, receive, send):
+    """Streams to a client that does not read until a send() waits past
+    its timeout (recorded with the body's length so far), then ends."""
+    await start(send)
+    chunk, sent = b"x" * 65536, 0
+    while sent < (1 << 30):                     # bound: the client reads nothing yet
+        sent += len(chunk)                      # a send that times out wrote it all the same
+        try:
+            await asyncio.wait_for(send({"type": "http.response.body", "body": chunk,
+                                         "more_body": True}), 0.05)
+        except asyncio.TimeoutError:
+            record("send-timed-out", sent=sent)
+            break
+    await send({"type": "http.response.body", "body": b"end"})
+
+
 async def raises_generator_exit(scope, receive, send):
     raise GeneratorExit("the app's own")
 
@@ -80,6 +96,7 @@ ROUTES = {
     "/pid": pid,
     "/more-body-clears-message": more_body_clears_message,
     "/receive-with-timeout": receive_with_timeout,
+    "/send-with-timeout": send_with_timeout,
     "/generator-exit": raises_generator_exit,
     "/generator-exit-mid-body": raises_generator_exit_mid_body,
     "/informational-status": informational_status,

@@ -1,5 +1,6 @@
-"""A receive() the app stops waiting for (asyncio.wait_for's timeout, a
-cancelled task) leaves the request readable (review of issue 22's
+"""A receive() or send() the app stops waiting for (asyncio.wait_for's
+timeout, a cancelled task) leaves the request readable and the response
+writable (review of issue 22's
 adapter, finding 2): the cancelled future stayed the call's waiting
 receive, so the app's next receive() was refused as "called while another
 receive() waits" (a 500), and body bytes that came meanwhile were taken
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import socket
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,3 +37,16 @@ def test_a_receive_that_timed_out_leaves_the_body_to_the_next(asgi_server):
         out = read_response(s)
     assert out.startswith(b"HTTP/1.1 200 ") and out.endswith(b"\r\n\r\nhello"), \
         f"{out!r}\n{srv.text()}"
+
+
+def test_a_send_that_timed_out_leaves_the_response_to_the_next(asgi_server):
+    """The same for a send() waiting for its client to read (past the
+    high water mark): its cancelled future refused the app's next send()
+    ("while another send() waits") and the response was cut."""
+    srv = asgi_server("asgi_misbehaving:app")
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        with c.stream("GET", "/send-with-timeout") as r:
+            sent = srv.record("send-timed-out")["sent"]      # read nothing before this
+            body = r.read()
+    assert r.status_code == 200 and len(body) == sent + 3 and body.endswith(b"xend"), \
+        f"{len(body)} bytes of {sent} + 3\n{srv.text()}"
