@@ -5,6 +5,7 @@ is the same process). Records go through asgi_records.py."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 
 from asgi_records import record
@@ -92,7 +93,16 @@ async def informational_status(scope, receive, send):
     await send({"type": "http.response.body", "body": b"not a final response"})
 
 
+Header = collections.namedtuple("Header", "name value")
+
+
+async def namedtuple_headers(scope, receive, send):
+    await start(send, headers=[Header(b"content-length", b"2"), Header(b"x-pair", b"named")])
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
 ROUTES = {
+    "/namedtuple-headers": namedtuple_headers,
     "/pid": pid,
     "/more-body-clears-message": more_body_clears_message,
     "/receive-with-timeout": receive_with_timeout,
