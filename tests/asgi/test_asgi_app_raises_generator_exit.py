@@ -26,11 +26,13 @@ def test_generator_exit_before_the_response_is_a_500(asgi_server):
     srv = asgi_server("asgi_misbehaving:app")
     out = exchange(srv.port, "/generator-exit")
     assert out.startswith(b"HTTP/1.1 500 ") and b"Traceback" not in out, out
-    srv.master.wait_log(r"app failed on GET /generator-exit")
+    if srv.master:                                    # sockherd's words (uvicorn has its own)
+        srv.master.wait_log(r"app failed on GET /generator-exit")
 
 
 def test_generator_exit_mid_body_cuts_the_connection(asgi_server):
     srv = asgi_server("asgi_misbehaving:app")
     out = exchange(srv.port, "/generator-exit-mid-body")
     assert out.startswith(b"HTTP/1.1 200 ") and b"first" in out and not out.endswith(b"0\r\n\r\n")
-    srv.master.wait_log(r"app failed on GET /generator-exit-mid-body")
+    if srv.master:
+        srv.master.wait_log(r"app failed on GET /generator-exit-mid-body")

@@ -48,5 +48,7 @@ def test_a_send_that_timed_out_leaves_the_response_to_the_next(asgi_server):
         with c.stream("GET", "/send-with-timeout") as r:
             sent = srv.record("send-timed-out")["sent"]      # read nothing before this
             body = r.read()
-    assert r.status_code == 200 and len(body) == sent + 3 and body.endswith(b"xend"), \
-        f"{len(body)} bytes of {sent} + 3\n{srv.text()}"
+    # the send that timed out wrote its chunk before it waited (sockherd), or
+    # waited before writing it (uvicorn): either way nothing else is lost
+    assert r.status_code == 200 and len(body) - 3 in (sent, sent - 65536) and \
+        body.endswith(b"xend"), f"{len(body)} bytes of {sent} + 3\n{srv.text()}"

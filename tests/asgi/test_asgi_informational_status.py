@@ -15,6 +15,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.parametrize("status", [100, 101, 103, 199])
 def test_a_1xx_response_start_is_a_500(asgi_server, status):
+    if asgi_server.kind != "sockherd":
+        pytest.skip("sockherd's own rule: uvicorn's h11 closes without a response, its "
+                    "httptools sends the 1xx as the answer")
     srv = asgi_server("asgi_misbehaving:app")
     out = b""
     with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s:
