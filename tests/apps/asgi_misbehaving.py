@@ -8,7 +8,7 @@ import asyncio
 import collections
 import os
 
-from asgi_records import record
+from asgi_records import exists, record
 
 # past glibc's largest dynamic mmap threshold (32 MiB): the body's bytes
 # object is a mapping of its own, unmapped as soon as it is freed, so a
@@ -47,11 +47,21 @@ async def more_body_clears_message(scope, receive, send):
 
 async def receive_with_timeout(scope, receive, send):
     """Waits for the body with a timeout that expires first (the client
-    sends it only once the timeout is recorded), then reads it whole."""
+    sends it only once the timeout is recorded), then reads it whole.
+    ?late: reads it only once the server has read it (the client records
+    "body-sent" after its send; two loop iterations later the loop read
+    what was in the socket by then), with no receive() waiting."""
     try:
         await asyncio.wait_for(receive(), 0.05)
     except asyncio.TimeoutError:
         record("receive-timed-out")
+    if scope["query_string"] == b"late":
+        for _ in range(1000):
+            if exists("body-sent"):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
     body = b""
     while True:
         msg = await receive()

@@ -25,15 +25,20 @@ def read_response(s: socket.socket) -> bytes:
     return out
 
 
-def test_a_receive_that_timed_out_leaves_the_body_to_the_next(asgi_server):
+@pytest.mark.parametrize("query", ["", "late"])
+def test_a_receive_that_timed_out_leaves_the_body_to_the_next(asgi_server, query):
+    """The next receive() comes before the body (""), or after the server
+    read it with no receive() waiting ("late": it was taken for the dead
+    future, and that receive() waited forever)."""
     # --body-buffer 0: the app runs before its body came (else the loop
     # reads a small body whole first and receive() never waits)
     srv = asgi_server("asgi_misbehaving:app", "--body-buffer", "0")
     with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s:
-        s.sendall(b"POST /receive-with-timeout HTTP/1.1\r\nHost: h\r\n"
-                  b"Content-Length: 5\r\n\r\n")
+        s.sendall(f"POST /receive-with-timeout?{query} HTTP/1.1\r\nHost: h\r\n"
+                  f"Content-Length: 5\r\n\r\n".encode())
         srv.record("receive-timed-out")
         s.sendall(b"hello")
+        (srv.records / "body-sent").write_text("{}")
         out = read_response(s)
     assert out.startswith(b"HTTP/1.1 200 ") and out.endswith(b"\r\n\r\nhello"), \
         f"{out!r}\n{srv.text()}"
