@@ -15,7 +15,9 @@ WebSocket scopes, a body_timeout for a request body the app streams
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 
 from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
 from sockherd.worker import forwarded
@@ -46,16 +48,32 @@ async def run_call(app, scope, receive, send, done):
     """One request's app, as its task runs it: done(exception or None) at
     its end (worker/native/asgi_app.c answers what is missing and logs).
     Every BaseException of the app ends here (SystemExit, KeyboardInterrupt
-    included: a loop thread never ends for the app); GeneratorExit is the
-    coroutine being closed (its loop closes), not the app's."""
+    included: a loop thread never ends for the app). A GeneratorExit is
+    ours to let through only when this coroutine is being closed (its loop
+    closes, or it is collected unfinished): then no task is stepping it.
+    One raised while its task steps it is the app's own, answered as any
+    other (review, finding 3: it was let through, and the request was
+    never answered)."""
     try:
         await app(scope, receive, send)
-    except GeneratorExit:
-        raise
+    except GeneratorExit as exc:
+        if _closing(sys._getframe()):
+            raise
+        done(exc)
     except BaseException as exc:  # noqa: BLE001 - contained, answered, logged
         done(exc)
     else:
         done(None)
+
+
+def _closing(frame) -> bool:
+    """Whether the coroutine of `frame` runs from its close(), not from
+    its task's step: the task stepping (if any) is not the frame's."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:                  # no loop runs here at all
+        return True
+    return task is None or getattr(task.get_coro(), "cr_frame", None) is not frame
 
 
 def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:

@@ -208,3 +208,43 @@ def test_send_from_another_thread_is_refused(serve_asgi):
     _, addr = serve_asgi(app)
     still_serves(addr)
     assert len(seen) == 2 and all("not the connection's loop thread" in s for s in seen)
+
+
+class Clears:
+    """A dict key whose equality test (run by the lookup of another key
+    of the same hash) or a value whose truth test empties the message."""
+
+    def __init__(self, msg, like=None):
+        self.msg, self.like = msg, like
+
+    def __hash__(self):
+        return hash(self.like)
+
+    def __eq__(self, other):
+        self.msg.clear()
+        return False
+
+    def __bool__(self):
+        self.msg.clear()
+        return False
+
+
+def test_a_message_emptied_while_it_is_read(serve_asgi):
+    """Review of issue 22's adapter, finding 1 (tests/asgi/
+    test_asgi_message_values_kept.py shows the crash on a real server):
+    send() read values it had taken out of the message after app code
+    emptied it (a key's __eq__ in the lookup of "headers" freed the status;
+    more_body's __bool__ freed the body). Under AddressSanitizer
+    (test_http_asan.py runs this file) the read after the free is a report."""
+    async def app(scope, receive, send):
+        # 404 made at run time: a new int, freed with the message (not a cached one)
+        start = {"type": "http.response.start", "status": int("40" + "4")}
+        start[Clears(start, "headers")] = None           # same hash as "headers"
+        await send(start)
+        body = {"type": "http.response.body", "body": b"body of " + scope["path"].encode()}
+        body["more_body"] = Clears(body)
+        await send(body)
+
+    _, addr = serve_asgi(app)
+    out = raw(addr, b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 404 Not Found") and out.endswith(b"\r\n\r\nbody of /x"), out

@@ -65,6 +65,13 @@ void asgi_account(AsgiCall *call);
  * cleared. Never fails (an error is unraisable). */
 void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
 
+/* Whether the future *fut still waits for its answer; one that is done
+ * already (the app stopped awaiting it: wait_for's timeout, its task
+ * cancelled) is dropped, *fut cleared, so that nothing (body bytes, the
+ * client's end) is taken for it and the next receive / send may wait
+ * (review, finding 2). Never fails. */
+int asgi_waiting(PyObject **fut);
+
 /* ---- asgi_app.c: serving ---- */
 /* struct h1_app's entries and the connection layer's drop */
 PyObject *asgi_request(HttpConn *c);

@@ -167,8 +167,8 @@ int asgi_input(HttpConn *c)
 	AsgiCall *call = (AsgiCall *)c->call;
 	PyObject *msg = NULL;
 
-	if (!call || !call->rx)
-		return 0;
+	if (!call || !asgi_waiting(&call->rx))
+		return 0;                              /* no one to take it: it stays in the parser */
 	if (!call->body_done) {
 		msg = asgi_take_body(call);
 		if (!msg && PyErr_Occurred())

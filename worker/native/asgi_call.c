@@ -193,7 +193,7 @@ static PyObject *receive(AsgiCall *call)
 		if (c->peer_eof)
 			goto disconnect;                   /* the end of input mid-body */
 	}
-	if (call->rx) {
+	if (asgi_waiting(&call->rx)) {
 		PyErr_SetString(PyExc_RuntimeError, "ASGI receive() called while another receive() of "
 		                "the same request waits");
 		return NULL;
@@ -219,68 +219,19 @@ disconnect:
 
 /* ---- send -------------------------------------------------------------------------------------- */
 
-static PyObject *start(AsgiCall *call, PyObject *msg)
+/* The bytes of one http.response.body (view; more: more_body), framed
+ * into c's output: the head first if it is still held, the end of the
+ * response if it is the last. */
+static PyObject *body_bytes(AsgiCall *call, HttpConn *c, Py_buffer *view, int more)
 {
-	PyObject *status, *headers, *prefix;
-	long long length;
-	int flags, code;
-
-	if (call->started) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.start sent twice",
-		             msg);
-		return NULL;
-	}
-	status = PyDict_GetItemString(msg, "status");          /* borrowed */
-	if (!status) {
-		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): http.response.start without a "
-		             "status", msg);
-		return NULL;
-	}
-	headers = PyDict_GetItemString(msg, "headers");
-	if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags, &code) < 0)
-		return NULL;
-	Py_XSETREF(call->f.prefix, prefix);
-	call->f.length = length;
-	call->f.code = code;
-	call->f.app_date = !!(flags & HEAD_APP_DATE);
-	call->f.app_server = !!(flags & HEAD_APP_SERVER);
-	call->f.bodiless = code == 204 || code == 304 || code < 200;
-	if (flags & HEAD_CLOSE)
-		call->f.keep = 0;
-	call->started = 1;
-	return asgi_ready(Py_None);
-}
-
-static PyObject *body(AsgiCall *call, PyObject *msg)
-{
-	HttpConn *c = call->conn;
-	PyObject *data = PyDict_GetItemString(msg, "body"), *more_obj;
-	Py_buffer view = {0};
-	int more;
-
-	if (!call->started) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.body before "
-		             "http.response.start", msg);
-		return NULL;
-	}
-	if (data && !PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
-		PyErr_Format(PyExc_TypeError, "ASGI send(): http.response.body's body must be bytes, "
-		             "not %.100s", Py_TYPE(data)->tp_name);
-		return NULL;
-	}
-	more_obj = PyDict_GetItemString(msg, "more_body");
-	more = more_obj ? PyObject_IsTrue(more_obj) : 0;
-	if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
-		return NULL;
 	if (!call->head_sent) {
 		/* the whole body in this message: its length is known */
-		if (h1_head(c, &call->f, more ? -1 : (long long)view.len) < 0)
-			goto fail;
+		if (h1_head(c, &call->f, more ? -1 : (long long)view->len) < 0)
+			return NULL;
 		call->head_sent = 1;
 	}
-	if (view.len && h1_send_body(c, &call->f, view.buf, (size_t)view.len, 0, 0) < 0)
-		goto fail;
-	PyBuffer_Release(&view);
+	if (view->len && h1_send_body(c, &call->f, view->buf, (size_t)view->len, 0, 0) < 0)
+		return NULL;
 	if (!more) {
 		if (h1_end_body(c, &call->f) < 0)
 			return NULL;
@@ -299,9 +250,81 @@ static PyObject *body(AsgiCall *call, PyObject *msg)
 		return Py_XNewRef(call->tx);
 	}
 	return asgi_ready(Py_None);
-fail:
+}
+
+/* msg[key], a new reference (NULL if absent): the app's message may run
+ * its code while we use what we took out of it (a key's __eq__ in the
+ * next lookup, more_body's __bool__) and that code may empty it; a
+ * borrowed value would then be read after its free (review, finding 1) */
+static PyObject *field(PyObject *msg, const char *key)
+{
+	return Py_XNewRef(PyDict_GetItemString(msg, key));
+}
+
+static PyObject *start(AsgiCall *call, PyObject *msg)
+{
+	PyObject *status, *headers, *prefix;
+	long long length;
+	int flags, code, rc;
+
+	if (call->started) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.start sent twice",
+		             msg);
+		return NULL;
+	}
+	status = field(msg, "status");
+	if (!status) {
+		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): http.response.start without a "
+		             "status", msg);
+		return NULL;
+	}
+	headers = field(msg, "headers");
+	rc = head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags, &code);
+	Py_DECREF(status);
+	Py_XDECREF(headers);
+	if (rc < 0)
+		return NULL;
+	Py_XSETREF(call->f.prefix, prefix);
+	call->f.length = length;
+	call->f.code = code;
+	call->f.app_date = !!(flags & HEAD_APP_DATE);
+	call->f.app_server = !!(flags & HEAD_APP_SERVER);
+	call->f.bodiless = code == 204 || code == 304 || code < 200;
+	if (flags & HEAD_CLOSE)
+		call->f.keep = 0;
+	call->started = 1;
+	return asgi_ready(Py_None);
+}
+
+static PyObject *body(AsgiCall *call, PyObject *msg)
+{
+	HttpConn *c = call->conn;
+	PyObject *data, *more_obj, *r = NULL;
+	Py_buffer view = {0};
+	int more;
+
+	if (!call->started) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.body before "
+		             "http.response.start", msg);
+		return NULL;
+	}
+	data = field(msg, "body");
+	if (data && !PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
+		PyErr_Format(PyExc_TypeError, "ASGI send(): http.response.body's body must be bytes, "
+		             "not %.100s", Py_TYPE(data)->tp_name);
+		Py_DECREF(data);
+		return NULL;
+	}
+	more_obj = field(msg, "more_body");
+	more = more_obj ? PyObject_IsTrue(more_obj) : 0;
+	Py_XDECREF(more_obj);
+	if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
+		goto out;
+	r = body_bytes(call, c, &view, more);
 	PyBuffer_Release(&view);
-	return NULL;
+out:
+	Py_XDECREF(data);
+	return r;
 }
 
 static PyObject *send(AsgiCall *call, PyObject *msg)
@@ -328,7 +351,7 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 	}
 	if (owner_thread(call, "send()") < 0)
 		return NULL;
-	if (call->tx) {
+	if (asgi_waiting(&call->tx)) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
 		             "request waits", msg);
 		return NULL;

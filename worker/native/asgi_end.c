@@ -37,6 +37,25 @@ void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
 	Py_DECREF(f);
 }
 
+int asgi_waiting(PyObject **fut)
+{
+	PyObject *done;
+	int waits;
+
+	if (!*fut)
+		return 0;
+	done = PyObject_CallMethod(*fut, "done", NULL);
+	waits = done ? PyObject_Not(done) : -1;
+	Py_XDECREF(done);
+	if (waits < 0) {
+		PyErr_WriteUnraisable(*fut);               /* not an asyncio future's way */
+		waits = 0;
+	}
+	if (!waits)
+		Py_CLEAR(*fut);
+	return waits;
+}
+
 /* ---- the end ---------------------------------------------------------------------------------------- */
 
 void asgi_account(AsgiCall *call)

@@ -71,7 +71,8 @@ struct h1_frame {
 enum { HEAD_CLOSE = 1, HEAD_APP_DATE = 2, HEAD_APP_SERVER = 4 };
 int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
               int *flags, int *code);
-/* head_from for ASGI's shapes: an int status (100-599) and an iterable of
+/* head_from for ASGI's shapes: an int status (200-599: a 1xx is refused,
+ * never a final response) and an iterable of
  * [name, value] pairs of bytes; the same checks and results. */
 int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
                    int *flags, int *code);

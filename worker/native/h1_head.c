@@ -322,10 +322,13 @@ static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
 }
 
 /* One [name, value] pair of the app's: borrowed name and value, both
- * bytes; 0 or -1 with a TypeError naming the pair. */
+ * bytes; 0 or -1 with a TypeError naming the pair. A tuple or a list,
+ * subclasses included (a namedtuple is a two-item iterable as the spec
+ * words it: refused, a valid response was a 500; review, finding 5); their
+ * items are read from the object itself, no method of the subclass runs. */
 static int asgi_pair(PyObject *pair, PyObject **name, PyObject **value)
 {
-	if ((PyTuple_CheckExact(pair) || PyList_CheckExact(pair)) && PySequence_Fast_GET_SIZE(pair) == 2) {
+	if ((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2) {
 		*name = PySequence_Fast_GET_ITEM(pair, 0);
 		*value = PySequence_Fast_GET_ITEM(pair, 1);
 		if (PyBytes_Check(*name) && PyBytes_Check(*value))
@@ -357,6 +360,14 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 		if (!PyErr_Occurred())
 			PyErr_Format(PyExc_ValueError, "http.response.start: status %R is not within "
 			             "100-599", status);
+		return -1;
+	}
+	if (v < 200) {
+		/* an interim response is never a request's answer: sent as one,
+		 * its client waits on for the final one and takes the next
+		 * pipelined response for it (review, finding 4) */
+		PyErr_Format(PyExc_ValueError, "http.response.start: status %R is informational "
+		             "(1xx), not a final response's", status);
 		return -1;
 	}
 	code = (int)v;
