@@ -31,7 +31,7 @@ LAYERS = {
     "connection": ["conn_timers", "conn_io", "conn_type", "dispatch", "engine"],
     "http1 codec": ["httpscan", "httpparse", "h1_parser", "h1_head", "h1_response", "h1_conn"],
     "wsgi adapter": ["wsgi_environ", "wsgi_respond", "wsgi_body", "wsgi_app"],
-    "asgi adapter": ["asgi_scope", "asgi_end", "asgi_call", "asgi_app"],
+    "asgi adapter": ["asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app"],
     "assembly": ["server", "httpmodule"],
 }
 # the adapters sit side by side: neither calls the other (both are above
