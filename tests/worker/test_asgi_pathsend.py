@@ -248,3 +248,23 @@ def test_a_client_that_takes_nothing_is_cut_after_body_timeout(serve_asgi, tmp_p
         # nothing read: the send timer closes the connection, and the file
         wait_until(lambda: not open_fds_of(path), timeout=15, what="the file's fd closed")
         wait_until(lambda: not loop.conns, what="the connection closed")
+
+
+def test_a_slow_but_steady_reader_is_not_cut(serve_asgi, tmp_path):
+    """A client reading at about 2 MB/s takes 6 s for 12 MB against a
+    body_timeout of 2 s: each piece the kernel takes re-arms the send timer
+    (only a client that takes nothing for body_timeout is cut)."""
+    size = 12 << 20
+    path = make_file(tmp_path, size)
+    _, addr = serve_asgi(pathsend_app(path), body_timeout=2.0)
+    with socket.create_connection(addr, timeout=20) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        s.sendall(b"GET /file HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        got = bytearray()
+        t0 = time.monotonic()
+        while chunk := s.recv(64 << 10):
+            got += chunk
+            time.sleep(0.03)                    # the client's pace: ~2 MB/s
+    assert time.monotonic() - t0 > 3.0          # longer than body_timeout, by far
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and body == path.read_bytes()

@@ -209,3 +209,18 @@ def test_wrong_trailers_are_the_apps_error(serve_asgi, caplog, messages, te, out
         assert raw(addr, get(b"/ok", b"Connection: close\r\n")).endswith(b"\r\n\r\nok")
     assert any("app failed on GET /t" in r.getMessage() for r in caplog.records), caplog.text
     assert says in caplog.text, caplog.text
+
+
+def test_a_pathsend_file_then_trailers(serve_asgi, tmp_path):
+    """pathsend is the body: with trailers: True it goes out as one chunk
+    (sendfile after its chunk-size line), then the trailer section."""
+    data = bytes(range(256)) * 40000 + b"end"           # past what one write takes
+    (tmp_path / "f").write_bytes(data)
+    messages = [START_T, {"type": "http.response.pathsend", "path": str(tmp_path / "f")},
+                {"type": "http.response.trailers", "headers": [(b"x-checksum", b"z")]}]
+    _, addr = serve_asgi(trailer_app(messages))
+    got = h11_responses(addr, get(b"/t", TE) + get(b"/ok"), 2)
+    resp, body, end = got[0]
+    assert (b"transfer-encoding", b"chunked") in resp.headers and body == data
+    assert list(end.headers) == [(b"x-checksum", b"z")]
+    assert got[1][1] == b"ok"

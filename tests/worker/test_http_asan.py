@@ -20,7 +20,8 @@ dispatch: the spill queue), the responses of issue 18 §4
 (test_response_streaming.py, test_response_headers.py,
 test_pipelined_output.py, test_http_refusals.py) and the ASGI adapter's
 (test_asgi_http.py, test_asgi_app_errors.py, test_asgi_flow_control.py,
-test_aio_loop.py) run against that build in a child interpreter
+test_aio_loop.py, and its extensions': test_asgi_pathsend.py,
+test_asgi_trailers.py, test_asgi_body_timeout.py) run against that build in a child interpreter
 with libasan preloaded (conftest.py swaps it in). Any sanitizer report
 fails the run."""
 from __future__ import annotations
@@ -84,7 +85,10 @@ def test_parser_suite_under_asan_and_ubsan(tmp_path):
                           str(ROOT / "tests" / "worker" / "test_asgi_http.py"),
                           str(ROOT / "tests" / "worker" / "test_asgi_app_errors.py"),
                           str(ROOT / "tests" / "worker" / "test_asgi_flow_control.py"),
-                          str(ROOT / "tests" / "worker" / "test_aio_loop.py")],
+                          str(ROOT / "tests" / "worker" / "test_aio_loop.py"),
+                          str(ROOT / "tests" / "worker" / "test_asgi_pathsend.py"),
+                          str(ROOT / "tests" / "worker" / "test_asgi_trailers.py"),
+                          str(ROOT / "tests" / "worker" / "test_asgi_body_timeout.py")],
                          env=env, capture_output=True, text=True, timeout=500 + LONGER, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report

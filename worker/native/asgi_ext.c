@@ -347,19 +347,20 @@ int asgi_pathsend(AsgiCall *call, PyObject *msg)
 	}
 	call->head_sent = 1;
 	span = h1_span_begin(c, &call->f, (unsigned long long)st.st_size);
-	if (span <= 0) {
+	if (span <= 0)
 		close(fd);                             /* HEAD, 204, 304, empty: nothing to read */
-		if (span < 0)
-			return -1;
-	}
-	else {
+	if (span < 0)
+		return -1;
+	if (span > 0) {
 		call->file_fd = fd;
 		call->file_off = 0;
+		call->file_left = call->file_span = (unsigned long long)span;
+		rc = push(call);
+		if (rc)
+			return rc < 0 ? -1 : 1;            /* the rest from the loop: the send waits */
 	}
-	call->file_left = call->file_span = (unsigned long long)(span > 0 ? span : 0);
-	rc = push(call);
-	if (rc)
-		return rc < 0 ? -1 : 1;                /* the rest from the loop: the send waits */
+	/* no file to wait for: the body ends as a body message's does (the
+	 * head goes out with what is owed: asgi_end) */
 	rc = file_done(call);
 	if (rc > 0)
 		asgi_end(call, call->f.keep);
