@@ -205,7 +205,6 @@ int asgi_trailers(AsgiCall *call, PyObject *msg)
 static int push(AsgiCall *call)
 {
 	HttpConn *c = call->conn;
-	unsigned long long before = c->wrote;
 	size_t turn = FILE_TURN_MAX;
 	int rc = 0;
 
@@ -260,10 +259,8 @@ static int push(AsgiCall *call)
 		return -1;
 	}
 	c->out_more = call->file_left > 0;
-	/* progress re-arms the send timer; none lets it run on (or arms it
-	 * if none runs) */
-	if (c->wrote != before || c->tkind != TIMER_SEND)
-		h1_rearm(c);
+	/* the send timer: armed by the flush that emptied the buffer (owed:
+	 * out_more), re-armed on progress by the codec's resume (c->wrote) */
 	hconn_sync(c);
 	return rc;
 }
