@@ -18,16 +18,10 @@ import time
 
 import pytest
 
+from test_asgi_flow_control import wait_until  # noqa: E402
 from test_wsgi import raw  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_until(fn, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not fn():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def reader_app(got: list, start_first: bool = False):

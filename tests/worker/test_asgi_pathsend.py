@@ -18,16 +18,10 @@ import time
 
 import pytest
 
+from test_asgi_flow_control import wait_until  # noqa: E402
 from test_wsgi import raw  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def wait_until(fn, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not fn():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def open_fds_of(path) -> list[int]:
@@ -65,6 +59,16 @@ def pathsend_app(path, headers=(), seen=None):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok " + scope["path"].encode()})
     return app
+
+
+def read_until(s: socket.socket, end: bytes) -> bytes:
+    """What s sends until `end` (which must come before its EOF)."""
+    buf = b""
+    while end not in buf:
+        chunk = s.recv(65536)
+        assert chunk, f"EOF before {end!r}: {buf[-300:]!r}"
+        buf += chunk
+    return buf
 
 
 def read_response(s: socket.socket, buf: bytes = b"") -> tuple[bytes, bytes, bytes]:
@@ -133,11 +137,7 @@ def test_head_has_the_length_and_no_body(serve_asgi, tmp_path):
     _, addr = serve_asgi(pathsend_app(path))
     with socket.create_connection(addr, timeout=10) as s:
         s.sendall(b"HEAD /file HTTP/1.1\r\nHost: h\r\n\r\nGET /next HTTP/1.1\r\nHost: h\r\n\r\n")
-        buf = b""
-        while b"ok /next" not in buf:
-            chunk = s.recv(65536)
-            assert chunk, buf
-            buf += chunk
+        buf = read_until(s, b"ok /next")
     first, _, second = buf.partition(b"\r\n\r\n")
     assert b"content-length: 5000" in first.lower() and second.startswith(b"HTTP/1.1 200 OK")
     wait_until(lambda: not open_fds_of(path), what="the file's fd closed")

@@ -17,6 +17,7 @@ import socket
 import h11
 import pytest
 
+from test_asgi_pathsend import read_until  # noqa: E402
 from test_wsgi import raw  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -134,11 +135,7 @@ def test_head_with_trailers_has_no_body(serve_asgi):
     _, addr = serve_asgi(trailer_app(messages))
     with socket.create_connection(addr, timeout=10) as s:
         s.sendall(get(b"/t", TE, b"HEAD") + get(b"/ok"))
-        buf = b""
-        while not buf.endswith(b"ok"):
-            chunk = s.recv(65536)
-            assert chunk, buf
-            buf += chunk
+        buf = read_until(s, b"\r\n\r\nok")
     first, _, second = buf.partition(b"\r\n\r\n")
     assert first.startswith(b"HTTP/1.1 200 OK") and second.startswith(b"HTTP/1.1 200 OK"), buf
     assert b"x-checksum: 1" not in buf

@@ -321,6 +321,20 @@ static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
 	return 1;
 }
 
+/* "name: value\r\n" at w; the end of it */
+static inline char *put_field(char *w, const char *name, size_t nl, const char *value, size_t vl)
+{
+	memcpy(w, name, nl);
+	w += nl;
+	*w++ = ':';
+	*w++ = ' ';
+	memcpy(w, value, vl);
+	w += vl;
+	*w++ = '\r';
+	*w++ = '\n';
+	return w;
+}
+
 /* One [name, value] pair of the app's (in message `what`): borrowed name
  * and value, both bytes, the name a token, the value without CTL; 0 or -1
  * with an error naming the pair. */
@@ -450,14 +464,7 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 		    (((code >= 100 && code < 200) || code == 204) &&
 		     bytes_lower_is(ns, nl, "content-length")))
 			continue;
-		memcpy(w, ns, (size_t)nl);
-		w += nl;
-		*w++ = ':';
-		*w++ = ' ';
-		memcpy(w, PyBytes_AS_STRING(value), (size_t)vl);
-		w += vl;
-		*w++ = '\r';
-		*w++ = '\n';
+		w = put_field(w, ns, (size_t)nl, PyBytes_AS_STRING(value), (size_t)vl);
 	}
 	Py_DECREF(seq);
 	*prefix = out;
@@ -516,14 +523,8 @@ int h1_trailer_block(PyObject *headers, PyObject **block)
 		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
 		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
 
-		memcpy(w, PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name));
-		w += PyBytes_GET_SIZE(name);
-		*w++ = ':';
-		*w++ = ' ';
-		memcpy(w, PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
-		w += PyBytes_GET_SIZE(value);
-		*w++ = '\r';
-		*w++ = '\n';
+		w = put_field(w, PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
+		              PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
 	}
 	Py_DECREF(seq);
 	*block = out;
