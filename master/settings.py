@@ -233,9 +233,10 @@ SETTINGS: tuple[Setting, ...] = (
             msgspec.Meta(ge=0), "BYTES", section="http"),
     Setting("body_timeout", ("--body-timeout",), float, 30.0,
             "a request body must arrive within this long (a second more per 64 KiB "
-            "received): one read in the loop (body_buffer) is then refused 408, an app "
-            "reading a streamed one gets an error; a response its client takes nothing of "
-            "for this long is cut (the connection closes)",
+            "received): one read in the loop (body_buffer) is then refused 408, a WSGI app "
+            "reading a streamed one gets an error, an ASGI one `http.disconnect` (and the "
+            "client a 408, or the close once the head went out); a response its client "
+            "takes nothing of for this long is cut (the connection closes)",
             _seconds(0.1, 3600), "S", section="http"),
     # nginx's client_body_buffer_size, larger than its 16 KiB default: most
     # form posts and JSON bodies fit, and a body read in the loop costs no

@@ -9,9 +9,9 @@ the thread's own fdcore poller (worker/aio.py). What stays here: the
 settings, the scope keys every request shares, the access log and the
 logging of an app's errors.
 
-Not done yet (README): http.response.pathsend, http.response.trailers,
-WebSocket scopes, a body_timeout for a request body the app streams
-(receive() waits for the client as long as the app waits on it).
+Extensions (worker/native/asgi_ext.c): http.response.pathsend (sendfile
+from the loop) in every scope, http.response.trailers when the client
+sent TE: trailers. Not done yet (README): WebSocket scopes.
 """
 from __future__ import annotations
 

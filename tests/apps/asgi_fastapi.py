@@ -13,7 +13,8 @@ asgi_records.record() (ASGI_TEST_RECORDS).
                                     first at once, then `pause` s between
                                     them; at its end the generator records
                                     `sse-TAG` (events sent, completed or not)
-  GET  /file/{name}                 FileResponse of a file in the records dir
+  GET  /file/{name}                 FileResponse of a file in the records dir (the
+                                    message types it sent recorded: RecordSends)
   POST /upload                      UploadFile + a form field: size, sha256
   GET  /boom                        raises: 500
 """
@@ -27,9 +28,10 @@ from fastapi import BackgroundTasks, Depends, FastAPI, Form, Header, HTTPExcepti
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel
 
-from asgi_records import exists, record, records_dir
+from asgi_records import RecordSends, exists, record, records_dir
 
 app = FastAPI()
+app.add_middleware(RecordSends)
 
 
 @app.get("/items/{item_id}")

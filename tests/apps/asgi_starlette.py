@@ -6,6 +6,8 @@
   POST /body                   the request body read whole (await request.body()):
                                its length and sha256
   GET  /stream?n=              a StreamingResponse of n chunks `chunk i;`
+  GET  /file/{name}            FileResponse of a file in the records dir (the
+                               message types it sent recorded: asgi_records.RecordSends)
   GET  /wait-disconnect/{tag}  a long poll: records `waiting-TAG`, then polls
                                request.is_disconnected() until the client has
                                gone and records `disconnected-TAG` (bounded:
@@ -15,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.middleware import Middleware
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from asgi_records import record
+from asgi_records import RecordSends, record, records_dir
 
 
 async def home(request: Request):
@@ -73,11 +77,19 @@ async def wait_disconnect(request: Request):
     return PlainTextResponse("timed out")
 
 
-app = Starlette(routes=[
+async def file(request: Request):
+    name = request.path_params["name"]
+    if "/" in name or name.startswith("."):
+        return PlainTextResponse("no", status_code=404)
+    return FileResponse(os.path.join(records_dir(), name), media_type="application/octet-stream")
+
+
+app = Starlette(middleware=[Middleware(RecordSends)], routes=[
     Route("/", home),
     Route("/hello/{name}", hello),
     Route("/scope/{rest:path}", scope_view),
     Route("/body", body, methods=["POST"]),
     Route("/stream", stream),
+    Route("/file/{name}", file, methods=["GET", "HEAD"]),
     Route("/wait-disconnect/{tag}", wait_disconnect),
 ])

@@ -104,13 +104,16 @@ def test_file_response(fastapi_app):
     data = os.urandom(3 << 20) + b"end"
     (srv.records / "blob.bin").write_bytes(data)
     with httpx.Client(base_url=srv.url, timeout=60) as c:
-        r = c.get("/file/blob.bin")
+        r = c.get("/file/blob.bin", headers={"X-Record": "blob"})
         assert r.status_code == 200 and r.content == data
         assert r.headers["content-length"] == str(len(data))
         part = c.get("/file/blob.bin", headers={"Range": "bytes=100-199"})
         assert part.status_code == 206 and part.content == data[100:200]
         assert c.head("/file/blob.bin").content == b""
         assert c.get("/file/.hidden").status_code == 404
+    if srv.kind == "sockherd":             # pathsend advertised (uvicorn has none)
+        sent = srv.record("sends-blob")["types"]
+        assert "http.response.pathsend" in sent, sent
 
 
 def test_upload_file(fastapi_app):

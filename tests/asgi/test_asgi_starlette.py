@@ -86,3 +86,49 @@ def test_is_disconnected_turns_true_when_the_client_goes(starlette_app):
         s.close()
     rec = srv.record("disconnected-d1", timeout=15)
     assert "timed_out" not in rec, rec
+
+
+def test_file_response_goes_out_by_pathsend(starlette_app):
+    """Starlette's FileResponse sends http.response.pathsend when the scope
+    advertises it (issue 22 §2, Extensions): the file whole, its length,
+    HEAD without a body, the connection kept."""
+    srv = starlette_app
+    data = os.urandom(5 << 20) + b"end"
+    (srv.records / "blob.bin").write_bytes(data)
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = c.get("/file/blob.bin", headers={"X-Record": "blob"})
+        assert r.status_code == 200 and r.content == data
+        assert r.headers["content-length"] == str(len(data))
+        h = c.head("/file/blob.bin")
+        assert h.status_code == 200 and h.content == b""
+        assert h.headers["content-length"] == str(len(data))
+        assert c.get("/").text == "starlette home"          # the connection serves on
+    sent = srv.record("sends-blob")["types"]
+    if srv.kind == "sockherd":                             # uvicorn has no pathsend
+        assert sent == ["http.response.start", "http.response.pathsend"], sent
+
+
+def test_a_slow_file_download_leaves_the_worker_serving(asgi_server):
+    """One worker with one loop thread: a 40 MB FileResponse to a client
+    that reads a little and then pauses never holds that thread: other
+    clients are answered meanwhile; then the download completes intact."""
+    srv = asgi_server("asgi_starlette:app", "--threads", "1", workers=1)
+    data = os.urandom(40 << 20)
+    (srv.records / "big.bin").write_bytes(data)
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        s.sendall(f"GET /file/big.bin HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n".encode())
+        got = bytearray(s.recv(65536))
+        assert got.startswith(b"HTTP/1.1 200 OK") and b"\r\n\r\n" in got, got[:200]
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            for i in range(10):
+                assert c.get("/hello/x", params={"q": str(i)}).text == f"hello x q={i}"
+        want = got.index(b"\r\n\r\n") + 4 + len(data)
+        while len(got) < want:
+            chunk = s.recv(1 << 20)
+            assert chunk, f"EOF after {len(got)} bytes"
+            got += chunk
+    finally:
+        s.close()
+    assert bytes(got).partition(b"\r\n\r\n")[2] == data

@@ -33,7 +33,7 @@ LAYERS = {
     "http1 codec": ["httpscan", "httpparse", "h1_parser", "fwd_fields", "h1_head", "h1_response",
                     "h1_conn"],
     "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],
-    "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_call", "asgi_app"],
+    "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app"],
     "assembly": ["server", "httpmodule"],
 }
 # the adapters sit side by side: neither calls the other (both are above

@@ -17,6 +17,8 @@
 #ifndef SOCKHERD_ASGI_H
 #define SOCKHERD_ASGI_H
 
+#include <unistd.h>
+
 #include "h1.h"
 
 typedef struct AsgiCall {
@@ -34,6 +36,15 @@ typedef struct AsgiCall {
 	 * http.request was received; counted: counted and logged (once) */
 	unsigned started : 1, head_sent : 1, ended : 1, gone : 1, body_done : 1, counted : 1;
 	double since;
+	/* the extensions (asgi_ext.c). trailers_ok: advertised (the client
+	 * sent TE: trailers); trailers: the start said trailers: True;
+	 * body_end: the body is whole and the trailers are awaited. A
+	 * pathsend's file while it goes out: its fd (the call's, -1 none),
+	 * where the rest begins, how much is left (and the chunk's size). */
+	unsigned trailers_ok : 1, trailers : 1, body_end : 1;
+	int file_fd;
+	off_t file_off;
+	unsigned long long file_left, file_span;
 } AsgiCall;
 
 extern PyTypeObject AsgiCallType, AsgiReadyType;
@@ -59,6 +70,11 @@ int asgi_make_app(void);
 /* The response is whole (or the app's error answered): counted and
  * logged, the call detached, the codec goes on with the connection. */
 void asgi_end(AsgiCall *call, int keep);
+/* asgi_end's first part: the call counted, logged and detached from its
+ * connection; c (a new reference; NULL if detached already), which the
+ * caller goes on with (asgi_end: h1_call_done; a file's end inside the
+ * codec's resume: the resume itself, asgi_file_resume). */
+HttpConn *asgi_detach(AsgiCall *call);
 /* Counted and logged, once (the response, or what there is of it). */
 void asgi_account(AsgiCall *call);
 /* Sets *fut's result (or exception exc), if it is still pending; *fut
@@ -71,6 +87,43 @@ void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
  * client's end) is taken for it and the next receive / send may wait
  * (review, finding 2). Never fails. */
 int asgi_waiting(PyObject **fut);
+
+/* ---- asgi_ext.c: the extensions (pathsend, trailers), a streamed body's timer ---- */
+int asgi_ext_make(void);                        /* its constants (module init) */
+/* scope["extensions"] for c's request: pathsend always, trailers when
+ * the client accepts them (HTTP/1.1, TE: trailers). 0 or -1. */
+int asgi_ext_scope(HttpConn *c, PyObject *scope);
+/* A new call: what its scope advertised. */
+void asgi_ext_call(AsgiCall *call);
+/* http.response.start's `trailers` (length: the app's Content-Length or
+ * -1), checked before the start is taken. 0 or -1 (the app's error). */
+int asgi_ext_start(AsgiCall *call, PyObject *msg, long long length);
+/* The body's last message with trailers to follow: the last chunk. */
+int asgi_ext_body_end(AsgiCall *call);
+/* send() of http.response.pathsend / http.response.trailers: 0 done, 1
+ * the send waits (its future resolved by asgi_resume / the end), -1. */
+int asgi_pathsend(AsgiCall *call, PyObject *msg);
+int asgi_trailers(AsgiCall *call, PyObject *msg);
+/* A file's turn (the output drained): RESPOND_PARKED while the call
+ * runs on, else the response ended and the call is detached: whether
+ * the connection may serve on (RESPOND_KEEP, RESPOND_CLOSE). -1. */
+int asgi_file_resume(AsgiCall *call);
+/* The body timer fired for a receive that waits: a 408 or the close, the
+ * receive's http.disconnect. */
+void asgi_body_late(AsgiCall *call);
+
+/* The call's file closed (on every path: sent, failed, the client gone,
+ * the call freed): here, for asgi_end.c and the call's own dealloc. */
+static inline void asgi_file_close(AsgiCall *call)
+{
+	if (call->file_fd >= 0) {
+		close(call->file_fd);
+		call->file_fd = -1;
+	}
+	call->file_left = 0;
+	if (call->conn)
+		call->conn->out_more = 0;
+}
 
 /* ---- asgi_app.c: serving ---- */
 /* struct h1_app's entries and the connection layer's drop */

@@ -36,7 +36,11 @@ static PyObject *P_500;                    /* the 500's status line and field, m
 
 PyObject *asgi_request(HttpConn *c)
 {
-	return asgi_build_scope(c);
+	PyObject *scope = asgi_build_scope(c);
+
+	if (scope && asgi_ext_scope(c, scope) < 0)
+		Py_CLEAR(scope);
+	return scope;
 }
 
 /* The app's error (pending) logged with the request, then answered: a
@@ -143,7 +147,9 @@ static PyObject *asgi_done(AsgiCall *call, PyObject *exc)
 		app_failed(call, "app");
 	}
 	else if (!call->ended && !call->gone) {
-		PyErr_SetString(PyExc_RuntimeError, call->started
+		PyErr_SetString(PyExc_RuntimeError, call->body_end
+		                ? "the app returned before its trailers ended (more_trailers)"
+		                : call->started
 		                ? "the app returned before its response ended (more_body)"
 		                : "the app returned without sending http.response.start");
 		app_failed(call, "app");
@@ -156,7 +162,14 @@ static PyObject *asgi_done(AsgiCall *call, PyObject *exc)
 int asgi_resume(HttpConn *c)
 {
 	AsgiCall *call = (AsgiCall *)c->call;
+	int rc;
 
+	if (call && call->file_fd >= 0) {
+		Py_INCREF(call);                       /* its end drops the connection's */
+		rc = asgi_file_resume(call);
+		Py_DECREF(call);
+		return rc;
+	}
 	if (call && call->tx && hconn_pending(c) < LOW_WATER)
 		asgi_resolve(&call->tx, Py_None, NULL);
 	return RESPOND_PARKED;
@@ -167,6 +180,10 @@ int asgi_input(HttpConn *c)
 	AsgiCall *call = (AsgiCall *)c->call;
 	PyObject *msg = NULL;
 
+	if (call && c->parser->body_late) {
+		asgi_body_late(call);                  /* its receive waited past body_timeout */
+		return 0;
+	}
 	if (!call || !asgi_waiting(&call->rx))
 		return 0;                              /* no one to take it: it stays in the parser */
 	if (!call->body_done) {
@@ -179,6 +196,7 @@ int asgi_input(HttpConn *c)
 	if (msg) {
 		asgi_resolve(&call->rx, msg, NULL);
 		Py_DECREF(msg);
+		h1_body_wait(c, 0);                    /* answered: the app's time now */
 	}
 	return 0;
 }
@@ -190,6 +208,7 @@ void asgi_drop(HttpConn *c, PyObject *obj)
 
 	(void)c;
 	call->gone = 1;
+	asgi_file_close(call);                     /* a file still going out: never now */
 	if (!call->ended)
 		asgi_account(call);                    /* what went out of it, if anything */
 	if (call->rx && (msg = asgi_disconnect())) {
@@ -225,5 +244,5 @@ int asgi_make_app(void)
 {
 	P_500 = PyBytes_FromString("HTTP/1.1 500 Internal Server Error\r\n"
 	                           "Content-Type: text/plain; charset=utf-8\r\n");
-	return P_500 ? asgi_make_keys() : -1;
+	return P_500 && asgi_make_keys() == 0 ? asgi_ext_make() : -1;
 }

@@ -104,6 +104,7 @@ AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 	call->f.head_only = hp->ll.method == HTTP_HEAD;
 	call->f.length = -1;
 	call->since = s->access != Py_None ? mono_now() : 0.0;
+	asgi_ext_call(call);                       /* what the scope advertised; no file yet */
 	PyObject_GC_Track(call);
 	if (!call->aio) {
 		Py_DECREF(call);
@@ -136,6 +137,7 @@ static void Call_dealloc(AsgiCall *call)
 {
 	PyObject_GC_UnTrack(call);
 	Call_clear(call);
+	asgi_file_close(call);
 	Py_CLEAR(call->conn);
 	Py_CLEAR(call->f.prefix);
 	Py_CLEAR(call->srv);
@@ -206,6 +208,8 @@ static PyObject *receive(AsgiCall *call)
 			return NULL;
 	}
 	call->rx = new_future(call);
+	if (call->rx && !call->body_done)
+		h1_body_wait(c, 1);                    /* the client's time runs (body_timeout) */
 	return Py_XNewRef(call->rx);
 disconnect:
 	msg = asgi_disconnect();
@@ -225,13 +229,16 @@ disconnect:
 static PyObject *body_bytes(AsgiCall *call, HttpConn *c, Py_buffer *view, int more)
 {
 	if (!call->head_sent) {
-		/* the whole body in this message: its length is known */
-		if (h1_head(c, &call->f, more ? -1 : (long long)view->len) < 0)
+		/* the whole body in this message: its length is known (but
+		 * trailers follow a chunked one) */
+		if (h1_head(c, &call->f, more || call->trailers ? -1 : (long long)view->len) < 0)
 			return NULL;
 		call->head_sent = 1;
 	}
 	if (view->len && h1_send_body(c, &call->f, view->buf, (size_t)view->len, 0, 0) < 0)
 		return NULL;
+	if (!more && call->trailers)
+		return asgi_ext_body_end(call) < 0 ? NULL : asgi_ready(Py_None);
 	if (!more) {
 		if (h1_end_body(c, &call->f) < 0)
 			return NULL;
@@ -284,6 +291,10 @@ static PyObject *start(AsgiCall *call, PyObject *msg)
 	Py_XDECREF(headers);
 	if (rc < 0)
 		return NULL;
+	if (asgi_ext_start(call, msg, length) < 0) {     /* its `trailers` (asgi_ext.c) */
+		Py_DECREF(prefix);
+		return NULL;
+	}
 	Py_XSETREF(call->f.prefix, prefix);
 	call->f.length = length;
 	call->f.code = code;
@@ -303,9 +314,9 @@ static PyObject *body(AsgiCall *call, PyObject *msg)
 	Py_buffer view = {0};
 	int more;
 
-	if (!call->started) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.body before "
-		             "http.response.start", msg);
+	if (!call->started || call->body_end) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): http.response.body %s", msg,
+		             call->started ? "after the body ended" : "before http.response.start");
 		return NULL;
 	}
 	data = field(msg, "body");
@@ -325,6 +336,17 @@ static PyObject *body(AsgiCall *call, PyObject *msg)
 out:
 	Py_XDECREF(data);
 	return r;
+}
+
+/* An extension's send (asgi_ext.c: 0 done, 1 it waits, -1) as an awaitable */
+static PyObject *waited(AsgiCall *call, int rc)
+{
+	if (rc < 0)
+		return NULL;
+	if (!rc)
+		return asgi_ready(Py_None);
+	call->tx = new_future(call);
+	return Py_XNewRef(call->tx);
 }
 
 static PyObject *send(AsgiCall *call, PyObject *msg)
@@ -360,9 +382,13 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 		return start(call, msg);
 	if (PyUnicode_CompareWithASCIIString(type, "http.response.body") == 0)
 		return body(call, msg);
-	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of an http scope here "
-	             "(http.response.start, http.response.body; pathsend and trailers are not "
-	             "supported)", msg);
+	if (PyUnicode_CompareWithASCIIString(type, "http.response.pathsend") == 0)
+		return waited(call, asgi_pathsend(call, msg));
+	if (PyUnicode_CompareWithASCIIString(type, "http.response.trailers") == 0)
+		return waited(call, asgi_trailers(call, msg));
+	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of an http scope "
+	             "(http.response.start, http.response.body, http.response.pathsend, "
+	             "http.response.trailers)", msg);
 	return NULL;
 }
 

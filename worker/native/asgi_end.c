@@ -86,14 +86,15 @@ void asgi_account(AsgiCall *call)
 	}
 }
 
-void asgi_end(AsgiCall *call, int keep)
+HttpConn *asgi_detach(AsgiCall *call)
 {
 	HttpConn *c = call->conn;
 	PyObject *msg;
 
 	if (call->ended || !c)
-		return;
+		return NULL;
 	call->ended = 1;
+	asgi_file_close(call);                     /* sent, or never to be */
 	asgi_account(call);
 	/* a receive waiting for the client's end: the response ended (ASGI:
 	 * a receive after it says disconnect) */
@@ -106,16 +107,24 @@ void asgi_end(AsgiCall *call, int keep)
 		c->call = NULL;
 		Py_DECREF(call);                       /* the connection's (the caller holds one) */
 	}
+	/* a whole body the app did not read is dropped; one still coming
+	 * ends the connection (parser_finish says so) */
 	if (!c->closed) {
-		Parser *p = c->parser;
-
-		/* a whole body the app did not read is dropped; one still
-		 * coming ends the connection (parser_finish says so) */
-		if (p->hp.state == HP_DONE)
-			p->bstart = p->blen;
-		if (h1_call_done(c, keep) < 0)
-			contain(c);
+		if (c->parser->hp.state == HP_DONE)
+			c->parser->bstart = c->parser->blen;
+		h1_call_detached(c);
 	}
+	return c;
+}
+
+void asgi_end(AsgiCall *call, int keep)
+{
+	HttpConn *c = asgi_detach(call);
+
+	if (!c)
+		return;
+	if (!c->closed && h1_call_done(c, keep) < 0)
+		contain(c);
 	Py_DECREF(c);
 }
 

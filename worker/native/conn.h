@@ -108,7 +108,12 @@ struct HttpConn {
 	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
 	         in_kept : 1,                  /* conn_io.c: input left while not reading */
 	         in_full : 1,                  /* the protocol takes no more input now (call) */
-	         trusted : 1;                  /* its peer may send forwarding fields (conn_peer) */
+	         trusted : 1,                  /* its peer may send forwarding fields (conn_peer) */
+	         /* the layer above has more output than the buffer, which it
+	          * sends itself once the buffer is out (an ASGI pathsend's
+	          * file, by sendfile): owed, like the buffer (POLLOUT wanted,
+	          * the send timer runs, a close waits for it) */
+	         out_more : 1;
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -244,10 +249,11 @@ static inline int hconn_reading(const HttpConn *c)
 	return c->lingering || (!c->paused_out && !c->closing && !c->parked && !c->in_full);
 }
 
-/* Output is owed: bytes buffered, or a parked body's rest. */
+/* Output is owed: bytes buffered, a parked body's rest, or the layer
+ * above's own (out_more). */
 static inline int hconn_owed(const HttpConn *c)
 {
-	return hconn_pending(c) || c->parked;
+	return hconn_pending(c) || c->parked || c->out_more;
 }
 
 /* The client's address as the layers above must show it ((host, port),

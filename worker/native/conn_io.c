@@ -313,7 +313,7 @@ int hconn_flush(HttpConn *c)
 		PyMem_Free(c->out);
 		c->out = NULL;
 		c->ostart = c->olen = c->ocap = 0;
-		if (c->closing && !c->parked) {
+		if (c->closing && !hconn_owed(c)) {
 			end(c);
 			return 0;
 		}

@@ -30,6 +30,12 @@ struct Parser {
 	size_t bstart, blen, bcap;
 	PyObject *script_name;       /* str, "" or a prefix like "/app" */
 	int expect_continue;
+	/* the body an adapter's call streams (h1_body_wait): its deadline
+	 * (0: no wait yet; body_timeout from the first, pushed back by what
+	 * arrives at min_body_rate), whether the call waits for it now, and
+	 * whether the deadline passed while it did (the adapter answers) */
+	double body_due;
+	unsigned body_wait : 1, body_late : 1;
 };
 
 extern PyTypeObject ParserType;
@@ -90,6 +96,25 @@ int h1_head(HttpConn *c, struct h1_frame *f, long long known);
 int h1_send_body(HttpConn *c, struct h1_frame *f, const char *data, size_t n, int now, int wait);
 /* The body's end: the last chunk, and a short body ends keep-alive. */
 int h1_end_body(HttpConn *c, struct h1_frame *f);
+/* A body part of n bytes the adapter sends itself after the output (a
+ * file, by sendfile): how many of them may go (none for HEAD/204/304, no
+ * more than an announced length leaves: fewer ends keep-alive, as
+ * h1_send_body's cut), with a chunked body's chunk-size line for them in
+ * the output; -1 with an error. The adapter adds what goes out to f->sent
+ * and ends the span with h1_span_end ("\r\n" of a chunk). */
+long long h1_span_begin(HttpConn *c, struct h1_frame *f, unsigned long long n);
+int h1_span_end(HttpConn *c, struct h1_frame *f, unsigned long long n);
+/* Trailers (RFC 9112 7.1.2): the body's end when a trailer section
+ * follows, "0\r\n" of a chunked body (nothing for a body that is not
+ * chunked: HEAD, 204, 304); then the fields (h1_trailer_block's), the
+ * section's end with the last of them. */
+int h1_end_chunks(HttpConn *c, struct h1_frame *f);
+int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last);
+/* An ASGI http.response.trailers' headers checked as a head's fields are,
+ * and refused where a trailer must not carry them (framing, routing,
+ * connection and content fields: RFC 9110 6.5.1): *block gets the
+ * "name: value\r\n" lines. 0 or -1 with an error naming the field. */
+int h1_trailer_block(PyObject *headers, PyObject **block);
 /* the module's functions (response_head) */
 extern PyMethodDef h1_module_methods[];
 
@@ -111,8 +136,9 @@ struct h1_app {
 	/* c closed under its parked response (taken off c): its end */
 	void (*abandon)(Respond *r);
 	/* input came (bytes, or the end of input: c->peer_eof) while the
-	 * adapter's call runs (c->call): a receive waiting for it may be
-	 * answered. NULL for an adapter without calls. 0 or -1. */
+	 * adapter's call runs (c->call), or the body it waits for is late
+	 * (c->parser->body_late): a receive waiting for it may be answered.
+	 * NULL for an adapter without calls. 0 or -1. */
 	int (*input)(HttpConn *c);
 };
 
@@ -121,10 +147,22 @@ struct h1_app {
  * that waited behind it served, what is owed sent. 0 or -1 (not the
  * app's error). The owner loop thread, outside any handler of c. */
 int h1_call_done(HttpConn *c, int keep);
+/* The part of h1_call_done that forgets the call (its input bound, its
+ * body's deadline), for an adapter that ends a call inside a resume
+ * (h1_resume goes on with the connection itself). */
+void h1_call_detached(HttpConn *c);
 /* The adapter took input of its call: reading goes on if the bound of
  * what a call may leave buffered (CALL_INPUT_MAX) allows. */
 void h1_input_room(HttpConn *c);
 #define CALL_INPUT_MAX (256u << 10)
+/* The adapter's call waits for body bytes (waiting), or no longer: the
+ * body timer runs while it does (p->body_due, the held body's rule); past
+ * it, the codec sets p->body_late and calls the adapter's input. */
+void h1_body_wait(HttpConn *c, int waiting);
+/* A streamed body came too late: counted and logged as the engine's
+ * body_timeout refusal; answer: a 408 and the connection closes after it
+ * (nothing of the response went out), else it closes now. */
+void h1_body_late(HttpConn *c, int answer);
 
 /* ---- one connection's requests (h1_conn.c): struct conn_ops's entries ---- */
 int h1_open(HttpConn *c);

@@ -41,6 +41,18 @@ static const char *REASONS(int status)
 	}
 }
 
+/* c's timer of `kind` due at `due` (not a fixed time from now): a body's
+ * deadline, pushed back by what arrived */
+static void arm_at(HttpConn *c, int kind, double due)
+{
+	if (c->tkind == kind && c->due == due)
+		return;
+	timer_cancel(c);
+	c->tkind = kind;
+	c->due = due;
+	timer_arm(c, -1);
+}
+
 /* The timer for what the connection waits for now, after a request or
  * some output went out: the client to take pending output (send), the
  * rest of a head (its clock runs from the first of its bytes: not re-armed
@@ -60,8 +72,12 @@ void h1_rearm(HttpConn *c)
 	if (c->call) {
 		/* a call runs: the app's own time is not the client's to be
 		 * timed; a send timer of output now taken ends here (it cut an
-		 * SSE stream quiet for body_timeout after a burst) */
-		timer_cancel(c);
+		 * SSE stream quiet for body_timeout after a burst). But a body
+		 * the app waits for is the client's: its deadline runs on */
+		if (c->parser->body_wait)
+			arm_at(c, TIMER_BODY, c->parser->body_due);
+		else
+			timer_cancel(c);
 		return;
 	}
 	if (parser_head_started(c->parser)) {
@@ -145,10 +161,52 @@ static void body_progress(HttpConn *c, size_t n)
 	if (c->tkind != TIMER_BODY || rate <= 0)
 		return;
 	due = c->due + (double)n / rate;
-	timer_cancel(c);
-	c->tkind = TIMER_BODY;
-	c->due = due;
-	timer_arm(c, -1);
+	arm_at(c, TIMER_BODY, due);
+}
+
+/* The same rule for a body an adapter's call streams: its deadline moves
+ * back with what arrives, whether the call waits for it now or not. */
+static void call_body_progress(HttpConn *c, size_t n)
+{
+	Parser *p = c->parser;
+	double rate = c->srv->min_body_rate;
+
+	if (!p->body_due || rate <= 0)
+		return;
+	p->body_due += (double)n / rate;
+	if (c->tkind == TIMER_BODY)
+		arm_at(c, TIMER_BODY, p->body_due);
+}
+
+void h1_body_wait(HttpConn *c, int waiting)
+{
+	Parser *p = c->parser;
+
+	if (c->closed || (unsigned)!!waiting == p->body_wait)
+		return;
+	p->body_wait = (unsigned)!!waiting;
+	/* body_timeout from the first wait on, as the slow path's (wsgi.py
+	 * _recv_more): a total the client has, not an idle timer */
+	if (waiting && !p->body_due && c->srv->body_timeout > 0)
+		p->body_due = mono_now() + c->srv->body_timeout;
+	if (!p->body_due)
+		p->body_wait = 0;                      /* body_timeout 0: no timeout */
+	h1_rearm(c);
+}
+
+void h1_body_late(HttpConn *c, int answer)
+{
+	static const char why[] = "the request body did not arrive in time";
+
+	if (c->closed)
+		return;
+	if (answer) {
+		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, why);
+		return;
+	}
+	/* the response began: nothing can be said, the connection ends */
+	note_refusal(c, 408, REFUSAL_BODY_TIMEOUT, why);
+	hconn_close_now(c);
 }
 
 /* Holds env (taken) while the loop reads its body: the body timer starts
@@ -338,11 +396,20 @@ void h1_input_room(HttpConn *c)
 	}
 }
 
+void h1_call_detached(HttpConn *c)
+{
+	Parser *p = c->parser;
+
+	c->in_full = 0;
+	p->body_due = 0;                           /* the next request's body has its own */
+	p->body_wait = p->body_late = 0;
+}
+
 int h1_call_done(HttpConn *c, int keep)
 {
 	if (c->closed)
 		return 0;
-	c->in_full = 0;
+	h1_call_detached(c);
 	if (keep)
 		keep = parser_finish(c->parser);       /* 0 if the app left body unread */
 	if (!keep || c->closing)
@@ -381,6 +448,8 @@ static ssize_t read_some(HttpConn *c, int *filled)
 	p->len += (size_t)n;
 	if (c->held)
 		body_progress(c, (size_t)n);
+	else if (c->call)
+		call_body_progress(c, (size_t)n);
 	*filled = (size_t)n == room;
 	return n;
 }
@@ -487,6 +556,13 @@ int h1_timeout(HttpConn *c, int kind)
 	if (c->proxy_wait) {
 		hconn_proxy_timeout(c);                /* not HTTP yet: no 408, a close */
 		return 0;
+	}
+	if (kind == TIMER_BODY && c->call) {
+		/* the body the call waits for is late: the adapter answers (it
+		 * knows whether its response began) and its receive ends */
+		c->parser->body_wait = 0;
+		c->parser->body_late = 1;
+		return c->srv->app_ops->input ? c->srv->app_ops->input(c) : 0;
 	}
 	if (kind == TIMER_BODY && c->held) {
 		Py_CLEAR(c->held);

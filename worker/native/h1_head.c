@@ -321,22 +321,62 @@ static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
 	return 1;
 }
 
-/* One [name, value] pair of the app's: borrowed name and value, both
- * bytes; 0 or -1 with a TypeError naming the pair. A tuple or a list,
- * subclasses included (a namedtuple is a two-item iterable as the spec
- * words it: refused, a valid response was a 500; review, finding 5); their
- * items are read from the object itself, no method of the subclass runs. */
-static int asgi_pair(PyObject *pair, PyObject **name, PyObject **value)
+/* "name: value\r\n" at w; the end of it */
+static inline char *put_field(char *w, const char *name, size_t nl, const char *value, size_t vl)
 {
-	if ((PyTuple_Check(pair) || PyList_Check(pair)) && PySequence_Fast_GET_SIZE(pair) == 2) {
-		*name = PySequence_Fast_GET_ITEM(pair, 0);
-		*value = PySequence_Fast_GET_ITEM(pair, 1);
-		if (PyBytes_Check(*name) && PyBytes_Check(*value))
-			return 0;
+	memcpy(w, name, nl);
+	w += nl;
+	*w++ = ':';
+	*w++ = ' ';
+	memcpy(w, value, vl);
+	w += vl;
+	*w++ = '\r';
+	*w++ = '\n';
+	return w;
+}
+
+/* One [name, value] pair of the app's (in message `what`): borrowed name
+ * and value, both bytes, the name a token, the value without CTL; 0 or -1
+ * with an error naming the pair. A tuple or a list, subclasses included
+ * (a namedtuple is a two-item iterable as the spec words it: refused, a
+ * valid response was a 500; review, finding 5); their items are read from
+ * the object itself, no method of the subclass runs. */
+static int asgi_pair(const char *what, PyObject *pair, PyObject **name, PyObject **value)
+{
+	const char *ns, *vs;
+	Py_ssize_t nl, vl;
+
+	if (!(PyTuple_Check(pair) || PyList_Check(pair)) ||
+	    PySequence_Fast_GET_SIZE(pair) != 2 ||
+	    !PyBytes_Check(*name = PySequence_Fast_GET_ITEM(pair, 0)) ||
+	    !PyBytes_Check(*value = PySequence_Fast_GET_ITEM(pair, 1))) {
+		PyErr_Format(PyExc_TypeError, "%s: header %.200R is not a [name, value] pair of bytes",
+		             what, pair);
+		return -1;
 	}
-	PyErr_Format(PyExc_TypeError, "http.response.start: header %.200R is not a [name, value] "
-	             "pair of bytes", pair);
-	return -1;
+	ns = PyBytes_AS_STRING(*name);
+	nl = PyBytes_GET_SIZE(*name);
+	vs = PyBytes_AS_STRING(*value);
+	vl = PyBytes_GET_SIZE(*value);
+	if (!nl) {
+		PyErr_Format(PyExc_ValueError, "%s: an empty header name", what);
+		return -1;
+	}
+	for (Py_ssize_t k = 0; k < nl; k++)
+		if (!is_tchar((unsigned char)ns[k])) {
+			PyErr_Format(PyExc_ValueError, "%s: header name %R is not a token (RFC 9110 5.1)",
+			             what, *name);
+			return -1;
+		}
+	for (Py_ssize_t k = 0; k < vl; k++) {
+		unsigned char ch = (unsigned char)vs[k];
+		if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+			PyErr_Format(PyExc_ValueError, "%s: header %R: value with a control character",
+			             what, *name);
+			return -1;
+		}
+	}
+	return 0;
 }
 
 int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
@@ -386,30 +426,12 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 		const char *ns, *vs;
 		Py_ssize_t nl, vl;
 
-		if (asgi_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+		if (asgi_pair("http.response.start", PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
 			goto fail;
 		ns = PyBytes_AS_STRING(name);
 		nl = PyBytes_GET_SIZE(name);
 		vs = PyBytes_AS_STRING(value);
 		vl = PyBytes_GET_SIZE(value);
-		if (!nl) {
-			PyErr_SetString(PyExc_ValueError, "http.response.start: an empty header name");
-			goto fail;
-		}
-		for (Py_ssize_t k = 0; k < nl; k++)
-			if (!is_tchar((unsigned char)ns[k])) {
-				PyErr_Format(PyExc_ValueError, "http.response.start: header name %R is not a "
-				             "token (RFC 9110 5.1)", name);
-				goto fail;
-			}
-		for (Py_ssize_t k = 0; k < vl; k++) {
-			unsigned char ch = (unsigned char)vs[k];
-			if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
-				PyErr_Format(PyExc_ValueError, "http.response.start: header %R: value with a "
-				             "control character", name);
-				goto fail;
-			}
-		}
 		if (bytes_lower_is(ns, nl, "content-length")) {
 			long long cl = 0;
 
@@ -453,14 +475,7 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 		    (((code >= 100 && code < 200) || code == 204) &&
 		     bytes_lower_is(ns, nl, "content-length")))
 			continue;
-		memcpy(w, ns, (size_t)nl);
-		w += nl;
-		*w++ = ':';
-		*w++ = ' ';
-		memcpy(w, PyBytes_AS_STRING(value), (size_t)vl);
-		w += vl;
-		*w++ = '\r';
-		*w++ = '\n';
+		w = put_field(w, ns, (size_t)nl, PyBytes_AS_STRING(value), (size_t)vl);
 	}
 	Py_DECREF(seq);
 	*prefix = out;
@@ -472,5 +487,60 @@ bad_length:
 	PyErr_SetString(PyExc_ValueError, "http.response.start: Content-Length: one, in digits");
 fail:
 	Py_XDECREF(seq);
+	return -1;
+}
+
+/* ---- trailers from ASGI's shapes ------------------------------------------------------------- */
+
+/* Fields a trailer must not carry (RFC 9110 6.5.1): the message's
+ * framing, routing, the connection's own, and what says how to process
+ * the content; a recipient could not act on them after the body. */
+static const char *const not_trailers[] = {
+	"content-length", "transfer-encoding", "trailer", "te", "host", "connection", "keep-alive",
+	"upgrade", "proxy-connection", "content-type", "content-encoding", "content-range",
+};
+
+int h1_trailer_block(PyObject *headers, PyObject **block)
+{
+	static const char what[] = "http.response.trailers";
+	PyObject *seq, *out;
+	Py_ssize_t n, size = 0;
+	char *w;
+
+	seq = headers == Py_None ? PyTuple_New(0)
+	      : PySequence_Fast(headers, "http.response.trailers: headers must be an iterable of "
+	                        "[name, value] pairs of bytes");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *name, *value;
+
+		if (asgi_pair(what, PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+			goto fail;
+		for (size_t k = 0; k < sizeof(not_trailers) / sizeof(not_trailers[0]); k++)
+			if (bytes_lower_is(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), not_trailers[k])) {
+				PyErr_Format(PyExc_ValueError, "%s: %R is not a field a trailer may carry "
+				             "(RFC 9110 6.5.1)", what, name);
+				goto fail;
+			}
+		size += PyBytes_GET_SIZE(name) + 2 + PyBytes_GET_SIZE(value) + 2;
+	}
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
+
+		w = put_field(w, PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
+		              PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+	}
+	Py_DECREF(seq);
+	*block = out;
+	return 0;
+fail:
+	Py_DECREF(seq);
 	return -1;
 }

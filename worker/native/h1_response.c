@@ -167,3 +167,43 @@ int h1_end_body(HttpConn *c, struct h1_frame *f)
 		f->keep = 0;                         /* the app sent less than it announced */
 	return 0;
 }
+
+/* ---- a span the adapter sends itself, trailers ---------------------------------------- */
+
+long long h1_span_begin(HttpConn *c, struct h1_frame *f, unsigned long long n)
+{
+	char line[24];
+
+	if (f->head_only || f->bodiless || !n)
+		return 0;
+	if (f->length >= 0 && (f->sent >= (unsigned long long)f->length ||
+	                       n > (unsigned long long)f->length - f->sent)) {
+		/* never past what we announced (h1_send_body's rule) */
+		n = f->sent >= (unsigned long long)f->length
+		    ? 0 : (unsigned long long)f->length - f->sent;
+		f->keep = 0;
+	}
+	if (n && f->chunked &&
+	    hconn_send(c, line, (size_t)snprintf(line, sizeof(line), "%llx\r\n", n), 0) < 0)
+		return -1;
+	return (long long)n;
+}
+
+int h1_span_end(HttpConn *c, struct h1_frame *f, unsigned long long n)
+{
+	return n && f->chunked ? hconn_send(c, "\r\n", 2, 0) : 0;
+}
+
+int h1_end_chunks(HttpConn *c, struct h1_frame *f)
+{
+	return f->chunked ? hconn_send(c, "0\r\n", 3, 0) : 0;
+}
+
+int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last)
+{
+	if (!f->chunked)
+		return 0;                            /* no body on the wire, no trailers */
+	if (hconn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0)
+		return -1;
+	return last ? hconn_send(c, "\r\n", 2, 0) : 0;
+}
