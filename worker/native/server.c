@@ -12,6 +12,7 @@
 #include "h1.h"
 #include "wsgi.h"
 #include "asgi.h"
+#include "ws.h"                    /* issue 23: the WebSocket adapter's entries */
 
 /* What the connection layer calls above it: the HTTP/1 codec's request
  * loop, and the adapter's parked response (its bytes owed, its end) */
@@ -45,15 +46,17 @@ static const struct conn_ops h1_asgi_conn_ops = {
 	H1_CONN_OPS,
 	.owed = asgi_owed,
 	.abandon = asgi_abandon,
-	.drop = asgi_drop,
+	.drop = asgi_ws_drop,                      /* issue 23: asgi_drop unless a WebSocket's */
 };
 
 static const struct h1_app asgi_h1_app = {
 	.request = asgi_request,
-	.serve = asgi_serve,
-	.resume = asgi_resume,
+	/* issue 23: an upgrade to WebSocket is asgi_ws.c's, each of these
+	 * hands the rest to asgi_app.c's asgi_serve / _resume / _input */
+	.serve = asgi_ws_serve,
+	.resume = asgi_ws_resume,
 	.abandon = asgi_abandon,
-	.input = asgi_input,
+	.input = asgi_ws_input,
 };
 
 /* ---- construction ---------------------------------------------------------------------------------- */
