@@ -9,15 +9,17 @@ the thread's own fdcore poller (worker/aio.py). What stays here: the
 settings, the scope keys every request shares, the access log and the
 logging of an app's errors.
 
+WebSocket scopes are served too (worker/native/asgi_ws.c, docs/websocket.md).
+
 Not done yet (README): http.response.pathsend, http.response.trailers,
-WebSocket scopes, a body_timeout for a request body the app streams
+a body_timeout for a request body the app streams
 (receive() waits for the client as long as the app waits on it).
 """
 from __future__ import annotations
 
 import logging
 
-from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
+from sockherd.worker._http import ClientDisconnected, Server, ws_settings  # noqa: F401
 from sockherd.worker.wsgi import AccessLog, _Limits, _log_refusal, MIN_BODY_RATE
 
 log = logging.getLogger("sockherd.worker")
@@ -31,6 +33,8 @@ def make_handler(app, cfg: dict, state: dict | None = None):
     `app` with the settings cfg. state: the lifespan state, shallow-copied
     into each request's scope["state"] (None: no "state" key)."""
     limits = _Limits(cfg)
+    # issue 23: WebSockets (worker/native/asgi_ws.c): a message's bound
+    ws_settings(int(cfg.get("ws_max_size", 16 << 20)))
 
     class Handler:
         @staticmethod

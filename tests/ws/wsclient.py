@@ -13,6 +13,7 @@ import time
 from wsmodel import close_payload, frame  # noqa: F401  (re-exported for the tests)
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+OPEN: list["RawWs"] = []        # closed by conftest.py's fixture after each test
 
 
 def accept_of(key: str) -> str:
@@ -22,6 +23,7 @@ def accept_of(key: str) -> str:
 class RawWs:
     def __init__(self, addr, *, path="/", key=None, version="13", extra=(), timeout=10.0):
         self.sock = socket.create_connection(addr, timeout=timeout)
+        OPEN.append(self)
         self.key = key if key is not None else base64.b64encode(os.urandom(16)).decode()
         self.buf = b""
         lines = [f"GET {path} HTTP/1.1", f"Host: {addr[0]}:{addr[1]}", "Upgrade: websocket",
