@@ -119,7 +119,7 @@ def parse(data: bytes, max_size: int) -> list[tuple]:
 
 
 def frame(op: int, payload: bytes = b"", *, fin: bool = True, mask: bool = True, rsv: int = 0,
-          key: bytes | None = None, length: str = "min") -> bytes:
+          key: bytes | None = None, length: str = "min", random: bool = False) -> bytes:
     """A client frame, as a test wants it (rsv bits, no mask, a length in
     a longer encoding than needed: length "16" or "64")."""
     n = len(payload)
@@ -133,7 +133,9 @@ def frame(op: int, payload: bytes = b"", *, fin: bool = True, mask: bool = True,
         head = struct.pack("!BB", b0, mbit | n)
     if not mask:
         return head + payload
-    key = os.urandom(4) if key is None else key
+    # a fixed default key: test ids built from frames stay the same in
+    # every pytest-xdist worker (random=True for a fresh one)
+    key = (os.urandom(4) if random else b"\x37\xfa\x21\x3d") if key is None else key
     return head + key + bytes(b ^ key[k & 3] for k, b in enumerate(payload))
 
 

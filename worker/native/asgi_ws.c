@@ -68,9 +68,10 @@ typedef struct WsCall {
 	/* connect_taken: websocket.connect was received; close_sent: our close
 	 * frame is out (nothing but it after); finished: the disconnect is
 	 * queued (the last message); ended: the app returned; open_counted:
-	 * counted in ws_open; head_sent: the denial's head is out */
+	 * counted in ws_open; head_sent: the denial's head is out; close_rcvd:
+ * the client's close frame came */
 	unsigned connect_taken : 1, close_sent : 1, finished : 1, ended : 1, open_counted : 1,
-	         head_sent : 1;
+	         head_sent : 1, close_rcvd : 1;
 	struct WsCall *prev, *next;        /* every live call (ws_going_away) */
 } WsCall;
 
@@ -237,7 +238,12 @@ static int frame_out(HttpConn *c, int op, const char *data, size_t n)
 }
 
 /* Our close frame (code 0: none), then the connection closes once it is
- * out: the client's answer is read and dropped while it lingers. */
+ * out. If the close is ours (the client's did not come), the client
+ * still owes its answer: the connection lingers (asgi_ws_unread), our FIN
+ * right behind the frame, its answer read and dropped until its FIN; a
+ * close() at once would meet that answer with a reset, and a reset can
+ * destroy our close frame before the client reads it (found by the
+ * drain's test: clients cut with no close frame). */
 static int close_out(WsCall *call, int code, const char *reason, size_t rlen)
 {
 	HttpConn *c = call->conn;
@@ -338,6 +344,7 @@ static int pump(WsCall *call)
 			const char *reason = wp->ctl_len > 2 ? (const char *)wp->ctl + 2 : "";
 			size_t rl = wp->ctl_len > 2 ? wp->ctl_len - 2u : 0;
 
+			call->close_rcvd = 1;
 			finish(call, code, reason, rl);
 			if (close_out(call, code == 1005 ? 0 : code, "", 0) < 0)
 				rc = -1;
@@ -1070,6 +1077,18 @@ int asgi_ws_resume(HttpConn *c)
 	if (call->tx && hconn_pending(c) < LOW_WATER)
 		asgi_resolve(&call->tx, Py_None, NULL);
 	return RESPOND_PARKED;
+}
+
+/* struct conn_ops's unread: a WebSocket that sent its close frame first
+ * awaits the client's (close_out says why); else the codec's answer. */
+int asgi_ws_unread(HttpConn *c)
+{
+	WsCall *call = (WsCall *)c->call;
+
+	if (call && Py_IS_TYPE(c->call, &WsCallType) && call->state != ST_WAIT &&
+	    call->close_sent && !call->close_rcvd)
+		return 1;
+	return h1_unread(c);
 }
 
 /* struct conn_ops's drop: the connection closed under the call */

@@ -43,7 +43,16 @@ static const struct h1_app wsgi_h1_app = {
 /* What an ASGI Server's codec calls above it: the ASGI adapter, whose
  * calls outlive serve (asgi.h) */
 static const struct conn_ops h1_asgi_conn_ops = {
-	H1_CONN_OPS,
+	/* H1_CONN_OPS but unread: issue 23, a WebSocket awaiting the client's
+	 * close frame lingers (asgi_ws.c), else h1_unread */
+	.open = h1_open,
+	.readable = h1_readable,
+	.read_first = h1_read_first,
+	.serve_first = h1_serve_first,
+	.resume = h1_resume,
+	.timeout = h1_timeout,
+	.rearm = h1_rearm,
+	.unread = asgi_ws_unread,
 	.owed = asgi_owed,
 	.abandon = asgi_abandon,
 	.drop = asgi_ws_drop,                      /* issue 23: asgi_drop unless a WebSocket's */

@@ -95,6 +95,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole);
 int asgi_ws_input(HttpConn *c);
 int asgi_ws_resume(HttpConn *c);
 void asgi_ws_drop(HttpConn *c, PyObject *call);
+int asgi_ws_unread(HttpConn *c);
 #endif
 
 #endif /* SOCKHERD_WS_H */
