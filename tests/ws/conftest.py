@@ -17,6 +17,7 @@ _spec.loader.exec_module(_worker)
 
 serve_stream = _worker.serve_stream
 serve_asgi = _worker.serve_asgi
+serve_wsgi = _worker.serve_wsgi
 
 
 @pytest.fixture(autouse=True)

@@ -112,6 +112,13 @@ class App:
         await send({"type": "websocket.accept"})
         raise RuntimeError("the app broke (expected by the test)")
 
+    async def ws_silent(self, scope, receive, send, path):
+        await receive()                                  # returns without an answer
+
+    async def ws_broken(self, scope, receive, send, path):
+        await receive()
+        raise RuntimeError("the app broke before accept (expected by the test)")
+
     async def ws_flood(self, scope, receive, send, path):
         await receive()
         await send({"type": "websocket.accept"})
@@ -187,6 +194,27 @@ def test_bad_handshakes_are_refused_before_the_app(server, app, key, version, st
 def test_close_before_accept_is_403(server, app):
     w = RawWs(server, path="/reject")
     assert w.status == 403 and w.at_eof()
+
+
+def test_app_returning_without_an_answer_is_403_raising_500(server, app):
+    w = RawWs(server, path="/silent")
+    assert w.status == 403 and w.at_eof()
+    w = RawWs(server, path="/broken")
+    assert w.status == 500 and w.at_eof()
+
+
+def test_wsgi_app_gets_an_upgrade_request_as_any_other(serve_wsgi):
+    seen = []
+
+    def wsgi_app(environ, start_response):
+        seen.append((environ["HTTP_UPGRADE"], environ["REQUEST_METHOD"]))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"no websockets here"]
+
+    _, addr = serve_wsgi(wsgi_app)
+    w = RawWs(addr, path="/")
+    assert w.status == 200 and w.body == b"no websockets here"
+    assert seen == [("websocket", "GET")]
 
 
 def test_denial_response(server):
