@@ -34,7 +34,8 @@ LAYERS = {
     # nothing of the engine; ws_py is its Python face)
     "websocket codec": ["ws_frame", "ws_py"],
     "wsgi adapter": ["wsgi_environ", "wsgi_respond", "wsgi_body", "wsgi_app"],
-    "asgi adapter": ["asgi_scope", "asgi_end", "asgi_call", "asgi_app", "asgi_ws"],
+    "asgi adapter": ["asgi_scope", "asgi_end", "asgi_call", "asgi_app", "asgi_ws_frames",
+                     "asgi_ws_send", "asgi_ws"],
     "assembly": ["server", "httpmodule"],
 }
 # the adapters sit side by side: neither calls the other (both are above
@@ -52,6 +53,7 @@ HEADERS = {
     "wsgi.h": {"h1.h"},
     "asgi.h": {"h1.h"},
     "ws.h": set(),
+    "asgi_ws.h": {"asgi.h", "ws.h"},
 }
 
 
@@ -108,7 +110,7 @@ def test_no_file_calls_a_file_above_it(tmp_path):
             (name, below)
     # the frame codec is below every adapter and calls nothing of the engine
     assert set(calls.get("ws_frame", {})) == set()
-    assert "ws_frame" in calls.get("asgi_ws", {})
+    assert "ws_frame" in calls.get("asgi_ws_frames", {})
     assert "h1_response" in calls.get("asgi_call", {})
 
 

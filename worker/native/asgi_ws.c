@@ -37,49 +37,21 @@
  * The worker's drain (worker/loop.py going_away) ends each open WebSocket
  * with close 1001 at the drain's deadline (ws_going_away), never before.
  *
- * May call: asgi_app.c's http entries (the requests that are not
- * upgrades), the frame codec (ws_frame.c), the HTTP/1 codec (h1.h), the
- * connection layer (conn.h).
+ * Its files (asgi_ws.h): this one (the upgrade served, receive(), the
+ * app's end, the connection's side, the module's functions),
+ * asgi_ws_frames.c (the messages, frames out, the client's frames in) and
+ * asgi_ws_send.c (send()).
+ *
+ * May call: asgi_ws_frames.c, asgi_ws_send.c, asgi_app.c's http entries
+ * (the requests that are not upgrades), the frame codec (ws_frame.c), the
+ * HTTP/1 codec (h1.h), the connection layer (conn.h).
  */
 #include <string.h>
 #include <strings.h>
 
-#include "asgi.h"
-#include "ws.h"
+#include "asgi_ws.h"
 
-#define WS_QUEUE_MAX (256u << 10)          /* message bytes parsed, not received yet */
-#define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-
-/* WAIT: before the app's answer; OPEN: accepted; DENY: the denial
- * response started; DONE: closed (or refused) */
-enum { ST_WAIT = 0, ST_OPEN, ST_DENY, ST_DONE };
-
-typedef struct WsCall {
-	PyObject_HEAD
-	Server *srv;
-	HttpConn *conn;                    /* NULL once the connection closed */
-	PyObject *scope, *aio, *rx, *tx;
-	PyObject *queue;                   /* messages for receive(), in order */
-	size_t queued;                     /* their payload bytes */
-	char key[24];                      /* Sec-WebSocket-Key, checked */
-	struct ws_parser wp;
-	struct h1_frame f;                 /* the denial response's framing */
-	int state;
-	/* connect_taken: websocket.connect was received; close_sent: our close
-	 * frame is out (nothing but it after); finished: the disconnect is
-	 * queued (the last message); ended: the app returned; open_counted:
-	 * counted in ws_open; head_sent: the denial's head is out; close_rcvd:
- * the client's close frame came */
-	unsigned connect_taken : 1, close_sent : 1, finished : 1, ended : 1, open_counted : 1,
-	         head_sent : 1, close_rcvd : 1;
-	struct WsCall *prev, *next;        /* every live call (ws_going_away) */
-} WsCall;
-
-static WsCall *all_calls;                  /* GIL-protected, as every call */
-static long ws_open;                       /* accepted and not closed */
 static unsigned long long max_size = 16u << 20;   /* ws_max_size (uvicorn's default) */
-static PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE,
-                *V_DISCONNECT, *V_WEBSOCKET, *V_WS, *sha1, *b64;
 
 /* ---- the handshake's request ------------------------------------------------------------------ */
 
@@ -147,241 +119,7 @@ static int key_ok(const char *k, size_t n)
 	return ((last - b64s) & 0xF) == 0;
 }
 
-/* ---- messages ---------------------------------------------------------------------------------- */
-
-static PyObject *message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2)
-{
-	PyObject *d = PyDict_New();
-
-	if (d && (PyDict_SetItem(d, K_TYPE, type) < 0 || (k1 && PyDict_SetItem(d, k1, v1) < 0) ||
-	          (k2 && PyDict_SetItem(d, k2, v2) < 0)))
-		Py_CLEAR(d);
-	return d;
-}
-
-/* The first queued message, taken off the queue (a new reference), its
- * bytes off the count: exact once the queue is empty, an estimate before
- * for text (its code points by their width: the bound, not an account).
- * The disconnect stays: it is said again to a receive after it. */
-static PyObject *take(WsCall *call)
-{
-	PyObject *msg, *t, *b;
-	size_t n;
-
-	if (!PyList_GET_SIZE(call->queue))
-		return NULL;
-	msg = Py_NewRef(PyList_GET_ITEM(call->queue, 0));
-	if (call->finished && PyList_GET_SIZE(call->queue) == 1)
-		return msg;
-	if (PyList_SetSlice(call->queue, 0, 1, NULL) < 0) {
-		Py_DECREF(msg);
-		return NULL;
-	}
-	t = PyDict_GetItem(msg, K_TEXT);
-	b = PyDict_GetItem(msg, K_BYTES);
-	n = t ? (size_t)PyUnicode_GET_LENGTH(t) * PyUnicode_KIND(t) : b ? (size_t)PyBytes_GET_SIZE(b) : 0;
-	call->queued = !PyList_GET_SIZE(call->queue) || n > call->queued ? 0 : call->queued - n;
-	return msg;
-}
-
-/* The first queued message to a waiting receive(). */
-static void deliver(WsCall *call)
-{
-	PyObject *msg;
-
-	if (!call->rx || !PyList_GET_SIZE(call->queue))
-		return;
-	if (!(msg = take(call)))
-		PyErr_WriteUnraisable((PyObject *)call);
-	else {
-		asgi_resolve(&call->rx, msg, NULL);
-		Py_DECREF(msg);
-	}
-}
-
-/* The call's last message, websocket.disconnect with code: queued once;
- * the WebSocket no longer counts as open. */
-static void finish(WsCall *call, int code, const char *reason, size_t rlen)
-{
-	PyObject *c, *r, *msg;
-
-	if (call->finished)
-		return;
-	call->finished = 1;
-	call->state = ST_DONE;
-	if (call->open_counted) {
-		call->open_counted = 0;
-		ws_open--;
-	}
-	c = PyLong_FromLong(code);
-	r = PyUnicode_DecodeUTF8(reason, (Py_ssize_t)rlen, "replace");
-	msg = c && r ? message(V_DISCONNECT, K_CODE, c, K_REASON, r) : NULL;
-	if (!msg || PyList_Append(call->queue, msg) < 0)
-		PyErr_WriteUnraisable((PyObject *)call);
-	Py_XDECREF(c);
-	Py_XDECREF(r);
-	Py_XDECREF(msg);
-	deliver(call);
-}
-
-/* ---- output ------------------------------------------------------------------------------------ */
-
-/* One server frame into the output (not flushed). */
-static int frame_out(HttpConn *c, int op, const char *data, size_t n)
-{
-	uint8_t head[10];
-	size_t hn = ws_frame_head(head, op, n);
-
-	if (hconn_send(c, (const char *)head, hn, 0) < 0)
-		return -1;
-	return hconn_send(c, data, n, 0);
-}
-
-/* Our close frame (code 0: none), then the connection closes once it is
- * out. If the close is ours (the client's did not come), the client
- * still owes its answer: the connection lingers (asgi_ws_unread), our FIN
- * right behind the frame, its answer read and dropped until its FIN; a
- * close() at once would meet that answer with a reset, and a reset can
- * destroy our close frame before the client reads it (found by the
- * drain's test: clients cut with no close frame). */
-static int close_out(WsCall *call, int code, const char *reason, size_t rlen)
-{
-	HttpConn *c = call->conn;
-	char payload[125];
-
-	if (!c || call->close_sent)
-		return 0;
-	call->close_sent = 1;
-	if (rlen > 123)
-		rlen = 123;
-	payload[0] = (char)(code >> 8);
-	payload[1] = (char)code;
-	memcpy(payload + 2, reason, rlen);
-	if (frame_out(c, WS_OP_CLOSE, payload, code ? rlen + 2 : 0) < 0)
-		return -1;
-	Py_INCREF(c);                              /* the close may drop the call's */
-	hconn_close_soft(c);
-	hconn_flush(c);
-	Py_DECREF(c);
-	return 0;
-}
-
-/* An HTTP answer of ours (a refusal before the app, its 403) and the close. */
-static void http_answer(HttpConn *c, int status, const char *head)
-{
-	const char *date;
-	size_t dn;
-	char buf[512];
-	int n;
-
-	http_date(&date, &dn);
-	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\n%.*sContent-Length: 0\r\n"
-	             "Connection: close\r\n\r\n", status, head, (int)dn, date);
-	srv_count(c->srv, status);
-	if (hconn_send(c, buf, (size_t)n, 0) < 0)
-		PyErr_Clear();                         /* no memory: the close says enough */
-	hconn_close_soft(c);
-	hconn_flush(c);
-}
-
-/* ---- input: frames ------------------------------------------------------------------------------ */
-
-/* Parses what the connection buffered into messages for receive(), while
- * fewer than WS_QUEUE_MAX bytes of them wait; answers pings and the
- * client's close, and a protocol error with its code. 0 or -1 (memory). */
-static int pump(WsCall *call)
-{
-	HttpConn *c = call->conn;
-	Parser *p;
-	int rc = 0;
-
-	if (!c || c->closed || call->state != ST_OPEN)
-		return 0;
-	p = c->parser;
-	Py_INCREF(c);
-	while (!call->finished && call->queued < WS_QUEUE_MAX && call->conn) {
-		size_t used;
-		int ev = ws_parse(&call->wp, (const uint8_t *)p->pending + p->start, p->len - p->start,
-		                  &used);
-		struct ws_parser *wp = &call->wp;
-		PyObject *v, *msg;
-
-		p->start += used;
-		if (ev == WS_MORE)
-			break;
-		switch (ev) {
-		case -1:
-			PyErr_NoMemory();
-			rc = -1;
-			goto out;
-		case WS_TEXT:
-		case WS_BINARY:
-			v = ev == WS_TEXT ? PyUnicode_DecodeUTF8(wp->msg ? wp->msg : "", (Py_ssize_t)wp->msg_len, NULL)
-			                  : PyBytes_FromStringAndSize(wp->msg, (Py_ssize_t)wp->msg_len);
-			msg = v ? message(V_RECEIVE, ev == WS_TEXT ? K_TEXT : K_BYTES, v, NULL, NULL) : NULL;
-			Py_XDECREF(v);
-			if (!msg || PyList_Append(call->queue, msg) < 0) {
-				Py_XDECREF(msg);
-				rc = -1;
-				goto out;
-			}
-			Py_DECREF(msg);
-			call->queued += wp->msg_len;
-			break;
-		case WS_PING:
-			if (!call->close_sent && frame_out(c, WS_OP_PONG, (const char *)wp->ctl,
-			                                    wp->ctl_len) < 0) {
-				rc = -1;
-				goto out;
-			}
-			break;
-		case WS_PONG:
-			break;                             /* unsolicited, or ours: nothing to do */
-		case WS_CLOSE: {
-			/* the closing handshake: its code echoed (none if it gave
-			 * none), the app told, the connection closed */
-			int code = wp->close_code;
-			const char *reason = wp->ctl_len > 2 ? (const char *)wp->ctl + 2 : "";
-			size_t rl = wp->ctl_len > 2 ? wp->ctl_len - 2u : 0;
-
-			call->close_rcvd = 1;
-			finish(call, code, reason, rl);
-			if (close_out(call, code == 1005 ? 0 : code, "", 0) < 0)
-				rc = -1;
-			goto out;
-		}
-		default:                               /* WS_FAIL: the client broke the protocol */
-			finish(call, wp->fail_code, "", 0);
-			if (close_out(call, wp->fail_code, wp->fail_reason, strlen(wp->fail_reason)) < 0)
-				rc = -1;
-			goto out;
-		}
-	}
-	if (!call->finished && c->peer_eof && call->queued < WS_QUEUE_MAX)
-		finish(call, 1006, "", 0);             /* its end without a close frame */
-	if (!c->closed) {
-		h1_input_room(c);                      /* taken: reading may go on */
-		hconn_flush(c);                        /* the pongs */
-	}
-out:
-	Py_DECREF(c);
-	deliver(call);
-	return rc;
-}
-
 /* ---- receive ------------------------------------------------------------------------------------ */
-
-static int owner_thread(WsCall *call, const char *what)
-{
-	HttpConn *c = call->conn;
-
-	if (c && srv_current(c->srv) != c->pos) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI %s from a thread that is not the WebSocket's "
-		             "loop thread (use loop.call_soon_threadsafe)", what);
-		return -1;
-	}
-	return 0;
-}
 
 /* The next message: websocket.connect first, then the client's messages
  * and its end (websocket.disconnect, again if asked again). */
@@ -390,11 +128,11 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 	PyObject *msg, *r;
 
 	(void)noarg;
-	if (owner_thread(call, "receive()") < 0)
+	if (ws_owner_thread(call, "receive()") < 0)
 		return NULL;
 	if (!call->connect_taken) {
 		call->connect_taken = 1;
-		msg = message(V_CONNECT, NULL, NULL, NULL, NULL);
+		msg = ws_message(V_CONNECT, NULL, NULL, NULL, NULL);
 		r = msg ? asgi_ready(msg) : NULL;
 		Py_XDECREF(msg);
 		return r;
@@ -404,15 +142,15 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 		                "the same WebSocket waits");
 		return NULL;
 	}
-	if (!PyList_GET_SIZE(call->queue) && pump(call) < 0)
+	if (!PyList_GET_SIZE(call->queue) && ws_pump(call) < 0)
 		return NULL;
 	if (!PyList_GET_SIZE(call->queue) && !call->finished && !call->conn)
-		finish(call, 1006, "", 0);
+		ws_finish(call, 1006, "", 0);
 	if (PyList_GET_SIZE(call->queue)) {
-		if (!(msg = take(call)))
+		if (!(msg = ws_take(call)))
 			return NULL;
 		/* room again: what waits is parsed (the pongs it owes said) */
-		if (call->state == ST_OPEN && pump(call) < 0) {
+		if (call->state == ST_OPEN && ws_pump(call) < 0) {
 			Py_DECREF(msg);
 			return NULL;
 		}
@@ -422,368 +160,6 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 	}
 	call->rx = PyObject_CallMethod(call->aio, "create_future", NULL);
 	return Py_XNewRef(call->rx);
-}
-
-/* ---- send --------------------------------------------------------------------------------------- */
-
-/* A header name or value the app gave: bytes, no CR / LF / NUL (and a
- * name a token's characters). */
-static int header_ok(PyObject *o, int name)
-{
-	const char *s;
-	Py_ssize_t n;
-
-	if (!PyBytes_Check(o))
-		return 0;
-	s = PyBytes_AS_STRING(o);
-	n = PyBytes_GET_SIZE(o);
-	if (name && !n)
-		return 0;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)s[i];
-
-		if (ch == '\r' || ch == '\n' || ch == 0 || (name && (ch <= ' ' || ch == ':' || ch >= 127)))
-			return 0;
-	}
-	return 1;
-}
-
-static PyObject *accept_key(WsCall *call)
-{
-	char in[24 + sizeof(WS_GUID) - 1];
-	PyObject *h, *d, *r;
-
-	if (!sha1) {
-		PyObject *hl = PyImport_ImportModule("hashlib"), *ba = PyImport_ImportModule("binascii");
-
-		sha1 = hl ? PyObject_GetAttrString(hl, "sha1") : NULL;
-		b64 = ba ? PyObject_GetAttrString(ba, "b2a_base64") : NULL;
-		Py_XDECREF(hl);
-		Py_XDECREF(ba);
-		if (!sha1 || !b64) {
-			Py_CLEAR(sha1);
-			return NULL;
-		}
-	}
-	memcpy(in, call->key, 24);
-	memcpy(in + 24, WS_GUID, sizeof(WS_GUID) - 1);
-	h = PyObject_CallFunction(sha1, "y#", in, (Py_ssize_t)sizeof(in));
-	d = h ? PyObject_CallMethod(h, "digest", NULL) : NULL;
-	r = d ? PyObject_CallFunction(b64, "O", d) : NULL;   /* with a newline: dropped below */
-	Py_XDECREF(h);
-	Py_XDECREF(d);
-	return r;
-}
-
-/* websocket.accept: the 101, with the app's subprotocol and headers. */
-static PyObject *do_accept(WsCall *call, PyObject *msg)
-{
-	HttpConn *c = call->conn;
-	PyObject *sub = PyDict_GetItemString(msg, "subprotocol"), *headers, *seq = NULL, *key;
-	static const char head[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-	                           "Connection: Upgrade\r\nSec-WebSocket-Accept: ";
-	const char *date, *subs = NULL;
-	Py_ssize_t subn = 0;
-	size_t dn;
-
-	if (call->state != ST_WAIT) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.accept after the "
-		             "WebSocket was %s", msg, call->state == ST_OPEN ? "accepted" : "answered");
-		return NULL;
-	}
-	if (sub && sub != Py_None) {
-		if (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
-		    strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn) {
-			if (!PyErr_Occurred())
-				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
-				             "without CR or LF", msg);
-			return NULL;
-		}
-	}
-	headers = PyDict_GetItemString(msg, "headers");
-	if (headers && headers != Py_None) {
-		seq = PySequence_Fast(headers, "websocket.accept's headers must be a sequence of pairs");
-		if (!seq)
-			return NULL;
-		for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-			PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
-
-			if (!PySequence_Check(pair) || PySequence_Size(pair) != 2) {
-				PyErr_Clear();
-				goto bad_header;
-			}
-			PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
-			int ok = n && v && header_ok(n, 1) && header_ok(v, 0);
-
-			Py_XDECREF(n);
-			Py_XDECREF(v);
-			if (!ok) {
-				PyErr_Clear();
-				goto bad_header;
-			}
-		}
-	}
-	if (!(key = accept_key(call)))
-		goto fail;
-	http_date(&date, &dn);
-	if (hconn_send(c, head, sizeof(head) - 1, 0) < 0 ||
-	    hconn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
-	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
-	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
-	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0))) {
-		Py_DECREF(key);
-		goto fail;
-	}
-	Py_DECREF(key);
-	for (Py_ssize_t i = 0; seq && i < PySequence_Fast_GET_SIZE(seq); i++) {
-		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
-		PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
-		int rc = n && v ? 0 : -1;
-
-		if (!rc && (hconn_send(c, PyBytes_AS_STRING(n), (size_t)PyBytes_GET_SIZE(n), 0) < 0 ||
-		            hconn_send(c, ": ", 2, 0) < 0 ||
-		            hconn_send(c, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), 0) < 0 ||
-		            hconn_send(c, "\r\n", 2, 0) < 0))
-			rc = -1;
-		Py_XDECREF(n);
-		Py_XDECREF(v);
-		if (rc < 0)
-			goto fail;
-	}
-	Py_XDECREF(seq);
-	if (hconn_send(c, "\r\n", 2, 1) < 0)
-		return NULL;
-	srv_count(c->srv, 101);
-	call->state = ST_OPEN;
-	call->open_counted = 1;
-	ws_open++;
-	/* frames the client sent right behind its handshake */
-	if (pump(call) < 0)
-		return NULL;
-	return asgi_ready(Py_None);
-bad_header:
-	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.accept's headers must be "
-	             "[name, value] pairs of bytes without CR, LF or NUL", msg);
-fail:
-	Py_XDECREF(seq);
-	return NULL;
-}
-
-/* websocket.send: one text or bytes message, one frame. */
-static PyObject *do_send(WsCall *call, PyObject *msg)
-{
-	HttpConn *c = call->conn;
-	PyObject *text = PyDict_GetItemString(msg, "text"), *data = PyDict_GetItemString(msg, "bytes");
-	Py_buffer view = {0};
-	const char *s;
-	Py_ssize_t n;
-	int rc;
-
-	if (text == Py_None)
-		text = NULL;
-	if (data == Py_None)
-		data = NULL;
-	if (call->state != ST_OPEN || call->close_sent) {
-		if (call->finished && call->state != ST_WAIT) {
-			PyErr_SetString(ClientDisconnected, "the WebSocket is closed");
-			return NULL;
-		}
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.send before "
-		             "websocket.accept", msg);
-		return NULL;
-	}
-	if (!text == !data) {
-		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.send takes one of 'text' "
-		             "(str) and 'bytes'", msg);
-		return NULL;
-	}
-	if (text) {
-		if (!PyUnicode_Check(text)) {
-			PyErr_Format(PyExc_TypeError, "ASGI send(): websocket.send's text must be str, "
-			             "not %.100s", Py_TYPE(text)->tp_name);
-			return NULL;
-		}
-		if (!(s = PyUnicode_AsUTF8AndSize(text, &n)))
-			return NULL;
-		rc = frame_out(c, WS_OP_TEXT, s, (size_t)n);
-	}
-	else {
-		if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-			return NULL;
-		rc = frame_out(c, WS_OP_BINARY, view.buf, (size_t)view.len);
-		PyBuffer_Release(&view);
-	}
-	if (rc < 0)
-		return NULL;
-	hconn_flush(c);
-	if (c->closed || !call->conn) {
-		PyErr_SetString(ClientDisconnected, "the client went away");
-		return NULL;
-	}
-	if (hconn_pending(c) > HIGH_WATER) {
-		/* the app waits until the client takes it below LOW_WATER (resume) */
-		call->tx = PyObject_CallMethod(call->aio, "create_future", NULL);
-		return Py_XNewRef(call->tx);
-	}
-	return asgi_ready(Py_None);
-}
-
-/* websocket.close: a close frame once accepted, a 403 before. */
-static PyObject *do_close(WsCall *call, PyObject *msg)
-{
-	PyObject *code_o = PyDict_GetItemString(msg, "code"), *reason_o = PyDict_GetItemString(msg, "reason");
-	long code = 1000;
-	const char *reason = "";
-	Py_ssize_t rlen = 0;
-
-	if (code_o && code_o != Py_None) {
-		code = PyLong_Check(code_o) ? PyLong_AsLong(code_o) : -1;
-		if (code < 1000 || code > 4999 || code == 1005 || code == 1006 || code == 1015) {
-			PyErr_Clear();
-			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's code must be "
-			             "an int a close frame may carry (1000-4999, not 1005/1006/1015)", msg);
-			return NULL;
-		}
-	}
-	if (reason_o && reason_o != Py_None) {
-		if (!PyUnicode_Check(reason_o) || !(reason = PyUnicode_AsUTF8AndSize(reason_o, &rlen)) ||
-		    rlen > 123) {
-			if (!PyErr_Occurred())
-				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's reason "
-				             "must be a str of at most 123 UTF-8 bytes", msg);
-			return NULL;
-		}
-	}
-	if (call->state == ST_WAIT) {
-		finish(call, 1006, "", 0);
-		http_answer(call->conn, 403, "Forbidden");
-	}
-	else if (call->state == ST_OPEN) {
-		finish(call, (int)code, reason, (size_t)rlen);
-		if (close_out(call, (int)code, reason, (size_t)rlen) < 0)
-			return NULL;
-	}
-	else if (call->state == ST_DENY) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.close during the "
-		             "denial response", msg);
-		return NULL;
-	}
-	return asgi_ready(Py_None);                /* closed already: nothing more to say */
-}
-
-/* websocket.http.response.start / body: the denial response. */
-static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
-{
-	HttpConn *c = call->conn;
-
-	if (!body) {
-		PyObject *status = PyDict_GetItemString(msg, "status"), *prefix;
-		PyObject *headers = PyDict_GetItemString(msg, "headers");
-		long long length;
-		int flags, code;
-
-		if (call->state != ST_WAIT) {
-			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
-			             "after the WebSocket was accepted or answered", msg);
-			return NULL;
-		}
-		if (!status) {
-			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): without a status", msg);
-			return NULL;
-		}
-		if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags,
-		                   &code) < 0)
-			return NULL;
-		call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
-		                            .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
-		                            .app_server = !!(flags & HEAD_APP_SERVER),
-		                            .bodiless = code == 204 || code == 304 || code < 200};
-		call->state = ST_DENY;
-		return asgi_ready(Py_None);
-	}
-	{
-		PyObject *data = PyDict_GetItemString(msg, "body"), *more_o = PyDict_GetItemString(msg, "more_body");
-		Py_buffer view = {0};
-		int more = more_o ? PyObject_IsTrue(more_o) : 0;
-
-		if (call->state != ST_DENY) {
-			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.body "
-			             "without websocket.http.response.start", msg);
-			return NULL;
-		}
-		if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
-			return NULL;
-		if (!call->head_sent) {
-			if (h1_head(c, &call->f, more ? -1 : (long long)view.len) < 0)
-				goto fail;
-			call->head_sent = 1;
-		}
-		if (view.len && h1_send_body(c, &call->f, view.buf, (size_t)view.len, 0, 0) < 0)
-			goto fail;
-		PyBuffer_Release(&view);
-		if (!more) {
-			if (h1_end_body(c, &call->f) < 0)
-				return NULL;
-			srv_count(c->srv, call->f.code);
-			finish(call, 1006, "", 0);
-			hconn_close_soft(c);
-		}
-		hconn_flush(c);
-		return asgi_ready(Py_None);
-fail:
-		PyBuffer_Release(&view);
-		return NULL;
-	}
-}
-
-static PyObject *ws_send(WsCall *call, PyObject *msg)
-{
-	PyObject *type, *r;
-	HttpConn *c;
-
-	if (!PyDict_Check(msg)) {
-		PyErr_Format(PyExc_TypeError, "ASGI send() takes a message dict, not %.100s",
-		             Py_TYPE(msg)->tp_name);
-		return NULL;
-	}
-	type = PyDict_GetItemString(msg, "type");
-	if (!type || !PyUnicode_Check(type)) {
-		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
-		return NULL;
-	}
-	if (owner_thread(call, "send()") < 0)
-		return NULL;
-	if (call->tx) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
-		             "WebSocket waits", msg);
-		return NULL;
-	}
-	c = (HttpConn *)Py_XNewRef(call->conn);
-	if (!c || c->closed) {
-		Py_XDECREF(c);
-		if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
-			return asgi_ready(Py_None);        /* gone: closed all the same */
-		PyErr_SetString(ClientDisconnected, "the client went away");
-		return NULL;
-	}
-	if (PyUnicode_CompareWithASCIIString(type, "websocket.send") == 0)
-		r = do_send(call, msg);
-	else if (PyUnicode_CompareWithASCIIString(type, "websocket.accept") == 0)
-		r = do_accept(call, msg);
-	else if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
-		r = do_close(call, msg);
-	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.start") == 0)
-		r = do_deny(call, msg, 0);
-	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.body") == 0)
-		r = do_deny(call, msg, 1);
-	else {
-		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of a websocket scope "
-		             "(websocket.accept, websocket.send, websocket.close, "
-		             "websocket.http.response.start/body)", msg);
-		r = NULL;
-	}
-	Py_DECREF(c);
-	return r;
 }
 
 /* ---- the app's end ------------------------------------------------------------------------------ */
@@ -809,23 +185,23 @@ static PyObject *ws_done(WsCall *call, PyObject *exc)
 	}
 	if (c && !c->closed) {
 		if (call->state == ST_WAIT) {
-			finish(call, 1006, "", 0);
+			ws_finish(call, 1006, "", 0);
 			if (exc != Py_None)
-				http_answer(c, 500, "Internal Server Error");
+				ws_http_answer(c, 500, "Internal Server Error");
 			else
-				http_answer(c, 403, "Forbidden");
+				ws_http_answer(c, 403, "Forbidden");
 		}
 		else if (call->state == ST_OPEN) {
-			finish(call, exc != Py_None ? 1011 : 1000, "", 0);
-			if (close_out(call, exc != Py_None ? 1011 : 1000, "", 0) < 0)
+			ws_finish(call, exc != Py_None ? 1011 : 1000, "", 0);
+			if (ws_close_out(call, exc != Py_None ? 1011 : 1000, "", 0) < 0)
 				report_exc(call->srv, call->scope, "closing the WebSocket");
 		}
 		else if (call->state == ST_DENY) {
-			finish(call, 1006, "", 0);
+			ws_finish(call, 1006, "", 0);
 			if (call->head_sent)
 				hconn_close_now(c);            /* mid-body: the client sees a cut */
 			else
-				http_answer(c, 500, "Internal Server Error");
+				ws_http_answer(c, 500, "Internal Server Error");
 		}
 	}
 	Py_XDECREF(c);
@@ -994,7 +370,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		return RESPOND_CLOSE;
 	}
 	if (vlen != 2 || memcmp(ver, "13", 2)) {
-		http_answer(c, 426, "Upgrade Required\r\nSec-WebSocket-Version: 13");
+		ws_http_answer(c, 426, "Upgrade Required\r\nSec-WebSocket-Version: 13");
 		return RESPOND_CLOSE;
 	}
 	if (make_scope(scope, hp) < 0)
@@ -1061,9 +437,9 @@ int asgi_ws_input(HttpConn *c)
 	if (!call || !Py_IS_TYPE(c->call, &WsCallType))
 		return asgi_input(c);
 	if (call->state == ST_OPEN)
-		return pump(call);
+		return ws_pump(call);
 	if (c->peer_eof && !call->finished)
-		finish(call, 1006, "", 0);             /* gone before the app's answer */
+		ws_finish(call, 1006, "", 0);             /* gone before the app's answer */
 	return 0;
 }
 
@@ -1101,8 +477,8 @@ void asgi_ws_drop(HttpConn *c, PyObject *obj)
 		asgi_drop(c, obj);
 		return;
 	}
-	finish(call, 1006, "", 0);                 /* unless a close was exchanged */
-	deliver(call);
+	ws_finish(call, 1006, "", 0);                 /* unless a close was exchanged */
+	ws_deliver(call);
 	if (call->tx) {
 		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
 		if (exc) {
@@ -1152,14 +528,14 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 			continue;
 		Py_INCREF(call);
 		if (call->state == ST_OPEN) {
-			finish(call, 1001, "", 0);
-			if (close_out(call, 1001, "going away", 10) < 0)
+			ws_finish(call, 1001, "", 0);
+			if (ws_close_out(call, 1001, "going away", 10) < 0)
 				PyErr_WriteUnraisable((PyObject *)call);
 			n++;
 		}
 		else {
-			finish(call, 1006, "", 0);
-			http_answer(c, 503, "Service Unavailable");
+			ws_finish(call, 1006, "", 0);
+			ws_http_answer(c, 503, "Service Unavailable");
 		}
 		next = call->next;                     /* (unlinked if its close was at once) */
 		Py_DECREF(call);
@@ -1201,3 +577,4 @@ int asgi_ws_make_keys(void)
 			return -1;
 	return 0;
 }
+

@@ -6,7 +6,8 @@
  *               checked (UTF-8 incrementally), server frames serialised
  *   ws_py.c     its Python face (WsParser, ws_frame) for the tests, the
  *               fuzz oracle and the micro-benchmark
- *   asgi_ws.c   the ASGI websocket scope on an upgraded HTTP/1
+ *   asgi_ws.c, asgi_ws_frames.c, asgi_ws_send.c (asgi_ws.h)
+ *               the ASGI websocket scope on an upgraded HTTP/1
  *               connection: the handshake, receive/send, the close
  *               handshake, the drain's 1001
  *
