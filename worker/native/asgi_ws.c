@@ -412,6 +412,8 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
 		rc = task ? RESPOND_PARKED : -1;
 	}
+	if (rc == RESPOND_PARKED)
+		hp_free(&c->parser->hp);               /* the handshake's head: in the scope now */
 	if (rc < 0) {
 		if (coro)
 			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));

@@ -230,6 +230,14 @@ int ws_pump(WsCall *call)
 	if (!call->finished && c->peer_eof && call->queued < WS_QUEUE_MAX)
 		ws_finish(call, 1006, "", 0);             /* its end without a close frame */
 	if (!c->closed) {
+		/* an idle WebSocket holds no input buffer, as an idle kept-alive
+		 * connection (h1_parser.c parser_finish): the next read
+		 * allocates again (memory per idle WebSocket) */
+		if (p->start == p->len && p->pending) {
+			PyMem_Free(p->pending);
+			p->pending = NULL;
+			p->start = p->len = p->cap = 0;
+		}
 		h1_input_room(c);                      /* taken: reading may go on */
 		hconn_flush(c);                        /* the pongs */
 	}
