@@ -252,6 +252,9 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                                labels=WORKER_LABELS)
     conns = GaugeMetricFamily("sockherd_worker_connections", "open connections",
                               labels=WORKER_LABELS)
+    # issue 23: an ASGI worker's open WebSockets (they hold a drain until hard_stop_after)
+    websockets = GaugeMetricFamily("sockherd_worker_websockets", "open WebSockets (ASGI)",
+                                   labels=WORKER_LABELS)
     requests = CounterMetricFamily("sockherd_worker_requests", "HTTP requests answered",
                                    labels=WORKER_LABELS)
     responses = CounterMetricFamily("sockherd_worker_responses",
@@ -279,6 +282,8 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                 conns.add_metric(labels, w["connections"])
         else:
             conns.add_metric(labels, stats["connections"])
+            if stats.get("websockets") is not None:
+                websockets.add_metric(labels, stats["websockets"])
             if stats.get("requests") is not None:
                 requests.add_metric(labels, stats["requests"])
             for cls, n in (stats.get("responses") or {}).items():
@@ -300,7 +305,8 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                         f"sockherd_thread_{name}", f"fdcore counter {name} of a loop thread "
                         "(`sockherd ctl show activity`)", labels=THREAD_LABELS)
                 fam.add_metric(tl, value)
-    yield from (info, answered, uptime, conns, requests, responses, pauses, alive, refused)
+    yield from (info, answered, uptime, conns, websockets, requests, responses, pauses, alive,
+                refused)
     yield from threads.values()
 
 

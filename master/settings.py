@@ -238,6 +238,11 @@ SETTINGS: tuple[Setting, ...] = (
             "client a 408, or the close once the head went out); a response its client "
             "takes nothing of for this long is cut (the connection closes)",
             _seconds(0.1, 3600), "S", section="http"),
+    # issue 23: uvicorn's --ws-max-size and its default
+    Setting("ws_max_size", ("--ws-max-size",), int, 16 << 20,
+            "ASGI WebSockets: the largest message (its fragments together) a client may "
+            "send; a larger one closes the WebSocket with 1009; 0: no limit",
+            msgspec.Meta(ge=0), "BYTES", section="http"),
     # nginx's client_body_buffer_size, larger than its 16 KiB default: most
     # form posts and JSON bodies fit, and a body read in the loop costs no
     # thread while its client is slow (issue 21); past it a body streams

@@ -11,7 +11,8 @@ logging of an app's errors.
 
 Extensions (worker/native/asgi_ext.c): http.response.pathsend (sendfile
 from the loop) in every scope, http.response.trailers when the client
-sent TE: trailers. Not done yet (README): WebSocket scopes.
+sent TE: trailers. WebSocket scopes are served too (worker/native/asgi_ws.c,
+docs/websocket.md).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import asyncio
 import logging
 import sys
 
-from sockherd.worker._http import ClientDisconnected, Server  # noqa: F401
+from sockherd.worker._http import ClientDisconnected, Server, ws_settings  # noqa: F401
 from sockherd.worker import forwarded
 from sockherd.worker.accesslog import AccessLog
 from sockherd.worker.wsgi import _Limits, connection_layer, MIN_BODY_RATE
@@ -35,6 +36,8 @@ def make_handler(app, cfg: dict, state: dict | None = None):
     `app` with the settings cfg. state: the lifespan state, shallow-copied
     into each request's scope["state"] (None: no "state" key)."""
     limits = _Limits(cfg)
+    # issue 23: WebSockets (worker/native/asgi_ws.c): a message's bound
+    ws_settings(int(cfg.get("ws_max_size", 16 << 20)))
 
     class Handler:
         @staticmethod

@@ -195,6 +195,10 @@ def _start_lifespan(loop: Loop, lifespan: Lifespan, cfg: dict) -> None:
 # the worker's exit status after a loop thread ended (sysexits' EX_SOFTWARE):
 # the master logs it and respawns the slot as it does a crash
 EXIT_THREAD_ENDED = 70
+# issue 23: at the drain's deadline the open WebSockets get close 1001 and
+# this long for their close handshakes; below the master's second of
+# slack before it kills a worker still draining (master/workers.py)
+WS_CLOSE_GRACE = 0.5
 
 
 def _retire_after(loop: Loop, cfg: dict) -> tuple[int, int]:
@@ -230,6 +234,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
     status = 0                         # EXIT_THREAD_ENDED once a loop thread ended
     channel_open = True
     shutting_down = False              # drained: lifespan.shutdown sent, if any is due
+    went_away = False                  # the WebSockets were told 1001 (issue 23)
     next_beat = time.monotonic() + beat
     beats = 0
     stuck = StuckWatch(loop, float(cfg.get("timeout") or 0.0))    # worker/stuck.py
@@ -263,6 +268,16 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 loop.refuse_posted()
                 return status
             timeout = deadline - time.monotonic()
+            if timeout <= 0 and not went_away and loop.websockets_open:
+                # issue 23: open WebSockets were never cut before the
+                # deadline; now each gets close 1001 from its loop thread,
+                # and the close handshakes get WS_CLOSE_GRACE more
+                went_away = True
+                log.info("drain deadline: closing %d WebSocket(s) with 1001 (going away)",
+                         loop.websockets_open)
+                loop.going_away()
+                deadline = time.monotonic() + WS_CLOSE_GRACE
+                continue
             if timeout <= 0:
                 if lifespan is not None and lifespan.shutdown_pending:
                     log.warning("drain deadline reached during the lifespan shutdown: "

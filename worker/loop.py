@@ -225,6 +225,28 @@ class Loop:
         self.table.wake(owner.tid)
 
     @property
+    def websockets_open(self) -> int | None:
+        """Open ASGI WebSockets (asgi_ws.c); None for an interface without them."""
+        if self.engine is None or not self.asgi:
+            return None
+        from sockherd.worker._http import ws_open
+        return ws_open()
+
+    def going_away(self) -> None:
+        """The drain's deadline (issue 23): every open WebSocket is closed
+        with 1001 (going away) by its own loop thread (asgi_ws.c
+        ws_going_away), which its app learns as websocket.disconnect 1001;
+        the connections close once their close frame went out. The
+        worker's main thread's."""
+        self._not_from_a_loop_thread("going_away")
+        if self.engine is None or not self.asgi:
+            return
+        from sockherd.worker._http import ws_going_away
+        for me, th in enumerate(self.loop_threads):
+            self._mail[me].append((ws_going_away, (self.engine,)))
+            self.table.wake(th.tid)
+
+    @property
     def draining(self) -> bool:
         return self._draining.is_set()
 

@@ -37,6 +37,8 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         # requests the engine refused itself (400, 408, 413...), by reason
         "refused": engine.refused if engine is not None else None,
         "connections": loop.open_connections,
+        # issue 23: ASGI WebSockets accepted and not closed (asgi_ws.c)
+        "websockets": loop.websockets_open,
         "threads": len(loop.loop_threads),
         # fewer than threads: one ended, the worker drains to be replaced
         "threads_alive": loop.threads_alive,

@@ -1,6 +1,6 @@
 """show proc [--threads]: the master and every worker with its figures
-(each worker is asked: requests, connections, threads and how many of
-them are alive); with --threads also
+(each worker is asked: requests, connections, open WebSockets, threads
+and how many of them are alive); with --threads also
 each worker's loop threads and their counters (the status pages' tree)."""
 import msgspec
 
@@ -24,10 +24,11 @@ def render(r: dict) -> str:
         st = w.get("stats") or {}
         rows.append({**w, "uptime": duration(w["uptime"]), "requests": st.get("requests"),
                      "connections": st.get("connections", w["connections"]),
+                     "websockets": st.get("websockets"),
                      "threads": st.get("threads"), "alive": st.get("threads_alive"),
                      "answered": "yes" if w.get("stats") else "no"})
     out = table(rows, ["worker", "pid", "state", "role", "uptime", "requests", "connections",
-                       "threads", "alive", "answered"])
+                       "websockets", "threads", "alive", "answered"])
     out += (f"\nreloads: {m['reloads_ok']} ok, {m['reloads_failed']} failed"
             + (f" (last: {m['last_reload_failure']})" if m["last_reload_failure"] else ""))
     return out

@@ -32,8 +32,12 @@ LAYERS = {
                    "dispatch", "engine"],
     "http1 codec": ["httpscan", "httpparse", "h1_parser", "fwd_fields", "h1_head", "h1_response",
                     "h1_conn"],
+    # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
+    # nothing of the engine; ws_py is its Python face)
+    "websocket codec": ["ws_frame", "ws_py"],
     "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],
-    "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app"],
+    "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app",
+                     "asgi_ws_frames", "asgi_ws_send", "asgi_ws"],
     "assembly": ["server", "httpmodule"],
 }
 # the adapters sit side by side: neither calls the other (both are above
@@ -51,6 +55,8 @@ HEADERS = {
     "h1.h": {"engine.h", "httpparse.h"},
     "wsgi.h": {"h1.h"},
     "asgi.h": {"h1.h"},
+    "ws.h": set(),
+    "asgi_ws.h": {"asgi.h", "ws.h"},
 }
 
 
@@ -103,7 +109,11 @@ def test_no_file_calls_a_file_above_it(tmp_path):
     # the ASGI adapter calls only the codec and the connection layer
     for name in LAYERS["asgi adapter"]:
         below = {LAYER_OF[callee] for callee in calls.get(name, {})}
-        assert below <= {"connection", "http1 codec", "asgi adapter"}, (name, below)
+        assert below <= {"connection", "http1 codec", "websocket codec", "asgi adapter"}, \
+            (name, below)
+    # the frame codec is below every adapter and calls nothing of the engine
+    assert set(calls.get("ws_frame", {})) == set()
+    assert "ws_frame" in calls.get("asgi_ws_frames", {})
     assert "h1_response" in calls.get("asgi_call", {})
 
 

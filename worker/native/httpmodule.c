@@ -11,6 +11,7 @@
  */
 #include "wsgi.h"
 #include "asgi.h"
+#include "ws.h"                    /* issue 23: the WebSocket codec and adapter */
 
 PyObject *HttpError, *ClientGone, *BadBody;
 
@@ -50,22 +51,26 @@ PyMODINIT_FUNC PyInit__http(void)
 	const PyMethodDef *parser_parts[] = {parser_methods, wsgi_parser_methods};
 	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods, fwd_server_methods,
 	                                     server_proxy_methods};
-	const PyMethodDef *module_parts[] = {h1_module_methods, proxy_module_methods};
+	/* issue 23: the WebSocket codec's and adapter's functions beside the codec's */
+	const PyMethodDef *module_parts[] = {h1_module_methods, proxy_module_methods, ws_module_methods,
+	                                     asgi_ws_module_methods};
 	PyObject *m;
 
 	if (join_methods(conn_methods, conn_parts, 3) < 0 ||
 	    join_methods(parser_methods_all, parser_parts, 2) < 0 ||
 	    join_methods(server_methods_all, server_parts, 4) < 0 ||
-	    join_methods(module_methods, module_parts, 2) < 0)
+	    join_methods(module_methods, module_parts, 4) < 0)
 		return NULL;
 	HttpConnType.tp_methods = conn_methods;
 	ParserType.tp_methods = parser_methods_all;
 	ServerType.tp_methods = server_methods_all;
 	if (PyType_Ready(&ParserType) < 0 || PyType_Ready(&ServerType) < 0 ||
 	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
-	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0)
+	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0 ||
+	    PyType_Ready(&WsParserType) < 0 || PyType_Ready(&WsCallType) < 0)  /* issue 23 */
 		return NULL;
-	if (make_keys() < 0 || wsgi_fwd_make_keys() < 0 || asgi_fwd_make_keys() < 0 || asgi_make_app() < 0)
+	if (make_keys() < 0 || wsgi_fwd_make_keys() < 0 || asgi_fwd_make_keys() < 0 ||
+	    asgi_make_app() < 0 || asgi_ws_make_keys() < 0)
 		return NULL;
 	m = PyModule_Create(&module);
 	if (!m)
@@ -89,6 +94,7 @@ PyMODINIT_FUNC PyInit__http(void)
 	if (!HttpError || !ClientGone || !BadBody || !ClientDisconnected ||
 	    PyModule_AddObjectRef(m, "ClientDisconnected", ClientDisconnected) < 0 ||
 	    PyModule_AddObjectRef(m, "AsgiCall", (PyObject *)&AsgiCallType) < 0 ||
+	    PyModule_AddObjectRef(m, "WsParser", (PyObject *)&WsParserType) < 0 ||   /* issue 23 */
 	    PyModule_AddObjectRef(m, "HttpError", HttpError) < 0 ||
 	    PyModule_AddObjectRef(m, "ClientGone", ClientGone) < 0 ||
 	    PyModule_AddObjectRef(m, "BadBody", BadBody) < 0 ||

@@ -12,6 +12,7 @@
 #include "h1.h"
 #include "wsgi.h"
 #include "asgi.h"
+#include "ws.h"                    /* issue 23: the WebSocket adapter's entries */
 
 /* What the connection layer calls above it: the HTTP/1 codec's request
  * loop, and the adapter's parked response (its bytes owed, its end) */
@@ -42,18 +43,29 @@ static const struct h1_app wsgi_h1_app = {
 /* What an ASGI Server's codec calls above it: the ASGI adapter, whose
  * calls outlive serve (asgi.h) */
 static const struct conn_ops h1_asgi_conn_ops = {
-	H1_CONN_OPS,
+	/* H1_CONN_OPS but unread: issue 23, a WebSocket awaiting the client's
+	 * close frame lingers (asgi_ws.c), else h1_unread */
+	.open = h1_open,
+	.readable = h1_readable,
+	.read_first = h1_read_first,
+	.serve_first = h1_serve_first,
+	.resume = h1_resume,
+	.timeout = h1_timeout,
+	.rearm = h1_rearm,
+	.unread = asgi_ws_unread,
 	.owed = asgi_owed,
 	.abandon = asgi_abandon,
-	.drop = asgi_drop,
+	.drop = asgi_ws_drop,                      /* issue 23: asgi_drop unless a WebSocket's */
 };
 
 static const struct h1_app asgi_h1_app = {
 	.request = asgi_request,
-	.serve = asgi_serve,
-	.resume = asgi_resume,
+	/* issue 23: an upgrade to WebSocket is asgi_ws.c's, each of these
+	 * hands the rest to asgi_app.c's asgi_serve / _resume / _input */
+	.serve = asgi_ws_serve,
+	.resume = asgi_ws_resume,
 	.abandon = asgi_abandon,
-	.input = asgi_input,
+	.input = asgi_ws_input,
 };
 
 /* ---- construction ---------------------------------------------------------------------------------- */

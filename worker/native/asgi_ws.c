@@ -1,0 +1,582 @@
+/* The ASGI adapter's websocket scope (ASGI spec 2.4, "WebSocket"): an
+ * HTTP/1 request asking to upgrade (RFC 6455 4.2.1) is handed here
+ * instead of becoming an http scope, and from then on its connection
+ * carries WebSocket frames, parsed by the frame codec (ws_frame.c) from
+ * the same input buffer the HTTP/1 parser filled, and framed back out.
+ *
+ * It rides on the HTTP/1 codec's call machinery (asgi.h, h1.h): the
+ * connection holds the call (c->call) from the upgrade to its close, so
+ *  - input is read and handed to input() (here: ws_input) with a bound
+ *    on what waits unread (CALL_INPUT_MAX, h1_input_room): frames are
+ *    parsed only while fewer than WS_QUEUE_MAX bytes of messages wait for
+ *    the app's receive(), so a client that sends faster than the app
+ *    receives is paused by TCP, never buffered without bound;
+ *  - no header or keep-alive timer runs (h1_rearm: a call's connection is
+ *    the app's): an idle WebSocket is never cut by the engine. The one
+ *    timer left is the send timer: output that waits and that the client
+ *    takes none of for body_timeout closes the connection, as for HTTP;
+ *  - a send past HIGH_WATER waits until the output drains below LOW_WATER
+ *    (resume), as an http.response.body does;
+ *  - the connection's close drops the call (drop): the app's receive
+ *    says websocket.disconnect (1006 unless a close code was exchanged),
+ *    its send raises ClientDisconnected.
+ * A connection with a call is never shared among threads nor moved
+ * (asgi_app.c): each WebSocket lives on the loop thread that accepted it.
+ *
+ * The engine, not the app, answers pings (with the ping's payload) and
+ * the client's close (its code echoed, then the connection closes); a
+ * protocol error (ws_frame.c's list) is answered with its close code
+ * (1002 / 1007 / 1009) and the app receives websocket.disconnect with it.
+ *
+ * Before the app runs: a handshake without a valid Sec-WebSocket-Key (or
+ * without a version) is refused 400, a version other than 13 gets 426
+ * with Sec-WebSocket-Version: 13. The app then decides: websocket.accept
+ * (101, its subprotocol and headers), websocket.close (403), or the
+ * websocket.http.response denial extension (its own HTTP response).
+ *
+ * The worker's drain (worker/loop.py going_away) ends each open WebSocket
+ * with close 1001 at the drain's deadline (ws_going_away), never before.
+ *
+ * Its files (asgi_ws.h): this one (the upgrade served, receive(), the
+ * app's end, the connection's side, the module's functions),
+ * asgi_ws_frames.c (the messages, frames out, the client's frames in) and
+ * asgi_ws_send.c (send()).
+ *
+ * May call: asgi_ws_frames.c, asgi_ws_send.c, asgi_app.c's http entries
+ * (the requests that are not upgrades), the frame codec (ws_frame.c), the
+ * HTTP/1 codec (h1.h), the connection layer (conn.h).
+ */
+#include <string.h>
+#include <strings.h>
+
+#include "asgi_ws.h"
+
+static unsigned long long max_size = 16u << 20;   /* ws_max_size (uvicorn's default) */
+
+/* ---- the handshake's request ------------------------------------------------------------------ */
+
+/* The value of the first field named name (lower-case), trailing
+ * whitespace off; NULL if none. */
+static const char *field(const struct hp_parser *hp, const char *name, size_t *len)
+{
+	size_t nl = strlen(name);
+
+	for (uint32_t i = 0; i < hp->nfields; i++) {
+		const struct hp_field *f = &hp->fields[i];
+		const char *v = hp->head + f->value;
+		size_t vl = f->value_len;
+
+		if (f->name_len != nl || strncasecmp(hp->head + f->name, name, nl))
+			continue;
+		while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+			vl--;
+		*len = vl;
+		return v;
+	}
+	return NULL;
+}
+
+/* Whether some field named name lists token (comma-separated,
+ * case-insensitive: Connection: keep-alive, Upgrade). */
+static int has_token(const struct hp_parser *hp, const char *name, const char *token)
+{
+	size_t nl = strlen(name), tl = strlen(token);
+
+	for (uint32_t i = 0; i < hp->nfields; i++) {
+		const struct hp_field *f = &hp->fields[i];
+		const char *v = hp->head + f->value, *end = v + f->value_len;
+
+		if (f->name_len != nl || strncasecmp(hp->head + f->name, name, nl))
+			continue;
+		while (v < end) {
+			const char *comma = memchr(v, ',', (size_t)(end - v)), *e = comma ? comma : end;
+
+			while (v < e && (*v == ' ' || *v == '\t'))
+				v++;
+			while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
+				e--;
+			if ((size_t)(e - v) == tl && !strncasecmp(v, token, tl))
+				return 1;
+			v = comma ? comma + 1 : end;
+		}
+	}
+	return 0;
+}
+
+/* A key is the base64 of 16 bytes: 22 characters of the alphabet, the
+ * last one's low bits zero, then "==" (RFC 6455 4.1, item 7) */
+static int key_ok(const char *k, size_t n)
+{
+	static const char b64s[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	const char *last;
+
+	if (n != 24 || k[22] != '=' || k[23] != '=')
+		return 0;
+	for (int i = 0; i < 22; i++)
+		if (!k[i] || !strchr(b64s, k[i]))
+			return 0;
+	last = strchr(b64s, k[21]);
+	return ((last - b64s) & 0xF) == 0;
+}
+
+/* ---- receive ------------------------------------------------------------------------------------ */
+
+/* The next message: websocket.connect first, then the client's messages
+ * and its end (websocket.disconnect, again if asked again). */
+static PyObject *ws_receive(WsCall *call, PyObject *noarg)
+{
+	PyObject *msg, *r;
+
+	(void)noarg;
+	if (ws_owner_thread(call, "receive()") < 0)
+		return NULL;
+	if (!call->connect_taken) {
+		call->connect_taken = 1;
+		msg = ws_message(V_CONNECT, NULL, NULL, NULL, NULL);
+		r = msg ? asgi_ready(msg) : NULL;
+		Py_XDECREF(msg);
+		return r;
+	}
+	if (call->rx) {
+		PyErr_SetString(PyExc_RuntimeError, "ASGI receive() called while another receive() of "
+		                "the same WebSocket waits");
+		return NULL;
+	}
+	if (!PyList_GET_SIZE(call->queue) && ws_pump(call) < 0)
+		return NULL;
+	if (!PyList_GET_SIZE(call->queue) && !call->finished && !call->conn)
+		ws_finish(call, 1006, "", 0);
+	if (PyList_GET_SIZE(call->queue)) {
+		if (!(msg = ws_take(call)))
+			return NULL;
+		/* room again: what waits is parsed (the pongs it owes said) */
+		if (call->state == ST_OPEN && ws_pump(call) < 0) {
+			Py_DECREF(msg);
+			return NULL;
+		}
+		r = asgi_ready(msg);
+		Py_DECREF(msg);
+		return r;
+	}
+	call->rx = PyObject_CallMethod(call->aio, "create_future", NULL);
+	return Py_XNewRef(call->rx);
+}
+
+/* ---- the app's end ------------------------------------------------------------------------------ */
+
+/* The app returned (or raised: logged): what it left unsaid is said. A
+ * WebSocket still open is closed, 1000 (1011 if the app raised); one
+ * never answered gets a 403 (500 if the app raised); a denial response
+ * cut short ends the connection. */
+static PyObject *ws_done(WsCall *call, PyObject *exc)
+{
+	HttpConn *c = (HttpConn *)Py_XNewRef(call->conn);
+
+	call->ended = 1;
+	if (exc != Py_None) {
+		if (!PyExceptionInstance_Check(exc)) {
+			Py_XDECREF(c);
+			PyErr_SetString(PyExc_TypeError, "done(): an exception or None");
+			return NULL;
+		}
+		PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc),
+		              PyException_GetTraceback(exc));
+		report_exc(call->srv, call->scope, "app");
+	}
+	if (c && !c->closed) {
+		if (call->state == ST_WAIT) {
+			ws_finish(call, 1006, "", 0);
+			if (exc != Py_None)
+				ws_http_answer(c, 500, "Internal Server Error");
+			else
+				ws_http_answer(c, 403, "Forbidden");
+		}
+		else if (call->state == ST_OPEN) {
+			ws_finish(call, exc != Py_None ? 1011 : 1000, "", 0);
+			if (ws_close_out(call, exc != Py_None ? 1011 : 1000, "", 0) < 0)
+				report_exc(call->srv, call->scope, "closing the WebSocket");
+		}
+		else if (call->state == ST_DENY) {
+			ws_finish(call, 1006, "", 0);
+			if (call->head_sent)
+				hconn_close_now(c);            /* mid-body: the client sees a cut */
+			else
+				ws_http_answer(c, 500, "Internal Server Error");
+		}
+	}
+	Py_XDECREF(c);
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef done_def = {"ws_done", (PyCFunction)ws_done, METH_O,
+                               "done(exc or None): the end of an ASGI WebSocket's app"};
+
+/* ---- the type ----------------------------------------------------------------------------------- */
+
+static int Ws_traverse(WsCall *call, visitproc visit, void *arg)
+{
+	Py_VISIT(call->scope);
+	Py_VISIT(call->aio);
+	Py_VISIT(call->rx);
+	Py_VISIT(call->tx);
+	Py_VISIT(call->queue);
+	return 0;
+}
+
+static int Ws_clear(WsCall *call)
+{
+	Py_CLEAR(call->scope);
+	Py_CLEAR(call->aio);
+	Py_CLEAR(call->rx);
+	Py_CLEAR(call->tx);
+	Py_CLEAR(call->queue);
+	return 0;
+}
+
+static void unlink_call(WsCall *call)
+{
+	if (call->prev)
+		call->prev->next = call->next;
+	else if (all_calls == call)
+		all_calls = call->next;
+	if (call->next)
+		call->next->prev = call->prev;
+	call->prev = call->next = NULL;
+	if (call->open_counted) {
+		call->open_counted = 0;
+		ws_open--;
+	}
+}
+
+static void Ws_dealloc(WsCall *call)
+{
+	PyObject_GC_UnTrack(call);
+	unlink_call(call);
+	Ws_clear(call);
+	ws_free(&call->wp);
+	Py_CLEAR(call->conn);
+	Py_CLEAR(call->f.prefix);
+	Py_CLEAR(call->srv);
+	PyObject_GC_Del(call);
+}
+
+static PyMethodDef Ws_methods[] = {
+	{"receive", (PyCFunction)ws_receive, METH_NOARGS,
+	 "receive() -> awaitable of the next message (websocket.connect, websocket.receive, "
+	 "websocket.disconnect)."},
+	{"send", (PyCFunction)ws_send, METH_O, "send(message) -> awaitable."},
+	{NULL},
+};
+
+PyTypeObject WsCallType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.WsCall",
+	.tp_doc = "One ASGI WebSocket's receive and send (asgi_ws.c).",
+	.tp_basicsize = sizeof(WsCall),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+	.tp_dealloc = (destructor)Ws_dealloc,
+	.tp_traverse = (traverseproc)Ws_traverse,
+	.tp_clear = (inquiry)Ws_clear,
+	.tp_methods = Ws_methods,
+};
+
+/* ---- the codec's entries: an upgrade served, the connection's side ----------------------------- */
+
+/* Whether this request asks for a WebSocket (RFC 6455 4.2.1: GET,
+ * Upgrade: websocket, Connection: upgrade): other upgrades stay HTTP. */
+static int wants_websocket(const struct hp_parser *hp)
+{
+	return hp->ll.method == HTTP_GET && hp->ll.http_minor == 1 &&
+	       has_token(hp, "upgrade", "websocket") && has_token(hp, "connection", "upgrade");
+}
+
+/* The websocket scope from the http one the codec's request built:
+ * type and scheme, no method, the subprotocols asked for, the denial
+ * extension. */
+static int make_scope(PyObject *scope, const struct hp_parser *hp)
+{
+	PyObject *subs = PyList_New(0), *v;
+	int rc = -1;
+
+	if (!subs)
+		return -1;
+	for (uint32_t i = 0; i < hp->nfields; i++) {
+		const struct hp_field *f = &hp->fields[i];
+		const char *s = hp->head + f->value, *end = s + f->value_len;
+
+		if (f->name_len != 22 || strncasecmp(hp->head + f->name, "sec-websocket-protocol", 22))
+			continue;
+		while (s < end) {
+			const char *comma = memchr(s, ',', (size_t)(end - s)), *e = comma ? comma : end;
+
+			while (s < e && (*s == ' ' || *s == '\t'))
+				s++;
+			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+				e--;
+			if (e > s) {
+				v = PyUnicode_DecodeLatin1(s, e - s, NULL);
+				if (!v || PyList_Append(subs, v) < 0) {
+					Py_XDECREF(v);
+					goto out;
+				}
+				Py_DECREF(v);
+			}
+			s = comma ? comma + 1 : end;
+		}
+	}
+	if (PyDict_SetItemString(scope, "subprotocols", subs) < 0 ||
+	    PyDict_SetItemString(scope, "type", V_WEBSOCKET) < 0 ||
+	    PyDict_SetItemString(scope, "scheme", V_WS) < 0)
+		goto out;
+	if (PyDict_DelItemString(scope, "method") < 0)
+		PyErr_Clear();
+	v = Py_BuildValue("{s{}}", "websocket.http.response");
+	if (!v || PyDict_SetItemString(scope, "extensions", v) < 0) {
+		Py_XDECREF(v);
+		goto out;
+	}
+	Py_DECREF(v);
+	rc = 0;
+out:
+	Py_DECREF(subs);
+	return rc;
+}
+
+/* struct h1_app's serve for an ASGI Server: an upgrade to WebSocket is
+ * this file's (checked, then its app started as a task, as asgi_serve
+ * does for http), any other request asgi_app.c's. */
+int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
+{
+	Server *s = c->srv;
+	const struct hp_parser *hp = &c->parser->hp;
+	const char *key, *ver;
+	size_t klen = 0, vlen = 0;
+	WsCall *call;
+	PyObject *receive = NULL, *send = NULL, *done = NULL, *coro = NULL, *task = NULL;
+	PyObject *args[5];
+	int rc = -1;
+
+	if (!wants_websocket(hp))
+		return asgi_serve(c, scope, whole);
+	key = field(hp, "sec-websocket-key", &klen);
+	ver = field(hp, "sec-websocket-version", &vlen);
+	if (!key || !key_ok(key, klen)) {
+		hconn_refuse(c, 400, key ? "Sec-WebSocket-Key is not the base64 of 16 bytes"
+		                         : "a WebSocket handshake without Sec-WebSocket-Key");
+		return RESPOND_CLOSE;
+	}
+	if (!ver) {
+		hconn_refuse(c, 400, "a WebSocket handshake without Sec-WebSocket-Version");
+		return RESPOND_CLOSE;
+	}
+	if (vlen != 2 || memcmp(ver, "13", 2)) {
+		ws_http_answer(c, 426, "Upgrade Required\r\nSec-WebSocket-Version: 13");
+		return RESPOND_CLOSE;
+	}
+	if (make_scope(scope, hp) < 0)
+		return -1;
+	call = PyObject_GC_New(WsCall, &WsCallType);
+	if (!call)
+		return -1;
+	memset((char *)call + sizeof(PyObject), 0, sizeof(WsCall) - sizeof(PyObject));
+	call->srv = (Server *)Py_NewRef(s);
+	call->conn = (HttpConn *)Py_NewRef(c);
+	call->scope = Py_NewRef(scope);
+	call->aio = Py_XNewRef(s->thr[c->pos].aio);
+	call->queue = PyList_New(0);
+	memcpy(call->key, key, 24);
+	ws_init(&call->wp, max_size);
+	call->next = all_calls;
+	if (all_calls)
+		all_calls->prev = call;
+	all_calls = call;
+	PyObject_GC_Track(call);
+	if (!call->aio || !call->queue) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_RuntimeError, "ASGI: the loop thread has no asyncio loop");
+		Py_DECREF(call);
+		return -1;
+	}
+	/* the connection holds the call from now: a close drops it */
+	c->call = Py_NewRef((PyObject *)call);
+	receive = PyObject_GetAttrString((PyObject *)call, "receive");
+	send = PyObject_GetAttrString((PyObject *)call, "send");
+	done = PyCFunction_New(&done_def, (PyObject *)call);
+	if (receive && send && done) {
+		args[0] = s->app;
+		args[1] = scope;
+		args[2] = receive;
+		args[3] = send;
+		args[4] = done;
+		coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
+		task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
+		rc = task ? RESPOND_PARKED : -1;
+	}
+	if (rc == RESPOND_PARKED)
+		hp_free(&c->parser->hp);               /* the handshake's head: in the scope now */
+	if (rc < 0) {
+		if (coro)
+			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (c->call == (PyObject *)call) {
+			c->call = NULL;
+			Py_DECREF(call);
+		}
+	}
+	Py_XDECREF(receive);
+	Py_XDECREF(send);
+	Py_XDECREF(done);
+	Py_XDECREF(coro);
+	Py_XDECREF(task);
+	Py_DECREF(call);
+	return rc;
+}
+
+/* struct h1_app's input: frames for a WebSocket's receive, else http's */
+int asgi_ws_input(HttpConn *c)
+{
+	WsCall *call = (WsCall *)c->call;
+
+	if (!call || !Py_IS_TYPE(c->call, &WsCallType))
+		return asgi_input(c);
+	if (call->state == ST_OPEN)
+		return ws_pump(call);
+	if (c->peer_eof && !call->finished)
+		ws_finish(call, 1006, "", 0);             /* gone before the app's answer */
+	return 0;
+}
+
+/* struct h1_app's resume: the output drained, a waiting send goes on */
+int asgi_ws_resume(HttpConn *c)
+{
+	WsCall *call = (WsCall *)c->call;
+
+	if (!call || !Py_IS_TYPE(c->call, &WsCallType))
+		return asgi_resume(c);
+	if (call->tx && hconn_pending(c) < LOW_WATER)
+		asgi_resolve(&call->tx, Py_None, NULL);
+	return RESPOND_PARKED;
+}
+
+/* struct conn_ops's unread: a WebSocket that sent its close frame first
+ * awaits the client's (close_out says why); else the codec's answer. */
+int asgi_ws_unread(HttpConn *c)
+{
+	WsCall *call = (WsCall *)c->call;
+
+	if (call && Py_IS_TYPE(c->call, &WsCallType) && call->state != ST_WAIT &&
+	    call->close_sent && !call->close_rcvd)
+		return 1;
+	return h1_unread(c);
+}
+
+/* struct conn_ops's drop: the connection closed under the call */
+void asgi_ws_drop(HttpConn *c, PyObject *obj)
+{
+	WsCall *call = (WsCall *)obj;
+	PyObject *exc;
+
+	if (!Py_IS_TYPE(obj, &WsCallType)) {
+		asgi_drop(c, obj);
+		return;
+	}
+	ws_finish(call, 1006, "", 0);                 /* unless a close was exchanged */
+	ws_deliver(call);
+	if (call->tx) {
+		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
+		if (exc) {
+			asgi_resolve(&call->tx, NULL, exc);
+			Py_DECREF(exc);
+		}
+		else
+			PyErr_WriteUnraisable(obj);
+	}
+	unlink_call(call);
+	Py_CLEAR(call->conn);
+	Py_DECREF(obj);                            /* the connection's reference */
+}
+
+/* ---- the module's functions -------------------------------------------------------------------- */
+
+static PyObject *py_ws_open(PyObject *mod, PyObject *noarg)
+{
+	(void)mod;
+	(void)noarg;
+	return PyLong_FromLong(ws_open);
+}
+
+/* Every WebSocket of the calling loop thread of server ends with close
+ * 1001 (going away): the drain's deadline (worker/loop.py going_away). */
+static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
+{
+	Server *s = (Server *)server;
+	int pos, n = 0;
+
+	(void)mod;
+	if (!PyObject_TypeCheck(server, &ServerType)) {
+		PyErr_SetString(PyExc_TypeError, "ws_going_away(server)");
+		return NULL;
+	}
+	pos = srv_current(s);
+	if (pos < 0) {
+		PyErr_SetString(PyExc_RuntimeError, "ws_going_away() from a thread that is not a loop "
+		             "thread of this server");
+		return NULL;
+	}
+	for (WsCall *call = all_calls, *next; call; call = next) {
+		HttpConn *c = call->conn;
+
+		next = call->next;
+		if (!c || c->srv != s || c->pos != pos || c->closed || call->finished)
+			continue;
+		Py_INCREF(call);
+		if (call->state == ST_OPEN) {
+			ws_finish(call, 1001, "", 0);
+			if (ws_close_out(call, 1001, "going away", 10) < 0)
+				PyErr_WriteUnraisable((PyObject *)call);
+			n++;
+		}
+		else {
+			ws_finish(call, 1006, "", 0);
+			ws_http_answer(c, 503, "Service Unavailable");
+		}
+		next = call->next;                     /* (unlinked if its close was at once) */
+		Py_DECREF(call);
+	}
+	return PyLong_FromLong(n);
+}
+
+static PyObject *py_ws_settings(PyObject *mod, PyObject *args)
+{
+	unsigned long long size;
+
+	(void)mod;
+	if (!PyArg_ParseTuple(args, "K:ws_settings", &size))
+		return NULL;
+	max_size = size;
+	Py_RETURN_NONE;
+}
+
+PyMethodDef asgi_ws_module_methods[] = {
+	{"ws_open", py_ws_open, METH_NOARGS, "ws_open() -> the WebSockets open in this process"},
+	{"ws_going_away", py_ws_going_away, METH_O,
+	 "ws_going_away(server): close 1001 to each WebSocket of the calling loop thread; how many"},
+	{"ws_settings", py_ws_settings, METH_VARARGS,
+	 "ws_settings(max_size): a message's bound (close 1009 past it; 0 none)"},
+	{NULL},
+};
+
+int asgi_ws_make_keys(void)
+{
+	struct { PyObject **at; const char *s; } keys[] = {
+		{&K_TYPE, "type"}, {&K_TEXT, "text"}, {&K_BYTES, "bytes"}, {&K_CODE, "code"},
+		{&K_REASON, "reason"}, {&V_CONNECT, "websocket.connect"},
+		{&V_RECEIVE, "websocket.receive"}, {&V_DISCONNECT, "websocket.disconnect"},
+		{&V_WEBSOCKET, "websocket"}, {&V_WS, "ws"},
+	};
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
+			return -1;
+	return 0;
+}
+

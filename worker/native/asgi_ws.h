@@ -1,0 +1,86 @@
+/* The ASGI adapter's websocket side (asgi_ws.c draws it): its call
+ * object, shared by its three files:
+ *
+ *   asgi_ws_frames.c  the call's messages (the queue for receive()), its
+ *                     frames out, the client's frames parsed (pump)
+ *   asgi_ws_send.c    send(): accept, send, close, the denial response
+ *   asgi_ws.c         the upgrade served, receive(), the app's end, the
+ *                     connection's side (input, drained output, close),
+ *                     the drain's going away, the module's functions
+ */
+#ifndef SOCKHERD_ASGI_WS_H
+#define SOCKHERD_ASGI_WS_H
+
+#include "asgi.h"
+#include "ws.h"
+
+#define WS_QUEUE_MAX (256u << 10)          /* message bytes parsed, not received yet */
+#define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+/* WAIT: before the app's answer; OPEN: accepted; DENY: the denial
+ * response started; DONE: closed (or refused) */
+enum { ST_WAIT = 0, ST_OPEN, ST_DENY, ST_DONE };
+
+typedef struct WsCall {
+	PyObject_HEAD
+	Server *srv;
+	HttpConn *conn;                    /* NULL once the connection closed */
+	PyObject *scope, *aio, *rx, *tx;
+	PyObject *queue;                   /* messages for receive(), in order */
+	size_t queued;                     /* their payload bytes */
+	char key[24];                      /* Sec-WebSocket-Key, checked */
+	struct ws_parser wp;
+	struct h1_frame f;                 /* the denial response's framing */
+	int state;
+	/* connect_taken: websocket.connect was received; close_sent: our close
+	 * frame is out (nothing but it after); finished: the disconnect is
+	 * queued (the last message); ended: the app returned; open_counted:
+	 * counted in ws_open; head_sent: the denial's head is out; close_rcvd:
+ * the client's close frame came */
+	unsigned connect_taken : 1, close_sent : 1, finished : 1, ended : 1, open_counted : 1,
+	         head_sent : 1, close_rcvd : 1;
+	struct WsCall *prev, *next;        /* every live call (ws_going_away) */
+} WsCall;
+
+
+extern WsCall *all_calls;                  /* GIL-protected, as every call */
+extern long ws_open;                       /* accepted and not closed */
+extern PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE,
+                *V_DISCONNECT, *V_WEBSOCKET, *V_WS;
+
+/* RuntimeError unless the calling thread is the WebSocket's loop thread
+ * (its fd and output are that thread's alone). */
+static inline int ws_owner_thread(WsCall *call, const char *what)
+{
+	HttpConn *c = call->conn;
+
+	if (c && srv_current(c->srv) != c->pos) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI %s from a thread that is not the WebSocket's "
+		             "loop thread (use loop.call_soon_threadsafe)", what);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- asgi_ws_frames.c ---- */
+/* A message dict {type, k1: v1, k2: v2} (k NULL: none). */
+PyObject *ws_message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2);
+/* The first queued message, taken off (a new reference), NULL if none. */
+PyObject *ws_take(WsCall *call);
+/* The first queued message to a waiting receive(). */
+void ws_deliver(WsCall *call);
+/* websocket.disconnect with code queued, once: the WebSocket is closed. */
+void ws_finish(WsCall *call, int code, const char *reason, size_t rlen);
+/* One server frame into c's output (not flushed). */
+int ws_frame_out(HttpConn *c, int op, const char *data, size_t n);
+/* Our close frame (code 0: none), the connection closed once it is out. */
+int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen);
+/* An HTTP answer of ours (status, reason and extra lines in head) and the close. */
+void ws_http_answer(HttpConn *c, int status, const char *head);
+/* The buffered input parsed into messages while there is room. 0 or -1. */
+int ws_pump(WsCall *call);
+
+/* ---- asgi_ws_send.c ---- */
+PyObject *ws_send(WsCall *call, PyObject *msg);
+
+#endif /* SOCKHERD_ASGI_WS_H */

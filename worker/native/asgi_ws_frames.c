@@ -1,0 +1,249 @@
+/* The ASGI websocket call's messages and frames (asgi_ws.h): the queue
+ * receive() takes from, websocket.disconnect as its last message, the
+ * server's frames out (a close, and the connection's end after it), and
+ * the client's frames parsed from the connection's input (pump), pings
+ * and the client's close answered there, protocol errors closed with
+ * their code.
+ *
+ * May call: the frame codec (ws_frame.c), asgi_end.c (a future
+ * resolved), the HTTP/1 codec (h1.h), the connection layer (conn.h).
+ */
+#include <string.h>
+
+#include "asgi_ws.h"
+
+WsCall *all_calls;
+long ws_open;
+PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE, *V_DISCONNECT,
+         *V_WEBSOCKET, *V_WS;
+
+/* ---- messages ---------------------------------------------------------------------------------- */
+
+PyObject *ws_message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2)
+{
+	PyObject *d = PyDict_New();
+
+	if (d && (PyDict_SetItem(d, K_TYPE, type) < 0 || (k1 && PyDict_SetItem(d, k1, v1) < 0) ||
+	          (k2 && PyDict_SetItem(d, k2, v2) < 0)))
+		Py_CLEAR(d);
+	return d;
+}
+
+/* The first queued message, taken off the queue (a new reference), its
+ * bytes off the count: exact once the queue is empty, an estimate before
+ * for text (its code points by their width: the bound, not an account).
+ * The disconnect stays: it is said again to a receive after it. */
+PyObject *ws_take(WsCall *call)
+{
+	PyObject *msg, *t, *b;
+	size_t n;
+
+	if (!PyList_GET_SIZE(call->queue))
+		return NULL;
+	msg = Py_NewRef(PyList_GET_ITEM(call->queue, 0));
+	if (call->finished && PyList_GET_SIZE(call->queue) == 1)
+		return msg;
+	if (PyList_SetSlice(call->queue, 0, 1, NULL) < 0) {
+		Py_DECREF(msg);
+		return NULL;
+	}
+	t = PyDict_GetItem(msg, K_TEXT);
+	b = PyDict_GetItem(msg, K_BYTES);
+	n = t ? (size_t)PyUnicode_GET_LENGTH(t) * PyUnicode_KIND(t) : b ? (size_t)PyBytes_GET_SIZE(b) : 0;
+	call->queued = !PyList_GET_SIZE(call->queue) || n > call->queued ? 0 : call->queued - n;
+	return msg;
+}
+
+/* The first queued message to a waiting receive(). */
+void ws_deliver(WsCall *call)
+{
+	PyObject *msg;
+
+	if (!call->rx || !PyList_GET_SIZE(call->queue))
+		return;
+	if (!(msg = ws_take(call)))
+		PyErr_WriteUnraisable((PyObject *)call);
+	else {
+		asgi_resolve(&call->rx, msg, NULL);
+		Py_DECREF(msg);
+	}
+}
+
+/* The call's last message, websocket.disconnect with code: queued once;
+ * the WebSocket no longer counts as open. */
+void ws_finish(WsCall *call, int code, const char *reason, size_t rlen)
+{
+	PyObject *c, *r, *msg;
+
+	if (call->finished)
+		return;
+	call->finished = 1;
+	call->state = ST_DONE;
+	if (call->open_counted) {
+		call->open_counted = 0;
+		ws_open--;
+	}
+	c = PyLong_FromLong(code);
+	r = PyUnicode_DecodeUTF8(reason, (Py_ssize_t)rlen, "replace");
+	msg = c && r ? ws_message(V_DISCONNECT, K_CODE, c, K_REASON, r) : NULL;
+	if (!msg || PyList_Append(call->queue, msg) < 0)
+		PyErr_WriteUnraisable((PyObject *)call);
+	Py_XDECREF(c);
+	Py_XDECREF(r);
+	Py_XDECREF(msg);
+	ws_deliver(call);
+}
+
+/* ---- output ------------------------------------------------------------------------------------ */
+
+/* One server frame into the output (not flushed). */
+int ws_frame_out(HttpConn *c, int op, const char *data, size_t n)
+{
+	uint8_t head[10];
+	size_t hn = ws_frame_head(head, op, n);
+
+	if (hconn_send(c, (const char *)head, hn, 0) < 0)
+		return -1;
+	return hconn_send(c, data, n, 0);
+}
+
+/* Our close frame (code 0: none), then the connection closes once it is
+ * out. If the close is ours (the client's did not come), the client
+ * still owes its answer: the connection lingers (asgi_ws_unread), our FIN
+ * right behind the frame, its answer read and dropped until its FIN; a
+ * close() at once would meet that answer with a reset, and a reset can
+ * destroy our close frame before the client reads it (found by the
+ * drain's test: clients cut with no close frame). */
+int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen)
+{
+	HttpConn *c = call->conn;
+	char payload[125];
+
+	if (!c || call->close_sent)
+		return 0;
+	call->close_sent = 1;
+	if (rlen > 123)
+		rlen = 123;
+	payload[0] = (char)(code >> 8);
+	payload[1] = (char)code;
+	memcpy(payload + 2, reason, rlen);
+	if (ws_frame_out(c, WS_OP_CLOSE, payload, code ? rlen + 2 : 0) < 0)
+		return -1;
+	Py_INCREF(c);                              /* the close may drop the call's */
+	hconn_close_soft(c);
+	hconn_flush(c);
+	Py_DECREF(c);
+	return 0;
+}
+
+/* An HTTP answer of ours (a refusal before the app, its 403) and the close. */
+void ws_http_answer(HttpConn *c, int status, const char *head)
+{
+	const char *date;
+	size_t dn;
+	char buf[512];
+	int n;
+
+	http_date(&date, &dn);
+	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\n%.*sContent-Length: 0\r\n"
+	             "Connection: close\r\n\r\n", status, head, (int)dn, date);
+	srv_count(c->srv, status);
+	if (hconn_send(c, buf, (size_t)n, 0) < 0)
+		PyErr_Clear();                         /* no memory: the close says enough */
+	hconn_close_soft(c);
+	hconn_flush(c);
+}
+
+/* ---- input: frames ------------------------------------------------------------------------------ */
+
+/* Parses what the connection buffered into messages for receive(), while
+ * fewer than WS_QUEUE_MAX bytes of them wait; answers pings and the
+ * client's close, and a protocol error with its code. 0 or -1 (memory). */
+int ws_pump(WsCall *call)
+{
+	HttpConn *c = call->conn;
+	Parser *p;
+	int rc = 0;
+
+	if (!c || c->closed || call->state != ST_OPEN)
+		return 0;
+	p = c->parser;
+	Py_INCREF(c);
+	while (!call->finished && call->queued < WS_QUEUE_MAX && call->conn) {
+		size_t used;
+		int ev = ws_parse(&call->wp, (const uint8_t *)p->pending + p->start, p->len - p->start,
+		                  &used);
+		struct ws_parser *wp = &call->wp;
+		PyObject *v, *msg;
+
+		p->start += used;
+		if (ev == WS_MORE)
+			break;
+		switch (ev) {
+		case -1:
+			PyErr_NoMemory();
+			rc = -1;
+			goto out;
+		case WS_TEXT:
+		case WS_BINARY:
+			v = ev == WS_TEXT ? PyUnicode_DecodeUTF8(wp->msg ? wp->msg : "", (Py_ssize_t)wp->msg_len, NULL)
+			                  : PyBytes_FromStringAndSize(wp->msg, (Py_ssize_t)wp->msg_len);
+			msg = v ? ws_message(V_RECEIVE, ev == WS_TEXT ? K_TEXT : K_BYTES, v, NULL, NULL) : NULL;
+			Py_XDECREF(v);
+			if (!msg || PyList_Append(call->queue, msg) < 0) {
+				Py_XDECREF(msg);
+				rc = -1;
+				goto out;
+			}
+			Py_DECREF(msg);
+			call->queued += wp->msg_len;
+			break;
+		case WS_PING:
+			if (!call->close_sent && ws_frame_out(c, WS_OP_PONG, (const char *)wp->ctl,
+			                                    wp->ctl_len) < 0) {
+				rc = -1;
+				goto out;
+			}
+			break;
+		case WS_PONG:
+			break;                             /* unsolicited, or ours: nothing to do */
+		case WS_CLOSE: {
+			/* the closing handshake: its code echoed (none if it gave
+			 * none), the app told, the connection closed */
+			int code = wp->close_code;
+			const char *reason = wp->ctl_len > 2 ? (const char *)wp->ctl + 2 : "";
+			size_t rl = wp->ctl_len > 2 ? wp->ctl_len - 2u : 0;
+
+			call->close_rcvd = 1;
+			ws_finish(call, code, reason, rl);
+			if (ws_close_out(call, code == 1005 ? 0 : code, "", 0) < 0)
+				rc = -1;
+			goto out;
+		}
+		default:                               /* WS_FAIL: the client broke the protocol */
+			ws_finish(call, wp->fail_code, "", 0);
+			if (ws_close_out(call, wp->fail_code, wp->fail_reason, strlen(wp->fail_reason)) < 0)
+				rc = -1;
+			goto out;
+		}
+	}
+	if (!call->finished && c->peer_eof && call->queued < WS_QUEUE_MAX)
+		ws_finish(call, 1006, "", 0);             /* its end without a close frame */
+	if (!c->closed) {
+		/* an idle WebSocket holds no input buffer, as an idle kept-alive
+		 * connection (h1_parser.c parser_finish): the next read
+		 * allocates again (memory per idle WebSocket) */
+		if (p->start == p->len && p->pending) {
+			PyMem_Free(p->pending);
+			p->pending = NULL;
+			p->start = p->len = p->cap = 0;
+		}
+		h1_input_room(c);                      /* taken: reading may go on */
+		hconn_flush(c);                        /* the pongs */
+	}
+out:
+	Py_DECREF(c);
+	ws_deliver(call);
+	return rc;
+}
+

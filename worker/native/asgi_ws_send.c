@@ -1,0 +1,378 @@
+/* The ASGI websocket call's send() (asgi_ws.h): websocket.accept (the
+ * 101 with its key, subprotocol and headers), websocket.send (a frame,
+ * waiting past HIGH_WATER), websocket.close (a close frame, a 403 before
+ * accept) and the websocket.http.response denial; each error names the
+ * message.
+ *
+ * May call: asgi_ws_frames.c, asgi_call.c's asgi_ready, the HTTP/1
+ * codec's head and framing (h1_head.c, h1_response.c), the connection
+ * layer (conn.h).
+ */
+#include <string.h>
+
+#include "asgi_ws.h"
+
+static PyObject *sha1, *b64;
+
+/* ---- send --------------------------------------------------------------------------------------- */
+
+/* A header name or value the app gave: bytes, no CR / LF / NUL (and a
+ * name a token's characters). */
+static int header_ok(PyObject *o, int name)
+{
+	const char *s;
+	Py_ssize_t n;
+
+	if (!PyBytes_Check(o))
+		return 0;
+	s = PyBytes_AS_STRING(o);
+	n = PyBytes_GET_SIZE(o);
+	if (name && !n)
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (ch == '\r' || ch == '\n' || ch == 0 || (name && (ch <= ' ' || ch == ':' || ch >= 127)))
+			return 0;
+	}
+	return 1;
+}
+
+static PyObject *accept_key(WsCall *call)
+{
+	char in[24 + sizeof(WS_GUID) - 1];
+	PyObject *h, *d, *r;
+
+	if (!sha1) {
+		PyObject *hl = PyImport_ImportModule("hashlib"), *ba = PyImport_ImportModule("binascii");
+
+		sha1 = hl ? PyObject_GetAttrString(hl, "sha1") : NULL;
+		b64 = ba ? PyObject_GetAttrString(ba, "b2a_base64") : NULL;
+		Py_XDECREF(hl);
+		Py_XDECREF(ba);
+		if (!sha1 || !b64) {
+			Py_CLEAR(sha1);
+			return NULL;
+		}
+	}
+	memcpy(in, call->key, 24);
+	memcpy(in + 24, WS_GUID, sizeof(WS_GUID) - 1);
+	h = PyObject_CallFunction(sha1, "y#", in, (Py_ssize_t)sizeof(in));
+	d = h ? PyObject_CallMethod(h, "digest", NULL) : NULL;
+	r = d ? PyObject_CallFunction(b64, "O", d) : NULL;   /* with a newline: dropped below */
+	Py_XDECREF(h);
+	Py_XDECREF(d);
+	return r;
+}
+
+/* websocket.accept: the 101, with the app's subprotocol and headers. */
+static PyObject *do_accept(WsCall *call, PyObject *msg)
+{
+	HttpConn *c = call->conn;
+	PyObject *sub = PyDict_GetItemString(msg, "subprotocol"), *headers, *seq = NULL, *key;
+	static const char head[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+	                           "Connection: Upgrade\r\nSec-WebSocket-Accept: ";
+	const char *date, *subs = NULL;
+	Py_ssize_t subn = 0;
+	size_t dn;
+
+	if (call->state != ST_WAIT) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.accept after the "
+		             "WebSocket was %s", msg, call->state == ST_OPEN ? "accepted" : "answered");
+		return NULL;
+	}
+	if (sub && sub != Py_None) {
+		if (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
+		    strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn) {
+			if (!PyErr_Occurred())
+				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
+				             "without CR or LF", msg);
+			return NULL;
+		}
+	}
+	headers = PyDict_GetItemString(msg, "headers");
+	if (headers && headers != Py_None) {
+		seq = PySequence_Fast(headers, "websocket.accept's headers must be a sequence of pairs");
+		if (!seq)
+			return NULL;
+		for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+			PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+
+			if (!PySequence_Check(pair) || PySequence_Size(pair) != 2) {
+				PyErr_Clear();
+				goto bad_header;
+			}
+			PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
+			int ok = n && v && header_ok(n, 1) && header_ok(v, 0);
+
+			Py_XDECREF(n);
+			Py_XDECREF(v);
+			if (!ok) {
+				PyErr_Clear();
+				goto bad_header;
+			}
+		}
+	}
+	if (!(key = accept_key(call)))
+		goto fail;
+	http_date(&date, &dn);
+	if (hconn_send(c, head, sizeof(head) - 1, 0) < 0 ||
+	    hconn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
+	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
+	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
+	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0))) {
+		Py_DECREF(key);
+		goto fail;
+	}
+	Py_DECREF(key);
+	for (Py_ssize_t i = 0; seq && i < PySequence_Fast_GET_SIZE(seq); i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
+		int rc = n && v ? 0 : -1;
+
+		if (!rc && (hconn_send(c, PyBytes_AS_STRING(n), (size_t)PyBytes_GET_SIZE(n), 0) < 0 ||
+		            hconn_send(c, ": ", 2, 0) < 0 ||
+		            hconn_send(c, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), 0) < 0 ||
+		            hconn_send(c, "\r\n", 2, 0) < 0))
+			rc = -1;
+		Py_XDECREF(n);
+		Py_XDECREF(v);
+		if (rc < 0)
+			goto fail;
+	}
+	Py_XDECREF(seq);
+	if (hconn_send(c, "\r\n", 2, 1) < 0)
+		return NULL;
+	srv_count(c->srv, 101);
+	call->state = ST_OPEN;
+	call->open_counted = 1;
+	ws_open++;
+	/* frames the client sent right behind its handshake */
+	if (ws_pump(call) < 0)
+		return NULL;
+	return asgi_ready(Py_None);
+bad_header:
+	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.accept's headers must be "
+	             "[name, value] pairs of bytes without CR, LF or NUL", msg);
+fail:
+	Py_XDECREF(seq);
+	return NULL;
+}
+
+/* websocket.send: one text or bytes message, one frame. */
+static PyObject *do_send(WsCall *call, PyObject *msg)
+{
+	HttpConn *c = call->conn;
+	PyObject *text = PyDict_GetItemString(msg, "text"), *data = PyDict_GetItemString(msg, "bytes");
+	Py_buffer view = {0};
+	const char *s;
+	Py_ssize_t n;
+	int rc;
+
+	if (text == Py_None)
+		text = NULL;
+	if (data == Py_None)
+		data = NULL;
+	if (call->state != ST_OPEN || call->close_sent) {
+		if (call->finished && call->state != ST_WAIT) {
+			PyErr_SetString(ClientDisconnected, "the WebSocket is closed");
+			return NULL;
+		}
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.send before "
+		             "websocket.accept", msg);
+		return NULL;
+	}
+	if (!text == !data) {
+		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.send takes one of 'text' "
+		             "(str) and 'bytes'", msg);
+		return NULL;
+	}
+	if (text) {
+		if (!PyUnicode_Check(text)) {
+			PyErr_Format(PyExc_TypeError, "ASGI send(): websocket.send's text must be str, "
+			             "not %.100s", Py_TYPE(text)->tp_name);
+			return NULL;
+		}
+		if (!(s = PyUnicode_AsUTF8AndSize(text, &n)))
+			return NULL;
+		rc = ws_frame_out(c, WS_OP_TEXT, s, (size_t)n);
+	}
+	else {
+		if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+			return NULL;
+		rc = ws_frame_out(c, WS_OP_BINARY, view.buf, (size_t)view.len);
+		PyBuffer_Release(&view);
+	}
+	if (rc < 0)
+		return NULL;
+	hconn_flush(c);
+	if (c->closed || !call->conn) {
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		return NULL;
+	}
+	if (hconn_pending(c) > HIGH_WATER) {
+		/* the app waits until the client takes it below LOW_WATER (resume) */
+		call->tx = PyObject_CallMethod(call->aio, "create_future", NULL);
+		return Py_XNewRef(call->tx);
+	}
+	return asgi_ready(Py_None);
+}
+
+/* websocket.close: a close frame once accepted, a 403 before. */
+static PyObject *do_close(WsCall *call, PyObject *msg)
+{
+	PyObject *code_o = PyDict_GetItemString(msg, "code"), *reason_o = PyDict_GetItemString(msg, "reason");
+	long code = 1000;
+	const char *reason = "";
+	Py_ssize_t rlen = 0;
+
+	if (code_o && code_o != Py_None) {
+		code = PyLong_Check(code_o) ? PyLong_AsLong(code_o) : -1;
+		if (code < 1000 || code > 4999 || code == 1005 || code == 1006 || code == 1015) {
+			PyErr_Clear();
+			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's code must be "
+			             "an int a close frame may carry (1000-4999, not 1005/1006/1015)", msg);
+			return NULL;
+		}
+	}
+	if (reason_o && reason_o != Py_None) {
+		if (!PyUnicode_Check(reason_o) || !(reason = PyUnicode_AsUTF8AndSize(reason_o, &rlen)) ||
+		    rlen > 123) {
+			if (!PyErr_Occurred())
+				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's reason "
+				             "must be a str of at most 123 UTF-8 bytes", msg);
+			return NULL;
+		}
+	}
+	if (call->state == ST_WAIT) {
+		ws_finish(call, 1006, "", 0);
+		ws_http_answer(call->conn, 403, "Forbidden");
+	}
+	else if (call->state == ST_OPEN) {
+		ws_finish(call, (int)code, reason, (size_t)rlen);
+		if (ws_close_out(call, (int)code, reason, (size_t)rlen) < 0)
+			return NULL;
+	}
+	else if (call->state == ST_DENY) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.close during the "
+		             "denial response", msg);
+		return NULL;
+	}
+	return asgi_ready(Py_None);                /* closed already: nothing more to say */
+}
+
+/* websocket.http.response.start / body: the denial response. */
+static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
+{
+	HttpConn *c = call->conn;
+
+	if (!body) {
+		PyObject *status = PyDict_GetItemString(msg, "status"), *prefix;
+		PyObject *headers = PyDict_GetItemString(msg, "headers");
+		long long length;
+		int flags, code;
+
+		if (call->state != ST_WAIT) {
+			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
+			             "after the WebSocket was accepted or answered", msg);
+			return NULL;
+		}
+		if (!status) {
+			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): without a status", msg);
+			return NULL;
+		}
+		if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags,
+		                   &code) < 0)
+			return NULL;
+		call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
+		                            .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
+		                            .app_server = !!(flags & HEAD_APP_SERVER),
+		                            .bodiless = code == 204 || code == 304 || code < 200};
+		call->state = ST_DENY;
+		return asgi_ready(Py_None);
+	}
+	{
+		PyObject *data = PyDict_GetItemString(msg, "body"), *more_o = PyDict_GetItemString(msg, "more_body");
+		Py_buffer view = {0};
+		int more = more_o ? PyObject_IsTrue(more_o) : 0;
+
+		if (call->state != ST_DENY) {
+			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.body "
+			             "without websocket.http.response.start", msg);
+			return NULL;
+		}
+		if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
+			return NULL;
+		if (!call->head_sent) {
+			if (h1_head(c, &call->f, more ? -1 : (long long)view.len) < 0)
+				goto fail;
+			call->head_sent = 1;
+		}
+		if (view.len && h1_send_body(c, &call->f, view.buf, (size_t)view.len, 0, 0) < 0)
+			goto fail;
+		PyBuffer_Release(&view);
+		if (!more) {
+			if (h1_end_body(c, &call->f) < 0)
+				return NULL;
+			srv_count(c->srv, call->f.code);
+			ws_finish(call, 1006, "", 0);
+			hconn_close_soft(c);
+		}
+		hconn_flush(c);
+		return asgi_ready(Py_None);
+fail:
+		PyBuffer_Release(&view);
+		return NULL;
+	}
+}
+
+PyObject *ws_send(WsCall *call, PyObject *msg)
+{
+	PyObject *type, *r;
+	HttpConn *c;
+
+	if (!PyDict_Check(msg)) {
+		PyErr_Format(PyExc_TypeError, "ASGI send() takes a message dict, not %.100s",
+		             Py_TYPE(msg)->tp_name);
+		return NULL;
+	}
+	type = PyDict_GetItemString(msg, "type");
+	if (!type || !PyUnicode_Check(type)) {
+		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
+		return NULL;
+	}
+	if (ws_owner_thread(call, "send()") < 0)
+		return NULL;
+	if (call->tx) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
+		             "WebSocket waits", msg);
+		return NULL;
+	}
+	c = (HttpConn *)Py_XNewRef(call->conn);
+	if (!c || c->closed) {
+		Py_XDECREF(c);
+		if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
+			return asgi_ready(Py_None);        /* gone: closed all the same */
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		return NULL;
+	}
+	if (PyUnicode_CompareWithASCIIString(type, "websocket.send") == 0)
+		r = do_send(call, msg);
+	else if (PyUnicode_CompareWithASCIIString(type, "websocket.accept") == 0)
+		r = do_accept(call, msg);
+	else if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
+		r = do_close(call, msg);
+	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.start") == 0)
+		r = do_deny(call, msg, 0);
+	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.body") == 0)
+		r = do_deny(call, msg, 1);
+	else {
+		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of a websocket scope "
+		             "(websocket.accept, websocket.send, websocket.close, "
+		             "websocket.http.response.start/body)", msg);
+		r = NULL;
+	}
+	Py_DECREF(c);
+	return r;
+}
+

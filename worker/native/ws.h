@@ -1,0 +1,102 @@
+/* The WebSocket codec (RFC 6455) of the native engine, beside the HTTP/1
+ * codec (h1.h), and the ASGI adapter's websocket side on top of it.
+ *
+ *   ws_frame.c  the frame codec: client frames parsed incrementally from
+ *               a buffer (no I/O, no Python), messages reassembled and
+ *               checked (UTF-8 incrementally), server frames serialised
+ *   ws_py.c     its Python face (WsParser, ws_frame) for the tests, the
+ *               fuzz oracle and the micro-benchmark
+ *   asgi_ws.c, asgi_ws_frames.c, asgi_ws_send.c (asgi_ws.h)
+ *               the ASGI websocket scope on an upgraded HTTP/1
+ *               connection: the handshake, receive/send, the close
+ *               handshake, the drain's 1001
+ *
+ * Why a native codec and not a maintained one (wsproto, websockets):
+ * docs/websocket.md, measured by bench/ws_frame_bench.py.
+ */
+#ifndef SOCKHERD_WS_H
+#define SOCKHERD_WS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* opcodes */
+enum { WS_OP_CONT = 0x0, WS_OP_TEXT = 0x1, WS_OP_BINARY = 0x2, WS_OP_CLOSE = 0x8,
+       WS_OP_PING = 0x9, WS_OP_PONG = 0xA };
+
+/* what ws_parse found: nothing whole yet (all input used), a message, a
+ * control frame, or the connection's failure (fail_code, fail_reason:
+ * the close code to send, 1002 / 1007 / 1009) */
+enum ws_event { WS_MORE = 0, WS_TEXT, WS_BINARY, WS_PING, WS_PONG, WS_CLOSE, WS_FAIL };
+
+/* the incremental UTF-8 check: continuation bytes still owed and the
+ * range the next one must be in (RFC 3629's table, overlongs and
+ * surrogates excluded) */
+struct ws_utf8 {
+	uint8_t need, lo, hi;
+};
+
+struct ws_parser {
+	uint64_t max_size;                 /* a message's bound (0: none) -> 1009 */
+	/* the frame header being read: hdr[0 .. hlen) of hneed */
+	uint8_t hdr[14];
+	uint8_t hlen, hneed;
+	/* the frame whose payload is being read (in_payload) */
+	uint8_t in_payload, fin, opcode, mpos;
+	uint8_t mask[4];
+	uint64_t left;                     /* payload bytes still to come */
+	/* the data message being reassembled: msg_op 0 none, else its opcode */
+	uint8_t msg_op;
+	uint8_t delivered;                 /* msg was handed out: the next call starts anew */
+	char *msg;
+	size_t msg_len, msg_cap;
+	struct ws_utf8 utf8;
+	/* a control frame's payload (<= 125 bytes) */
+	uint8_t ctl[125];
+	uint8_t ctl_len;
+	/* WS_CLOSE: the peer's code (1005: none given) and reason (ctl + 2) */
+	int close_code;
+	/* WS_FAIL (sticky): the close code we answer and why */
+	int fail_code;
+	const char *fail_reason;
+};
+
+void ws_init(struct ws_parser *p, uint64_t max_size);
+void ws_free(struct ws_parser *p);
+/* Parses data[0 .. len) up to the first event: *used receives the bytes
+ * consumed. WS_TEXT / WS_BINARY: the message is msg[0 .. msg_len), valid
+ * until the next call (which starts a new one); WS_PING / WS_PONG /
+ * WS_CLOSE: the payload is ctl[0 .. ctl_len); WS_FAIL: nothing more is
+ * parsed (every later call says WS_FAIL again, using nothing). -1: out of
+ * memory (the parser is unchanged past *used). */
+int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used);
+/* Whether reason[0 .. n) is whole, valid UTF-8. */
+int ws_utf8_valid(const uint8_t *s, size_t n);
+/* A close code a peer may send (RFC 6455 7.4, IANA's registry: 1000-1003,
+ * 1007-1014, 3000-4999). */
+int ws_close_code_ok(int code);
+/* A server frame's header (FIN set, unmasked) for a payload of len bytes:
+ * written to out (room for 10), its length returned. */
+size_t ws_frame_head(uint8_t *out, int opcode, uint64_t len);
+
+/* ---- the Python side (ws_py.c, asgi_ws.c): for files that include Python.h ---- */
+#ifdef Py_PYTHON_H
+extern PyTypeObject WsParserType, WsCallType;
+/* the module's functions: ws_frame (ws_py.c), the open WebSockets'
+ * count and their going away (asgi_ws.c) */
+extern PyMethodDef ws_module_methods[], asgi_ws_module_methods[];
+/* module init: the adapter's interned keys */
+int asgi_ws_make_keys(void);
+#endif
+
+/* ---- asgi_ws.c: the ASGI Server's tables (server.c) take these in place
+ * of asgi_app.c's: each hands what is not a WebSocket's to it ---- */
+#ifdef SOCKHERD_H1_H
+int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole);
+int asgi_ws_input(HttpConn *c);
+int asgi_ws_resume(HttpConn *c);
+void asgi_ws_drop(HttpConn *c, PyObject *call);
+int asgi_ws_unread(HttpConn *c);
+#endif
+
+#endif /* SOCKHERD_WS_H */

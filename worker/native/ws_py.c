@@ -1,0 +1,139 @@
+/* The frame codec's Python face (ws_frame.c): WsParser, fed bytes, gives
+ * the events ws_parse finds, and ws_frame() serialises a server frame.
+ * The engine does not use them (asgi_ws.c calls the codec directly): the
+ * tests do, the fuzz oracle compares them with a Python model
+ * (tests/ws/wsmodel.py), and bench/ws_frame_bench.py measures them
+ * against maintained codecs.
+ *
+ * May call: ws_frame.c.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "ws.h"
+
+typedef struct {
+	PyObject_HEAD
+	struct ws_parser p;
+} WsParser;
+
+static int WsParser_init(WsParser *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = {"max_size", NULL};
+	unsigned long long max_size = 16u << 20;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|K:WsParser", names, &max_size))
+		return -1;
+	ws_free(&self->p);
+	ws_init(&self->p, max_size);
+	return 0;
+}
+
+static void WsParser_dealloc(WsParser *self)
+{
+	ws_free(&self->p);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* one event as a tuple: ("text", str), ("binary", bytes), ("ping" |
+ * "pong", bytes), ("close", code, reason), ("fail", code, reason) */
+static PyObject *event(struct ws_parser *p, int ev)
+{
+	switch (ev) {
+	case WS_TEXT:
+		return Py_BuildValue("(sN)", "text",
+		                     PyUnicode_DecodeUTF8(p->msg ? p->msg : "", (Py_ssize_t)p->msg_len, "strict"));
+	case WS_BINARY:
+		return Py_BuildValue("(sy#)", "binary", p->msg ? p->msg : "", (Py_ssize_t)p->msg_len);
+	case WS_PING:
+	case WS_PONG:
+		return Py_BuildValue("(sy#)", ev == WS_PING ? "ping" : "pong", p->ctl,
+		                     (Py_ssize_t)p->ctl_len);
+	case WS_CLOSE:
+		return Py_BuildValue("(sis#)", "close", p->close_code,
+		                     p->ctl_len > 2 ? (const char *)p->ctl + 2 : "",
+		                     (Py_ssize_t)(p->ctl_len > 2 ? p->ctl_len - 2 : 0));
+	default:
+		return Py_BuildValue("(sis)", "fail", p->fail_code, p->fail_reason);
+	}
+}
+
+static PyObject *WsParser_feed(WsParser *self, PyObject *arg)
+{
+	Py_buffer view;
+	PyObject *out;
+	size_t at = 0;
+
+	if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+		return NULL;
+	out = PyList_New(0);
+	while (out) {
+		size_t used;
+		int ev = ws_parse(&self->p, (const uint8_t *)view.buf + at, (size_t)view.len - at,
+		                  &used);
+		PyObject *e;
+
+		at += used;
+		if (ev < 0) {
+			Py_CLEAR(out);
+			PyErr_NoMemory();
+			break;
+		}
+		if (ev == WS_MORE)
+			break;
+		e = event(&self->p, ev);
+		if (!e || PyList_Append(out, e) < 0)
+			Py_CLEAR(out);
+		Py_XDECREF(e);
+		if (ev == WS_FAIL)
+			break;
+	}
+	PyBuffer_Release(&view);
+	return out;
+}
+
+static PyMethodDef WsParser_methods[] = {
+	{"feed", (PyCFunction)WsParser_feed, METH_O,
+	 "feed(bytes) -> [events]: ('text', str), ('binary', bytes), ('ping' | 'pong', bytes),\n"
+	 "('close', code, reason), ('fail', close code, why); nothing after a fail."},
+	{NULL},
+};
+
+PyTypeObject WsParserType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._http.WsParser",
+	.tp_doc = "WsParser(max_size=16 MiB): the native RFC 6455 client-frame parser (ws_frame.c).",
+	.tp_basicsize = sizeof(WsParser),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)WsParser_init,
+	.tp_dealloc = (destructor)WsParser_dealloc,
+	.tp_methods = WsParser_methods,
+};
+
+static PyObject *py_ws_frame(PyObject *mod, PyObject *args)
+{
+	int opcode;
+	Py_buffer view;
+	uint8_t head[10];
+	size_t n;
+	PyObject *r;
+
+	(void)mod;
+	if (!PyArg_ParseTuple(args, "iy*:ws_frame", &opcode, &view))
+		return NULL;
+	n = ws_frame_head(head, opcode, (uint64_t)view.len);
+	r = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n + view.len);
+	if (r) {
+		memcpy(PyBytes_AS_STRING(r), head, n);
+		memcpy(PyBytes_AS_STRING(r) + n, view.buf, (size_t)view.len);
+	}
+	PyBuffer_Release(&view);
+	return r;
+}
+
+PyMethodDef ws_module_methods[] = {
+	{"ws_frame", py_ws_frame, METH_VARARGS,
+	 "ws_frame(opcode, payload) -> bytes: a server frame (FIN set, unmasked)."},
+	{NULL},
+};
