@@ -39,10 +39,15 @@ an error out of the turn itself (ours) ends the loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import heapq
 import inspect
 import logging
 import math
 import selectors
+import time
+from asyncio import events
+from asyncio.base_events import MAXIMUM_SELECT_TIMEOUT as _MAX_SELECT
 
 from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
 
@@ -55,6 +60,7 @@ _READABLE = _IN | _ERR | _HUP | _RDHUP
 _WRITABLE = _OUT | _ERR | _HUP
 
 _MAX_WAIT_MS = 3_600_000          # as worker/loop.py's: poll's timeout is 32-bit
+_monotonic = time.monotonic       # asyncio's clock (BaseEventLoop.time)
 
 
 class PollerSelector(selectors._BaseSelectorImpl):
@@ -149,8 +155,137 @@ class PollerSelector(selectors._BaseSelectorImpl):
         return ready
 
 
+# While callbacks are ready, an iteration polls (turns) only if this many
+# iterations ran since the last turn, or this long: the loop's I/O (new
+# requests, the app's sockets, the mailbox, stop) waits at most that, and
+# a run of short callbacks (sleep(0), call_soon chains, queue hand-offs)
+# does not pay a turn per iteration (measured: a turn costs about as much
+# as the iteration it serves; asyncio and uvloop poll every iteration).
+_TURN_EVERY = 16
+_TURN_AFTER = 0.001                 # seconds
+_PURGE_AT = 100                     # asyncio's: purge cancelled timers past this many
+_PURGE_FRACTION = 0.5               # ... and past this fraction of them cancelled
+
+
+class _Handle(events.Handle):
+    """asyncio's Handle, made without asking its loop per handle whether it
+    debugs (the loop asked once: it makes these only when not debugging)."""
+    __slots__ = ()
+
+    def __init__(self, callback, args, loop, context):
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _TimerHandle(events.TimerHandle):
+    """asyncio's TimerHandle, made as _Handle is."""
+    __slots__ = ()
+
+    def __init__(self, when, callback, args, loop, context):
+        _Handle.__init__(self, callback, args, loop, context)
+        self._when = when
+        self._scheduled = False
+
+
 class ThreadEventLoop(asyncio.SelectorEventLoop):
-    """The asyncio loop of one loop thread (PollerSelector's)."""
+    """The asyncio loop of one loop thread (PollerSelector's).
+
+    Its iteration (_run_once) is asyncio's but for the turn: while
+    callbacks are ready it turns only every _TURN_EVERY iterations or
+    _TURN_AFTER seconds (above). call_soon, call_at and call_later skip
+    the per-call checks that only a debugging loop needs; a loop in debug
+    mode runs asyncio's own code throughout."""
+
+    def __init__(self, selector):
+        super().__init__(selector)
+        self._since_turn = 0                # iterations since the last turn
+        self._turned_at = 0.0               # when it ended (monotonic)
+
+    def call_soon(self, callback, *args, context=None):
+        if self._debug:
+            return super().call_soon(callback, *args, context=context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def call_at(self, when, callback, *args, context=None):
+        if self._debug or when is None:
+            return super().call_at(when, callback, *args, context=context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
+
+    def call_later(self, delay, callback, *args, context=None):
+        if self._debug or delay is None:
+            return super().call_later(delay, callback, *args, context=context)
+        # self.time() is asyncio's time.monotonic(), not overridden here
+        return self.call_at(_monotonic() + delay, callback, *args, context=context)
+
+    def _run_once(self):
+        if self._debug:
+            return super()._run_once()
+        ready = self._ready
+        scheduled = self._scheduled
+        if len(scheduled) > _PURGE_AT and \
+                self._timer_cancelled_count / len(scheduled) > _PURGE_FRACTION:
+            keep = []
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+                else:
+                    keep.append(handle)
+            heapq.heapify(keep)
+            self._scheduled = scheduled = keep
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)._scheduled = False
+        now = _monotonic()
+        if ready or self._stopping:
+            timeout = 0
+        elif scheduled:
+            # a timer due already (within the clock's resolution, as the
+            # due test below counts it) is work ready as a callback is
+            timeout = scheduled[0]._when - now
+            timeout = 0 if timeout <= self._clock_resolution else min(timeout, _MAX_SELECT)
+        else:
+            timeout = None
+        if timeout == 0 and self._since_turn < _TURN_EVERY and \
+                now - self._turned_at < _TURN_AFTER and not self._stopping:
+            self._since_turn += 1
+        else:
+            self._turn(timeout)
+            now = self._turned_at
+        end = now + self._clock_resolution
+        while scheduled:
+            if scheduled[0]._when >= end:
+                break
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        # the callbacks ready now, not those they schedule (asyncio's rule)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if not handle._cancelled:
+                handle._run()
+        handle = None                       # no cycle through a raised exception
+
+    def _turn(self, timeout) -> None:
+        self._process_events(self._selector.select(timeout))
+        self._since_turn = 0
+        self._turned_at = _monotonic()
 
 
 def run(owner, th, me: int, turn, started) -> None:
