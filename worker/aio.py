@@ -39,15 +39,15 @@ an error out of the turn itself (ours) ends the loop thread.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import heapq
 import inspect
 import logging
 import math
 import selectors
 import time
-from asyncio import events
 from asyncio.base_events import MAXIMUM_SELECT_TIMEOUT as _MAX_SELECT
+
+from sockherd.worker._aio import caller as _caller, run_ready as _run_ready
 
 from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
 
@@ -167,69 +167,28 @@ _PURGE_AT = 100                     # asyncio's: purge cancelled timers past thi
 _PURGE_FRACTION = 0.5               # ... and past this fraction of them cancelled
 
 
-class _Handle(events.Handle):
-    """asyncio's Handle, made without asking its loop per handle whether it
-    debugs (the loop asked once: it makes these only when not debugging)."""
-    __slots__ = ()
-
-    def __init__(self, callback, args, loop, context):
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-
-
-class _TimerHandle(events.TimerHandle):
-    """asyncio's TimerHandle, made as _Handle is."""
-    __slots__ = ()
-
-    def __init__(self, when, callback, args, loop, context):
-        _Handle.__init__(self, callback, args, loop, context)
-        self._when = when
-        self._scheduled = False
-
-
 class ThreadEventLoop(asyncio.SelectorEventLoop):
     """The asyncio loop of one loop thread (PollerSelector's).
 
     Its iteration (_run_once) is asyncio's but for the turn: while
     callbacks are ready it turns only every _TURN_EVERY iterations or
-    _TURN_AFTER seconds (above). call_soon, call_at and call_later skip
-    the per-call checks that only a debugging loop needs; a loop in debug
-    mode runs asyncio's own code throughout."""
+    _TURN_AFTER seconds (above). Its handles are C objects that behave as
+    asyncio's (worker/aio_native/handles.c), made by call_soon, call_at
+    and call_later in C without the checks only a debugging loop needs,
+    and the ready pass is one C call; a loop in debug mode runs asyncio's
+    own code throughout."""
 
     def __init__(self, selector):
         super().__init__(selector)
         self._since_turn = 0                # iterations since the last turn
         self._turned_at = 0.0               # when it ended (monotonic)
-
-    def call_soon(self, callback, *args, context=None):
-        if self._debug:
-            return super().call_soon(callback, *args, context=context)
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        handle = _Handle(callback, args, self, context)
-        self._ready.append(handle)
-        return handle
-
-    def call_at(self, when, callback, *args, context=None):
-        if self._debug or when is None:
-            return super().call_at(when, callback, *args, context=context)
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        timer = _TimerHandle(when, callback, args, self, context)
-        heapq.heappush(self._scheduled, timer)
-        timer._scheduled = True
-        return timer
-
-    def call_later(self, delay, callback, *args, context=None):
-        if self._debug or delay is None:
-            return super().call_later(delay, callback, *args, context=context)
-        # self.time() is asyncio's time.monotonic(), not overridden here
-        return self.call_at(_monotonic() + delay, callback, *args, context=context)
+        # in C, found where asyncio's C Task and Future look (an instance
+        # attribute before the class's method); a debugging loop's calls go
+        # to asyncio's methods (worker/aio_native/handles.c)
+        base = asyncio.BaseEventLoop
+        self.call_soon = _caller(self, 0, base.call_soon)
+        self.call_at = _caller(self, 1, base.call_at)
+        self.call_later = _caller(self, 2, base.call_later)
 
     def _run_once(self):
         if self._debug:
@@ -275,12 +234,7 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
             handle._scheduled = False
             ready.append(handle)
         # the callbacks ready now, not those they schedule (asyncio's rule)
-        popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if not handle._cancelled:
-                handle._run()
-        handle = None                       # no cycle through a raised exception
+        _run_ready(ready.popleft, len(ready))
 
     def _turn(self, timeout) -> None:
         self._process_events(self._selector.select(timeout))

@@ -1,0 +1,706 @@
+/* sockherd.worker._aio: the hot part of a loop thread's asyncio loop in C
+ * (worker/aio.py ThreadEventLoop): its callback handles, its call_soon,
+ * and the pass that runs the ready callbacks of one iteration.
+ *
+ * Why: asyncio's Handle, call_soon and the ready pass of _run_once are
+ * Python; an iteration that runs one short callback spends most of its
+ * instructions there (bench/asgi_loop.py, callgrind: 13k instructions per
+ * call_soon chain step, uvloop's 4.8k). uvloop answers with a loop in C;
+ * this keeps asyncio's loop (its selector, its timers heap, its API) and
+ * replaces only what each callback costs.
+ *
+ * Handle and TimerHandle behave as asyncio's (cancel, cancelled,
+ * get_context, when, _run, the attributes asyncio's own code reads:
+ * _cancelled, _callback, _args, _context, _loop, _when, _scheduled,
+ * _source_traceback), without being subclasses of asyncio.Handle (as
+ * uvloop's are not). A callback's exception other than SystemExit and
+ * KeyboardInterrupt goes to loop.call_exception_handler with the message
+ * asyncio writes. A loop in debug mode never makes these (aio.py).
+ *
+ * Threads: each object is its loop's, touched under the GIL only.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+	PyObject_HEAD
+	PyObject *callback;                    /* NULL once cancelled */
+	PyObject *args;                        /* a tuple; NULL once cancelled */
+	PyObject *context;
+	PyObject *loop;
+	PyObject *repr;                        /* asyncio's _repr: always None here */
+	PyObject *weakrefs;
+	char cancelled;
+	char scheduled;                        /* TimerHandle: in its loop's heap */
+	double when;                           /* TimerHandle */
+} Handle;
+
+static PyTypeObject HandleType, TimerHandleType;
+static PyObject *S_call_exception_handler, *S_timer_handle_cancelled, *S_append,
+                *S_cancelled_attr, *S_run_attr;
+
+/* ---- making and freeing -------------------------------------------------------------------------- */
+
+static Handle *handle_make(PyTypeObject *type, PyObject *callback, PyObject *args,
+                           PyObject *loop, PyObject *context)
+{
+	Handle *h;
+
+	if (!PyTuple_Check(args)) {
+		PyErr_SetString(PyExc_TypeError, "Handle: args must be a tuple");
+		return NULL;
+	}
+	h = PyObject_GC_New(Handle, type);
+	if (!h)
+		return NULL;
+	h->context = context == Py_None ? PyContext_CopyCurrent() : Py_NewRef(context);
+	if (!h->context) {
+		h->callback = h->args = h->loop = h->repr = h->weakrefs = NULL;
+		Py_DECREF(h);
+		return NULL;
+	}
+	h->callback = Py_NewRef(callback);
+	h->args = Py_NewRef(args);
+	h->loop = Py_NewRef(loop);
+	h->repr = Py_NewRef(Py_None);
+	h->weakrefs = NULL;
+	h->cancelled = h->scheduled = 0;
+	h->when = 0;
+	PyObject_GC_Track(h);
+	return h;
+}
+
+/* Handle(callback, args, loop, context) as asyncio's (context None: a copy
+ * of the current one) */
+static PyObject *Handle_new(PyTypeObject *type, PyObject *a, PyObject *kw)
+{
+	PyObject *callback, *args, *loop, *context = Py_None;
+
+	if (kw && PyDict_GET_SIZE(kw)) {
+		PyErr_SetString(PyExc_TypeError, "Handle() takes positional arguments only");
+		return NULL;
+	}
+	if (!PyArg_UnpackTuple(a, "Handle", 3, 4, &callback, &args, &loop, &context))
+		return NULL;
+	return (PyObject *)handle_make(type, callback, args, loop, context);
+}
+
+/* TimerHandle(when, callback, args, loop, context) */
+static PyObject *TimerHandle_new(PyTypeObject *type, PyObject *a, PyObject *kw)
+{
+	PyObject *when, *callback, *args, *loop, *context = Py_None;
+	Handle *h;
+	double w;
+
+	if (kw && PyDict_GET_SIZE(kw)) {
+		PyErr_SetString(PyExc_TypeError, "TimerHandle() takes positional arguments only");
+		return NULL;
+	}
+	if (!PyArg_UnpackTuple(a, "TimerHandle", 4, 5, &when, &callback, &args, &loop, &context))
+		return NULL;
+	w = PyFloat_AsDouble(when);
+	if (w == -1.0 && PyErr_Occurred())
+		return NULL;
+	h = handle_make(type, callback, args, loop, context);
+	if (h)
+		h->when = w;
+	return (PyObject *)h;
+}
+
+static int Handle_traverse(Handle *h, visitproc visit, void *arg)
+{
+	Py_VISIT(h->callback);
+	Py_VISIT(h->args);
+	Py_VISIT(h->context);
+	Py_VISIT(h->loop);
+	Py_VISIT(h->repr);
+	return 0;
+}
+
+static int Handle_clear(Handle *h)
+{
+	Py_CLEAR(h->callback);
+	Py_CLEAR(h->args);
+	Py_CLEAR(h->context);
+	Py_CLEAR(h->loop);
+	Py_CLEAR(h->repr);
+	return 0;
+}
+
+static void Handle_dealloc(Handle *h)
+{
+	PyObject_GC_UnTrack(h);
+	if (h->weakrefs)
+		PyObject_ClearWeakRefs((PyObject *)h);
+	Handle_clear(h);
+	Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+/* ---- running ----------------------------------------------------------------------------------------- */
+
+/* The callback's error (pending) to its loop's exception handler, as
+ * asyncio's Handle._run words it; SystemExit and KeyboardInterrupt stay
+ * pending (-1): they end the loop's run, as asyncio's do. */
+static int handle_failed(Handle *h)
+{
+	PyObject *exc, *fmt = NULL, *src = NULL, *msg = NULL, *ctx = NULL, *r = NULL;
+	int rc = -1;
+
+	if (PyErr_ExceptionMatches(PyExc_SystemExit) || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+		return -1;
+	{
+		PyObject *type, *tb;
+
+		PyErr_Fetch(&type, &exc, &tb);
+		PyErr_NormalizeException(&type, &exc, &tb);
+		if (exc && tb)
+			PyException_SetTraceback(exc, tb);
+		Py_XDECREF(type);
+		Py_XDECREF(tb);
+		if (!exc)
+			exc = Py_NewRef(Py_None);
+	}
+	{
+		PyObject *mod = PyImport_ImportModule("asyncio.format_helpers");
+
+		if (mod) {
+			fmt = PyObject_GetAttrString(mod, "_format_callback_source");
+			Py_DECREF(mod);
+		}
+	}
+	if (fmt)
+		src = PyObject_CallFunctionObjArgs(fmt, h->callback ? h->callback : Py_None,
+		                                   h->args ? h->args : Py_None, NULL);
+	if (!src) {
+		PyErr_Clear();
+		src = PyObject_Repr(h->callback ? h->callback : Py_None);
+	}
+	if (src)
+		msg = PyUnicode_FromFormat("Exception in callback %U", src);
+	if (msg)
+		ctx = Py_BuildValue("{sOsOsO}", "message", msg, "exception", exc, "handle", h);
+	if (ctx)
+		r = PyObject_CallMethodOneArg(h->loop, S_call_exception_handler, ctx);
+	if (r)
+		rc = 0;
+	Py_XDECREF(r);
+	Py_XDECREF(ctx);
+	Py_XDECREF(msg);
+	Py_XDECREF(src);
+	Py_XDECREF(fmt);
+	Py_XDECREF(exc);
+	return rc;
+}
+
+/* Runs h's callback in its context; 0, or -1 with an exception pending
+ * (SystemExit, KeyboardInterrupt, or the exception handler's own). */
+static int handle_run(Handle *h)
+{
+	PyObject *r, *ctx = Py_NewRef(h->context);
+	PyObject *cb = Py_XNewRef(h->callback), *args = Py_XNewRef(h->args);
+	int rc = 0;
+
+	if (!cb || !args) {                     /* cancelled by an earlier callback: skipped */
+		Py_XDECREF(cb);
+		Py_XDECREF(args);
+		Py_DECREF(ctx);
+		return 0;
+	}
+	if (PyContext_Enter(ctx) < 0) {
+		rc = handle_failed(h);
+		goto out;
+	}
+	r = PyObject_Call(cb, args, NULL);
+	if (PyContext_Exit(ctx) < 0) {
+		Py_XDECREF(r);
+		r = NULL;
+	}
+	if (r)
+		Py_DECREF(r);
+	else
+		rc = handle_failed(h);
+out:
+	Py_DECREF(cb);
+	Py_DECREF(args);
+	Py_DECREF(ctx);
+	return rc;
+}
+
+static PyObject *Handle_run(Handle *h, PyObject *unused)
+{
+	if (handle_run(h) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *Handle_cancel(Handle *h, PyObject *unused)
+{
+	if (!h->cancelled) {
+		if (Py_IS_TYPE(h, &TimerHandleType) && h->scheduled) {
+			/* the loop counts cancelled timers still in its heap (its purge) */
+			PyObject *r = PyObject_CallMethodOneArg(h->loop, S_timer_handle_cancelled,
+			                                        (PyObject *)h);
+			if (!r)
+				return NULL;
+			Py_DECREF(r);
+		}
+		h->cancelled = 1;
+		Py_CLEAR(h->callback);
+		Py_CLEAR(h->args);
+	}
+	Py_RETURN_NONE;
+}
+
+static PyObject *Handle_cancelled(Handle *h, PyObject *unused)
+{
+	return PyBool_FromLong(h->cancelled);
+}
+
+static PyObject *Handle_get_context(Handle *h, PyObject *unused)
+{
+	return Py_NewRef(h->context);
+}
+
+static PyObject *Handle_when(Handle *h, PyObject *unused)
+{
+	return PyFloat_FromDouble(h->when);
+}
+
+static PyObject *Handle_repr(Handle *h)
+{
+	const char *name = Py_TYPE(h)->tp_name;
+
+	if (h->cancelled)
+		return PyUnicode_FromFormat("<%s cancelled>", name);
+	if (Py_IS_TYPE(h, &TimerHandleType)) {
+		PyObject *w = PyFloat_FromDouble(h->when), *r;
+
+		if (!w)
+			return NULL;
+		r = PyUnicode_FromFormat("<%s when=%R %R>", name, w, h->callback);
+		Py_DECREF(w);
+		return r;
+	}
+	return PyUnicode_FromFormat("<%s %R>", name, h->callback);
+}
+
+/* TimerHandles order by when (the heap), equal as asyncio's are */
+static PyObject *Timer_richcompare(PyObject *a, PyObject *b, int op)
+{
+	Handle *x = (Handle *)a, *y = (Handle *)b;
+
+	if (!PyObject_TypeCheck(a, &TimerHandleType) || !PyObject_TypeCheck(b, &TimerHandleType))
+		Py_RETURN_NOTIMPLEMENTED;
+	switch (op) {
+	case Py_LT: return PyBool_FromLong(x->when < y->when);
+	case Py_LE: return PyBool_FromLong(x->when <= y->when);
+	case Py_GT: return PyBool_FromLong(x->when > y->when);
+	case Py_GE: return PyBool_FromLong(x->when >= y->when);
+	case Py_EQ:
+	case Py_NE: {
+		int eq = a == b || (x->when == y->when && x->callback == y->callback &&
+		                    x->cancelled == y->cancelled && x->args == y->args);
+		return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+	}
+	}
+	Py_RETURN_NOTIMPLEMENTED;
+}
+
+static Py_hash_t Timer_hash(PyObject *a)
+{
+	return _Py_HashDouble(a, ((Handle *)a)->when);
+}
+
+static PyObject *Handle_none(Handle *h, void *unused)
+{
+	Py_RETURN_NONE;
+}
+
+static PyMethodDef Handle_methods[] = {
+	{"cancel", (PyCFunction)Handle_cancel, METH_NOARGS, "Cancels the callback (asyncio's)."},
+	{"cancelled", (PyCFunction)Handle_cancelled, METH_NOARGS, "Whether it was cancelled."},
+	{"get_context", (PyCFunction)Handle_get_context, METH_NOARGS, "The callback's context."},
+	{"_run", (PyCFunction)Handle_run, METH_NOARGS, "Runs the callback (the loop's)."},
+	{NULL},
+};
+
+static PyMethodDef Timer_methods[] = {
+	{"when", (PyCFunction)Handle_when, METH_NOARGS, "When it is due (the loop's clock)."},
+	{NULL},
+};
+
+static PyMemberDef Handle_members[] = {
+	{"_callback", T_OBJECT, offsetof(Handle, callback), READONLY, NULL},
+	{"_args", T_OBJECT, offsetof(Handle, args), READONLY, NULL},
+	{"_context", T_OBJECT, offsetof(Handle, context), READONLY, NULL},
+	{"_loop", T_OBJECT, offsetof(Handle, loop), READONLY, NULL},
+	{"_repr", T_OBJECT, offsetof(Handle, repr), READONLY, NULL},
+	{"_cancelled", T_BOOL, offsetof(Handle, cancelled), READONLY, NULL},
+	{NULL},
+};
+
+static PyMemberDef Timer_members[] = {
+	{"_when", T_DOUBLE, offsetof(Handle, when), READONLY, NULL},
+	{"_scheduled", T_BOOL, offsetof(Handle, scheduled), 0, NULL},
+	{NULL},
+};
+
+static PyGetSetDef Handle_getset[] = {
+	{"_source_traceback", (getter)Handle_none, NULL, "None: made only when not debugging", NULL},
+	{NULL},
+};
+
+static PyTypeObject HandleType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._aio.Handle",
+	.tp_basicsize = sizeof(Handle),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+	.tp_doc = "A callback of a loop thread's asyncio loop (asyncio.Handle's behaviour).",
+	.tp_new = Handle_new,
+	.tp_dealloc = (destructor)Handle_dealloc,
+	.tp_traverse = (traverseproc)Handle_traverse,
+	.tp_clear = (inquiry)Handle_clear,
+	.tp_repr = (reprfunc)Handle_repr,
+	.tp_weaklistoffset = offsetof(Handle, weakrefs),
+	.tp_methods = Handle_methods,
+	.tp_members = Handle_members,
+	.tp_getset = Handle_getset,
+};
+
+static PyTypeObject TimerHandleType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._aio.TimerHandle",
+	.tp_basicsize = sizeof(Handle),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+	.tp_doc = "A timer of a loop thread's asyncio loop (asyncio.TimerHandle's behaviour).",
+	.tp_base = &HandleType,
+	.tp_new = TimerHandle_new,
+	.tp_dealloc = (destructor)Handle_dealloc,
+	.tp_traverse = (traverseproc)Handle_traverse,
+	.tp_clear = (inquiry)Handle_clear,
+	.tp_richcompare = Timer_richcompare,
+	.tp_hash = Timer_hash,
+	.tp_methods = Timer_methods,
+	.tp_members = Timer_members,
+};
+
+/* ---- the loop's side --------------------------------------------------------------------------------- */
+
+/* call_soon(ready, loop, callback, args, context) -> Handle: a new handle
+ * appended to the ready deque (ThreadEventLoop.call_soon, not debugging). */
+static PyObject *call_soon(PyObject *mod, PyObject *const *a, Py_ssize_t n)
+{
+	Handle *h;
+	PyObject *r;
+
+	if (n != 5) {
+		PyErr_SetString(PyExc_TypeError, "call_soon(ready, loop, callback, args, context)");
+		return NULL;
+	}
+	h = handle_make(&HandleType, a[2], a[3], a[1], a[4]);
+	if (!h)
+		return NULL;
+	r = PyObject_CallMethodOneArg(a[0], S_append, (PyObject *)h);
+	if (!r) {
+		Py_DECREF(h);
+		return NULL;
+	}
+	Py_DECREF(r);
+	return (PyObject *)h;
+}
+
+/* run_ready(popleft, n): the ready pass of one iteration: n handles taken
+ * from the ready deque (its popleft) and each run unless cancelled; ours
+ * in C, any other (a reader's asyncio.Handle) through its _run. Stops at
+ * an exception of a callback that ends the loop's run (SystemExit,
+ * KeyboardInterrupt), as asyncio's pass does; the rest stay queued. */
+static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
+{
+	Py_ssize_t todo;
+
+	if (n != 2) {
+		PyErr_SetString(PyExc_TypeError, "run_ready(popleft, n)");
+		return NULL;
+	}
+	todo = PyLong_AsSsize_t(a[1]);
+	if (todo == -1 && PyErr_Occurred())
+		return NULL;
+	for (Py_ssize_t i = 0; i < todo; i++) {
+		PyObject *h = PyObject_CallNoArgs(a[0]);
+		int rc = 0;
+
+		if (!h)
+			return NULL;
+		if (Py_IS_TYPE(h, &HandleType) || Py_IS_TYPE(h, &TimerHandleType)) {
+			if (!((Handle *)h)->cancelled)
+				rc = handle_run((Handle *)h);
+		}
+		else {
+			PyObject *c = PyObject_GetAttr(h, S_cancelled_attr);
+			int cancelled = c ? PyObject_IsTrue(c) : -1;
+
+			Py_XDECREF(c);
+			if (cancelled < 0)
+				rc = -1;
+			else if (!cancelled) {
+				PyObject *r = PyObject_CallMethodNoArgs(h, S_run_attr);
+
+				rc = r ? 0 : -1;
+				Py_XDECREF(r);
+			}
+		}
+		Py_DECREF(h);
+		if (rc < 0)
+			return NULL;
+	}
+	Py_RETURN_NONE;
+}
+
+/* ---- call_soon, call_at, call_later bound to one loop -------------------------------------------- */
+
+/* A loop's call_soon / call_at / call_later as a C callable set on the
+ * loop instance (ThreadEventLoop.__init__): asyncio's C Task and Future
+ * find it where they look (loop.call_soon) and call it with no Python
+ * frame. A debugging loop, or an argument asyncio's own code would refuse
+ * (when or delay None), goes to asyncio's method (`base`), which checks
+ * and says why. */
+enum { CALL_SOON, CALL_AT, CALL_LATER };
+
+typedef struct {
+	PyObject_HEAD
+	PyObject *loop;                        /* owned: a cycle with the loop, the GC's */
+	PyObject *ready;                       /* loop._ready, never replaced by asyncio */
+	PyObject *base;                        /* asyncio's unbound method */
+	int kind;
+	vectorcallfunc vectorcall;
+} Caller;
+
+static PyTypeObject CallerType;
+static PyObject *S_closed, *S_debug, *S_scheduled_list, *S_context, *heappush;
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);   /* time.monotonic's clock */
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static PyObject *caller_base(Caller *c, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+	Py_ssize_t n = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+	PyObject **all = PyMem_Malloc((n + nkw + 1) * sizeof(PyObject *)), *r;
+
+	if (!all)
+		return PyErr_NoMemory();
+	all[0] = c->loop;
+	memcpy(all + 1, args, (n + nkw) * sizeof(PyObject *));
+	r = PyObject_Vectorcall(c->base, all, n + 1, kwnames);
+	PyMem_Free(all);
+	return r;
+}
+
+static int loop_flag(PyObject *loop, PyObject *name)
+{
+	PyObject *v = PyObject_GetAttr(loop, name);
+	int r;
+
+	if (!v)
+		return -1;
+	r = PyObject_IsTrue(v);
+	Py_DECREF(v);
+	return r;
+}
+
+static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+	Py_ssize_t n = PyVectorcall_NARGS(nargsf), first = c->kind == CALL_SOON ? 0 : 1;
+	PyObject *context = Py_None, *cbargs, *list;
+	Handle *h;
+	int flag;
+	double when = 0;
+
+	if (kwnames) {
+		if (PyTuple_GET_SIZE(kwnames) != 1 ||
+		    PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_context) != 0)
+			return caller_base(c, args, nargsf, kwnames);    /* its error */
+		context = args[n];
+	}
+	if (n < first + 1 || (first && args[0] == Py_None))
+		return caller_base(c, args, nargsf, kwnames);
+	if ((flag = loop_flag(c->loop, S_debug)) != 0)
+		return flag < 0 ? NULL : caller_base(c, args, nargsf, kwnames);
+	if ((flag = loop_flag(c->loop, S_closed)) != 0) {
+		if (flag > 0)
+			PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
+		return NULL;
+	}
+	if (first) {
+		when = PyFloat_AsDouble(args[0]);
+		if (when == -1.0 && PyErr_Occurred())
+			return NULL;
+		if (c->kind == CALL_LATER)
+			when += mono();
+	}
+	cbargs = PyTuple_New(n - first - 1);
+	if (!cbargs)
+		return NULL;
+	for (Py_ssize_t i = first + 1; i < n; i++)
+		PyTuple_SET_ITEM(cbargs, i - first - 1, Py_NewRef(args[i]));
+	h = handle_make(first ? &TimerHandleType : &HandleType, args[first], cbargs, c->loop,
+	                context);
+	Py_DECREF(cbargs);
+	if (!h)
+		return NULL;
+	h->when = when;
+	if (!first)
+		list = Py_NewRef(c->ready);
+	else if (!(list = PyObject_GetAttr(c->loop, S_scheduled_list))) {
+		Py_DECREF(h);
+		return NULL;
+	}
+	{
+		PyObject *r = first ? PyObject_CallFunctionObjArgs(heappush, list, h, NULL)
+		                    : PyObject_CallMethodOneArg(list, S_append, (PyObject *)h);
+
+		Py_DECREF(list);
+		if (!r) {
+			Py_DECREF(h);
+			return NULL;
+		}
+		Py_DECREF(r);
+	}
+	h->scheduled = (char)first;
+	return (PyObject *)h;
+}
+
+/* caller(loop, kind, base): 0 call_soon, 1 call_at, 2 call_later */
+static PyObject *caller(PyObject *mod, PyObject *args)
+{
+	PyObject *loop, *base;
+	int kind;
+	Caller *c;
+
+	if (!PyArg_ParseTuple(args, "OiO:caller", &loop, &kind, &base))
+		return NULL;
+	if (kind < CALL_SOON || kind > CALL_LATER) {
+		PyErr_SetString(PyExc_ValueError, "caller: kind 0, 1 or 2");
+		return NULL;
+	}
+	c = PyObject_GC_New(Caller, &CallerType);
+	if (!c)
+		return NULL;
+	c->loop = Py_NewRef(loop);
+	c->base = Py_NewRef(base);
+	c->kind = kind;
+	c->vectorcall = (vectorcallfunc)caller_call;
+	c->ready = PyObject_GetAttrString(loop, "_ready");
+	PyObject_GC_Track(c);
+	if (!c->ready) {
+		Py_DECREF(c);
+		return NULL;
+	}
+	return (PyObject *)c;
+}
+
+static int Caller_traverse(Caller *c, visitproc visit, void *arg)
+{
+	Py_VISIT(c->loop);
+	Py_VISIT(c->ready);
+	Py_VISIT(c->base);
+	return 0;
+}
+
+static int Caller_clear(Caller *c)
+{
+	Py_CLEAR(c->loop);
+	Py_CLEAR(c->ready);
+	Py_CLEAR(c->base);
+	return 0;
+}
+
+static void Caller_dealloc(Caller *c)
+{
+	PyObject_GC_UnTrack(c);
+	Caller_clear(c);
+	Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyObject *Caller_repr(Caller *c)
+{
+	static const char *names[] = {"call_soon", "call_at", "call_later"};
+
+	return PyUnicode_FromFormat("<sockherd %s of %R>", names[c->kind], c->loop);
+}
+
+static PyTypeObject CallerType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._aio.Caller",
+	.tp_basicsize = sizeof(Caller),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+	.tp_doc = "A loop's call_soon, call_at or call_later, in C.",
+	.tp_vectorcall_offset = offsetof(Caller, vectorcall),
+	.tp_call = PyVectorcall_Call,
+	.tp_dealloc = (destructor)Caller_dealloc,
+	.tp_traverse = (traverseproc)Caller_traverse,
+	.tp_clear = (inquiry)Caller_clear,
+	.tp_repr = (reprfunc)Caller_repr,
+};
+
+static PyMethodDef module_methods[] = {
+	{"call_soon", (PyCFunction)(void (*)(void))call_soon, METH_FASTCALL,
+	 "call_soon(ready, loop, callback, args, context) -> Handle, appended to ready"},
+	{"caller", (PyCFunction)caller, METH_VARARGS,
+	 "caller(loop, kind, base): loop's call_soon (0), call_at (1) or call_later (2) in C"},
+	{"run_ready", (PyCFunction)(void (*)(void))run_ready, METH_FASTCALL,
+	 "run_ready(popleft, n): runs n ready handles"},
+	{NULL},
+};
+
+static struct PyModuleDef module = {
+	PyModuleDef_HEAD_INIT, "sockherd.worker._aio",
+	"A loop thread's asyncio handles and ready pass, in C (worker/aio.py).", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__aio(void)
+{
+	PyObject *m;
+
+	if (PyType_Ready(&HandleType) < 0 || PyType_Ready(&TimerHandleType) < 0 ||
+	    PyType_Ready(&CallerType) < 0)
+		return NULL;
+	{
+		PyObject *hq = PyImport_ImportModule("heapq");
+
+		heappush = hq ? PyObject_GetAttrString(hq, "heappush") : NULL;
+		Py_XDECREF(hq);
+		if (!heappush)
+			return NULL;
+	}
+	S_closed = PyUnicode_InternFromString("_closed");
+	S_debug = PyUnicode_InternFromString("_debug");
+	S_scheduled_list = PyUnicode_InternFromString("_scheduled");
+	S_context = PyUnicode_InternFromString("context");
+	if (!S_closed || !S_debug || !S_scheduled_list || !S_context)
+		return NULL;
+	S_call_exception_handler = PyUnicode_InternFromString("call_exception_handler");
+	S_timer_handle_cancelled = PyUnicode_InternFromString("_timer_handle_cancelled");
+	S_append = PyUnicode_InternFromString("append");
+	S_cancelled_attr = PyUnicode_InternFromString("_cancelled");
+	S_run_attr = PyUnicode_InternFromString("_run");
+	if (!S_call_exception_handler || !S_timer_handle_cancelled || !S_append ||
+	    !S_cancelled_attr || !S_run_attr)
+		return NULL;
+	m = PyModule_Create(&module);
+	if (!m)
+		return NULL;
+	if (PyModule_AddObjectRef(m, "Handle", (PyObject *)&HandleType) < 0 ||
+	    PyModule_AddObjectRef(m, "TimerHandle", (PyObject *)&TimerHandleType) < 0) {
+		Py_DECREF(m);
+		return NULL;
+	}
+	return m;
+}
