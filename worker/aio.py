@@ -39,15 +39,12 @@ an error out of the turn itself (ours) ends the loop thread.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import inspect
 import logging
 import math
 import selectors
-import time
-from asyncio.base_events import MAXIMUM_SELECT_TIMEOUT as _MAX_SELECT
 
-from sockherd.worker._aio import caller as _caller, run_ready as _run_ready
+from sockherd.worker._aio import caller as _caller, runner as _runner
 
 from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
 
@@ -60,7 +57,6 @@ _READABLE = _IN | _ERR | _HUP | _RDHUP
 _WRITABLE = _OUT | _ERR | _HUP
 
 _MAX_WAIT_MS = 3_600_000          # as worker/loop.py's: poll's timeout is 32-bit
-_monotonic = time.monotonic       # asyncio's clock (BaseEventLoop.time)
 
 
 class PollerSelector(selectors._BaseSelectorImpl):
@@ -163,83 +159,46 @@ class PollerSelector(selectors._BaseSelectorImpl):
 # as the iteration it serves; asyncio and uvloop poll every iteration).
 _TURN_EVERY = 16
 _TURN_AFTER = 0.001                 # seconds
-_PURGE_AT = 100                     # asyncio's: purge cancelled timers past this many
-_PURGE_FRACTION = 0.5               # ... and past this fraction of them cancelled
 
 
 class ThreadEventLoop(asyncio.SelectorEventLoop):
     """The asyncio loop of one loop thread (PollerSelector's).
 
-    Its iteration (_run_once) is asyncio's but for the turn: while
-    callbacks are ready it turns only every _TURN_EVERY iterations or
-    _TURN_AFTER seconds (above). Its handles are C objects that behave as
-    asyncio's (worker/aio_native/handles.c), made by call_soon, call_at
-    and call_later in C without the checks only a debugging loop needs,
-    and the ready pass is one C call; a loop in debug mode runs asyncio's
-    own code throughout."""
+    Its iteration (_run_once) is asyncio's, in C, but for the turn (the
+    select: _turn): while callbacks or due timers are ready it turns only
+    every _TURN_EVERY iterations or _TURN_AFTER seconds (above). Its
+    handles are C objects that behave as asyncio's, made by call_soon,
+    call_at and call_later in C without the checks only a debugging loop
+    needs (worker/aio_native/handles.c). A loop in debug mode runs
+    asyncio's own code throughout."""
 
-    def __init__(self, selector):
-        super().__init__(selector)
-        self._since_turn = 0                # iterations since the last turn
-        self._turned_at = 0.0               # when it ended (monotonic)
-        # in C, found where asyncio's C Task and Future look (an instance
-        # attribute before the class's method); a debugging loop's calls go
-        # to asyncio's methods (worker/aio_native/handles.c)
+    def _fast(self) -> None:
+        """Our C call_soon, call_at, call_later and _run_once while the loop
+        is open and not debugging (found where asyncio's C Task and Future
+        and run_forever look: an instance attribute before the class's
+        method), asyncio's own otherwise: they check what ours do not."""
+        names = ("call_soon", "call_at", "call_later", "_run_once")
+        if self._debug or self._closed:
+            for name in names:
+                self.__dict__.pop(name, None)
+            return
         base = asyncio.BaseEventLoop
         self.call_soon = _caller(self, 0, base.call_soon)
         self.call_at = _caller(self, 1, base.call_at)
         self.call_later = _caller(self, 2, base.call_later)
+        self._run_once = _runner(self, self._turn, base._run_once, _TURN_EVERY, _TURN_AFTER)
 
-    def _run_once(self):
-        if self._debug:
-            return super()._run_once()
-        ready = self._ready
-        scheduled = self._scheduled
-        if len(scheduled) > _PURGE_AT and \
-                self._timer_cancelled_count / len(scheduled) > _PURGE_FRACTION:
-            keep = []
-            for handle in scheduled:
-                if handle._cancelled:
-                    handle._scheduled = False
-                else:
-                    keep.append(handle)
-            heapq.heapify(keep)
-            self._scheduled = scheduled = keep
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0]._cancelled:
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False
-        now = _monotonic()
-        if ready or self._stopping:
-            timeout = 0
-        elif scheduled:
-            # a timer due already (within the clock's resolution, as the
-            # due test below counts it) is work ready as a callback is
-            timeout = scheduled[0]._when - now
-            timeout = 0 if timeout <= self._clock_resolution else min(timeout, _MAX_SELECT)
-        else:
-            timeout = None
-        if timeout == 0 and self._since_turn < _TURN_EVERY and \
-                now - self._turned_at < _TURN_AFTER and not self._stopping:
-            self._since_turn += 1
-        else:
-            self._turn(timeout)
-            now = self._turned_at
-        end = now + self._clock_resolution
-        while scheduled:
-            if scheduled[0]._when >= end:
-                break
-            handle = heapq.heappop(scheduled)
-            handle._scheduled = False
-            ready.append(handle)
-        # the callbacks ready now, not those they schedule (asyncio's rule)
-        _run_ready(ready.popleft, len(ready))
+    def set_debug(self, enabled: bool) -> None:
+        super().set_debug(enabled)          # asyncio's __init__ calls it too
+        self._fast()
+
+    def close(self) -> None:
+        super().close()
+        self._fast()
 
     def _turn(self, timeout) -> None:
+        """The select of an iteration that turns, and its events."""
         self._process_events(self._selector.select(timeout))
-        self._since_turn = 0
-        self._turned_at = _monotonic()
 
 
 def run(owner, th, me: int, turn, started) -> None:

@@ -462,11 +462,12 @@ static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
 /* ---- call_soon, call_at, call_later bound to one loop -------------------------------------------- */
 
 /* A loop's call_soon / call_at / call_later as a C callable set on the
- * loop instance (ThreadEventLoop.__init__): asyncio's C Task and Future
- * find it where they look (loop.call_soon) and call it with no Python
- * frame. A debugging loop, or an argument asyncio's own code would refuse
- * (when or delay None), goes to asyncio's method (`base`), which checks
- * and says why. */
+ * loop instance (ThreadEventLoop._fast): asyncio's C Task and Future find
+ * it where they look (loop.call_soon) and call it with no Python frame.
+ * Only while the loop is open and not debugging (_fast takes it away
+ * then: asyncio's methods check and say why); an argument asyncio's own
+ * code would refuse (when or delay None, another keyword) goes to
+ * asyncio's method (`base`), which says why. */
 enum { CALL_SOON, CALL_AT, CALL_LATER };
 
 typedef struct {
@@ -479,7 +480,7 @@ typedef struct {
 } Caller;
 
 static PyTypeObject CallerType;
-static PyObject *S_closed, *S_debug, *S_scheduled_list, *S_context, *heappush;
+static PyObject *S_scheduled_list, *S_context, *heappush;
 
 static double mono(void)
 {
@@ -520,7 +521,6 @@ static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, Py
 	Py_ssize_t n = PyVectorcall_NARGS(nargsf), first = c->kind == CALL_SOON ? 0 : 1;
 	PyObject *context = Py_None, *cbargs, *list;
 	Handle *h;
-	int flag;
 	double when = 0;
 
 	if (kwnames) {
@@ -531,13 +531,6 @@ static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, Py
 	}
 	if (n < first + 1 || (first && args[0] == Py_None))
 		return caller_base(c, args, nargsf, kwnames);
-	if ((flag = loop_flag(c->loop, S_debug)) != 0)
-		return flag < 0 ? NULL : caller_base(c, args, nargsf, kwnames);
-	if ((flag = loop_flag(c->loop, S_closed)) != 0) {
-		if (flag > 0)
-			PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
-		return NULL;
-	}
 	if (first) {
 		when = PyFloat_AsDouble(args[0]);
 		if (when == -1.0 && PyErr_Occurred())
@@ -650,11 +643,279 @@ static PyTypeObject CallerType = {
 	.tp_repr = (reprfunc)Caller_repr,
 };
 
+/* ---- one iteration ------------------------------------------------------------------------------------ */
+
+/* A loop's _run_once in C, set on the loop instance (run_forever calls
+ * self._run_once()): asyncio's iteration (cancelled timers dropped from
+ * the heap's head, the wait computed, the select, the due timers made
+ * ready, the ready pass) but that while callbacks or due timers are ready
+ * it turns (calls `turn(timeout)`: the select and its events, Python's)
+ * only every `every` iterations or `after` seconds (aio.py says why). A
+ * debugging loop runs asyncio's own iteration (ThreadEventLoop._fast
+ * takes this one away); so does, once, a heap worth purging (`base`;
+ * asyncio's rule: past 100 timers, half of them cancelled). */
+typedef struct {
+	PyObject_HEAD
+	PyObject *loop, *ready, *popleft, *turn, *base;
+	int every, since;
+	double after, turned_at, resolution;
+	vectorcallfunc vectorcall;
+} Runner;
+
+static PyTypeObject RunnerType;
+static PyObject *S_stopping, *S_cancelled_count, *S_when_attr, *S_scheduled_attr, *heappop;
+
+#define MAX_SELECT 86400.0                 /* asyncio's MAXIMUM_SELECT_TIMEOUT */
+
+static int timer_cancelled(PyObject *t)
+{
+	if (PyObject_TypeCheck(t, &HandleType))
+		return ((Handle *)t)->cancelled;
+	return loop_flag(t, S_cancelled_attr);
+}
+
+static int timer_when(PyObject *t, double *when)
+{
+	PyObject *w;
+
+	if (PyObject_TypeCheck(t, &HandleType)) {
+		*when = ((Handle *)t)->when;
+		return 0;
+	}
+	if (!(w = PyObject_GetAttr(t, S_when_attr)))
+		return -1;
+	*when = PyFloat_AsDouble(w);
+	Py_DECREF(w);
+	return *when == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int timer_unscheduled(PyObject *t)
+{
+	if (PyObject_TypeCheck(t, &HandleType)) {
+		((Handle *)t)->scheduled = 0;
+		return 0;
+	}
+	return PyObject_SetAttr(t, S_scheduled_attr, Py_False);
+}
+
+static PyObject *pop_timer(PyObject *heap)
+{
+	return PyObject_CallOneArg(heappop, heap);
+}
+
+static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+	PyObject *loop = r->loop, *heap = NULL, *t;
+	Py_ssize_t nready;
+	int flag, stopping, turn = 1;
+	double now, timeout = -1;                  /* -1: no bound (None) */
+
+	if (PyVectorcall_NARGS(nargsf) || kwnames) {
+		PyErr_SetString(PyExc_TypeError, "_run_once() takes no arguments");
+		return NULL;
+	}
+	if (!(heap = PyObject_GetAttr(loop, S_scheduled_list)))
+		return NULL;
+	if (!PyList_Check(heap)) {
+		PyErr_SetString(PyExc_TypeError, "loop._scheduled is not a list");
+		goto fail;
+	}
+	if (PyList_GET_SIZE(heap) > 100) {
+		PyObject *c = PyObject_GetAttr(loop, S_cancelled_count);
+		long n = c ? PyLong_AsLong(c) : -1;
+
+		Py_XDECREF(c);
+		if (n == -1 && PyErr_Occurred())
+			goto fail;
+		if ((double)n / PyList_GET_SIZE(heap) > 0.5) {
+			Py_DECREF(heap);
+			return PyObject_CallOneArg(r->base, loop);    /* asyncio's purge, this once */
+		}
+	}
+	while (PyList_GET_SIZE(heap) && (flag = timer_cancelled(PyList_GET_ITEM(heap, 0))) != 0) {
+		PyObject *c, *c1;
+
+		if (flag < 0)
+			goto fail;
+		if (!(c = PyObject_GetAttr(loop, S_cancelled_count)))
+			goto fail;
+		{
+			long v = PyLong_AsLong(c);
+
+			c1 = v == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(v - 1);
+		}
+		Py_DECREF(c);
+		if (!c1 || PyObject_SetAttr(loop, S_cancelled_count, c1) < 0) {
+			Py_XDECREF(c1);
+			goto fail;
+		}
+		Py_DECREF(c1);
+		if (!(t = pop_timer(heap)))
+			goto fail;
+		flag = timer_unscheduled(t);
+		Py_DECREF(t);
+		if (flag < 0)
+			goto fail;
+	}
+	if ((stopping = loop_flag(loop, S_stopping)) < 0 || (nready = PyObject_Length(r->ready)) < 0)
+		goto fail;
+	now = mono();
+	if (nready || stopping)
+		timeout = 0;
+	else if (PyList_GET_SIZE(heap)) {
+		double when;
+
+		if (timer_when(PyList_GET_ITEM(heap, 0), &when) < 0)
+			goto fail;
+		/* a timer due already (within the clock's resolution, as the
+		 * due test below counts it) is work ready as a callback is */
+		timeout = when - now;
+		timeout = timeout <= r->resolution ? 0 : timeout > MAX_SELECT ? MAX_SELECT : timeout;
+	}
+	if (timeout == 0 && !stopping && r->since < r->every && now - r->turned_at < r->after) {
+		r->since++;
+		turn = 0;
+	}
+	if (turn) {
+		PyObject *arg = timeout < 0 ? Py_NewRef(Py_None) : PyFloat_FromDouble(timeout), *res;
+
+		if (!arg)
+			goto fail;
+		res = PyObject_CallOneArg(r->turn, arg);
+		Py_DECREF(arg);
+		if (!res)
+			goto fail;
+		Py_DECREF(res);
+		r->since = 0;
+		r->turned_at = now = mono();
+		/* the turn may have replaced the heap (never asyncio's select; the
+		 * app's callbacks do not run in it): read it again all the same */
+		Py_DECREF(heap);
+		if (!(heap = PyObject_GetAttr(loop, S_scheduled_list)))
+			return NULL;
+		if (!PyList_Check(heap)) {
+			PyErr_SetString(PyExc_TypeError, "loop._scheduled is not a list");
+			goto fail;
+		}
+	}
+	{
+		double end = now + r->resolution, when;
+
+		while (PyList_GET_SIZE(heap)) {
+			PyObject *res;
+
+			if (timer_when(PyList_GET_ITEM(heap, 0), &when) < 0)
+				goto fail;
+			if (when >= end)
+				break;
+			if (!(t = pop_timer(heap)))
+				goto fail;
+			if (timer_unscheduled(t) < 0 ||
+			    !(res = PyObject_CallMethodOneArg(r->ready, S_append, t))) {
+				Py_DECREF(t);
+				goto fail;
+			}
+			Py_DECREF(res);
+			Py_DECREF(t);
+		}
+	}
+	Py_CLEAR(heap);
+	/* the callbacks ready now, not those they schedule (asyncio's rule) */
+	if ((nready = PyObject_Length(r->ready)) < 0)
+		return NULL;
+	{
+		PyObject *n = PyLong_FromSsize_t(nready), *a[2] = {r->popleft, n};
+		PyObject *res = n ? run_ready(NULL, a, 2) : NULL;
+
+		Py_XDECREF(n);
+		return res;
+	}
+fail:
+	Py_XDECREF(heap);
+	return NULL;
+}
+
+/* runner(loop, turn, base, every, after) */
+static PyObject *runner(PyObject *mod, PyObject *args)
+{
+	PyObject *loop, *turn, *base, *res;
+	int every;
+	double after;
+	Runner *r;
+
+	if (!PyArg_ParseTuple(args, "OOOid:runner", &loop, &turn, &base, &every, &after))
+		return NULL;
+	r = PyObject_GC_New(Runner, &RunnerType);
+	if (!r)
+		return NULL;
+	r->loop = Py_NewRef(loop);
+	r->turn = Py_NewRef(turn);
+	r->base = Py_NewRef(base);
+	r->every = every;
+	r->since = 0;
+	r->after = after;
+	r->turned_at = 0;
+	r->vectorcall = (vectorcallfunc)runner_once;
+	r->ready = PyObject_GetAttrString(loop, "_ready");
+	r->popleft = r->ready ? PyObject_GetAttrString(r->ready, "popleft") : NULL;
+	res = PyObject_GetAttrString(loop, "_clock_resolution");
+	r->resolution = res ? PyFloat_AsDouble(res) : -1;
+	Py_XDECREF(res);
+	PyObject_GC_Track(r);
+	if (!r->popleft || PyErr_Occurred()) {
+		Py_DECREF(r);
+		return NULL;
+	}
+	return (PyObject *)r;
+}
+
+static int Runner_traverse(Runner *r, visitproc visit, void *arg)
+{
+	Py_VISIT(r->loop);
+	Py_VISIT(r->ready);
+	Py_VISIT(r->popleft);
+	Py_VISIT(r->turn);
+	Py_VISIT(r->base);
+	return 0;
+}
+
+static int Runner_clear(Runner *r)
+{
+	Py_CLEAR(r->loop);
+	Py_CLEAR(r->ready);
+	Py_CLEAR(r->popleft);
+	Py_CLEAR(r->turn);
+	Py_CLEAR(r->base);
+	return 0;
+}
+
+static void Runner_dealloc(Runner *r)
+{
+	PyObject_GC_UnTrack(r);
+	Runner_clear(r);
+	Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyTypeObject RunnerType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "sockherd.worker._aio.Runner",
+	.tp_basicsize = sizeof(Runner),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+	.tp_doc = "A loop's _run_once, in C.",
+	.tp_vectorcall_offset = offsetof(Runner, vectorcall),
+	.tp_call = PyVectorcall_Call,
+	.tp_dealloc = (destructor)Runner_dealloc,
+	.tp_traverse = (traverseproc)Runner_traverse,
+	.tp_clear = (inquiry)Runner_clear,
+};
+
 static PyMethodDef module_methods[] = {
 	{"call_soon", (PyCFunction)(void (*)(void))call_soon, METH_FASTCALL,
 	 "call_soon(ready, loop, callback, args, context) -> Handle, appended to ready"},
 	{"caller", (PyCFunction)caller, METH_VARARGS,
 	 "caller(loop, kind, base): loop's call_soon (0), call_at (1) or call_later (2) in C"},
+	{"runner", (PyCFunction)runner, METH_VARARGS,
+	 "runner(loop, turn, base, every, after): loop's _run_once in C"},
 	{"run_ready", (PyCFunction)(void (*)(void))run_ready, METH_FASTCALL,
 	 "run_ready(popleft, n): runs n ready handles"},
 	{NULL},
@@ -670,21 +931,25 @@ PyMODINIT_FUNC PyInit__aio(void)
 	PyObject *m;
 
 	if (PyType_Ready(&HandleType) < 0 || PyType_Ready(&TimerHandleType) < 0 ||
-	    PyType_Ready(&CallerType) < 0)
+	    PyType_Ready(&CallerType) < 0 || PyType_Ready(&RunnerType) < 0)
 		return NULL;
 	{
 		PyObject *hq = PyImport_ImportModule("heapq");
 
 		heappush = hq ? PyObject_GetAttrString(hq, "heappush") : NULL;
+		heappop = hq ? PyObject_GetAttrString(hq, "heappop") : NULL;
 		Py_XDECREF(hq);
-		if (!heappush)
+		if (!heappush || !heappop)
 			return NULL;
 	}
-	S_closed = PyUnicode_InternFromString("_closed");
-	S_debug = PyUnicode_InternFromString("_debug");
 	S_scheduled_list = PyUnicode_InternFromString("_scheduled");
 	S_context = PyUnicode_InternFromString("context");
-	if (!S_closed || !S_debug || !S_scheduled_list || !S_context)
+	S_stopping = PyUnicode_InternFromString("_stopping");
+	S_cancelled_count = PyUnicode_InternFromString("_timer_cancelled_count");
+	S_when_attr = PyUnicode_InternFromString("_when");
+	S_scheduled_attr = PyUnicode_InternFromString("_scheduled");
+	if (!S_scheduled_list || !S_context || !S_stopping ||
+	    !S_cancelled_count || !S_when_attr || !S_scheduled_attr)
 		return NULL;
 	S_call_exception_handler = PyUnicode_InternFromString("call_exception_handler");
 	S_timer_handle_cancelled = PyUnicode_InternFromString("_timer_handle_cancelled");
