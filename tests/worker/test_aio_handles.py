@@ -79,19 +79,25 @@ def test_debug_mode_runs_asyncios_own_methods_and_back(serve_asgi):
     async def work(scope):
         loop = asyncio.get_running_loop()
         kinds = [type(loop.call_soon(lambda: None)).__module__]
+        fired = []
+        loop.call_later(0.003, fired.append, "ours")     # in the heap across the switch
         loop.set_debug(True)
         try:
             kinds.append(type(loop.call_soon(lambda: None)).__module__)
+            # asyncio's TimerHandle pushed into a heap holding ours: they
+            # compare both ways (found in review: a TypeError before)
+            loop.call_later(0.002, fired.append, "asyncio's")
             await asyncio.sleep(0.001)              # iterations of asyncio's _run_once
             assert "_run_once" not in vars(loop)
         finally:
             loop.set_debug(False)
         kinds.append(type(loop.call_soon(lambda: None)).__module__)
-        await asyncio.sleep(0.001)
-        return " ".join(kinds)
+        await asyncio.sleep(0.01)
+        return " ".join(kinds) + " " + ",".join(fired)
 
     _, addr = serve_asgi(answer(work))
-    assert get(addr) == b"sockherd.worker._aio asyncio.events sockherd.worker._aio"
+    assert get(addr) == \
+        b"sockherd.worker._aio asyncio.events sockherd.worker._aio asyncio's,ours"
 
 
 def test_a_closed_loop_refuses_as_asyncios_does(serve_asgi):

@@ -287,22 +287,57 @@ static PyObject *Handle_repr(Handle *h)
 	return PyUnicode_FromFormat("<%s %R>", name, h->callback);
 }
 
-/* TimerHandles order by when (the heap), equal as asyncio's are */
+/* when of a timer in a loop's heap: ours, or asyncio's (a loop that was
+ * debugging for a while holds both); 1 if `t` is neither, -1 on error */
+static int any_when(PyObject *t, double *when)
+{
+	PyObject *w;
+
+	if (PyObject_TypeCheck(t, &TimerHandleType)) {
+		*when = ((Handle *)t)->when;
+		return 0;
+	}
+	if (!(w = PyObject_GetAttrString(t, "_when"))) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 1;
+	}
+	*when = PyFloat_AsDouble(w);
+	Py_DECREF(w);
+	if (*when == -1.0 && PyErr_Occurred()) {
+		PyErr_Clear();
+		return 1;
+	}
+	return 0;
+}
+
+/* TimerHandles order by when (the heap), also against asyncio's own
+ * TimerHandle (which answers NotImplemented to ours: Python then asks us
+ * the reflected question); equal as asyncio's are */
 static PyObject *Timer_richcompare(PyObject *a, PyObject *b, int op)
 {
-	Handle *x = (Handle *)a, *y = (Handle *)b;
+	double wa, wb;
+	int ra, rb;
 
-	if (!PyObject_TypeCheck(a, &TimerHandleType) || !PyObject_TypeCheck(b, &TimerHandleType))
+	if ((ra = any_when(a, &wa)) < 0 || (rb = any_when(b, &wb)) < 0)
+		return NULL;
+	if (ra || rb)
 		Py_RETURN_NOTIMPLEMENTED;
 	switch (op) {
-	case Py_LT: return PyBool_FromLong(x->when < y->when);
-	case Py_LE: return PyBool_FromLong(x->when <= y->when);
-	case Py_GT: return PyBool_FromLong(x->when > y->when);
-	case Py_GE: return PyBool_FromLong(x->when >= y->when);
+	case Py_LT: return PyBool_FromLong(wa < wb);
+	case Py_LE: return PyBool_FromLong(wa <= wb);
+	case Py_GT: return PyBool_FromLong(wa > wb);
+	case Py_GE: return PyBool_FromLong(wa >= wb);
 	case Py_EQ:
 	case Py_NE: {
-		int eq = a == b || (x->when == y->when && x->callback == y->callback &&
-		                    x->cancelled == y->cancelled && x->args == y->args);
+		Handle *x = (Handle *)a, *y = (Handle *)b;
+		int eq = a == b;
+
+		if (!eq && PyObject_TypeCheck(a, &TimerHandleType) &&
+		    PyObject_TypeCheck(b, &TimerHandleType))
+			eq = x->when == y->when && x->callback == y->callback &&
+			     x->cancelled == y->cancelled && x->args == y->args;
 		return PyBool_FromLong(op == Py_EQ ? eq : !eq);
 	}
 	}
