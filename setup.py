@@ -31,6 +31,11 @@ setup(
         # taking their place); PyInit__http is exported by PyMODINIT_FUNC
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-fvisibility=hidden"],
     ), Extension(
+        # a loop thread's asyncio handles and ready pass (worker/aio.py)
+        "sockherd.worker._aio",
+        sources=["worker/aio_native/handles.c"],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+    ), Extension(
         # the ipc layer's nesting bound, walked in C (ipc/nesting.py)
         "sockherd.ipc._depth",
         sources=["ipc/native/depth.c"],

@@ -67,9 +67,9 @@ APPS = {
 LOADS = ("ka-c50", "ka-c200", "close-c50")          # H.LOADS' names
 
 
-def spec_for(server: str, app: str, checkout: str, tmp: str):
+def spec_for(server: str, app: str, checkout: str, tmp: str, apps: dict = APPS):
     """The spec function H.Server takes: argv, readiness, description."""
-    target = APPS[app][0]
+    target = apps[app][0]
     w = str(H.WORKERS)
 
     def spec(port: int) -> dict:
@@ -140,13 +140,13 @@ def ratio(x, base) -> str:
     return f"{x / base:.2f}" if base else "-"
 
 
-def print_tables(results: list[dict], rounds: int) -> None:
-    for app in APPS:
+def print_tables(results: list[dict], rounds: int, apps: dict = APPS) -> None:
+    for app in apps:
         for ld in LOADS:
             rs = [r for r in results if split(r["server"])[1] == app and r["load"] == ld]
             if not rs:
                 continue
-            print(f"\n#### {app} ({APPS[app][0]}), {ld}: {H.LOADS[ld][0]} connections, "
+            print(f"\n#### {app} ({apps[app][0]}), {ld}: {H.LOADS[ld][0]} connections, "
                   + ("one request per connection" if ld.startswith("close") else "keep-alive")
                   + "\n")
             rows = []
@@ -200,17 +200,22 @@ def print_aims(results: list[dict]) -> None:
 
 
 # ---- main ----------------------------------------------------------------------------------------
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
+def main(app_table: dict = APPS, doc: str = __doc__,
+         title: str = "asgi_hello: ASGI hello and FastAPI JSON, 2 worker processes each",
+         extra=None) -> int:
+    """The run over the apps of app_table (name: (target, body)); asgi_loop.py
+    runs it with its own apps, its own options (extra.add_arguments(ap)) and
+    a part of its own printed after the tables (extra.after(args, checkout))."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 epilog=doc.split("\n\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row (8)")
     ap.add_argument("--warmup", type=float, default=1.0,
                     help="an uncounted wrk run of the same load before each row (1)")
     ap.add_argument("--only", default=",".join(SERVERS),
                     help="servers (default: all): " + ",".join(SERVERS))
-    ap.add_argument("--apps", default=",".join(APPS), help="apps (default: all): "
-                    + ",".join(APPS))
+    ap.add_argument("--apps", default=",".join(app_table), help="apps (default: all): "
+                    + ",".join(app_table))
     ap.add_argument("--loads", default=",".join(LOADS), help="loads (default: all): "
                     + ",".join(LOADS))
     ap.add_argument("--rounds", type=int, default=1,
@@ -230,6 +235,8 @@ def main() -> int:
                     help="no repeats and no waits before a row after S s into the run (300)")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                     help="first wait up to S s for the machine below 0.3 busy cores (0)")
+    if extra is not None:
+        extra.add_arguments(ap)
     a = ap.parse_args()
     if a.quick:
         a.seconds, a.warmup = 2.0, 0.5
@@ -240,7 +247,7 @@ def main() -> int:
         if s not in SERVERS:
             ap.error(f"unknown server {s!r}")
     for s in apps:
-        if s not in APPS:
+        if s not in app_table:
             ap.error(f"unknown app {s!r}")
     for s in loads:
         if s not in LOADS:
@@ -255,7 +262,7 @@ def main() -> int:
     if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode != 0:
         raise B.BenchError("wrk missing: run `sh bench/setup_peers.sh` first")
     quiet = H.wait_quiet(a.wait_quiet) if a.wait_quiet > 0 else ""
-    head = B.header("asgi_hello: ASGI hello and FastAPI JSON, 2 worker processes each")
+    head = B.header(title)
     vers = versions()
     results: list[dict] = []
     failures: list[str] = []
@@ -272,8 +279,9 @@ def main() -> int:
                     continue
                 name = f"{s}.{app}"
                 print(f"# starting {name}", file=sys.stderr, flush=True)
-                servers[name] = H.Server(procs, tmp, name, spec_for(s, app, checkout, tmp),
-                                         expect=APPS[app][1])
+                servers[name] = H.Server(procs, tmp, name,
+                                         spec_for(s, app, checkout, tmp, app_table),
+                                         expect=app_table[app][1])
         for srv in servers.values():
             srv.wait_ready()
             print(f"# {srv.name} ready on {srv.port}: pids {srv.pids}", file=sys.stderr,
@@ -315,8 +323,10 @@ def main() -> int:
         print(f"  - {name}: `{srv.spec['desc']}`; stop: {stops.get(name, '?')}")
     print("- `other` = box busy - server - wrk - irq: other processes' cores during the row "
           f"(a row with other > {a.max_other:g} was measured again, the least disturbed kept)")
-    print_tables(results, a.rounds)
+    print_tables(results, a.rounds, app_table)
     print_aims(results)
+    if extra is not None:
+        extra.after(a, checkout)
     if failures:
         print("\n#### FAILURES\n")
         for f_ in failures:

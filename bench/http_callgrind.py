@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""http_callgrind: instructions per WSGI hello request, counted by callgrind:
+"""http_callgrind: instructions per hello request (WSGI, or --app: an ASGI
+app), counted by callgrind:
 a before/after figure that does not depend on the machine's load (the
 wall-clock hello check of blocking_app.py swings +-20 % on a shared 2-core box).
 
     .venv/bin/python bench/http_callgrind.py [--checkout DIR ...] [--threads 1,2]
-        [--conns 4] [--requests 3000] [--warmup 300] [--runs 1]
+        [--conns 4] [--requests 3000] [--warmup 300] [--runs 1] [--app hello]
 
 For each --checkout DIR (repeatable; default this checkout; the first is the
 baseline of the ratios; `DIR::ARGS` appends ARGS, shell-split, to that row's
 `sockherd run`, e.g. `--checkout . --checkout '.::--access-logfile /tmp/a.log'`
 for the access log's cost) and each thread count, `DIR/.venv/bin/sockherd run
 hello:app --interface wsgi -w 1 -t T` (bench/apps/hello.py, this checkout's
-apps) runs under `nice -n 19 valgrind --tool=callgrind --trace-children=yes`
+apps; --app asgi-hello: hello:asgi --interface asgi, fastapi: asgi_hello.py's
+FastAPI JSON endpoint, loop-work: asgi_loop.py's loop_work:work) runs under `nice -n 19 valgrind --tool=callgrind --trace-children=yes`
 with its own --runtime-dir, --control off, ready / heartbeat timeouts of
 600 s (valgrind is slow) and a heartbeat every 300 s (work per second,
 not per request). A Python client opens --conns keep-alive
@@ -46,6 +48,13 @@ import hol_client as HC
 from echo_callgrind import total_ir
 
 BODY = b"Hello, world!"
+APPS = {
+    # --app: (target, interface, the body of its answer to GET /)
+    "hello": ("hello:app", "wsgi", BODY),
+    "asgi-hello": ("hello:asgi", "asgi", BODY),
+    "fastapi": ("fastapi_json:app", "asgi", b'{"message":"Hello, world!"}'),
+    "loop-work": ("loop_work:work", "asgi", b"loop work done"),
+}
 
 
 def sockherd_bin(checkout: str) -> str:
@@ -68,7 +77,6 @@ def git_line(checkout: str) -> str:
 
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-ANSWER_END = b"\r\n\r\n" + BODY
 
 
 def epoll_sleepers(pid: int) -> int:
@@ -85,7 +93,7 @@ def epoll_sleepers(pid: int) -> int:
 
 
 def requests(conns: list[HC.HttpConn], n: int, burst: bool = False,
-             idle: tuple[int, int] | None = None) -> None:
+             idle: tuple[int, int] | None = None, body: bytes = BODY) -> None:
     """n requests, one at a time round-robin over conns; burst: a request
     on every connection, then every answer read (n rounded up to that).
     idle (pid, threads): before each request, wait until that many threads
@@ -98,16 +106,16 @@ def requests(conns: list[HC.HttpConn], n: int, burst: bool = False,
             if idle is not None:
                 B.wait_for(lambda: epoll_sleepers(idle[0]) >= idle[1], 60,
                            "the worker's loop threads asleep", interval=0.0005)
-            body = conns[i % len(conns)].request("/")
-            if body != BODY:
-                raise B.BenchError(f"unexpected body {body[:60]!r}")
+            got = conns[i % len(conns)].request("/")
+            if got != body:
+                raise B.BenchError(f"unexpected body {got[:60]!r}")
         return
     for _ in range(-(-n // len(conns))):
         for c in conns:
             c.sock.sendall(REQUEST)
         for c in conns:
             got = b""
-            while not got.endswith(ANSWER_END):     # hello's answer: 13 bytes after the head
+            while not got.endswith(b"\r\n\r\n" + body):   # the whole answer: the body last
                 d = c.sock.recv(65536)
                 if not d:
                     raise B.BenchError("the server closed a connection")
@@ -125,7 +133,8 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
     pattern = os.path.join(outdir, f"cg-{tag}.")
     vg = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
           f"--callgrind-out-file={pattern}%p"]
-    argv = [sockherd_bin(checkout), "run", "hello:app", "--interface", "wsgi",
+    target, interface, body = APPS[a.app]
+    argv = [sockherd_bin(checkout), "run", target, "--interface", interface,
             "--pythonpath", B.APPS, "-w", "1", "-t", str(threads),
             "-b", f"127.0.0.1:{port}", "--control", "off",
             "--runtime-dir", os.path.join(tmp, f"rt-{tag}"),
@@ -140,7 +149,7 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
 
     def answering():            # the worker logs ready an instant before it serves
         try:
-            requests(conns[:1], 1)
+            requests(conns[:1], 1, body=body)
             return True
         except (OSError, ValueError):
             conns[0].close()
@@ -150,11 +159,11 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
         for c in conns:                 # all open before the count
             if c.sock is None:
                 c.request("/")
-        requests(conns, a.warmup, a.burst)
+        requests(conns, a.warmup, a.burst, body=body)
         subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
         requests(conns, a.requests, a.burst,
-                 None if a.burst or a.no_idle else (pid, threads))
+                 None if a.burst or a.no_idle else (pid, threads), body)
         before = set(glob.glob(f"{pattern}{pid}*"))
         subprocess.run(["callgrind_control", "-d", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
@@ -198,6 +207,8 @@ def main() -> int:
                     help="do not wait for the worker's loop threads to sleep in epoll_wait "
                          "before each request (load-dependent counts)")
     ap.add_argument("--runs", type=int, default=1, help="servers started per row (1)")
+    ap.add_argument("--app", choices=list(APPS), default="hello",
+                    help="the app served (hello: the WSGI hello)")
     ap.add_argument("--keep", metavar="DIR", help="keep the callgrind dumps in DIR")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds for each start, phase and stop under valgrind (600)")
@@ -221,8 +232,8 @@ def main() -> int:
         labels = [f"{lb}#{i + 1}" for i, lb in enumerate(labels)]
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
-    head = B.header("http_callgrind: instructions per WSGI hello request (the worker's "
-                    "user space)")
+    head = B.header(f"http_callgrind: instructions per request of {APPS[a.app][0]} "
+                    f"(--interface {APPS[a.app][1]}; the worker's user space)")
     res: dict[tuple[str, int], list[float]] = {}
     with B.Procs() as procs, B.tempdir("http_callgrind-") as tmp:
         for t in threads:

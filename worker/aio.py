@@ -44,6 +44,8 @@ import logging
 import math
 import selectors
 
+from sockherd.worker._aio import caller as _caller, runner as _runner
+
 from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
 
 log = logging.getLogger("sockherd.worker")
@@ -149,8 +151,54 @@ class PollerSelector(selectors._BaseSelectorImpl):
         return ready
 
 
+# While callbacks are ready, an iteration polls (turns) only if this many
+# iterations ran since the last turn, or this long: the loop's I/O (new
+# requests, the app's sockets, the mailbox, stop) waits at most that, and
+# a run of short callbacks (sleep(0), call_soon chains, queue hand-offs)
+# does not pay a turn per iteration (measured: a turn costs about as much
+# as the iteration it serves; asyncio and uvloop poll every iteration).
+_TURN_EVERY = 16
+_TURN_AFTER = 0.001                 # seconds
+
+
 class ThreadEventLoop(asyncio.SelectorEventLoop):
-    """The asyncio loop of one loop thread (PollerSelector's)."""
+    """The asyncio loop of one loop thread (PollerSelector's).
+
+    Its iteration (_run_once) is asyncio's, in C, but for the turn (the
+    select: _turn): while callbacks or due timers are ready it turns only
+    every _TURN_EVERY iterations or _TURN_AFTER seconds (above). Its
+    handles are C objects that behave as asyncio's, made by call_soon,
+    call_at and call_later in C without the checks only a debugging loop
+    needs (worker/aio_native/handles.c). A loop in debug mode runs
+    asyncio's own code throughout."""
+
+    def _fast(self) -> None:
+        """Our C call_soon, call_at, call_later and _run_once while the loop
+        is open and not debugging (found where asyncio's C Task and Future
+        and run_forever look: an instance attribute before the class's
+        method), asyncio's own otherwise: they check what ours do not."""
+        names = ("call_soon", "call_at", "call_later", "_run_once")
+        if self._debug or self._closed:
+            for name in names:
+                self.__dict__.pop(name, None)
+            return
+        base = asyncio.BaseEventLoop
+        self.call_soon = _caller(self, 0, base.call_soon)
+        self.call_at = _caller(self, 1, base.call_at)
+        self.call_later = _caller(self, 2, base.call_later)
+        self._run_once = _runner(self, self._turn, base._run_once, _TURN_EVERY, _TURN_AFTER)
+
+    def set_debug(self, enabled: bool) -> None:
+        super().set_debug(enabled)          # asyncio's __init__ calls it too
+        self._fast()
+
+    def close(self) -> None:
+        super().close()
+        self._fast()
+
+    def _turn(self, timeout) -> None:
+        """The select of an iteration that turns, and its events."""
+        self._process_events(self._selector.select(timeout))
 
 
 def run(owner, th, me: int, turn, started) -> None:

@@ -9,6 +9,8 @@ after the bad one, and the fixture checks loop.errors."""
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 
 import pytest
 
@@ -248,3 +250,38 @@ def test_a_message_emptied_while_it_is_read(serve_asgi):
     _, addr = serve_asgi(app)
     out = raw(addr, b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 404 Not Found") and out.endswith(b"\r\n\r\nbody of /x"), out
+
+
+def test_a_send_after_the_client_left_is_not_logged_as_an_app_failure(serve_asgi, caplog):
+    """Finding (bench/asgi_loop.py, 2026-11-26): a client that goes away
+    while the app awaits (wrk ending its run with requests in flight) made
+    the app's next send() raise ClientDisconnected, as ASGI 2.4 says; the
+    app not catching it, every such request was logged as `app failed`
+    with a traceback. It is the client's doing: nothing is logged, and the
+    loop serves on. An app's own error in the same position still is."""
+    started, sent = threading.Event(), threading.Event()
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/quick":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"quick"})
+            return
+        started.set()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        finally:
+            sent.set()
+
+    _, addr = serve_asgi(app)
+    with caplog.at_level(logging.ERROR, logger="sockherd.worker"):
+        c = socket.create_connection(addr)
+        c.sendall(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert started.wait(10)
+        c.close()
+        assert sent.wait(10)
+        # the same thread ran the slow task's end before it serves this
+        assert raw(addr, b"GET /quick HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+                   ).endswith(b"quick")
+    assert not [r for r in caplog.records if "app failed" in r.getMessage()], caplog.text
