@@ -6,13 +6,16 @@
 # "Set up" installs only what is missing: Debian packages (libcap-dev for
 # python-prctl, a C compiler and Python headers for the cffi core and the HTTP
 # extension, node-llhttp for the llhttp C sources it compiles in, systemd for
-# systemd-socket-activate), then .venv and `pip install -e '.[test]'`;
-# `make test` also installs chromium and chromium-driver (the browser test).
+# systemd-socket-activate), then .venv and `pip install -e .` (runtime
+# dependencies only) for `make run`, `pip install -e '.[test]'` for `make
+# test`, which also installs chromium and chromium-driver (the browser test).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
+SOURCES := pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h worker/aio_native/*.c ipc/native/*.c)
 DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp
 # only for `make test`: the status page's browser test (tests/master/
 # test_status_page.py) drives a headless Chromium through chromedriver; the
@@ -50,18 +53,27 @@ debs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h ipc/native/*.c)
+# run: the runtime only; test: the test stack too (a `make run` first does
+# not stand for it: its own stamp)
+$(STAMP): $(SOURCES)
+	@$(MAKE) --no-print-directory debs
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(TSTAMP): $(SOURCES)
 	@$(MAKE) --no-print-directory debs
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
-	@touch $@
+	@touch $@ $(STAMP)
 
 run: setup
 	@echo "sockherd: the embedded status page on http://127.0.0.1:8000/ (Ctrl-C stops)"
 	$(BIN)/sockherd run
 
-test: setup test-debs
+test: $(TSTAMP) test-debs
 	$(BIN)/python -m pytest -n auto
 
 clean:
