@@ -129,8 +129,10 @@ BREAKAGES = {
     # its control endpoint cannot be bound (the cli closes the listeners
     # on that error: it goes back before)
     "control-bind-fails": dict(module="sockherd.master.control", attr="attach", how="oserror"),
-    # a setting the new image refuses, met before it took the state
-    "bad-setting": dict(module="sockherd.master.settings", attr="resolve", how="settings"),
+    # a setting the new image refuses, met before it took the state (settings
+    # are read through traced() since the gunicorn-config work: `run` and
+    # the upgrade's pre-check both call it)
+    "bad-setting": dict(module="sockherd.master.settings", attr="traced", how="settings"),
 }
 
 
@@ -198,7 +200,7 @@ def test_an_upgrade_that_fails_after_the_exec_comes_back_under_load(master, tmp_
      r"cannot import sockherd: .*sockherd\.master\.supervisor does not import"),
     # the check never read the settings: a new image that refuses them
     # exited at its start, after the exec
-    (dict(module="sockherd.master.settings", attr="resolve", how="settings"),
+    (dict(module="sockherd.master.settings", attr="traced", how="settings"),
      r"refuses the current settings: bind_backlog: refused by the new image"),
 ], ids=["a-later-module", "the-settings"])
 def test_the_precheck_imports_the_whole_master_and_validates_the_settings(master, tmp_path,
