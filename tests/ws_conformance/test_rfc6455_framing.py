@@ -4,9 +4,11 @@ encoding's edges, text and binary echoed whole), 2 and 3 (RSV bits must be
 client frame not masked: 1002)."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 
-from rfc6455_client import BINARY, CLOSE, PING, TEXT, exchange, frame
+from rfc6455_client import BINARY, CLOSE, PING, TEXT, Client, close_frame, exchange, frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,3 +55,19 @@ def test_64_bit_length_with_its_top_bit_set_is_1002(ws_server):
     head = bytes((0x82, 0x80 | 127)) + (1 << 63 | 5).to_bytes(8, "big") + b"\0\0\0\0"
     o = exchange(addr, head + b"hello", close=False)
     assert o.messages == [] and o.close == 1002 and o.eof
+
+
+def test_frames_sent_one_byte_at_a_time(ws_server):
+    """Autobahn's "chopped" cases: a frame's header and payload arrive in
+    1-byte writes (TCP_NODELAY: each its own segment, mostly)."""
+    _, addr = ws_server
+    c = Client(addr)
+    c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for data in (frame(TEXT, "chopped κόσμε".encode()), frame(PING, b"chopped ping"),
+                 frame(BINARY, bytes(300))):
+        for i in range(len(data)):
+            c.send(data[i:i + 1])
+    o = c.outcome(messages=2)
+    o = c.send(close_frame()).outcome(o)
+    assert o.messages == [(TEXT, "chopped κόσμε".encode()), (BINARY, bytes(300))]
+    assert o.pongs == [b"chopped ping"] and o.close == 1000 and o.eof

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rfc6455_client import CONT, TEXT, close_frame, exchange, frame
+from rfc6455_client import CONT, TEXT, Client, close_frame, exchange, frame
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,4 +90,15 @@ def test_text_in_one_byte_fragments(ws_server):
 def test_invalid_utf8_in_close_reason_is_1007(ws_server, reason):
     _, addr = ws_server
     o = exchange(addr, close_frame(1000, reason), close=False)
+    assert o.close == 1007 and o.eof
+
+
+@pytest.mark.parametrize("bad", [b"\xce\xba\xff", b"\xed\xa0\x80", b"\xf4\x90"],
+                         ids=["ff", "surrogate", "past-10ffff-prefix"])
+def test_invalid_text_fails_fast_before_the_message_ends(ws_server, bad):
+    """Autobahn 6.4: the 1007 comes as soon as the bytes in hand cannot be
+    UTF-8, the message's last fragment never sent."""
+    _, addr = ws_server
+    c = Client(addr)
+    o = c.send(frame(TEXT, b"valid so far " + bad, fin=False)).outcome()
     assert o.close == 1007 and o.eof
