@@ -17,7 +17,8 @@ async def app(scope, receive, send):
                 return
     if scope["type"] == "http":
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain")]})
+                    "headers": [(b"content-type", b"text/plain"),
+                                (b"content-length", b"7")]})
         await send({"type": "http.response.body", "body": b"ws echo"})
         return
     if (await receive())["type"] != "websocket.connect":
