@@ -24,7 +24,9 @@ not the bottleneck); the machine's busy cores. Rows rotate: each rotation
 runs the servers in another order, so drift on this shared machine hits
 all alike; medians and ranges over rotations are printed, with ratios.
 
-Idle memory: per server, 200 WebSockets opened first (warm-up: first
+Idle memory: per server and rotation, on a server started for it (a
+server's heap keeps what earlier connections freed, and would hide the
+next ones' cost): 200 WebSockets opened first (warm-up: first
 allocations, buffers sized), the tree's RSS (sum of VmRSS of the server and
 its workers) read; then --idle more, upgraded, left idle; RSS read again
 once it stopped changing; (after - before) / idle. RLIMIT_NOFILE's soft
@@ -60,13 +62,15 @@ CONNS = 50
 SIZE = 1024
 
 
-def spec_for(server: str, tmp: str):
+def spec_for(server: str, tmp: str, tag: str = "echo"):
+    """H.Server's spec function; tag names sockherd's runtime dir (each
+    master needs its own control endpoint)."""
     def spec(port: int) -> dict:
         app = "asgi_ws_echo:app"
         if server == "sockherd":
             return {"argv": [B.SOCKHERD, "run", app, "--interface", "asgi", "-w", str(WORKERS),
                              "-t", "1", "-b", f"127.0.0.1:{port}", "--pythonpath", TESTS_APPS,
-                             "--runtime-dir", os.path.join(tmp, "run")],
+                             "--runtime-dir", os.path.join(tmp, f"run-{tag}")],
                     "ready": (r"worker \d+\.\d+: ready, pid", WORKERS),
                     "desc": f"sockherd run {app} --interface asgi -w {WORKERS} -t 1"}
         if server in ("uvicorn", "uvicorn-sansio"):
@@ -184,7 +188,7 @@ def idle_row(srv: H.Server, n: int) -> dict:
     finally:
         for s in warm + conns:
             s.close()
-    return {"server": srv.name, "n": n, "before_kib": before, "after_kib": after,
+    return {"server": srv.name.split("-idle")[0], "n": n, "before_kib": before, "after_kib": after,
             "bytes_per_conn": (after - before) * 1024 / n, "open_s": opened,
             "load": os.getloadavg()[0]}
 
@@ -301,8 +305,14 @@ def main() -> int:
                           f"{r['client_share']:.2f}, load {r['load']:.1f}",
                           file=sys.stderr, flush=True)
             if a.idle:
+                # a fresh server each time: memory a server freed after earlier
+                # connections stays in its heap and would be reused unseen
                 for s in order:
-                    r = idle_row(srvs[s], a.idle)
+                    fresh = H.Server(procs, tmp, f"{s}-idle{rot}",
+                                     spec_for(s, tmp, f"idle{rot}"), expect=b"ws echo")
+                    fresh.wait_ready()
+                    r = idle_row(fresh, a.idle)
+                    fresh.stop()
                     r["rotation"] = rot
                     idles.append(r)
                     print(f"# rotation {rot} idle {s}: {r['bytes_per_conn']:,.0f} B/conn",
