@@ -21,7 +21,8 @@ kind: 200 uncounted, `callgrind_control -z` on the serving process,
 --messages counted, `callgrind_control -d`; the figure is the dump's total
 Ir / messages: the serving process's user space, every thread (Python, the
 engine or the Rust runtime, libc), not the kernel's side of the reads and
-writes. PYTHONHASHSEED=0 everywhere.
+writes. PYTHONHASHSEED=0 everywhere. --keep DIR keeps the dumps, named
+SERVER-KIND.callgrind, for callgrind_annotate.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import echo_callgrind as E
 import ws_echo as W
 
 sys.path.insert(0, os.path.join(B.ROOT, "tests", "ws_conformance"))
-from rfc6455_client import BINARY, TEXT, Client, frame  # noqa: E402
+from rfc6455_client import BINARY, PING, PONG, TEXT, Client, frame  # noqa: E402
 
 SERVERS = ("sockherd", "uvicorn", "granian")
 
@@ -60,12 +61,17 @@ def argv_of(server: str, port: int, tmp: str) -> list[str]:
 
 
 def echo(c: Client, opcode: int, payload: bytes, n: int) -> None:
+    """n echoes; a server's keep-alive ping answered (uvicorn pings every
+    20 s and closes 1011 without a pong: under valgrind a run lasts longer)."""
     data = frame(opcode, payload)
     for _ in range(n):
         c.send(data)
         o = c.outcome(messages=1)
         if o.messages != [(opcode, payload)]:
             raise B.BenchError(f"echo mismatch: {o!r}")
+        for op, ping in o.frames:
+            if op == PING:
+                c.send(frame(PONG, ping))
 
 
 def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
@@ -107,6 +113,9 @@ def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
         dump = B.wait_for(lambda: sorted(set(glob.glob(os.path.join(
             tmp, f"cg-{server}.{pid}*"))) - before), a.timeout, f"{server} dump")[-1]
         res[kind] = E.total_ir(dump) / a.messages
+        if a.keep:
+            os.makedirs(a.keep, exist_ok=True)
+            shutil.copy(dump, os.path.join(a.keep, f"{server}-{kind}.callgrind"))
         print(f"# {server} {kind}: {res[kind]:,.0f} Ir per echo ({a.messages} in "
               f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     c.close()
@@ -122,6 +131,7 @@ def main() -> int:
     ap.add_argument("--kinds", default="text,binary")
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--keep", metavar="DIR", help="copy each dump into DIR (callgrind_annotate)")
     a = ap.parse_args()
     a.kinds = [k for k in a.kinds.split(",") if k]
     only = [s for s in a.only.split(",") if s]

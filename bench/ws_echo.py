@@ -54,8 +54,10 @@ import http_hello as H
 
 SERVERS = ("sockherd", "uvicorn", "granian")
 # also accepted by --only: uvicorn with the websockets-sansio implementation,
-# which uvicorn says `--ws websockets` will point at in a future release
-EXTRA = ("uvicorn-sansio",)
+# which uvicorn says `--ws websockets` will point at in a future release; and
+# sockherd with 2 loop threads per worker (a share of a loaded machine's
+# cores grows with the runnable threads a server has: see RESULTS.md)
+EXTRA = ("uvicorn-sansio", "sockherd-t2")
 TESTS_APPS = os.path.join(B.ROOT, "tests", "apps")
 WORKERS = 2
 CONNS = 50
@@ -67,12 +69,13 @@ def spec_for(server: str, tmp: str, tag: str = "echo"):
     master needs its own control endpoint)."""
     def spec(port: int) -> dict:
         app = "asgi_ws_echo:app"
-        if server == "sockherd":
+        if server in ("sockherd", "sockherd-t2"):
+            t = "1" if server == "sockherd" else "2"
             return {"argv": [B.SOCKHERD, "run", app, "--interface", "asgi", "-w", str(WORKERS),
-                             "-t", "1", "-b", f"127.0.0.1:{port}", "--pythonpath", TESTS_APPS,
-                             "--runtime-dir", os.path.join(tmp, f"run-{tag}")],
+                             "-t", t, "-b", f"127.0.0.1:{port}", "--pythonpath", TESTS_APPS,
+                             "--runtime-dir", os.path.join(tmp, f"run-{server}-{tag}")],
                     "ready": (r"worker \d+\.\d+: ready, pid", WORKERS),
-                    "desc": f"sockherd run {app} --interface asgi -w {WORKERS} -t 1"}
+                    "desc": f"sockherd run {app} --interface asgi -w {WORKERS} -t {t}"}
         if server in ("uvicorn", "uvicorn-sansio"):
             impl = "websockets" if server == "uvicorn" else "websockets-sansio"
             return {"argv": [H.peer_bin("uvicorn"), app, "--app-dir", TESTS_APPS,
