@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "closed_loop.h"
+
 #define INBUF (1 << 17)
 
 struct conn {
@@ -66,20 +68,6 @@ static int opcode;
 static double t_start, t_wend, t_end;
 static unsigned char *payload;   /* what every message carries */
 static unsigned char *outframe;  /* the client frame carrying it, masked once */
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double cpu_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void lose(struct worker *w, struct conn *c)
 {
@@ -171,6 +159,27 @@ static void frames(struct worker *w, struct conn *c, double t)
 	c->have -= at;
 }
 
+/* one event of a connection: the rest of the frame out, the server's frames in */
+static void on_event(void *arg, void *ptr, uint32_t events, double t)
+{
+	struct worker *w = arg;
+	struct conn *c = ptr;
+	if (c->dead)
+		return;
+	if ((events & EPOLLOUT) && push(w, c) < 0)
+		return;
+	if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+		return;
+	ssize_t r = read(c->fd, c->in + c->have, INBUF - c->have);
+	if (r <= 0) {
+		if (r == 0 || (errno != EAGAIN && errno != EINTR))
+			lose(w, c);
+		return;
+	}
+	c->have += (size_t)r;
+	frames(w, c, t);
+}
+
 static void *run(void *arg)
 {
 	struct worker *w = arg;
@@ -178,31 +187,7 @@ static void *run(void *arg)
 		w->cs[i]->last = t_start;
 		push(w, w->cs[i]);
 	}
-	struct epoll_event evs[256];
-	for (;;) {
-		double t = now();
-		if (t >= t_end)
-			break;
-		int k = epoll_wait(w->ep, evs, 256, (int)((t_end - t) * 1000) + 1);
-		t = now();
-		for (int j = 0; j < k; j++) {
-			struct conn *c = evs[j].data.ptr;
-			if (c->dead)
-				continue;
-			if ((evs[j].events & EPOLLOUT) && push(w, c) < 0)
-				continue;
-			if (!(evs[j].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
-				continue;
-			ssize_t r = read(c->fd, c->in + c->have, INBUF - c->have);
-			if (r <= 0) {
-				if (r == 0 || (errno != EAGAIN && errno != EINTR))
-					lose(w, c);
-				continue;
-			}
-			c->have += (size_t)r;
-			frames(w, c, t);
-		}
-	}
+	closed_loop_poll(w->ep, t_end, on_event, w);
 	return NULL;
 }
 
@@ -246,15 +231,6 @@ static int upgrade(const struct sockaddr_in *dst, const char *host, int port)
 	}
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	return fd;
-}
-
-static void sleep_until(double t)
-{
-	double d;
-	while ((d = t - now()) > 0) {
-		struct timespec ts = {.tv_sec = (time_t)d, .tv_nsec = (long)((d - (time_t)d) * 1e9)};
-		nanosleep(&ts, NULL);
-	}
 }
 
 int main(int argc, char **argv)
