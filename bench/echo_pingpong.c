@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "closed_loop.h"
+
 #define MAXMSG (1 << 20)
 #define INBUF 65536
 
@@ -61,20 +63,6 @@ static double t_start, t_wend, t_end;
 /* pattern[j] = j & 0xff: message "tag" is pattern + tag, so nothing is
  * filled per message and the check is one memcmp */
 static unsigned char *pattern;
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double cpu_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void lose(struct worker *w, struct conn *c, int err)
 {
@@ -128,64 +116,52 @@ static int next_msg(struct worker *w, struct conn *c)
 	return push(w, c);
 }
 
+/* one event of a connection: the rest of the message out, the reply in */
+static void on_event(void *arg, void *ptr, uint32_t events, double t)
+{
+	struct worker *w = arg;
+	struct conn *c = ptr;
+	static __thread unsigned char in[INBUF];
+	if (c->dead)
+		return;
+	if ((events & EPOLLOUT) && push(w, c) < 0)
+		return;
+	if (!(events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+		return;
+	ssize_t r = read(c->fd, in, INBUF);
+	if (r == 0) {
+		lose(w, c, 0);
+		return;
+	}
+	if (r < 0) {
+		if (errno != EAGAIN && errno != EINTR)
+			lose(w, c, errno);
+		return;
+	}
+	if (c->got + r > c->sent) {
+		w->mismatch += c->got + r - c->sent;   /* more than was sent */
+		r = c->sent - c->got;
+	}
+	if (memcmp(in, pattern + c->tag + c->got, r) != 0)
+		w->mismatch++;
+	c->got += (int)r;
+	if (c->got == msgsize) {
+		if (t >= t_wend && t < t_end)
+			c->count++;
+		c->last = t;
+		next_msg(w, c);
+	}
+}
+
 static void *run(void *arg)
 {
 	struct worker *w = arg;
-	static __thread unsigned char in[INBUF];
 	for (int i = 0; i < w->n; i++) {
 		w->cs[i].last = t_start;
 		next_msg(w, &w->cs[i]);
 	}
-	struct epoll_event evs[512];
-	for (;;) {
-		double t = now();
-		if (t >= t_end)
-			break;
-		int k = epoll_wait(w->ep, evs, 512, (int)((t_end - t) * 1000) + 1);
-		t = now();
-		for (int j = 0; j < k; j++) {
-			struct conn *c = evs[j].data.ptr;
-			if (c->dead)
-				continue;
-			if ((evs[j].events & EPOLLOUT) && push(w, c) < 0)
-				continue;
-			if (!(evs[j].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
-				continue;
-			ssize_t r = read(c->fd, in, INBUF);
-			if (r == 0) {
-				lose(w, c, 0);
-				continue;
-			}
-			if (r < 0) {
-				if (errno != EAGAIN && errno != EINTR)
-					lose(w, c, errno);
-				continue;
-			}
-			if (c->got + r > c->sent) {
-				w->mismatch += c->got + r - c->sent;   /* more than was sent */
-				r = c->sent - c->got;
-			}
-			if (memcmp(in, pattern + c->tag + c->got, r) != 0)
-				w->mismatch++;
-			c->got += (int)r;
-			if (c->got == msgsize) {
-				if (t >= t_wend && t < t_end)
-					c->count++;
-				c->last = t;
-				next_msg(w, c);
-			}
-		}
-	}
+	closed_loop_poll(w->ep, t_end, on_event, w);
 	return NULL;
-}
-
-static void sleep_until(double t)
-{
-	double d;
-	while ((d = t - now()) > 0) {
-		struct timespec ts = {.tv_sec = (time_t)d, .tv_nsec = (long)((d - (time_t)d) * 1e9)};
-		nanosleep(&ts, NULL);
-	}
 }
 
 int main(int argc, char **argv)

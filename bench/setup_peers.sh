@@ -5,10 +5,11 @@
 #   Debian: nginx (nginx-light, else nginx), wrk, gcc, haproxy (reload_under_load:
 #   its master-worker mode, -W, reloaded by SIGUSR2)
 #   bench/.venv-peers: gunicorn uvicorn granian uvloop httptools fastapi
-#   gunicorn_h1c (a venv of its own, so the peers never touch sockherd's .venv;
+#   gunicorn_h1c websockets (a venv of its own, so the peers never touch sockherd's .venv;
 #   httptools: uvicorn --http httptools in http_hello; fastapi: asgi_hello's
 #   FastAPI JSON app; gunicorn_h1c: the C parser gunicorn's asgi worker uses
-#   when present, `gunicorn[fast]`)
+#   when present, `gunicorn[fast]`; websockets: uvicorn's WebSocket implementation,
+#   issue 23's ws_echo and ws_conformance)
 # Idempotent: a second run installs nothing and exits 0.
 # sockherd's own venv (.venv, the sockherd binary) comes from `sh make.sh test`.
 set -eu
@@ -60,17 +61,18 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 need=""
-for m in gunicorn uvicorn granian uvloop httptools fastapi gunicorn_h1c; do
+for m in gunicorn uvicorn granian uvloop httptools fastapi gunicorn_h1c websockets; do
     "$VENV/bin/python" -c "import $m" >/dev/null 2>&1 || need="$need $m"
 done
 if [ -n "$need" ]; then
     echo "setup_peers: pip install$need"
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q $need
 else
-    echo "setup_peers: $VENV has gunicorn uvicorn granian uvloop httptools fastapi gunicorn_h1c"
+    echo "setup_peers: $VENV has gunicorn uvicorn granian uvloop httptools fastapi gunicorn_h1c websockets"
 fi
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 print("setup_peers: " + " ".join(f"{p}=={md.version(p)}" for p in
-      ("gunicorn", "uvicorn", "granian", "uvloop", "httptools", "fastapi", "gunicorn_h1c")))
+      ("gunicorn", "uvicorn", "granian", "uvloop", "httptools", "fastapi", "gunicorn_h1c",
+       "websockets")))
 EOF

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""ws_callgrind: instructions per WebSocket echo, counted by callgrind, for
+sockherd, uvicorn (--ws websockets) and granian: a figure the machine's
+load does not move (bench/ws_echo.py's wall clock does, on a shared
+2-core box).
+
+    .venv/bin/python bench/ws_callgrind.py [--only sockherd,uvicorn,granian]
+        [--messages 2000] [--kinds text,binary]
+
+Each server serves tests/apps/asgi_ws_echo.py with ONE worker under
+`valgrind --tool=callgrind --trace-children=yes` at nice 19:
+
+  sockherd  sockherd run asgi_ws_echo:app --interface asgi -w 1 -t 1 --control off
+  uvicorn   uvicorn asgi_ws_echo:app --ws websockets --http httptools --loop uvloop
+            (no --workers: one process, which serves)
+  granian   granian --interface asgi --workers 1 asgi_ws_echo:app
+
+One WebSocket (tests/ws_conformance/rfc6455_client.py's client) sends a
+masked 1 KiB message, reads the echo (checked) and sends the next. Per
+kind: 200 uncounted, `callgrind_control -z` on the serving process,
+--messages counted, `callgrind_control -d`; the figure is the dump's total
+Ir / messages: the serving process's user space, every thread (Python, the
+engine or the Rust runtime, libc), not the kernel's side of the reads and
+writes. PYTHONHASHSEED=0 everywhere. --keep DIR keeps the dumps, named
+SERVER-KIND.callgrind, for callgrind_annotate.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import benchlib as B
+import echo_callgrind as E
+import ws_echo as W
+
+sys.path.insert(0, os.path.join(B.ROOT, "tests", "ws_conformance"))
+from rfc6455_client import BINARY, PING, PONG, TEXT, Client, frame  # noqa: E402
+
+SERVERS = ("sockherd", "uvicorn", "granian")
+
+
+def argv_of(server: str, port: int, tmp: str) -> list[str]:
+    app = "asgi_ws_echo:app"
+    if server == "sockherd":
+        return [B.SOCKHERD, "run", app, "--interface", "asgi", "-w", "1", "-t", "1",
+                "-b", f"127.0.0.1:{port}", "--pythonpath", W.TESTS_APPS, "--control", "off",
+                "--ready-timeout", "600", "--heartbeat-timeout", "600",
+                "--runtime-dir", os.path.join(tmp, "run")]
+    if server == "uvicorn":
+        return [os.path.join(B.PEERS_VENV, "bin", "uvicorn"), app, "--app-dir", W.TESTS_APPS,
+                "--host", "127.0.0.1", "--port", str(port), "--ws", "websockets",
+                "--http", "httptools", "--loop", "uvloop", "--no-access-log"]
+    return [os.path.join(B.PEERS_VENV, "bin", "granian"), "--interface", "asgi", "--workers",
+            "1", "--host", "127.0.0.1", "--port", str(port), "--working-dir", W.TESTS_APPS, app]
+
+
+def echo(c: Client, opcode: int, payload: bytes, n: int) -> None:
+    """n echoes; a server's keep-alive ping answered (uvicorn pings every
+    20 s and closes 1011 without a pong: under valgrind a run lasts longer)."""
+    data = frame(opcode, payload)
+    for _ in range(n):
+        c.send(data)
+        o = c.outcome(messages=1)
+        if o.messages != [(opcode, payload)]:
+            raise B.BenchError(f"echo mismatch: {o!r}")
+        for op, ping in o.frames:
+            if op == PING:
+                c.send(frame(PONG, ping))
+
+
+def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
+    port = B.free_port()
+    log = os.path.join(tmp, f"{server}.log")
+    cgout = os.path.join(tmp, f"cg-{server}.%p")
+    vg = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
+          f"--callgrind-out-file={cgout}"]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    p = procs.start(vg + argv_of(server, port, tmp), log_path=log, env=env, cwd=tmp)
+    ready = {"sockherd": r"worker \d+\.\d+: ready, pid (\d+)",
+             "uvicorn": r"Started server process \[(\d+)\]",
+             "granian": r"Started worker-1 \(pid: ?(\d+)\)|Started worker-1"}[server]
+
+    def started():
+        if p.poll() is not None:
+            raise B.BenchError(f"{server} exited {p.returncode}: {B.read_text(log)[-2000:]}")
+        return re.search(ready, B.read_text(log)) and B.can_connect(port)
+    B.wait_for(started, a.timeout, f"{server} ready")
+    # the serving process: the worker the log names, else the deepest of the tree
+    m = re.search(ready, B.read_text(log))
+    pid = int(m.group(1)) if m.lastindex and m.group(1) else B.tree(p.pid)[-1]
+    res = {"server": server, "pid": pid}
+    c = Client(("127.0.0.1", port), timeout=a.timeout)
+    if c.status != 101:
+        raise B.BenchError(f"{server}: upgrade answered {c.status}")
+    for kind in a.kinds:
+        opcode = TEXT if kind == "text" else BINARY
+        payload = (bytes(range(97, 123)) * 40)[:1024] if kind == "text" else \
+            bytes(i * 7 & 0xFF for i in range(1024))
+        echo(c, opcode, payload, 200)
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
+                       capture_output=True, timeout=a.timeout)
+        t0 = time.monotonic()
+        echo(c, opcode, payload, a.messages)
+        before = set(glob.glob(os.path.join(tmp, f"cg-{server}.{pid}*")))
+        subprocess.run(["callgrind_control", "-d", str(pid)], check=True,
+                       capture_output=True, timeout=a.timeout)
+        dump = B.wait_for(lambda: sorted(set(glob.glob(os.path.join(
+            tmp, f"cg-{server}.{pid}*"))) - before), a.timeout, f"{server} dump")[-1]
+        res[kind] = E.total_ir(dump) / a.messages
+        if a.keep:
+            os.makedirs(a.keep, exist_ok=True)
+            shutil.copy(dump, os.path.join(a.keep, f"{server}-{kind}.callgrind"))
+        print(f"# {server} {kind}: {res[kind]:,.0f} Ir per echo ({a.messages} in "
+              f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    c.close()
+    procs.stop(p, timeout=a.timeout)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 2)[2],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(SERVERS))
+    ap.add_argument("--kinds", default="text,binary")
+    ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--keep", metavar="DIR", help="copy each dump into DIR (callgrind_annotate)")
+    a = ap.parse_args()
+    a.kinds = [k for k in a.kinds.split(",") if k]
+    only = [s for s in a.only.split(",") if s]
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        print("valgrind (Debian package valgrind) is needed", file=sys.stderr)
+        return 2
+    B.check_sockherd()
+    if set(only) - {"sockherd"}:
+        B.check_peers_venv()
+    head = B.header("ws_callgrind: instructions per WebSocket echo (user space, one worker)")
+    results = []
+    with B.Procs() as procs, B.tempdir("ws_callgrind-") as tmp:
+        for s in only:
+            results.append(run_one(procs, tmp, s, a))
+    print(head)
+    print(f"- one WebSocket, 1 KiB messages one at a time; {a.messages:,} counted after 200")
+    print()
+    ref = {r["server"]: r for r in results}
+    rows = []
+    for r in results:
+        row = [r["server"]]
+        for kind in a.kinds:
+            row.append(f"{r[kind]:,.0f}")
+            row.append(f"{ref['sockherd'][kind] / r[kind]:.2f}" if "sockherd" in ref else "-")
+        rows.append(row)
+    cols = ["server"]
+    for kind in a.kinds:
+        cols += [f"{kind}: Ir per echo", f"{kind}: sockherd / this"]
+    print(B.table(cols, rows))
+    print(B.footer())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
