@@ -25,12 +25,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def shared_build(tmp_path_factory):
+def shared_build(tmp_path_factory, pytestconfig):
     """shared_build(name, key, build) -> Path: the artefact `name` of the
     build named `key` (shared_builds.digest), made by build(out) once per
     test run and reused by every test and xdist worker that asks for the
     same key (tests/shared_builds.py)."""
-    root = run_dir(tmp_path_factory.getbasetemp())
+    root = run_dir(tmp_path_factory.getbasetemp(), hasattr(pytestconfig, "workerinput"))
     return lambda name, key, build: build_once(root, name, key, build)
 
 

@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 
-def run_dir(basetemp: Path) -> Path:
-    """The directory every process of this pytest run shares: under xdist
-    each worker's basetemp is a child of it (popen-gwN), else basetemp."""
-    return basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+def run_dir(basetemp: Path, xdist_worker: bool) -> Path:
+    """The directory every process of this pytest run shares: an xdist
+    worker's basetemp is a child of it (popen-gwN), else basetemp itself.
+    (Asked of the config, not of PYTEST_XDIST_WORKER, which the children a
+    worker starts inherit.)"""
+    return basetemp.parent if xdist_worker else basetemp
 
 
 def digest(flags: Iterable[str], files: Iterable[Path | str]) -> str:
