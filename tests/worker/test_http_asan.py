@@ -22,9 +22,10 @@ test_pipelined_output.py, test_http_refusals.py) and the ASGI adapter's
 (test_asgi_http.py, test_asgi_app_errors.py, test_asgi_flow_control.py,
 test_aio_loop.py, and its extensions': test_asgi_pathsend.py,
 test_asgi_trailers.py, test_asgi_body_timeout.py), the trusted proxy headers' (test_forwarded_headers.py,
-test_forwarded_asgi.py: garbage values included) run against that build in a child interpreter
-with libasan preloaded (conftest.py swaps it in). Any sanitizer report
-fails the run."""
+test_forwarded_asgi.py: garbage values included) run against that build in child
+interpreters with libasan preloaded (conftest.py swaps it in), one per part
+of PARTS below. Any sanitizer report fails the run. The build is the one
+the conftest's http_asan_env makes once per test run (tests/http_asan.py)."""
 from __future__ import annotations
 
 import os
