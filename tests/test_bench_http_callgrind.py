@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "http_callgrind.py"
 pytestmark = [
     pytest.mark.timeout(330),
+    pytest.mark.long,
     pytest.mark.skipif(shutil.which("valgrind") is None or
                        shutil.which("callgrind_control") is None,
                        reason="valgrind not installed"),

@@ -134,10 +134,11 @@ import pytest
 from test_c_sanitizers import (
     CTL_REPORT_NOMEM, FDCORE, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
     SHARED_AFFINITY, SHARED_TAKEOVER, STRESS_CFLAGS, UPDATE_PASS_CLOSE,
-    build_program, run_program,
+    build_program, build_shared, run_program,
     san_env,
     stress_argv, stress_sources,
 )
+from test_c_sanitizers import stress_binary  # noqa: F401  (a fixture, for clean_stress)
 
 BUDGET = float(os.environ.get("FDC_MUTATION_BUDGET") or 60)
 SEEDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
@@ -389,10 +390,10 @@ def test_mutants_apply(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def clean_stress(tmp_path_factory):
-    """The stress program on the unmutated core (the control's build)."""
-    return build_program(tmp_path_factory.mktemp("clean") / "stress_fd", STRESS_SAN,
-                         stress_sources(), cflags=STRESS_CFLAGS)
+def clean_stress(stress_binary):
+    """The stress program on the unmutated core (the control's build: the
+    one tests/test_c_sanitizers.py runs, compiled once per test run)."""
+    return stress_binary(STRESS_SAN)
 
 
 def failure(res: subprocess.CompletedProcess | None) -> str | None:
@@ -415,6 +416,7 @@ def run_bounded(argv, env, timeout):
         return argv, None
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case,mutant,mode,groups,extra", STRESS_CASES,
                          ids=[c[0] for c in STRESS_CASES])
 def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, groups, extra):
@@ -459,7 +461,7 @@ def test_stress_catches_mutant(tmp_path, clean_stress, case, mutant, mode, group
         f"{res.stdout[-2000:] if res else ''}\n{res.stderr[-8000:] if res else ''}")
 
 
-def assert_repro_catches(tmp_path, mutant: str, source: Path, fail_line: str,
+def assert_repro_catches(tmp_path, shared_build, mutant: str, source: Path, fail_line: str,
                          cflags: tuple[str, ...] = ()) -> None:
     """A tests/c/repro/ program built under ASAN against the mutant exits 1
     with fail_line (on either stream); the control, on the unmutated core,
@@ -475,50 +477,50 @@ def assert_repro_catches(tmp_path, mutant: str, source: Path, fail_line: str,
         f"{res.returncode}\n{res.stdout}\n{res.stderr[-8000:]}")
     print(f"{mutant}: caught by {source.stem} in {time.monotonic() - t0:.2f} s")
 
-    # control (also tests/test_c_sanitizers.py): the unmutated core passes
-    clean = build_program(tmp_path / f"{source.stem}_clean", "asan", [str(source)],
-                          cflags=cflags)
+    # control (also tests/test_c_sanitizers.py, whose build this is): the
+    # unmutated core passes
+    clean = build_shared(shared_build, source.stem, "asan", [str(source)], cflags=cflags)
     argv, res = run_bounded([str(clean)], san_env("asan"), timeout=60)
     assert res is not None and res.returncode == 0 and res.stdout.startswith("OK"), (
         f"control: {source.stem} on the unmutated core: {res and res.returncode}\n"
         f"{res and res.stdout}\n{res and res.stderr[-8000:]}")
 
 
-def test_repro_walk_catches_bug2(tmp_path):
-    assert_repro_catches(tmp_path, "bug2", REPRO_WALK,
+def test_repro_walk_catches_bug2(tmp_path, shared_build):
+    assert_repro_catches(tmp_path, shared_build, "bug2", REPRO_WALK,
                          "FAIL: W's update pass ended with its update bit on B")
 
 
-def test_shared_affinity_catches_siblings_first(tmp_path):
+def test_shared_affinity_catches_siblings_first(tmp_path, shared_build):
     """Issue 21's affinity: a sibling registered before the inserting thread
     gets the arrivals while both sleep (the stress cannot see who was
     first; tests/c/repro/shared_affinity.c can)."""
-    assert_repro_catches(tmp_path, "shared-siblings-first", SHARED_AFFINITY,
+    assert_repro_catches(tmp_path, shared_build, "shared-siblings-first", SHARED_AFFINITY,
                          "FAIL: inserter T1 round 0")
 
 
-def test_shared_affinity_catches_reregistration(tmp_path):
+def test_shared_affinity_catches_reregistration(tmp_path, shared_build):
     """The affinity fix: a direction change (a response larger than the
     socket buffer) re-registering the inserter's exclusive entry puts it
     behind its sibling's, and the next arrival goes to the sibling while
     both sleep (round 1, after the first changes)."""
-    assert_repro_catches(tmp_path, "shared-reregister", SHARED_AFFINITY,
+    assert_repro_catches(tmp_path, shared_build, "shared-reregister", SHARED_AFFINITY,
                          "FAIL: inserter T1 round 1")
 
 
-def test_shared_takeover_catches_a_taken_shared_fd(tmp_path):
+def test_shared_takeover_catches_a_taken_shared_fd(tmp_path, shared_build):
     """A takeover of a group-shared connection leaves an old owner's
     registration to swallow the next arrival (issue 21 review)."""
-    assert_repro_catches(tmp_path, "shared-takeover", SHARED_TAKEOVER,
+    assert_repro_catches(tmp_path, shared_build, "shared-takeover", SHARED_TAKEOVER,
                          "FAIL: the new owner T2 never heard of the arrival")
 
 
-def test_replay_kept_nomem_catches_a_retry_in_the_same_pass(tmp_path):
+def test_replay_kept_nomem_catches_a_retry_in_the_same_pass(tmp_path, shared_build):
     """A kept edge's replay that cannot be queued is retried by the next
     update pass, never by the one that met it (tests/c/repro/
     replay_kept_nomem.c: the pass never ends, and its child's alarm kills
     it; before the retry ring, it died on local_append's trap)."""
-    assert_repro_catches(tmp_path, "replay-kept-same-pass", REPLAY_KEPT_NOMEM,
+    assert_repro_catches(tmp_path, shared_build, "replay-kept-same-pass", REPLAY_KEPT_NOMEM,
                          "FAIL: the update pass with the replay unqueueable died",
                          cflags=("-Wl,--wrap=realloc",))
 
@@ -532,26 +534,26 @@ WRAP_REALLOC = ("-Wl,--wrap=realloc",)
     ("nomem-no-timer", "FAIL: a 300 ms poll while memory is short"),
     ("nomem-no-backoff", "FAIL: a 300 ms poll while memory is short"),
 ])
-def test_replay_kept_shared_nomem_catches(tmp_path, mutant, fail_line):
+def test_replay_kept_shared_nomem_catches(tmp_path, shared_build, mutant, fail_line):
     """The out-of-memory retry of a kept edge on an fd shared with a
     sleeping sibling (review of fd3c058): listed once, retried with a
     back-off, never a wake-up of its own, replayed once memory is back
     (tests/c/repro/replay_kept_shared_nomem.c)."""
-    assert_repro_catches(tmp_path, mutant, REPLAY_KEPT_SHARED_NOMEM, fail_line,
+    assert_repro_catches(tmp_path, shared_build, mutant, REPLAY_KEPT_SHARED_NOMEM, fail_line,
                          cflags=WRAP_REALLOC)
 
 
 @pytest.mark.parametrize("mutant", ["nomem-ctl-dropped", "nomem-no-timer"])
-def test_ctl_report_nomem_catches(tmp_path, mutant):
+def test_ctl_report_nomem_catches(tmp_path, shared_build, mutant):
     """A failed registration's report that found no memory is told once
     memory is back, within a back-off (tests/c/repro/ctl_report_nomem.c)."""
-    assert_repro_catches(tmp_path, mutant, CTL_REPORT_NOMEM,
+    assert_repro_catches(tmp_path, shared_build, mutant, CTL_REPORT_NOMEM,
                          "FAIL: the failed registration's report",
                          cflags=("-Wl,--wrap=epoll_ctl,--wrap=realloc",))
 
 
-def test_update_pass_close_catches_a_trim_under_the_walk(tmp_path):
+def test_update_pass_close_catches_a_trim_under_the_walk(tmp_path, shared_build):
     """A close during an update pass must not trim the entries the pass
     walks (tests/c/repro/update_pass_close.c)."""
-    assert_repro_catches(tmp_path, "close-trims-walk", UPDATE_PASS_CLOSE,
+    assert_repro_catches(tmp_path, shared_build, "close-trims-walk", UPDATE_PASS_CLOSE,
                          "FAIL: the pass that closed Y")

@@ -21,9 +21,10 @@ listed once per fd in its thread's retry ring and retried with a back-off
 (poller.c, retry_later); update_pass_close.c since a close during an
 update pass no longer trims the entries the pass walks.
 
-The C programs are compiled here, once per sanitizer and per xdist worker,
-into a temporary directory, from fdcore/*.c and tests/c/*.c as they are now
-(tests/c/repro/ is not part of the stress program). tests/test_c_mutations.py
+The C programs are compiled here from fdcore/*.c and tests/c/*.c as they
+are now (tests/c/repro/ is not part of the stress program), once per
+sanitizer and per test run, shared by the xdist workers and by
+tests/test_c_mutations.py's controls (tests/shared_builds.py). tests/test_c_mutations.py
 builds the same programs against copies of the core with known bugs put
 back, and checks that they fail.
 
@@ -48,6 +49,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from shared_builds import digest
 
 ROOT = Path(__file__).resolve().parent.parent
 FDCORE = ROOT / "fdcore"
@@ -155,18 +158,21 @@ def san_env(san):
     return env
 
 
+def build_shared(shared_build, name, san, sources, core=FDCORE, cflags=()):
+    """build_program's artefact, made once per test run (the conftest's
+    shared_build): the same program under the same sanitizer and flags, on
+    a core of the same bytes, is compiled by the first test that asks."""
+    headers = [*sorted(Path(core).glob("*.h")), *sorted(CDIR.glob("*.h")),
+               *sorted((CDIR / "repro").glob("*.h"))]
+    key = digest([san or "plain", *cflags], [*core_sources(core), *sources, *headers])
+    return shared_build(name, key, lambda out: build_program(out, san, sources, core, cflags))
+
+
 @pytest.fixture(scope="session")
-def stress_binary(tmp_path_factory):
+def stress_binary(shared_build):
     """Returns a builder: sanitizer name -> path of the compiled program."""
-    built = {}
-
-    def build(san):
-        if san not in built:
-            out = tmp_path_factory.mktemp(f"stress-{san}") / "stress_fd"
-            built[san] = build_program(out, san, stress_sources(), cflags=STRESS_CFLAGS)
-        return built[san]
-
-    return build
+    return lambda san: build_shared(shared_build, "stress_fd", san, stress_sources(),
+                                    cflags=STRESS_CFLAGS)
 
 
 def run_program(argv, env, timeout=RUN_TIMEOUT):
@@ -207,11 +213,11 @@ def test_stress_under_sanitizer(stress_binary, san, mode, groups, extra):
     assert f"SUMMARY mode={mode}" in res.stdout, f"{where}: no summary\n{res.stdout}\n{res.stderr}"
 
 
-def assert_repro_passes(tmp_path, san, source, cflags=()):
+def assert_repro_passes(shared_build, san, source, cflags=()):
     """Builds one program of tests/c/repro/ (its own main) on the current
     core under `san` and runs it: exit 0 with "OK", no sanitizer report.
     Exit 2 (the interleaving could not be driven) proves nothing."""
-    binary = build_program(tmp_path / source.stem, san, [str(source)], cflags=cflags)
+    binary = build_shared(shared_build, source.stem, san, [str(source)], cflags=cflags)
     argv, res = run_program([str(binary)], san_env(san), timeout=60)
     assert res.returncode != 2, f"not driven:\n{res.stdout}\n{res.stderr[-4000:]}"
     found = [r for r in REPORTS if r in res.stderr]
@@ -224,20 +230,20 @@ def assert_repro_passes(tmp_path, san, source, cflags=()):
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_repro_walk_under_sanitizer(tmp_path, san):
+def test_repro_walk_under_sanitizer(shared_build, san):
     """The walker carried past an update by a removed and re-added entry
     walks again (issue 6, bug 2), driven deterministically with pthreads
     and the step hook: exit 0 and "OK" on the current core."""
-    assert_repro_passes(tmp_path, san, REPRO_WALK)
+    assert_repro_passes(shared_build, san, REPRO_WALK)
 
 
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_shared_affinity_under_sanitizer(tmp_path, san):
+def test_shared_affinity_under_sanitizer(shared_build, san):
     """fdc_insert_shared registers the inserting thread first: with it and
     a sibling asleep, each arrival wakes the inserter alone (issue 21)."""
-    assert_repro_passes(tmp_path, san, SHARED_AFFINITY)
+    assert_repro_passes(shared_build, san, SHARED_AFFINITY)
 
 
 REPRO_SHARED_INSERT = CDIR / "repro" / "repro_shared_insert.c"
@@ -246,20 +252,20 @@ REPRO_SHARED_INSERT = CDIR / "repro" / "repro_shared_insert.c"
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_repro_shared_insert_under_sanitizer(tmp_path, san):
+def test_repro_shared_insert_under_sanitizer(shared_build, san):
     """A sibling's update pass during fdc_insert_shared (driven by wrapping
     epoll_ctl) must leave a consistent, healthy registration."""
-    assert_repro_passes(tmp_path, san, REPRO_SHARED_INSERT, cflags=("-Wl,--wrap=epoll_ctl",))
+    assert_repro_passes(shared_build, san, REPRO_SHARED_INSERT, cflags=("-Wl,--wrap=epoll_ctl",))
 
 
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_shared_takeover_under_sanitizer(tmp_path, san):
+def test_shared_takeover_under_sanitizer(shared_build, san):
     """A takeover of a group-shared connection never leaves an old owner's
     exclusive edge-triggered registration to swallow the new owner's next
     arrival (issue 21 review): fdc_takeover refuses it."""
-    assert_repro_passes(tmp_path, san, SHARED_TAKEOVER)
+    assert_repro_passes(shared_build, san, SHARED_TAKEOVER)
 
 
 REPLAY_KEPT_NOMEM = CDIR / "repro" / "replay_kept_nomem.c"
@@ -268,12 +274,12 @@ REPLAY_KEPT_NOMEM = CDIR / "repro" / "replay_kept_nomem.c"
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_replay_kept_without_memory_under_sanitizer(tmp_path, san):
+def test_replay_kept_without_memory_under_sanitizer(shared_build, san):
     """A kept edge's replay that cannot be queued (realloc fails: wrapped
     at link time) is retried by a later update pass, not by the same one
     for ever, and told once memory is back (review of the kept edges,
     finding 2)."""
-    assert_repro_passes(tmp_path, san, REPLAY_KEPT_NOMEM, cflags=("-Wl,--wrap=realloc",))
+    assert_repro_passes(shared_build, san, REPLAY_KEPT_NOMEM, cflags=("-Wl,--wrap=realloc",))
 
 
 REPLAY_KEPT_SHARED_NOMEM = CDIR / "repro" / "replay_kept_shared_nomem.c"
@@ -282,13 +288,14 @@ REPLAY_KEPT_SHARED_NOMEM = CDIR / "repro" / "replay_kept_shared_nomem.c"
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_replay_kept_shared_without_memory_under_sanitizer(tmp_path, san):
+def test_replay_kept_shared_without_memory_under_sanitizer(shared_build, san):
     """The same out-of-memory retry as above, on an fd shared by two
     threads whose other owner sleeps: one retry per fd, never a copy per
     pass until the process traps; retried with a back-off (never a
     wake-up of its own), and replayed within one once memory is back
     (review of fd3c058)."""
-    assert_repro_passes(tmp_path, san, REPLAY_KEPT_SHARED_NOMEM, cflags=("-Wl,--wrap=realloc",))
+    assert_repro_passes(shared_build, san, REPLAY_KEPT_SHARED_NOMEM,
+                        cflags=("-Wl,--wrap=realloc",))
 
 
 CTL_REPORT_NOMEM = CDIR / "repro" / "ctl_report_nomem.c"
@@ -297,12 +304,12 @@ CTL_REPORT_NOMEM = CDIR / "repro" / "ctl_report_nomem.c"
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_ctl_report_without_memory_under_sanitizer(tmp_path, san):
+def test_ctl_report_without_memory_under_sanitizer(shared_build, san):
     """A failed registration (epoll_ctl wrapped: ENOSPC) whose report
     cannot be queued (realloc wrapped) is reported by a later pass once
     memory is back, never dropped (issue 21, the out-of-memory paths after
     the review of fd3c058)."""
-    assert_repro_passes(tmp_path, san, CTL_REPORT_NOMEM,
+    assert_repro_passes(shared_build, san, CTL_REPORT_NOMEM,
                         cflags=("-Wl,--wrap=epoll_ctl,--wrap=realloc",))
 
 
@@ -312,8 +319,8 @@ UPDATE_PASS_CLOSE = CDIR / "repro" / "update_pass_close.c"
 @pytest.mark.sanitizer
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("san", sorted(SANITIZERS))
-def test_update_pass_close_under_sanitizer(tmp_path, san):
+def test_update_pass_close_under_sanitizer(shared_build, san):
     """A final close on th's thread during th's update pass (a hook's
     delete) leaves th's local list consistent: the pass ends with it
     empty, not at -1 entries (issue 21, th->nbupdt accounting)."""
-    assert_repro_passes(tmp_path, san, UPDATE_PASS_CLOSE)
+    assert_repro_passes(shared_build, san, UPDATE_PASS_CLOSE)

@@ -20,7 +20,7 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.long]
 
 APP = '''
 def app(environ, start_response):

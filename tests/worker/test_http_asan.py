@@ -22,76 +22,54 @@ test_pipelined_output.py, test_http_refusals.py) and the ASGI adapter's
 (test_asgi_http.py, test_asgi_app_errors.py, test_asgi_flow_control.py,
 test_aio_loop.py, and its extensions': test_asgi_pathsend.py,
 test_asgi_trailers.py, test_asgi_body_timeout.py), the trusted proxy headers' (test_forwarded_headers.py,
-test_forwarded_asgi.py: garbage values included) run against that build in a child interpreter
-with libasan preloaded (conftest.py swaps it in). Any sanitizer report
-fails the run."""
+test_forwarded_asgi.py: garbage values included) run against that build in child
+interpreters with libasan preloaded (conftest.py swaps it in), one per part
+of PARTS below. Any sanitizer report fails the run. The build is the one
+the conftest's http_asan_env makes once per test run (tests/http_asan.py)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import sysconfig
-from pathlib import Path
 
 import pytest
 
+import http_asan
+from http_asan import run_under_asan  # noqa: F401  (test_proxy_protocol_asan.py's)
+
 # bench/fuzz_http.sh --asan lengthens the run: FUZZ_HTTP_TIMEOUT seconds more
 LONGER = int(os.environ.get("FUZZ_HTTP_TIMEOUT", "0"))
-pytestmark = pytest.mark.timeout(600 + LONGER)
-
-ROOT = Path(__file__).resolve().parents[2]
-NATIVE = ROOT / "worker" / "native"
-LLHTTP = Path("/usr/share/llhttp")
+pytestmark = [pytest.mark.timeout(600 + LONGER), pytest.mark.long]
 
 
 def build_asan(tmp_path) -> dict:
     """The extension built again with ASan + UBSan into tmp_path; the
-    environment that makes a child interpreter load it (conftest.py)."""
-    so = tmp_path / ("_http" + sysconfig.get_config_var("EXT_SUFFIX"))
-    flags = ["-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-             "-fvisibility=hidden",
-             "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11", "-shared", "-fPIC"]
-    # every file of the extension, as setup.py builds it
-    sources = [*sorted(NATIVE.glob("*.c")),
-               LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
-    subprocess.run(["gcc", *flags, f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
-                    f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-o", str(so)],
-                   check=True, timeout=300)
-    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    return dict(os.environ, SOCKHERD_HTTP_MODULE=str(so), LD_PRELOAD=libasan,
-                # CPython's own allocations are not ours to judge (leaks at exit)
-                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
-                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
-                PYTHONMALLOC="malloc")
+    environment that makes a child interpreter load it (conftest.py). The
+    suite's own tests take the conftest's http_asan_env instead, built
+    once per run."""
+    return http_asan.child_env(http_asan.build(tmp_path / http_asan.SO_NAME))
 
 
-def run_under_asan(env: dict, files: list[str], timeout: float) -> None:
-    """pytest on files (of tests/worker) in a child with the sanitizer
-    build; fails on a failed test or any sanitizer report."""
-    # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          "-p", "no:xdist",
-                          *(str(ROOT / "tests" / "worker" / f) for f in files)],
-                         env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    report = run.stdout[-3000:] + run.stderr[-6000:]
-    assert run.returncode == 0, report
-    assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, report
-    assert " passed" in run.stdout, report
+# The files above, in parts of a similar length that xdist runs side by
+# side (one child over all of them was the suite's longest test by far):
+# each part is a child interpreter of its own on the same build.
+PARTS = {
+    "parser": ["test_http_parser.py", "test_http_review.py", "test_http_smuggling.py",
+               "test_http_limits.py"],
+    "fuzz": ["test_engine_fuzz.py", "test_http_framing_fuzz.py", "test_http_framing_known.py",
+             "test_http_pipeline_eof.py"],
+    "engine": ["test_wsgi.py", "test_app_containment.py", "test_parked_response_body.py",
+               "test_body_buffer_engine.py", "test_dispatch_spill_queue.py"],
+    "responses": ["test_response_streaming.py", "test_response_headers.py",
+                  "test_pipelined_output.py", "test_http_refusals.py",
+                  "test_forwarded_headers.py"],
+    "asgi": ["test_asgi_http.py", "test_asgi_app_errors.py", "test_asgi_flow_control.py",
+             "test_aio_loop.py", "test_asgi_pathsend.py", "test_asgi_trailers.py",
+             "test_asgi_body_timeout.py", "test_forwarded_asgi.py"],
+}
 
 
-def test_parser_suite_under_asan_and_ubsan(tmp_path):
-    env = build_asan(tmp_path)
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_parser_suite_under_asan_and_ubsan(http_asan_env, part):
+    env = dict(http_asan_env)
     # the framing fuzz's share of this run: tens of seconds unless asked for more
     env["FUZZ_HTTP_EXAMPLES"] = os.environ.get("FUZZ_HTTP_EXAMPLES", "100")
-    run_under_asan(env, [
-        "test_http_parser.py", "test_http_review.py", "test_http_smuggling.py",
-        "test_http_limits.py", "test_wsgi.py", "test_app_containment.py", "test_engine_fuzz.py",
-        "test_http_framing_fuzz.py", "test_http_framing_known.py", "test_http_pipeline_eof.py",
-        "test_parked_response_body.py", "test_body_buffer_engine.py",
-        "test_dispatch_spill_queue.py", "test_response_streaming.py",
-        "test_response_headers.py", "test_pipelined_output.py", "test_http_refusals.py",
-        "test_asgi_http.py", "test_asgi_app_errors.py", "test_asgi_flow_control.py",
-        "test_aio_loop.py", "test_asgi_pathsend.py", "test_asgi_trailers.py",
-        "test_asgi_body_timeout.py", "test_forwarded_headers.py", "test_forwarded_asgi.py"],
-        timeout=700 + LONGER)
+    run_under_asan(env, PARTS[part], timeout=700 + LONGER)

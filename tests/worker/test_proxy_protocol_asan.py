@@ -10,14 +10,14 @@ import os
 
 import pytest
 
-from test_http_asan import LONGER, build_asan, run_under_asan
+from test_http_asan import LONGER, run_under_asan
 
 LONGER_PROXY = int(os.environ.get("FUZZ_PROXY_TIMEOUT", "0"))
-pytestmark = pytest.mark.timeout(600 + LONGER + LONGER_PROXY)
+pytestmark = [pytest.mark.timeout(600 + LONGER + LONGER_PROXY), pytest.mark.long]
 
 
-def test_proxy_protocol_under_asan_and_ubsan(tmp_path):
-    env = build_asan(tmp_path)
+def test_proxy_protocol_under_asan_and_ubsan(http_asan_env):
+    env = dict(http_asan_env)
     env["FUZZ_PROXY_EXAMPLES"] = os.environ.get("FUZZ_PROXY_EXAMPLES", "300")
     run_under_asan(env, ["test_proxy_protocol_fuzz.py", "test_proxy_protocol_http.py",
                          "test_proxy_protocol_stream.py"], timeout=500 + LONGER_PROXY)
