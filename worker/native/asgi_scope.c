@@ -174,14 +174,10 @@ PyObject *asgi_build_scope(HttpConn *c)
 	size_t tlen = hp->url_len, plen, qlen = 0;
 	const char *query = NULL;
 	uint32_t host = 0, host_len = 0, path_off = 0;
-	/* made big enough for every key at once: a copy of the base (five
-	 * keys) grew twice while the request's were added (callgrind) */
-	PyObject *scope = _PyDict_NewPresized(PyDict_GET_SIZE(s->base) + 12), *v;
+	PyObject *scope = PyDict_Copy(s->base), *v;
 
 	if (!scope)
 		return NULL;
-	if (PyDict_Update(scope, s->base) < 0)
-		goto fail;
 	/* the asgi dict and the state: each request its own copy (an app
 	 * that writes to them must not reach the next request) */
 	v = PyDict_GetItemWithError(scope, K_ASGI);
