@@ -204,8 +204,11 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
         self._fast()
 
     def _turn(self, timeout) -> None:
-        """The select of an iteration that turns, and its events."""
-        self._process_events(self._selector.select(timeout))
+        """The select of an iteration that turns, and its events (most
+        turns have none of the app's fds: no call then)."""
+        events = self._selector.select(timeout)
+        if events:
+            self._process_events(events)
 
 
 def run(owner, th, me: int, turn, started) -> None:
