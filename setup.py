@@ -33,7 +33,8 @@ setup(
     ), Extension(
         # a loop thread's asyncio handles and ready pass (worker/aio.py)
         "sockherd.worker._aio",
-        sources=["worker/aio_native/handles.c"],
+        sources=["worker/aio_native/handles.c", "worker/aio_native/tasks.c"],
+        depends=["worker/aio_native/aio.h"],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
     ), Extension(
         # the ipc layer's nesting bound, walked in C (ipc/nesting.py)

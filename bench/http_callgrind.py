@@ -22,7 +22,9 @@ connections and sends `GET /` round-robin, one request in flight at a time
 uncounted, `callgrind_control -z` on the worker, --requests counted,
 `callgrind_control -d`; the figure is the dump's total Ir / requests. It
 counts the worker's user space (every thread: Python, the engine, libc), not
-the kernel. PYTHONHASHSEED=0 everywhere. --runs N starts each server N times
+the kernel. PYTHONHASHSEED=0 everywhere. `--checkout uvicorn` (an ASGI --app)
+counts the peer the same way: one uvicorn process (httptools + uvloop, as
+asgi_hello.py starts it, from bench/.venv-peers) under the same valgrind. --runs N starts each server N times
 (a fresh process each): the spread between runs of one checkout says how
 repeatable the count is (expect well under 1 %). --keep DIR keeps the dumps
 (cg-LABEL-tT-rR.PID) for `callgrind_annotate --inclusive=no DUMP`.
@@ -57,7 +59,14 @@ APPS = {
 }
 
 
+UVICORN = "uvicorn"       # --checkout uvicorn: the peer (bench/.venv-peers), not a checkout
+
+
 def sockherd_bin(checkout: str) -> str:
+    if checkout == UVICORN:
+        if not os.access(B.PEERS_PY, os.X_OK):
+            raise B.BenchError(f"{B.PEERS_PY} missing: run `sh bench/setup_peers.sh` first")
+        return B.PEERS_PY
     path = os.path.join(checkout, ".venv", "bin", "sockherd")
     if not os.access(path, os.X_OK):
         raise B.BenchError(f"{path} missing: make that checkout's .venv first")
@@ -74,6 +83,14 @@ def git_line(checkout: str) -> str:
     return (f"git {git('rev-parse', '--short', 'HEAD')} "
             f"({git('log', '-1', '--format=%s')[:60]}), modified: "
             f"{' '.join(ln[3:] for ln in dirty.splitlines()) or 'none'}")
+
+
+def peer_line() -> str:
+    vers = subprocess.run([B.PEERS_PY, "-c", "import importlib.metadata as m; print(' '.join("
+                           "f'{p}/{m.version(p)}' for p in ('uvicorn','uvloop','httptools',"
+                           "'fastapi')))"], capture_output=True, text=True).stdout.strip()
+    return (f"uvicorn APP --http httptools --loop uvloop --no-access-log, one process "
+            f"({B.PEERS_VENV}: {vers})")
 
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -134,6 +151,18 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
     vg = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
           f"--callgrind-out-file={pattern}%p"]
     target, interface, body = APPS[a.app]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if checkout == UVICORN:
+        # one uvicorn process (no --workers: it serves in the process it
+        # starts in), asgi_hello.py's flags; the count's pid is valgrind's own
+        argv = [B.PEERS_PY, "-m", "uvicorn", target, "--app-dir", B.APPS,
+                "--host", "127.0.0.1", "--port", str(port), "--http", "httptools",
+                "--loop", "uvloop", "--no-access-log", *extra]
+        p = procs.start(vg + argv, log_path=log, env=env, cwd=B.APPS)
+        B.wait_for(lambda: "Application startup complete" in B.read_text(log), a.timeout,
+                   f"{tag} started")
+        pid = p.pid
+        return _count(procs, p, pid, port, pattern, tag, keep, a, body, threads)
     argv = [sockherd_bin(checkout), "run", target, "--interface", interface,
             "--pythonpath", B.APPS, "-w", "1", "-t", str(threads),
             "-b", f"127.0.0.1:{port}", "--control", "off",
@@ -142,9 +171,15 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
             # the worker's main thread wakes per heartbeat: work per second, not
             # per request, which a slower (loaded) run would count more of
             "--heartbeat-interval", "300", *extra]
-    env = dict(os.environ, PYTHONHASHSEED="0")
     p = procs.start(vg + argv, log_path=log, env=env, cwd=B.APPS)
     pid = B.wait_sockherd_ready(p, log, 1, timeout=a.timeout)[0]
+    return _count(procs, p, pid, port, pattern, tag, keep, a, body, threads)
+
+
+def _count(procs: B.Procs, p, pid: int, port: int, pattern: str, tag: str,
+           keep: str | None, a, body: bytes, threads: int) -> float:
+    """The server p (its serving process pid, under callgrind) answering:
+    the warm-up, the counted requests, the dump; p stopped."""
     conns = [HC.HttpConn(port, a.timeout) for _ in range(a.conns)]
 
     def answering():            # the worker logs ready an instant before it serves
@@ -222,7 +257,7 @@ def main() -> int:
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         raise B.BenchError("valgrind (Debian package valgrind) is needed")
     specs = [c.partition("::") for c in a.checkout] or [(B.ROOT, "", "")]
-    paths = [os.path.abspath(c) for c, _, _ in specs]
+    paths = [c if c == UVICORN else os.path.abspath(c) for c, _, _ in specs]
     extras = [shlex.split(x) for _, _, x in specs]
     for pth in paths:
         sockherd_bin(pth)
@@ -243,7 +278,7 @@ def main() -> int:
                         run_one(procs, tmp, a.keep, pth, re.sub(r"[^\w.-]+", "_", lb)[:60], t, run, a, x))
     print(head)
     for pth, lb in zip(paths, labels):
-        print(f"- {lb}: {pth}, {git_line(pth)}")
+        print(f"- {lb}: {peer_line() if pth == UVICORN else f'{pth}, {git_line(pth)}'}")
     vg = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
     print(f"- -w 1, {a.conns} keep-alive connections, "
           f"{'a request on each at once (--burst)' if a.burst else 'one request in flight'}"

@@ -44,7 +44,8 @@ import logging
 import math
 import selectors
 
-from sockherd.worker._aio import caller as _caller, runner as _runner
+from sockherd.worker._aio import (caller as _caller, not_debugging as _not_debugging,
+                                  runner as _runner, task_maker as _task_maker)
 
 from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
 
@@ -169,15 +170,17 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
     every _TURN_EVERY iterations or _TURN_AFTER seconds (above). Its
     handles are C objects that behave as asyncio's, made by call_soon,
     call_at and call_later in C without the checks only a debugging loop
-    needs (worker/aio_native/handles.c). A loop in debug mode runs
-    asyncio's own code throughout."""
+    needs (worker/aio_native/handles.c); its create_task and get_debug
+    too (worker/aio_native/tasks.c). A loop in debug mode runs asyncio's
+    own code throughout."""
 
     def _fast(self) -> None:
-        """Our C call_soon, call_at, call_later and _run_once while the loop
-        is open and not debugging (found where asyncio's C Task and Future
-        and run_forever look: an instance attribute before the class's
-        method), asyncio's own otherwise: they check what ours do not."""
-        names = ("call_soon", "call_at", "call_later", "_run_once")
+        """Our C call_soon, call_at, call_later, _run_once, create_task and
+        get_debug while the loop is open and not debugging (found where
+        asyncio's C Task and Future and run_forever look: an instance
+        attribute before the class's method), asyncio's own otherwise: they
+        check what ours do not."""
+        names = ("call_soon", "call_at", "call_later", "_run_once", "create_task", "get_debug")
         if self._debug or self._closed:
             for name in names:
                 self.__dict__.pop(name, None)
@@ -187,6 +190,10 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
         self.call_at = _caller(self, 1, base.call_at)
         self.call_later = _caller(self, 2, base.call_later)
         self._run_once = _runner(self, self._turn, base._run_once, _TURN_EVERY, _TURN_AFTER)
+        # every request's task is made here (asgi_app.c); a task factory
+        # set by the app is still honoured (it goes to asyncio's own)
+        self.create_task = _task_maker(self, base.create_task)
+        self.get_debug = _not_debugging         # asyncio's Future asks it per Future
 
     def set_debug(self, enabled: bool) -> None:
         super().set_debug(enabled)          # asyncio's __init__ calls it too
@@ -197,8 +204,11 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
         self._fast()
 
     def _turn(self, timeout) -> None:
-        """The select of an iteration that turns, and its events."""
-        self._process_events(self._selector.select(timeout))
+        """The select of an iteration that turns, and its events (most
+        turns have none of the app's fds: no call then)."""
+        events = self._selector.select(timeout)
+        if events:
+            self._process_events(events)
 
 
 def run(owner, th, me: int, turn, started) -> None:

@@ -1,6 +1,7 @@
 /* sockherd.worker._aio: the hot part of a loop thread's asyncio loop in C
  * (worker/aio.py ThreadEventLoop): its callback handles, its call_soon,
- * and the pass that runs the ready callbacks of one iteration.
+ * and the pass that runs the ready callbacks of one iteration (its
+ * create_task and get_debug: tasks.c).
  *
  * Why: asyncio's Handle, call_soon and the ready pass of _run_once are
  * Python; an iteration that runs one short callback spends most of its
@@ -24,6 +25,8 @@
 #include <structmember.h>
 #include <string.h>
 #include <time.h>
+
+#include "aio.h"
 
 typedef struct {
 	PyObject_HEAD
@@ -953,6 +956,10 @@ static PyMethodDef module_methods[] = {
 	 "runner(loop, turn, base, every, after): loop's _run_once in C"},
 	{"run_ready", (PyCFunction)(void (*)(void))run_ready, METH_FASTCALL,
 	 "run_ready(popleft, n): runs n ready handles"},
+	{"task_maker", aio_task_maker, METH_VARARGS,
+	 "task_maker(loop, base): loop's create_task in C (tasks.c)"},
+	{"not_debugging", aio_not_debugging, METH_NOARGS,
+	 "not_debugging() -> False: a loop's get_debug while not debugging (tasks.c)"},
 	{NULL},
 };
 
@@ -966,7 +973,8 @@ PyMODINIT_FUNC PyInit__aio(void)
 	PyObject *m;
 
 	if (PyType_Ready(&HandleType) < 0 || PyType_Ready(&TimerHandleType) < 0 ||
-	    PyType_Ready(&CallerType) < 0 || PyType_Ready(&RunnerType) < 0)
+	    PyType_Ready(&CallerType) < 0 || PyType_Ready(&RunnerType) < 0 ||
+	    aio_tasks_init() < 0)
 		return NULL;
 	{
 		PyObject *hq = PyImport_ImportModule("heapq");

@@ -63,6 +63,9 @@ PyObject *asgi_disconnect(void);
  * NULL with an error. */
 PyObject *asgi_take_body(AsgiCall *call);
 int asgi_make_keys(void);
+int asgi_call_make(void);                       /* its keys (module init) */
+/* call.receive and call.send (new references; 0, or -1 with both NULL) */
+int asgi_call_methods(AsgiCall *call, PyObject **receive, PyObject **send);
 /* the adapter's constants (module init) */
 int asgi_make_app(void);
 

@@ -31,6 +31,15 @@
 #include "asgi.h"
 
 static PyObject *P_500;                    /* the 500's status line and field, made once */
+static PyObject *S_create_task;
+
+/* The request's task, made by its loop's create_task (worker/aio_native/
+ * tasks.c while the loop is not debugging: a task factory the app set is
+ * honoured, the name and context are asyncio's), a new reference. */
+static PyObject *asgi_task(AsgiCall *call, PyObject *coro)
+{
+	return PyObject_CallMethodOneArg(call->aio, S_create_task, coro);
+}
 
 /* ---- the codec's calls: a request, served ----------------------------------------------------- */
 
@@ -98,10 +107,10 @@ int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 		return -1;
 	/* the connection holds the call from now: a close drops it */
 	c->call = Py_NewRef((PyObject *)call);
-	receive = PyObject_GetAttrString((PyObject *)call, "receive");
-	send = PyObject_GetAttrString((PyObject *)call, "send");
+	if (asgi_call_methods(call, &receive, &send) < 0)
+		goto ours;
 	done = PyCFunction_New(&done_def, (PyObject *)call);
-	if (!receive || !send || !done)
+	if (!done)
 		goto ours;
 	args[0] = s->app;
 	args[1] = scope;
@@ -110,7 +119,7 @@ int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 	args[4] = done;
 	coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
 	/* the app's body runs in the loop's ready pass right after this turn */
-	task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
+	task = coro ? asgi_task(call, coro) : NULL;
 	rc = task ? RESPOND_PARKED : -1;       /* running: the requests behind it wait */
 ours:
 	if (rc < 0) {
@@ -251,5 +260,7 @@ int asgi_make_app(void)
 {
 	P_500 = PyBytes_FromString("HTTP/1.1 500 Internal Server Error\r\n"
 	                           "Content-Type: text/plain; charset=utf-8\r\n");
-	return P_500 && asgi_make_keys() == 0 ? asgi_ext_make() : -1;
+	S_create_task = PyUnicode_InternFromString("create_task");
+	return P_500 && S_create_task && asgi_make_keys() == 0 && asgi_call_make() == 0
+	       ? asgi_ext_make() : -1;
 }

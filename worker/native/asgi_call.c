@@ -23,6 +23,32 @@
 
 PyObject *ClientDisconnected;
 
+/* the message keys send() reads, interned once: a C string key made a str
+ * and hashed at every lookup cost a hello 4.4k of its 55k instructions
+ * (callgrind, bench/http_callgrind.py --app asgi-hello) */
+static PyObject *M_TYPE, *M_STATUS, *M_HEADERS, *M_BODY, *M_MORE_BODY, *M_RECEIVE, *M_SEND;
+
+int asgi_call_make(void)
+{
+	struct { PyObject **at; const char *s; } keys[] = {
+		{&M_TYPE, "type"}, {&M_STATUS, "status"}, {&M_HEADERS, "headers"}, {&M_BODY, "body"},
+		{&M_MORE_BODY, "more_body"}, {&M_RECEIVE, "receive"}, {&M_SEND, "send"},
+	};
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
+			return -1;
+	return 0;
+}
+
+/* call.receive and call.send, the bound methods the app is given */
+int asgi_call_methods(AsgiCall *call, PyObject **receive, PyObject **send)
+{
+	*receive = PyObject_GetAttr((PyObject *)call, M_RECEIVE);
+	*send = *receive ? PyObject_GetAttr((PyObject *)call, M_SEND) : NULL;
+	return *send ? 0 : -1;
+}
+
 /* ---- an awaitable done at once -------------------------------------------------------------- */
 
 typedef struct {
@@ -263,9 +289,9 @@ static PyObject *body_bytes(AsgiCall *call, HttpConn *c, Py_buffer *view, int mo
  * its code while we use what we took out of it (a key's __eq__ in the
  * next lookup, more_body's __bool__) and that code may empty it; a
  * borrowed value would then be read after its free (review, finding 1) */
-static PyObject *field(PyObject *msg, const char *key)
+static PyObject *field(PyObject *msg, PyObject *key)
 {
-	return Py_XNewRef(PyDict_GetItemString(msg, key));
+	return Py_XNewRef(PyDict_GetItem(msg, key));   /* as GetItemString: errors ignored */
 }
 
 static PyObject *start(AsgiCall *call, PyObject *msg)
@@ -279,13 +305,13 @@ static PyObject *start(AsgiCall *call, PyObject *msg)
 		             msg);
 		return NULL;
 	}
-	status = field(msg, "status");
+	status = field(msg, M_STATUS);
 	if (!status) {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): http.response.start without a "
 		             "status", msg);
 		return NULL;
 	}
-	headers = field(msg, "headers");
+	headers = field(msg, M_HEADERS);
 	rc = head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags, &code);
 	Py_DECREF(status);
 	Py_XDECREF(headers);
@@ -319,14 +345,14 @@ static PyObject *body(AsgiCall *call, PyObject *msg)
 		             call->started ? "after the body ended" : "before http.response.start");
 		return NULL;
 	}
-	data = field(msg, "body");
+	data = field(msg, M_BODY);
 	if (data && !PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
 		PyErr_Format(PyExc_TypeError, "ASGI send(): http.response.body's body must be bytes, "
 		             "not %.100s", Py_TYPE(data)->tp_name);
 		Py_DECREF(data);
 		return NULL;
 	}
-	more_obj = field(msg, "more_body");
+	more_obj = field(msg, M_MORE_BODY);
 	more = more_obj ? PyObject_IsTrue(more_obj) : 0;
 	Py_XDECREF(more_obj);
 	if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
@@ -358,7 +384,7 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 		             Py_TYPE(msg)->tp_name);
 		return NULL;
 	}
-	type = PyDict_GetItemString(msg, "type");
+	type = PyDict_GetItem(msg, M_TYPE);
 	if (!type || !PyUnicode_Check(type)) {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
 		return NULL;
