@@ -29,47 +29,71 @@ from test_run import master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(90)
 
-# on_connect of the first connection after the test creates `block` waits
-# (in the loop thread, holding the listener) until the test writes a byte
-# to the FIFO `release`; every connection answers `PID:data`
+# the first stream connection's on_connect, or the WSGI app's call for
+# /block, after the test created `block` waits (in the loop thread) until
+# the test writes a byte to the FIFO `release`. A stream handler's
+# on_connect runs inside the accept, holding the listener; so does a WSGI
+# call for a request that came with its connection (the engine serves it
+# right after the accept: worker/loop.py _accept_native). Every answer is
+# `PID:hello`.
 APP = """\
 import os, select
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def hold():
+    try:
+        os.unlink(os.path.join(HERE, "block"))      # only the first one
+    except FileNotFoundError:
+        return
+    open(os.path.join(HERE, "in-app"), "w").close()
+    fd = os.open(os.path.join(HERE, "release"), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        select.select([fd], [], [], 60)             # the test's event
+    finally:
+        os.close(fd)
+
+
 class Held:
     def on_connect(self, conn):
-        try:
-            os.unlink(os.path.join(HERE, "block"))      # only the first one
-        except FileNotFoundError:
-            return
-        open(os.path.join(HERE, "in-connect"), "w").close()
-        fd = os.open(os.path.join(HERE, "release"), os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            select.select([fd], [], [], 60)             # the test's event
-        finally:
-            os.close(fd)
+        hold()
 
     def on_data(self, conn, data):
         conn.write(b"%d:" % os.getpid() + data)
+
+
+def app(environ, start_response):
+    if environ["PATH_INFO"] == "/block":
+        hold()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"%d:hello" % os.getpid()]
 """
 
 
-def ask(port: int, timeout: float) -> tuple[str, float]:
+def ask(kind: str, port: int, timeout: float, path: str = "/") -> tuple[str, float]:
     """One exchange on a new connection: (the answer or the error, seconds)."""
     t = time.monotonic()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"hello")
-            return s.recv(100).decode() or "EOF", time.monotonic() - t
+            if kind == "stream":
+                s.sendall(b"hello")
+                return s.recv(100).decode() or "EOF", time.monotonic() - t
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            ok = head.startswith(b"HTTP/1.1 200 ")
+            return (body if ok else data).decode() or "EOF", time.monotonic() - t
     except OSError as exc:
         return repr(exc), time.monotonic() - t
 
 
 @pytest.mark.parametrize("attempt", range(3))
+@pytest.mark.parametrize("kind", ["stream", "wsgi"])
 def test_a_new_connection_is_served_while_a_stuck_thread_defers_the_listener_delete(
-        master, tmp_path, attempt):
+        master, tmp_path, kind, attempt):
     (tmp_path / "heldapp.py").write_text(APP)
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
@@ -77,26 +101,27 @@ def test_a_new_connection_is_served_while_a_stuck_thread_defers_the_listener_del
     # for a byte, not for a writer
     wfd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     stuck: dict = {}
+    t = threading.Thread(target=lambda: stuck.update(r=ask(kind, m.port, 60, "/block")),
+                         daemon=True)
     try:
-        m = master("heldapp:Held", "-w", "1", "-t", "2", "--hard-stop-after", "30",
-                   "--idle-grace", "0.2", ready=1)
-        old_pid = int(ask(m.port, 10)[0].split(":")[0])
+        m = master("heldapp:Held" if kind == "stream" else "heldapp:app", "-w", "1", "-t", "2",
+                   "--hard-stop-after", "30", "--idle-grace", "0.2", ready=1)
+        old_pid = int(ask(kind, m.port, 10)[0].split(":")[0])
         (tmp_path / "block").touch()
-        t = threading.Thread(target=lambda: stuck.update(r=ask(m.port, 60)), daemon=True)
         t.start()
-        wait_for((tmp_path / "in-connect").exists, 10, "a loop thread stuck in on_connect")
+        wait_for((tmp_path / "in-app").exists, 10, "a loop thread stuck in the app")
         m.proc.send_signal(signal.SIGHUP)
         m.wait_log(r"reload: generation 2 serving", timeout=30)
         wait_for(lambda: "draining (" in m.text(), 10, "the old worker's drain")
-        answers = [ask(m.port, 5) for _ in range(3)]
+        answers = [ask(kind, m.port, 5) for _ in range(3)]
         for answer, took in answers:
             assert re.fullmatch(r"\d+:hello", answer), (answers, m.text())
             assert took < 2.0, f"a new connection waited {took:.1f} s: {answers}\n{m.text()}"
         assert any(int(a.split(":")[0]) != old_pid for a, _ in answers), answers
     finally:
         os.write(wfd, b"x")                       # the stuck call ends
-        t.join(30) if "t" in locals() else None
+        if t.is_alive():
+            t.join(30)
         os.close(wfd)
-    # the stuck client is served once its on_connect returns (the drain
-    # finishes it: Connection-less stream, its data echoed)
+    # the stuck client is answered once the app returns (the drain finishes it)
     assert re.fullmatch(r"\d+:hello", stuck["r"][0]), stuck
