@@ -432,25 +432,26 @@ class Loop:
         return len(fds)
 
     def _accept_stragglers(self, th, me: int) -> int:
-        """A draining thread's part of _delete_listeners(drain=True): once a
-        deleted listener is out of every poller of ours (released), new
-        connections wake the other workers' pollers; what is queued now
+        """A draining thread's part of _delete_listeners(drain=True): once no
+        poller of ours can take a deleted listener's wake-ups (_unpolled),
+        new connections wake the other workers' pollers; what is queued now
         came before, and is taken and served here (Connection: close).
-        Returns a poll timeout (ms) while a delete is still deferred, else -1."""
+        Returns a poll timeout (ms) while one is still polled, else -1."""
         deferred = self._empty_queued(lambda fd: self._adopt_accepted(th, me, fd))
         return 10 if deferred else -1
 
     def _empty_queued(self, adopt) -> bool:
-        """Accepts what is queued on each deleted listener that is released
-        (adopt(fd) each), closing its dup; True if some delete is still
-        deferred (its straggler kept for later)."""
+        """Accepts what is queued on each deleted listener that no poller of
+        ours can take a wake-up of any more (_unpolled; adopt(fd) each),
+        closing its dup; True if some is still polled (its straggler kept
+        for later)."""
         later, taken = [], 0
         while self._stragglers:
             try:
                 dup, fd, gen = self._stragglers.pop()
             except IndexError:
                 break                       # another thread took the last one
-            if not self.table.released(fd, gen):
+            if not self._unpolled(fd, gen):
                 later.append((dup, fd, gen))
                 continue
             try:
@@ -470,6 +471,24 @@ class Loop:
         if taken:
             log.info("drain: took %d connection(s) queued on a deleted listener", taken)
         return bool(later)
+
+    def _unpolled(self, fd: int, gen: int) -> bool:
+        """Whether no poller of ours can take the wake-up of a connection
+        queued on deleted listener fd (incarnation gen) any more: its delete
+        is complete (released), or the only threads still registered are
+        inside it (running: the delete is deferred to them). Such a thread
+        never waits in epoll before leaving it, and the last one to leave
+        closes it, so the kernel hands new connections to other workers.
+        Waiting for released alone stranded a connection (review, `-t 2`,
+        one thread stuck in app code it reached from the accept): the idle
+        sibling's EXCLUSIVE registration outlived the delete, took the next
+        connection's wake-up, found the listener no longer its own and
+        dropped it, and nobody accepted the connection until the stuck
+        call ended (tests/master/test_drain_never_strands_a_queued_connection.py)."""
+        if self.table.released(fd, gen):
+            return True
+        info = self.table.dump(fd)
+        return info.generation != gen or not info.polled_recv & ~info.running_mask
 
     def _adopt_accepted(self, th, me: int, fd: int) -> None:
         """A connection accepted outside fdcore's accept, made ours."""

@@ -31,8 +31,10 @@ class Streams:
     """Closed-loop SSE readers until stopped, one stream per connection;
     a stream counts when it is whole, anything else is a failure."""
 
-    def __init__(self, port: int, readers: int = 2):
+    def __init__(self, port: int, readers: int = 2, events: int = EVENTS, pause: float = 0.05):
         self.port = port
+        self.events = events
+        self.path = f"/sse?n={events}&pause={pause:g}"
         self.ok = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -44,14 +46,14 @@ class Streams:
         while not self._stop.is_set():
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=20)
             try:
-                conn.request("GET", "/sse")
+                conn.request("GET", self.path)
                 r = conn.getresponse()
                 body = r.read().decode()        # chunked: raises IncompleteRead if cut
                 events = re.findall(r"^data: (\S+) (\d+)$", body, re.M)
                 versions = {v for v, _ in events}
                 if r.status != 200:
                     self.failures.append(f"sse: status {r.status}")
-                elif [int(i) for _, i in events] != list(range(EVENTS)) or len(versions) != 1:
+                elif [int(i) for _, i in events] != list(range(self.events)) or len(versions) != 1:
                     self.failures.append(f"sse: events {events}")
                 else:
                     self.ok += 1
