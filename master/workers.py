@@ -33,6 +33,9 @@ from sockherd.master.spawn import Shortage, WorkerProcess, adopt, spawn
 from sockherd.worker import EXIT_DRAIN_DEADLINE
 from sockherd.worker.board import NOT_SERVING, SLOTS
 
+# seconds past hard_stop_after before a draining worker is killed (below)
+HARD_STOP_MARGIN = 2.0
+
 log = logging.getLogger("sockherd.master")
 
 
@@ -218,7 +221,13 @@ class ProcessTable:
                 self.events.emit("draining", worker=name(slot), pid=slot.proc.pid)
                 self.post(slot, Drain(deadline=time.monotonic() + hard_stop_after))
             elif action is Action.ARM_HARD_STOP:
-                self.at(hard_stop_after + 1.0, "hard_stop", slot, slot.proc.pid)
+                # the worker cuts what is left at hard_stop_after itself, gives
+                # open WebSockets' close handshakes half a second more
+                # (worker/bootstrap.py WS_CLOSE_GRACE) and exits 75: the kill
+                # is for a worker that cannot, so it waits past all of that
+                # (at +1.0 s, loaded workers that had closed every WebSocket
+                # cleanly were still killed: tests/ws/test_ws_reload_contract.py)
+                self.at(hard_stop_after + HARD_STOP_MARGIN, "hard_stop", slot, slot.proc.pid)
 
     def post(self, slot: Slot, msg, *, backlog: bool = True) -> bool:
         """msg to slot's worker without waiting: what its socket does not

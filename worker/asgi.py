@@ -151,6 +151,8 @@ class _ScopeAccessLog:
 def _report(scope, what: str) -> None:
     """Logs the exception being handled (set by the engine)."""
     if what == "app" and isinstance(scope, dict):
-        log.exception("app failed on %s %s", scope.get("method"), scope.get("path"))
+        # a websocket scope has no method: its type says what it was
+        log.exception("app failed on %s %s", scope.get("method") or scope.get("type"),
+                      scope.get("path"))
     else:
         log.exception("%s failed", what)

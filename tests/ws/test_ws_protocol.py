@@ -346,10 +346,14 @@ def test_app_close_with_code_and_reason(server, app):
     assert ws.protocol.close_rcvd.code == 4000 and ws.protocol.close_rcvd.reason == "done here"
 
 
-def test_app_error_after_accept_is_1011(server, app):
+def test_app_error_after_accept_is_1011(server, app, caplog):
+    caplog.set_level("ERROR", logger="sockherd.worker")
     w = RawWs(server, path="/raise")
     assert w.status == 101
     assert w.close_code() == 1011
+    # logged with what the scope was (a websocket scope has no method:
+    # this read "app failed on None /raise")
+    wait_for(lambda: "app failed on websocket /raise" in caplog.text, what="the app's error logged")
 
 
 def test_client_vanishing_is_1006(server, app):
