@@ -87,45 +87,13 @@ static PyMethodDef done_def = {"asgi_done", (PyCFunction)asgi_done, METH_O,
  * the app ends there, not in asyncio's run loop. */
 int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 {
-	Server *s = c->srv;
 	AsgiCall *call = asgi_call_new(c, scope);
-	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL;
-	PyObject *args[5];
-	int rc = -1;
+	int rc;
 
 	(void)whole;                               /* receive reads what is still to come */
 	if (!call)
 		return -1;
-	/* the connection holds the call from now: a close drops it */
-	c->call = Py_NewRef((PyObject *)call);
-	receive = PyObject_GetAttrString((PyObject *)call, "receive");
-	send = PyObject_GetAttrString((PyObject *)call, "send");
-	done = PyCFunction_New(&done_def, (PyObject *)call);
-	if (!receive || !send || !done)
-		goto ours;
-	args[0] = s->app;
-	args[1] = scope;
-	args[2] = receive;
-	args[3] = send;
-	args[4] = done;
-	coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
-	/* the app's body runs in the loop's ready pass right after this turn */
-	task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
-	rc = task ? RESPOND_PARKED : -1;       /* running: the requests behind it wait */
-ours:
-	if (rc < 0) {
-		if (coro)                              /* never run: no "never awaited" warning */
-			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
-		if (c->call == (PyObject *)call) {
-			c->call = NULL;
-			Py_DECREF(call);
-		}
-	}
-	Py_XDECREF(receive);
-	Py_XDECREF(send);
-	Py_XDECREF(done);
-	Py_XDECREF(coro);
-	Py_XDECREF(task);
+	rc = asgi_start_task(c, (PyObject *)call, scope, call->aio, &done_def);
 	Py_DECREF(call);
 	return rc;
 }

@@ -115,6 +115,53 @@ AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 	return call;
 }
 
+/* The app of a new call started: the Server's runner (s->slow, asgi.py
+ * run_call) called with the app, scope, the call's receive and send and
+ * done (done_def bound to the call), its coroutine made a task of aio,
+ * the owner loop thread's asyncio loop. The connection holds the call
+ * from here (c->call: a close drops it). RESPOND_PARKED: the app's body
+ * runs in the loop's ready pass right after this turn, the requests
+ * behind it wait. -1 with an error: nothing runs, the coroutine is
+ * closed (no "never awaited" warning) and c no longer holds the call.
+ * The caller's reference to call stays its own either way. */
+int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
+                    PyMethodDef *done_def)
+{
+	Server *s = c->srv;
+	PyObject *receive, *send, *done, *coro = NULL, *task = NULL;
+	PyObject *args[5];
+	int rc = -1;
+
+	c->call = Py_NewRef(call);
+	receive = PyObject_GetAttrString(call, "receive");
+	send = PyObject_GetAttrString(call, "send");
+	done = PyCFunction_New(done_def, call);
+	if (receive && send && done) {
+		args[0] = s->app;
+		args[1] = scope;
+		args[2] = receive;
+		args[3] = send;
+		args[4] = done;
+		coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
+		task = coro ? PyObject_CallMethod(aio, "create_task", "O", coro) : NULL;
+		rc = task ? RESPOND_PARKED : -1;
+	}
+	if (rc < 0) {
+		if (coro)
+			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (c->call == call) {
+			c->call = NULL;
+			Py_DECREF(call);
+		}
+	}
+	Py_XDECREF(receive);
+	Py_XDECREF(send);
+	Py_XDECREF(done);
+	Py_XDECREF(coro);
+	Py_XDECREF(task);
+	return rc;
+}
+
 static int Call_traverse(AsgiCall *call, visitproc visit, void *arg)
 {
 	Py_VISIT(call->scope);

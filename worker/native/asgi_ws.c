@@ -352,9 +352,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	const char *key, *ver;
 	size_t klen = 0, vlen = 0;
 	WsCall *call;
-	PyObject *receive = NULL, *send = NULL, *done = NULL, *coro = NULL, *task = NULL;
-	PyObject *args[5];
-	int rc = -1;
+	int rc;
 
 	if (!wants_websocket(hp))
 		return asgi_serve(c, scope, whole);
@@ -397,36 +395,9 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		Py_DECREF(call);
 		return -1;
 	}
-	/* the connection holds the call from now: a close drops it */
-	c->call = Py_NewRef((PyObject *)call);
-	receive = PyObject_GetAttrString((PyObject *)call, "receive");
-	send = PyObject_GetAttrString((PyObject *)call, "send");
-	done = PyCFunction_New(&done_def, (PyObject *)call);
-	if (receive && send && done) {
-		args[0] = s->app;
-		args[1] = scope;
-		args[2] = receive;
-		args[3] = send;
-		args[4] = done;
-		coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
-		task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
-		rc = task ? RESPOND_PARKED : -1;
-	}
+	rc = asgi_start_task(c, (PyObject *)call, scope, call->aio, &done_def);
 	if (rc == RESPOND_PARKED)
 		hp_free(&c->parser->hp);               /* the handshake's head: in the scope now */
-	if (rc < 0) {
-		if (coro)
-			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
-		if (c->call == (PyObject *)call) {
-			c->call = NULL;
-			Py_DECREF(call);
-		}
-	}
-	Py_XDECREF(receive);
-	Py_XDECREF(send);
-	Py_XDECREF(done);
-	Py_XDECREF(coro);
-	Py_XDECREF(task);
 	Py_DECREF(call);
 	return rc;
 }
