@@ -68,6 +68,10 @@ PyObject *asgi_disconnect(void);
  * here, or the body's end), NULL with no error if the app must wait,
  * NULL with an error. */
 PyObject *asgi_take_body(AsgiCall *call);
+/* A send()'s message checked as such (a dict with a str 'type', both
+ * send()s, HTTP and WebSocket): its type (borrowed), or NULL with the
+ * app's error naming the message. */
+PyObject *asgi_send_type(PyObject *msg);
 int asgi_make_keys(void);
 /* the adapter's constants (module init) */
 int asgi_make_app(void);

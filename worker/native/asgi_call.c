@@ -385,18 +385,7 @@ out:
 	return r;
 }
 
-/* An extension's send (asgi_ext.c: 0 done, 1 it waits, -1) as an awaitable */
-static PyObject *waited(AsgiCall *call, int rc)
-{
-	if (rc < 0)
-		return NULL;
-	if (!rc)
-		return asgi_ready(Py_None);
-	call->tx = new_future(call);
-	return Py_XNewRef(call->tx);
-}
-
-static PyObject *send(AsgiCall *call, PyObject *msg)
+PyObject *asgi_send_type(PyObject *msg)
 {
 	PyObject *type;
 
@@ -410,6 +399,26 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
 		return NULL;
 	}
+	return type;
+}
+
+/* An extension's send (asgi_ext.c: 0 done, 1 it waits, -1) as an awaitable */
+static PyObject *waited(AsgiCall *call, int rc)
+{
+	if (rc < 0)
+		return NULL;
+	if (!rc)
+		return asgi_ready(Py_None);
+	call->tx = new_future(call);
+	return Py_XNewRef(call->tx);
+}
+
+static PyObject *send(AsgiCall *call, PyObject *msg)
+{
+	PyObject *type = asgi_send_type(msg);
+
+	if (!type)
+		return NULL;
 	if (call->gone || (call->conn && call->conn->closed)) {
 		PyErr_SetString(ClientDisconnected, "the client went away");
 		return NULL;

@@ -76,33 +76,6 @@ static const char *field(const struct hp_parser *hp, const char *name, size_t *l
 	return NULL;
 }
 
-/* Whether some field named name lists token (comma-separated,
- * case-insensitive: Connection: keep-alive, Upgrade). */
-static int has_token(const struct hp_parser *hp, const char *name, const char *token)
-{
-	size_t nl = strlen(name), tl = strlen(token);
-
-	for (uint32_t i = 0; i < hp->nfields; i++) {
-		const struct hp_field *f = &hp->fields[i];
-		const char *v = hp->head + f->value, *end = v + f->value_len;
-
-		if (f->name_len != nl || strncasecmp(hp->head + f->name, name, nl))
-			continue;
-		while (v < end) {
-			const char *comma = memchr(v, ',', (size_t)(end - v)), *e = comma ? comma : end;
-
-			while (v < e && (*v == ' ' || *v == '\t'))
-				v++;
-			while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
-				e--;
-			if ((size_t)(e - v) == tl && !strncasecmp(v, token, tl))
-				return 1;
-			v = comma ? comma + 1 : end;
-		}
-	}
-	return 0;
-}
-
 /* A key is the base64 of 16 bytes: 22 characters of the alphabet, the
  * last one's low bits zero, then "==" (RFC 6455 4.1, item 7) */
 static int key_ok(const char *k, size_t n)
@@ -287,7 +260,7 @@ PyTypeObject WsCallType = {
 static int wants_websocket(const struct hp_parser *hp)
 {
 	return hp->ll.method == HTTP_GET && hp->ll.http_minor == 1 &&
-	       has_token(hp, "upgrade", "websocket") && has_token(hp, "connection", "upgrade");
+	       hp_has_token(hp, "upgrade", "websocket") && hp_has_token(hp, "connection", "upgrade");
 }
 
 /* The websocket scope from the http one the codec's request built:
@@ -302,26 +275,20 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 		return -1;
 	for (uint32_t i = 0; i < hp->nfields; i++) {
 		const struct hp_field *f = &hp->fields[i];
-		const char *s = hp->head + f->value, *end = s + f->value_len;
+		const char *s = hp->head + f->value, *end = s + f->value_len, *item;
+		size_t len;
 
 		if (f->name_len != 22 || strncasecmp(hp->head + f->name, "sec-websocket-protocol", 22))
 			continue;
-		while (s < end) {
-			const char *comma = memchr(s, ',', (size_t)(end - s)), *e = comma ? comma : end;
-
-			while (s < e && (*s == ' ' || *s == '\t'))
-				s++;
-			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
-				e--;
-			if (e > s) {
-				v = PyUnicode_DecodeLatin1(s, e - s, NULL);
-				if (!v || PyList_Append(subs, v) < 0) {
-					Py_XDECREF(v);
-					goto out;
-				}
-				Py_DECREF(v);
+		while (hp_list_next(&s, end, &item, &len)) {
+			if (!len)
+				continue;
+			v = PyUnicode_DecodeLatin1(item, (Py_ssize_t)len, NULL);
+			if (!v || PyList_Append(subs, v) < 0) {
+				Py_XDECREF(v);
+				goto out;
 			}
-			s = comma ? comma + 1 : end;
+			Py_DECREF(v);
 		}
 	}
 	if (PyDict_SetItemString(scope, "subprotocols", subs) < 0 ||
