@@ -123,7 +123,8 @@ def connection_layer(engine: Server, lim: "_Limits") -> None:
     refusal log, and the PROXY protocol header expected (worker/proxy.py)."""
     engine.log_refusals(_log_refusal)
     if lim.proxy.on:
-        engine.set_proxy(lim.proxy.mode, lim.proxy.native(), lim.proxy.unix)
+        allow = lim.proxy.allow
+        engine.set_proxy(lim.proxy.mode, allow.packed(), allow.all, allow.unix)
 
 
 def _log_refusal(peer, status: int, reason: str, count: int) -> None:
