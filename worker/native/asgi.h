@@ -90,6 +90,10 @@ void asgi_account(AsgiCall *call);
 /* Sets *fut's result (or exception exc), if it is still pending; *fut
  * cleared. Never fails (an error is unraisable). */
 void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
+/* A send's future *fut, if any, fails with ClientDisconnected (the
+ * connection closed under the call: HTTP's and WebSocket's). Never fails
+ * (an error is unraisable, told against who). */
+void asgi_resolve_gone(PyObject **fut, PyObject *who);
 
 /* Whether the future *fut still waits for its answer; one that is done
  * already (the app stopped awaiting it: wait_for's timeout, its task

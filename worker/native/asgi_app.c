@@ -179,7 +179,7 @@ int asgi_input(HttpConn *c)
 void asgi_drop(HttpConn *c, PyObject *obj)
 {
 	AsgiCall *call = (AsgiCall *)obj;
-	PyObject *msg, *exc;
+	PyObject *msg;
 
 	(void)c;
 	call->gone = 1;
@@ -190,15 +190,7 @@ void asgi_drop(HttpConn *c, PyObject *obj)
 		asgi_resolve(&call->rx, msg, NULL);
 		Py_DECREF(msg);
 	}
-	if (call->tx) {
-		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
-		if (exc) {
-			asgi_resolve(&call->tx, NULL, exc);
-			Py_DECREF(exc);
-		}
-		else
-			PyErr_WriteUnraisable(obj);
-	}
+	asgi_resolve_gone(&call->tx, obj);         /* a waiting send: the client went away */
 	Py_CLEAR(call->conn);
 	Py_DECREF(obj);                            /* the connection's reference */
 }

@@ -411,7 +411,6 @@ int asgi_ws_unread(HttpConn *c)
 void asgi_ws_drop(HttpConn *c, PyObject *obj)
 {
 	WsCall *call = (WsCall *)obj;
-	PyObject *exc;
 
 	if (!Py_IS_TYPE(obj, &WsCallType)) {
 		asgi_drop(c, obj);
@@ -419,15 +418,7 @@ void asgi_ws_drop(HttpConn *c, PyObject *obj)
 	}
 	ws_finish(call, 1006, "", 0);                 /* unless a close was exchanged */
 	ws_deliver(call);
-	if (call->tx) {
-		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
-		if (exc) {
-			asgi_resolve(&call->tx, NULL, exc);
-			Py_DECREF(exc);
-		}
-		else
-			PyErr_WriteUnraisable(obj);
-	}
+	asgi_resolve_gone(&call->tx, obj);         /* a waiting send: the client went away */
 	unlink_call(call);
 	Py_CLEAR(call->conn);
 	Py_DECREF(obj);                            /* the connection's reference */
