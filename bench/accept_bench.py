@@ -53,20 +53,28 @@ def flood(client: str, port: int, a) -> dict:
                               str(a.cur_inflight), str(a.nsrc)], timeout=a.cur_seconds + 60)
 
 
+def measured_flood(pid: int, client: str, port: int, a) -> dict:
+    """flood() with the server's process tree (pid) measured over it: its
+    CPU seconds and context switches, the box's busy cores, the client's
+    CPU, the interrupts' share."""
+    s0 = B.tree_sample(pid)
+    t0 = time.monotonic()
+    with B.BoxMeter() as box:
+        res = flood(client, port, a)
+    cpu = B.tree_delta(s0, B.tree_sample(pid), time.monotonic() - t0)
+    res["box"], res["client_cpu"] = box.busy_cores, box.children_cpu / box.seconds
+    res["irq"] = box.irq_cores
+    res["ctxsw"], res["cpu_s"] = cpu["wake"], cpu["cpu_s"]
+    return res
+
+
 def run_sockherd(procs: B.Procs, tmp: str, client: str, a) -> dict:
     port = B.free_port()
     log = os.path.join(tmp, "sockherd.log")
     p = procs.start(B.sockherd_argv("echo:CloseOnConnect", port, workers=a.workers,
                                     threads=a.threads, groups=a.groups), log_path=log)
     pids = B.wait_sockherd_ready(p, log, a.workers)
-    s0 = B.tree_sample(p.pid)
-    t0 = time.monotonic()
-    with B.BoxMeter() as box:
-        res = flood(client, port, a)
-    s1 = B.tree_sample(p.pid)
-    cpu = B.tree_delta(s0, s1, time.monotonic() - t0)
-    res["box"], res["client_cpu"] = box.busy_cores, box.children_cpu / box.seconds
-    res["irq"] = box.irq_cores
+    res = measured_flood(p.pid, client, port, a)
     rc = procs.stop(p, timeout=30)
     text = B.read_text(log)
     if rc != 0:
@@ -79,9 +87,8 @@ def run_sockherd(procs: B.Procs, tmp: str, client: str, a) -> dict:
     empty = sum(t["accept_empty"] for t in totals.values())
     loops = sum(t["loops"] for t in totals.values())
     exits = re.findall(r"worker \d+\.\d+: exited with (.*?), pid", text)
-    res["ctxsw"] = cpu["wake"]
     res.update(server="sockherd", accepted=acc, accept_empty=empty, wakeups=loops,
-               cpu_s=cpu["cpu_s"], per_worker=[totals[pid]["accepted"] for pid in pids],
+               per_worker=[totals[pid]["accepted"] for pid in pids],
                detail="; ".join(f"pid {pid}: " + " ".join(f"{k}={v}" for k, v in totals[pid].items())
                                 for pid in pids) + f"; exits: {', '.join(exits)}")
     return res
@@ -99,14 +106,7 @@ def run_prefork(procs: B.Procs, tmp: str, client: str, a, mode: str) -> dict:
                f"prefork-{mode} ready")
     if p.poll() is not None:
         raise B.BenchError(f"prefork-{mode} exited {p.returncode}: {B.read_text(log)}")
-    s0 = B.tree_sample(p.pid)
-    t0 = time.monotonic()
-    with B.BoxMeter() as box:
-        res = flood(client, port, a)
-    s1 = B.tree_sample(p.pid)
-    cpu = B.tree_delta(s0, s1, time.monotonic() - t0)
-    res["box"], res["client_cpu"] = box.busy_cores, box.children_cpu / box.seconds
-    res["irq"] = box.irq_cores
+    res = measured_flood(p.pid, client, port, a)
     rc = procs.stop(p, timeout=30)
     if rc != 0:
         raise B.BenchError(f"prefork-{mode} exited {rc}: {B.read_text(log)}")
@@ -115,10 +115,9 @@ def run_prefork(procs: B.Procs, tmp: str, client: str, a, mode: str) -> dict:
     if len(kids) != a.procs:
         raise B.BenchError(f"prefork-{mode}: {len(kids)} child reports of {a.procs}: "
                            f"{B.read_text(out)} {B.read_text(log)}")
-    res["ctxsw"] = cpu["wake"]
     res.update(server=f"prefork-{mode} ({a.procs} procs)",
                accepted=sum(int(k[1]) for k in kids), accept_empty=sum(int(k[2]) for k in kids),
-               wakeups=sum(int(k[3]) for k in kids), cpu_s=cpu["cpu_s"],
+               wakeups=sum(int(k[3]) for k in kids),
                per_worker=[int(k[1]) for k in kids], detail="")
     return res
 

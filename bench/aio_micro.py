@@ -40,9 +40,15 @@ Workloads (N operations each; what one operation is):
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import sys
 import time
+
+# the steps bench/apps/loop_work.py's apps run per request, the same code
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "apps"))
+from loop_steps import chain, countdown, pingpong  # noqa: E402
 
 
 async def sleep0(n: int) -> None:
@@ -52,28 +58,12 @@ async def sleep0(n: int) -> None:
 
 async def soon_chain(n: int) -> None:
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    left = [n]
-
-    def step():
-        left[0] -= 1
-        if left[0]:
-            loop.call_soon(step)
-        else:
-            done.set_result(None)
-    loop.call_soon(step)
-    await done
+    await chain(loop, n, loop.call_soon)
 
 
 async def soon_batch(n: int) -> None:
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    left = [n]
-
-    def step():
-        left[0] -= 1
-        if not left[0]:
-            done.set_result(None)
+    done, step = countdown(loop, n)
     for _ in range(n):
         loop.call_soon(step)
     await done
@@ -81,28 +71,12 @@ async def soon_batch(n: int) -> None:
 
 async def later0_chain(n: int) -> None:
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    left = [n]
-
-    def step():
-        left[0] -= 1
-        if left[0]:
-            loop.call_later(0, step)
-        else:
-            done.set_result(None)
-    loop.call_later(0, step)
-    await done
+    await chain(loop, n, functools.partial(loop.call_later, 0))
 
 
 async def later_batch(n: int) -> None:
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    left = [n]
-
-    def step():
-        left[0] -= 1
-        if not left[0]:
-            done.set_result(None)
+    done, step = countdown(loop, n)
     for i in range(n):
         # a deterministic spread, not in order: the heap does real work
         loop.call_later((i * 7919 % 1000) * 1e-6, step)
@@ -120,17 +94,7 @@ async def tasks(n: int) -> None:
 
 
 async def queue_pingpong(n: int) -> None:
-    ping: asyncio.Queue = asyncio.Queue()
-    pong: asyncio.Queue = asyncio.Queue()
-
-    async def other():
-        for _ in range(n):
-            await pong.put(await ping.get())
-    t = asyncio.get_running_loop().create_task(other())
-    for i in range(n):
-        await ping.put(i)
-        await pong.get()
-    await t
+    await pingpong(n)
 
 
 async def sleep_1ms(n: int) -> None:

@@ -8,6 +8,7 @@ go to temporary directories.
 """
 from __future__ import annotations
 
+import glob
 import os
 import platform
 import re
@@ -167,15 +168,12 @@ def parse_totals(log_text: str) -> dict[int, dict[str, int]]:
 # ---- C clients ----------------------------------------------------------------------------
 def build_c(name: str, flags=()) -> str:
     """Compiles bench/NAME.c with gcc -O2 (and flags) into bench/build/NAME
-    (when the source or a header of bench/ is newer than the binary);
-    returns the binary's path."""
+    (when the source or a header of bench/, c_ref.h, is newer than the
+    binary); returns the binary's path."""
     src = os.path.join(HERE, name + ".c")
     os.makedirs(BUILD, exist_ok=True)
     out = os.path.join(BUILD, name)
-    # the headers of bench/ too (closed_loop.h): a client built before a
-    # header's change is stale
-    import glob
-    newest = max(os.path.getmtime(f) for f in [src, *glob.glob(os.path.join(HERE, "*.h"))])
+    newest = max(os.path.getmtime(p) for p in [src, *glob.glob(os.path.join(HERE, "*.h"))])
     if not os.path.exists(out) or os.path.getmtime(out) < newest:
         cmd = ["gcc", "-O2", "-Wall", *flags, "-o", out + ".tmp", src]
         subprocess.run(cmd, check=True, timeout=120)

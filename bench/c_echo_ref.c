@@ -18,20 +18,11 @@
  * memory does. No timeouts, no limits on connections: a floor, not a server.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "c_ref.h"
 
 #define BUF 65536
 
@@ -52,29 +43,6 @@ static void on_child_term(int sig)
     child_stop = 1;
 }
 
-static void set_out(struct conn *c, int want_out)
-{
-    if (want_out == c->want_out) return;
-    struct epoll_event ev = {.events = want_out ? EPOLLOUT : EPOLLIN, .data.ptr = c};
-    epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ev);
-    c->want_out = want_out;
-}
-
-/* 1: all written; 0: EAGAIN left some; -1: error */
-static int flush_out(struct conn *c)
-{
-    while (c->off < c->len) {
-        ssize_t n = write(c->fd, c->buf + c->off, c->len - c->off);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return errno == EAGAIN ? 0 : -1;
-        }
-        c->off += (size_t)n;
-    }
-    c->len = c->off = 0;
-    return 1;
-}
-
 static void drop(struct conn *c)
 {
     close(c->fd);         /* also leaves the epoll set */
@@ -90,9 +58,9 @@ static void on_conn(struct conn *c)
         c->len = (size_t)n;
         c->off = 0;
     }
-    int r = flush_out(c);
+    int r = ref_flush(c->fd, c->buf, &c->off, &c->len);
     if (r < 0) { drop(c); return; }
-    set_out(c, r == 0);
+    ref_want_out(epfd, c->fd, c, &c->want_out, r == 0);
 }
 
 static void child_loop(int port, int readyfd)
@@ -108,14 +76,7 @@ static void child_loop(int port, int readyfd)
     sigaddset(&term, SIGTERM);
     sigprocmask(SIG_BLOCK, &term, &waitmask);
     sigdelset(&waitmask, SIGTERM);
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) < 0) { perror("bind"); _exit(1); }
-    if (listen(lfd, 2048) < 0) { perror("listen"); _exit(1); }
+    int lfd = ref_listen(port, 1);
     epfd = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event lev = {.events = EPOLLIN, .data.ptr = NULL};
     if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &lev) < 0) { perror("epoll"); _exit(1); }
@@ -135,9 +96,8 @@ static void child_loop(int port, int readyfd)
                 continue;
             }
             for (;;) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0) break;            /* EAGAIN, EMFILE... */
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                int fd = ref_accept(lfd);
+                if (fd < 0) break;
                 struct conn *c = malloc(sizeof *c);
                 if (c == NULL) { close(fd); continue; }
                 c->fd = fd;
@@ -154,34 +114,19 @@ static void child_loop(int port, int readyfd)
     _exit(0);
 }
 
-static volatile sig_atomic_t stop_sig;
-static void on_stop(int sig) { stop_sig = sig; }
-
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s PORT [PROCS]\n", argv[0]);
-        return 2;
-    }
-    int port = atoi(argv[1]);
-    int procs = argc > 2 ? atoi(argv[2]) : 2;
-    if (port < 1 || port > 65535 || procs < 1 || procs > 64) {
-        fprintf(stderr, "c_echo_ref: bad PORT or PROCS\n");
-        return 2;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    struct sigaction act = {.sa_handler = on_stop};
-    sigemptyset(&act.sa_mask);
-    sigaction(SIGTERM, &act, NULL);
-    sigaction(SIGINT, &act, NULL);
+    int port, procs;
+    ref_args(argc, argv, "c_echo_ref", &port, &procs);
+    ref_catch_stop();
 
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) < 0) { perror("pipe"); return 1; }
     pid_t kids[64];
     int started = 0;
-    for (int i = 0; i < procs && !stop_sig; i++) {
+    for (int i = 0; i < procs && !ref_stop; i++) {
         pid_t pid = fork();
-        if (pid < 0) { perror("fork"); stop_sig = SIGTERM; break; }
+        if (pid < 0) { perror("fork"); ref_stop = SIGTERM; break; }
         if (pid == 0) {
             signal(SIGINT, SIG_DFL);
             if (getppid() == 1) _exit(0);
@@ -193,37 +138,19 @@ int main(int argc, char **argv)
     close(pipefd[1]);
     int listening = 0;
     char b[64];
-    while (listening < started && !stop_sig) {
+    while (listening < started && !ref_stop) {
         ssize_t n = read(pipefd[0], b, sizeof b);
         if (n > 0) listening += (int)n;
         else if (n == 0 || errno != EINTR) break;   /* a child died before listening */
     }
     close(pipefd[0]);
-    if (!stop_sig && listening == procs) {
+    if (!ref_stop && listening == procs) {
         printf("ready %d\n", port);
         fflush(stdout);
-    } else if (!stop_sig) {
+    } else if (!ref_stop) {
         fprintf(stderr, "c_echo_ref: %d of %d children listening\n", listening, procs);
-        stop_sig = SIGUSR1;
+        ref_stop = SIGUSR1;
     }
     /* TERM to each child: it prints its connection count and exits */
-    int alive = started, sent = 0;
-    while (alive > 0) {
-        if (stop_sig && !sent) {
-            for (int i = 0; i < started; i++) kill(kids[i], SIGTERM);
-            sent = 1;
-        }
-        int st;
-        pid_t w = wait(&st);
-        if (w > 0) {
-            alive--;
-            if (!stop_sig) {      /* a child died on its own: take the others along */
-                fprintf(stderr, "c_echo_ref: child %d died (status %d)\n", (int)w, st);
-                stop_sig = SIGUSR1;
-            }
-        } else if (errno == ECHILD) {
-            break;
-        }
-    }
-    return stop_sig == SIGTERM || stop_sig == SIGINT ? 0 : 1;
+    return ref_reap("c_echo_ref", kids, started);
 }

@@ -15,19 +15,11 @@
  * a server.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <arpa/inet.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
+#include <strings.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "c_ref.h"
 
 #define INBUF 16384
 #define OUTBUF 65536
@@ -56,28 +48,14 @@ static void conn_free(struct conn *c)
     free(c);
 }
 
-/* 1: everything written; 0: EAGAIN left some; -1: error */
 static int flush_out(struct conn *c)
 {
-    while (c->out_off < c->out_len) {
-        ssize_t n = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN) return 0;
-            return -1;
-        }
-        c->out_off += (size_t)n;
-    }
-    c->out_len = c->out_off = 0;
-    return 1;
+    return ref_flush(c->fd, c->out, &c->out_off, &c->out_len);
 }
 
 static void set_events(struct conn *c, int want_out)
 {
-    if (want_out == c->want_out) return;
-    struct epoll_event ev = {.events = want_out ? EPOLLOUT : EPOLLIN, .data.ptr = c};
-    epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ev);
-    c->want_out = want_out;
+    ref_want_out(epfd, c->fd, c, &c->want_out, want_out);
 }
 
 static int head_says_close(const char *head, size_t len)
@@ -167,10 +145,8 @@ static void child_loop(int lfd)
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == NULL) {
                 for (;;) {
-                    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                    if (fd < 0) break;     /* EAGAIN (another child took it), EMFILE... */
-                    int one = 1;
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                    int fd = ref_accept(lfd);
+                    if (fd < 0) break;
                     struct conn *c = malloc(sizeof *c);
                     if (c == NULL) { close(fd); continue; }
                     c->fd = fd;
@@ -186,37 +162,17 @@ static void child_loop(int lfd)
     }
 }
 
-static volatile sig_atomic_t stop_sig;
-static void on_stop(int sig) { stop_sig = sig; }
-
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s PORT [PROCS]\n", argv[0]);
-        return 2;
-    }
-    int port = atoi(argv[1]);
-    int procs = argc > 2 ? atoi(argv[2]) : 2;
-    if (procs < 1 || procs > 64) { fprintf(stderr, "bad PROCS\n"); return 2; }
-    signal(SIGPIPE, SIG_IGN);
-
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) < 0) { perror("bind"); return 1; }
-    if (listen(lfd, 2048) < 0) { perror("listen"); return 1; }
-
-    struct sigaction act = {.sa_handler = on_stop};
-    sigemptyset(&act.sa_mask);
-    sigaction(SIGTERM, &act, NULL);
-    sigaction(SIGINT, &act, NULL);
+    int port, procs;
+    ref_args(argc, argv, "c_http_ref", &port, &procs);
+    int lfd = ref_listen(port, 0);
+    ref_catch_stop();
 
     pid_t kids[64];
     for (int i = 0; i < procs; i++) {
         pid_t pid = fork();
-        if (pid < 0) { perror("fork"); stop_sig = SIGTERM; procs = i; break; }
+        if (pid < 0) { perror("fork"); ref_stop = SIGTERM; procs = i; break; }
         if (pid == 0) {
             signal(SIGTERM, SIG_DFL);
             signal(SIGINT, SIG_DFL);
@@ -225,26 +181,9 @@ int main(int argc, char **argv)
         }
         kids[i] = pid;
     }
-    if (!stop_sig) {
+    if (!ref_stop) {
         printf("ready %d\n", port);
         fflush(stdout);
     }
-    int alive = procs;
-    while (alive > 0) {
-        if (stop_sig) {
-            for (int i = 0; i < procs; i++) kill(kids[i], SIGKILL);
-        }
-        int st;
-        pid_t w = wait(&st);
-        if (w > 0) {
-            alive--;
-            if (!stop_sig) {      /* a child died on its own: take the others along */
-                fprintf(stderr, "c_http_ref: child %d died (status %d)\n", (int)w, st);
-                stop_sig = SIGTERM;
-            }
-        } else if (errno == ECHILD) {
-            break;
-        }
-    }
-    return stop_sig == SIGTERM || stop_sig == SIGINT ? 0 : 1;
+    return ref_reap("c_http_ref", kids, procs);
 }

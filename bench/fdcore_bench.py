@@ -208,26 +208,29 @@ def py_wake(secs: float) -> list[dict]:
                           lambda: t.wake(0), lambda: t.wake(1))
         rows.append(py_row("py_wake", "Table.poll woken by Table.wake", 2, n, el, cpu_now() - c0))
 
-    # peer: selectors.EpollSelector + eventfd, the stdlib way
     efd = [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(2)]
+
+    def peer(label: str, polls) -> None:
+        """the pingpong over the two eventfds, thread i waiting in polls[i]()"""
+        def waiter(i):
+            def w():
+                for _ in polls[i]():
+                    try:
+                        os.eventfd_read(efd[i])
+                    except BlockingIOError:
+                        pass
+            return w
+
+        c0 = cpu_now()
+        n, el = _pingpong(secs, waiter(0), waiter(1), lambda: os.eventfd_write(efd[0], 1),
+                          lambda: os.eventfd_write(efd[1], 1))
+        rows.append(py_row("py_wake", label, 2, n, el, cpu_now() - c0))
+
+    # peer: selectors.EpollSelector + eventfd, the stdlib way
     sels = [selectors.EpollSelector() for _ in range(2)]
     for s, e in zip(sels, efd):
         s.register(e, selectors.EVENT_READ)
-
-    def waiter(i):
-        def w():
-            for _key, _ev in sels[i].select():
-                try:
-                    os.eventfd_read(efd[i])
-                except BlockingIOError:
-                    pass
-        return w
-
-    c0 = cpu_now()
-    n, el = _pingpong(secs, waiter(0), waiter(1), lambda: os.eventfd_write(efd[0], 1),
-                      lambda: os.eventfd_write(efd[1], 1))
-    rows.append(py_row("py_wake", "peer: selectors.EpollSelector + eventfd", 2, n, el,
-                       cpu_now() - c0))
+    peer("peer: selectors.EpollSelector + eventfd", [s.select for s in sels])
     for s in sels:
         s.close()
 
@@ -235,20 +238,7 @@ def py_wake(secs: float) -> list[dict]:
     eps = [select.epoll() for _ in range(2)]
     for ep, e in zip(eps, efd):
         ep.register(e, select.EPOLLIN)
-
-    def ewaiter(i):
-        def w():
-            for _fd, _ev in eps[i].poll():
-                try:
-                    os.eventfd_read(efd[i])
-                except BlockingIOError:
-                    pass
-        return w
-
-    c0 = cpu_now()
-    n, el = _pingpong(secs, ewaiter(0), ewaiter(1), lambda: os.eventfd_write(efd[0], 1),
-                      lambda: os.eventfd_write(efd[1], 1))
-    rows.append(py_row("py_wake", "peer: select.epoll + eventfd", 2, n, el, cpu_now() - c0))
+    peer("peer: select.epoll + eventfd", [ep.poll for ep in eps])
     for ep in eps:
         ep.close()
     for e in efd:

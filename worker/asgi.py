@@ -21,7 +21,6 @@ import logging
 import sys
 
 from sockherd.worker._http import ClientDisconnected, Server, ws_settings  # noqa: F401
-from sockherd.worker import forwarded
 from sockherd.worker.accesslog import AccessLog
 from sockherd.worker.wsgi import _Limits, connection_layer, MIN_BODY_RATE
 
@@ -106,7 +105,6 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     engine.interface = "asgi"
     connection_layer(engine, lim)
-    forwarded.install(engine, lim.forwarded)
     return engine
 
 

@@ -7,14 +7,16 @@ fields of each request (worker/native/forwarded.h says how and what it
 costs).
 
 Each list item may itself be comma-separated: `--forwarded-allow-ips
-10.0.0.1,10.0.0.2` is gunicorn's and uvicorn's spelling.
+10.0.0.1,10.0.0.2` is gunicorn's and uvicorn's spelling. The allow list is
+read as proxy_allow_from's is (worker/netmatch.py).
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 from dataclasses import dataclass
+
+from sockherd.worker import netmatch
 
 log = logging.getLogger("sockherd.forwarded")
 
@@ -23,7 +25,6 @@ DEFAULT_ALLOW = ["127.0.0.1", "::1"]
 DEFAULT_SCHEME = ["X-Forwarded-Protocol=ssl", "X-Forwarded-Proto=https", "X-Forwarded-Ssl=on"]
 # forwarder_headers: the field, its bit in worker/native/forwarded.h
 FORWARDER = {"x-forwarded-host": 1, "x-forwarded-port": 2, "x-forwarded-prefix": 4}
-UNIX = ("unix", "unix:")
 MAX_SCHEME = 8                       # worker/native/fwd_fields.c: seen.scheme_last
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -46,34 +47,15 @@ class Rules:
         return self.all or self.unix or bool(self.nets)
 
 
-def _items(values) -> list[str]:
-    return [v.strip() for item in values for v in str(item).split(",") if v.strip()]
-
-
 def parse(allow, scheme, forwarder) -> Rules:
     """The three settings' values (lists of str) as Rules; ForwardedError
     names the first bad item."""
-    nets, every, unix = [], False, False
-    for item in _items(allow):
-        if item == "*":
-            every = True
-        elif item.lower() in UNIX:
-            unix = True
-        else:
-            try:
-                net = ipaddress.ip_network(item, strict=False)
-            except ValueError:
-                raise ForwardedError(
-                    f"forwarded_allow_ips: {item!r} is not an address, a CIDR network, "
-                    f"'*' or 'unix'") from None
-            mapped = net.version == 6 and net.prefixlen >= 96 and net.network_address.ipv4_mapped
-            if mapped:
-                # the engine compares a v4-mapped peer (a dual-stack socket's)
-                # as its IPv4 address: so must the network be
-                net = ipaddress.ip_network(f"{mapped}/{net.prefixlen - 96}")
-            nets.append(net)
+    try:
+        peers = netmatch.parse("forwarded_allow_ips", allow)
+    except ValueError as exc:
+        raise ForwardedError(str(exc)) from None
     pairs = []
-    for item in _items(scheme):
+    for item in netmatch.items(scheme):
         name, eq, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not eq or not _TOKEN.match(name) or not value or not _TOKEN.match(value):
@@ -83,12 +65,12 @@ def parse(allow, scheme, forwarder) -> Rules:
     if len(pairs) > MAX_SCHEME:
         raise ForwardedError(f"secure_scheme_headers: {len(pairs)} headers, at most {MAX_SCHEME}")
     bits = 0
-    for item in _items(forwarder):
+    for item in netmatch.items(forwarder):
         if item.lower() not in FORWARDER:
             raise ForwardedError(f"forwarder_headers: {item!r} is not one of "
                                  f"X-Forwarded-Host, X-Forwarded-Port, X-Forwarded-Prefix")
         bits |= FORWARDER[item.lower()]
-    return Rules(tuple(nets), every, unix, tuple(pairs), bits)
+    return Rules(peers.nets, peers.all, peers.unix, tuple(pairs), bits)
 
 
 def from_config(cfg: dict) -> Rules:
@@ -99,8 +81,9 @@ def from_config(cfg: dict) -> Rules:
 
 def install(engine, rules: Rules) -> None:
     """Hands the rules to a native Server before its first connection."""
+    peers = netmatch.Allow(rules.nets, rules.all, rules.unix)
     engine.set_forwarded(
-        [(n.network_address.packed, n.prefixlen) for n in rules.nets], rules.all, rules.unix,
+        peers.packed(), peers.all, peers.unix,
         [(name.encode("ascii"), value.encode("ascii")) for name, value in rules.scheme],
         rules.forwarder, _ignored)
 

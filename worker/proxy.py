@@ -8,7 +8,8 @@ parser either way. This module imports no native code: the master checks
 the setting with it.
 
 proxy_allow_from entries: an address or CIDR (`10.0.0.0/8`, `::1`), `unix`
-(peers of unix-socket listeners), or `*` (every peer). The default is
+(peers of unix-socket listeners), or `*` (every peer), read as
+forwarded_allow_ips's are (worker/netmatch.py). The default is
 loopback and unix sockets: a proxy on the same host (deploy/'s HAProxy, a
 sidecar) works with no setting, and no remote peer can name a client
 unless the operator lists it (a header from a peer not listed is refused,
@@ -16,9 +17,10 @@ since it could name any client it likes).
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
+
+from sockherd.worker import netmatch
 
 log = logging.getLogger("sockherd.worker")
 
@@ -30,19 +32,7 @@ class Policy:
 
     def __init__(self, mode: str, allow: list[str]):
         self.mode = mode
-        self.unix = False
-        self.nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-        for entry in allow:
-            for item in (e.strip() for e in entry.split(",")):
-                if not item:
-                    continue
-                if item == "unix":
-                    self.unix = True
-                elif item == "*":
-                    self.unix = True
-                    self.nets += [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
-                else:
-                    self.nets.append(parse_net(item))
+        self.allow = netmatch.parse("proxy_allow_from", allow)
         self._logged = 0.0
         self._unlogged = 0
 
@@ -50,19 +40,10 @@ class Policy:
     def on(self) -> bool:
         return self.mode != "off"
 
-    def native(self) -> list[tuple[bytes, int]]:
-        """The nets as the engine's set_proxy takes them."""
-        return [(n.network_address.packed, n.prefixlen) for n in self.nets]
-
     def allowed(self, peer) -> bool:
         """Whether a stream connection's peer (socket.getpeername()'s) may,
         and so must, send a header."""
-        if not isinstance(peer, tuple):
-            return self.unix                    # a unix socket's peer: "" or a path
-        addr = ipaddress.ip_address(peer[0].split("%")[0])
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped             # a v4 client of a dual-stack listener
-        return any(addr in n for n in self.nets)
+        return self.allow.allows(peer)
 
     def refused(self, peer, reason: str) -> None:
         """A stream connection closed over its header: logged at most once
@@ -74,15 +55,6 @@ class Policy:
         log_closed(peer, reason, self._unlogged)
         self._logged = now
         self._unlogged = 0
-
-
-def parse_net(item: str):
-    """An address or CIDR of proxy_allow_from; ValueError naming it."""
-    try:
-        return ipaddress.ip_network(item, strict=False)
-    except ValueError:
-        raise ValueError(f"proxy_allow_from: {item!r} is not an address, a CIDR, "
-                         "'unix' or '*'") from None
 
 
 def check_allow(entries: list[str]) -> None:

@@ -113,17 +113,20 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
         body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
     connection_layer(engine, lim)
-    forwarded.install(engine, lim.forwarded)
     engine.dispatch = dispatch
     return engine
 
 
 def connection_layer(engine: Server, lim: "_Limits") -> None:
-    """The engine's connection-layer settings, whatever its interface: the
-    refusal log, and the PROXY protocol header expected (worker/proxy.py)."""
+    """The engine's connection-layer settings, whatever its interface
+    (this one, worker/asgi.py): the refusal log, the trusted proxies whose
+    forwarding fields are believed (worker/forwarded.py) and the PROXY
+    protocol header expected (worker/proxy.py)."""
     engine.log_refusals(_log_refusal)
+    forwarded.install(engine, lim.forwarded)
     if lim.proxy.on:
-        engine.set_proxy(lim.proxy.mode, lim.proxy.native(), lim.proxy.unix)
+        allow = lim.proxy.allow
+        engine.set_proxy(lim.proxy.mode, allow.packed(), allow.all, allow.unix)
 
 
 def _log_refusal(peer, status: int, reason: str, count: int) -> None:

@@ -12,7 +12,8 @@ timer  per request: `await asyncio.sleep(0.001)` (a real 1 ms timer), then
 """
 import asyncio
 
-from peer_apps import lifespan      # bench/apps (the servers put it on the path)
+from loop_steps import chain, pingpong   # bench/apps (the servers put it on the path)
+from peer_apps import lifespan
 
 BODY = b"loop work done"
 _START = {"type": "http.response.start", "status": 200,
@@ -26,34 +27,6 @@ async def _small() -> int:
     return 1
 
 
-async def _chain(loop, n: int) -> None:
-    done = loop.create_future()
-    left = [n]
-
-    def step():
-        left[0] -= 1
-        if left[0]:
-            loop.call_soon(step)
-        else:
-            done.set_result(None)
-    loop.call_soon(step)
-    await done
-
-
-async def _pingpong(n: int) -> None:
-    ping: asyncio.Queue = asyncio.Queue()
-    pong: asyncio.Queue = asyncio.Queue()
-
-    async def other():
-        for _ in range(n):
-            await pong.put(await ping.get())
-    t = asyncio.get_running_loop().create_task(other())
-    for i in range(n):
-        await ping.put(i)
-        await pong.get()
-    await t
-
-
 async def work(scope, receive, send):
     if scope["type"] == "lifespan":
         return await lifespan(receive, send)
@@ -62,9 +35,9 @@ async def work(scope, receive, send):
     loop = asyncio.get_running_loop()
     for _ in range(10):
         await asyncio.sleep(0)
-    await _chain(loop, 5)
+    await chain(loop, 5, loop.call_soon)
     await asyncio.gather(*[loop.create_task(_small()) for _ in range(4)])
-    await _pingpong(4)
+    await pingpong(4)
     await send(_START)
     await send(_BODY)
 

@@ -28,10 +28,10 @@ NATIVE = ROOT / "worker" / "native"
 
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
-    "connection": ["proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy", "conn_type",
-                   "dispatch", "engine"],
-    "http1 codec": ["httpscan", "httpparse", "h1_parser", "fwd_fields", "h1_head", "h1_response",
-                    "h1_conn"],
+    "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy",
+                   "conn_type", "dispatch", "engine"],
+    "http1 codec": ["httpscan", "httplist", "httpparse", "h1_parser", "fwd_fields", "h1_head",
+                    "h1_response", "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
     # nothing of the engine; ws_py is its Python face)
     "websocket codec": ["ws_frame", "ws_py"],
@@ -50,7 +50,8 @@ LAYER_OF = {name: layer for layer, files in LAYERS.items() for name in files}
 # would be a dependency upward too)
 HEADERS = {
     "conn.h": set(),
-    "forwarded.h": set(),
+    "netmatch.h": set(),
+    "forwarded.h": {"netmatch.h"},
     "engine.h": {"conn.h", "httpparse.h", "forwarded.h"},
     "h1.h": {"engine.h", "httpparse.h"},
     "wsgi.h": {"h1.h"},

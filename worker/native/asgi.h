@@ -54,6 +54,12 @@ extern PyObject *ClientDisconnected;
 
 /* ---- asgi_call.c: the call and its receive / send ---- */
 AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope);
+/* A new call's app started as a task of aio (the owner loop's) with
+ * done_def bound to call as its done(); c holds call from then on.
+ * RESPOND_PARKED, or -1 (c does not hold call; nothing ran). Used by the
+ * HTTP calls and the WebSocket ones (asgi_ws.c). */
+int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
+                    PyMethodDef *done_def);
 /* An awaitable done at once with value (a new reference). */
 PyObject *asgi_ready(PyObject *value);
 /* {"type": "http.disconnect"}, a new dict */
@@ -62,10 +68,12 @@ PyObject *asgi_disconnect(void);
  * here, or the body's end), NULL with no error if the app must wait,
  * NULL with an error. */
 PyObject *asgi_take_body(AsgiCall *call);
+/* A send()'s message checked as such (a dict with a str 'type', both
+ * send()s, HTTP and WebSocket): its type (borrowed), or NULL with the
+ * app's error naming the message. */
+PyObject *asgi_send_type(PyObject *msg);
 int asgi_make_keys(void);
 int asgi_call_make(void);                       /* its keys (module init) */
-/* call.receive and call.send (new references; 0, or -1 with both NULL) */
-int asgi_call_methods(AsgiCall *call, PyObject **receive, PyObject **send);
 /* the adapter's constants (module init) */
 int asgi_make_app(void);
 
@@ -83,6 +91,10 @@ void asgi_account(AsgiCall *call);
 /* Sets *fut's result (or exception exc), if it is still pending; *fut
  * cleared. Never fails (an error is unraisable). */
 void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc);
+/* A send's future *fut, if any, fails with ClientDisconnected (the
+ * connection closed under the call: HTTP's and WebSocket's). Never fails
+ * (an error is unraisable, told against who). */
+void asgi_resolve_gone(PyObject **fut, PyObject *who);
 
 /* Whether the future *fut still waits for its answer; one that is done
  * already (the app stopped awaiting it: wait_for's timeout, its task

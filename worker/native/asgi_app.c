@@ -31,15 +31,6 @@
 #include "asgi.h"
 
 static PyObject *P_500;                    /* the 500's status line and field, made once */
-static PyObject *S_create_task;
-
-/* The request's task, made by its loop's create_task (worker/aio_native/
- * tasks.c while the loop is not debugging: a task factory the app set is
- * honoured, the name and context are asyncio's), a new reference. */
-static PyObject *asgi_task(AsgiCall *call, PyObject *coro)
-{
-	return PyObject_CallMethodOneArg(call->aio, S_create_task, coro);
-}
 
 /* ---- the codec's calls: a request, served ----------------------------------------------------- */
 
@@ -96,45 +87,13 @@ static PyMethodDef done_def = {"asgi_done", (PyCFunction)asgi_done, METH_O,
  * the app ends there, not in asyncio's run loop. */
 int asgi_serve(HttpConn *c, PyObject *scope, int whole)
 {
-	Server *s = c->srv;
 	AsgiCall *call = asgi_call_new(c, scope);
-	PyObject *receive = NULL, *send = NULL, *coro = NULL, *task = NULL, *done = NULL;
-	PyObject *args[5];
-	int rc = -1;
+	int rc;
 
 	(void)whole;                               /* receive reads what is still to come */
 	if (!call)
 		return -1;
-	/* the connection holds the call from now: a close drops it */
-	c->call = Py_NewRef((PyObject *)call);
-	if (asgi_call_methods(call, &receive, &send) < 0)
-		goto ours;
-	done = PyCFunction_New(&done_def, (PyObject *)call);
-	if (!done)
-		goto ours;
-	args[0] = s->app;
-	args[1] = scope;
-	args[2] = receive;
-	args[3] = send;
-	args[4] = done;
-	coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
-	/* the app's body runs in the loop's ready pass right after this turn */
-	task = coro ? asgi_task(call, coro) : NULL;
-	rc = task ? RESPOND_PARKED : -1;       /* running: the requests behind it wait */
-ours:
-	if (rc < 0) {
-		if (coro)                              /* never run: no "never awaited" warning */
-			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
-		if (c->call == (PyObject *)call) {
-			c->call = NULL;
-			Py_DECREF(call);
-		}
-	}
-	Py_XDECREF(receive);
-	Py_XDECREF(send);
-	Py_XDECREF(done);
-	Py_XDECREF(coro);
-	Py_XDECREF(task);
+	rc = asgi_start_task(c, (PyObject *)call, scope, call->aio, &done_def);
 	Py_DECREF(call);
 	return rc;
 }
@@ -220,7 +179,7 @@ int asgi_input(HttpConn *c)
 void asgi_drop(HttpConn *c, PyObject *obj)
 {
 	AsgiCall *call = (AsgiCall *)obj;
-	PyObject *msg, *exc;
+	PyObject *msg;
 
 	(void)c;
 	call->gone = 1;
@@ -231,15 +190,7 @@ void asgi_drop(HttpConn *c, PyObject *obj)
 		asgi_resolve(&call->rx, msg, NULL);
 		Py_DECREF(msg);
 	}
-	if (call->tx) {
-		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
-		if (exc) {
-			asgi_resolve(&call->tx, NULL, exc);
-			Py_DECREF(exc);
-		}
-		else
-			PyErr_WriteUnraisable(obj);
-	}
+	asgi_resolve_gone(&call->tx, obj);         /* a waiting send: the client went away */
 	Py_CLEAR(call->conn);
 	Py_DECREF(obj);                            /* the connection's reference */
 }
@@ -260,7 +211,6 @@ int asgi_make_app(void)
 {
 	P_500 = PyBytes_FromString("HTTP/1.1 500 Internal Server Error\r\n"
 	                           "Content-Type: text/plain; charset=utf-8\r\n");
-	S_create_task = PyUnicode_InternFromString("create_task");
-	return P_500 && S_create_task && asgi_make_keys() == 0 && asgi_call_make() == 0
+	return P_500 && asgi_make_keys() == 0 && asgi_call_make() == 0
 	       ? asgi_ext_make() : -1;
 }

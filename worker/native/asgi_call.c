@@ -26,13 +26,15 @@ PyObject *ClientDisconnected;
 /* the message keys send() reads, interned once: a C string key made a str
  * and hashed at every lookup cost a hello 4.4k of its 55k instructions
  * (callgrind, bench/http_callgrind.py --app asgi-hello) */
-static PyObject *M_TYPE, *M_STATUS, *M_HEADERS, *M_BODY, *M_MORE_BODY, *M_RECEIVE, *M_SEND;
+static PyObject *M_TYPE, *M_STATUS, *M_HEADERS, *M_BODY, *M_MORE_BODY, *M_RECEIVE, *M_SEND,
+	*M_CREATE_TASK;
 
 int asgi_call_make(void)
 {
 	struct { PyObject **at; const char *s; } keys[] = {
 		{&M_TYPE, "type"}, {&M_STATUS, "status"}, {&M_HEADERS, "headers"}, {&M_BODY, "body"},
 		{&M_MORE_BODY, "more_body"}, {&M_RECEIVE, "receive"}, {&M_SEND, "send"},
+		{&M_CREATE_TASK, "create_task"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -42,7 +44,7 @@ int asgi_call_make(void)
 }
 
 /* call.receive and call.send, the bound methods the app is given */
-int asgi_call_methods(AsgiCall *call, PyObject **receive, PyObject **send)
+static int asgi_call_methods(AsgiCall *call, PyObject **receive, PyObject **send)
 {
 	*receive = PyObject_GetAttr((PyObject *)call, M_RECEIVE);
 	*send = *receive ? PyObject_GetAttr((PyObject *)call, M_SEND) : NULL;
@@ -139,6 +141,56 @@ AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 		return NULL;
 	}
 	return call;
+}
+
+/* The app of a new call started: the Server's runner (s->slow, asgi.py
+ * run_call) called with the app, scope, the call's receive and send and
+ * done (done_def bound to the call), its coroutine made a task of aio,
+ * the owner loop thread's asyncio loop. The connection holds the call
+ * from here (c->call: a close drops it). RESPOND_PARKED: the app's body
+ * runs in the loop's ready pass right after this turn, the requests
+ * behind it wait. -1 with an error: nothing runs, the coroutine is
+ * closed (no "never awaited" warning) and c no longer holds the call.
+ * The caller's reference to call stays its own either way. */
+int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
+                    PyMethodDef *done_def)
+{
+	Server *s = c->srv;
+	PyObject *receive, *send, *done, *coro = NULL, *task = NULL;
+	PyObject *args[5];
+	int rc = -1;
+
+	c->call = Py_NewRef(call);
+	send = done = NULL;
+	if (asgi_call_methods((AsgiCall *)call, &receive, &send) == 0)
+		done = PyCFunction_New(done_def, call);
+	if (done) {
+		args[0] = s->app;
+		args[1] = scope;
+		args[2] = receive;
+		args[3] = send;
+		args[4] = done;
+		coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
+		/* the loop's create_task: worker/aio_native/tasks.c's while the loop
+		 * is not debugging (a task factory the app set is honoured, the
+		 * name and context are asyncio's) */
+		task = coro ? PyObject_CallMethodOneArg(aio, M_CREATE_TASK, coro) : NULL;
+		rc = task ? RESPOND_PARKED : -1;
+	}
+	if (rc < 0) {
+		if (coro)
+			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (c->call == call) {
+			c->call = NULL;
+			Py_DECREF(call);
+		}
+	}
+	Py_XDECREF(receive);
+	Py_XDECREF(send);
+	Py_XDECREF(done);
+	Py_XDECREF(coro);
+	Py_XDECREF(task);
+	return rc;
 }
 
 static int Call_traverse(AsgiCall *call, visitproc visit, void *arg)
@@ -364,18 +416,7 @@ out:
 	return r;
 }
 
-/* An extension's send (asgi_ext.c: 0 done, 1 it waits, -1) as an awaitable */
-static PyObject *waited(AsgiCall *call, int rc)
-{
-	if (rc < 0)
-		return NULL;
-	if (!rc)
-		return asgi_ready(Py_None);
-	call->tx = new_future(call);
-	return Py_XNewRef(call->tx);
-}
-
-static PyObject *send(AsgiCall *call, PyObject *msg)
+PyObject *asgi_send_type(PyObject *msg)
 {
 	PyObject *type;
 
@@ -389,6 +430,26 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
 		return NULL;
 	}
+	return type;
+}
+
+/* An extension's send (asgi_ext.c: 0 done, 1 it waits, -1) as an awaitable */
+static PyObject *waited(AsgiCall *call, int rc)
+{
+	if (rc < 0)
+		return NULL;
+	if (!rc)
+		return asgi_ready(Py_None);
+	call->tx = new_future(call);
+	return Py_XNewRef(call->tx);
+}
+
+static PyObject *send(AsgiCall *call, PyObject *msg)
+{
+	PyObject *type = asgi_send_type(msg);
+
+	if (!type)
+		return NULL;
 	if (call->gone || (call->conn && call->conn->closed)) {
 		PyErr_SetString(ClientDisconnected, "the client went away");
 		return NULL;

@@ -37,6 +37,21 @@ void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
 	Py_DECREF(f);
 }
 
+void asgi_resolve_gone(PyObject **fut, PyObject *who)
+{
+	PyObject *exc;
+
+	if (!*fut)
+		return;
+	exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
+	if (exc) {
+		asgi_resolve(fut, NULL, exc);
+		Py_DECREF(exc);
+	}
+	else
+		PyErr_WriteUnraisable(who);
+}
+
 int asgi_waiting(PyObject **fut)
 {
 	PyObject *done;

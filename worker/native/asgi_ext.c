@@ -72,25 +72,7 @@ static int te_trailers(HttpConn *c)
 
 	if (hp->ll.http_major != 1 || hp->ll.http_minor != 1)
 		return 0;
-	for (uint32_t i = 0; i < hp->nfields; i++) {
-		const struct hp_field *f = &hp->fields[i];
-		const char *v = hp->head + f->value, *end = v + f->value_len;
-
-		if (f->name_len != 2 || strncasecmp(hp->head + f->name, "te", 2))
-			continue;
-		while (v < end) {
-			const char *comma = memchr(v, ',', (size_t)(end - v)), *e = comma ? comma : end;
-
-			while (v < e && (*v == ' ' || *v == '\t'))
-				v++;
-			while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
-				e--;
-			if (e - v == 8 && !strncasecmp(v, "trailers", 8))
-				return 1;
-			v = comma ? comma + 1 : end;
-		}
-	}
-	return 0;
+	return hp_has_token(hp, "te", "trailers");
 }
 
 static int set_new(PyObject *d, PyObject *key, PyObject *v)

@@ -76,33 +76,6 @@ static const char *field(const struct hp_parser *hp, const char *name, size_t *l
 	return NULL;
 }
 
-/* Whether some field named name lists token (comma-separated,
- * case-insensitive: Connection: keep-alive, Upgrade). */
-static int has_token(const struct hp_parser *hp, const char *name, const char *token)
-{
-	size_t nl = strlen(name), tl = strlen(token);
-
-	for (uint32_t i = 0; i < hp->nfields; i++) {
-		const struct hp_field *f = &hp->fields[i];
-		const char *v = hp->head + f->value, *end = v + f->value_len;
-
-		if (f->name_len != nl || strncasecmp(hp->head + f->name, name, nl))
-			continue;
-		while (v < end) {
-			const char *comma = memchr(v, ',', (size_t)(end - v)), *e = comma ? comma : end;
-
-			while (v < e && (*v == ' ' || *v == '\t'))
-				v++;
-			while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
-				e--;
-			if ((size_t)(e - v) == tl && !strncasecmp(v, token, tl))
-				return 1;
-			v = comma ? comma + 1 : end;
-		}
-	}
-	return 0;
-}
-
 /* A key is the base64 of 16 bytes: 22 characters of the alphabet, the
  * last one's low bits zero, then "==" (RFC 6455 4.1, item 7) */
 static int key_ok(const char *k, size_t n)
@@ -287,7 +260,7 @@ PyTypeObject WsCallType = {
 static int wants_websocket(const struct hp_parser *hp)
 {
 	return hp->ll.method == HTTP_GET && hp->ll.http_minor == 1 &&
-	       has_token(hp, "upgrade", "websocket") && has_token(hp, "connection", "upgrade");
+	       hp_has_token(hp, "upgrade", "websocket") && hp_has_token(hp, "connection", "upgrade");
 }
 
 /* The websocket scope from the http one the codec's request built:
@@ -302,26 +275,20 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 		return -1;
 	for (uint32_t i = 0; i < hp->nfields; i++) {
 		const struct hp_field *f = &hp->fields[i];
-		const char *s = hp->head + f->value, *end = s + f->value_len;
+		const char *s = hp->head + f->value, *end = s + f->value_len, *item;
+		size_t len;
 
 		if (f->name_len != 22 || strncasecmp(hp->head + f->name, "sec-websocket-protocol", 22))
 			continue;
-		while (s < end) {
-			const char *comma = memchr(s, ',', (size_t)(end - s)), *e = comma ? comma : end;
-
-			while (s < e && (*s == ' ' || *s == '\t'))
-				s++;
-			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
-				e--;
-			if (e > s) {
-				v = PyUnicode_DecodeLatin1(s, e - s, NULL);
-				if (!v || PyList_Append(subs, v) < 0) {
-					Py_XDECREF(v);
-					goto out;
-				}
-				Py_DECREF(v);
+		while (hp_list_next(&s, end, &item, &len)) {
+			if (!len)
+				continue;
+			v = PyUnicode_DecodeLatin1(item, (Py_ssize_t)len, NULL);
+			if (!v || PyList_Append(subs, v) < 0) {
+				Py_XDECREF(v);
+				goto out;
 			}
-			s = comma ? comma + 1 : end;
+			Py_DECREF(v);
 		}
 	}
 	if (PyDict_SetItemString(scope, "subprotocols", subs) < 0 ||
@@ -352,9 +319,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	const char *key, *ver;
 	size_t klen = 0, vlen = 0;
 	WsCall *call;
-	PyObject *receive = NULL, *send = NULL, *done = NULL, *coro = NULL, *task = NULL;
-	PyObject *args[5];
-	int rc = -1;
+	int rc;
 
 	if (!wants_websocket(hp))
 		return asgi_serve(c, scope, whole);
@@ -397,36 +362,9 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		Py_DECREF(call);
 		return -1;
 	}
-	/* the connection holds the call from now: a close drops it */
-	c->call = Py_NewRef((PyObject *)call);
-	receive = PyObject_GetAttrString((PyObject *)call, "receive");
-	send = PyObject_GetAttrString((PyObject *)call, "send");
-	done = PyCFunction_New(&done_def, (PyObject *)call);
-	if (receive && send && done) {
-		args[0] = s->app;
-		args[1] = scope;
-		args[2] = receive;
-		args[3] = send;
-		args[4] = done;
-		coro = PyObject_Vectorcall(s->slow, args, 5, NULL);
-		task = coro ? PyObject_CallMethod(call->aio, "create_task", "O", coro) : NULL;
-		rc = task ? RESPOND_PARKED : -1;
-	}
+	rc = asgi_start_task(c, (PyObject *)call, scope, call->aio, &done_def);
 	if (rc == RESPOND_PARKED)
 		hp_free(&c->parser->hp);               /* the handshake's head: in the scope now */
-	if (rc < 0) {
-		if (coro)
-			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
-		if (c->call == (PyObject *)call) {
-			c->call = NULL;
-			Py_DECREF(call);
-		}
-	}
-	Py_XDECREF(receive);
-	Py_XDECREF(send);
-	Py_XDECREF(done);
-	Py_XDECREF(coro);
-	Py_XDECREF(task);
 	Py_DECREF(call);
 	return rc;
 }
@@ -473,7 +411,6 @@ int asgi_ws_unread(HttpConn *c)
 void asgi_ws_drop(HttpConn *c, PyObject *obj)
 {
 	WsCall *call = (WsCall *)obj;
-	PyObject *exc;
 
 	if (!Py_IS_TYPE(obj, &WsCallType)) {
 		asgi_drop(c, obj);
@@ -481,15 +418,7 @@ void asgi_ws_drop(HttpConn *c, PyObject *obj)
 	}
 	ws_finish(call, 1006, "", 0);                 /* unless a close was exchanged */
 	ws_deliver(call);
-	if (call->tx) {
-		exc = PyObject_CallFunction(ClientDisconnected, "s", "the client went away");
-		if (exc) {
-			asgi_resolve(&call->tx, NULL, exc);
-			Py_DECREF(exc);
-		}
-		else
-			PyErr_WriteUnraisable(obj);
-	}
+	asgi_resolve_gone(&call->tx, obj);         /* a waiting send: the client went away */
 	unlink_call(call);
 	Py_CLEAR(call->conn);
 	Py_DECREF(obj);                            /* the connection's reference */

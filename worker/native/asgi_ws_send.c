@@ -334,20 +334,11 @@ fail:
 
 PyObject *ws_send(WsCall *call, PyObject *msg)
 {
-	PyObject *type, *r;
+	PyObject *type = asgi_send_type(msg), *r;
 	HttpConn *c;
 
-	if (!PyDict_Check(msg)) {
-		PyErr_Format(PyExc_TypeError, "ASGI send() takes a message dict, not %.100s",
-		             Py_TYPE(msg)->tp_name);
+	if (!type)
 		return NULL;
-	}
-	if (!(type = PyDict_GetItemWithError(msg, K_TYPE)) && PyErr_Occurred())
-		return NULL;
-	if (!type || !PyUnicode_Check(type)) {
-		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): a message needs a 'type' str", msg);
-		return NULL;
-	}
 	if (ws_owner_thread(call, "send()") < 0)
 		return NULL;
 	if (call->tx) {

@@ -8,10 +8,11 @@
  * The layers, bottom up (each file may call the ones below it, and the
  * layer above only through a table of callbacks):
  *
- *   connection   fwd_trust.c  conn_timers.c  conn_io.c  conn_type.c  dispatch.c  engine.c
- *                (conn.h, engine.h, forwarded.h) -> above only through struct conn_ops
- *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c  h1_response.c
- *                h1_conn.c  (h1.h)    -> above only through struct h1_app
+ *   connection   netmatch.c  proxy_proto.c  fwd_trust.c  conn_timers.c  conn_io.c  conn_proxy.c
+ *                conn_type.c  dispatch.c  engine.c
+ *                (conn.h, netmatch.h, engine.h, forwarded.h) -> above only through struct conn_ops
+ *   HTTP/1 codec httpscan.c  httplist.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c
+ *                h1_response.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
  *   WSGI adapter wsgi_environ.c  wsgi_forwarded.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
  *                (wsgi.h)
  *   ASGI adapter asgi_forwarded.c  asgi_scope.c  asgi_end.c  asgi_call.c  asgi_app.c

@@ -16,8 +16,8 @@
  * header's bytes; what follows stays in the buffer for the codec. The
  * header's time is the head's: the header timer armed at accept runs on.
  *
- * May call: proxy_proto.c (the parser), conn_io.c (close, the refusal
- * log).
+ * May call: proxy_proto.c (the parser), netmatch.c (proxy_allow_from),
+ * conn_io.c (close, the refusal log).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -27,46 +27,6 @@
 
 #include "engine.h"
 #include "proxy_proto.h"
-
-/* ---- who may send a header ---------------------------------------------------------------- */
-
-static int in_net(const struct pp_net *n, int family, const uint8_t *addr)
-{
-	int whole = n->bits / 8, rest = n->bits % 8;
-
-	if (n->family != family)
-		return 0;
-	if (memcmp(n->addr, addr, (size_t)whole) != 0)
-		return 0;
-	return rest == 0 || ((n->addr[whole] ^ addr[whole]) & (uint8_t)(0xFF << (8 - rest))) == 0;
-}
-
-int proxy_allowed(const Server *s, const struct sockaddr_storage *peer)
-{
-	const uint8_t *a;
-	int family = peer->ss_family;
-	uint8_t v4[4];
-
-	if (family == AF_UNIX)
-		return s->proxy_unix;
-	if (family == AF_INET)
-		a = (const uint8_t *)&((const struct sockaddr_in *)peer)->sin_addr;
-	else if (family == AF_INET6) {
-		a = ((const struct sockaddr_in6 *)peer)->sin6_addr.s6_addr;
-		/* a v4 client of a dual-stack listener: its v4 address counts */
-		if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)a)) {
-			memcpy(v4, a + 12, 4);
-			a = v4;
-			family = AF_INET;
-		}
-	}
-	else
-		return 0;
-	for (int i = 0; i < s->proxy_nnets; i++)
-		if (in_net(&s->proxy_nets[i], family, a))
-			return 1;
-	return 0;
-}
 
 /* ---- what a header tells -------------------------------------------------------------------- */
 
@@ -273,60 +233,28 @@ static int mode_of(const char *name)
 	return -1;
 }
 
-/* Server.set_proxy(mode, nets, unix) */
+/* Server.set_proxy(mode, nets, all, unix) */
 static PyObject *Server_set_proxy(Server *s, PyObject *args)
 {
 	const char *name;
-	PyObject *nets, *seq;
-	int unix_ok, mode;
-	Py_ssize_t n;
-	struct pp_net *out = NULL;
+	PyObject *nets;
+	int all, unix_ok, mode;
 
-	if (!PyArg_ParseTuple(args, "sOp:set_proxy", &name, &nets, &unix_ok))
+	if (!PyArg_ParseTuple(args, "sO!pp:set_proxy", &name, &PyList_Type, &nets, &all, &unix_ok))
 		return NULL;
-	if ((mode = mode_of(name)) < 0)
+	if ((mode = mode_of(name)) < 0 || netmatch_set(&s->proxy_allow, nets, all, unix_ok,
+	                                               "set_proxy") < 0)
 		return NULL;
-	seq = PySequence_Fast(nets, "set_proxy: nets must be a sequence of (packed, bits)");
-	if (!seq)
-		return NULL;
-	n = PySequence_Fast_GET_SIZE(seq);
-	if (n && !(out = PyMem_Calloc((size_t)n, sizeof(*out)))) {
-		Py_DECREF(seq);
-		return PyErr_NoMemory();
-	}
-	for (Py_ssize_t i = 0; i < n; i++) {
-		const char *packed;
-		Py_ssize_t plen;
-		int bits;
-
-		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "y#i", &packed, &plen, &bits))
-			goto fail;
-		if ((plen != 4 && plen != 16) || bits < 0 || bits > plen * 8) {
-			PyErr_SetString(PyExc_ValueError, "set_proxy: a net is (4 or 16 bytes, prefix bits)");
-			goto fail;
-		}
-		out[i].family = plen == 4 ? AF_INET : AF_INET6;
-		memcpy(out[i].addr, packed, (size_t)plen);
-		out[i].bits = bits;
-	}
-	Py_DECREF(seq);
-	PyMem_Free(s->proxy_nets);
-	s->proxy_nets = out;
-	s->proxy_nnets = (int)n;
-	s->proxy_unix = unix_ok;
 	s->proxy_mode = mode;
 	Py_RETURN_NONE;
-fail:
-	Py_DECREF(seq);
-	PyMem_Free(out);
-	return NULL;
 }
 
 PyMethodDef server_proxy_methods[] = {
 	{"set_proxy", (PyCFunction)Server_set_proxy, METH_VARARGS,
-	 "set_proxy(mode, nets, unix): the PROXY protocol header expected ('off', 'v1', 'v2', "
-	 "'auto') from peers in nets ((packed address, prefix bits) pairs) and, if unix, from "
-	 "unix-socket peers; others may not send one. Before the first accept."},
+	 "set_proxy(mode, nets, all, unix): the PROXY protocol header expected ('off', 'v1', "
+	 "'v2', 'auto') from peers in nets ((packed address, prefix bits) pairs), from every "
+	 "peer if all, from unix-socket peers if unix; others may not send one. Before the first "
+	 "accept."},
 	{NULL},
 };
 

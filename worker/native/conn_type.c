@@ -82,7 +82,8 @@ static int addresses(HttpConn *c)
 	}
 	if (c->srv->proxy_mode) {
 		c->proxy_wait = 1;
-		c->proxy_trusted = (unsigned)proxy_allowed(c->srv, &peer);
+		c->proxy_trusted = (unsigned)netmatch_peer(&c->srv->proxy_allow,
+		                                              (const struct sockaddr *)&peer, pl);
 	}
 	return c->addr && c->local && c->peer ? 0 : -1;
 }

@@ -103,16 +103,8 @@ struct Server {
 	 * expected (PP_*, proxy_proto.h; 0: none, and no cost), from which
 	 * peers, and the connections closed over one */
 	int proxy_mode;
-	struct pp_net *proxy_nets;
-	int proxy_nnets, proxy_unix;
+	struct netmatch proxy_allow;       /* proxy_allow_from */
 	unsigned long long proxy_refused;
-};
-
-/* a net of proxy_allow_from: family, address, prefix bits */
-struct pp_net {
-	int family;
-	uint8_t addr[16];
-	int bits;
 };
 
 extern PyTypeObject ServerType;
@@ -122,9 +114,6 @@ extern PyMethodDef server_proxy_methods[]; /* conn_proxy.c: set_proxy */
 extern PyMethodDef proxy_module_methods[]; /* conn_proxy.c: proxy_parse, proxy_signature */
 
 /* ---- conn_proxy.c ---- */
-struct sockaddr_storage;
-/* Whether a peer of this address may (and so must) send a PROXY header. */
-int proxy_allowed(const Server *s, const struct sockaddr_storage *peer);
 struct pp_result;
 /* A parsed header's dict (version, local, src, dst, the TLVs' values). */
 PyObject *proxy_info(const struct pp_result *r);

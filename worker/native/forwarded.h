@@ -29,15 +29,7 @@
 
 #include <stdint.h>
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-/* one allowed network: family AF_INET (4 bytes of addr) or AF_INET6 (16) */
-struct fwd_net {
-	int family;
-	unsigned bits;
-	unsigned char addr[16];
-};
+#include "netmatch.h"     /* forwarded_allow_ips: the peers trusted */
 
 /* a secure_scheme_headers entry: the field name (lower-case) and the value
  * (compared without case) that means https; any other value means http */
@@ -49,11 +41,9 @@ struct fwd_scheme {
 enum { FWD_HOST = 1, FWD_PORT = 2, FWD_PREFIX = 4 };     /* forwarder_headers */
 
 struct fwd_rules {
-	unsigned on : 1,                   /* some peer may be trusted at all */
-	         all : 1,                  /* "*": every peer */
-	         unix_peers : 1;           /* "unix": a unix-socket peer */
-	int nnets, nscheme;
-	struct fwd_net *nets;
+	unsigned on : 1;                   /* some peer may be trusted at all */
+	struct netmatch allow;             /* forwarded_allow_ips */
+	int nscheme;
 	struct fwd_scheme *scheme;
 	unsigned forwarder;                /* FWD_* bits */
 	PyObject *log;                     /* log(peer, field, value) for an ignored value, or NULL */
@@ -75,12 +65,10 @@ struct fwd_found {
 typedef struct HttpConn HttpConn;
 
 /* ---- fwd_trust.c (connection layer) ---- */
-/* Whether the rules trust a peer of this address (AF_INET, AF_INET6, a
- * v4-mapped v6 address as its v4 one; AF_UNIX: unix_peers). Pure. */
+/* Whether the rules trust a peer of this address (netmatch_peer on the
+ * allow list; an address of the chain: netmatch_addr). Pure. */
 struct sockaddr;      /* <sys/socket.h>'s send() would clash with asgi_call.c's */
 int fwd_trusts(const struct fwd_rules *r, const struct sockaddr *sa, unsigned len);
-/* an address (family AF_INET, 4 bytes, or AF_INET6, 16) in the allow list */
-int fwd_addr_trusted(const struct fwd_rules *r, int fam, const unsigned char *a);
 void fwd_free(struct fwd_rules *r);
 /* Server.set_forwarded (the worker's settings, worker/forwarded.py) */
 extern PyMethodDef fwd_server_methods[];

@@ -350,7 +350,7 @@ static int walk_xff(HttpConn *c, const struct hp_parser *hp, struct node *out)
 				return malformed(c, "X-Forwarded-For", s, n) < 0 ? -1 : 0;
 			}
 			found = 1;
-			if (!out->family || !fwd_addr_trusted(r, out->family, out->addr))
+			if (!out->family || !netmatch_addr(&r->allow, out->family, out->addr))
 				return 1;
 		}
 	}
@@ -381,7 +381,7 @@ static int walk_forwarded(HttpConn *c, const struct hp_parser *hp, struct elemen
 		memset(node, 0, sizeof(*node));
 		if (el[k].for_ && !parse_node(el[k].for_, el[k].for_len, 0, node))
 			return malformed(c, "Forwarded", el[k].for_, el[k].for_len) < 0 ? -1 : 0;
-		if (!node->family || !fwd_addr_trusted(r, node->family, node->addr))
+		if (!node->family || !netmatch_addr(&r->allow, node->family, node->addr))
 			break;                     /* no for=, unknown, obfuscated: untrusted */
 	}
 	return count > 0;

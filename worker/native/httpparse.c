@@ -241,29 +241,17 @@ static int check_transfer_encoding(struct hp_parser *p)
 
 	for (uint32_t i = 0; i < p->nfields; i++) {
 		const struct hp_field *f = &p->fields[i];
-		uint32_t len, a = 0;
-		const char *v;
+		const char *v = p->head + f->value, *end = v + f->value_len, *item;
+		size_t len;
 
 		if (!is_name(p->head + f->name, f->name_len, "transfer-encoding"))
 			continue;
-		v = field_value(p, f, &len);
-		while (a <= len) {
-			uint32_t b = a, e;
-
-			while (b < len && v[b] != ',')
-				b++;
-			e = b;
-			while (a < e && (v[a] == ' ' || v[a] == '\t'))
-				a++;
-			while (e > a && (v[e - 1] == ' ' || v[e - 1] == '\t'))
-				e--;
-			if (e > a) {
+		while (hp_list_next(&v, end, &item, &len))
+			if (len) {
 				tokens++;
-				last_chunked = is_name(v + a, e - a, "chunked");
+				last_chunked = is_name(item, (uint32_t)len, "chunked");
 				chunked += last_chunked;
 			}
-			a = b + 1;
-		}
 	}
 	if (!tokens)
 		return refuse(p, 400, "empty Transfer-Encoding");

@@ -159,4 +159,12 @@ int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, u
  * WSGI's PATH_INFO, ASGI's path.) */
 size_t hp_unquote(const char *s, size_t n, char *out);
 
+/* httplist.c: a field's comma-separated list (RFC 9110 5.6.1). The next
+ * element of *s .. end, its OWS trimmed (it may be empty: the caller
+ * skips those), *s moved past its comma: 1, or 0 at the list's end. */
+int hp_list_next(const char **s, const char *end, const char **item, size_t *len);
+/* Whether some field named name lists token (names and tokens compared
+ * case-insensitively: Connection: upgrade, TE: trailers). */
+int hp_has_token(const struct hp_parser *p, const char *name, const char *token);
+
 #endif /* SOCKHERD_HTTPPARSE_H */

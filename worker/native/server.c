@@ -306,7 +306,7 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);
 	fwd_free(&s->fwd);
-	PyMem_Free(s->proxy_nets);
+	netmatch_free(&s->proxy_allow);
 	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
