@@ -8,6 +8,7 @@ header in clear ahead of the ClientHello."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,11 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
+# the clients are not the code under test: never run them with the
+# sanitizer's library preloaded (test_tls_asan.py runs this file)
+CLIENT_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
+
+
 def need(tool: str) -> str:
     path = shutil.which(tool)
     if not path:
@@ -41,7 +47,7 @@ def test_curl_keep_alive_and_a_large_answer(serve_wsgi, pki, tmp_path):
     r = subprocess.run([need("curl"), "-sS", "--cacert", str(pki.ca_file), "-w", "%{http_code} ",
                         f"{url}/", f"{url}/env", "-o", "/dev/null", "-o", "/dev/null",
                         f"{url}/list", "-o", str(out), "-v"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=CLIENT_ENV)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["200", "200", "200"]
     assert "Re-using existing connection" in r.stderr or "Reusing existing" in r.stderr
@@ -55,7 +61,7 @@ def test_openssl_s_client(serve_wsgi, pki):
                         "-CAfile", str(pki.ca_file), "-alpn", "http/1.1", "-quiet",
                         "-verify_return_error"],
                        input=b"GET /env HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                       capture_output=True, timeout=30)
+                       capture_output=True, timeout=30, env=CLIENT_ENV)
     assert r.returncode == 0, r.stderr
     head, body = r.stdout.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 200 ")
@@ -77,7 +83,7 @@ def test_renegotiation_is_refused_and_the_server_serves_on(serve_wsgi, pki):
     proc = subprocess.Popen([need("openssl"), "s_client", "-connect", f"127.0.0.1:{addr[1]}",
                              "-tls1_2", "-CAfile", str(pki.ca_file)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, env=CLIENT_ENV)
     try:
         proc.stdin.write(b"R\n")                # s_client: renegotiate
         proc.stdin.flush()
