@@ -161,13 +161,14 @@ struct HttpConn {
 	 * first; whether that first byte was looked at (plain HTTP sent to a
 	 * TLS port), a read that waits for the socket to be writable (rw) or
 	 * a write for it to be readable (wr), the BIO's last read saw EAGAIN
-	 * (eagain) or the end (eof), c queued for a read of what the session
-	 * holds (queued, its link); the environ keys of the session */
+	 * (eagain), the end (eof) or emptied the socket (short), c queued
+	 * for a read of what the session holds (queued, its link); the
+	 * environ keys of the session */
 	struct ssl_st *ssl;
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
 	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
-	         tls_queued : 1;
+	         tls_short : 1, tls_queued : 1;
 	HttpConn *tls_next;
 	PyObject *tls_env;
 };

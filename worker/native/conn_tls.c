@@ -13,7 +13,8 @@
  *     WANT_WRITE sets tls_rw, which wants POLLOUT and turns a POLLOUT
  *     into a read (conn_io.c, hconn_on_events); SSL_write's WANT_READ
  *     sets tls_wr, which wants POLLIN and turns input into a flush.
- *   - SSL holds decrypted bytes the socket no longer has (SSL_pending):
+ *   - SSL holds bytes the socket no longer has (decrypted, or records
+ *     read ahead: SSL_has_pending):
  *     no poll report announces them. A read fills its room and the codec
  *     reads again while tls_buffered (h1_conn.c); a connection whose
  *     reading stopped with such bytes and starts again is queued for a
@@ -84,6 +85,7 @@ static int bio_read(BIO *b, char *out, int n)
 	}
 	if (r == 0)
 		c->tls_eof = 1;
+	c->tls_short = r > 0 && r < n;              /* the socket was empty after it */
 	return (int)r;
 }
 
@@ -163,7 +165,9 @@ void tls_free(HttpConn *c)
 
 int tls_buffered(const HttpConn *c)
 {
-	return c->ssl && (SSL_pending(c->ssl) > 0 || c->tls_pre_len > c->tls_pre_start);
+	/* has_pending: decrypted bytes, and records read ahead (a whole one
+	 * or a part: a part costs one read that finds nothing) */
+	return c->ssl && (SSL_has_pending(c->ssl) || c->tls_pre_len > c->tls_pre_start);
 }
 
 /* Plain HTTP sent to a TLS port: nginx's answer, in clear, and a close
@@ -266,13 +270,19 @@ ssize_t tls_read(HttpConn *c, char *buf, size_t room)
 		if (rc <= 0)
 			return rc;
 	}
-	c->tls_eagain = c->tls_eof = 0;
+	c->tls_eagain = c->tls_eof = c->tls_short = 0;
 	while (got < room) {
 		size_t want = room - got;
 		int r = SSL_read(c->ssl, buf + got, want > INT_MAX ? INT_MAX : (int)want);
 
 		if (r > 0) {
 			got += (size_t)r;
+			/* the socket was empty after the last read and the session
+			 * holds nothing: what a plain short read means, without a
+			 * read(2) that would only say EAGAIN (measured: a third of
+			 * the per-request cost) */
+			if (c->tls_short && !SSL_has_pending(c->ssl))
+				break;
 			continue;
 		}
 		e = SSL_get_error(c->ssl, r);
@@ -652,6 +662,9 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	if (!ctx)
 		return ssl_error("an SSL context", NULL);
 	SSL_CTX_set_min_proto_version(ctx, version);
+	/* read ahead: a read(2) takes what the socket has (records and all),
+	 * not a record's 5-byte header and then its body */
+	SSL_CTX_set_read_ahead(ctx, 1);
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
 	                         SSL_OP_NO_COMPRESSION);
 	/* RELEASE_BUFFERS: an idle keep-alive connection holds no record buffers */
