@@ -341,18 +341,21 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 	Py_DECREF(v);
 	if (PyDict_DelItemString(scope, "method") < 0)
 		PyErr_Clear();
-	/* the http scope's extensions (proxy, tls) kept, the denial one added */
-	v = PyDict_GetItemString(scope, "extensions");        /* borrowed */
-	v = v ? PyDict_Copy(v) : PyDict_New();
-	if (!v)
-		goto out;
+	/* the connection's extensions (proxy, tls) kept from the http scope,
+	 * the denial one added; the http ones (pathsend) are not a socket's */
 	{
-		PyObject *deny = PyDict_New();
-		int bad = !deny || PyDict_SetItemString(v, "websocket.http.response", deny) < 0 ||
-		          PyDict_SetItemString(scope, "extensions", v) < 0;
+		PyObject *old = PyDict_GetItemString(scope, "extensions");   /* borrowed */
+		PyObject *ext = Py_BuildValue("{s{}}", "websocket.http.response");
+		static const char *const kept[] = {"proxy", "tls"};
+		int bad = !ext;
 
-		Py_XDECREF(deny);
-		Py_DECREF(v);
+		for (int i = 0; !bad && old && i < 2; i++) {
+			PyObject *e = PyDict_GetItemString(old, kept[i]);          /* borrowed */
+
+			bad = e && PyDict_SetItemString(ext, kept[i], e) < 0;
+		}
+		bad = bad || PyDict_SetItemString(scope, "extensions", ext) < 0;
+		Py_XDECREF(ext);
 		if (bad)
 			goto out;
 	}

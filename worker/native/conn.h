@@ -8,7 +8,8 @@
  * The layers, bottom up (each file may call the ones below it, and the
  * layer above only through a table of callbacks):
  *
- *   connection   fwd_trust.c  conn_timers.c  conn_io.c  conn_type.c  dispatch.c  engine.c
+ *   connection   fwd_trust.c  conn_timers.c  conn_io.c  conn_proxy.c  conn_tls.c  conn_type.c
+ *                dispatch.c  engine.c
  *                (conn.h, engine.h, forwarded.h) -> above only through struct conn_ops
  *   HTTP/1 codec httpscan.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c  h1_response.c
  *                h1_conn.c  (h1.h)    -> above only through struct h1_app

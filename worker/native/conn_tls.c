@@ -425,7 +425,8 @@ void tls_replay_free(Server *s)
 
 /* ---- what the session tells the app --------------------------------------------------------- */
 
-static PyObject *name_str(X509_NAME *name)
+/* What a memory BIO holds once fill wrote to it, as str. */
+static PyObject *bio_text(int (*fill)(BIO *, void *), void *what)
 {
 	BIO *b = BIO_new(BIO_s_mem());
 	char *p;
@@ -434,28 +435,26 @@ static PyObject *name_str(X509_NAME *name)
 
 	if (!b)
 		return PyErr_NoMemory();
-	X509_NAME_print_ex(b, name, 0, XN_FLAG_RFC2253);
+	fill(b, what);
 	n = BIO_get_mem_data(b, &p);
 	v = PyUnicode_DecodeUTF8(p, n, "replace");
 	BIO_free(b);
 	return v;
 }
 
-static PyObject *pem_str(X509 *x)
+static int fill_name(BIO *b, void *name)
 {
-	BIO *b = BIO_new(BIO_s_mem());
-	char *p;
-	long n;
-	PyObject *v;
-
-	if (!b)
-		return PyErr_NoMemory();
-	PEM_write_bio_X509(b, x);
-	n = BIO_get_mem_data(b, &p);
-	v = PyUnicode_DecodeASCII(p, n, "replace");
-	BIO_free(b);
-	return v;
+	return X509_NAME_print_ex(b, name, 0, XN_FLAG_RFC2253);
 }
+
+static int fill_pem(BIO *b, void *x)
+{
+	return PEM_write_bio_X509(b, x);
+}
+
+/* a name as RFC 2253 text (nginx's $ssl_client_s_dn); a certificate in PEM */
+static PyObject *name_str(X509_NAME *name) { return bio_text(fill_name, name); }
+static PyObject *pem_str(X509 *x) { return bio_text(fill_pem, x); }
 
 static PyObject *serial_str(X509 *x)
 {

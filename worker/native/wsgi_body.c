@@ -32,6 +32,21 @@
 #define TAIL_IOV 64
 #define TLS_STAGE (256u << 10)
 
+/* The tail went out up to the announced length: bytes past it are cut
+ * (keep-alive ends), the tail is dropped. 0. */
+static int tail_end(Respond *r)
+{
+	PyObject *t = r->tail;
+
+	for (Py_ssize_t i = r->tail_i; i < PyTuple_GET_SIZE(t); i++)
+		if ((size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, i)) > (i == r->tail_i ? r->tail_off : 0)) {
+			r->f.keep = 0;                     /* past the app's Content-Length: cut */
+			break;
+		}
+	Py_CLEAR(r->tail);
+	return 0;
+}
+
 /* push_tail under TLS: the tail is copied into the output, TLS_STAGE
  * ahead at most, where every TLS write is made (conn_tls.c says why).
  * The same results as push_tail's. */
@@ -77,13 +92,7 @@ static int push_tail_tls(Respond *r)
 		PyErr_SetString(ClientGone, "the client went away");
 		return -1;
 	}
-	for (Py_ssize_t i = r->tail_i; i < n; i++)
-		if ((size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, i)) > (i == r->tail_i ? r->tail_off : 0)) {
-			r->f.keep = 0;                     /* past the app's Content-Length: cut */
-			break;
-		}
-	Py_CLEAR(r->tail);
-	return 0;
+	return tail_end(r);
 }
 
 /* Sends what the kernel takes of the pending output and the tail after
@@ -163,13 +172,7 @@ int push_tail(Respond *r)
 		if ((size_t)w < asked)
 			return RESPOND_PARKED;            /* the kernel is full: its POLLOUT resumes */
 	}
-	for (Py_ssize_t i = r->tail_i; i < n; i++)
-		if ((size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, i)) > (i == r->tail_i ? r->tail_off : 0)) {
-			r->f.keep = 0;                     /* past the app's Content-Length: cut */
-			break;
-		}
-	Py_CLEAR(r->tail);
-	return 0;
+	return tail_end(r);
 }
 
 size_t respond_owed(const Respond *r)
