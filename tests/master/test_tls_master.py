@@ -187,3 +187,23 @@ def test_a_broken_certificate_refuses_the_reload(master, tmp_path, site, breakag
         clients.stop()
     assert clients.failures == [], clients.failures[:5]
     assert served_cn(m.port, site) == "first"
+
+
+def test_a_gunicorn_config_with_tls_runs_unchanged(tmp_path, site):
+    """gunicorn's TLS names in a gunicorn.conf.py (cert_reqs as Python's
+    ssl.CERT_* number) are ours; they were refused before TLS existed."""
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text("import ssl\n"
+                    f"certfile = {str(tmp_path / 'live.crt')!r}\n"
+                    f"keyfile = {str(tmp_path / 'live.key')!r}\n"
+                    f"ca_certs = {str(site.ca_file)!r}\n"
+                    "cert_reqs = ssl.CERT_REQUIRED\n"
+                    "ciphers = 'ECDHE+AESGCM'\n")
+    r = subprocess.run([sys.executable, "-m", "sockherd.master", "check", "-c", str(conf),
+                        "--print-config", "tlsapp:app"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = {k.strip(): v.strip() for k, _, v in
+             (line.partition(" = ") for line in r.stdout.splitlines()) if v}
+    assert lines["cert_reqs"].startswith('"required"'), lines["cert_reqs"]
+    assert lines["ciphers"].startswith('"ECDHE+AESGCM"'), lines["ciphers"]
