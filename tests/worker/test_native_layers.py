@@ -28,8 +28,8 @@ NATIVE = ROOT / "worker" / "native"
 
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
-    "connection": ["proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy", "conn_type",
-                   "dispatch", "engine"],
+    "connection": ["proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy", "conn_tls",
+                   "conn_type", "dispatch", "engine"],
     "http1 codec": ["httpscan", "httpparse", "h1_parser", "fwd_fields", "h1_head", "h1_response",
                     "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
@@ -50,6 +50,7 @@ LAYER_OF = {name: layer for layer, files in LAYERS.items() for name in files}
 # would be a dependency upward too)
 HEADERS = {
     "conn.h": set(),
+    "conn_tls.h": {"conn.h"},
     "forwarded.h": set(),
     "engine.h": {"conn.h", "httpparse.h", "forwarded.h"},
     "h1.h": {"engine.h", "httpparse.h"},

@@ -35,7 +35,8 @@ def test_ws_suite_under_asan_and_ubsan(tmp_path):
                LLHTTP / "llhttp.c"]
     subprocess.run(["gcc", *flags, f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}",
                     "-I/usr/share/include/llhttp", f"-I{sysconfig.get_paths()['include']}",
-                    *map(str, sources), "-o", str(so)], check=True, timeout=300)
+                    *map(str, sources), "-lssl", "-lcrypto",   # TLS (conn_tls.c)
+                    "-o", str(so)], check=True, timeout=300)
     libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
                              text=True, check=True).stdout.strip()
     env = dict(os.environ, SOCKHERD_HTTP_MODULE=str(so), LD_PRELOAD=libasan,

@@ -212,6 +212,19 @@ struct conn_ops {
 	void (*drop)(HttpConn *c, PyObject *call);
 };
 
+/* ---- what this layer's I/O calls of the TLS step (conn_tls.c) ----
+ * Through a table, as the layers above: conn_tls.c sits above conn_io.c
+ * (it sends, closes, logs through it), and conn_io.c reaches it only for
+ * a connection with a session (c->ssl), through its Server's table. */
+struct tls_ops {
+	ssize_t (*read)(HttpConn *c, char *buf, size_t room);
+	ssize_t (*write)(HttpConn *c, const char *buf, size_t n);
+	void (*free)(HttpConn *c);
+	int (*buffered)(const HttpConn *c);
+	void (*replay)(HttpConn *c);
+	void (*close_notify)(HttpConn *c);
+};
+
 /* ---- conn_timers.c ---- */
 double mono_now(void);
 void timer_arm(HttpConn *c, int kind);

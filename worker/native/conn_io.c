@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "conn_tls.h"
 
 static _Thread_local Server *tls_srv;
 static _Thread_local int tls_pos = -1;
@@ -121,8 +120,8 @@ static void sync_dirs(HttpConn *c)
 		(want ? api->want_send : api->stop_send)(th, c->fd);
 	}
 	rd = hconn_reading(c) || c->tls_wr;    /* a TLS write may wait for input */
-	if (rd && !c->recv_on && c->ssl && tls_buffered(c))
-		tls_replay(c);                      /* held by the session: no report will come */
+	if (rd && !c->recv_on && c->ssl && c->srv->tls->buffered(c))
+		c->srv->tls->replay(c);                      /* held by the session: no report will come */
 	if (rd && c->in_kept) {
 		/* input a report brought while we did not read (keep_input):
 		 * the thread inside c reads it as a report of its own */
@@ -158,7 +157,8 @@ int hconn_close_now(HttpConn *c)
 	c->call = NULL;
 	c->closed = 1;
 	timer_cancel(c);
-	tls_free(c);
+	if (c->ssl || c->tls_pre)
+		s->tls->free(c);
 	Py_CLEAR(c->held);
 	PyMem_Free(c->out);
 	c->out = NULL;
@@ -220,7 +220,7 @@ static int may_send_more(HttpConn *c)
 static void end(HttpConn *c)
 {
 	if (c->ssl)
-		tls_close_notify(c);
+		c->srv->tls->close_notify(c);
 	if (c->lingering || !may_send_more(c) || shutdown(c->fd, SHUT_WR) < 0) {
 		fail(c);
 		return;
@@ -308,7 +308,7 @@ int hconn_flush(HttpConn *c)
 	if (c->ssl) {
 		/* every TLS write goes through here: a retry after WANT_WRITE
 		 * then always offers the same bytes first (conn_tls.c) */
-		n = tls_write(c, c->out + c->ostart, pending);
+		n = c->srv->tls->write(c, c->out + c->ostart, pending);
 		if (n < 0) {
 			fail(c);
 			return 0;
@@ -430,7 +430,7 @@ ssize_t hconn_read(HttpConn *c, char *buf, size_t room)
 	ssize_t n;
 
 	if (c->ssl)
-		return tls_read(c, buf, room);
+		return c->srv->tls->read(c, buf, room);
 	n = read(c->fd, buf, room);
 
 	if (n < 0) {

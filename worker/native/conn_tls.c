@@ -33,9 +33,11 @@
  * of the SSL first (a PROXY header's tail, the first byte looked at),
  * then the fd, and records EAGAIN and the end of input for the caller.
  *
- * May call: conn_io.c (close, fdcore's directions through hconn_sync,
- * the refusal log), conn_proxy.c (the header), dispatch.c (a replay on
- * a shared connection).
+ * Above conn_io.c and conn_proxy.c in the connection layer, which reach
+ * it through the Server's struct tls_ops (conn.h). May call: conn_io.c
+ * (close, send, fdcore's directions through hconn_sync, the refusal
+ * log), conn_proxy.c (the header). The queued reads run in engine.c's
+ * turn (tls_replay_run).
  */
 #include <errno.h>
 #include <limits.h>
@@ -383,32 +385,6 @@ void tls_replay(HttpConn *c)
 		s->api.wake(s->table, t->tid);
 }
 
-int tls_replay_run(Server *s, int pos)
-{
-	struct srv_thread *t = &s->thr[pos];
-	HttpConn *c, *next = t->tls_replay;
-	int ran = 0;
-
-	t->tls_replay = NULL;
-	while ((c = next)) {
-		uint32_t gen;
-
-		next = c->tls_next;
-		c->tls_next = NULL;
-		c->tls_queued = 0;
-		if (!c->closed && c->fd < s->maxfd && s->conns[c->fd] == c &&
-		    (s->dispatch || c->pos == pos) && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
-			if ((s->dispatch ? dispatch_run(c, pos, FDC_POLL_IN, -1)
-			                 : hconn_on_events(c, FDC_POLL_IN)) < 0)
-				contain(c);
-			s->api.leave(t->th, c->fd, gen);
-			ran++;
-		}
-		Py_DECREF(c);
-	}
-	return ran;
-}
-
 /* The queues emptied (the engine's end, or its clear). */
 void tls_replay_free(Server *s)
 {
@@ -575,6 +551,11 @@ PyObject *tls_scope(HttpConn *c)
 	return d;
 }
 
+const struct tls_ops tls_ops = {
+	.read = tls_read, .write = tls_write, .free = tls_free, .buffered = tls_buffered,
+	.replay = tls_replay, .close_notify = tls_close_notify,
+};
+
 /* ---- the context: Server.set_tls ---------------------------------------------------------------- */
 
 static const unsigned char ALPN_H1[] = "\x08http/1.1";
@@ -718,6 +699,7 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	ERR_clear_error();
 	SSL_CTX_free(s->tls_ctx);
 	s->tls_ctx = ctx;
+	s->tls = &tls_ops;
 	Py_XSETREF(s->tls_server_pem, pem);
 	Py_RETURN_NONE;
 fail:

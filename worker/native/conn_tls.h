@@ -36,8 +36,6 @@ int tls_buffered(const HttpConn *c);
 /* Reading is on again for c, which may hold such input: its owner loop
  * thread reads it at its next turn (tls_replay_run). */
 void tls_replay(HttpConn *c);
-/* Runs the reads queued for loop thread pos (engine.c's turn). */
-int tls_replay_run(Server *s, int pos);
 void tls_replay_free(Server *s);
 /* Our close_notify, ahead of the connection's FIN. */
 void tls_close_notify(HttpConn *c);
@@ -50,5 +48,6 @@ PyObject *tls_environ(HttpConn *c);
 PyObject *tls_scope(HttpConn *c);
 
 extern PyMethodDef server_tls_methods[];   /* Server.set_tls */
+extern const struct tls_ops tls_ops;       /* conn.h: what conn_io.c calls */
 
 #endif /* SOCKHERD_CONN_TLS_H */

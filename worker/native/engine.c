@@ -29,7 +29,6 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "conn_tls.h"
 
 /* ---- timers: the due ones fired --------------------------------------------------------------- */
 
@@ -107,6 +106,35 @@ static struct srv_thread *as_thread(Server *s, int pos)
 	}
 	srv_bind(s, pos);
 	return &s->thr[pos];
+}
+
+/* The reads queued for loop thread pos (conn_tls.c, tls_replay): input
+ * a TLS session holds that no poll report will announce, read as a
+ * report of its own. Returns the connections run. */
+static int tls_replay_run(Server *s, int pos)
+{
+	struct srv_thread *t = &s->thr[pos];
+	HttpConn *c, *next = t->tls_replay;
+	int ran = 0;
+
+	t->tls_replay = NULL;
+	while ((c = next)) {
+		uint32_t gen;
+
+		next = c->tls_next;
+		c->tls_next = NULL;
+		c->tls_queued = 0;
+		if (!c->closed && c->fd < s->maxfd && s->conns[c->fd] == c &&
+		    (s->dispatch || c->pos == pos) && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
+			if ((s->dispatch ? dispatch_run(c, pos, FDC_POLL_IN, -1)
+			                 : hconn_on_events(c, FDC_POLL_IN)) < 0)
+				contain(c);
+			s->api.leave(t->th, c->fd, gen);
+			ran++;
+		}
+		Py_DECREF(c);
+	}
+	return ran;
 }
 
 static PyObject *Server_turn(Server *s, PyObject *args)

@@ -115,6 +115,7 @@ struct Server {
 	 * certificate in PEM (the ASGI tls extension's server_cert), the
 	 * handshakes that failed and the plain HTTP requests refused */
 	struct ssl_ctx_st *tls_ctx;
+	const struct tls_ops *tls;
 	PyObject *tls_server_pem;
 	unsigned long long tls_failed, tls_plain;
 };
