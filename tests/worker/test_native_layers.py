@@ -29,7 +29,7 @@ NATIVE = ROOT / "worker" / "native"
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
     "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy",
-                   "conn_type", "dispatch", "engine"],
+                   "conn_tls", "conn_type", "dispatch", "engine"],
     "http1 codec": ["httpscan", "httplist", "httpparse", "h1_parser", "fwd_fields", "h1_head",
                     "h1_response", "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
@@ -52,6 +52,7 @@ HEADERS = {
     "conn.h": set(),
     "netmatch.h": set(),
     "forwarded.h": {"netmatch.h"},
+    "conn_tls.h": {"conn.h"},
     "engine.h": {"conn.h", "httpparse.h", "forwarded.h"},
     "h1.h": {"engine.h", "httpparse.h"},
     "wsgi.h": {"h1.h"},

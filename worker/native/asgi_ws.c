@@ -291,18 +291,41 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 			Py_DECREF(v);
 		}
 	}
+	/* wss over TLS (the http scope's https: the connection's, or a
+	 * trusted proxy's) */
+	v = PyDict_GetItemString(scope, "scheme");            /* borrowed */
 	if (PyDict_SetItemString(scope, "subprotocols", subs) < 0 ||
-	    PyDict_SetItemString(scope, "type", V_WEBSOCKET) < 0 ||
-	    PyDict_SetItemString(scope, "scheme", V_WS) < 0)
+	    PyDict_SetItemString(scope, "type", V_WEBSOCKET) < 0)
 		goto out;
-	if (PyDict_DelItemString(scope, "method") < 0)
-		PyErr_Clear();
-	v = Py_BuildValue("{s{}}", "websocket.http.response");
-	if (!v || PyDict_SetItemString(scope, "extensions", v) < 0) {
+	if (v && PyUnicode_Check(v) && PyUnicode_CompareWithASCIIString(v, "https") == 0)
+		v = PyUnicode_FromString("wss");
+	else
+		v = Py_NewRef(V_WS);
+	if (!v || PyDict_SetItemString(scope, "scheme", v) < 0) {
 		Py_XDECREF(v);
 		goto out;
 	}
 	Py_DECREF(v);
+	if (PyDict_DelItemString(scope, "method") < 0)
+		PyErr_Clear();
+	/* the connection's extensions (proxy, tls) kept from the http scope,
+	 * the denial one added; the http ones (pathsend) are not a socket's */
+	{
+		PyObject *old = PyDict_GetItemString(scope, "extensions");   /* borrowed */
+		PyObject *ext = Py_BuildValue("{s{}}", "websocket.http.response");
+		static const char *const kept[] = {"proxy", "tls"};
+		int bad = !ext;
+
+		for (int i = 0; !bad && old && i < 2; i++) {
+			PyObject *e = PyDict_GetItemString(old, kept[i]);          /* borrowed */
+
+			bad = e && PyDict_SetItemString(ext, kept[i], e) < 0;
+		}
+		bad = bad || PyDict_SetItemString(scope, "extensions", ext) < 0;
+		Py_XDECREF(ext);
+		if (bad)
+			goto out;
+	}
 	rc = 0;
 out:
 	Py_DECREF(subs);

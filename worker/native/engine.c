@@ -108,6 +108,35 @@ static struct srv_thread *as_thread(Server *s, int pos)
 	return &s->thr[pos];
 }
 
+/* The reads queued for loop thread pos (conn_tls.c, tls_replay): input
+ * a TLS session holds that no poll report will announce, read as a
+ * report of its own. Returns the connections run. */
+static int tls_replay_run(Server *s, int pos)
+{
+	struct srv_thread *t = &s->thr[pos];
+	HttpConn *c, *next = t->tls_replay;
+	int ran = 0;
+
+	t->tls_replay = NULL;
+	while ((c = next)) {
+		uint32_t gen;
+
+		next = c->tls_next;
+		c->tls_next = NULL;
+		c->tls_queued = 0;
+		if (!c->closed && c->fd < s->maxfd && s->conns[c->fd] == c &&
+		    (s->dispatch || c->pos == pos) && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
+			if ((s->dispatch ? dispatch_run(c, pos, FDC_POLL_IN, -1)
+			                 : hconn_on_events(c, FDC_POLL_IN)) < 0)
+				contain(c);
+			s->api.leave(t->th, c->fd, gen);
+			ran++;
+		}
+		Py_DECREF(c);
+	}
+	return ran;
+}
+
 static PyObject *Server_turn(Server *s, PyObject *args)
 {
 	int pos, timeout, relieved, n, handled = 0;
@@ -127,6 +156,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	/* work queued for the group (dispatch.c): never asleep on it */
 	if (s->dispatch && dispatch_has_spilled(s, pos))
 		timeout = 0;                           /* never asleep on queued work */
+	if (t->tls_replay)
+		timeout = 0;                           /* nor on input a TLS session holds */
 	s->api.counters(t->th, &before);
 	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
 	if (n == 0 && timeout != 0)
@@ -227,6 +258,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		dispatch_wake_idle(s, pos);            /* this batch ran long: help */
 	if (s->dispatch && dispatch_has_spilled(s, pos))
 		handled += dispatch_run_spilled(s, pos);
+	if (t->tls_replay && !relieved)
+		handled += tls_replay_run(s, pos);
 	if (fire_timers(s, pos) < 0 || engine_stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);
 		return NULL;

@@ -31,6 +31,10 @@ struct srv_thread {
 	struct runq {
 		HttpConn *head, *tail;
 	} rq;
+	/* conn_tls.c: the connections of this thread whose session holds
+	 * input no report will announce, read at its next turn (each holds a
+	 * strong reference, linked through tls_next) */
+	HttpConn *tls_replay;
 };
 
 /* What the engine refuses a request for (its status): the labels of
@@ -105,6 +109,14 @@ struct Server {
 	int proxy_mode;
 	struct netmatch proxy_allow;       /* proxy_allow_from */
 	unsigned long long proxy_refused;
+	/* TLS (conn_tls.c, Server.set_tls): the context every connection's
+	 * session comes from (NULL: plain HTTP, and no cost), the server's
+	 * certificate in PEM (the ASGI tls extension's server_cert), the
+	 * handshakes that failed and the plain HTTP requests refused */
+	struct ssl_ctx_st *tls_ctx;
+	const struct tls_ops *tls;
+	PyObject *tls_server_pem;
+	unsigned long long tls_failed, tls_plain;
 };
 
 extern PyTypeObject ServerType;
