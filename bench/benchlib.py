@@ -165,14 +165,15 @@ def parse_totals(log_text: str) -> dict[int, dict[str, int]]:
 
 
 # ---- C clients ----------------------------------------------------------------------------
-def build_c(name: str, flags=()) -> str:
-    """Compiles bench/NAME.c with gcc -O2 (and flags) into bench/build/NAME
-    (when the source is newer than the binary); returns the binary's path."""
+def build_c(name: str, flags=(), libs=()) -> str:
+    """Compiles bench/NAME.c with gcc -O2 (and flags; libs after the source,
+    as the linker wants them) into bench/build/NAME (when the source is newer
+    than the binary); returns the binary's path."""
     src = os.path.join(HERE, name + ".c")
     os.makedirs(BUILD, exist_ok=True)
     out = os.path.join(BUILD, name)
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
-        cmd = ["gcc", "-O2", "-Wall", *flags, "-o", out + ".tmp", src]
+        cmd = ["gcc", "-O2", "-Wall", *flags, "-o", out + ".tmp", src, *libs]
         subprocess.run(cmd, check=True, timeout=120)
         os.replace(out + ".tmp", out)
     return out
