@@ -6,10 +6,10 @@ setting of ours (the same name and meaning: bind, workers, threads,
 max_requests, limit_request_line...), is declared as an alias of one
 (settings.py `aliases`: graceful_timeout, keepalive, loglevel, wsgi_app), is
 translated below (accesslog, errorlog, logconfig_json; a dict of
-secure_scheme_headers), or does nothing here that it would
+secure_scheme_headers; cert_reqs given as ssl.CERT_*), or does nothing here that it would
 do there (HARMLESS: a warning, the value dropped). Any other gunicorn
 setting is refused naming it, with what to do instead: silently ignoring
-`certfile` would serve plain HTTP where TLS was asked for. A gunicorn
+`ssl_context` would serve something else than what was asked for. A gunicorn
 setting given a false value (None, False, "", 0, an empty list) asks for
 nothing and is dropped without a word: that is how gunicorn configs spell
 "off" (`daemon = False`, `certfile = None`).
@@ -21,6 +21,10 @@ from typing import Any
 # the hooks we call (worker/hooks.py says when, with what)
 HOOKS = ("on_starting", "when_ready", "on_reload", "on_exit", "post_worker_init",
          "worker_exit", "child_exit", "pre_request", "post_request")
+
+# gunicorn's cert_reqs is Python's ssl.CERT_* number
+CERT_REQS = {0: "none", 1: "optional", 2: "required"}
+TLS_NAMES = ("certfile", "keyfile", "ca_certs", "cert_reqs", "ciphers")
 
 # gunicorn settings that change nothing here: the value is dropped with a warning
 HARMLESS = {
@@ -63,9 +67,10 @@ UNSUPPORTED = {
     "statsd_host": "use --metrics (Prometheus) instead", "dogstatsd_tags": "",
     "statsd_prefix": "",
     "paste": "", "raw_paste_global_conf": "",
-    "ssl_context": "", "keyfile": "", "certfile": "", "ssl_version": "", "cert_reqs": "",
-    "ca_certs": "", "suppress_ragged_eofs": "", "do_handshake_on_connect": "",
-    "ciphers": "", "is_ssl": "",
+    # certfile, keyfile, ca_certs, cert_reqs, ciphers are ours (settings.py)
+    "ssl_context": "set certfile, keyfile, ca_certs, cert_reqs, ciphers, ssl_min_version",
+    "ssl_version": "use ssl_min_version (TLSv1.2 or TLSv1.3)",
+    "suppress_ragged_eofs": "", "do_handshake_on_connect": "", "is_ssl": "",
     "proxy_protocol": "", "proxy_allow_ips": "",
 }
 
@@ -83,6 +88,13 @@ def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict,
         if name == "secure_scheme_headers" and isinstance(value, dict):
             # gunicorn's dict {"X-FORWARDED-PROTO": "https"}: our HEADER=VALUE list
             out[name] = [f"{k}={v}" for k, v in value.items()]
+        elif name in TLS_NAMES and not value:
+            continue                               # gunicorn's "off": None, ""
+        elif name == "cert_reqs" and isinstance(value, int) and not isinstance(value, bool):
+            if value not in CERT_REQS:
+                raise Refused(f"{source}: cert_reqs = {value}: gunicorn's ssl.CERT_NONE (0), "
+                              f"CERT_OPTIONAL (1) or CERT_REQUIRED (2)")
+            out[name] = CERT_REQS[value]
         elif name in known:
             out[name] = value
         elif name == "accesslog":

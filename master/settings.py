@@ -134,6 +134,34 @@ SETTINGS: tuple[Setting, ...] = (
             "the peers that send PROXY protocol headers: addresses or CIDRs, `unix` "
             "(unix-socket peers), `*` (all; repeatable, or comma-separated); the default: a "
             "proxy on the same host", metavar="CIDR", section="listeners"),
+    # TLS in the engine (worker/native/conn_tls.c); gunicorn's names for the first five
+    Setting("certfile", ("--certfile",), str, "",
+            "TLS: the server's certificate (PEM, the chain after it); set, every `bind` "
+            "serves HTTPS (WSGI, ASGI, WebSocket; a stream app is refused). Read again by "
+            "each reload: a missing or mismatched file refuses it (and the first start, exit 2)",
+            metavar="FILE", section="tls"),
+    Setting("keyfile", ("--keyfile",), str, "",
+            "TLS: the certificate's private key (PEM); empty: in certfile", metavar="FILE",
+            section="tls"),
+    Setting("keyfile_password", ("--keyfile-password",), str, "",
+            "TLS: the password of an encrypted keyfile (visible in `ps`: prefer "
+            "keyfile_password_file or the environment)", metavar="PASSWORD", section="tls"),
+    Setting("keyfile_password_file", ("--keyfile-password-file",), str, "",
+            "TLS: a file whose first line is the keyfile's password", metavar="FILE",
+            section="tls"),
+    Setting("ca_certs", ("--ca-certs",), str, "",
+            "TLS: the CAs (PEM) client certificates are verified against", metavar="FILE",
+            section="tls"),
+    Setting("cert_reqs", ("--cert-reqs",), Literal["none", "optional", "required"], "none",
+            "TLS client certificates: `none` (not asked for), `optional` (asked for, verified "
+            "if sent), `required` (a client without a valid one fails its handshake); their "
+            "subject and issuer reach the app as SSL_CLIENT_S_DN, SSL_CLIENT_I_DN, "
+            "SSL_CLIENT_VERIFY (WSGI) and the ASGI `tls` extension", section="tls"),
+    Setting("ciphers", ("--ciphers",), str, "",
+            "TLS 1.2 cipher list (OpenSSL's syntax); empty: OpenSSL's default (TLS 1.3's "
+            "suites are always OpenSSL's)", metavar="LIST", section="tls"),
+    Setting("ssl_min_version", ("--ssl-min-version",), Literal["TLSv1.2", "TLSv1.3"], "TLSv1.2",
+            "TLS: the oldest protocol version a client may use", section="tls"),
     Setting("user", ("--user",), str, "", "user the workers run as (the master keeps its own)",
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
@@ -556,6 +584,12 @@ def _check_together(s: Any) -> None:
     try:
         parse_forwarded(s.forwarded_allow_ips, s.secure_scheme_headers, s.forwarder_headers)
     except ForwardedError as exc:
+        raise SettingsError(str(exc)) from None
+    from sockherd.master.tls import TlsError, check as check_tls
+
+    try:
+        check_tls(s)
+    except TlsError as exc:
         raise SettingsError(str(exc)) from None
     if s.heartbeat_timeout <= s.heartbeat_interval:
         raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "

@@ -88,7 +88,7 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
     # connections off a thread (a thread in asyncio is never stuck in a
     # handler: its app awaits instead)
     loop.relief.enabled = False
-    base = {"type": "http", "asgi": dict(ASGI_VERSION), "scheme": "http",
+    base = {"type": "http", "asgi": dict(ASGI_VERSION), "scheme": "https" if lim.tls else "http",
             "root_path": lim.root_path}
     if state is not None:
         base["state"] = state

@@ -122,6 +122,14 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
                 from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
                 lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state)
         else:
+            if cfg.get("certfile"):
+                # decided: TLS is the HTTP interfaces' (a stream handler
+                # gets raw bytes; terminate TLS in front of it)
+                for s in socks:
+                    s.close()
+                raise BootstrapError("certfile is set, but TLS is served for the HTTP "
+                                     "interfaces (wsgi, asgi) only: a stream app gets its "
+                                     "bytes as they come (terminate TLS in front of it)")
             handler = chosen.app                       # a stream handler class
     # one context more than the loop threads: the main thread's, to drain
     # at once even while every loop thread is inside a slow handler

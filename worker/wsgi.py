@@ -35,6 +35,7 @@ import time
 from sockherd.worker import forwarded
 from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa: F401
 from sockherd.worker.accesslog import access_log
+from sockherd.master.tls import engine_args as tls_args
 from sockherd.worker.proxy import DEFAULT_ALLOW, Policy, log_closed
 from sockherd.worker.stream import wait_ready
 
@@ -66,6 +67,7 @@ class _Limits:
         self.multithread = int(cfg.get("threads", 1)) > 1
         self.forwarded = forwarded.from_config(cfg)     # trusted proxies (worker/forwarded.py)
         self.timeout = float(cfg.get("timeout", 0.0))
+        self.tls = tls_args(cfg)                        # TLS (worker/native/conn_tls.c)
 
 
 def make_handler(app, cfg: dict):
@@ -120,8 +122,10 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
 
 def connection_layer(engine: Server, lim: "_Limits") -> None:
     """The engine's connection-layer settings, whatever its interface: the
-    refusal log, and the PROXY protocol header expected (worker/proxy.py)."""
+    refusal log, TLS, and the PROXY protocol header expected (worker/proxy.py)."""
     engine.log_refusals(_log_refusal)
+    if lim.tls:
+        engine.set_tls(**lim.tls)          # ValueError naming the file: never READY
     if lim.proxy.on:
         engine.set_proxy(lim.proxy.mode, lim.proxy.native(), lim.proxy.unix)
 
@@ -351,19 +355,26 @@ class _Streaming:
                 conn.flush()
                 if conn.closed:                  # the write failed: reset, EPIPE
                     raise ClientGone("the client went away")
-            try:
-                wait_ready(fd, select.POLLIN | select.POLLOUT if conn.pending else select.POLLIN,
-                           self._deadline, "timed out waiting for the request body")
-            except TimeoutError as exc:
-                raise ClientGone(str(exc)) from None
-            if self.over:
-                return
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise ClientGone(str(exc)) from None
+            # TLS: the session may hold bytes the socket no longer has,
+            # so its read comes before any wait (worker/native/conn_tls.c)
+            data = conn.recv(65536) if conn.tls else None
+            if data is None:
+                try:
+                    wait_ready(fd, select.POLLIN | select.POLLOUT if conn.pending
+                               else select.POLLIN, self._deadline,
+                               "timed out waiting for the request body")
+                except TimeoutError as exc:
+                    raise ClientGone(str(exc)) from None
+                if self.over:
+                    return
+                try:
+                    data = conn.recv(65536) if conn.tls else os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    raise ClientGone(str(exc)) from None
+                if data is None:
+                    continue
             if not data:
                 raise ClientGone("the client closed the connection mid-body")
             if not self.draining:

@@ -104,7 +104,8 @@ def test_python_file_errors_name_the_file_never_toml(appdir):
 @pytest.mark.parametrize("line,message", [
     ("worker_class = 'gevent'", "worker_class = 'gevent': invalid enum value 'gevent' "
                                 "(allowed: sync, gthread)"),
-    ("certfile = '/etc/ssl/x.pem'", "gunicorn's certfile is not supported by sockherd"),
+    ("ssl_version = 2", "gunicorn's ssl_version is not supported by sockherd: use "
+                        "ssl_min_version"),
     ("daemon = True", "gunicorn's daemon is not supported by sockherd: run it under systemd"),
     ("logconfig_dict = {'version': 1}", "gunicorn's logconfig_dict is not supported by "
                                         "sockherd: use log_config"),

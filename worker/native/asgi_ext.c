@@ -234,7 +234,7 @@ static int push(AsgiCall *call)
 			rc = RESPOND_PARKED;
 			break;
 		}
-		n = sendfile(c->fd, call->file_fd, &call->file_off,
+		n = hconn_sendfile(c, call->file_fd, &call->file_off,
 		             call->file_left < turn ? (size_t)call->file_left : turn);
 		if (n < 0) {
 			if (errno == EINTR)

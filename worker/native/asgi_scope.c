@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "asgi.h"
+#include "conn_tls.h"
 
 static PyObject *K_TYPE, *K_ASGI, *K_HTTP_VERSION, *K_METHOD, *K_PATH, *K_RAW_PATH, *K_QUERY,
                 *K_HEADERS, *K_CLIENT, *K_SERVER, *K_STATE, *V_11, *V_10, *K_BODY, *K_MORE,
@@ -227,15 +228,26 @@ PyObject *asgi_build_scope(HttpConn *c)
 		goto fail;
 	if (c->trusted && fwd_scope(c, scope) < 0)     /* a trusted proxy's fields (forwarded.h) */
 		goto fail;
-	/* a PROXY protocol header's dict (conn_proxy.c): the "proxy"
-	 * extension, a copy per request (the ssl dict inside is shared) */
-	if (c->proxy) {
+	/* the extensions: a PROXY protocol header's dict (conn_proxy.c), the
+	 * "proxy" one, a copy per request (the ssl dict inside is shared);
+	 * TLS's "tls" one (conn_tls.c: its scheme is in the base scope) */
+	if (c->proxy || c->ssl) {
 		PyObject *ext = PyDict_New();
 
 		if (set_new(scope, K_EXTENSIONS, Py_XNewRef(ext)) < 0 ||
-		    set_new(ext, K_PROXY, PyDict_Copy(c->proxy)) < 0) {
+		    (c->proxy && set_new(ext, K_PROXY, PyDict_Copy(c->proxy)) < 0)) {
 			Py_XDECREF(ext);
 			goto fail;
+		}
+		if (c->ssl) {
+			PyObject *tls = tls_scope(c);
+			int rc = tls ? PyDict_SetItemString(ext, "tls", tls) : -1;
+
+			Py_XDECREF(tls);
+			if (rc < 0) {
+				Py_DECREF(ext);
+				goto fail;
+			}
 		}
 		Py_DECREF(ext);
 	}

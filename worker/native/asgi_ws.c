@@ -324,18 +324,38 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 			s = comma ? comma + 1 : end;
 		}
 	}
+	/* wss over TLS (the http scope's https: the connection's, or a
+	 * trusted proxy's) */
+	v = PyDict_GetItemString(scope, "scheme");            /* borrowed */
 	if (PyDict_SetItemString(scope, "subprotocols", subs) < 0 ||
-	    PyDict_SetItemString(scope, "type", V_WEBSOCKET) < 0 ||
-	    PyDict_SetItemString(scope, "scheme", V_WS) < 0)
+	    PyDict_SetItemString(scope, "type", V_WEBSOCKET) < 0)
 		goto out;
-	if (PyDict_DelItemString(scope, "method") < 0)
-		PyErr_Clear();
-	v = Py_BuildValue("{s{}}", "websocket.http.response");
-	if (!v || PyDict_SetItemString(scope, "extensions", v) < 0) {
+	if (v && PyUnicode_Check(v) && PyUnicode_CompareWithASCIIString(v, "https") == 0)
+		v = PyUnicode_FromString("wss");
+	else
+		v = Py_NewRef(V_WS);
+	if (!v || PyDict_SetItemString(scope, "scheme", v) < 0) {
 		Py_XDECREF(v);
 		goto out;
 	}
 	Py_DECREF(v);
+	if (PyDict_DelItemString(scope, "method") < 0)
+		PyErr_Clear();
+	/* the http scope's extensions (proxy, tls) kept, the denial one added */
+	v = PyDict_GetItemString(scope, "extensions");        /* borrowed */
+	v = v ? PyDict_Copy(v) : PyDict_New();
+	if (!v)
+		goto out;
+	{
+		PyObject *deny = PyDict_New();
+		int bad = !deny || PyDict_SetItemString(v, "websocket.http.response", deny) < 0 ||
+		          PyDict_SetItemString(scope, "extensions", v) < 0;
+
+		Py_XDECREF(deny);
+		Py_DECREF(v);
+		if (bad)
+			goto out;
+	}
 	rc = 0;
 out:
 	Py_DECREF(subs);

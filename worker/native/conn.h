@@ -155,6 +155,21 @@ struct HttpConn {
 	 * (proxy_trusted) or may not; what a header told (its dict), or NULL */
 	unsigned proxy_wait : 1, proxy_trusted : 1;
 	PyObject *proxy;
+	/* TLS (conn_tls.c), after the PROXY header: the session, or NULL (a
+	 * plain connection: no cost); raw bytes read ahead of it (a PROXY
+	 * header's tail, the first byte looked at), which its BIO reads
+	 * first; whether that first byte was looked at (plain HTTP sent to a
+	 * TLS port), a read that waits for the socket to be writable (rw) or
+	 * a write for it to be readable (wr), the BIO's last read saw EAGAIN
+	 * (eagain) or the end (eof), c queued for a read of what the session
+	 * holds (queued, its link); the environ keys of the session */
+	struct ssl_st *ssl;
+	char *tls_pre;
+	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
+	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
+	         tls_queued : 1;
+	HttpConn *tls_next;
+	PyObject *tls_env;
 };
 
 extern PyTypeObject HttpConnType;
@@ -225,6 +240,8 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
  * to do now (EAGAIN; or the connection failed, closed then), -2 end of
  * input (EOF). */
 ssize_t hconn_read(HttpConn *c, char *buf, size_t room);
+/* The read met EAGAIN: fdcore's READY_R off (the calling loop thread's). */
+void hconn_cant_recv(HttpConn *c);
 /* The handler of one poll report, under the running bit. 0 or -1 (a
  * Python error that must end the loop thread: not an app's). */
 int hconn_on_events(HttpConn *c, uint32_t events);
@@ -261,6 +278,11 @@ static inline int hconn_owed(const HttpConn *c)
  * source a trusted PROXY protocol header named. REMOTE_ADDR and
  * REMOTE_PORT are c->addr's last two, from the same source. */
 static inline PyObject *hconn_peer(const HttpConn *c) { return c->peer; }
+
+/* Sends a file's bytes from *off (count at most): sendfile(2), or under
+ * TLS pread into the output and encrypted there. > 0 bytes taken, 0 the
+ * file ended, -1 with errno (EAGAIN: the kernel is full). */
+ssize_t hconn_sendfile(HttpConn *c, int ffd, off_t *off, size_t count);
 
 /* ---- conn_proxy.c ---- */
 /* The header ahead of buf[0 .. len) (the codec's buffered input; eof: no

@@ -16,10 +16,12 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "engine.h"
+#include "conn_tls.h"
 
 static _Thread_local Server *tls_srv;
 static _Thread_local int tls_pos = -1;
@@ -112,12 +114,15 @@ static void sync_dirs(HttpConn *c)
 		c->paused_out = 0;
 	else if (!c->paused_out && pending > HIGH_WATER)
 		c->paused_out = 1;
-	want = hconn_owed(c);
+	/* a TLS read waits for room to send its handshake's flight */
+	want = hconn_owed(c) || c->tls_rw;
 	if (want != c->want_send) {
 		c->want_send = (unsigned)want;
 		(want ? api->want_send : api->stop_send)(th, c->fd);
 	}
-	rd = hconn_reading(c);
+	rd = hconn_reading(c) || c->tls_wr;    /* a TLS write may wait for input */
+	if (rd && !c->recv_on && c->ssl && tls_buffered(c))
+		tls_replay(c);                      /* held by the session: no report will come */
 	if (rd && c->in_kept) {
 		/* input a report brought while we did not read (keep_input):
 		 * the thread inside c reads it as a report of its own */
@@ -153,6 +158,7 @@ int hconn_close_now(HttpConn *c)
 	c->call = NULL;
 	c->closed = 1;
 	timer_cancel(c);
+	tls_free(c);
 	Py_CLEAR(c->held);
 	PyMem_Free(c->out);
 	c->out = NULL;
@@ -213,6 +219,8 @@ static int may_send_more(HttpConn *c)
  * bytes read and dropped until it closes too or LINGER_SECONDS pass. */
 static void end(HttpConn *c)
 {
+	if (c->ssl)
+		tls_close_notify(c);
 	if (c->lingering || !may_send_more(c) || shutdown(c->fd, SHUT_WR) < 0) {
 		fail(c);
 		return;
@@ -297,7 +305,17 @@ int hconn_flush(HttpConn *c)
 
 	if (c->closed || !pending)
 		return 0;
-	n = write(c->fd, c->out + c->ostart, pending);
+	if (c->ssl) {
+		/* every TLS write goes through here: a retry after WANT_WRITE
+		 * then always offers the same bytes first (conn_tls.c) */
+		n = tls_write(c, c->out + c->ostart, pending);
+		if (n < 0) {
+			fail(c);
+			return 0;
+		}
+	}
+	else
+		n = write(c->fd, c->out + c->ostart, pending);
 	if (n < 0) {
 		if (errno == EAGAIN || errno == EINTR)
 			n = 0;
@@ -340,7 +358,7 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 	double deadline = mono_now() + timeout;
 
 	while (!c->closed && hconn_pending(c) > below) {
-		struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+		struct pollfd pfd = {.fd = c->fd, .events = POLLOUT | (c->tls_wr ? POLLIN : 0)};
 		size_t before = hconn_pending(c);
 		double left;
 		int rc;
@@ -371,11 +389,49 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 	return 0;
 }
 
+ssize_t hconn_sendfile(HttpConn *c, int ffd, off_t *off, size_t count)
+{
+	ssize_t n;
+
+	if (!c->ssl)
+		return sendfile(c->fd, ffd, off, count);
+	/* TLS (no kTLS on these kernels): read into the output, encrypted
+	 * there; at most 256 KiB a call, the output's own bound */
+	if (count > (256u << 10))
+		count = 256u << 10;
+	if (buf_reserve(&c->out, &c->ostart, &c->olen, &c->ocap, count) < 0) {
+		PyErr_Clear();
+		errno = ENOMEM;
+		return -1;
+	}
+	do
+		n = pread(ffd, c->out + c->olen, count, *off);
+	while (n < 0 && errno == EINTR);
+	if (n <= 0)
+		return n;
+	c->olen += (size_t)n;
+	*off += n;
+	hconn_flush(c);
+	return n;
+}
+
 /* ---- input ---------------------------------------------------------------------------------- */
+
+void hconn_cant_recv(HttpConn *c)
+{
+	struct fdc_thread *th = ctx(c);
+
+	if (th && !c->closed && c->recv_on)
+		c->srv->api.cant_recv(th, c->fd);
+}
 
 ssize_t hconn_read(HttpConn *c, char *buf, size_t room)
 {
-	ssize_t n = read(c->fd, buf, room);
+	ssize_t n;
+
+	if (c->ssl)
+		return tls_read(c, buf, room);
+	n = read(c->fd, buf, room);
 
 	if (n < 0) {
 		if (errno == EAGAIN || errno == EINTR) {
@@ -419,6 +475,14 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	c->last_active = mono_now();
 	if (events & EV_FIRST)
 		return c->srv->ops->serve_first(c);
+	if (c->ssl) {
+		/* the directions a TLS step waits for are not its own: a read
+		 * waiting for room, a write waiting for input (conn_tls.c) */
+		if (c->tls_rw && (events & FDC_POLL_OUT))
+			events |= FDC_POLL_IN;
+		if (c->tls_wr && (events & EV_INPUT))
+			events |= FDC_POLL_OUT;
+	}
 	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
 		fail(c);
 		return 0;

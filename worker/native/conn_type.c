@@ -16,6 +16,7 @@
 #include <sys/un.h>
 
 #include "engine.h"
+#include "conn_tls.h"
 #include <structmember.h>
 
 /* ---- addresses ----------------------------------------------------------------- */
@@ -103,7 +104,7 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
 	c->inside = -1;
 	c->missed_timer = -1;
 	c->last_active = mono_now();
-	if (s->ops->open(c) < 0 || addresses(c) < 0) {
+	if (s->ops->open(c) < 0 || addresses(c) < 0 || tls_open(c) < 0) {
 		c->closed = 1;
 		Py_DECREF(c);
 		return NULL;
@@ -115,6 +116,7 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
 
 static void HttpConn_dealloc(HttpConn *c)
 {
+	tls_free(c);
 	PyMem_Free(c->out);
 	Py_XDECREF(c->parser);
 	Py_XDECREF(c->th);
@@ -207,6 +209,44 @@ static PyObject *HttpConn_flush_now(HttpConn *c, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/* recv(n): the slow path's read of a body (wsgi.py), through the
+ * connection's reads (TLS: decrypted; the session may hold bytes the
+ * socket no longer has, so it is called before any wait for the socket). */
+static PyObject *HttpConn_recv(HttpConn *c, PyObject *arg)
+{
+	Py_ssize_t n = PyLong_AsSsize_t(arg);
+	PyObject *b;
+	ssize_t got;
+
+	if (n < 0 || n > (1 << 24)) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "recv(n): 0 < n <= 16 MiB");
+		return NULL;
+	}
+	if (c->closed) {
+		PyErr_SetString(ClientGone, "the client went away");
+		return NULL;
+	}
+	if (!(b = PyBytes_FromStringAndSize(NULL, n)))
+		return NULL;
+	got = hconn_read(c, PyBytes_AS_STRING(b), (size_t)n);
+	if (got == -1) {
+		Py_DECREF(b);
+		return NULL;
+	}
+	if (got == 0) {
+		Py_DECREF(b);
+		if (c->closed) {
+			PyErr_SetString(ClientGone, "the client went away");
+			return NULL;
+		}
+		Py_RETURN_NONE;
+	}
+	if (_PyBytes_Resize(&b, got == -2 ? 0 : got) < 0)
+		return NULL;
+	return b;
+}
+
 static PyObject *HttpConn_flush(HttpConn *c, PyObject *noarg)
 {
 	(void)noarg;
@@ -258,6 +298,8 @@ PyMethodDef hconn_methods[] = {
 	{"flush", (PyCFunction)HttpConn_flush, METH_NOARGS,
 	 "flush(): one write of the buffered output, what the kernel takes (no wait)."},
 	{"adopted_by", (PyCFunction)HttpConn_adopted_by, METH_O, adopted_by_doc},
+	{"recv", (PyCFunction)HttpConn_recv, METH_O,
+	 "recv(n): at most n bytes read (decrypted under TLS); b'' the end, None nothing now."},
 	{NULL},
 };
 
@@ -265,6 +307,12 @@ static PyObject *get_pending(HttpConn *c, void *x)
 {
 	(void)x;
 	return PyLong_FromSize_t(hconn_pending(c) + (c->parked ? c->srv->ops->owed(c) : 0));
+}
+
+static PyObject *get_tls(HttpConn *c, void *x)
+{
+	(void)x;
+	return PyBool_FromLong(c->ssl != NULL);
 }
 
 static PyObject *get_closed(HttpConn *c, void *x)
@@ -315,6 +363,7 @@ static PyGetSetDef HttpConn_getset[] = {
 	{"pending", (getter)get_pending, NULL,
 	 "bytes written and not yet sent, with a parked body's rest (1 for an iterator's)", NULL},
 	{"closed", (getter)get_closed, NULL, "closed (or failed)", NULL},
+	{"tls", (getter)get_tls, NULL, "its bytes go through a TLS session (conn_tls.c)", NULL},
 	{"loop", (getter)get_loop, NULL, "the worker's loop", NULL},
 	{"last_active", (getter)get_last_active, (setter)set_last_active,
 	 "monotonic time of the last event (the drain's idle grace)", NULL},

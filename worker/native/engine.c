@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "conn_tls.h"
 
 /* ---- timers: the due ones fired --------------------------------------------------------------- */
 
@@ -127,6 +128,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 	/* work queued for the group (dispatch.c): never asleep on it */
 	if (s->dispatch && dispatch_has_spilled(s, pos))
 		timeout = 0;                           /* never asleep on queued work */
+	if (t->tls_replay)
+		timeout = 0;                           /* nor on input a TLS session holds */
 	s->api.counters(t->th, &before);
 	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
 	if (n == 0 && timeout != 0)
@@ -227,6 +230,8 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		dispatch_wake_idle(s, pos);            /* this batch ran long: help */
 	if (s->dispatch && dispatch_has_spilled(s, pos))
 		handled += dispatch_run_spilled(s, pos);
+	if (t->tls_replay && !relieved)
+		handled += tls_replay_run(s, pos);
 	if (fire_timers(s, pos) < 0 || engine_stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);
 		return NULL;

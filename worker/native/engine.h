@@ -31,6 +31,10 @@ struct srv_thread {
 	struct runq {
 		HttpConn *head, *tail;
 	} rq;
+	/* conn_tls.c: the connections of this thread whose session holds
+	 * input no report will announce, read at its next turn (each holds a
+	 * strong reference, linked through tls_next) */
+	HttpConn *tls_replay;
 };
 
 /* What the engine refuses a request for (its status): the labels of
@@ -106,6 +110,13 @@ struct Server {
 	struct pp_net *proxy_nets;
 	int proxy_nnets, proxy_unix;
 	unsigned long long proxy_refused;
+	/* TLS (conn_tls.c, Server.set_tls): the context every connection's
+	 * session comes from (NULL: plain HTTP, and no cost), the server's
+	 * certificate in PEM (the ASGI tls extension's server_cert), the
+	 * handshakes that failed and the plain HTTP requests refused */
+	struct ssl_ctx_st *tls_ctx;
+	PyObject *tls_server_pem;
+	unsigned long long tls_failed, tls_plain;
 };
 
 /* a net of proxy_allow_from: family, address, prefix bits */

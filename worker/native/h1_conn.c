@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "h1.h"
+#include "conn_tls.h"
 
 #define READ_ROOM (16u << 10)        /* free room a read gets at least */
 
@@ -510,7 +511,9 @@ int h1_readable(HttpConn *c)
 			return -1;
 		if (n == 0 || serve_read(c) < 0)
 			return n == 0 ? 0 : -1;
-	} while (filled && c->srv->dispatch && !c->closed && hconn_reading(c));
+	/* TLS: the session may hold what the room did not take, which no
+	 * report announces (conn_tls.c) */
+	} while (filled && (c->srv->dispatch || tls_buffered(c)) && !c->closed && hconn_reading(c));
 	return 0;
 }
 

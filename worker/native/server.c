@@ -13,6 +13,9 @@
 #include "wsgi.h"
 #include "asgi.h"
 #include "ws.h"                    /* issue 23: the WebSocket adapter's entries */
+#include "conn_tls.h"
+
+#include <openssl/ssl.h>
 
 /* What the connection layer calls above it: the HTTP/1 codec's request
  * loop, and the adapter's parked response (its bytes owed, its end) */
@@ -282,6 +285,7 @@ static int Server_clear(Server *s)
 	for (int i = 0; s->thr && i < s->nthreads; i++)
 		Py_CLEAR(s->thr[i].aio);
 	dispatch_free_spilled(s);
+	tls_replay_free(s);
 	return 0;
 }
 
@@ -307,6 +311,8 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->server_line);
 	fwd_free(&s->fwd);
 	PyMem_Free(s->proxy_nets);
+	SSL_CTX_free(s->tls_ctx);
+	Py_XDECREF(s->tls_server_pem);
 	Py_TYPE(s)->tp_free((PyObject *)s);
 }
 

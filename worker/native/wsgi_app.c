@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "wsgi.h"
+#include "conn_tls.h"
 
 /* ---- the codec's calls: a request, served -------------------------------------------------- */
 
@@ -66,7 +67,10 @@ PyObject *wsgi_request(HttpConn *c)
 	PyObject *env = build_environ(c->parser, c->srv->base);
 
 	/* a trusted proxy's fields (forwarded.h): only its connections look */
-	if (env && (set_addr(c, env) < 0 || (c->trusted && fwd_environ(c, env) < 0))) {
+	/* TLS: HTTPS, the scheme and the session's SSL_* keys (conn_tls.c),
+	 * before a trusted proxy's fields, which may say more */
+	if (env && (set_addr(c, env) < 0 || (c->ssl && PyDict_Update(env, tls_environ(c)) < 0) ||
+	            (c->trusted && fwd_environ(c, env) < 0))) {
 		Py_DECREF(env);
 		return NULL;
 	}

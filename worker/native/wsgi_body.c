@@ -30,6 +30,61 @@
  * LOW_WATER, so a connection holds at most HIGH_WATER plus one block. */
 
 #define TAIL_IOV 64
+#define TLS_STAGE (256u << 10)
+
+/* push_tail under TLS: the tail is copied into the output, TLS_STAGE
+ * ahead at most, where every TLS write is made (conn_tls.c says why).
+ * The same results as push_tail's. */
+static int push_tail_tls(Respond *r)
+{
+	HttpConn *c = r->conn;
+	PyObject *t = r->tail;
+	Py_ssize_t n = PyTuple_GET_SIZE(t);
+
+	while (r->tail_i < n && r->f.sent < (unsigned long long)r->f.length) {
+		PyObject *b = PyTuple_GET_ITEM(t, r->tail_i);
+		size_t len = (size_t)PyBytes_GET_SIZE(b) - r->tail_off;
+		unsigned long long room = (unsigned long long)r->f.length - r->f.sent;
+		size_t pending = hconn_pending(c);
+
+		if (c->closed) {
+			PyErr_SetString(ClientGone, "the client went away");
+			return -1;
+		}
+		if (pending >= TLS_STAGE) {
+			unsigned long long before = c->wrote;
+
+			hconn_flush(c);
+			if (!c->closed && c->wrote == before)
+				return RESPOND_PARKED;        /* the kernel is full: its POLLOUT resumes */
+			continue;
+		}
+		if (len > TLS_STAGE - pending)
+			len = TLS_STAGE - pending;
+		if (len > room)
+			len = (size_t)room;
+		if (len && hconn_send(c, PyBytes_AS_STRING(b) + r->tail_off, len, 0) < 0)
+			return -1;
+		r->f.sent += len;
+		r->tail_off += len;
+		if (r->tail_off == (size_t)PyBytes_GET_SIZE(b)) {
+			r->tail_i++;
+			r->tail_off = 0;
+		}
+	}
+	hconn_flush(c);
+	if (c->closed) {
+		PyErr_SetString(ClientGone, "the client went away");
+		return -1;
+	}
+	for (Py_ssize_t i = r->tail_i; i < n; i++)
+		if ((size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, i)) > (i == r->tail_i ? r->tail_off : 0)) {
+			r->f.keep = 0;                     /* past the app's Content-Length: cut */
+			break;
+		}
+	Py_CLEAR(r->tail);
+	return 0;
+}
 
 /* Sends what the kernel takes of the pending output and the tail after
  * it, in order. 0 when all of it went out (or the announced length was
@@ -41,6 +96,8 @@ int push_tail(Respond *r)
 	PyObject *t = r->tail;
 	Py_ssize_t n = PyTuple_GET_SIZE(t);
 
+	if (c->ssl)
+		return push_tail_tls(r);
 	for (;;) {
 		struct iovec iov[TAIL_IOV];
 		int k = 0;
@@ -259,7 +316,7 @@ int push_file(Respond *r)
 		}
 		if (!r->file_left)
 			break;
-		n = sendfile(c->fd, r->file_fd, &r->file_off,
+		n = hconn_sendfile(c, r->file_fd, &r->file_off,
 		             r->file_left > (1u << 30) ? (size_t)1 << 30 : (size_t)r->file_left);
 		if (n < 0) {
 			if (errno == EINTR)
@@ -299,6 +356,10 @@ int body_file(Respond *r, PyObject *result, int can_park)
 
 	if (!s->file_wrapper || !PyObject_TypeCheck(result, (PyTypeObject *)s->file_wrapper) ||
 	    r->first || r->headers_sent)
+		return 0;
+	/* the slow path's sendfile writes to the fd itself: under TLS the
+	 * wrapper is iterated instead (its blocks encrypted as any body) */
+	if (r->conn->ssl && !can_park)
 		return 0;
 	fd = PyObject_CallMethod(result, "regular_fd", NULL);
 	if (!fd)

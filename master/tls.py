@@ -1,0 +1,93 @@
+"""The TLS settings checked where they are read: at start and at every
+reload, before anything binds or spawns.
+
+The engine builds its own OpenSSL context in each worker (worker/native/
+conn_tls.c, Server.set_tls), so a reload reads the certificate and key
+again. The master loads the same files with Python's ssl first: a missing
+file, a key that does not match its certificate or a wrong password then
+refuses the start (exit 2) or the reload, naming the file, while the
+serving generation keeps serving; a worker that still fails (a file changed
+between the two reads) is a refused reload like any worker that never
+became READY.
+"""
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+
+class TlsError(ValueError):
+    """A TLS setting that cannot be served (the message names the file)."""
+
+
+def password(value: str, path: str) -> bytes | None:
+    """The keyfile's password: the first line of its file, or the setting."""
+    if path:
+        try:
+            with open(path, "rb") as f:
+                return f.readline().rstrip(b"\r\n")
+        except OSError as exc:
+            raise TlsError(f"keyfile_password_file {path}: {exc.strerror}") from None
+    return value.encode() if value else None
+
+
+def engine_args(cfg: dict) -> dict | None:
+    """Server.set_tls's arguments from a worker's settings (a dict), None
+    when TLS is off."""
+    if not cfg.get("certfile"):
+        return None
+    return dict(certfile=cfg["certfile"], keyfile=cfg.get("keyfile") or "",
+                password=password(cfg.get("keyfile_password") or "",
+                                  cfg.get("keyfile_password_file") or ""),
+                ca_certs=cfg.get("ca_certs") or "", cert_reqs=cfg.get("cert_reqs") or "none",
+                ciphers=cfg.get("ciphers") or "",
+                min_version=cfg.get("ssl_min_version") or "TLSv1.2")
+
+
+def check(s: Any) -> None:
+    """Raises TlsError unless the certificate, key and CA files load and
+    the key matches the certificate. Nothing to check when certfile is
+    empty (but a TLS setting given without it is an error: it would be
+    silently plain)."""
+    if not s.certfile:
+        stray = [k for k in ("keyfile", "keyfile_password", "keyfile_password_file",
+                             "ca_certs", "ciphers") if getattr(s, k)]
+        if stray or s.cert_reqs != "none":
+            raise TlsError(f"{(stray or ['cert_reqs'])[0]} is set but certfile is not: "
+                           f"TLS needs a certificate")
+        return
+    if s.interface == "stream":
+        raise TlsError("certfile: TLS is served for the HTTP interfaces (wsgi, asgi); a "
+                       "stream app gets its bytes as they come (terminate TLS in front)")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    keyfile = s.keyfile or s.certfile
+    for what, path in (("certfile", s.certfile), ("keyfile", keyfile)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise TlsError(f"{what} {path}: {exc.strerror}") from None
+    try:
+        ctx.load_cert_chain(s.certfile, keyfile,
+                            password(s.keyfile_password, s.keyfile_password_file)
+                            or (lambda: b""))
+    except ssl.SSLError as exc:
+        why = exc.reason or str(exc)
+        if "KEY_VALUES_MISMATCH" in str(exc) or why == "KEY_VALUES_MISMATCH":
+            raise TlsError(f"keyfile {keyfile} does not match certfile {s.certfile}") from None
+        raise TlsError(f"certfile {s.certfile} / keyfile {keyfile}: {why} (a PEM certificate "
+                       f"and its key, and the key's password if it is encrypted)") from None
+    if s.ca_certs:
+        try:
+            ctx.load_verify_locations(s.ca_certs)
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsError(f"ca_certs {s.ca_certs}: {getattr(exc, 'strerror', None) or exc}") \
+                from None
+    elif s.cert_reqs != "none":
+        raise TlsError(f"cert_reqs = {s.cert_reqs}: client certificates are verified against "
+                       f"ca_certs, which is not set")
+    if s.ciphers:
+        try:
+            ctx.set_ciphers(s.ciphers)
+        except ssl.SSLError:
+            raise TlsError(f"ciphers {s.ciphers!r}: no cipher OpenSSL knows") from None
