@@ -173,10 +173,11 @@ def tls_info(srv: H.Server) -> str:
 
 
 def resumes(srv: H.Server, tries: int = 10) -> str:
-    """How many of `tries` new connections offering a kept session are resumed
-    (each worker process with ticket keys of its own resumes only its own
-    sessions: with 2 workers, about half). The session is taken after a whole
-    request (TLS 1.3 tickets come after the handshake)."""
+    """How many of `tries` new connections, each offering the session of the
+    one before (as wrk's reconnects do), are resumed. A worker process with
+    session-ticket keys (or a session cache) of its own resumes only its own
+    sessions: with 2 such workers, about half. The session is taken after a
+    whole request (TLS 1.3 tickets come after the handshake)."""
     req = H.request_bytes(srv.port, [])
 
     def one(sess):
@@ -192,7 +193,10 @@ def resumes(srv: H.Server, tries: int = 10) -> str:
             return s.session, s.session_reused
     try:
         sess, _ = one(None)
-        n = sum(one(sess)[1] for _ in range(tries))
+        n = 0
+        for _ in range(tries):
+            sess, reused = one(sess)
+            n += reused
         return f"{n}/{tries}"
     except OSError as e:
         return f"? ({type(e).__name__}: {e})"
