@@ -55,7 +55,8 @@ def build_asan(tmp_path) -> dict:
     sources = [*sorted(NATIVE.glob("*.c")),
                LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
     subprocess.run(["gcc", *flags, f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
-                    f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-o", str(so)],
+                    f"-I{sysconfig.get_paths()['include']}", *map(str, sources),
+                    "-lssl", "-lcrypto", "-o", str(so)],        # TLS (conn_tls.c)
                    check=True, timeout=300)
     libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
                              text=True, check=True).stdout.strip()

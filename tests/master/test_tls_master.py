@@ -1,0 +1,189 @@
+"""TLS with a real master and workers (issue 24 §2): the master loads the
+certificate and key with Python's ssl at start and at every reload
+(master/tls.py), so a missing or mismatched file stops the first start
+with exit 2 naming the file and refuses a reload (the serving generation
+keeps serving); each worker builds its own context (conn_tls.c), so a
+reload reads the files again: rotating a certificate is a HUP with no
+failed request, and the new certificate is what new connections get."""
+from __future__ import annotations
+
+import http.client
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from test_run import children, master, wait_for  # noqa: F401 (fixture)
+from tls_support import make_pki, tls_connect
+
+pytestmark = pytest.mark.timeout(180)
+
+APP = """
+def app(environ, start_response):
+    body = environ["wsgi.url_scheme"].encode()
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+"""
+
+
+@pytest.fixture
+def site(tmp_path):
+    """The app, and a certificate in the files the master is given
+    (live.crt, live.key), which a test may replace."""
+    (tmp_path / "tlsapp.py").write_text(APP)
+    pki = make_pki(tmp_path / "pki", "first")
+    shutil.copy(pki.cert, tmp_path / "live.crt")
+    shutil.copy(pki.key, tmp_path / "live.key")
+    return pki
+
+
+def tls_args(tmp_path) -> list[str]:
+    return ["--certfile", str(tmp_path / "live.crt"), "--keyfile", str(tmp_path / "live.key")]
+
+
+def served_cn(port: int, pki) -> str:
+    with tls_connect(("127.0.0.1", port), pki.context()) as s:
+        subject = dict(x[0] for x in s.getpeercert()["subject"])
+        return subject["commonName"]
+
+
+def run_once(tmp_path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sockherd.master", "run", "tlsapp:app",
+                           "--chdir", str(tmp_path), "-b", "127.0.0.1:0",
+                           "--runtime-dir", str(tmp_path / "rt"), *args],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+def test_serves_https(master, tmp_path, site):
+    m = master("tlsapp:app", "-w", "2", *tls_args(tmp_path))
+    c = http.client.HTTPSConnection("127.0.0.1", m.port, timeout=10, context=site.context())
+    for _ in range(20):
+        c.request("GET", "/")
+        assert c.getresponse().read() == b"https"
+    c.close()
+    assert served_cn(m.port, site) == "first"
+
+
+def test_a_missing_certfile_stops_the_first_start_with_exit_2(tmp_path, site):
+    r = run_once(tmp_path, "--certfile", str(tmp_path / "nope.crt"))
+    assert r.returncode == 2, r.stderr
+    assert f"certfile {tmp_path / 'nope.crt'}: No such file or directory" in r.stderr
+
+
+def test_a_mismatched_key_stops_the_first_start_with_exit_2(tmp_path, site):
+    other = make_pki(tmp_path / "other", "other")
+    r = run_once(tmp_path, "--certfile", str(tmp_path / "live.crt"), "--keyfile", str(other.key))
+    assert r.returncode == 2, r.stderr
+    assert f"keyfile {other.key} does not match certfile {tmp_path / 'live.crt'}" in r.stderr
+
+
+def test_a_wrong_key_password_stops_the_first_start(tmp_path, site):
+    key = site.encrypted_key(b"right")
+    r = run_once(tmp_path, "--certfile", str(site.cert), "--keyfile", str(key),
+                 "--keyfile-password", "wrong")
+    assert r.returncode == 2, r.stderr
+    assert f"keyfile {key}" in r.stderr or str(key) in r.stderr
+
+
+def test_tls_for_a_stream_app_is_refused(tmp_path, site):
+    r = run_once(tmp_path, "--interface", "stream", *tls_args(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert "TLS is served for the HTTP interfaces" in r.stderr
+
+
+class TlsClients:
+    """Closed-loop HTTPS clients until stopped, each request on a new
+    connection (so each sees the certificate served now) or kept alive;
+    every failure kept with its reason, every certificate CN seen."""
+
+    def __init__(self, port: int, ctx: ssl.SSLContext, n: int = 3):
+        self.port, self.ctx = port, ctx
+        self.ok, self.failures, self.cns = 0, [], []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, fresh: bool) -> None:
+        conn = None
+        while not self._stop.is_set():
+            try:
+                if conn is None:
+                    conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10,
+                                                       context=self.ctx)
+                conn.request("GET", "/")
+                # before the response: a "Connection: close" one (a drain)
+                # makes http.client drop its socket
+                cert = conn.sock.getpeercert()
+                r = conn.getresponse()
+                body = r.read()
+                if r.status != 200 or body != b"https":
+                    self.failures.append(f"{r.status} {body!r}")
+                else:
+                    self.ok += 1
+                    self.cns.append(dict(x[0] for x in cert["subject"])["commonName"])
+                if fresh or r.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except Exception as exc:  # noqa: BLE001 - counted, that is the test
+                self.failures.append(repr(exc))
+                if conn is not None:
+                    conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
+def test_rotating_the_certificate_is_a_hup_with_no_failed_request(master, tmp_path, site):
+    m = master("tlsapp:app", "-w", "2", *tls_args(tmp_path))
+    new = make_pki(tmp_path / "pki2", "second", ca=site.ca)
+    clients = TlsClients(m.port, site.context())
+    try:
+        wait_for(lambda: clients.ok > 30, 20, "traffic")
+        shutil.copy(new.cert, tmp_path / "live.crt")
+        shutil.copy(new.key, tmp_path / "live.key")
+        m.proc.send_signal(signal.SIGHUP)
+        m.wait_log(r"reload: generation 2 serving")
+        wait_for(lambda: "second" in clients.cns[-5:], 20, "the new certificate served")
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 30, 20, "traffic after the rotation")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert served_cn(m.port, site) == "second"
+
+
+@pytest.mark.parametrize("breakage", ["missing", "mismatched"])
+def test_a_broken_certificate_refuses_the_reload(master, tmp_path, site, breakage):
+    m = master("tlsapp:app", "-w", "2", *tls_args(tmp_path))
+    serving = set(children(m.proc.pid))
+    clients = TlsClients(m.port, site.context(), n=2)
+    try:
+        wait_for(lambda: clients.ok > 10, 20, "traffic")
+        if breakage == "missing":
+            (tmp_path / "live.crt").unlink()
+            reason = rf"certfile {tmp_path / 'live.crt'}: No such file or directory"
+        else:
+            other = make_pki(tmp_path / "other", "other")
+            shutil.copy(other.key, tmp_path / "live.key")
+            reason = rf"keyfile {tmp_path / 'live.key'} does not match"
+        m.proc.send_signal(signal.SIGHUP)
+        m.wait_log(r"reload refused \(generation 2\): .*" + reason.replace(".", r"\."))
+        m.wait_log(r"generation 1 keeps serving")
+        assert set(children(m.proc.pid)) == serving
+        before = clients.ok
+        wait_for(lambda: clients.ok > before + 10, 20, "traffic after the refusal")
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]
+    assert served_cn(m.port, site) == "first"
