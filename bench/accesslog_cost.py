@@ -125,6 +125,26 @@ def cross_table(results: list[dict], loads) -> str:
                    rows)
 
 
+def extra_cpu(results: list[dict], loads) -> str:
+    """What the log adds to the server's CPU per request: the log-on row's
+    server CPU µs per request minus the log-off row's, paired per round."""
+    rows = []
+    for ld in loads:
+        for on, off in BASES.items():
+            d = []
+            for r in results:
+                if r["server"] != on or r["load"] != ld or not r["requests"]:
+                    continue
+                b = [x for x in results if x["server"] == off and x["load"] == ld
+                     and x["round"] == r["round"] and x["requests"]]
+                if b:
+                    d.append((r["cpu_s"] / r["requests"] - b[0]["cpu_s"] / b[0]["requests"]) * 1e6)
+            if d:
+                rows.append([ld, on, R.span(d, "{:.0f}")])
+    return B.table(["load", "server", "log's extra server CPU µs per request, paired per round"],
+                   rows)
+
+
 def count_lines(path: str) -> int:
     try:
         with open(path, "rb") as f:
@@ -198,7 +218,10 @@ def main() -> int:
         print(R.summary(results, ld, BASES, names))
     print("\n#### sockherd's log-on rows against the peers' log-on rows\n")
     print(cross_table(results, loads))
-    print("\n#### Lines in each access log (the rows' requests; warm-ups and probes add more)\n")
+    print("\n#### What the log adds to the server's CPU per request\n")
+    print(extra_cpu(results, loads))
+    print("\n#### Lines in each access log against the requests of the rows kept (warm-ups, "
+          "probes and re-measured attempts add more)\n")
     rows = []
     for name in names:
         counted = sum(r["requests"] for r in results if r["server"] == name)
