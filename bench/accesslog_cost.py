@@ -228,19 +228,7 @@ def main() -> int:
         rows.append([name, f"{lines.get(name, -1):,}" if lines.get(name, -1) >= 0 else "no file",
                      f"{counted:,}", f"`{samples[name][:160]}`" if name in samples else "-"])
     print(B.table(["server", "lines", "requests in the rows", "first line"], rows))
-    print("\n#### Every row\n")
-    for ld in loads:
-        print(f"\n{ld}:\n")
-        print(R.rows_table(results, ld))
-    if failures:
-        print("\n#### FAILURES\n")
-        for f_ in failures:
-            print(f_)
-    print(B.footer())
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return H.exit_status(results, failures)
+    return R.finish(results, failures, loads, a)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ server the name of the row it is compared with.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -173,3 +174,21 @@ def rows_table(results: list[dict], load: str) -> str:
 def loadavg() -> str:
     la = os.getloadavg()
     return f"{la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f}"
+
+
+def finish(results: list[dict], failures: list[str], loads, a) -> int:
+    """The report's end: every row of each load, the failures, the load
+    average, the JSON (--json); the exit status (http_hello's rule)."""
+    print("\n#### Every row\n")
+    for ld in loads:
+        print(f"\n{ld}:\n")
+        print(rows_table(results, ld))
+    if failures:
+        print("\n#### FAILURES\n")
+        for f_ in failures:
+            print(f_)
+    print(B.footer())
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return H.exit_status(results, failures)

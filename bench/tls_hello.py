@@ -69,7 +69,6 @@ server stopped answering; 2 for a set-up problem.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import socket
@@ -283,19 +282,7 @@ def main() -> int:
     for ld in loads:
         print(f"\n#### {ld}\n")
         print(R.summary(results, ld, BASES, names))
-    print("\n#### Every row\n")
-    for ld in loads:
-        print(f"\n{ld}:\n")
-        print(R.rows_table(results, ld))
-    if failures:
-        print("\n#### FAILURES\n")
-        for f_ in failures:
-            print(f_)
-    print(B.footer())
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return H.exit_status(results, failures)
+    return R.finish(results, failures, loads, a)
 
 
 if __name__ == "__main__":
