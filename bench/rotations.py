@@ -33,7 +33,7 @@ def add_arguments(ap: argparse.ArgumentParser, rounds: int = 3) -> None:
                     help=f"rotations: every (load, server) row once per round, the servers' "
                          f"order turned by one each round ({rounds})")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 2 s rows, 0.5 s warm-up, 1 round")
+                    help="smoke run: 2 s rows, 1 s warm-up, 1 round")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--max-other", type=float, default=0.3, metavar="CORES",
                     help="a row during which other processes took more than this many cores "
@@ -49,8 +49,10 @@ def add_arguments(ap: argparse.ArgumentParser, rounds: int = 3) -> None:
 
 
 def quick(a) -> None:
+    """--quick: 2 s rows, 1 round. The warm-up stays 1 s: wrk takes whole
+    seconds only (`-d 0.5s` prints its usage and runs nothing)."""
     if a.quick:
-        a.seconds, a.warmup, a.rounds = 2.0, 0.5, 1
+        a.seconds, a.warmup, a.rounds = 2.0, 1.0, 1
 
 
 def rotated(names: list[str], rnd: int) -> list[str]:
