@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 
@@ -146,3 +147,78 @@ def test_a_missing_proxy_header_before_tls_closes(serve_wsgi, pki):
                          **pki.settings())
     with pytest.raises((OSError,)):
         tls_connect(addr, pki.context()).close()
+
+
+# ---- plaintext the session holds: no poll report announces it -----------------------------------
+
+def pipelined(first: bytes, total: int) -> bytes:
+    """first, then small pipelined GETs, the last one closing, padded to
+    exactly total bytes."""
+    small = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+    last = b"GET /env HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: %s\r\n\r\n"
+    n = (total - len(first) - len(last % b"")) // len(small)
+    body = first + small * n
+    return body + last % (b"p" * (total - len(body) - len(last % b"")))
+
+
+def send_as_records(addr, pki, data: bytes, split: int) -> bytes:
+    """data as two TLS records, data[:split] and the rest (at most 16 KiB),
+    sent in one write so both arrive together; then everything read to
+    the end (a memory-BIO client: the records are ours to shape)."""
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = pki.context().wrap_bio(inc, out, server_hostname="127.0.0.1")
+    with socket.create_connection(addr, timeout=15) as s:
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                s.sendall(out.read())
+                inc.write(s.recv(65536))
+        s.sendall(out.read())
+        obj.write(data[:split])
+        obj.write(data[split:])
+        s.sendall(out.read())
+        got = bytearray()
+        while True:
+            try:
+                chunk = obj.read(1 << 20)
+                if not chunk:
+                    break
+                got += chunk
+            except ssl.SSLWantReadError:
+                try:
+                    data_in = s.recv(1 << 20)
+                except socket.timeout:
+                    raise AssertionError(f"no more answers after {bytes(got[-200:])!r}")
+                if not data_in:
+                    break
+                inc.write(data_in)
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+    return bytes(got)
+
+
+def test_a_read_that_fills_its_room_reads_what_the_session_still_holds(serve_wsgi, pki):
+    """A record of 1000 bytes, then one of 16 KiB: the read's 16 KiB room
+    takes the first and 15 KiB of the second; the rest is decrypted
+    inside the session, the socket is empty, and no report will come: the
+    codec reads again while the session holds bytes (threads 1: the
+    connection is polled level-triggered, nothing else would read it)."""
+    _, addr = serve_wsgi(app, threads=1, **pki.settings())
+    data = pipelined(b"", 1000 + 16384)
+    got = send_as_records(addr, pki, data, 1000)
+    assert got.count(b"HTTP/1.1 200 ") == data.count(b"GET /"), got[-300:]
+    assert got.endswith(b"}")
+
+
+def test_reading_again_after_a_parked_body_reads_what_the_session_holds(serve_wsgi, pki):
+    """The first request's answer is 10 MB (parked: reading stops) and the
+    rest of the pipelined requests wait behind it, part of them decrypted
+    inside the session: once the body is out and reading starts again,
+    the connection is queued for a read of them (tls_replay)."""
+    _, addr = serve_wsgi(app, threads=1, **pki.settings())
+    data = pipelined(b"GET /list HTTP/1.1\r\nHost: x\r\n\r\n", 1000 + 16384)
+    got = send_as_records(addr, pki, data, 1000)
+    assert got.count(b"HTTP/1.1 200 ") == data.count(b"GET /"), got[-300:]
+    assert got.endswith(b"}") and len(got) > BIG

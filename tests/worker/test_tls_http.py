@@ -334,6 +334,26 @@ def test_a_stalled_handshake_is_closed_at_header_timeout(serve, pki):
     assert 0.8 < took < 5, took
 
 
+def test_the_handshake_and_the_first_head_share_header_timeout(serve, pki):
+    """The handshake counts against header_timeout: a client that spends
+    most of it on the handshake (here: waits after it) has only the rest
+    for its first head, not a new header_timeout from its first byte."""
+    _, addr = serve(header_timeout=1.5)
+    start = time.monotonic()
+    with tls_connect(addr, pki.context()) as s:
+        time.sleep(1.0)                          # handshake done, the clock runs on
+        s.sendall(b"GET / HTTP/1.1\r\n")          # a head begun, never ended
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (ConnectionResetError, ssl.SSLError):
+            pass
+        took = time.monotonic() - start
+    assert out.startswith(b"HTTP/1.1 408 ") or out == b"", out
+    assert took < 2.2, f"closed {took:.2f} s after accept: the head got a clock of its own"
+
+
 def test_a_silent_connection_is_closed_at_header_timeout(serve, pki):
     _, addr = serve(header_timeout=1.0)
     with socket.create_connection(addr, timeout=10) as s:

@@ -145,10 +145,9 @@ int tls_open(HttpConn *c)
 	SSL_set_bio(ssl, bio, bio);
 	SSL_set_accept_state(ssl);
 	c->ssl = ssl;
-	/* the handshake counts against header_timeout: the timer armed at
-	 * accept is the first head's (the codec re-arms it only for a head
-	 * whose clock has not started) */
-	c->head_clock = 1;
+	/* the handshake counts against header_timeout: the header timer
+	 * armed at accept (head_clock set, engine.c) runs on through it, and
+	 * is the first head's too */
 	return 0;
 }
 
