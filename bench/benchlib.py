@@ -166,16 +166,17 @@ def parse_totals(log_text: str) -> dict[int, dict[str, int]]:
 
 
 # ---- C clients ----------------------------------------------------------------------------
-def build_c(name: str, flags=()) -> str:
-    """Compiles bench/NAME.c with gcc -O2 (and flags) into bench/build/NAME
-    (when the source or a header of bench/, c_ref.h, is newer than the
-    binary); returns the binary's path."""
+def build_c(name: str, flags=(), libs=()) -> str:
+    """Compiles bench/NAME.c with gcc -O2 (and flags; libs after the source,
+    as the linker wants them) into bench/build/NAME (when the source or a
+    header of bench/, c_ref.h, closed_loop.h, is newer than the binary);
+    returns the binary's path."""
     src = os.path.join(HERE, name + ".c")
     os.makedirs(BUILD, exist_ok=True)
     out = os.path.join(BUILD, name)
     newest = max(os.path.getmtime(p) for p in [src, *glob.glob(os.path.join(HERE, "*.h"))])
     if not os.path.exists(out) or os.path.getmtime(out) < newest:
-        cmd = ["gcc", "-O2", "-Wall", *flags, "-o", out + ".tmp", src]
+        cmd = ["gcc", "-O2", "-Wall", *flags, "-o", out + ".tmp", src, *libs]
         subprocess.run(cmd, check=True, timeout=120)
         os.replace(out + ".tmp", out)
     return out

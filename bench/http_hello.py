@@ -69,6 +69,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -163,12 +164,14 @@ def server_spec(name: str, port: int) -> dict:
 class Server:
     def __init__(self, procs: B.Procs, tmp: str, name: str, spec_for=None,
                  expect: bytes = HELLO):
-        """spec_for(port) -> the spec (default: server_spec(name, port));
+        """spec_for(port) -> the spec (default: server_spec(name, port); a spec
+        with "tls": True is an HTTPS server: probes and wrk speak TLS to it);
         expect: the body of the app's answer to GET / (the probes check it)."""
         self.name = name
         self.port = B.free_port()
         self.spec = spec_for(self.port) if spec_for else server_spec(name, self.port)
         self.expect = expect
+        self.tls = client_tls() if self.spec.get("tls") else None
         self.log = os.path.join(tmp, f"{name}.log")
         self.out = os.path.join(tmp, f"{name}.out")
         self.log_seen = [0, 0]
@@ -190,7 +193,7 @@ class Server:
         last = ["", ""]
 
         def answering():
-            last[:] = probe(self.port, [], expect=self.expect)
+            last[:] = probe(self.port, [], expect=self.expect, tls=self.tls)
             return last[0] == "ok"
         try:
             B.wait_for(answering, 20, f"{self.name} answering", interval=0.1)
@@ -237,12 +240,24 @@ def request_bytes(port: int, headers: list[str]) -> bytes:
     return ("GET / HTTP/1.1\r\n" + "".join(h + "\r\n" for h in hs) + "\r\n").encode()
 
 
+def client_tls() -> ssl.SSLContext:
+    """The probes' TLS client: any certificate (the benchmarks make self-signed
+    ones), no session reuse (a probe is one connection)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def probe(port: int, headers: list[str], expect_close: bool = False,
-          expect: bytes = HELLO) -> tuple[str, str]:
+          expect: bytes = HELLO, tls: ssl.SSLContext | None = None) -> tuple[str, str]:
     """One request on a fresh connection: ("ok" | what is wrong, the response head);
-    `expect` is the body the app answers (asgi_hello.py's FastAPI app has its own)."""
+    `expect` is the body the app answers (asgi_hello.py's FastAPI app has its own);
+    `tls`: a client context, to speak HTTPS (an ending close_notify or a bare
+    EOF both count as the server's close)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as raw, \
+                (tls.wrap_socket(raw) if tls else raw) as s:
             s.sendall(request_bytes(port, headers))
             buf = b""
             while b"\r\n\r\n" not in buf:
@@ -270,6 +285,8 @@ def probe(port: int, headers: list[str], expect_close: bool = False,
                 s.settimeout(2)
                 try:
                     rest = s.recv(1)
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    rest = b""
                 except socket.timeout:
                     return "connection left open after a Connection: close request", \
                         head.decode("latin-1")
@@ -310,7 +327,7 @@ def socket_fds(pid: int) -> int:
     return n
 
 
-def wrk_argv(port: int, load: str, seconds: float, lua: str) -> list[str]:
+def wrk_argv(port: int, load: str, seconds: float, lua: str, scheme: str = "http") -> list[str]:
     conns, headers, _ = LOADS[load]
     if headers == "browser":
         headers = [f"Host: 127.0.0.1:{port}", *BROWSER_HEADERS]
@@ -318,7 +335,7 @@ def wrk_argv(port: int, load: str, seconds: float, lua: str) -> list[str]:
             "--latency", "-s", lua]
     for h in headers:
         argv += ["-H", h]
-    return argv + [f"http://127.0.0.1:{port}/"]
+    return argv + [f"{scheme}://127.0.0.1:{port}/"]
 
 
 def parse_result(out: str) -> dict:
@@ -329,21 +346,29 @@ def parse_result(out: str) -> dict:
             for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
-def measure(srv: Server, load: str, a, lua: str) -> dict:
+def measure(srv: Server, load: str, a, lua: str, client=None) -> dict:
+    """One row: wrk with the load's settings, or client(seconds) -> the argv of
+    another load generator that prints a RESULT line as LUA_DONE does
+    (tls_hello.py's full-handshake client)."""
     conns, headers, _ = LOADS[load]
     hdrs = [f"Host: 127.0.0.1:{srv.port}", *BROWSER_HEADERS] if headers == "browser" else headers
-    verdict, head = probe(srv.port, hdrs, expect_close=(load == "close-c50"), expect=srv.expect)
+    verdict, head = probe(srv.port, hdrs, expect_close=(load == "close-c50"), expect=srv.expect,
+                          tls=srv.tls)
+    scheme = "https" if srv.tls else "http"
+    if client is None:
+        def client(seconds):
+            return wrk_argv(srv.port, load, seconds, lua, scheme)
     notes = [] if verdict == "ok" else [f"probe: {verdict}"]
     pids = B.tree(srv.p.pid)
     sock0 = {pid: socket_fds(pid) for pid in pids}     # idle: listeners, channels
     if a.warmup > 0:
-        subprocess.run(wrk_argv(srv.port, load, a.warmup, lua), capture_output=True,
+        subprocess.run(client(a.warmup), capture_output=True,
                        timeout=a.warmup + 60)
         time.sleep(0.3)                                  # the warm-up's closes land
     t0 = proc_ticks(srv.p.pid)
     w0 = time.monotonic()
     with B.BoxMeter() as box:
-        wp = subprocess.Popen(wrk_argv(srv.port, load, a.seconds, lua), stdout=subprocess.PIPE,
+        wp = subprocess.Popen(client(a.seconds), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         try:
             time.sleep(a.seconds / 2)
@@ -388,7 +413,7 @@ def failure_report(srv: Server, load: str, rnd: int, err, t_start: float) -> str
         except OSError:
             alive.append(f"{pid} gone")
     rc = srv.p.poll()
-    verdict, _ = probe(srv.port, [], expect=srv.expect)
+    verdict, _ = probe(srv.port, [], expect=srv.expect, tls=srv.tls)
     tail = "\n".join(srv.text().splitlines()[-40:])
     return (f"**{srv.name}** failed at load {load} (round {rnd}, {time.monotonic() - t_start:.0f} s "
             f"into the run, {time.strftime('%H:%M:%S UTC', time.gmtime())}): {err}\n\n"
@@ -398,7 +423,7 @@ def failure_report(srv: Server, load: str, rnd: int, err, t_start: float) -> str
             f"last lines of its output:\n\n```\n{tail}\n```\n")
 
 
-def measure_quiet(srv: Server, load: str, a, lua: str, t_start: float) -> dict:
+def measure_quiet(srv: Server, load: str, a, lua: str, t_start: float, client=None) -> dict:
     """measure(), on a shared machine: first waits (at most --row-wait s) for the
     box to be below 0.3 busy cores; a row whose `other` cores (box - server -
     wrk) exceed --max-other is measured again (at most --retries times, and not
@@ -412,7 +437,7 @@ def measure_quiet(srv: Server, load: str, a, lua: str, t_start: float) -> dict:
             if B.busy_now() < 0.3:
                 break
             waited += 1.0
-        r = measure(srv, load, a, lua)
+        r = measure(srv, load, a, lua, client)
         r["other"] = max(0.0, r["box"] - r["cores"] - r["wrk_cpu"] - r["irq"])
         r["attempt"] = attempt + 1
         if waited:
