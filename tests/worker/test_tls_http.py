@@ -386,3 +386,25 @@ def test_handshake_failures_are_counted_and_logged(serve, pki, caplog):
         except ConnectionResetError:
             pass
     assert wait_for(lambda: loop.engine.tls_counts()["handshake_failed"] >= 1, 10)
+    # a protocol error is a warning line (the refusal log)
+    assert wait_for(lambda: "TLS handshake failed" in caplog.text, 10), caplog.text
+
+
+def test_a_client_leaving_mid_handshake_is_counted_not_warned(serve, pki, caplog):
+    """A client that closes or resets before its handshake ends, with no TLS
+    error (a port scan, a TCP health check, wrk stopping: the tlsbench
+    finding, "TLS handshake failed: closed" at WARNING once a second under
+    load) is counted as abandoned and not logged as a failure."""
+    caplog.set_level("INFO")
+    loop, addr = serve()
+    hello = handshake_bytes(pki)
+    with socket.create_connection(addr, timeout=10):
+        pass                                    # no byte at all: not a handshake yet
+    for cut in (60, len(hello) - 10):
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(hello[:cut])
+    assert wait_for(lambda: loop.engine.tls_counts()["handshake_abandoned"] >= 2, 10), \
+        loop.engine.tls_counts()
+    assert get(https(addr, pki), "/") == b"hello https"
+    assert loop.engine.tls_counts()["handshake_failed"] == 0
+    assert "TLS handshake failed" not in caplog.text, caplog.text

@@ -245,7 +245,10 @@ static int pre_step(HttpConn *c)
 }
 
 /* A handshake (or a record) that failed: counted, logged (the refusal
- * log: at most a line a second), closed. */
+ * log: at most a line a second), closed. A client that closed or reset
+ * before its handshake ended, with no TLS error of its own, is only
+ * counted (abandoned): a port scan, a TCP health check or a load tool
+ * stopping does that, and nginx logs it at info, not as an error. */
 static void failed(HttpConn *c)
 {
 	unsigned long e = ERR_peek_last_error();
@@ -253,9 +256,13 @@ static void failed(HttpConn *c)
 	char reason[200];
 
 	if (!SSL_is_init_finished(c->ssl)) {
-		c->srv->tls_failed++;
-		snprintf(reason, sizeof(reason), "TLS handshake failed: %s", why ? why : "closed");
-		srv_log_refusal(c->srv, c->peer, 0, reason);
+		if (!why) {
+			c->srv->tls_abandoned++;
+		} else {
+			c->srv->tls_failed++;
+			snprintf(reason, sizeof(reason), "TLS handshake failed: %s", why);
+			srv_log_refusal(c->srv, c->peer, 0, reason);
+		}
 	}
 	ERR_clear_error();
 	hconn_fail(c);
@@ -710,8 +717,9 @@ fail:
 static PyObject *get_tls(Server *s, PyObject *noarg)
 {
 	(void)noarg;
-	return Py_BuildValue("{sOsKsK}", "on", s->tls_ctx ? Py_True : Py_False,
-	                     "handshake_failed", s->tls_failed, "plain_refused", s->tls_plain);
+	return Py_BuildValue("{sOsKsKsK}", "on", s->tls_ctx ? Py_True : Py_False,
+	                     "handshake_failed", s->tls_failed, "handshake_abandoned",
+	                     s->tls_abandoned, "plain_refused", s->tls_plain);
 }
 
 PyMethodDef server_tls_methods[] = {
@@ -720,6 +728,6 @@ PyMethodDef server_tls_methods[] = {
 	 "min_version='TLSv1.2'): every connection accepted from now on speaks TLS. Raises "
 	 "ValueError naming the file that does not load. Before the first accept."},
 	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
-	 "tls_counts() -> {on, handshake_failed, plain_refused}"},
+	 "tls_counts() -> {on, handshake_failed, handshake_abandoned, plain_refused}"},
 	{NULL},
 };

@@ -116,7 +116,7 @@ struct Server {
 	struct ssl_ctx_st *tls_ctx;
 	const struct tls_ops *tls;
 	PyObject *tls_server_pem;
-	unsigned long long tls_failed, tls_plain;
+	unsigned long long tls_failed, tls_abandoned, tls_plain;
 };
 
 extern PyTypeObject ServerType;
