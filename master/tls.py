@@ -12,6 +12,7 @@ became READY.
 """
 from __future__ import annotations
 
+import os
 import ssl
 from typing import Any
 
@@ -31,12 +32,35 @@ def password(value: str, path: str) -> bytes | None:
     return value.encode() if value else None
 
 
+# The session-ticket keys (OpenSSL's 80 bytes: name, HMAC key, AES key) of
+# this master's workers, made at the first spawn with TLS and kept for the
+# master's life (nginx without ssl_session_ticket_key does the same per
+# process): shared, a ticket issued by one worker resumes on any other.
+# Never written to disk; they travel in the worker's assignment, over its
+# socketpair. An upgrade (re-exec) makes new ones: tickets issued before
+# it fall back to a full handshake once.
+_TICKET_KEYS: list[str] = []
+TICKET_KEYS = "tls_ticket_keys"        # the assignment's key (not a setting)
+
+
+def with_ticket_keys(config: dict) -> dict:
+    """A worker's assignment config: with the master's ticket keys when TLS
+    is on (a copy; config itself is the generation's, left as it is)."""
+    if not config.get("certfile"):
+        return config
+    if not _TICKET_KEYS:
+        _TICKET_KEYS.append(os.urandom(80).hex())
+    return dict(config, **{TICKET_KEYS: _TICKET_KEYS[0]})
+
+
 def engine_args(cfg: dict) -> dict | None:
     """Server.set_tls's arguments from a worker's settings (a dict), None
     when TLS is off."""
     if not cfg.get("certfile"):
         return None
+    keys = cfg.get(TICKET_KEYS)
     return dict(certfile=cfg["certfile"], keyfile=cfg.get("keyfile") or "",
+                ticket_keys=bytes.fromhex(keys) if keys else None,
                 password=password(cfg.get("keyfile_password") or "",
                                   cfg.get("keyfile_password_file") or ""),
                 ca_certs=cfg.get("ca_certs") or "", cert_reqs=cfg.get("cert_reqs") or "none",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import threading
 import pytest
 
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
-from tls_support import make_pki, tls_connect
+from tls_support import make_pki, read_response, tls_connect
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -207,3 +208,23 @@ def test_a_gunicorn_config_with_tls_runs_unchanged(tmp_path, site):
              (line.partition(" = ") for line in r.stdout.splitlines()) if v}
     assert lines["cert_reqs"].startswith('"required"'), lines["cert_reqs"]
     assert lines["ciphers"].startswith('"ECDHE+AESGCM"'), lines["ciphers"]
+
+
+def test_a_session_resumes_on_any_worker(master, tmp_path, site):
+    """The workers share the session-ticket keys the master made (tlsbench's
+    finding: each worker had keys of its own, so with -w 2 a client's next
+    connection, landing on the other worker, resumed 0 times in 20). Each
+    connection offers the session of the one before; the kernel spreads them
+    over both workers; every one resumes."""
+    m = master("tlsapp:app", "-w", "2", *tls_args(tmp_path))
+    ctx = site.context()
+    session, resumed = None, 0
+    for _ in range(20):
+        raw = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            head, body = read_response(s)
+            assert body == b"https"
+            resumed += s.session_reused
+            session = s.session          # TLS 1.3: its ticket came with the answer
+    assert resumed >= 19, f"{resumed} of 20 connections resumed"

@@ -610,18 +610,24 @@ static PyObject *ssl_error(const char *what, const char *path)
 static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 {
 	static char *names[] = {"certfile", "keyfile", "password", "ca_certs", "cert_reqs", "ciphers",
-	                        "min_version", NULL};
+	                        "min_version", "ticket_keys", NULL};
 	const char *certfile, *keyfile = "", *ca = "", *reqs = "none", *ciphers = "",
 	           *minv = "TLSv1.2";
-	PyObject *password = Py_None, *pem = NULL;
+	PyObject *password = Py_None, *tickets = Py_None, *pem = NULL;
 	SSL_CTX *ctx;
 	int mode, version;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssss:set_tls", names, &certfile, &keyfile,
-	                                 &password, &ca, &reqs, &ciphers, &minv))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssO:set_tls", names, &certfile, &keyfile,
+	                                 &password, &ca, &reqs, &ciphers, &minv, &tickets))
 		return NULL;
 	if (password != Py_None && !PyBytes_Check(password)) {
 		PyErr_SetString(PyExc_TypeError, "set_tls: password must be bytes or None");
+		return NULL;
+	}
+	/* OpenSSL's ticket keys: a 16-byte name, a 32-byte HMAC and a 32-byte
+	 * AES key */
+	if (tickets != Py_None && (!PyBytes_Check(tickets) || PyBytes_GET_SIZE(tickets) != 80)) {
+		PyErr_SetString(PyExc_ValueError, "set_tls: ticket_keys must be 80 bytes or None");
 		return NULL;
 	}
 	if (!strcmp(reqs, "none"))
@@ -700,6 +706,15 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	 * match, needed whenever client certificates are asked for */
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
 	SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"sockherd", 8);
+	/* the master's ticket keys, the same in all its workers: a ticket one
+	 * worker issued resumes on any other (by default each context makes
+	 * keys of its own, and a client's next connection, which the kernel
+	 * may give another worker, fell back to a full handshake) */
+	if (tickets != Py_None &&
+	    SSL_CTX_set_tlsext_ticket_keys(ctx, PyBytes_AS_STRING(tickets), 80) != 1) {
+		ssl_error("ticket_keys", NULL);
+		goto fail;
+	}
 	pem = pem_str(SSL_CTX_get0_certificate(ctx));
 	if (!pem)
 		goto fail;
@@ -725,7 +740,7 @@ static PyObject *get_tls(Server *s, PyObject *noarg)
 PyMethodDef server_tls_methods[] = {
 	{"set_tls", (PyCFunction)(void (*)(void))Server_set_tls, METH_VARARGS | METH_KEYWORDS,
 	 "set_tls(certfile, keyfile='', password=None, ca_certs='', cert_reqs='none', ciphers='', "
-	 "min_version='TLSv1.2'): every connection accepted from now on speaks TLS. Raises "
+	 "min_version='TLSv1.2', ticket_keys=None): every connection accepted from now on speaks TLS. Raises "
 	 "ValueError naming the file that does not load. Before the first accept."},
 	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
 	 "tls_counts() -> {on, handshake_failed, handshake_abandoned, plain_refused}"},
