@@ -18,7 +18,8 @@
  * the frame's whole header is in (never earlier: a parser fed byte by
  * byte decides exactly as one fed everything at once):
  *   1002  RSV bits without a negotiated extension, an unknown opcode, a
- *         fragmented or longer than 125 bytes control frame, an unmasked
+ *         fragmented or longer than 125 bytes control frame (or one whose
+ *         length of at most 125 uses the 16- or 64-bit form), an unmasked
  *         frame, a 64-bit length with its top bit set, a continuation
  *         with no message started, a new data frame inside a fragmented
  *         message, a close payload of 1 byte or with a code no peer may
@@ -170,10 +171,6 @@ static int frame_start(struct ws_parser *p)
 		return fail(p, 1002, "unknown opcode");
 	if (control && !(h[0] & 0x80))
 		return fail(p, 1002, "fragmented control frame");
-	if (control && len7 > 125)
-		return fail(p, 1002, "control frame longer than 125 bytes");
-	if (!(h[1] & 0x80))
-		return fail(p, 1002, "unmasked client frame");
 	if (len7 == 126) {
 		len = (uint64_t)h[2] << 8 | h[3];
 		at = 4;
@@ -183,9 +180,19 @@ static int frame_start(struct ws_parser *p)
 		for (int i = 0; i < 8; i++)
 			len = len << 8 | h[2 + i];
 		at = 10;
-		if (len >> 63)
-			return fail(p, 1002, "64-bit payload length with its top bit set");
 	}
+	/* a control frame's payload is at most 125 bytes, so its length is
+	 * always the 7-bit form (5.5); an extended form that says <= 125
+	 * breaks the minimal-encoding rule (5.2) instead: the reason says
+	 * which (the header is whole here, its extended length read) */
+	if (control && len > 125)
+		return fail(p, 1002, "control frame longer than 125 bytes");
+	if (control && len7 > 125)
+		return fail(p, 1002, "control frame length not in the 7-bit form (not minimally encoded)");
+	if (!(h[1] & 0x80))
+		return fail(p, 1002, "unmasked client frame");
+	if (len >> 63)
+		return fail(p, 1002, "64-bit payload length with its top bit set");
 	if (!control) {
 		if (op == WS_OP_CONT && !p->msg_op)
 			return fail(p, 1002, "continuation frame without a message started");
