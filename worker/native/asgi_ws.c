@@ -330,7 +330,8 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 		goto out;
 	if (PyDict_DelItemString(scope, "method") < 0)
 		PyErr_Clear();
-	v = Py_BuildValue("{s{}}", "websocket.http.response");
+	/* the extension's name interned: not a str of its own per scope */
+	v = Py_BuildValue("{O{}}", K_WS_DENIAL);
 	if (!v || PyDict_SetItemString(scope, "extensions", v) < 0) {
 		Py_XDECREF(v);
 		goto out;
@@ -571,7 +572,7 @@ int asgi_ws_make_keys(void)
 		{&K_TYPE, "type"}, {&K_TEXT, "text"}, {&K_BYTES, "bytes"}, {&K_CODE, "code"},
 		{&K_REASON, "reason"}, {&V_CONNECT, "websocket.connect"},
 		{&V_RECEIVE, "websocket.receive"}, {&V_DISCONNECT, "websocket.disconnect"},
-		{&V_WEBSOCKET, "websocket"}, {&V_WS, "ws"},
+		{&V_WEBSOCKET, "websocket"}, {&V_WS, "ws"}, {&K_WS_DENIAL, "websocket.http.response"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)

@@ -46,7 +46,7 @@ typedef struct WsCall {
 extern WsCall *all_calls;                  /* GIL-protected, as every call */
 extern long ws_open;                       /* accepted and not closed */
 extern PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE,
-                *V_DISCONNECT, *V_WEBSOCKET, *V_WS;
+                *V_DISCONNECT, *V_WEBSOCKET, *V_WS, *K_WS_DENIAL;
 
 /* RuntimeError unless the calling thread is the WebSocket's loop thread
  * (its fd and output are that thread's alone). */

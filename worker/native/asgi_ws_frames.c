@@ -15,7 +15,7 @@
 WsCall *all_calls;
 long ws_open;
 PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE, *V_DISCONNECT,
-         *V_WEBSOCKET, *V_WS;
+         *V_WEBSOCKET, *V_WS, *K_WS_DENIAL;
 
 /* ---- messages ---------------------------------------------------------------------------------- */
 

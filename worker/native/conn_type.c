@@ -37,6 +37,32 @@ static int port_of(const struct sockaddr_storage *ss)
 	                                      : ((const struct sockaddr_in6 *)ss)->sin6_port);
 }
 
+/* s->local_obj and s->local_port for the local address local (len
+ * bytes): the last connection's when it is the same address, else made
+ * (and kept for the next). 0 or -1. */
+static int shared_local(Server *s, const struct sockaddr_storage *local, socklen_t len)
+{
+	PyObject *lh, *obj, *port;
+
+	if (s->local_obj && len == s->local_key_len && len <= sizeof(s->local_key) &&
+	    !memcmp(s->local_key, local, len))
+		return 0;
+	if (!(lh = host_str(local)))
+		return -1;
+	obj = Py_BuildValue("(Ni)", lh, port_of(local));
+	port = PyUnicode_FromFormat("%d", port_of(local));
+	if (!obj || !port) {
+		Py_XDECREF(obj);
+		Py_XDECREF(port);
+		return -1;
+	}
+	Py_XSETREF(s->local_obj, obj);
+	Py_XSETREF(s->local_port, port);
+	s->local_key_len = len <= sizeof(s->local_key) ? (unsigned)len : 0;
+	memcpy(s->local_key, local, s->local_key_len);
+	return 0;
+}
+
 /* SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT, and peer / local
  * as Python's socket gives them ((host, port), or the unix path). */
 static int addresses(HttpConn *c)
@@ -57,18 +83,17 @@ static int addresses(HttpConn *c)
 	}
 	conn_peer(c, (const struct sockaddr *)&peer, pl);
 	if (local.ss_family == AF_INET || local.ss_family == AF_INET6) {
-		PyObject *lh = host_str(&local), *ph = host_str(&peer);
+		PyObject *ph = host_str(&peer), *rp = PyUnicode_FromFormat("%d", port_of(&peer));
 
-		if (!lh || !ph) {
-			Py_XDECREF(lh);
+		if (!ph || !rp || shared_local(c->srv, &local, ll) < 0) {
 			Py_XDECREF(ph);
+			Py_XDECREF(rp);
 			return -1;
 		}
-		c->addr = Py_BuildValue("(ONON)", lh, PyUnicode_FromFormat("%d", port_of(&local)), ph,
-		                        PyUnicode_FromFormat("%d", port_of(&peer)));
-		c->local = Py_BuildValue("(Oi)", lh, port_of(&local));
+		c->addr = Py_BuildValue("(OOON)", PyTuple_GET_ITEM(c->srv->local_obj, 0),
+		                        c->srv->local_port, ph, rp);
+		c->local = Py_NewRef(c->srv->local_obj);
 		c->peer = Py_BuildValue("(Oi)", ph, port_of(&peer));
-		Py_DECREF(lh);
 		Py_DECREF(ph);
 	}
 	else {

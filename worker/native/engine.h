@@ -106,6 +106,15 @@ struct Server {
 	struct pp_net *proxy_nets;
 	int proxy_nnets, proxy_unix;
 	unsigned long long proxy_refused;
+	/* conn_type.c: the local address of the last TCP connection accepted
+	 * (its sockaddr's bytes) and its objects, shared by every connection
+	 * with the same one (one per listener, mostly): the (host, port)
+	 * tuple of scope["server"] / conn.local and SERVER_PORT's str
+	 * (immutable, so sharing them shows nowhere; ~200 bytes a connection
+	 * not allocated: memory per idle WebSocket, issue 23) */
+	unsigned char local_key[28];
+	unsigned local_key_len;
+	PyObject *local_obj, *local_port;
 };
 
 /* a net of proxy_allow_from: family, address, prefix bits */

@@ -305,6 +305,8 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->event_type);
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);
+	Py_XDECREF(s->local_obj);
+	Py_XDECREF(s->local_port);
 	fwd_free(&s->fwd);
 	PyMem_Free(s->proxy_nets);
 	Py_TYPE(s)->tp_free((PyObject *)s);
