@@ -89,7 +89,7 @@ static PyObject *new_future(AsgiCall *call)
 AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 {
 	Server *s = c->srv;
-	struct hp_parser *hp = &c->parser->hp;
+	struct hp_parser *hp = c->parser->hp;
 	AsgiCall *call = PyObject_GC_New(AsgiCall, &AsgiCallType);
 
 	if (!call)
@@ -181,13 +181,13 @@ static PyObject *receive(AsgiCall *call)
 		}
 		if (PyErr_Occurred())
 			return NULL;
-		if (p->hp.state == HP_ERROR) {
+		if (p->hp->state == HP_ERROR) {
 			/* the client's framing error: a 400 if nothing was said yet,
 			 * else the connection ends; the app reads a disconnect */
 			call->counted = 1;                 /* the refusal counts it */
 			call->gone = 1;
 			if (!call->head_sent)
-				hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request body");
+				hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request body");
 			else
 				hconn_close_now(c);
 			goto disconnect;

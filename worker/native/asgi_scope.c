@@ -77,14 +77,14 @@ PyObject *asgi_take_body(AsgiCall *call)
 	if (parser_pump_body(p) < 0)
 		return NULL;
 	avail = p->blen - p->bstart;
-	if (!avail && p->hp.state != HP_DONE)
+	if (!avail && p->hp->state != HP_DONE)
 		return NULL;                           /* HP_BODY: wait; HP_ERROR: the caller's */
 	body = avail ? PyBytes_FromStringAndSize(p->body + p->bstart, (Py_ssize_t)avail)
 	             : Py_NewRef(V_EMPTY_BYTES);
 	if (!body)
 		return NULL;
 	p->bstart = p->blen;
-	if (p->hp.state == HP_DONE)
+	if (p->hp->state == HP_DONE)
 		call->body_done = 1;
 	h1_input_room(c);                          /* taken: reading may go on */
 	return request_message(body, !call->body_done);
@@ -170,7 +170,7 @@ static PyObject *bytes_of(const char *s, size_t n)
  * environ does (the codec's hold and the call's receive answer it) */
 static PyObject *headers_of(Parser *p)
 {
-	struct hp_parser *hp = &p->hp;
+	struct hp_parser *hp = p->hp;
 	PyObject *list = PyList_New((Py_ssize_t)hp->nfields);
 	char stack[256];
 
@@ -210,7 +210,7 @@ PyObject *asgi_build_scope(HttpConn *c)
 {
 	Server *s = c->srv;
 	Parser *p = c->parser;
-	struct hp_parser *hp = &p->hp;
+	struct hp_parser *hp = p->hp;
 	const char *target = hp->head, *path = target;
 	size_t tlen = hp->url_len, plen, qlen = 0;
 	const char *query = NULL;

@@ -349,7 +349,7 @@ out:
 int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 {
 	Server *s = c->srv;
-	const struct hp_parser *hp = &c->parser->hp;
+	const struct hp_parser *hp = c->parser->hp;
 	const char *key, *ver;
 	size_t klen = 0, vlen = 0;
 	WsCall *call;
@@ -414,7 +414,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		rc = task ? RESPOND_PARKED : -1;
 	}
 	if (rc == RESPOND_PARKED)
-		hp_free(&c->parser->hp);               /* the handshake's head: in the scope now */
+		parser_release(c->parser);             /* the handshake's head: in the scope now */
 	if (rc < 0) {
 		if (coro)
 			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));

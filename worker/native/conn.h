@@ -118,7 +118,9 @@ struct HttpConn {
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
 	HttpConn *tprev, *tnext;
-	PyObject *addr;                    /* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT) */
+	/* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT): WSGI's, made
+	 * on its first request (hconn_addr), NULL before (ASGI never needs it) */
+	PyObject *addr;
 	PyObject *peer, *local;
 	PyObject *response;                /* the Respond of the request being served */
 	/* dispatch.c (a connection shared by its group's threads): the loop
@@ -274,6 +276,9 @@ void hconn_proxy_timeout(HttpConn *c);
 
 /* ---- conn_type.c ---- */
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+/* c->addr, made from c->local and c->peer the first time (a borrowed
+ * reference), NULL with an error. */
+PyObject *hconn_addr(HttpConn *c);
 /* The peer address the trusted-proxy rules judge (forwarded.h): set from
  * getpeername at accept; a layer that learns the client's own address
  * before the first request (the PROXY protocol) calls it again with that

@@ -203,8 +203,11 @@ static int apply(HttpConn *c, const struct pp_result *r)
 		ra = Py_NewRef(src);                              /* a unix path */
 		rp = PyUnicode_FromString("");
 	}
-	if (!rp) {
+	/* the socket's addresses first (made on demand, conn_type.c): its
+	 * SERVER_NAME and SERVER_PORT are kept */
+	if (!rp || !hconn_addr(c)) {
 		Py_DECREF(ra);
+		Py_XDECREF(rp);
 		return -1;
 	}
 	addr = Py_BuildValue("(OONN)", PyTuple_GET_ITEM(c->addr, 0), PyTuple_GET_ITEM(c->addr, 1),

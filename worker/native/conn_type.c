@@ -63,6 +63,29 @@ static int shared_local(Server *s, const struct sockaddr_storage *local, socklen
 	return 0;
 }
 
+PyObject *hconn_addr(HttpConn *c)
+{
+	PyObject *lp, *rp;
+
+	if (c->addr)
+		return c->addr;
+	/* a TCP connection's: its (host, port) tuples (addresses, or the
+	 * PROXY protocol's source), the ports as str */
+	if (!PyTuple_Check(c->local) || !PyTuple_Check(c->peer)) {
+		PyErr_SetString(PyExc_SystemError, "hconn_addr: a connection without TCP addresses");
+		return NULL;
+	}
+	lp = c->local == c->srv->local_obj ? Py_NewRef(c->srv->local_port)
+	                                   : PyObject_Str(PyTuple_GET_ITEM(c->local, 1));
+	rp = PyObject_Str(PyTuple_GET_ITEM(c->peer, 1));
+	if (lp && rp)
+		c->addr = PyTuple_Pack(4, PyTuple_GET_ITEM(c->local, 0), lp,
+		                       PyTuple_GET_ITEM(c->peer, 0), rp);
+	Py_XDECREF(lp);
+	Py_XDECREF(rp);
+	return c->addr;
+}
+
 /* SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT, and peer / local
  * as Python's socket gives them ((host, port), or the unix path). */
 static int addresses(HttpConn *c)
@@ -83,15 +106,13 @@ static int addresses(HttpConn *c)
 	}
 	conn_peer(c, (const struct sockaddr *)&peer, pl);
 	if (local.ss_family == AF_INET || local.ss_family == AF_INET6) {
-		PyObject *ph = host_str(&peer), *rp = PyUnicode_FromFormat("%d", port_of(&peer));
+		PyObject *ph = host_str(&peer);
 
-		if (!ph || !rp || shared_local(c->srv, &local, ll) < 0) {
+		if (!ph || shared_local(c->srv, &local, ll) < 0) {
 			Py_XDECREF(ph);
-			Py_XDECREF(rp);
 			return -1;
 		}
-		c->addr = Py_BuildValue("(OOON)", PyTuple_GET_ITEM(c->srv->local_obj, 0),
-		                        c->srv->local_port, ph, rp);
+		/* c->addr: made from these by hconn_addr when asked (WSGI) */
 		c->local = Py_NewRef(c->srv->local_obj);
 		c->peer = Py_BuildValue("(Oi)", ph, port_of(&peer));
 		Py_DECREF(ph);
@@ -104,12 +125,14 @@ static int addresses(HttpConn *c)
 		c->local = PyUnicode_DecodeFSDefaultAndSize(un->sun_path, (Py_ssize_t)n);
 		c->peer = PyUnicode_FromString("");
 		c->addr = c->local ? Py_BuildValue("(Osss)", c->local, "", "", "") : NULL;
+		if (!c->addr)
+			return -1;
 	}
 	if (c->srv->proxy_mode) {
 		c->proxy_wait = 1;
 		c->proxy_trusted = (unsigned)proxy_allowed(c->srv, &peer);
 	}
-	return c->addr && c->local && c->peer ? 0 : -1;
+	return c->local && c->peer ? 0 : -1;
 }
 
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
