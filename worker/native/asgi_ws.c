@@ -208,8 +208,21 @@ static PyObject *ws_done(WsCall *call, PyObject *exc)
 	Py_RETURN_NONE;
 }
 
-static PyMethodDef done_def = {"ws_done", (PyCFunction)ws_done, METH_O,
-                               "done(exc or None): the end of an ASGI WebSocket's app"};
+/* The call itself is the runner's done (asgi.py run_call): calling it
+ * is ws_done. Not a function object of its own bound to the call: that
+ * one would live as long as the WebSocket (~70 bytes each, issue 23). */
+static PyObject *Ws_call(WsCall *call, PyObject *args, PyObject *kw)
+{
+	PyObject *exc;
+
+	if (kw && PyDict_GET_SIZE(kw)) {
+		PyErr_SetString(PyExc_TypeError, "done(exc or None): no keyword arguments");
+		return NULL;
+	}
+	if (!PyArg_UnpackTuple(args, "done", 1, 1, &exc))
+		return NULL;
+	return ws_done(call, exc);
+}
 
 /* ---- the type ----------------------------------------------------------------------------------- */
 
@@ -275,6 +288,7 @@ PyTypeObject WsCallType = {
 	.tp_basicsize = sizeof(WsCall),
 	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
 	.tp_dealloc = (destructor)Ws_dealloc,
+	.tp_call = (ternaryfunc)Ws_call,
 	.tp_traverse = (traverseproc)Ws_traverse,
 	.tp_clear = (inquiry)Ws_clear,
 	.tp_methods = Ws_methods,
@@ -402,7 +416,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	c->call = Py_NewRef((PyObject *)call);
 	receive = PyObject_GetAttrString((PyObject *)call, "receive");
 	send = PyObject_GetAttrString((PyObject *)call, "send");
-	done = PyCFunction_New(&done_def, (PyObject *)call);
+	done = Py_NewRef((PyObject *)call);       /* Ws_call */
 	if (receive && send && done) {
 		args[0] = s->app;
 		args[1] = scope;

@@ -199,7 +199,7 @@ int ws_pump(WsCall *call)
 			call->queued += wp->msg_len;
 			break;
 		case WS_PING:
-			if (!call->close_sent && ws_frame_out(c, WS_OP_PONG, (const char *)wp->ctl,
+			if (!call->close_sent && ws_frame_out(c, WS_OP_PONG, (const char *)ws_ctl(wp),
 			                                    wp->ctl_len) < 0) {
 				rc = -1;
 				goto out;
@@ -211,7 +211,7 @@ int ws_pump(WsCall *call)
 			/* the closing handshake: its code echoed (none if it gave
 			 * none), the app told, the connection closed */
 			int code = wp->close_code;
-			const char *reason = wp->ctl_len > 2 ? (const char *)wp->ctl + 2 : "";
+			const char *reason = wp->ctl_len > 2 ? (const char *)ws_ctl(wp) + 2 : "";
 			size_t rl = wp->ctl_len > 2 ? wp->ctl_len - 2u : 0;
 
 			call->close_rcvd = 1;
@@ -238,6 +238,8 @@ int ws_pump(WsCall *call)
 			p->pending = NULL;
 			p->start = p->len = p->cap = 0;
 		}
+		if (p->start == p->len)
+			ws_trim(&call->wp);                /* the codec's buffers too */
 		h1_input_room(c);                      /* taken: reading may go on */
 		hconn_flush(c);                        /* the pongs */
 	}

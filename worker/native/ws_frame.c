@@ -45,9 +45,31 @@ void ws_init(struct ws_parser *p, uint64_t max_size)
 
 void ws_free(struct ws_parser *p)
 {
+	free(p->ctl);
+	p->ctl = NULL;
+	p->ctl_len = 0;
 	free(p->msg);
 	p->msg = NULL;
 	p->msg_cap = p->msg_len = 0;
+}
+
+void ws_trim(struct ws_parser *p)
+{
+	if (p->ctl && !(p->in_payload && p->opcode >= 0x8)) {
+		free(p->ctl);
+		p->ctl = NULL;
+		p->ctl_len = 0;
+	}
+	if (p->msg && (!p->msg_op || p->delivered) && !p->fail_code) {
+		/* no message being reassembled (or the last one handed out:
+		 * ws_parse starts anew from msg_len 0 anyway) */
+		p->delivered = 0;
+		p->msg_op = 0;
+		p->msg_len = 0;
+		free(p->msg);
+		p->msg = NULL;
+		p->msg_cap = 0;
+	}
 }
 
 /* ---- UTF-8, incrementally --------------------------------------------------------------------- */
@@ -255,6 +277,12 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 	*used = 0;
 	if (p->fail_code)
 		return WS_FAIL;
+	if (p->ctl && !(p->in_payload && p->opcode >= 0x8)) {
+		/* the last control frame's payload was handed out */
+		free(p->ctl);
+		p->ctl = NULL;
+		p->ctl_len = 0;
+	}
 	if (p->delivered) {
 		/* the last call handed a message out: the next frame starts a
 		 * new one; a big message's buffer is not kept for an idle
@@ -262,8 +290,11 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 		p->delivered = 0;
 		p->msg_op = 0;
 		p->msg_len = 0;
-		if (p->msg_cap > WS_KEEP_BUFFER)
-			ws_free(p);
+		if (p->msg_cap > WS_KEEP_BUFFER) {
+			free(p->msg);
+			p->msg = NULL;
+			p->msg_cap = 0;
+		}
 	}
 	for (;;) {
 		if (!p->in_payload) {
@@ -279,6 +310,13 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 			if (p->hlen < p->hneed) {
 				*used = i;
 				return WS_MORE;
+			}
+			/* a control frame with a payload: its buffer (frame_start
+			 * refuses one past 125 bytes before any is stored) */
+			if ((p->hdr[0] & 0x08) && (p->hdr[1] & 0x7F) && !p->ctl &&
+			    !(p->ctl = malloc(125))) {
+				*used = i;
+				return -1;
 			}
 			p->hlen = 0;
 			p->hneed = 2;
