@@ -142,11 +142,11 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 		                "the same WebSocket waits");
 		return NULL;
 	}
-	if (!PyList_GET_SIZE(call->queue) && ws_pump(call) < 0)
+	if (!ws_nqueued(call) && ws_pump(call) < 0)
 		return NULL;
-	if (!PyList_GET_SIZE(call->queue) && !call->finished && !call->conn)
+	if (!ws_nqueued(call) && !call->finished && !call->conn)
 		ws_finish(call, 1006, "", 0);
-	if (PyList_GET_SIZE(call->queue)) {
+	if (ws_nqueued(call)) {
 		if (!(msg = ws_take(call)))
 			return NULL;
 		/* room again: what waits is parsed (the pongs it owes said) */
@@ -398,7 +398,6 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	call->conn = (HttpConn *)Py_NewRef(c);
 	call->scope = Py_NewRef(scope);
 	call->aio = Py_XNewRef(s->thr[c->pos].aio);
-	call->queue = PyList_New(0);
 	memcpy(call->key, key, 24);
 	ws_init(&call->wp, max_size);
 	call->next = all_calls;
@@ -406,7 +405,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		all_calls->prev = call;
 	all_calls = call;
 	PyObject_GC_Track(call);
-	if (!call->aio || !call->queue) {
+	if (!call->aio) {
 		if (!PyErr_Occurred())
 			PyErr_SetString(PyExc_RuntimeError, "ASGI: the loop thread has no asyncio loop");
 		Py_DECREF(call);

@@ -115,6 +115,11 @@ struct Server {
 	unsigned char local_key[28];
 	unsigned local_key_len;
 	PyObject *local_obj, *local_port;
+	/* the same for the last TCP peer's host str (connections from one
+	 * client, or all from a proxy, share it): its address's bytes */
+	unsigned char peer_key[17];
+	unsigned peer_key_len;
+	PyObject *peer_host;
 };
 
 /* a net of proxy_allow_from: family, address, prefix bits */

@@ -307,6 +307,7 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->server_line);
 	Py_XDECREF(s->local_obj);
 	Py_XDECREF(s->local_port);
+	Py_XDECREF(s->peer_host);
 	fwd_free(&s->fwd);
 	PyMem_Free(s->proxy_nets);
 	Py_TYPE(s)->tp_free((PyObject *)s);
