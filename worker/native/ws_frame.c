@@ -34,7 +34,9 @@
 
 #include "ws.h"
 
-#define WS_KEEP_BUFFER (16u << 10)      /* a message buffer kept between messages */
+/* a message buffer kept from one message to the next of a burst (an idle
+ * connection holds none: ws_trim frees it when no input waits) */
+#define WS_KEEP_BUFFER (16u << 10)
 
 void ws_init(struct ws_parser *p, uint64_t max_size)
 {
