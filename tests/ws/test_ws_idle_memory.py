@@ -103,4 +103,5 @@ def test_idle_websocket_costs_at_most_4_kib(master, nofile):
         for s in socks:
             s.close()
     per = (after - before) * 1024 / N
+    print(f"{per:,.0f} B per idle WebSocket (RSS {before} -> {after} KiB)")
     assert per <= BOUND, f"{per:,.0f} B per idle WebSocket (RSS {before} -> {after} KiB)"
