@@ -265,6 +265,9 @@ static inline int hconn_owed(const HttpConn *c)
 static inline PyObject *hconn_peer(const HttpConn *c) { return c->peer; }
 
 /* ---- conn_proxy.c ---- */
+/* c->addr, made from c->local and c->peer the first time (a borrowed
+ * reference), NULL with an error. */
+PyObject *hconn_addr(HttpConn *c);
 /* The header ahead of buf[0 .. len) (the codec's buffered input; eof: no
  * more will come). Returns the header's bytes, which the caller drops
  * from its buffer; while c->proxy_wait stays set more bytes are needed;
@@ -276,9 +279,7 @@ void hconn_proxy_timeout(HttpConn *c);
 
 /* ---- conn_type.c ---- */
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
-/* c->addr, made from c->local and c->peer the first time (a borrowed
- * reference), NULL with an error. */
-PyObject *hconn_addr(HttpConn *c);
+
 /* The peer address the trusted-proxy rules judge (forwarded.h): set from
  * getpeername at accept; a layer that learns the client's own address
  * before the first request (the PROXY protocol) calls it again with that

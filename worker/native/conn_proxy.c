@@ -181,6 +181,57 @@ static void judge(HttpConn *c, const struct pp_result *r)
 	conn_peer(c, (const struct sockaddr *)&ss, len);
 }
 
+/* (conn.h) here, below conn_type.c, as this file's apply needs it */
+PyObject *hconn_addr(HttpConn *c)
+{
+	PyObject *lp, *rp;
+
+	if (c->addr)
+		return c->addr;
+	/* a TCP connection's: its (host, port) tuples (addresses, or the
+	 * PROXY protocol's source), the ports as str */
+	if (!PyTuple_Check(c->local) || !PyTuple_Check(c->peer)) {
+		PyErr_SetString(PyExc_SystemError, "hconn_addr: a connection without TCP addresses");
+		return NULL;
+	}
+	lp = c->local == c->srv->local_obj ? Py_NewRef(c->srv->local_port)
+	                                   : PyObject_Str(PyTuple_GET_ITEM(c->local, 1));
+	rp = PyObject_Str(PyTuple_GET_ITEM(c->peer, 1));
+	if (lp && rp)
+		c->addr = PyTuple_Pack(4, PyTuple_GET_ITEM(c->local, 0), lp,
+		                       PyTuple_GET_ITEM(c->peer, 0), rp);
+	Py_XDECREF(lp);
+	Py_XDECREF(rp);
+	return c->addr;
+}
+
+/* The peer's host as str (a new reference): the last connection's when
+ * it came from the same address, else made (and kept for the next). */
+static PyObject *shared_peer_host(Server *s, const struct sockaddr_storage *peer)
+{
+	unsigned char key[17];
+	unsigned n;
+	PyObject *h;
+
+	key[0] = peer->ss_family == AF_INET6;
+	if (key[0]) {
+		memcpy(key + 1, &((const struct sockaddr_in6 *)peer)->sin6_addr, 16);
+		n = 17;
+	}
+	else {
+		memcpy(key + 1, &((const struct sockaddr_in *)peer)->sin_addr, 4);
+		n = 5;
+	}
+	if (s->peer_host && n == s->peer_key_len && !memcmp(key, s->peer_key, n))
+		return Py_NewRef(s->peer_host);
+	if (!(h = host_str(peer)))
+		return NULL;
+	Py_XSETREF(s->peer_host, Py_NewRef(h));
+	memcpy(s->peer_key, key, n);
+	s->peer_key_len = n;
+	return h;
+}
+
 /* The header's addresses become c's peer (REMOTE_ADDR, REMOTE_PORT, the
  * ASGI client); the socket's own peer stays in c->proxy["peer"]. */
 static int apply(HttpConn *c, const struct pp_result *r)
