@@ -205,33 +205,6 @@ PyObject *hconn_addr(HttpConn *c)
 	return c->addr;
 }
 
-/* The peer's host as str (a new reference): the last connection's when
- * it came from the same address, else made (and kept for the next). */
-static PyObject *shared_peer_host(Server *s, const struct sockaddr_storage *peer)
-{
-	unsigned char key[17];
-	unsigned n;
-	PyObject *h;
-
-	key[0] = peer->ss_family == AF_INET6;
-	if (key[0]) {
-		memcpy(key + 1, &((const struct sockaddr_in6 *)peer)->sin6_addr, 16);
-		n = 17;
-	}
-	else {
-		memcpy(key + 1, &((const struct sockaddr_in *)peer)->sin_addr, 4);
-		n = 5;
-	}
-	if (s->peer_host && n == s->peer_key_len && !memcmp(key, s->peer_key, n))
-		return Py_NewRef(s->peer_host);
-	if (!(h = host_str(peer)))
-		return NULL;
-	Py_XSETREF(s->peer_host, Py_NewRef(h));
-	memcpy(s->peer_key, key, n);
-	s->peer_key_len = n;
-	return h;
-}
-
 /* The header's addresses become c's peer (REMOTE_ADDR, REMOTE_PORT, the
  * ASGI client); the socket's own peer stays in c->proxy["peer"]. */
 static int apply(HttpConn *c, const struct pp_result *r)
