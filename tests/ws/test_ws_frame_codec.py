@@ -47,6 +47,24 @@ def test_each_failure_has_its_close_code(data, code):
     assert fail_code(data) == code
 
 
+
+TOO_LONG = "control frame longer than 125 bytes"
+NOT_MINIMAL = "control frame length not in the 7-bit form (not minimally encoded)"
+
+
+@pytest.mark.parametrize("op", [8, 9, 10], ids=["close", "ping", "pong"])
+@pytest.mark.parametrize("n, length, reason", [
+    (5, "16", NOT_MINIMAL), (125, "16", NOT_MINIMAL), (0, "64", NOT_MINIMAL),
+    (126, "min", TOO_LONG), (126, "64", TOO_LONG), (70000, "min", TOO_LONG),
+])
+def test_control_frame_length_refusal_says_which_rule(op, n, length, reason):
+    """Finding (wsmem brief): a control frame whose 16-bit length said 5
+    was refused 1002 as "longer than 125 bytes"; RFC 6455 5.5 bounds the
+    payload, 5.2's minimal encoding is what such a frame breaks."""
+    payload = (b"\x03\xe8" + b"r" * n)[:n] if op == 8 else b"p" * n
+    events = WsParser().feed(frame(op, payload, length=length))
+    assert events == [("fail", 1002, reason)]
+
 def test_text_fails_as_soon_as_its_bytes_are_bad():
     # the frame is not whole yet: the bad byte alone decides
     assert WsParser().feed(frame(1, b"ok\xff" + b"x" * 100)[:9])[-1][:2] == ("fail", 1007)

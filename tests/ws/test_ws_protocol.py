@@ -319,6 +319,22 @@ def test_protocol_errors_close_with_their_code(server, app, data, code):
     assert app.disconnects("/echo")[0]["code"] == code
 
 
+
+@pytest.mark.parametrize("length, n, reason", [
+    ("16", 5, b"control frame length not in the 7-bit form (not minimally encoded)"),
+    ("min", 126, b"control frame longer than 125 bytes"),
+])
+def test_control_frame_length_close_reason(server, app, length, n, reason):
+    """Finding (wsmem brief): a ping whose 16-bit length said 5 was closed
+    1002 with the reason "control frame longer than 125 bytes"; the close
+    frame names the rule broken (5.2's minimal encoding, or 5.5's bound)."""
+    w = RawWs(server, path="/echo")
+    w.send(frame(9, b"p" * n, length=length))
+    while (f := w.recv_frame()) is not None and f[0] != 8:
+        pass
+    assert f is not None and f[2] == struct.pack("!H", 1002) + reason
+    assert w.at_eof()
+
 @pytest.mark.parametrize("code, reason", [(1000, b""), (1001, b"bye"), (4321, "sé".encode())])
 def test_client_close_is_echoed_and_told_to_the_app(server, app, code, reason):
     w = RawWs(server, path="/echo")

@@ -55,7 +55,8 @@ extern PyObject *ClientDisconnected;
 /* ---- asgi_call.c: the call and its receive / send ---- */
 AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope);
 /* A new call's app started as a task of aio (the owner loop's) with
- * done_def bound to call as its done(); c holds call from then on.
+ * done_def bound to call as its done() (NULL: call itself is callable as
+ * done(), a WebSocket call); c holds call from then on.
  * RESPOND_PARKED, or -1 (c does not hold call; nothing ran). Used by the
  * HTTP calls and the WebSocket ones (asgi_ws.c). */
 int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,

@@ -166,7 +166,7 @@ int asgi_input(HttpConn *c)
 		if (!msg && PyErr_Occurred())
 			return -1;
 	}
-	if (!msg && (c->peer_eof || c->parser->hp.state == HP_ERROR))
+	if (!msg && (c->peer_eof || c->parser->hp->state == HP_ERROR))
 		msg = asgi_disconnect();               /* the client ended (or broke) its request */
 	if (msg) {
 		asgi_resolve(&call->rx, msg, NULL);

@@ -117,7 +117,7 @@ static PyObject *new_future(AsgiCall *call)
 AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 {
 	Server *s = c->srv;
-	struct hp_parser *hp = &c->parser->hp;
+	struct hp_parser *hp = c->parser->hp;
 	AsgiCall *call = PyObject_GC_New(AsgiCall, &AsgiCallType);
 
 	if (!call)
@@ -163,7 +163,7 @@ int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
 	c->call = Py_NewRef(call);
 	send = done = NULL;
 	if (asgi_call_methods((AsgiCall *)call, &receive, &send) == 0)
-		done = PyCFunction_New(done_def, call);
+		done = done_def ? PyCFunction_New(done_def, call) : Py_NewRef(call);
 	if (done) {
 		args[0] = s->app;
 		args[1] = scope;
@@ -259,13 +259,13 @@ static PyObject *receive(AsgiCall *call)
 		}
 		if (PyErr_Occurred())
 			return NULL;
-		if (p->hp.state == HP_ERROR) {
+		if (p->hp->state == HP_ERROR) {
 			/* the client's framing error: a 400 if nothing was said yet,
 			 * else the connection ends; the app reads a disconnect */
 			call->counted = 1;                 /* the refusal counts it */
 			call->gone = 1;
 			if (!call->head_sent)
-				hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request body");
+				hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request body");
 			else
 				hconn_close_now(c);
 			goto disconnect;

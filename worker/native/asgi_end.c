@@ -125,7 +125,7 @@ HttpConn *asgi_detach(AsgiCall *call)
 	/* a whole body the app did not read is dropped; one still coming
 	 * ends the connection (parser_finish says so) */
 	if (!c->closed) {
-		if (c->parser->hp.state == HP_DONE)
+		if (c->parser->hp->state == HP_DONE)
 			c->parser->bstart = c->parser->blen;
 		h1_call_detached(c);
 	}

@@ -68,7 +68,7 @@ int asgi_ext_make(void)
  * an HTTP/1.0 body is never chunked, so it cannot carry them. */
 static int te_trailers(HttpConn *c)
 {
-	struct hp_parser *hp = &c->parser->hp;
+	struct hp_parser *hp = c->parser->hp;
 
 	if (hp->ll.http_major != 1 || hp->ll.http_minor != 1)
 		return 0;

@@ -25,6 +25,7 @@ static PyObject *K_TYPE, *K_ASGI, *K_HTTP_VERSION, *K_METHOD, *K_PATH, *K_RAW_PA
                 *K_HEADERS, *K_CLIENT, *K_SERVER, *K_STATE, *V_11, *V_10, *K_BODY, *K_MORE,
                 *V_REQUEST, *V_DISCONNECT, *V_EMPTY_BYTES, *K_EXTENSIONS, *K_PROXY;
 static PyObject *method_names[64];
+static int make_common(void);
 
 int asgi_make_keys(void)
 {
@@ -41,7 +42,7 @@ int asgi_make_keys(void)
 		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
 			return -1;
 	V_EMPTY_BYTES = PyBytes_FromStringAndSize(NULL, 0);
-	return V_EMPTY_BYTES ? 0 : -1;
+	return V_EMPTY_BYTES ? make_common() : -1;
 }
 
 /* ---- messages (asgi_call.c's, built with the same keys) ---- */
@@ -77,14 +78,14 @@ PyObject *asgi_take_body(AsgiCall *call)
 	if (parser_pump_body(p) < 0)
 		return NULL;
 	avail = p->blen - p->bstart;
-	if (!avail && p->hp.state != HP_DONE)
+	if (!avail && p->hp->state != HP_DONE)
 		return NULL;                           /* HP_BODY: wait; HP_ERROR: the caller's */
 	body = avail ? PyBytes_FromStringAndSize(p->body + p->bstart, (Py_ssize_t)avail)
 	             : Py_NewRef(V_EMPTY_BYTES);
 	if (!body)
 		return NULL;
 	p->bstart = p->blen;
-	if (p->hp.state == HP_DONE)
+	if (p->hp->state == HP_DONE)
 		call->body_done = 1;
 	h1_input_room(c);                          /* taken: reading may go on */
 	return request_message(body, !call->body_done);
@@ -126,11 +127,51 @@ static PyObject *method_name(unsigned m)
 	return v;
 }
 
+/* Header names (lower-cased) and values that most requests carry, as
+ * bytes made once and shared by every scope's headers (bytes are
+ * immutable: sharing shows nowhere): a pair then allocates only its tuple
+ * and its uncommon parts. Kept mostly for the memory a long-lived scope
+ * holds (an idle WebSocket's: issue 23, ~40 bytes a shared object). */
+static const char *const common[] = {
+	/* names */
+	"host", "user-agent", "accept", "accept-encoding", "accept-language", "connection",
+	"upgrade", "content-type", "content-length", "cookie", "origin", "referer",
+	"cache-control", "pragma", "authorization", "transfer-encoding", "expect",
+	"if-none-match", "if-modified-since", "x-forwarded-for", "x-forwarded-proto",
+	"x-real-ip", "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+	"sec-websocket-protocol", "sec-fetch-mode", "sec-fetch-site", "sec-fetch-dest",
+	/* values */
+	"13", "websocket", "Upgrade", "upgrade", "keep-alive", "close", "*/*", "gzip, deflate",
+	"gzip, deflate, br", "no-cache", "permessage-deflate; client_max_window_bits",
+};
+#define NCOMMON (sizeof(common) / sizeof(common[0]))
+static PyObject *common_bytes[NCOMMON];
+static unsigned char common_len[NCOMMON];
+
+static int make_common(void)
+{
+	for (size_t i = 0; i < NCOMMON; i++) {
+		common_len[i] = (unsigned char)strlen(common[i]);
+		if (!(common_bytes[i] = PyBytes_FromStringAndSize(common[i], common_len[i])))
+			return -1;
+	}
+	return 0;
+}
+
+/* s[0 .. n) as bytes: the shared object when it is a common one */
+static PyObject *bytes_of(const char *s, size_t n)
+{
+	for (size_t i = 0; i < NCOMMON; i++)
+		if (common_len[i] == n && !memcmp(common[i], s, n))
+			return Py_NewRef(common_bytes[i]);
+	return PyBytes_FromStringAndSize(s, (Py_ssize_t)n);
+}
+
 /* the headers, lower-cased names; sets p->expect_continue as the
  * environ does (the codec's hold and the call's receive answer it) */
 static PyObject *headers_of(Parser *p)
 {
-	struct hp_parser *hp = &p->hp;
+	struct hp_parser *hp = p->hp;
 	PyObject *list = PyList_New((Py_ssize_t)hp->nfields);
 	char stack[256];
 
@@ -154,7 +195,7 @@ static PyObject *headers_of(Parser *p)
 			low[k] = name[k] >= 'A' && name[k] <= 'Z' ? (char)(name[k] + 32) : name[k];
 		if (nl == 6 && !memcmp(low, "expect", 6) && vl == 12 && !strncasecmp(val, "100-continue", 12))
 			p->expect_continue = 1;
-		pair = Py_BuildValue("(y#y#)", low, (Py_ssize_t)nl, val, (Py_ssize_t)vl);
+		pair = Py_BuildValue("(NN)", bytes_of(low, nl), bytes_of(val, vl));
 		if (low != stack)
 			PyMem_Free(low);
 		if (!pair) {
@@ -170,7 +211,7 @@ PyObject *asgi_build_scope(HttpConn *c)
 {
 	Server *s = c->srv;
 	Parser *p = c->parser;
-	struct hp_parser *hp = &p->hp;
+	struct hp_parser *hp = p->hp;
 	const char *target = hp->head, *path = target;
 	size_t tlen = hp->url_len, plen, qlen = 0;
 	const char *query = NULL;

@@ -115,11 +115,11 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 		                "the same WebSocket waits");
 		return NULL;
 	}
-	if (!PyList_GET_SIZE(call->queue) && ws_pump(call) < 0)
+	if (!ws_nqueued(call) && ws_pump(call) < 0)
 		return NULL;
-	if (!PyList_GET_SIZE(call->queue) && !call->finished && !call->conn)
+	if (!ws_nqueued(call) && !call->finished && !call->conn)
 		ws_finish(call, 1006, "", 0);
-	if (PyList_GET_SIZE(call->queue)) {
+	if (ws_nqueued(call)) {
 		if (!(msg = ws_take(call)))
 			return NULL;
 		/* room again: what waits is parsed (the pongs it owes said) */
@@ -181,8 +181,21 @@ static PyObject *ws_done(WsCall *call, PyObject *exc)
 	Py_RETURN_NONE;
 }
 
-static PyMethodDef done_def = {"ws_done", (PyCFunction)ws_done, METH_O,
-                               "done(exc or None): the end of an ASGI WebSocket's app"};
+/* The call itself is the runner's done (asgi.py run_call): calling it
+ * is ws_done. Not a function object of its own bound to the call: that
+ * one would live as long as the WebSocket (~70 bytes each, issue 23). */
+static PyObject *Ws_call(WsCall *call, PyObject *args, PyObject *kw)
+{
+	PyObject *exc;
+
+	if (kw && PyDict_GET_SIZE(kw)) {
+		PyErr_SetString(PyExc_TypeError, "done(exc or None): no keyword arguments");
+		return NULL;
+	}
+	if (!PyArg_UnpackTuple(args, "done", 1, 1, &exc))
+		return NULL;
+	return ws_done(call, exc);
+}
 
 /* ---- the type ----------------------------------------------------------------------------------- */
 
@@ -248,6 +261,7 @@ PyTypeObject WsCallType = {
 	.tp_basicsize = sizeof(WsCall),
 	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
 	.tp_dealloc = (destructor)Ws_dealloc,
+	.tp_call = (ternaryfunc)Ws_call,
 	.tp_traverse = (traverseproc)Ws_traverse,
 	.tp_clear = (inquiry)Ws_clear,
 	.tp_methods = Ws_methods,
@@ -312,7 +326,7 @@ static int make_scope(PyObject *scope, const struct hp_parser *hp)
 	 * the denial one added; the http ones (pathsend) are not a socket's */
 	{
 		PyObject *old = PyDict_GetItemString(scope, "extensions");   /* borrowed */
-		PyObject *ext = Py_BuildValue("{s{}}", "websocket.http.response");
+		PyObject *ext = Py_BuildValue("{O{}}", K_WS_DENIAL);
 		static const char *const kept[] = {"proxy", "tls"};
 		int bad = !ext;
 
@@ -338,7 +352,7 @@ out:
 int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 {
 	Server *s = c->srv;
-	const struct hp_parser *hp = &c->parser->hp;
+	const struct hp_parser *hp = c->parser->hp;
 	const char *key, *ver;
 	size_t klen = 0, vlen = 0;
 	WsCall *call;
@@ -371,7 +385,6 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	call->conn = (HttpConn *)Py_NewRef(c);
 	call->scope = Py_NewRef(scope);
 	call->aio = Py_XNewRef(s->thr[c->pos].aio);
-	call->queue = PyList_New(0);
 	memcpy(call->key, key, 24);
 	ws_init(&call->wp, max_size);
 	call->next = all_calls;
@@ -379,15 +392,17 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		all_calls->prev = call;
 	all_calls = call;
 	PyObject_GC_Track(call);
-	if (!call->aio || !call->queue) {
+	if (!call->aio) {
 		if (!PyErr_Occurred())
 			PyErr_SetString(PyExc_RuntimeError, "ASGI: the loop thread has no asyncio loop");
 		Py_DECREF(call);
 		return -1;
 	}
-	rc = asgi_start_task(c, (PyObject *)call, scope, call->aio, &done_def);
+	/* the call itself is its runner's done() (Ws_call): no function
+	 * object per call (memory per idle WebSocket) */
+	rc = asgi_start_task(c, (PyObject *)call, scope, call->aio, NULL);
 	if (rc == RESPOND_PARKED)
-		hp_free(&c->parser->hp);               /* the handshake's head: in the scope now */
+		parser_release(c->parser);             /* the handshake's head: in the scope now */
 	Py_DECREF(call);
 	return rc;
 }
@@ -523,7 +538,7 @@ int asgi_ws_make_keys(void)
 		{&K_TYPE, "type"}, {&K_TEXT, "text"}, {&K_BYTES, "bytes"}, {&K_CODE, "code"},
 		{&K_REASON, "reason"}, {&V_CONNECT, "websocket.connect"},
 		{&V_RECEIVE, "websocket.receive"}, {&V_DISCONNECT, "websocket.disconnect"},
-		{&V_WEBSOCKET, "websocket"}, {&V_WS, "ws"},
+		{&V_WEBSOCKET, "websocket"}, {&V_WS, "ws"}, {&K_WS_DENIAL, "websocket.http.response"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)

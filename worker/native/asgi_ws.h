@@ -26,7 +26,8 @@ typedef struct WsCall {
 	Server *srv;
 	HttpConn *conn;                    /* NULL once the connection closed */
 	PyObject *scope, *aio, *rx, *tx;
-	PyObject *queue;                   /* messages for receive(), in order */
+	PyObject *queue;                   /* messages for receive(), in order; NULL: none
+	                                    * (an idle WebSocket holds no list: issue 23) */
 	size_t queued;                     /* their payload bytes */
 	char key[24];                      /* Sec-WebSocket-Key, checked */
 	struct ws_parser wp;
@@ -46,7 +47,7 @@ typedef struct WsCall {
 extern WsCall *all_calls;                  /* GIL-protected, as every call */
 extern long ws_open;                       /* accepted and not closed */
 extern PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE,
-                *V_DISCONNECT, *V_WEBSOCKET, *V_WS;
+                *V_DISCONNECT, *V_WEBSOCKET, *V_WS, *K_WS_DENIAL;
 
 /* RuntimeError unless the calling thread is the WebSocket's loop thread
  * (its fd and output are that thread's alone). */
@@ -62,7 +63,15 @@ static inline int ws_owner_thread(WsCall *call, const char *what)
 	return 0;
 }
 
+/* The messages queued for receive(). */
+static inline Py_ssize_t ws_nqueued(const WsCall *call)
+{
+	return call->queue ? PyList_GET_SIZE(call->queue) : 0;
+}
+
 /* ---- asgi_ws_frames.c ---- */
+/* msg queued for receive() (the list made for the first). 0 or -1. */
+int ws_enqueue(WsCall *call, PyObject *msg);
 /* A message dict {type, k1: v1, k2: v2} (k NULL: none). */
 PyObject *ws_message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2);
 /* The first queued message, taken off (a new reference), NULL if none. */

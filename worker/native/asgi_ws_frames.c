@@ -15,7 +15,7 @@
 WsCall *all_calls;
 long ws_open;
 PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE, *V_DISCONNECT,
-         *V_WEBSOCKET, *V_WS;
+         *V_WEBSOCKET, *V_WS, *K_WS_DENIAL;
 
 /* ---- messages ---------------------------------------------------------------------------------- */
 
@@ -33,12 +33,19 @@ PyObject *ws_message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, P
  * bytes off the count: exact once the queue is empty, an estimate before
  * for text (its code points by their width: the bound, not an account).
  * The disconnect stays: it is said again to a receive after it. */
+int ws_enqueue(WsCall *call, PyObject *msg)
+{
+	if (!call->queue && !(call->queue = PyList_New(0)))
+		return -1;
+	return PyList_Append(call->queue, msg);
+}
+
 PyObject *ws_take(WsCall *call)
 {
 	PyObject *msg, *t, *b;
 	size_t n;
 
-	if (!PyList_GET_SIZE(call->queue))
+	if (!ws_nqueued(call))
 		return NULL;
 	msg = Py_NewRef(PyList_GET_ITEM(call->queue, 0));
 	if (call->finished && PyList_GET_SIZE(call->queue) == 1)
@@ -47,10 +54,12 @@ PyObject *ws_take(WsCall *call)
 		Py_DECREF(msg);
 		return NULL;
 	}
+	if (!PyList_GET_SIZE(call->queue))
+		Py_CLEAR(call->queue);                 /* empty: none held while idle */
 	t = PyDict_GetItem(msg, K_TEXT);
 	b = PyDict_GetItem(msg, K_BYTES);
 	n = t ? (size_t)PyUnicode_GET_LENGTH(t) * PyUnicode_KIND(t) : b ? (size_t)PyBytes_GET_SIZE(b) : 0;
-	call->queued = !PyList_GET_SIZE(call->queue) || n > call->queued ? 0 : call->queued - n;
+	call->queued = !ws_nqueued(call) || n > call->queued ? 0 : call->queued - n;
 	return msg;
 }
 
@@ -59,7 +68,7 @@ void ws_deliver(WsCall *call)
 {
 	PyObject *msg;
 
-	if (!call->rx || !PyList_GET_SIZE(call->queue))
+	if (!call->rx || !ws_nqueued(call))
 		return;
 	if (!(msg = ws_take(call)))
 		PyErr_WriteUnraisable((PyObject *)call);
@@ -86,7 +95,7 @@ void ws_finish(WsCall *call, int code, const char *reason, size_t rlen)
 	c = PyLong_FromLong(code);
 	r = PyUnicode_DecodeUTF8(reason, (Py_ssize_t)rlen, "replace");
 	msg = c && r ? ws_message(V_DISCONNECT, K_CODE, c, K_REASON, r) : NULL;
-	if (!msg || PyList_Append(call->queue, msg) < 0)
+	if (!msg || ws_enqueue(call, msg) < 0)
 		PyErr_WriteUnraisable((PyObject *)call);
 	Py_XDECREF(c);
 	Py_XDECREF(r);
@@ -190,7 +199,7 @@ int ws_pump(WsCall *call)
 			                  : PyBytes_FromStringAndSize(wp->msg, (Py_ssize_t)wp->msg_len);
 			msg = v ? ws_message(V_RECEIVE, ev == WS_TEXT ? K_TEXT : K_BYTES, v, NULL, NULL) : NULL;
 			Py_XDECREF(v);
-			if (!msg || PyList_Append(call->queue, msg) < 0) {
+			if (!msg || ws_enqueue(call, msg) < 0) {
 				Py_XDECREF(msg);
 				rc = -1;
 				goto out;
@@ -199,7 +208,7 @@ int ws_pump(WsCall *call)
 			call->queued += wp->msg_len;
 			break;
 		case WS_PING:
-			if (!call->close_sent && ws_frame_out(c, WS_OP_PONG, (const char *)wp->ctl,
+			if (!call->close_sent && ws_frame_out(c, WS_OP_PONG, (const char *)ws_ctl(wp),
 			                                    wp->ctl_len) < 0) {
 				rc = -1;
 				goto out;
@@ -211,7 +220,7 @@ int ws_pump(WsCall *call)
 			/* the closing handshake: its code echoed (none if it gave
 			 * none), the app told, the connection closed */
 			int code = wp->close_code;
-			const char *reason = wp->ctl_len > 2 ? (const char *)wp->ctl + 2 : "";
+			const char *reason = wp->ctl_len > 2 ? (const char *)ws_ctl(wp) + 2 : "";
 			size_t rl = wp->ctl_len > 2 ? wp->ctl_len - 2u : 0;
 
 			call->close_rcvd = 1;
@@ -238,6 +247,8 @@ int ws_pump(WsCall *call)
 			p->pending = NULL;
 			p->start = p->len = p->cap = 0;
 		}
+		if (p->start == p->len)
+			ws_trim(&call->wp);                /* the codec's buffers too */
 		h1_input_room(c);                      /* taken: reading may go on */
 		hconn_flush(c);                        /* the pongs */
 	}

@@ -119,7 +119,9 @@ struct HttpConn {
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
 	HttpConn *tprev, *tnext;
-	PyObject *addr;                    /* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT) */
+	/* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT): WSGI's, made
+	 * on its first request (hconn_addr), NULL before (ASGI never needs it) */
+	PyObject *addr;
 	PyObject *peer, *local;
 	PyObject *response;                /* the Respond of the request being served */
 	/* dispatch.c (a connection shared by its group's threads): the loop
@@ -300,6 +302,9 @@ static inline PyObject *hconn_peer(const HttpConn *c) { return c->peer; }
 ssize_t hconn_sendfile(HttpConn *c, int ffd, off_t *off, size_t count);
 
 /* ---- conn_proxy.c ---- */
+/* c->addr, made from c->local and c->peer the first time (a borrowed
+ * reference), NULL with an error. */
+PyObject *hconn_addr(HttpConn *c);
 /* The header ahead of buf[0 .. len) (the codec's buffered input; eof: no
  * more will come). Returns the header's bytes, which the caller drops
  * from its buffer; while c->proxy_wait stays set more bytes are needed;
@@ -311,6 +316,7 @@ void hconn_proxy_timeout(HttpConn *c);
 
 /* ---- conn_type.c ---- */
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+
 /* The peer address the trusted-proxy rules judge (forwarded.h): set from
  * getpeername at accept; a layer that learns the client's own address
  * before the first request (the PROXY protocol) calls it again with that

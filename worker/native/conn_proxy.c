@@ -141,6 +141,30 @@ static void judge(HttpConn *c, const struct pp_result *r)
 	conn_peer(c, (const struct sockaddr *)&ss, len);
 }
 
+/* (conn.h) here, below conn_type.c, as this file's apply needs it */
+PyObject *hconn_addr(HttpConn *c)
+{
+	PyObject *lp, *rp;
+
+	if (c->addr)
+		return c->addr;
+	/* a TCP connection's: its (host, port) tuples (addresses, or the
+	 * PROXY protocol's source), the ports as str */
+	if (!PyTuple_Check(c->local) || !PyTuple_Check(c->peer)) {
+		PyErr_SetString(PyExc_SystemError, "hconn_addr: a connection without TCP addresses");
+		return NULL;
+	}
+	lp = c->local == c->srv->local_obj ? Py_NewRef(c->srv->local_port)
+	                                   : PyObject_Str(PyTuple_GET_ITEM(c->local, 1));
+	rp = PyObject_Str(PyTuple_GET_ITEM(c->peer, 1));
+	if (lp && rp)
+		c->addr = PyTuple_Pack(4, PyTuple_GET_ITEM(c->local, 0), lp,
+		                       PyTuple_GET_ITEM(c->peer, 0), rp);
+	Py_XDECREF(lp);
+	Py_XDECREF(rp);
+	return c->addr;
+}
+
 /* The header's addresses become c's peer (REMOTE_ADDR, REMOTE_PORT, the
  * ASGI client); the socket's own peer stays in c->proxy["peer"]. */
 static int apply(HttpConn *c, const struct pp_result *r)
@@ -163,8 +187,11 @@ static int apply(HttpConn *c, const struct pp_result *r)
 		ra = Py_NewRef(src);                              /* a unix path */
 		rp = PyUnicode_FromString("");
 	}
-	if (!rp) {
+	/* the socket's addresses first (made on demand, conn_type.c): its
+	 * SERVER_NAME and SERVER_PORT are kept */
+	if (!rp || !hconn_addr(c)) {
 		Py_DECREF(ra);
+		Py_XDECREF(rp);
 		return -1;
 	}
 	addr = Py_BuildValue("(OONN)", PyTuple_GET_ITEM(c->addr, 0), PyTuple_GET_ITEM(c->addr, 1),

@@ -38,6 +38,59 @@ static int port_of(const struct sockaddr_storage *ss)
 	                                      : ((const struct sockaddr_in6 *)ss)->sin6_port);
 }
 
+/* s->local_obj and s->local_port for the local address local (len
+ * bytes): the last connection's when it is the same address, else made
+ * (and kept for the next). 0 or -1. */
+static int shared_local(Server *s, const struct sockaddr_storage *local, socklen_t len)
+{
+	PyObject *lh, *obj, *port;
+
+	if (s->local_obj && len == s->local_key_len && len <= sizeof(s->local_key) &&
+	    !memcmp(s->local_key, local, len))
+		return 0;
+	if (!(lh = host_str(local)))
+		return -1;
+	obj = Py_BuildValue("(Ni)", lh, port_of(local));
+	port = PyUnicode_FromFormat("%d", port_of(local));
+	if (!obj || !port) {
+		Py_XDECREF(obj);
+		Py_XDECREF(port);
+		return -1;
+	}
+	Py_XSETREF(s->local_obj, obj);
+	Py_XSETREF(s->local_port, port);
+	s->local_key_len = len <= sizeof(s->local_key) ? (unsigned)len : 0;
+	memcpy(s->local_key, local, s->local_key_len);
+	return 0;
+}
+
+/* The peer's host as str (a new reference): the last connection's when
+ * it came from the same address, else made (and kept for the next). */
+static PyObject *shared_peer_host(Server *s, const struct sockaddr_storage *peer)
+{
+	unsigned char key[17];
+	unsigned n;
+	PyObject *h;
+
+	key[0] = peer->ss_family == AF_INET6;
+	if (key[0]) {
+		memcpy(key + 1, &((const struct sockaddr_in6 *)peer)->sin6_addr, 16);
+		n = 17;
+	}
+	else {
+		memcpy(key + 1, &((const struct sockaddr_in *)peer)->sin_addr, 4);
+		n = 5;
+	}
+	if (s->peer_host && n == s->peer_key_len && !memcmp(key, s->peer_key, n))
+		return Py_NewRef(s->peer_host);
+	if (!(h = host_str(peer)))
+		return NULL;
+	Py_XSETREF(s->peer_host, Py_NewRef(h));
+	memcpy(s->peer_key, key, n);
+	s->peer_key_len = n;
+	return h;
+}
+
 /* SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT, and peer / local
  * as Python's socket gives them ((host, port), or the unix path). */
 static int addresses(HttpConn *c)
@@ -58,18 +111,15 @@ static int addresses(HttpConn *c)
 	}
 	conn_peer(c, (const struct sockaddr *)&peer, pl);
 	if (local.ss_family == AF_INET || local.ss_family == AF_INET6) {
-		PyObject *lh = host_str(&local), *ph = host_str(&peer);
+		PyObject *ph = shared_peer_host(c->srv, &peer);
 
-		if (!lh || !ph) {
-			Py_XDECREF(lh);
+		if (!ph || shared_local(c->srv, &local, ll) < 0) {
 			Py_XDECREF(ph);
 			return -1;
 		}
-		c->addr = Py_BuildValue("(ONON)", lh, PyUnicode_FromFormat("%d", port_of(&local)), ph,
-		                        PyUnicode_FromFormat("%d", port_of(&peer)));
-		c->local = Py_BuildValue("(Oi)", lh, port_of(&local));
+		/* c->addr: made from these by hconn_addr when asked (WSGI) */
+		c->local = Py_NewRef(c->srv->local_obj);
 		c->peer = Py_BuildValue("(Oi)", ph, port_of(&peer));
-		Py_DECREF(lh);
 		Py_DECREF(ph);
 	}
 	else {
@@ -80,13 +130,15 @@ static int addresses(HttpConn *c)
 		c->local = PyUnicode_DecodeFSDefaultAndSize(un->sun_path, (Py_ssize_t)n);
 		c->peer = PyUnicode_FromString("");
 		c->addr = c->local ? Py_BuildValue("(Osss)", c->local, "", "", "") : NULL;
+		if (!c->addr)
+			return -1;
 	}
 	if (c->srv->proxy_mode) {
 		c->proxy_wait = 1;
 		c->proxy_trusted = (unsigned)netmatch_peer(&c->srv->proxy_allow,
 		                                              (const struct sockaddr *)&peer, pl);
 	}
-	return c->addr && c->local && c->peer ? 0 : -1;
+	return c->local && c->peer ? 0 : -1;
 }
 
 HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)

@@ -117,6 +117,20 @@ struct Server {
 	const struct tls_ops *tls;
 	PyObject *tls_server_pem;
 	unsigned long long tls_failed, tls_abandoned, tls_plain;
+	/* conn_type.c: the local address of the last TCP connection accepted
+	 * (its sockaddr's bytes) and its objects, shared by every connection
+	 * with the same one (one per listener, mostly): the (host, port)
+	 * tuple of scope["server"] / conn.local and SERVER_PORT's str
+	 * (immutable, so sharing them shows nowhere; ~200 bytes a connection
+	 * not allocated: memory per idle WebSocket, issue 23) */
+	unsigned char local_key[28];
+	unsigned local_key_len;
+	PyObject *local_obj, *local_port;
+	/* the same for the last TCP peer's host str (connections from one
+	 * client, or all from a proxy, share it): its address's bytes */
+	unsigned char peer_key[17];
+	unsigned peer_key_len;
+	PyObject *peer_host;
 };
 
 extern PyTypeObject ServerType;

@@ -426,7 +426,7 @@ static int scheme_headers(HttpConn *c, const struct hp_parser *hp, const struct 
 int fwd_read(HttpConn *c, struct fwd_found *f)
 {
 	const struct fwd_rules *r = &c->srv->fwd;
-	const struct hp_parser *hp = &((Parser *)c->parser)->hp;
+	const struct hp_parser *hp = ((Parser *)c->parser)->hp;
 	struct seen seen;
 	struct element el;
 	struct node node;

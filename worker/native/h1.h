@@ -21,7 +21,10 @@
 /* ---- the parser (h1_parser.c) ---- */
 struct Parser {
 	PyObject_HEAD
-	struct hp_parser hp;
+	/* the request parser's state, its own allocation: an upgraded
+	 * connection (a WebSocket) parses no HTTP again and lets it go
+	 * (parser_release), keeping only the input buffer below */
+	struct hp_parser *hp;
 	/* bytes received and not parsed yet: pending[start .. len) */
 	char *pending;
 	size_t start, len, cap;
@@ -54,6 +57,12 @@ int parser_pump_body(Parser *p);
 /* parser.finish(): 1 if another request may follow, 0 if not. */
 int parser_finish(Parser *p);
 int parser_head_started(const Parser *p);
+/* The connection was upgraded (its head served, no request follows): the
+ * HTTP parser's state is freed, p->hp points at a shared, read-only
+ * state of a finished upgrade (HP_DONE) from then on: what reads it (the
+ * codec's timers, unread, pump) sees no request, what would parse again
+ * sees none may follow. The input buffer stays (the new protocol's). */
+void parser_release(Parser *p);
 PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
 
 /* ---- the response (h1_head.c: the head checked; h1_response.c: framed) ----

@@ -141,13 +141,13 @@ static int body_fits(HttpConn *c)
 {
 	Parser *p = c->parser;
 	size_t room = c->srv->body_buffer;
-	int64_t length = hp_content_length(&p->hp);
+	int64_t length = hp_content_length(p->hp);
 
 	if (!room)
 		return 0;
 	if (length >= 0)
 		return (uint64_t)length <= room;
-	return hp_chunked(&p->hp) && p->blen - p->bstart < room;
+	return hp_chunked(p->hp) && p->blen - p->bstart < room;
 }
 
 /* A held request's body progressed by n bytes (framing included, as the
@@ -222,7 +222,7 @@ static void hold(HttpConn *c, PyObject *env)
 	timer_arm(c, TIMER_BODY);
 	if (p->expect_continue) {
 		p->expect_continue = 0;                /* said: the slow path must not say it again */
-		if (p->hp.ll.http_minor && hconn_send(c, cont, sizeof(cont) - 1, 0) < 0)
+		if (p->hp->ll.http_minor && hconn_send(c, cont, sizeof(cont) - 1, 0) < 0)
 			PyErr_Clear();                     /* no memory: the client sends after its wait */
 	}
 }
@@ -256,7 +256,7 @@ static int serve_ready(HttpConn *c)
 				if (!PyErr_ExceptionMatches(HttpError))
 					return -1;
 				PyErr_Clear();
-				hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+				hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request");
 				return 0;
 			}
 			/* the adapter's request object (an environ, with the addresses) */
@@ -271,17 +271,17 @@ static int serve_ready(HttpConn *c)
 				Py_DECREF(env);
 				return -1;
 			}
-			if (p->hp.state == HP_BODY && body_fits(c)) {
+			if (p->hp->state == HP_BODY && body_fits(c)) {
 				hold(c, env);
 				return 0;
 			}
 		}
-		if (p->hp.state == HP_ERROR) {
+		if (p->hp->state == HP_ERROR) {
 			Py_DECREF(env);
-			hconn_refuse(c, p->hp.status, p->hp.reason ? p->hp.reason : "bad request");
+			hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request");
 			return 0;
 		}
-		if (p->hp.state == HP_BODY && body_fits(c)) {
+		if (p->hp->state == HP_BODY && body_fits(c)) {
 			c->held = env;                     /* still coming: the body timer runs on */
 			return 0;
 		}
@@ -289,7 +289,7 @@ static int serve_ready(HttpConn *c)
 		c->serving = 1;
 		/* whole: its body is all here (or it has none), served start to
 		 * end; else the adapter streams the rest of it */
-		whole = p->hp.state == HP_DONE;
+		whole = p->hp->state == HP_DONE;
 		keep = c->srv->app_ops->serve(c, env, whole);
 		if (whole && keep > 0 && keep != RESPOND_PARKED)
 			keep = parser_finish(p);
@@ -585,7 +585,7 @@ int h1_unread(HttpConn *c)
 {
 	Parser *p = c->parser;
 
-	return p->hp.state == HP_BODY || p->len > p->start;
+	return p->hp->state == HP_BODY || p->len > p->start;
 }
 
 /* A new connection's parser, with the Server's limits. */

@@ -16,10 +16,15 @@
 
 #include "h1.h"
 
+/* parser_release's: the state an upgraded connection's parser shows
+ * (a finished request that was an upgrade), read-only by design: what
+ * would write to it (parser_head, parser_finish, a re-init) checks first */
+static struct hp_parser released = {.state = HP_DONE, .upgrade = 1, .length = -1};
+
 PyObject *parser_refusal(Parser *self)
 {
-	PyObject *args = Py_BuildValue("(is)", self->hp.status,
-	                               self->hp.reason ? self->hp.reason : "bad request");
+	PyObject *args = Py_BuildValue("(is)", self->hp->status,
+	                               self->hp->reason ? self->hp->reason : "bad request");
 	if (args) {
 		PyErr_SetObject(HttpError, args);
 		Py_DECREF(args);
@@ -50,8 +55,13 @@ static int Parser_init(Parser *self, PyObject *args, PyObject *kw)
 	lim.field_size = max_field_size;
 	lim.fields = max_headers;
 	lim.body = max_body;
-	hp_free(&self->hp);
-	hp_init(&self->hp, &lim);
+	if (self->hp == &released && !(self->hp = PyMem_Calloc(1, sizeof(*self->hp)))) {
+		self->hp = &released;
+		PyErr_NoMemory();
+		return -1;
+	}
+	hp_free(self->hp);
+	hp_init(self->hp, &lim);
 	Py_XSETREF(self->script_name, script_name ? Py_NewRef(script_name) : PyUnicode_New(0, 0));
 	return self->script_name ? 0 : -1;
 }
@@ -63,7 +73,8 @@ Parser *parser_new(const struct hp_limits *lim, PyObject *script_name)
 	if (!p)
 		return NULL;
 	memset((char *)p + sizeof(PyObject), 0, sizeof(Parser) - sizeof(PyObject));
-	if (hp_init(&p->hp, lim) < 0) {
+	p->hp = PyMem_Calloc(1, sizeof(*p->hp));
+	if (!p->hp || hp_init(p->hp, lim) < 0) {
 		p->script_name = NULL;
 		Py_DECREF(p);
 		PyErr_NoMemory();
@@ -73,9 +84,33 @@ Parser *parser_new(const struct hp_limits *lim, PyObject *script_name)
 	return p;
 }
 
+void parser_release(Parser *p)
+{
+	if (p->hp == &released)
+		return;
+	hp_free(p->hp);
+	PyMem_Free(p->hp);
+	p->hp = &released;
+}
+
+/* RequestParser() from Python: its state zeroed, as it was inline */
+static PyObject *Parser_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+	Parser *p = (Parser *)PyType_GenericNew(type, args, kw);
+
+	if (p && !(p->hp = PyMem_Calloc(1, sizeof(*p->hp)))) {
+		Py_DECREF(p);
+		return PyErr_NoMemory();
+	}
+	return (PyObject *)p;
+}
+
 static void Parser_dealloc(Parser *self)
 {
-	hp_free(&self->hp);
+	if (self->hp && self->hp != &released) {
+		hp_free(self->hp);
+		PyMem_Free(self->hp);
+	}
 	PyMem_Free(self->pending);
 	PyMem_Free(self->body);
 	Py_XDECREF(self->script_name);
@@ -108,7 +143,10 @@ static PyObject *Parser_feed(Parser *self, PyObject *arg)
  * what this parsed: wsgi_environ.c). */
 int parser_head(Parser *self)
 {
-	struct hp_parser *hp = &self->hp;
+	struct hp_parser *hp = self->hp;
+
+	if (hp == &released)
+		return 0;                              /* upgraded: no head will come */
 
 	if (hp->state == HP_ERROR) {
 		parser_refusal(self);
@@ -130,7 +168,7 @@ int parser_head(Parser *self)
 
 int parser_pump_body(Parser *self)
 {
-	struct hp_parser *hp = &self->hp;
+	struct hp_parser *hp = self->hp;
 
 	if (hp->state == HP_BODY && self->start < self->len) {
 		size_t in = self->len - self->start, out = 0, used;
@@ -151,7 +189,7 @@ PyDoc_STRVAR(read_body_doc,
 
 static PyObject *Parser_read_body(Parser *self, PyObject *const *args, Py_ssize_t nargs)
 {
-	struct hp_parser *hp = &self->hp;
+	struct hp_parser *hp = self->hp;
 	Py_ssize_t size = -1;
 	size_t avail, n;
 	PyObject *r;
@@ -184,7 +222,9 @@ PyDoc_STRVAR(finish_doc,
 
 int parser_finish(Parser *self)
 {
-	if (self->hp.state != HP_DONE || self->bstart != self->blen)
+	if (self->hp == &released)
+		return 0;                              /* upgraded: no request follows */
+	if (self->hp->state != HP_DONE || self->bstart != self->blen)
 		return 0;
 	self->bstart = self->blen = 0;
 	/* an idle kept-alive connection holds no buffer: the next request
@@ -197,9 +237,9 @@ int parser_finish(Parser *self)
 	PyMem_Free(self->body);
 	self->body = NULL;
 	self->bcap = 0;
-	int next = hp_next(&self->hp) == 0;
+	int next = hp_next(self->hp) == 0;
 	if (self->start == self->len)
-		hp_trim(&self->hp);
+		hp_trim(self->hp);
 	return next;
 }
 
@@ -213,39 +253,39 @@ static PyObject *Parser_finish(Parser *self, PyObject *noarg)
 
 int parser_head_started(const Parser *self)
 {
-	return self->hp.state == HP_HEAD && (self->hp.started || self->len > self->start);
+	return self->hp->state == HP_HEAD && (self->hp->started || self->len > self->start);
 }
 
 static PyObject *get_state(Parser *self, void *c)
 {
 	static const char *names[] = {"head", "body", "done", "error"};
 	(void)c;
-	return PyUnicode_InternFromString(names[self->hp.state]);
+	return PyUnicode_InternFromString(names[self->hp->state]);
 }
 
 static PyObject *get_keep_alive(Parser *self, void *c)
 {
 	(void)c;
-	return PyBool_FromLong(hp_keep_alive(&self->hp));
+	return PyBool_FromLong(hp_keep_alive(self->hp));
 }
 
 static PyObject *get_chunked(Parser *self, void *c)
 {
 	(void)c;
-	return PyBool_FromLong(hp_chunked(&self->hp));
+	return PyBool_FromLong(hp_chunked(self->hp));
 }
 
 static PyObject *get_content_length(Parser *self, void *c)
 {
 	(void)c;
-	return hp_content_length(&self->hp) < 0 ? Py_NewRef(Py_None)
-	                                         : PyLong_FromLongLong(hp_content_length(&self->hp));
+	return hp_content_length(self->hp) < 0 ? Py_NewRef(Py_None)
+	                                         : PyLong_FromLongLong(hp_content_length(self->hp));
 }
 
 static PyObject *get_body_done(Parser *self, void *c)
 {
 	(void)c;
-	return PyBool_FromLong(self->hp.state == HP_DONE && self->bstart == self->blen);
+	return PyBool_FromLong(self->hp->state == HP_DONE && self->bstart == self->blen);
 }
 
 static PyObject *get_expect_continue(Parser *self, void *c)
@@ -263,10 +303,10 @@ static PyObject *get_head_started(Parser *self, void *c)
 static PyObject *get_error(Parser *self, void *c)
 {
 	(void)c;
-	if (self->hp.state != HP_ERROR)
+	if (self->hp->state != HP_ERROR)
 		Py_RETURN_NONE;
-	return Py_BuildValue("(is)", self->hp.status,
-	                     self->hp.reason ? self->hp.reason : "bad request");
+	return Py_BuildValue("(is)", self->hp->status,
+	                     self->hp->reason ? self->hp->reason : "bad request");
 }
 
 static PyObject *get_pending(Parser *self, void *c)
@@ -304,7 +344,7 @@ PyTypeObject ParserType = {
 	.tp_doc = "One connection's HTTP/1.1 request parser (strict; see httpparse.h).",
 	.tp_basicsize = sizeof(Parser),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_new = PyType_GenericNew,
+	.tp_new = Parser_new,
 	.tp_init = (initproc)Parser_init,
 	.tp_dealloc = (destructor)Parser_dealloc,
 	/* .tp_methods: parser_methods and the adapter's, joined (httpmodule.c) */

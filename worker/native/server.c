@@ -309,6 +309,9 @@ static void Server_dealloc(Server *s)
 	Py_XDECREF(s->event_type);
 	Py_XDECREF(s->script_name);
 	Py_XDECREF(s->server_line);
+	Py_XDECREF(s->local_obj);
+	Py_XDECREF(s->local_port);
+	Py_XDECREF(s->peer_host);
 	fwd_free(&s->fwd);
 	netmatch_free(&s->proxy_allow);
 	SSL_CTX_free(s->tls_ctx);

@@ -51,8 +51,10 @@ struct ws_parser {
 	char *msg;
 	size_t msg_len, msg_cap;
 	struct ws_utf8 utf8;
-	/* a control frame's payload (<= 125 bytes) */
-	uint8_t ctl[125];
+	/* a control frame's payload (<= 125 bytes): allocated for a frame
+	 * that has one, freed by the next call (an idle WebSocket holds none:
+	 * issue 23); read it through ws_ctl */
+	uint8_t *ctl;
 	uint8_t ctl_len;
 	/* WS_CLOSE: the peer's code (1005: none given) and reason (ctl + 2) */
 	int close_code;
@@ -63,13 +65,24 @@ struct ws_parser {
 
 void ws_init(struct ws_parser *p, uint64_t max_size);
 void ws_free(struct ws_parser *p);
+/* No input waits: the buffers an idle connection need not hold are
+ * freed (a control frame's payload already handed out, the message
+ * buffer unless a fragmented message is being reassembled); ws_parse
+ * allocates again as frames come. */
+void ws_trim(struct ws_parser *p);
 /* Parses data[0 .. len) up to the first event: *used receives the bytes
  * consumed. WS_TEXT / WS_BINARY: the message is msg[0 .. msg_len), valid
  * until the next call (which starts a new one); WS_PING / WS_PONG /
- * WS_CLOSE: the payload is ctl[0 .. ctl_len); WS_FAIL: nothing more is
+ * WS_CLOSE: the payload is ws_ctl(p)[0 .. ctl_len); WS_FAIL: nothing more is
  * parsed (every later call says WS_FAIL again, using nothing). -1: out of
  * memory (the parser is unchanged past *used). */
 int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used);
+/* The payload of the control frame ws_parse just handed out (WS_PING,
+ * WS_PONG, WS_CLOSE): ctl_len bytes, never NULL. */
+static inline const uint8_t *ws_ctl(const struct ws_parser *p)
+{
+	return p->ctl ? p->ctl : (const uint8_t *)"";
+}
 /* Whether reason[0 .. n) is whole, valid UTF-8. */
 int ws_utf8_valid(const uint8_t *s, size_t n);
 /* A close code a peer may send (RFC 6455 7.4, IANA's registry: 1000-1003,

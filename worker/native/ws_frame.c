@@ -18,7 +18,8 @@
  * the frame's whole header is in (never earlier: a parser fed byte by
  * byte decides exactly as one fed everything at once):
  *   1002  RSV bits without a negotiated extension, an unknown opcode, a
- *         fragmented or longer than 125 bytes control frame, an unmasked
+ *         fragmented or longer than 125 bytes control frame (or one whose
+ *         length of at most 125 uses the 16- or 64-bit form), an unmasked
  *         frame, a 64-bit length with its top bit set, a continuation
  *         with no message started, a new data frame inside a fragmented
  *         message, a close payload of 1 byte or with a code no peer may
@@ -33,7 +34,9 @@
 
 #include "ws.h"
 
-#define WS_KEEP_BUFFER (16u << 10)      /* a message buffer kept between messages */
+/* a message buffer kept from one message to the next of a burst (an idle
+ * connection holds none: ws_trim frees it when no input waits) */
+#define WS_KEEP_BUFFER (16u << 10)
 
 void ws_init(struct ws_parser *p, uint64_t max_size)
 {
@@ -44,9 +47,31 @@ void ws_init(struct ws_parser *p, uint64_t max_size)
 
 void ws_free(struct ws_parser *p)
 {
+	free(p->ctl);
+	p->ctl = NULL;
+	p->ctl_len = 0;
 	free(p->msg);
 	p->msg = NULL;
 	p->msg_cap = p->msg_len = 0;
+}
+
+void ws_trim(struct ws_parser *p)
+{
+	if (p->ctl && !(p->in_payload && p->opcode >= 0x8)) {
+		free(p->ctl);
+		p->ctl = NULL;
+		p->ctl_len = 0;
+	}
+	if (p->msg && (!p->msg_op || p->delivered) && !p->fail_code) {
+		/* no message being reassembled (or the last one handed out:
+		 * ws_parse starts anew from msg_len 0 anyway) */
+		p->delivered = 0;
+		p->msg_op = 0;
+		p->msg_len = 0;
+		free(p->msg);
+		p->msg = NULL;
+		p->msg_cap = 0;
+	}
 }
 
 /* ---- UTF-8, incrementally --------------------------------------------------------------------- */
@@ -170,10 +195,6 @@ static int frame_start(struct ws_parser *p)
 		return fail(p, 1002, "unknown opcode");
 	if (control && !(h[0] & 0x80))
 		return fail(p, 1002, "fragmented control frame");
-	if (control && len7 > 125)
-		return fail(p, 1002, "control frame longer than 125 bytes");
-	if (!(h[1] & 0x80))
-		return fail(p, 1002, "unmasked client frame");
 	if (len7 == 126) {
 		len = (uint64_t)h[2] << 8 | h[3];
 		at = 4;
@@ -183,9 +204,19 @@ static int frame_start(struct ws_parser *p)
 		for (int i = 0; i < 8; i++)
 			len = len << 8 | h[2 + i];
 		at = 10;
-		if (len >> 63)
-			return fail(p, 1002, "64-bit payload length with its top bit set");
 	}
+	/* a control frame's payload is at most 125 bytes, so its length is
+	 * always the 7-bit form (5.5); an extended form that says <= 125
+	 * breaks the minimal-encoding rule (5.2) instead: the reason says
+	 * which (the header is whole here, its extended length read) */
+	if (control && len > 125)
+		return fail(p, 1002, "control frame longer than 125 bytes");
+	if (control && len7 > 125)
+		return fail(p, 1002, "control frame length not in the 7-bit form (not minimally encoded)");
+	if (!(h[1] & 0x80))
+		return fail(p, 1002, "unmasked client frame");
+	if (len >> 63)
+		return fail(p, 1002, "64-bit payload length with its top bit set");
 	if (!control) {
 		if (op == WS_OP_CONT && !p->msg_op)
 			return fail(p, 1002, "continuation frame without a message started");
@@ -248,6 +279,12 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 	*used = 0;
 	if (p->fail_code)
 		return WS_FAIL;
+	if (p->ctl && !(p->in_payload && p->opcode >= 0x8)) {
+		/* the last control frame's payload was handed out */
+		free(p->ctl);
+		p->ctl = NULL;
+		p->ctl_len = 0;
+	}
 	if (p->delivered) {
 		/* the last call handed a message out: the next frame starts a
 		 * new one; a big message's buffer is not kept for an idle
@@ -255,8 +292,11 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 		p->delivered = 0;
 		p->msg_op = 0;
 		p->msg_len = 0;
-		if (p->msg_cap > WS_KEEP_BUFFER)
-			ws_free(p);
+		if (p->msg_cap > WS_KEEP_BUFFER) {
+			free(p->msg);
+			p->msg = NULL;
+			p->msg_cap = 0;
+		}
 	}
 	for (;;) {
 		if (!p->in_payload) {
@@ -272,6 +312,13 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 			if (p->hlen < p->hneed) {
 				*used = i;
 				return WS_MORE;
+			}
+			/* a control frame with a payload: its buffer (frame_start
+			 * refuses one past 125 bytes before any is stored) */
+			if ((p->hdr[0] & 0x08) && (p->hdr[1] & 0x7F) && !p->ctl &&
+			    !(p->ctl = malloc(125))) {
+				*used = i;
+				return -1;
 			}
 			p->hlen = 0;
 			p->hneed = 2;

@@ -47,11 +47,11 @@ static PyObject *event(struct ws_parser *p, int ev)
 		return Py_BuildValue("(sy#)", "binary", p->msg ? p->msg : "", (Py_ssize_t)p->msg_len);
 	case WS_PING:
 	case WS_PONG:
-		return Py_BuildValue("(sy#)", ev == WS_PING ? "ping" : "pong", p->ctl,
+		return Py_BuildValue("(sy#)", ev == WS_PING ? "ping" : "pong", ws_ctl(p),
 		                     (Py_ssize_t)p->ctl_len);
 	case WS_CLOSE:
 		return Py_BuildValue("(sis#)", "close", p->close_code,
-		                     p->ctl_len > 2 ? (const char *)p->ctl + 2 : "",
+		                     p->ctl_len > 2 ? (const char *)ws_ctl(p) + 2 : "",
 		                     (Py_ssize_t)(p->ctl_len > 2 ? p->ctl_len - 2 : 0));
 	default:
 		return Py_BuildValue("(sis)", "fail", p->fail_code, p->fail_reason);

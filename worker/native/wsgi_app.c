@@ -48,14 +48,18 @@ static int set_proxy_keys(PyObject *info, PyObject *env)
 static int set_addr(HttpConn *c, PyObject *env)
 {
 	PyObject *keys[] = {K_SERVER_NAME, K_SERVER_PORT, K_REMOTE_ADDR, K_REMOTE_PORT};
+	PyObject *addr = hconn_addr(c);
+
+	if (!addr)
+		return -1;
 
 	/* SERVER_NAME and SERVER_PORT are already set when the target was in
 	 * absolute-form: its authority is the request's (RFC 9112 3.2.2) */
 	for (int i = 0; i < 2; i++)
-		if (!PyDict_SetDefault(env, keys[i], PyTuple_GET_ITEM(c->addr, i)))
+		if (!PyDict_SetDefault(env, keys[i], PyTuple_GET_ITEM(addr, i)))
 			return -1;
 	for (int i = 2; i < 4; i++)
-		if (PyDict_SetItem(env, keys[i], PyTuple_GET_ITEM(c->addr, i)) < 0)
+		if (PyDict_SetItem(env, keys[i], PyTuple_GET_ITEM(addr, i)) < 0)
 			return -1;
 	return c->proxy ? set_proxy_keys(c->proxy, env) : 0;
 }
@@ -287,7 +291,7 @@ static int respond_end(HttpConn *c, Respond *r, int rc)
 int respond(HttpConn *c, PyObject *env, int can_park)
 {
 	Server *s = c->srv;
-	struct hp_parser *hp = &c->parser->hp;
+	struct hp_parser *hp = c->parser->hp;
 	int http11 = hp->ll.http_minor == 1, head_only = hp->ll.method == HTTP_HEAD;
 	int keep = hp_keep_alive(hp) && !s->draining;       /* draining: Connection: close */
 	PyObject *result;

@@ -155,7 +155,7 @@ static int set_authority(PyObject *env, const char *a, size_t len, const char *t
 
 PyObject *build_environ(Parser *self, PyObject *base)
 {
-	struct hp_parser *hp = &self->hp;
+	struct hp_parser *hp = self->hp;
 	const char *target = hp->head;
 	size_t tlen = hp->url_len, plen, qoff = 0, qlen = 0;
 	const char *path = target;
