@@ -296,6 +296,21 @@ static inline int hconn_owed(const HttpConn *c)
  * REMOTE_PORT are c->addr's last two, from the same source. */
 static inline PyObject *hconn_peer(const HttpConn *c) { return c->peer; }
 
+/* d[key] = v, taking v's reference (released whatever happens): 0, or -1
+ * with an error set, also when v is NULL (its maker failed). The
+ * connection layer's dicts of what a PROXY header or a TLS session tells
+ * (conn_proxy.c, conn_tls.c). */
+static inline int dict_put(PyObject *d, const char *key, PyObject *v)
+{
+	int rc;
+
+	if (!v)
+		return -1;
+	rc = PyDict_SetItemString(d, key, v);
+	Py_DECREF(v);
+	return rc;
+}
+
 /* Sends a file's bytes from *off (count at most): sendfile(2), or under
  * TLS pread into the output and encrypted there. > 0 bytes taken, 0 the
  * file ended, -1 with errno (EAGAIN: the kernel is full). */

@@ -35,20 +35,9 @@ static PyObject *text(struct pp_bytes b)
 	return PyUnicode_DecodeLatin1((const char *)b.p, (Py_ssize_t)b.n, NULL);
 }
 
-static int put(PyObject *d, const char *key, PyObject *v)
-{
-	int rc;
-
-	if (!v)
-		return -1;
-	rc = PyDict_SetItemString(d, key, v);
-	Py_DECREF(v);
-	return rc;
-}
-
 static int put_text(PyObject *d, const char *key, struct pp_bytes b)
 {
-	return b.p ? put(d, key, text(b)) : 0;
+	return b.p ? dict_put(d, key, text(b)) : 0;
 }
 
 static PyObject *host(int family, const uint8_t *a)
@@ -80,21 +69,21 @@ PyObject *proxy_info(const struct pp_result *r)
 
 	if (!d)
 		return NULL;
-	if (put(d, "version", PyLong_FromLong(r->version)) < 0 ||
-	    put(d, "local", PyBool_FromLong(r->local)) < 0)
+	if (dict_put(d, "version", PyLong_FromLong(r->version)) < 0 ||
+	    dict_put(d, "local", PyBool_FromLong(r->local)) < 0)
 		goto fail;
-	if (!r->local && (put(d, "src", endpoint(r, 1)) < 0 || put(d, "dst", endpoint(r, 0)) < 0))
+	if (!r->local && (dict_put(d, "src", endpoint(r, 1)) < 0 || dict_put(d, "dst", endpoint(r, 0)) < 0))
 		goto fail;
 	if (put_text(d, "alpn", r->alpn) < 0 || put_text(d, "authority", r->authority) < 0 ||
-	    (r->unique_id.p && put(d, "unique_id", PyBytes_FromStringAndSize(
+	    (r->unique_id.p && dict_put(d, "unique_id", PyBytes_FromStringAndSize(
 	         (const char *)r->unique_id.p, (Py_ssize_t)r->unique_id.n)) < 0))
 		goto fail;
 	if (r->ssl.present) {
 		PyObject *ssl = PyDict_New();
 
-		if (put(d, "ssl", Py_XNewRef(ssl)) < 0 ||
-		    put(ssl, "client", PyLong_FromLong(r->ssl.client)) < 0 ||
-		    put(ssl, "verify", PyLong_FromUnsignedLong(r->ssl.verify)) < 0 ||
+		if (dict_put(d, "ssl", Py_XNewRef(ssl)) < 0 ||
+		    dict_put(ssl, "client", PyLong_FromLong(r->ssl.client)) < 0 ||
+		    dict_put(ssl, "verify", PyLong_FromUnsignedLong(r->ssl.verify)) < 0 ||
 		    put_text(ssl, "version", r->ssl.version) < 0 || put_text(ssl, "cn", r->ssl.cn) < 0 ||
 		    put_text(ssl, "cipher", r->ssl.cipher) < 0 ||
 		    put_text(ssl, "sig_alg", r->ssl.sig_alg) < 0 ||
@@ -171,7 +160,7 @@ static int apply(HttpConn *c, const struct pp_result *r)
 {
 	PyObject *info = proxy_info(r), *src, *addr, *ra, *rp;
 
-	if (!info || put(info, "peer", Py_NewRef(c->peer)) < 0) {
+	if (!info || dict_put(info, "peer", Py_NewRef(c->peer)) < 0) {
 		Py_XDECREF(info);
 		return -1;
 	}

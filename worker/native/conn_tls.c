@@ -462,17 +462,6 @@ static PyObject *verify_str(SSL *ssl, X509 *peer)
 	return PyUnicode_FromFormat("FAILED:%s", X509_verify_cert_error_string(rc));
 }
 
-static int put(PyObject *d, const char *key, PyObject *v)
-{
-	int rc;
-
-	if (!v)
-		return -1;
-	rc = PyDict_SetItemString(d, key, v);
-	Py_DECREF(v);
-	return rc;
-}
-
 PyObject *tls_environ(HttpConn *c)
 {
 	PyObject *d;
@@ -484,21 +473,21 @@ PyObject *tls_environ(HttpConn *c)
 	if (!(d = PyDict_New()))
 		return NULL;
 	peer = SSL_get1_peer_certificate(c->ssl);
-	rc = put(d, "HTTPS", PyUnicode_FromString("on")) < 0 ||
-	     put(d, "wsgi.url_scheme", PyUnicode_FromString("https")) < 0 ||
-	     put(d, "SSL_PROTOCOL", PyUnicode_FromString(SSL_get_version(c->ssl))) < 0 ||
-	     put(d, "SSL_CIPHER", PyUnicode_FromString(SSL_get_cipher_name(c->ssl))) < 0 ||
-	     put(d, "SSL_SESSION_RESUMED",
+	rc = dict_put(d, "HTTPS", PyUnicode_FromString("on")) < 0 ||
+	     dict_put(d, "wsgi.url_scheme", PyUnicode_FromString("https")) < 0 ||
+	     dict_put(d, "SSL_PROTOCOL", PyUnicode_FromString(SSL_get_version(c->ssl))) < 0 ||
+	     dict_put(d, "SSL_CIPHER", PyUnicode_FromString(SSL_get_cipher_name(c->ssl))) < 0 ||
+	     dict_put(d, "SSL_SESSION_RESUMED",
 	         PyUnicode_FromString(SSL_session_reused(c->ssl) ? "Resumed" : "Initial")) < 0 ||
-	     put(d, "SSL_CLIENT_VERIFY", verify_str(c->ssl, peer)) < 0;
+	     dict_put(d, "SSL_CLIENT_VERIFY", verify_str(c->ssl, peer)) < 0;
 	if (!rc && SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name))
-		rc = put(d, "SSL_TLS_SNI",
+		rc = dict_put(d, "SSL_TLS_SNI",
 		         PyUnicode_FromString(SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name)));
 	if (!rc && peer)
-		rc = put(d, "SSL_CLIENT_S_DN", name_str(X509_get_subject_name(peer))) < 0 ||
-		     put(d, "SSL_CLIENT_I_DN", name_str(X509_get_issuer_name(peer))) < 0 ||
-		     put(d, "SSL_CLIENT_M_SERIAL", serial_str(peer)) < 0 ||
-		     put(d, "SSL_CLIENT_CERT", pem_str(peer)) < 0;
+		rc = dict_put(d, "SSL_CLIENT_S_DN", name_str(X509_get_subject_name(peer))) < 0 ||
+		     dict_put(d, "SSL_CLIENT_I_DN", name_str(X509_get_issuer_name(peer))) < 0 ||
+		     dict_put(d, "SSL_CLIENT_M_SERIAL", serial_str(peer)) < 0 ||
+		     dict_put(d, "SSL_CLIENT_CERT", pem_str(peer)) < 0;
 	X509_free(peer);
 	ERR_clear_error();
 	if (rc) {
@@ -520,7 +509,7 @@ PyObject *tls_scope(HttpConn *c)
 	/* the client's certificate first, then its chain (a server's chain
 	 * leaves the peer's own out of SSL_get_peer_cert_chain) */
 	if (!rc && peer)
-		rc = put(d, "client_cert_name", name_str(X509_get_subject_name(peer))) < 0;
+		rc = dict_put(d, "client_cert_name", name_str(X509_get_subject_name(peer))) < 0;
 	if (!rc && peer) {
 		PyObject *v = pem_str(peer);
 
@@ -543,10 +532,10 @@ PyObject *tls_scope(HttpConn *c)
 		     PyDict_SetItemString(d, "server_cert", c->srv->tls_server_pem
 		                          ? c->srv->tls_server_pem : Py_None) < 0 ||
 		     (peer && vr != X509_V_OK
-		      ? put(d, "client_cert_error", PyUnicode_FromString(X509_verify_cert_error_string(vr)))
+		      ? dict_put(d, "client_cert_error", PyUnicode_FromString(X509_verify_cert_error_string(vr)))
 		      : PyDict_SetItemString(d, "client_cert_error", Py_None)) < 0 ||
-		     put(d, "tls_version", PyLong_FromLong(SSL_version(c->ssl))) < 0 ||
-		     put(d, "cipher_suite", PyLong_FromLong(
+		     dict_put(d, "tls_version", PyLong_FromLong(SSL_version(c->ssl))) < 0 ||
+		     dict_put(d, "cipher_suite", PyLong_FromLong(
 		         SSL_CIPHER_get_protocol_id(SSL_get_current_cipher(c->ssl)))) < 0;
 	X509_free(peer);
 	Py_XDECREF(list);
