@@ -9,6 +9,11 @@
           many /slow requests this process was inside when it answered, and its
           pid (the head-of-line client checks the slow requests were in flight)
 
+With BLOCKING_APP_STATS_DIR set, every process also times its 5 ms sleeps and
+keeps "seconds count" (their sum and number so far) in DIR/PID, rewritten
+every 64 sleeps: how long the kernel really let a request sleep, which bounds
+any server's req/s at threads / (mean sleep).
+
 The same module for every server (sockherd, gunicorn gthread, granian), so the
 figures differ by the server alone.
 """
@@ -20,6 +25,8 @@ SLEEP = float(os.environ.get("BLOCKING_APP_SLEEP_MS", "5")) / 1000.0
 BODY = b"ok\n"
 _slow_lock = threading.Lock()
 _slow_inside = 0
+_STATS_DIR = os.environ.get("BLOCKING_APP_STATS_DIR")
+_slept = [0.0, 0]              # seconds really slept, sleeps (under _slow_lock)
 
 
 def _answer(start_response, body: bytes):
@@ -48,5 +55,23 @@ def app(environ, start_response):
     if path == "/slow":
         _slow(float(environ.get("QUERY_STRING") or 1.0))
         return _answer(start_response, BODY)
-    time.sleep(SLEEP)
+    if _STATS_DIR:
+        _timed_sleep()
+    else:
+        time.sleep(SLEEP)
     return _answer(start_response, BODY)
+
+
+def _timed_sleep() -> None:
+    t = time.perf_counter()
+    time.sleep(SLEEP)
+    took = time.perf_counter() - t
+    with _slow_lock:
+        _slept[0] += took
+        _slept[1] += 1
+        if _slept[1] % 64:
+            return
+        path = os.path.join(_STATS_DIR, str(os.getpid()))
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{_slept[0]!r} {_slept[1]}")
+        os.replace(path + ".tmp", path)
