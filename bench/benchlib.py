@@ -360,9 +360,16 @@ def tempdir(prefix: str) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=prefix)
 
 
-def check_peers_venv() -> None:
+def check_peers_venv(*modules: str) -> None:
+    """The peers' venv exists and imports `modules` (a venv made by an older
+    setup_peers.sh may lack one: uvicorn then dies at start, seen only as a
+    server never ready)."""
     if not os.path.exists(PEERS_PY):
         raise BenchError(f"{PEERS_PY} missing: run `sh bench/setup_peers.sh` first")
+    for m in modules:
+        if subprocess.run([PEERS_PY, "-c", f"import {m}"], capture_output=True).returncode:
+            raise BenchError(f"{PEERS_PY} cannot import {m}: run `sh bench/setup_peers.sh` "
+                             "(it installs what is missing)")
 
 
 def check_sockherd() -> None:

@@ -116,7 +116,7 @@ def main() -> int:
     try:
         B.check_sockherd()
         if set(servers) - {"sockherd"}:
-            B.check_peers_venv()
+            B.check_peers_venv("websockets")
     except B.BenchError as e:
         print(e, file=sys.stderr)
         return 2

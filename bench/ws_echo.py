@@ -274,7 +274,7 @@ def main() -> int:
     try:
         B.check_sockherd()
         if set(servers) - {"sockherd"}:
-            B.check_peers_venv()
+            B.check_peers_venv("websockets")
         client = B.build_c("ws_echo_client", flags=["-pthread"])
     except (B.BenchError, subprocess.CalledProcessError) as e:
         print(e, file=sys.stderr)
