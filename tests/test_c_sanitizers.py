@@ -102,9 +102,20 @@ COOWN = ("-t", "6")
 # the core's realloc failing 1 in 2 calls (-m 2, common.c's nomem_point):
 # kept-edge replays and failed registrations' reports go through the retry
 # ring (poller.c, retry_later) all through the run, and none is lost.
+# "listener-epfail" and "shared-epfail": the pollers' epoll_ctl ADD and MOD
+# fail 1 in 8 (or 4) in the main phase (-e, common.c's __wrap_epoll_ctl),
+# shared-epfail with realloc failing 1 in 2 besides (-m 2): fdc_requeue's
+# DEL + ADD and every update pass's registration fail beside everything
+# else; each failure must reach an owner as FDC_POLL_CTL (owed, or listed
+# in the retry ring, at every quiescent point), polled_mask stay what the
+# kernel has, and a failed requeue leave nothing registered and its report
+# owed (stress_listener.c, check_requeue). The handlers delete what they
+# are told of, as a worker closes it.
 SHARED = ("-t", "6", "-b", "2")
 SHARED_T3 = ("-t", "3")
 SHARED_NOMEM = ("-t", "8", "-b", "3", "-m", "2")
+LISTENER_EPFAIL = ("-e", "8", "-b", "2")
+SHARED_EPFAIL = ("-t", "8", "-b", "3", "-m", "2", "-e", "4")
 SCENARIOS = [
     (f"{name}-g{groups}", mode, groups, extra)
     for name, mode, extra in (
@@ -112,11 +123,13 @@ SCENARIOS = [
         ("takeover", "takeover", ()),
         ("takeover-x", "takeover", ("-x", "3")),
         ("listener", "listener", ()),
+        ("listener-epfail", "listener", LISTENER_EPFAIL),
         ("coown-shared", "coown", ("-x", "1", *COOWN)),
         ("coown-handover", "coown", ("-x", "2", *COOWN)),
         ("shared", "shared", SHARED),
         ("shared-t3", "shared", SHARED_T3),
         ("shared-nomem", "shared", SHARED_NOMEM),
+        ("shared-epfail", "shared", SHARED_EPFAIL),
     )
     for groups in (1, 2)
 ]
@@ -132,8 +145,9 @@ def stress_sources():
     return sorted(str(p) for p in CDIR.glob("*.c"))
 
 
-# the stress program fails the core's realloc on purpose with -m (common.c)
-STRESS_CFLAGS = ("-Wl,--wrap=realloc",)
+# the stress program fails the core's realloc (-m) and the pollers'
+# epoll_ctl (-e) on purpose (common.c)
+STRESS_CFLAGS = ("-Wl,--wrap=realloc,--wrap=epoll_ctl",)
 
 
 def build_program(out, san, sources, core=FDCORE, cflags=()):
