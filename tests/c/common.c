@@ -50,6 +50,7 @@ void nomem_point(struct fdc_thread *th)
 
 _Atomic uint64_t g_epfail_fails;
 _Atomic uint8_t *g_ctlfail;
+_Atomic uint8_t *g_ctltold;
 static _Thread_local uint64_t tl_epfail_rng = 0x106689D45497FDB5ULL;
 
 int __real_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev);
@@ -209,7 +210,8 @@ void run_init(void)
 	g_rec = calloc((size_t)g_run.maxfd, sizeof(*g_rec));
 	g_inside = calloc((size_t)g_run.maxfd, sizeof(*g_inside));
 	g_ctlfail = calloc((size_t)g_run.maxfd, sizeof(*g_ctlfail));
-	CHECK(g_rec != NULL && g_inside != NULL && g_ctlfail != NULL, "calloc");
+	g_ctltold = calloc((size_t)g_run.maxfd, sizeof(*g_ctltold));
+	CHECK(g_rec != NULL && g_inside != NULL && g_ctlfail != NULL && g_ctltold != NULL, "calloc");
 	g_run.t = fdc_table_new(g_run.maxfd, g_opt.nthreads, g_opt.ngroups, &err);
 	if (!g_run.t)
 		FAIL("fdc_table_new(%d, %d, %d): %s", g_run.maxfd, g_opt.nthreads, g_opt.ngroups,
@@ -254,6 +256,8 @@ void run_fini(void)
 	g_inside = NULL;
 	free((void *)g_ctlfail);
 	g_ctlfail = NULL;
+	free((void *)g_ctltold);
+	g_ctltold = NULL;
 }
 
 uint64_t tst_insert(int fd, uint32_t kind, int tgid, uint64_t mask, uint32_t flags)
@@ -271,6 +275,7 @@ uint64_t tst_insert(int fd, uint32_t kind, int tgid, uint64_t mask, uint32_t fla
 	uint32_t gen = atomic_load(&t->fdtab[fd].generation);
 	/* published before the insert: a poller may see the fd at once */
 	atomic_store(&g_ctlfail[fd], 0);
+	atomic_store(&g_ctltold[fd], 0);
 	atomic_store(&r->cookie, cookie);
 	atomic_store(&r->gen, gen);
 	atomic_store(&r->kind, kind);
@@ -400,6 +405,25 @@ uint64_t kernel_registration(int epfd, int fd, uint64_t *data)
 	return r;
 }
 
+void ctl_told(int fd)
+{
+	CHECKFD(fd, g_opt.epfail, "FDC_POLL_CTL with no failure made");
+	atomic_store(&g_ctltold[fd], 1);
+}
+
+/* The owners (of tm) that have fd listed to make their refused
+ * registration again (poller.c, fail_fd). Workers are stopped. */
+static uint64_t retry_add_listed(struct fdc_table *t, int fd, uint64_t tm)
+{
+	const struct fdc_group *g = &t->groups[atomic_load(&t->fdtab[fd].refc_tgid) & FDC_TGID_MASK];
+	uint64_t listed = 0;
+
+	for (; tm; tm &= tm - 1)
+		if (fdc_thread(t, g->base + __builtin_ctzll(tm))->retry_why[fd] & FDC_RETRY_ADD)
+			listed |= tm & -tm;
+	return listed;
+}
+
 int ctl_report_owed(struct fdc_thread *th, int fd, uint32_t gen)
 {
 	if (th->retry_why[fd] & FDC_RETRY_CTL)
@@ -511,18 +535,24 @@ void check_quiescent(int allow_stale)
 		} else {
 			/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */
 			/* a failed registration, reported (FDC_POLL_CTL): its
-			 * poller polls nothing for it until its owner acts */
+			 * poller polls nothing for it until its owner acts (a
+			 * connection's closes it), or, a listener's (EXCLUSIVE),
+			 * until its thread makes it again: listed for that */
 			if (!(st & FDC_POLL_CTL)) {
 				check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm,
 				          allow_stale);
 				check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+			} else if ((st & FDC_EXCLUSIVE) && (st & FDC_ACTIVE_R)) {
+				CHECKFD(fd, ((pr | retry_add_listed(t, fd, tm)) & tm) == tm,
+				        "listener ACTIVE, an owner's refused registration neither made"
+				        " again nor listed for it (polled %#llx)", (unsigned long long)pr);
 			}
 		}
-		/* a failed registration is reported to an owner (I8): owed or
-		 * listed for a retry by a thread of the group (a handler told of
-		 * it deletes the fd at once: not live at a quiescent point) */
+		/* a failed registration is reported to an owner (I8): told to a
+		 * handler (which deletes a connection at once), owed, or listed
+		 * for a retry by a thread of the group */
 		if (st & FDC_POLL_CTL)
-			CHECKFD(fd, ctl_report_pending(t, fd),
+			CHECKFD(fd, atomic_load(&g_ctltold[fd]) || ctl_report_pending(t, fd),
 			        "failed registration (ctl_errno %d) never reported: no thread owes"
 			        " or lists its report", atomic_load(&e->ctl_errno));
 		/* and of the recv-side kind: a hang-up watch alone iff WATCH_HUP

@@ -133,6 +133,13 @@ extern _Atomic uint64_t g_nomem_fails;
  * told of a failure deletes that fd at once. */
 extern _Atomic uint64_t g_epfail_fails;
 extern _Atomic uint8_t *g_ctlfail;
+/* A handler was told of a failed registration of fd's live incarnation
+ * (FDC_POLL_CTL): reset by the inserts, set by ctl_told(). A listener
+ * lives on after it (its thread makes the registration again: poller.c,
+ * fail_fd), and the quiescent check then asks that every owner polls it
+ * or has it listed for that (FDC_RETRY_ADD). */
+extern _Atomic uint8_t *g_ctltold;
+void ctl_told(int fd);
 /* Whether th owes (or lists for a retry) the report of a failed
  * registration of incarnation gen of fd. th's own thread, or anyone while
  * th is stopped. */

@@ -219,27 +219,6 @@ static void conn_io(struct fdc_thread *th, struct fdc_event *ev)
 	tst_delete(th, ev->fd, ev->owner);
 }
 
-/* Our registration of listener incarnation (fd, ck) failed (-e: a
- * requeue's ADD, or an update pass's): we poll nothing for it, the others
- * still do. As a worker would, replace it, unless a replacement since took
- * it away already. Called once the batch that told us is left: a delete
- * drops the caller's running bit, so deleting an fd held further down our
- * own batch (another listener fd of our group: a straggler) would close it
- * under its handler. */
-static void listener_failed(struct fdc_thread *th, int fd, uint64_t ck)
-{
-	llock();
-	if (fd == g_strag_fd && ck == g_strag_ck) {
-		listener_delete(th, g_strag_fd, g_strag_ck);
-		g_strag_fd = -1;
-	}
-	for (int g = 1; g <= g_run.t->nbgroup; g++)
-		if (g_lfd[g] == fd && g_lck[g] == ck) {
-			listener_replace(th, 0);
-			break;
-		}
-	lunlock();
-}
 
 static void poll_once(struct fdc_thread *th, int timeout)
 {
@@ -247,23 +226,22 @@ static void poll_once(struct fdc_thread *th, int timeout)
 	int k = fdc_poll(th, timeout, evs, 64);
 
 	CHECK(k >= 0, "fdc_poll: %s", strerror(-k));
-	int failed = 0;
-	uint64_t failed_ck[64];
-	int failed_fd[64];
 	for (int i = 0; i < k; i++) {
 		check_event(th, &evs[i]);
 		if (evs[i].kind == KIND_LISTENER) {
-			accept_some(th, &evs[i]);
+			/* told of our refused registration of it (-e: a requeue's
+			 * ADD, an update pass's), as a worker is: accept, nothing
+			 * else; fdcore makes it again (the quiescent check: every
+			 * owner polls an ACTIVE listener or has it listed for that) */
 			if (evs[i].events & FDC_POLL_CTL) {
-				CHECKFD(evs[i].fd, g_opt.epfail, "FDC_POLL_CTL with no failure made");
+				ctl_told(evs[i].fd);
 				atomic_fetch_add(&g_ctl_listener, 1);
-				failed_fd[failed] = evs[i].fd;
-				failed_ck[failed++] = evs[i].owner;
 			}
+			accept_some(th, &evs[i]);
 		}
 		else if (evs[i].events & FDC_POLL_CTL) {
 			/* our registration of it failed (-e): as a worker, close */
-			CHECKFD(evs[i].fd, g_opt.epfail, "FDC_POLL_CTL with no failure made");
+			ctl_told(evs[i].fd);
 			atomic_fetch_add(&g_ctl_conn, 1);
 			tst_delete(th, evs[i].fd, evs[i].owner);
 		}
@@ -271,8 +249,6 @@ static void poll_once(struct fdc_thread *th, int timeout)
 			conn_io(th, &evs[i]);
 		tst_leave(th, &evs[i]);
 	}
-	for (int i = 0; i < failed; i++)
-		listener_failed(th, failed_fd[i], failed_ck[i]);
 }
 
 /* stop or want recv on a random group's listener, possibly not ours */
