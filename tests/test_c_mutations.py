@@ -117,6 +117,13 @@ The mutants:
              report owed); an update pass's failure not reported
              (update-fail-unreported: an ACTIVE fd an owner does not poll
              at a quiescent point).
+  listener-add-not-retried  the fdstress finding: a listener's refused
+             registration (ENOSPC, ENOMEM) reported but never made again
+             (the code before): its thread never polls it again; caught by
+             tests/c/repro/listener_requeue_fail.c and by the listener
+             scenario under -e (an ACTIVE listener an owner neither polls
+             nor has listed, at a quiescent point). The real-worker test:
+             tests/master/test_listener_polled_after_a_failed_requeue.py.
              Not a mutant: the polled bits set after each ADD instead of
              before. It changes nothing a test can see unless a sibling's
              update pass runs during fdc_insert_shared, i.e. a verb names
@@ -144,7 +151,7 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    CTL_REPORT_NOMEM, FDCORE, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
+    CTL_REPORT_NOMEM, FDCORE, LISTENER_REQUEUE_FAIL, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
     SHARED_AFFINITY, SHARED_TAKEOVER, STRESS_CFLAGS, UPDATE_PASS_CLOSE,
     build_program, build_shared, run_program,
     san_env,
@@ -360,6 +367,14 @@ MUTANTS = {
                  "\t\tfail_fd(th, fd, err);\n", ""),
         ),
     ),
+    "listener-add-not-retried": Mutant(
+        "a listener's registration refused for want of resources (a requeue's ADD after its"
+        " DEL) is reported but never made again: its thread polls it no more (fdstress)",
+        (
+            Edit("poller.c", "static void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
+                 "\t\tretry_later(th, fd, FDC_RETRY_ADD);\n", "\t\t;\n"),
+        ),
+    ),
     "shared-no-replay": Mutant(
         "the handler of a shared connection drops the reports others recorded meanwhile"
         " (stress_shared.c built with -DSHARED_NO_REPLAY: dispatch.c's replay left out)",
@@ -395,6 +410,10 @@ STRESS_CASES = [
     ("update-fail-unreported", "update-fail-unreported", "listener", 1, ("-e", "8", "-b", "2")),
     ("nomem-ctl-dropped-stress", "nomem-ctl-dropped", "shared", 1,
      ("-t", "8", "-b", "3", "-m", "2", "-e", "4")),
+    # the fdstress finding: a listener an owner neither polls nor has
+    # listed to register again, at a quiescent point
+    ("listener-add-not-retried", "listener-add-not-retried", "listener", 1,
+     ("-e", "8", "-b", "2")),
 ]
 
 
@@ -603,3 +622,11 @@ def test_update_pass_close_catches_a_trim_under_the_walk(tmp_path, shared_build)
     walks (tests/c/repro/update_pass_close.c)."""
     assert_repro_catches(tmp_path, shared_build, "close-trims-walk", UPDATE_PASS_CLOSE,
                          "FAIL: the pass that closed Y")
+
+
+def test_listener_requeue_fail_catches_a_listener_never_registered_again(tmp_path, shared_build):
+    """A listener whose requeue's ADD was refused must be polled again by
+    its thread (the fdstress finding; tests/c/repro/listener_requeue_fail.c)."""
+    assert_repro_catches(tmp_path, shared_build, "listener-add-not-retried", LISTENER_REQUEUE_FAIL,
+                         "FAIL: after its failed requeue, the listener was never polled again",
+                         cflags=("-Wl,--wrap=epoll_ctl",))

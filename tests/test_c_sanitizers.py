@@ -19,7 +19,9 @@ fdc_takeover refuses FDC_EDGE fds. The out-of-memory repros
 realloc wrapped at link time) pass since a report that cannot be queued is
 listed once per fd in its thread's retry ring and retried with a back-off
 (poller.c, retry_later); update_pass_close.c since a close during an
-update pass no longer trims the entries the pass walks.
+update pass no longer trims the entries the pass walks;
+listener_requeue_fail.c since a listener's refused registration (a
+requeue's ADD after its DEL) is made again by its thread's later passes.
 
 The C programs are compiled here from fdcore/*.c and tests/c/*.c as they
 are now (tests/c/repro/ is not part of the stress program), once per
@@ -328,6 +330,7 @@ def test_ctl_report_without_memory_under_sanitizer(shared_build, san):
 
 
 UPDATE_PASS_CLOSE = CDIR / "repro" / "update_pass_close.c"
+LISTENER_REQUEUE_FAIL = CDIR / "repro" / "listener_requeue_fail.c"
 
 
 @pytest.mark.sanitizer
@@ -338,3 +341,16 @@ def test_update_pass_close_under_sanitizer(shared_build, san):
     delete) leaves th's local list consistent: the pass ends with it
     empty, not at -1 entries (issue 21, th->nbupdt accounting)."""
     assert_repro_passes(shared_build, san, UPDATE_PASS_CLOSE)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_listener_requeue_fail_under_sanitizer(shared_build, san):
+    """A listener whose requeue's ADD the kernel refused (epoll_ctl
+    wrapped: ENOSPC after the DEL) is polled again by its thread: the next
+    connection is reported within a second and accepted (the fdstress
+    review's finding: the thread never polled it again, and a worker of one
+    loop thread accepted nothing more)."""
+    assert_repro_passes(shared_build, san, LISTENER_REQUEUE_FAIL,
+                        cflags=("-Wl,--wrap=epoll_ctl",))
