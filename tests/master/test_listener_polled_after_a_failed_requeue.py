@@ -30,7 +30,7 @@ import pytest
 
 from test_run import master  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)
 
 APP = """\
 def app(environ, start_response):
