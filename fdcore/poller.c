@@ -286,7 +286,7 @@ static void take_kept(struct fdc_thread *th, int fd)
  * grows; its failure reported as any). Nothing if fd was closed,
  * moved to another group, or th is no owner of it any more (a report to a
  * non-owner is dropped by report_owed anyway). Returns 1 if fd is listed
- * again (still no memory), else 0. A number reused by a new incarnation
+ * again (still no memory, or the registration refused again), else 0. A number reused by a new incarnation
  * th owns gets a spurious but true report at worst (its own kept edges,
  * or its own failure once more). th's thread, in its update pass.
  * Memory ordering: the grab (a seq_cst RMW) pins the tgid (I1); the loads
@@ -306,6 +306,8 @@ static int retry_one(struct fdc_thread *th, int fd, uint8_t why)
 		if ((why & FDC_RETRY_CTL) && (st & FDC_POLL_CTL) &&
 		    owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL) < 0)
 			retry_later(th, fd, FDC_RETRY_CTL);
+		/* no update bit consumed here: a verb that changes the state
+		 * meanwhile programs an update of its own, walked after us */
 		if ((why & FDC_RETRY_ADD) && (st & (FDC_EXCLUSIVE | FDC_EDGE)) == FDC_EXCLUSIVE)
 			update_fd(th, fd);
 	}
