@@ -111,8 +111,10 @@ COOWN = ("-t", "6")
 # else; each failure must reach an owner as FDC_POLL_CTL (owed, or listed
 # in the retry ring, at every quiescent point), polled_mask stay what the
 # kernel has, and a failed requeue leave nothing registered and its report
-# owed (stress_listener.c, check_requeue). The handlers delete what they
-# are told of, as a worker closes it.
+# owed (stress_listener.c, check_requeue). A connection's handler deletes
+# what it is told of, as a worker closes it; a listener's does nothing (nor
+# does a worker): every owner must poll an ACTIVE listener again, or have
+# it listed to register again (poller.c, FDC_RETRY_ADD).
 SHARED = ("-t", "6", "-b", "2")
 SHARED_T3 = ("-t", "3")
 SHARED_NOMEM = ("-t", "8", "-b", "3", "-m", "2")

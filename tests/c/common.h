@@ -129,8 +129,8 @@ extern _Atomic uint64_t g_nomem_fails;
  * "every owner polls it" is not asked of such an fd. Every other failure
  * must be reported to an owner (FDC_POLL_CTL): the quiescent check then
  * finds each live fd carrying FDC_POLL_CTL owed or listed for a retry by a
- * thread of its group (its report not yet made): a scenario's handler
- * told of a failure deletes that fd at once. */
+ * thread of its group (its report not yet made), or told to a handler
+ * (g_ctltold, below). */
 extern _Atomic uint64_t g_epfail_fails;
 extern _Atomic uint8_t *g_ctlfail;
 /* A handler was told of a failed registration of fd's live incarnation

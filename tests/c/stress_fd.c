@@ -27,8 +27,9 @@
  *   -e      listener and shared scenarios: the pollers' epoll_ctl ADD and
  *           MOD fail 1 in `e` calls in the main phase (0 = never; common.h):
  *           each failed registration must reach an owner as FDC_POLL_CTL
- *           (whose handler then deletes the fd), through the retry ring
- *           when -m leaves no memory for its report; linked with
+ *           (a connection's handler then deletes it; a listener's
+ *           registration is made again by its thread), through the retry
+ *           ring when -m leaves no memory for its report; linked with
  *           -Wl,--wrap=epoll_ctl
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED; FDC_STRESS_GDB=1 makes the watchdog
