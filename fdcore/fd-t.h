@@ -235,15 +235,22 @@ struct fdc_group {
 
 struct fdc_table;
 
-/* What a listed retry of a report stands for (fdc_thread.retry_why[fd]):
- * a report owe() could not queue (no memory), retried by the thread's
- * next update pass (poller.c, retry_later and retry_owed). */
+/* What a listed retry stands for (fdc_thread.retry_why[fd]): a report
+ * owe() could not queue (no memory), or a listener's registration the
+ * kernel refused, retried by the thread's next update pass (poller.c,
+ * retry_later and retry_owed). */
 #define FDC_RETRY_KEPT  0x01   /* kept edges put back on ACTIVE directions
                                   (fdc_replay_kept): take them again. The
                                   only time an EDGE fd's state holds KEPT_x
                                   and ACTIVE_x after a verb returned: an
                                   owner has the fd listed for this */
 #define FDC_RETRY_CTL   0x02   /* a failed registration's report (fail_fd) */
+#define FDC_RETRY_ADD   0x04   /* a registration of an EXCLUSIVE fd that is
+                                  not EDGE (a listener) refused for want of
+                                  resources (ENOSPC, ENOMEM): made again. Its
+                                  owner has nothing to close, and no verb
+                                  re-makes one thread's registration alone
+                                  (poller.c, fail_fd) */
 /* back-off of a thread's wait while retries are listed, in ms */
 #define FDC_RETRY_MIN_MS 1
 #define FDC_RETRY_MAX_MS 128
@@ -271,7 +278,8 @@ struct fdc_thread {
 		uint32_t events;       /* kept edges replayed (IN, OUT); one */
 	} *owed;                       /* entry per incarnation; grows on demand */
 	int nbowed, capowed;
-	/* Retries of reports owe() could not queue (no memory): at most one
+	/* Retries of reports owe() could not queue (no memory) and of
+	 * listeners' refused registrations (FDC_RETRY_*): at most one
 	 * entry per fd, a ring of maxfd slots allocated with the context, so
 	 * listing a retry never allocates. retry_why[fd] says what to retry
 	 * (FDC_RETRY_*, above) and is 0 while fd is not listed: the guard

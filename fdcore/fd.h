@@ -240,8 +240,8 @@ int fdc_in_shared_list(struct fdc_table *t, int fd);
 
 /* Applies th's pending updates (local list, then the group's shared list)
  * to its own epoll instance, after retrying the reports th could not queue
- * for want of memory (poller.c, retry_owed). Returns the number of
- * epoll_ctl calls.
+ * for want of memory and the listeners' registrations the kernel refused
+ * (poller.c, retry_owed). Returns the number of epoll_ctl calls.
  */
 int fdc_update_pass(struct fdc_thread *th);
 
@@ -286,7 +286,8 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max);
 /* Moves th's own registration of an exclusive fd it holds to the end of
  * the file's wait queue (DEL + ADD), so the next event goes to the poller
  * that waited longest; nothing else changes (poller.c). 0 moved, 1
- * nothing to move, or -errno. */
+ * nothing to move, or -errno (an ADD refused for want of resources is
+ * reported, and made again by th's later passes: poller.c, fail_fd). */
 int fdc_requeue(struct fdc_thread *th, int fd);
 
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out);

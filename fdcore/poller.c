@@ -58,6 +58,11 @@
  *  - a registration the kernel refuses (ENOSPC at max_user_watches, ENOMEM)
  *    is not retried behind the owner's back: polled_mask says what the
  *    kernel really has, and the owner gets an FDC_POLL_CTL report (ctl()).
+ *    A listener's (EXCLUSIVE, not EDGE) is the exception: its owner has
+ *    nothing to close and no verb re-makes one thread's registration, so
+ *    the thread's later update passes make it again, with a back-off, each
+ *    failure reported as before (fail_fd; 2026-11-26: a failed requeue had
+ *    cost the thread its listener for good).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -147,7 +152,10 @@ static int owe(struct fdc_thread *th, int fd, uint32_t gen, uint32_t events)
 	return 0;
 }
 
-/* Lists fd for a retry of a report owe() could not queue (no memory):
+static int update_fd(struct fdc_thread *th, int fd);
+
+/* Lists fd for a retry (FDC_RETRY_*, fd-t.h): of a report owe() could not
+ * queue (no memory), or of a listener's refused registration (fail_fd);
  * made by th's next update pass (retry_owed), not by the walk under way.
  * One entry per fd, whatever walk (local, shared, the retry's own) met it
  * and however often: an fd already listed only gains `why`. Never
@@ -187,14 +195,26 @@ static void retry_later(struct fdc_thread *th, int fd, uint8_t why)
 static void fail_fd(struct fdc_thread *th, int fd, int err)
 {
 	struct fdc_entry *e = &th->t->fdtab[fd];
+	uint32_t st;
 
 	atomic_store(&e->ctl_errno, err);
-	atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL);
+	st = atomic_fetch_or(&e->state, FDC_ERR | FDC_POLL_CTL);
 	/* out of memory while failing: a later pass tells it (retry_owed).
 	 * Dropped, the owner of a connection nobody polls any more waited
 	 * for events that never came (tests/c/repro/ctl_report_nomem.c) */
 	if (owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL) < 0)
 		retry_later(th, fd, FDC_RETRY_CTL);
+	/* a listener (EXCLUSIVE, not a group-shared connection) refused for
+	 * want of resources: made again by later passes, with the ring's
+	 * back-off. Its owner has nothing to close, and no verb re-makes
+	 * th's registration alone: left unpolled, a requeue's ADD that failed
+	 * after its DEL (or the want_recv that resumes accepting) cost th
+	 * the listener for good, and a worker of one thread every connection
+	 * (tests/c/repro/listener_requeue_fail.c). Not for a number whose
+	 * file went away (ENOENT, EBADF: never ADD what holds it now), nor a
+	 * connection (its owner closes it on the report). */
+	if ((st & (FDC_EXCLUSIVE | FDC_EDGE)) == FDC_EXCLUSIVE && (err == ENOSPC || err == ENOMEM))
+		retry_later(th, fd, FDC_RETRY_ADD);
 }
 
 /* The report a kept edge stands for (fd-t.h, FDC_KEPT_*). */
@@ -260,10 +280,13 @@ static void take_kept(struct fdc_thread *th, int fd)
 /* One listed retry (retry_later) of fd, for the reasons `why`: kept edges
  * on ACTIVE directions are taken again (take_kept), a failed
  * registration's report is owed again if the live incarnation still
- * carries FDC_POLL_CTL (sticky until the close). Nothing if fd was closed,
+ * carries FDC_POLL_CTL (sticky until the close), a listener's refused
+ * registration is made again if still wanted and missing (update_fd,
+ * which lists it again if refused again: the round stops, the back-off
+ * grows; its failure reported as any). Nothing if fd was closed,
  * moved to another group, or th is no owner of it any more (a report to a
  * non-owner is dropped by report_owed anyway). Returns 1 if fd is listed
- * again (still no memory), else 0. A number reused by a new incarnation
+ * again (still no memory, or the registration refused again), else 0. A number reused by a new incarnation
  * th owns gets a spurious but true report at worst (its own kept edges,
  * or its own failure once more). th's thread, in its update pass.
  * Memory ordering: the grab (a seq_cst RMW) pins the tgid (I1); the loads
@@ -283,6 +306,10 @@ static int retry_one(struct fdc_thread *th, int fd, uint8_t why)
 		if ((why & FDC_RETRY_CTL) && (st & FDC_POLL_CTL) &&
 		    owe(th, fd, atomic_load(&e->generation), FDC_POLL_ERR | FDC_POLL_CTL) < 0)
 			retry_later(th, fd, FDC_RETRY_CTL);
+		/* no update bit consumed here: a verb that changes the state
+		 * meanwhile programs an update of its own, walked after us */
+		if ((why & FDC_RETRY_ADD) && (st & (FDC_EXCLUSIVE | FDC_EDGE)) == FDC_EXCLUSIVE)
+			update_fd(th, fd);
 	}
 	fdc_drop(e);
 	return th->retry_why[fd] != 0;

@@ -102,9 +102,28 @@ The mutants:
              nomem-ctl-dropped: a failed registration's report that cannot
              be queued is dropped (the code before); tests/c/repro/
              ctl_report_nomem.c (epoll_ctl wrapped too).
+             Also caught by the shared stress with epoll_ctl and realloc
+             failing (-e 4 -m 2): an fd carrying FDC_POLL_CTL that no
+             thread owes nor lists at a quiescent point.
              close-trims-walk: a final close during an update pass trims
              an entry the pass walks (the code before): the pass ends
              with nbupdt -1; tests/c/repro/update_pass_close.c.
+  requeue-*, update-fail-unreported  failed registrations (the stress's
+             -e: epoll_ctl ADD and MOD fail on purpose, common.c), caught
+             by the listener scenario: fdc_requeue's failed ADD (after its
+             DEL) leaving the polled bit set (requeue-fail-keeps-polled:
+             check_requeue reads the kernel's interest list at once), or
+             not reported (requeue-fail-unreported: no FDC_POLL_CTL, no
+             report owed); an update pass's failure not reported
+             (update-fail-unreported: an ACTIVE fd an owner does not poll
+             at a quiescent point).
+  listener-add-not-retried  the fdstress finding: a listener's refused
+             registration (ENOSPC, ENOMEM) reported but never made again
+             (the code before): its thread never polls it again; caught by
+             tests/c/repro/listener_requeue_fail.c and by the listener
+             scenario under -e (an ACTIVE listener an owner neither polls
+             nor has listed, at a quiescent point). The real-worker test:
+             tests/master/test_listener_polled_after_a_failed_requeue.py.
              Not a mutant: the polled bits set after each ADD instead of
              before. It changes nothing a test can see unless a sibling's
              update pass runs during fdc_insert_shared, i.e. a verb names
@@ -132,7 +151,7 @@ from pathlib import Path
 import pytest
 
 from test_c_sanitizers import (
-    CTL_REPORT_NOMEM, FDCORE, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
+    CTL_REPORT_NOMEM, FDCORE, LISTENER_REQUEUE_FAIL, REPLAY_KEPT_NOMEM, REPLAY_KEPT_SHARED_NOMEM, REPORTS, REPRO_WALK,
     SHARED_AFFINITY, SHARED_TAKEOVER, STRESS_CFLAGS, UPDATE_PASS_CLOSE,
     build_program, build_shared, run_program,
     san_env,
@@ -324,6 +343,38 @@ MUTANTS = {
                  "th->nbupdt > th->nbwalk &&", "th->nbupdt &&"),
         ),
     ),
+    "requeue-fail-keeps-polled": Mutant(
+        "fdc_requeue's failed ADD (after its DEL) leaves th's polled bits set: polled_mask"
+        " says registered, the kernel has nothing (I8)",
+        (
+            Edit("poller.c", "int fdc_requeue(struct fdc_thread *th, int fd)\n{",
+                 "\t\tset_polled(pol, bit, 0, 0, 0);\n", ""),
+        ),
+    ),
+    "requeue-fail-unreported": Mutant(
+        "fdc_requeue's failed DEL or ADD is not reported (no FDC_POLL_CTL): th no longer polls"
+        " the listener and nobody is told (I8)",
+        (
+            Edit("poller.c", "int fdc_requeue(struct fdc_thread *th, int fd)\n{",
+                 "\t\tfail_fd(th, fd, err);\n", ""),
+        ),
+    ),
+    "update-fail-unreported": Mutant(
+        "an update pass's failed epoll_ctl is not reported (no FDC_POLL_CTL): the owner waits"
+        " for events that never come (I8)",
+        (
+            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+                 "\t\tfail_fd(th, fd, err);\n", ""),
+        ),
+    ),
+    "listener-add-not-retried": Mutant(
+        "a listener's registration refused for want of resources (a requeue's ADD after its"
+        " DEL) is reported but never made again: its thread polls it no more (fdstress)",
+        (
+            Edit("poller.c", "static void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
+                 "\t\tretry_later(th, fd, FDC_RETRY_ADD);\n", "\t\t;\n"),
+        ),
+    ),
     "shared-no-replay": Mutant(
         "the handler of a shared connection drops the reports others recorded meanwhile"
         " (stress_shared.c built with -DSHARED_NO_REPLAY: dispatch.c's replay left out)",
@@ -349,6 +400,20 @@ STRESS_CASES = [
     # caught by the writer: a burst, or a response, that nobody goes on with
     ("shared-drop-kept", "shared-drop-kept", "shared", 1, ("-t", "3")),
     ("shared-drop-kept-send", "shared-drop-kept-send", "shared", 1, ("-t", "3")),
+    # failed registrations (-e: epoll_ctl wrapped, common.c): fdc_requeue's
+    # promises checked against the kernel right after each failed requeue
+    # (stress_listener.c, check_requeue); a failure nobody is told of is
+    # an ACTIVE fd an owner does not poll at a quiescent point, or one
+    # carrying FDC_POLL_CTL that no thread owes nor lists
+    ("requeue-fail-keeps-polled", "requeue-fail-keeps-polled", "listener", 1, ("-e", "8", "-b", "2")),
+    ("requeue-fail-unreported", "requeue-fail-unreported", "listener", 1, ("-e", "8", "-b", "2")),
+    ("update-fail-unreported", "update-fail-unreported", "listener", 1, ("-e", "8", "-b", "2")),
+    ("nomem-ctl-dropped-stress", "nomem-ctl-dropped", "shared", 1,
+     ("-t", "8", "-b", "3", "-m", "2", "-e", "4")),
+    # the fdstress finding: a listener an owner neither polls nor has
+    # listed to register again, at a quiescent point
+    ("listener-add-not-retried", "listener-add-not-retried", "listener", 1,
+     ("-e", "8", "-b", "2")),
 ]
 
 
@@ -557,3 +622,11 @@ def test_update_pass_close_catches_a_trim_under_the_walk(tmp_path, shared_build)
     walks (tests/c/repro/update_pass_close.c)."""
     assert_repro_catches(tmp_path, shared_build, "close-trims-walk", UPDATE_PASS_CLOSE,
                          "FAIL: the pass that closed Y")
+
+
+def test_listener_requeue_fail_catches_a_listener_never_registered_again(tmp_path, shared_build):
+    """A listener whose requeue's ADD was refused must be polled again by
+    its thread (the fdstress finding; tests/c/repro/listener_requeue_fail.c)."""
+    assert_repro_catches(tmp_path, shared_build, "listener-add-not-retried", LISTENER_REQUEUE_FAIL,
+                         "FAIL: after its failed requeue, the listener was never polled again",
+                         cflags=("-Wl,--wrap=epoll_ctl",))

@@ -19,7 +19,9 @@ fdc_takeover refuses FDC_EDGE fds. The out-of-memory repros
 realloc wrapped at link time) pass since a report that cannot be queued is
 listed once per fd in its thread's retry ring and retried with a back-off
 (poller.c, retry_later); update_pass_close.c since a close during an
-update pass no longer trims the entries the pass walks.
+update pass no longer trims the entries the pass walks;
+listener_requeue_fail.c since a listener's refused registration (a
+requeue's ADD after its DEL) is made again by its thread's later passes.
 
 The C programs are compiled here from fdcore/*.c and tests/c/*.c as they
 are now (tests/c/repro/ is not part of the stress program), once per
@@ -102,9 +104,22 @@ COOWN = ("-t", "6")
 # the core's realloc failing 1 in 2 calls (-m 2, common.c's nomem_point):
 # kept-edge replays and failed registrations' reports go through the retry
 # ring (poller.c, retry_later) all through the run, and none is lost.
+# "listener-epfail" and "shared-epfail": the pollers' epoll_ctl ADD and MOD
+# fail 1 in 8 (or 4) in the main phase (-e, common.c's __wrap_epoll_ctl),
+# shared-epfail with realloc failing 1 in 2 besides (-m 2): fdc_requeue's
+# DEL + ADD and every update pass's registration fail beside everything
+# else; each failure must reach an owner as FDC_POLL_CTL (owed, or listed
+# in the retry ring, at every quiescent point), polled_mask stay what the
+# kernel has, and a failed requeue leave nothing registered and its report
+# owed (stress_listener.c, check_requeue). A connection's handler deletes
+# what it is told of, as a worker closes it; a listener's does nothing (nor
+# does a worker): every owner must poll an ACTIVE listener again, or have
+# it listed to register again (poller.c, FDC_RETRY_ADD).
 SHARED = ("-t", "6", "-b", "2")
 SHARED_T3 = ("-t", "3")
 SHARED_NOMEM = ("-t", "8", "-b", "3", "-m", "2")
+LISTENER_EPFAIL = ("-e", "8", "-b", "2")
+SHARED_EPFAIL = ("-t", "8", "-b", "3", "-m", "2", "-e", "4")
 SCENARIOS = [
     (f"{name}-g{groups}", mode, groups, extra)
     for name, mode, extra in (
@@ -112,11 +127,13 @@ SCENARIOS = [
         ("takeover", "takeover", ()),
         ("takeover-x", "takeover", ("-x", "3")),
         ("listener", "listener", ()),
+        ("listener-epfail", "listener", LISTENER_EPFAIL),
         ("coown-shared", "coown", ("-x", "1", *COOWN)),
         ("coown-handover", "coown", ("-x", "2", *COOWN)),
         ("shared", "shared", SHARED),
         ("shared-t3", "shared", SHARED_T3),
         ("shared-nomem", "shared", SHARED_NOMEM),
+        ("shared-epfail", "shared", SHARED_EPFAIL),
     )
     for groups in (1, 2)
 ]
@@ -132,8 +149,9 @@ def stress_sources():
     return sorted(str(p) for p in CDIR.glob("*.c"))
 
 
-# the stress program fails the core's realloc on purpose with -m (common.c)
-STRESS_CFLAGS = ("-Wl,--wrap=realloc",)
+# the stress program fails the core's realloc (-m) and the pollers'
+# epoll_ctl (-e) on purpose (common.c)
+STRESS_CFLAGS = ("-Wl,--wrap=realloc,--wrap=epoll_ctl",)
 
 
 def build_program(out, san, sources, core=FDCORE, cflags=()):
@@ -314,6 +332,7 @@ def test_ctl_report_without_memory_under_sanitizer(shared_build, san):
 
 
 UPDATE_PASS_CLOSE = CDIR / "repro" / "update_pass_close.c"
+LISTENER_REQUEUE_FAIL = CDIR / "repro" / "listener_requeue_fail.c"
 
 
 @pytest.mark.sanitizer
@@ -324,3 +343,16 @@ def test_update_pass_close_under_sanitizer(shared_build, san):
     delete) leaves th's local list consistent: the pass ends with it
     empty, not at -1 entries (issue 21, th->nbupdt accounting)."""
     assert_repro_passes(shared_build, san, UPDATE_PASS_CLOSE)
+
+
+@pytest.mark.sanitizer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("san", sorted(SANITIZERS))
+def test_listener_requeue_fail_under_sanitizer(shared_build, san):
+    """A listener whose requeue's ADD the kernel refused (epoll_ctl
+    wrapped: ENOSPC after the DEL) is polled again by its thread: the next
+    connection is reported within a second and accepted (the fdstress
+    review's finding: the thread never polled it again, and a worker of one
+    loop thread accepted nothing more)."""
+    assert_repro_passes(shared_build, san, LISTENER_REQUEUE_FAIL,
+                        cflags=("-Wl,--wrap=epoll_ctl",))

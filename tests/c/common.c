@@ -48,6 +48,36 @@ void nomem_point(struct fdc_thread *th)
 	}
 }
 
+_Atomic uint64_t g_epfail_fails;
+_Atomic uint8_t *g_ctlfail;
+_Atomic uint8_t *g_ctltold;
+static _Thread_local uint64_t tl_epfail_rng = 0x106689D45497FDB5ULL;
+
+int __real_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev);
+
+int __wrap_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	struct fdc_table *t = g_run.t;
+
+	/* the pollers' registrations only, in the main phase: not insert's
+	 * probe (its scratch instance), nor a DEL (what a DEL alone wants is
+	 * nothing registered, which a failure would not give) */
+	if (g_opt.epfail > 0 && t && epfd != t->probe_epfd && !atomic_load(&g_run.stop) &&
+	    (op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) && fd >= 0 && fd < g_run.maxfd) {
+		tl_epfail_rng ^= tl_epfail_rng >> 12;
+		tl_epfail_rng ^= tl_epfail_rng << 25;
+		tl_epfail_rng ^= tl_epfail_rng >> 27;
+		uint64_t r = tl_epfail_rng * 0x2545F4914F6CDD1DULL >> 33;
+		if (r % (unsigned)g_opt.epfail == 0) {
+			atomic_store(&g_ctlfail[fd], 1);
+			atomic_fetch_add(&g_epfail_fails, 1);
+			errno = (r >> 20) & 1 ? ENOSPC : ENOMEM;
+			return -1;
+		}
+	}
+	return __real_epoll_ctl(epfd, op, fd, ev);
+}
+
 static int g_base_fds;
 static pthread_t g_wd;
 static _Atomic int g_wd_stop;
@@ -179,7 +209,9 @@ void run_init(void)
 	}
 	g_rec = calloc((size_t)g_run.maxfd, sizeof(*g_rec));
 	g_inside = calloc((size_t)g_run.maxfd, sizeof(*g_inside));
-	CHECK(g_rec != NULL && g_inside != NULL, "calloc");
+	g_ctlfail = calloc((size_t)g_run.maxfd, sizeof(*g_ctlfail));
+	g_ctltold = calloc((size_t)g_run.maxfd, sizeof(*g_ctltold));
+	CHECK(g_rec != NULL && g_inside != NULL && g_ctlfail != NULL && g_ctltold != NULL, "calloc");
 	g_run.t = fdc_table_new(g_run.maxfd, g_opt.nthreads, g_opt.ngroups, &err);
 	if (!g_run.t)
 		FAIL("fdc_table_new(%d, %d, %d): %s", g_run.maxfd, g_opt.nthreads, g_opt.ngroups,
@@ -200,13 +232,16 @@ void run_fini(void)
 	      (unsigned long long)ins, (unsigned long long)clo);
 	check_quiescent(0);     /* now: every entry clean, nothing registered */
 	/* ctl() repairs the benign mismatches itself: any other epoll_ctl
-	 * failure means polled_mask and the kernel disagreed */
+	 * failure means polled_mask and the kernel disagreed; those made on
+	 * purpose (-e) are each counted once */
 	struct fdc_counters c;
+	uint64_t ctl_err = 0;
 	for (int i = 0; i < g_opt.nthreads; i++) {
 		fdc_counters(fdc_thread(g_run.t, i), &c);
-		CHECK(c.ctl_err == 0, "tid %d: %llu failed epoll_ctl calls", i,
-		      (unsigned long long)c.ctl_err);
+		ctl_err += c.ctl_err;
 	}
+	CHECK(ctl_err == atomic_load(&g_epfail_fails), "%llu failed epoll_ctl calls, %llu made to fail",
+	      (unsigned long long)ctl_err, (unsigned long long)atomic_load(&g_epfail_fails));
 	int n = count_open_fds();
 	CHECK(n == g_base_fds, "%d fds open at the end, %d at the start (leak or extra close)",
 	      n, g_base_fds);
@@ -219,6 +254,10 @@ void run_fini(void)
 	g_rec = NULL;
 	free(g_inside);
 	g_inside = NULL;
+	free((void *)g_ctlfail);
+	g_ctlfail = NULL;
+	free((void *)g_ctltold);
+	g_ctltold = NULL;
 }
 
 uint64_t tst_insert(int fd, uint32_t kind, int tgid, uint64_t mask, uint32_t flags)
@@ -235,6 +274,8 @@ uint64_t tst_insert(int fd, uint32_t kind, int tgid, uint64_t mask, uint32_t fla
 	uint64_t cookie = (atomic_fetch_add(&g_run.serial, 1) + 1) << COOKIE_FDBITS | (uint64_t)fd;
 	uint32_t gen = atomic_load(&t->fdtab[fd].generation);
 	/* published before the insert: a poller may see the fd at once */
+	atomic_store(&g_ctlfail[fd], 0);
+	atomic_store(&g_ctltold[fd], 0);
 	atomic_store(&r->cookie, cookie);
 	atomic_store(&r->gen, gen);
 	atomic_store(&r->kind, kind);
@@ -348,6 +389,51 @@ static void read_epoll_interest(int epfd, uint64_t *reg, uint64_t *data)
 	fclose(f);
 }
 
+uint64_t kernel_registration(int epfd, int fd, uint64_t *data)
+{
+	uint64_t *reg = calloc((size_t)g_run.maxfd, sizeof(*reg));
+	uint64_t *dat = calloc((size_t)g_run.maxfd, sizeof(*dat));
+	uint64_t r;
+
+	CHECK(reg && dat, "calloc");
+	read_epoll_interest(epfd, reg, dat);
+	r = reg[fd];
+	if (data)
+		*data = dat[fd];
+	free(reg);
+	free(dat);
+	return r;
+}
+
+void ctl_told(int fd)
+{
+	CHECKFD(fd, g_opt.epfail, "FDC_POLL_CTL with no failure made");
+	atomic_store(&g_ctltold[fd], 1);
+}
+
+/* The owners (of tm) that have fd listed to make their refused
+ * registration again (poller.c, fail_fd). Workers are stopped. */
+static uint64_t retry_add_listed(struct fdc_table *t, int fd, uint64_t tm)
+{
+	const struct fdc_group *g = &t->groups[atomic_load(&t->fdtab[fd].refc_tgid) & FDC_TGID_MASK];
+	uint64_t listed = 0;
+
+	for (; tm; tm &= tm - 1)
+		if (fdc_thread(t, g->base + __builtin_ctzll(tm))->retry_why[fd] & FDC_RETRY_ADD)
+			listed |= tm & -tm;
+	return listed;
+}
+
+int ctl_report_owed(struct fdc_thread *th, int fd, uint32_t gen)
+{
+	if (th->retry_why[fd] & FDC_RETRY_CTL)
+		return 1;
+	for (int k = 0; k < th->nbowed; k++)
+		if (th->owed[k].fd == fd && th->owed[k].gen == gen && (th->owed[k].events & FDC_POLL_CTL))
+			return 1;
+	return 0;
+}
+
 static void check_dir(int fd, const char *dir, int active, uint64_t polled, uint64_t tm,
                       int allow_stale)
 {
@@ -369,6 +455,22 @@ static int retry_listed(struct fdc_table *t, int fd, uint64_t tm)
 
 	for (; tm; tm &= tm - 1)
 		if (fdc_thread(t, g->base + __builtin_ctzll(tm))->retry_why[fd] & FDC_RETRY_KEPT)
+			return 1;
+	return 0;
+}
+
+/* Whether a thread of fd's group owes a report of fd's live incarnation
+ * or has fd listed for a retry of a failed registration's report
+ * (poller.c: owe, retry_later). Workers are stopped: their lists hold
+ * still. */
+static int ctl_report_pending(struct fdc_table *t, int fd)
+{
+	struct fdc_entry *e = &t->fdtab[fd];
+	const struct fdc_group *g = &t->groups[atomic_load(&e->refc_tgid) & FDC_TGID_MASK];
+	uint32_t gen = atomic_load(&e->generation);
+
+	for (int i = 0; i < g->count; i++)
+		if (ctl_report_owed(fdc_thread(t, g->base + i), fd, gen))
 			return 1;
 	return 0;
 }
@@ -414,8 +516,10 @@ void check_quiescent(int allow_stale)
 			 * poller whatever is wanted, EPOLLOUT in every owner's
 			 * while send is wanted (each passed since), in some
 			 * (the inserter's at least, unless it left) when not */
-			CHECKFD(fd, (pr & tm) == tm, "EDGE: an owner does not poll recv");
-			if (st & FDC_ACTIVE_W)
+			/* (a registration made to fail: -e, common.h) */
+			int failed = atomic_load(&g_ctlfail[fd]);
+			CHECKFD(fd, failed || (pr & tm) == tm, "EDGE: an owner does not poll recv");
+			if ((st & FDC_ACTIVE_W) && !failed)
 				CHECKFD(fd, (pw & tm) == tm,
 				        "EDGE: send ACTIVE but some owner does not poll it (update lost)");
 			if (!allow_stale)
@@ -430,10 +534,27 @@ void check_quiescent(int allow_stale)
 			        "EDGE: an edge kept on an ACTIVE direction (replay lost): state %#x", st);
 		} else {
 			/* recv-side registration: ACTIVE_R, or a hang-up watch (WATCH_HUP) */
-			check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm,
-			          allow_stale);
-			check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+			/* a failed registration, reported (FDC_POLL_CTL): its
+			 * poller polls nothing for it until its owner acts (a
+			 * connection's closes it), or, a listener's (EXCLUSIVE),
+			 * until its thread makes it again: listed for that */
+			if (!(st & FDC_POLL_CTL)) {
+				check_dir(fd, "recv", !!(st & (FDC_ACTIVE_R | FDC_WATCH_HUP)), pr, tm,
+				          allow_stale);
+				check_dir(fd, "send", !!(st & FDC_ACTIVE_W), pw, tm, allow_stale);
+			} else if ((st & FDC_EXCLUSIVE) && (st & FDC_ACTIVE_R)) {
+				CHECKFD(fd, ((pr | retry_add_listed(t, fd, tm)) & tm) == tm,
+				        "listener ACTIVE, an owner's refused registration neither made"
+				        " again nor listed for it (polled %#llx)", (unsigned long long)pr);
+			}
 		}
+		/* a failed registration is reported to an owner (I8): told to a
+		 * handler (which deletes a connection at once), owed, or listed
+		 * for a retry by a thread of the group */
+		if (st & FDC_POLL_CTL)
+			CHECKFD(fd, atomic_load(&g_ctltold[fd]) || ctl_report_pending(t, fd),
+			        "failed registration (ctl_errno %d) never reported: no thread owes"
+			        " or lists its report", atomic_load(&e->ctl_errno));
 		/* and of the recv-side kind: a hang-up watch alone iff WATCH_HUP
 		 * without ACTIVE_R (never on an exclusive fd) */
 		check_dir(fd, "hang-up watch alone",

@@ -70,6 +70,9 @@ struct opts {
 	                            workers get preempted inside the protocols */
 	int nomem;               /* -m: the core's realloc fails 1 in `nomem`
 	                            calls (0: never); see nomem_point */
+	int epfail;              /* -e: the pollers' epoll_ctl ADD and MOD fail
+	                            1 in `epfail` calls (0: never); see
+	                            __wrap_epoll_ctl in common.c */
 };
 extern struct opts g_opt;
 
@@ -116,6 +119,35 @@ extern _Thread_local uint64_t tl_closes;
  * then take the retry path (poller.c, retry_later) all through the run. */
 void nomem_point(struct fdc_thread *th);
 extern _Atomic uint64_t g_nomem_fails;
+/* Failed registrations on purpose (-e N; linked with -Wl,--wrap=epoll_ctl):
+ * during the main phase, an ADD or a MOD on a poller's epoll instance fails
+ * 1 in N (ENOMEM or ENOSPC, as the kernel answers at max_user_watches),
+ * without reaching the kernel. g_epfail_fails counts them; g_ctlfail[fd] is
+ * set for the incarnation they hit (reset by the inserts, before the
+ * insert): a group-shared connection's sibling may do without its
+ * registration, unreported (fdc_insert_shared), so the quiescent check's
+ * "every owner polls it" is not asked of such an fd. Every other failure
+ * must be reported to an owner (FDC_POLL_CTL): the quiescent check then
+ * finds each live fd carrying FDC_POLL_CTL owed or listed for a retry by a
+ * thread of its group (its report not yet made), or told to a handler
+ * (g_ctltold, below). */
+extern _Atomic uint64_t g_epfail_fails;
+extern _Atomic uint8_t *g_ctlfail;
+/* A handler was told of a failed registration of fd's live incarnation
+ * (FDC_POLL_CTL): reset by the inserts, set by ctl_told(). A listener
+ * lives on after it (its thread makes the registration again: poller.c,
+ * fail_fd), and the quiescent check then asks that every owner polls it
+ * or has it listed for that (FDC_RETRY_ADD). */
+extern _Atomic uint8_t *g_ctltold;
+void ctl_told(int fd);
+/* Whether th owes (or lists for a retry) the report of a failed
+ * registration of incarnation gen of fd. th's own thread, or anyone while
+ * th is stopped. */
+int ctl_report_owed(struct fdc_thread *th, int fd, uint32_t gen);
+/* The kernel's registration of fd in epoll instance epfd (its
+ * /proc/self/fdinfo): its events | 1 << 32, or 0 if none; *data (if
+ * given) its epoll data. */
+uint64_t kernel_registration(int epfd, int fd, uint64_t *data);
 
 /* fdc_takeover, checking that a close it performed (a racing delete turned
  * the takeover into the deferred close) happened once and returned -ESTALE;

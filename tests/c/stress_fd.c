@@ -3,7 +3,7 @@
  * usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups]
  *                  [-s seconds] [-n iterations] [-r seed] [-w widen]
  *                  [-d watchdog_seconds] [-p pause_seconds] [-c chaos] [-x bits]
- *                  [-b busy_threads]
+ *                  [-b busy_threads] [-m nomem] [-e epfail]
  *   -t/-g   threads (4) and thread groups (1)
  *   -s/-n   wall-clock bound of the main phase (3 s) and per-thread
  *           iteration bound (none): whichever comes first
@@ -24,6 +24,13 @@
  *           never; common.h, nomem_point): its out-of-memory retries run
  *           beside everything else. The program is linked with
  *           -Wl,--wrap=realloc (tests/test_c_sanitizers.py, STRESS_CFLAGS)
+ *   -e      listener and shared scenarios: the pollers' epoll_ctl ADD and
+ *           MOD fail 1 in `e` calls in the main phase (0 = never; common.h):
+ *           each failed registration must reach an owner as FDC_POLL_CTL
+ *           (a connection's handler then deletes it; a listener's
+ *           registration is made again by its thread), through the retry
+ *           ring when -m leaves no memory for its report; linked with
+ *           -Wl,--wrap=epoll_ctl
  * Environment (for long runs, overrides the options): FDC_STRESS_SECONDS,
  * FDC_STRESS_ITERS, FDC_STRESS_SEED; FDC_STRESS_GDB=1 makes the watchdog
  * print every thread's stack (gdb attaches) besides the shared lists.
@@ -432,7 +439,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: stress_fd churn|takeover|listener|coown|shared [-t threads] [-g groups] "
 	                "[-s seconds] [-n iterations] [-r seed] [-w widen] [-d watchdog] [-p pause] [-c chaos] [-x bits]"
-	                " [-b busy] [-m nomem]\n");
+	                " [-b busy] [-m nomem] [-e epfail]\n");
 	exit(2);
 }
 
@@ -447,7 +454,7 @@ int main(int argc, char **argv)
 	                       .iters = 1L << 40, .seed = (uint64_t)time(NULL), .widen = 64,
 	                       .watchdog = 10, .pause = 0.5, .chaos = 8 };
 	optind = 2;
-	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:b:m:")) != -1) {
+	while ((c = getopt(argc, argv, "t:g:s:n:r:w:d:x:p:c:b:m:e:")) != -1) {
 		switch (c) {
 		case 't': g_opt.nthreads = atoi(optarg); break;
 		case 'g': g_opt.ngroups = atoi(optarg); break;
@@ -461,6 +468,7 @@ int main(int argc, char **argv)
 		case 'x': g_opt.extended = atoi(optarg); break;
 		case 'b': g_opt.busy = atoi(optarg); break;
 		case 'm': g_opt.nomem = atoi(optarg); break;
+		case 'e': g_opt.epfail = atoi(optarg); break;
 		default: usage();
 		}
 	}
@@ -471,7 +479,8 @@ int main(int argc, char **argv)
 	if ((env = getenv("FDC_STRESS_SEED")) && *env)
 		g_opt.seed = strtoull(env, NULL, 0);
 	if (g_opt.nthreads < 1 || g_opt.nthreads > MAX_THREADS || g_opt.ngroups < 1 ||
-	    g_opt.ngroups > g_opt.nthreads || g_opt.busy < 0 || g_opt.busy > MAX_THREADS || g_opt.nomem < 0)
+	    g_opt.ngroups > g_opt.nthreads || g_opt.busy < 0 || g_opt.busy > MAX_THREADS || g_opt.nomem < 0 ||
+	    g_opt.epfail < 0)
 		usage();
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (!strcmp(g_opt.mode, "churn"))

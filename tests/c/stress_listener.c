@@ -25,6 +25,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@ static _Atomic int g_port;
 static _Atomic uint64_t g_connects, g_accepted, g_refused, g_resets, g_lost, g_ldeferred;
 static _Atomic uint64_t g_last_reset_ms;
 static _Atomic int g_in_accept;   /* pollers in accept_some, running bit held */
+static _Atomic uint64_t g_requeue_failed, g_ctl_listener, g_ctl_conn;
 
 static void llock(void) { CHECK(pthread_mutex_lock(&g_lmu) == 0, "lock"); }
 static void lunlock(void) { CHECK(pthread_mutex_unlock(&g_lmu) == 0, "unlock"); }
@@ -123,6 +125,38 @@ static void listener_replace(struct fdc_thread *th, int straggle)
 		listener_open(th);
 }
 
+/* What fdc_requeue promises, checked against the kernel (we hold the
+ * listener: nobody else changes our instance's registration of it, and
+ * its close waits for our leave). Moved (rq 0): our instance holds it,
+ * exclusive, with this incarnation's data, and polled_mask says so.
+ * Failed (-errno): our instance holds nothing, polled_mask says so, and
+ * the failure is ours to report (FDC_POLL_CTL on the state, the report
+ * owed or listed for a retry on this thread: I8). */
+static void check_requeue(struct fdc_thread *th, struct fdc_event *ev, int rq)
+{
+	struct fdc_table *t = g_run.t;
+	int fd = ev->fd, tgid, ltid, epfd;
+	uint64_t data, reg;
+
+	fdc_thread_info(th, &tgid, &ltid, &epfd);
+	reg = kernel_registration(epfd, fd, &data);
+	int pr = !!(atomic_load(&t->polled[fd].recv) & th->ltid_bit);
+	uint32_t st = atomic_load(&t->fdtab[fd].state);
+
+	if (rq == 0) {
+		CHECKFD(fd, reg && (reg & EPOLLEXCLUSIVE) && (reg & EPOLLIN) && pr &&
+		            data == ((uint64_t)ev->gen << 32 | (uint32_t)fd),
+		        "requeued listener fd %d: kernel events %#llx data %#llx, polled %d", fd,
+		        (unsigned long long)reg, (unsigned long long)data, pr);
+		return;
+	}
+	CHECKFD(fd, !reg && !pr, "failed requeue of fd %d: kernel events %#llx, polled %d", fd,
+	        (unsigned long long)reg, pr);
+	CHECKFD(fd, (st & FDC_POLL_CTL) && ctl_report_owed(th, fd, ev->gen),
+	        "failed requeue of fd %d (%s) not reported: state %#x ctl_errno %d", fd,
+	        strerror(-rq), st, atomic_load(&t->fdtab[fd].ctl_errno));
+}
+
 static void accept_some(struct fdc_thread *th, struct fdc_event *ev)
 {
 	int fds[16];
@@ -145,7 +179,15 @@ static void accept_some(struct fdc_thread *th, struct fdc_event *ev)
 		/* as the worker does: move our registration to the queue's end
 		 * (we hold the listener: its close is deferred to our leave) */
 		int rq = fdc_requeue(th, ev->fd);
-		CHECKFD(ev->fd, rq == 0 || rq == 1, "fdc_requeue: %s", strerror(-rq));
+		/* -e: its ADD made to fail (after its DEL): reported to us by
+		 * our next poll (FDC_POLL_CTL), the listener replaced then */
+		CHECKFD(ev->fd, rq == 0 || rq == 1 ||
+		                (g_opt.epfail && (rq == -ENOMEM || rq == -ENOSPC)),
+		        "fdc_requeue: %s", strerror(-rq));
+		if (rq < 0)
+			atomic_fetch_add(&g_requeue_failed, 1);
+		if (rq <= 0 && (rq < 0 || chance(4)))
+			check_requeue(th, ev, rq);
 	}
 	for (int i = 0; i < k; i++) {
 		tst_insert(fds[i], KIND_CONN, th->tgid, th->ltid_bit, 0);
@@ -177,6 +219,7 @@ static void conn_io(struct fdc_thread *th, struct fdc_event *ev)
 	tst_delete(th, ev->fd, ev->owner);
 }
 
+
 static void poll_once(struct fdc_thread *th, int timeout)
 {
 	struct fdc_event evs[64];
@@ -185,8 +228,23 @@ static void poll_once(struct fdc_thread *th, int timeout)
 	CHECK(k >= 0, "fdc_poll: %s", strerror(-k));
 	for (int i = 0; i < k; i++) {
 		check_event(th, &evs[i]);
-		if (evs[i].kind == KIND_LISTENER)
+		if (evs[i].kind == KIND_LISTENER) {
+			/* told of our refused registration of it (-e: a requeue's
+			 * ADD, an update pass's), as a worker is: accept, nothing
+			 * else; fdcore makes it again (the quiescent check: every
+			 * owner polls an ACTIVE listener or has it listed for that) */
+			if (evs[i].events & FDC_POLL_CTL) {
+				ctl_told(evs[i].fd);
+				atomic_fetch_add(&g_ctl_listener, 1);
+			}
 			accept_some(th, &evs[i]);
+		}
+		else if (evs[i].events & FDC_POLL_CTL) {
+			/* our registration of it failed (-e): as a worker, close */
+			ctl_told(evs[i].fd);
+			atomic_fetch_add(&g_ctl_conn, 1);
+			tst_delete(th, evs[i].fd, evs[i].owner);
+		}
 		else
 			conn_io(th, &evs[i]);
 		tst_leave(th, &evs[i]);
@@ -287,7 +345,7 @@ static void *client(void *arg)
 int run_listener(void)
 {
 	struct fdc_table *t;
-	char extra[256];
+	char extra[512];
 
 	run_init();
 	t = g_run.t;
@@ -297,10 +355,13 @@ int run_listener(void)
 	double el = run_threads(listener_worker, client);
 
 	snprintf(extra, sizeof(extra),
-	         "connects=%llu accepted=%llu refused=%llu listener_resets=%llu listener_deferred=%llu",
+	         "connects=%llu accepted=%llu refused=%llu listener_resets=%llu listener_deferred=%llu"
+	         " epfail=%llu requeue_failed=%llu ctl_listener=%llu ctl_conn=%llu",
 	         (unsigned long long)g_connects, (unsigned long long)g_accepted,
 	         (unsigned long long)g_refused, (unsigned long long)g_resets,
-	         (unsigned long long)g_ldeferred);
+	         (unsigned long long)g_ldeferred, (unsigned long long)atomic_load(&g_epfail_fails),
+	         (unsigned long long)g_requeue_failed, (unsigned long long)g_ctl_listener,
+	         (unsigned long long)g_ctl_conn);
 	print_counters("listener", el, extra);
 	CHECK(atomic_load(&g_accepted) > 0, "nothing accepted");
 

@@ -116,7 +116,7 @@ static _Atomic int g_writer_done;
 static _Atomic uint64_t g_reports, g_missed, g_replays, g_dead_reports, g_bytes, g_reads;
 static _Atomic uint64_t g_bursts, g_deletes, g_hdeletes, g_prefilled, g_sendflips, g_outs;
 static _Atomic uint64_t g_eofs, g_hup_first, g_subset;
-static _Atomic uint64_t g_pauses, g_resps, g_eagains, g_resp_outs, g_windows;
+static _Atomic uint64_t g_pauses, g_resps, g_eagains, g_resp_outs, g_windows, g_ctl_reports;
 
 static void lock(pthread_mutex_t *m) { CHECK(pthread_mutex_lock(m) == 0, "lock"); }
 static void unlock(pthread_mutex_t *m) { CHECK(pthread_mutex_unlock(m) == 0, "unlock"); }
@@ -189,11 +189,15 @@ static void slot_fill(struct fdc_thread *th, struct slot *s)
 	s->send_on = 0;
 	s->drained = 0;
 	s->since = s->out_since = now_s();
-	if (chance(4)) {
+	/* (not once the run is over: -e deletes and refills then too, and
+	 * the pollers stop once all is read) */
+	if (!atomic_load(&g_run.stop) && chance(4)) {
 		/* a client whose request is there before the registrations */
 		send_burst(s, 1 + rndn(BURST));
 		atomic_fetch_add_explicit(&g_prefilled, 1, memory_order_relaxed);
 	}
+	atomic_store(&g_ctlfail[fd], 0);
+	atomic_store(&g_ctltold[fd], 0);
 	atomic_store(&r->cookie, cookie);
 	atomic_store(&r->gen, gen);
 	atomic_store(&r->kind, KIND_CONN);
@@ -381,10 +385,18 @@ static void write_owed(struct fdc_thread *th, struct sconn *c, int fd)
 	}
 }
 
-/* One report's work, by the thread inside. */
-static void serve(struct fdc_thread *th, struct sconn *c, int fd, uint32_t events)
+/* One report's work, by the thread inside. Returns 1 if it tells of a
+ * failed registration (FDC_POLL_CTL, -e): the connection is then deleted
+ * once the replays are done, as a worker closes it. */
+static int serve(struct fdc_thread *th, struct sconn *c, int fd, uint32_t events)
 {
 	int answers = c->slot % 4 == 2;
+
+	if (events & FDC_POLL_CTL) {
+		ctl_told(fd);
+		atomic_fetch_add_explicit(&g_ctl_reports, 1, memory_order_relaxed);
+		return 1;
+	}
 
 	if (events & (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_ERR | FDC_POLL_RDHUP))
 		read_all(th, c, fd);
@@ -413,6 +425,27 @@ static void serve(struct fdc_thread *th, struct sconn *c, int fd, uint32_t event
 		sched_yield();
 	else if (chance(8))
 		usleep(50 + rndn(400));
+	return 0;
+}
+
+/* Claims the slot of incarnation `cookie` for a delete, waiting out the
+ * threads that pause its reading (they need nothing of ours). 0 if it is
+ * not there to take (another thread deletes it). */
+static int slot_claim_wait(struct slot *s, uint64_t cookie)
+{
+	for (;;) {
+		lock(&s->mu);
+		if (!s->live || s->cookie != cookie) {
+			unlock(&s->mu);
+			return 0;
+		}
+		if (!s->pausers) {
+			unlock(&s->mu);
+			return slot_claim(s, cookie);
+		}
+		unlock(&s->mu);
+		sched_yield();
+	}
 }
 
 /* The handler: th holds a running bit on ev->fd (fdc_poll). */
@@ -446,8 +479,9 @@ static void handle(struct fdc_thread *th, struct fdc_event *ev)
 	c->inside = tid;
 	unlock(&c->mu);
 
+	int failed = 0;
 	for (;;) {
-		serve(th, c, fd, events);
+		failed |= serve(th, c, fd, events);
 		lock(&c->mu);
 #ifndef SHARED_NO_REPLAY
 		if (c->missed) {
@@ -466,9 +500,11 @@ static void handle(struct fdc_thread *th, struct fdc_event *ev)
 	}
 
 	/* now and then the connection ends from its handler, other threads
-	 * possibly holding running bits (the last one out closes) */
+	 * possibly holding running bits (the last one out closes); always
+	 * after a failed registration */
 	struct slot *s = &g_slots[c->slot];
-	if (c->slot % 2 && chance(64) && !atomic_load(&g_run.stop) && slot_claim(s, ev->owner)) {
+	if (failed ? slot_claim_wait(s, ev->owner) :
+	    c->slot % 2 && chance(64) && !atomic_load(&g_run.stop) && slot_claim(s, ev->owner)) {
 		atomic_fetch_sub(&g_inside[fd], 1);   /* the delete drops our running bit */
 		atomic_fetch_add(&g_hdeletes, 1);
 		slot_recycle(th, s);
@@ -668,7 +704,8 @@ int run_shared(void)
 	         "busy=%d reports=%llu missed=%llu replays=%llu dead_reports=%llu bytes=%llu reads=%llu"
 	         " bursts=%llu deletes=%llu handler_deletes=%llu prefilled=%llu subset=%llu"
 	         " sendflips=%llu outs=%llu hup_first=%llu eofs=%llu pauses=%llu resps=%llu"
-	         " eagains=%llu resp_outs=%llu windows=%llu nomem_fails=%llu lost_after=%.1f%s",
+	         " eagains=%llu resp_outs=%llu windows=%llu nomem_fails=%llu epfail=%llu"
+	         " ctl_reports=%llu lost_after=%.1f%s",
 	         g_opt.busy, (unsigned long long)g_reports, (unsigned long long)g_missed,
 	         (unsigned long long)g_replays, (unsigned long long)g_dead_reports,
 	         (unsigned long long)g_bytes, (unsigned long long)g_reads,
@@ -679,7 +716,9 @@ int run_shared(void)
 	         (unsigned long long)g_eofs, (unsigned long long)g_pauses,
 	         (unsigned long long)g_resps, (unsigned long long)g_eagains,
 	         (unsigned long long)g_resp_outs, (unsigned long long)g_windows,
-	         (unsigned long long)atomic_load(&g_nomem_fails), g_lost_after,
+	         (unsigned long long)atomic_load(&g_nomem_fails),
+	         (unsigned long long)atomic_load(&g_epfail_fails),
+	         (unsigned long long)atomic_load(&g_ctl_reports), g_lost_after,
 #ifdef SHARED_NO_REPLAY
 	         " NO_REPLAY"
 #else
