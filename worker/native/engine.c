@@ -158,8 +158,19 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		timeout = 0;                           /* never asleep on queued work */
 	if (t->tls_replay)
 		timeout = 0;                           /* nor on input a TLS session holds */
+	/* A worker's only loop thread skips that first call: nobody else
+	 * wants the GIL between its turns (the main thread waits in select
+	 * with it released), so letting it go around a call that returns at
+	 * once costs two uncontended mutex round trips, while the first call
+	 * cost a whole epoll_wait in every turn that then slept: 0.89
+	 * epoll_wait per WSGI hello request against the C reference's 0.46
+	 * (bench/RESULTS.md, 2026-11-26, hello_syscalls). With siblings the
+	 * first call stays: letting the GIL go with work in hand would hand
+	 * it to a sibling and queue this thread's work behind its turn. */
+	int direct = s->nthreads == 1 && timeout != 0;
+
 	s->api.counters(t->th, &before);
-	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
+	n = direct ? 0 : s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
 	if (n == 0 && timeout != 0)
 		s->api.counters(t->th, &after);
 	if (n == 0 && timeout != 0 && after.wakeups == before.wakeups) {
@@ -167,8 +178,9 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 
 		if (tt >= 0 && (timeout < 0 || tt < timeout))
 			timeout = tt;
-		if (timeout != 0) {
-			t->asleep = 1;                     /* for dispatch_wake_idle */
+		/* a due timer (tt 0): one call without waiting, as above */
+		if (timeout != 0 || direct) {
+			t->asleep = timeout != 0;          /* for dispatch_wake_idle */
 			Py_BEGIN_ALLOW_THREADS
 			n = s->api.poll(t->th, timeout, t->ev, FDC_EVBATCH);
 			Py_END_ALLOW_THREADS
