@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 
 import pytest
 
+from test_dispatch_to_idle_threads import read_response
 from test_run import gone, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,23 +42,6 @@ def _sleeping_in_epoll(pid: int) -> list[int]:
     return found
 
 
-def _one(c: socket.socket) -> None:
-    """One request, its whole answer read (Content-Length) before returning."""
-    c.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = c.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    assert head.startswith(b"HTTP/1.1 200"), data
-    length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
-    while len(body) < length:
-        chunk = c.recv(65536)
-        assert chunk, data
-        body += chunk
-
-
 def test_sequential_requests_cost_one_poll_each(master):
     m = master("wsgiapp:app", "-w", "1", "-t", "1", ready=1)
     pid = int(m.wait_log(r"worker \d+\.\d+: ready, pid (\d+)")[0])
@@ -66,7 +49,8 @@ def test_sequential_requests_cost_one_poll_each(master):
         for _ in range(REQUESTS):
             # each request wakes a thread asleep in its poll
             wait_for(lambda: _sleeping_in_epoll(pid), 10, "the loop thread asleep")
-            _one(c)
+            c.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            read_response(c, bytearray())
     m.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: m.proc.poll() is not None, 60, "the master's exit")
     wait_for(lambda: gone(pid), 30, "the worker's exit")
