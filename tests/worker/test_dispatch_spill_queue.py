@@ -15,7 +15,6 @@ references the connection through an object the garbage collector does not
 track, the whole engine was never freed."""
 from __future__ import annotations
 
-import collections
 import gc
 import socket
 import threading
@@ -178,28 +177,23 @@ def test_a_report_spilled_while_its_connection_is_inside_keeps_the_order(spilled
     spilled and run from the queue while b is still inside: it is only
     recorded there, and b's thread answers ?b2 after ?b, on the wire in
     that order."""
-    turns: collections.Counter = collections.Counter()
     loop, app, socks = spilled(then=(("c1", "c1"), ("b", "b2")))
-    real_resume = loop._resume_accepting
-
-    def resume(th):
-        turns[th.tid] += 1                  # once per loop iteration, before its turn
-        return real_resume(th)
-
-    loop._resume_accepting = resume
-    spiller = next(th.tid for th in loop.loop_threads
-                   if app.thread["a"] == f"sockherd-{th.tid}")
+    spiller_th = next(th for th in loop.loop_threads
+                      if app.thread["a"] == f"sockherd-{th.tid}")
+    spiller = spiller_th.tid
     app.events["c1"].set()
     socks["c1"].settimeout(5)
     assert socks["c1"].recv(1000).endswith(f"c1 {app.thread['a']}".encode())
     # a whole turn of the spiller begun after the one that answered
     # ?c1 and spilled (the queue runs first thing in a turn); woken,
     # as it sleeps once the queue is run
-    seen = turns[spiller]
+    # (counted by its polls: a turn of a thread with siblings polls once
+    # or twice, so four more polls are two more turns at least)
+    seen = spiller_th.counters()["loops"]
 
     def turned() -> bool:
         loop.table.wake(spiller)
-        return turns[spiller] >= seen + 2
+        return spiller_th.counters()["loops"] >= seen + 4
 
     assert wait_for(turned), "a whole turn of the spiller"
     assert not app.events["b"].is_set()

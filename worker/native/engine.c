@@ -23,6 +23,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -137,14 +138,41 @@ static int tls_replay_run(Server *s, int pos)
 	return ran;
 }
 
-static PyObject *Server_turn(Server *s, PyObject *args)
+/* turn's arguments (pos, timeout_ms, relieved), as PyArg_ParseTuple's
+ * "iip" would take them, without its format parsing: a turn per request
+ * or two under load (fastcall: ~1 % of a WSGI hello request's
+ * instructions, http_callgrind). 0, or -1 with the error set. */
+static int turn_args(PyObject *const *args, Py_ssize_t nargs, int *pos, int *timeout,
+                     int *relieved)
+{
+	long v[2];
+
+	if (nargs != 3) {
+		PyErr_Format(PyExc_TypeError, "turn() takes exactly 3 arguments (%zd given)", nargs);
+		return -1;
+	}
+	for (int i = 0; i < 2; i++) {
+		v[i] = PyLong_AsLong(args[i]);
+		if (v[i] == -1 && PyErr_Occurred())
+			return -1;
+		if (v[i] < INT_MIN || v[i] > INT_MAX) {
+			PyErr_SetString(PyExc_OverflowError, "turn(): argument out of range for a C int");
+			return -1;
+		}
+	}
+	*pos = (int)v[0];
+	*timeout = (int)v[1];
+	*relieved = PyObject_IsTrue(args[2]);
+	return *relieved < 0 ? -1 : 0;
+}
+
+static PyObject *Server_turn(Server *s, PyObject *const *args, Py_ssize_t nargs)
 {
 	int pos, timeout, relieved, n, handled = 0;
 	PyObject *others = NULL;
 	struct srv_thread *t;
 
-	if (!PyArg_ParseTuple(args, "iip:turn", &pos, &timeout, &relieved) ||
-	    !(t = as_thread(s, pos)))
+	if (turn_args(args, nargs, &pos, &timeout, &relieved) < 0 || !(t = as_thread(s, pos)))
 		return NULL;
 	/* first without waiting, under the GIL: under load there is work, and
 	 * releasing and taking the GIL around a call that returns at once is
@@ -158,8 +186,19 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		timeout = 0;                           /* never asleep on queued work */
 	if (t->tls_replay)
 		timeout = 0;                           /* nor on input a TLS session holds */
+	/* A worker's only loop thread skips that first call: nobody else
+	 * wants the GIL between its turns (the main thread waits in select
+	 * with it released), so letting it go around a call that returns at
+	 * once costs two uncontended mutex round trips, while the first call
+	 * cost a whole epoll_wait in every turn that then slept: 0.89
+	 * epoll_wait per WSGI hello request against the C reference's 0.46
+	 * (bench/RESULTS.md, 2026-11-26, hello_syscalls). With siblings the
+	 * first call stays: letting the GIL go with work in hand would hand
+	 * it to a sibling and queue this thread's work behind its turn. */
+	int direct = s->nthreads == 1 && timeout != 0;
+
 	s->api.counters(t->th, &before);
-	n = s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
+	n = direct ? 0 : s->api.poll(t->th, 0, t->ev, FDC_EVBATCH);
 	if (n == 0 && timeout != 0)
 		s->api.counters(t->th, &after);
 	if (n == 0 && timeout != 0 && after.wakeups == before.wakeups) {
@@ -167,8 +206,9 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 
 		if (tt >= 0 && (timeout < 0 || tt < timeout))
 			timeout = tt;
-		if (timeout != 0) {
-			t->asleep = 1;                     /* for dispatch_wake_idle */
+		/* a due timer (tt 0): one call without waiting, as above */
+		if (timeout != 0 || direct) {
+			t->asleep = timeout != 0;          /* for dispatch_wake_idle */
 			Py_BEGIN_ALLOW_THREADS
 			n = s->api.poll(t->th, timeout, t->ev, FDC_EVBATCH);
 			Py_END_ALLOW_THREADS
@@ -264,7 +304,13 @@ static PyObject *Server_turn(Server *s, PyObject *args)
 		Py_XDECREF(others);
 		return NULL;
 	}
-	return Py_BuildValue("(iN)", handled, others ? others : PyList_New(0));
+	if (!others && !(others = PyList_New(0)))
+		return NULL;
+	PyObject *count = PyLong_FromLong(handled), *r = count ? PyTuple_Pack(2, count, others) : NULL;
+
+	Py_XDECREF(count);
+	Py_DECREF(others);
+	return r;
 fail:
 	/* the error goes up with nothing of a held batch still held: what was
 	 * left already is skipped by leave_batch; the listeners' reports never
@@ -502,7 +548,7 @@ static PyObject *Server_log_refusals(Server *s, PyObject *fn)
 
 /* the Server type's methods (server.c holds the rest of the type) */
 PyMethodDef server_methods[] = {
-	{"turn", (PyCFunction)Server_turn, METH_VARARGS, turn_doc},
+	{"turn", (PyCFunction)(void (*)(void))Server_turn, METH_FASTCALL, turn_doc},
 	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
 	{"take", (PyCFunction)Server_take, METH_VARARGS, take_doc},
 	{"bind", (PyCFunction)Server_bind, METH_O, bind_doc},
