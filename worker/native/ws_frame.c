@@ -26,10 +26,19 @@
  *         with no message started, a new data frame inside a fragmented
  *         message, a close payload of 1 byte or with a code no peer may
  *         send (1005, 1006, 1015, < 1000, 1016-2999, >= 5000)
- *   1007  text (or a close reason) that is not UTF-8
- *   1009  a message longer than max_size
+ *         and, with permessage-deflate negotiated (pmd), RSV1 on a
+ *         continuation or control frame or RSV2 / RSV3 set
+ *   1007  text (or a close reason) that is not UTF-8; a compressed
+ *         message that does not inflate
+ *   1009  a message longer than max_size (once inflated too)
  *
- * May call: nothing of the engine (ws.h is all it knows).
+ * A compressed message (RSV1 on its first frame) is reassembled as any
+ * other, its compressed bytes bounded by max_size, and inflated once
+ * whole (ws_deflate.c says how a bomb is bounded); its text is checked as
+ * UTF-8 then, not as its bytes come.
+ *
+ * May call: ws_deflate.c (inflating); nothing of the engine (ws.h is all
+ * it knows).
  */
 #include <stdlib.h>
 #include <string.h>
