@@ -9,7 +9,11 @@ Issue 23's item "per-message-deflate (RFC 7692) optional": there was no
 negotiation before."""
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from sockherd.worker._http import ws_pmd_negotiate
 
@@ -85,3 +89,23 @@ def test_a_syntax_error_declines_its_offer_only():
     assert ws_pmd_negotiate(['permessage-deflate; x="a, b", permessage-deflate']) == PMD
     assert ws_pmd_negotiate(["permessage-deflate; ;;, permessage-deflate; "
                              "client_no_context_takeover"]) == PMD + "; client_no_context_takeover"
+
+
+PIECES = st.sampled_from(["permessage-deflate", "server_no_context_takeover",
+                          "client_no_context_takeover", "server_max_window_bits",
+                          "client_max_window_bits", "x", ";", ",", "=", '"', "\\", " ", "\t",
+                          "8", "9", "10", "15", "16", "010", '"12"'])
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_WS_EXAMPLES", "300")), deadline=None)
+@given(st.lists(st.lists(PIECES, max_size=20).map("".join), max_size=3))
+def test_any_header_gives_a_well_formed_answer_or_none(values):
+    """The parser over arbitrary token soup (also under ASAN: test_ws_asan.py):
+    it ends, and what it accepts it answers with known parameters only."""
+    answer = ws_pmd_negotiate(values)
+    if answer is not None:
+        name, *params = answer.split("; ")
+        assert name == PMD and len(set(params)) == len(params)
+        for p in params:
+            assert p in ("server_no_context_takeover", "client_no_context_takeover") or \
+                re.fullmatch(r"server_max_window_bits=(9|1[0-5])", p), answer
