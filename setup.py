@@ -27,7 +27,9 @@ setup(
         # (it skips any two bytes after chunk data: request smuggling; review)
         define_macros=[("LLHTTP_STRICT_MODE", "1")],
         # TLS in the engine (worker/native/conn_tls.c): Debian's libssl-dev
-        libraries=["ssl", "crypto"],
+        libraries=["ssl", "crypto",
+                   # permessage-deflate (worker/native/ws_deflate.c): Debian's zlib1g-dev
+                   "z"],
         # hidden: the layers' functions are called across files, but are
         # the extension's own (no PLT call, no symbol of another library
         # taking their place); PyInit__http is exported by PyMODINIT_FUNC

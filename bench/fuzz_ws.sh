@@ -1,7 +1,8 @@
 #!/bin/sh
 # The WebSocket frame codec's fuzz (tests/ws/test_ws_frame_fuzz.py: the
 # native codec against the Python model, frame by frame and message by
-# message), run for longer than the suite's bounded run, as fuzz_http.sh.
+# message, the permessage-deflate inflate path against Python's zlib too),
+# run for longer than the suite's bounded run, as fuzz_http.sh.
 #
 #   bench/fuzz_ws.sh [SECONDS] [--asan]
 #

@@ -271,6 +271,13 @@ SETTINGS: tuple[Setting, ...] = (
             "ASGI WebSockets: the largest message (its fragments together) a client may "
             "send; a larger one closes the WebSocket with 1009; 0: no limit",
             msgspec.Meta(ge=0), "BYTES", section="http"),
+    # issue 23: RFC 7692, off by default (uvicorn's is on): it costs zlib's state per connection (~80 KiB with context
+    # takeover) and lets a small message inflate to ws_max_size
+    Setting("ws_per_message_deflate", ("--ws-per-message-deflate",), bool, False,
+            "ASGI WebSockets: negotiate permessage-deflate (RFC 7692) when a client offers "
+            "it: messages compressed both ways, at the cost of zlib's state per connection; "
+            "a message inflated past ws_max_size closes with 1009",
+            section="http"),
     # nginx's client_body_buffer_size, larger than its 16 KiB default: most
     # form posts and JSON bodies fit, and a body read in the loop costs no
     # thread while its client is slow (issue 21); past it a body streams

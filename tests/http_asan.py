@@ -58,7 +58,7 @@ def build(so: Path) -> Path:
 
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         built = list(pool.map(compile_one, enumerate(sources())))
-    subprocess.run(["gcc", *FLAGS, *built, "-lssl", "-lcrypto",    # TLS (conn_tls.c)
+    subprocess.run(["gcc", *FLAGS, *built, "-lssl", "-lcrypto", "-lz",    # TLS (conn_tls.c), ws_deflate.c
                     "-o", str(so)], check=True, timeout=600)
     return so
 

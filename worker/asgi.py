@@ -36,7 +36,8 @@ def make_handler(app, cfg: dict, state: dict | None = None):
     into each request's scope["state"] (None: no "state" key)."""
     limits = _Limits(cfg)
     # issue 23: WebSockets (worker/native/asgi_ws.c): a message's bound
-    ws_settings(int(cfg.get("ws_max_size", 16 << 20)))
+    ws_settings(int(cfg.get("ws_max_size", 16 << 20)),
+                bool(cfg.get("ws_per_message_deflate", False)))
 
     class Handler:
         @staticmethod

@@ -5,7 +5,8 @@ libasan preloaded, the frame codec's rules (test_ws_frame_codec.py), its
 fuzz against the Python model (test_ws_frame_fuzz.py; FUZZ_WS_EXAMPLES,
 200 here unless set: bench/fuzz_ws.sh --asan runs longer) and the
 in-process engine's WebSocket cases over real sockets
-(test_ws_protocol.py). conftest.py swaps the build in. Any sanitizer
+(test_ws_protocol.py), permessage-deflate's negotiation, inflate and
+deflate paths (test_ws_deflate*.py; the fuzz covers inflate too). conftest.py swaps the build in. Any sanitizer
 report fails the run."""
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 def test_ws_suite_under_asan_and_ubsan(http_asan_env):
     env = dict(http_asan_env, FUZZ_WS_EXAMPLES=os.environ.get("FUZZ_WS_EXAMPLES", "200"))
     files = [HERE / "test_ws_frame_codec.py", HERE / "test_ws_frame_fuzz.py",
-             HERE / "test_ws_protocol.py"]
+             HERE / "test_ws_protocol.py", HERE / "test_ws_deflate.py",
+             HERE / "test_ws_deflate_negotiation.py"]
     out = run_under_asan(env, [f for f in files if f.exists()], timeout=500 + LONGER)
     # the build under test was the sanitizer's, not the installed module
     assert "asan-build" in out, out[-3000:]

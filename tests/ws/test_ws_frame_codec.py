@@ -102,7 +102,12 @@ def test_lengths_in_each_encoding_and_server_frames():
         payload = bytes(range(256)) * (n // 256) + bytes(n % 256)
         assert WsParser().feed(frame(2, payload)) == [("binary", payload)]
         assert ws_frame(2, payload) == head + payload
-    assert WsParser().feed(frame(2, b"abc", length="64")) == [("binary", b"abc")]
+    # 5.2's minimal encoding holds for data frames too
+    assert WsParser().feed(frame(2, b"abc", length="64")) == [
+        ("fail", 1002, "payload length in the 64-bit form below 65536 (not minimally encoded)")]
+    assert WsParser().feed(frame(2, b"abc", length="16")) == [
+        ("fail", 1002, "payload length in the 16-bit form below 126 (not minimally encoded)")]
+    assert WsParser().feed(frame(2, bytes(200), length="64"))[0][:2] == ("fail", 1002)
 
 
 def test_the_build_under_test():

@@ -5,13 +5,16 @@ frame by frame and message by message (test_ws_frame_fuzz.py).
 
 Written for clarity, not speed: whole-input parsing, every check in the
 order the RFC lists them, as the codec decides them once a frame's whole
-header is in. Events: ("text", str), ("binary", bytes), ("ping" | "pong",
+header is in. With deflate (permessage-deflate negotiated, RFC 7692) RSV1
+marks a compressed message, inflated by Python's zlib once whole (reset:
+client_no_context_takeover, a fresh inflater per message). Events: ("text", str), ("binary", bytes), ("ping" | "pong",
 bytes), ("close", code, reason), ("fail", code) (the codec's fail also
 carries its reason; the oracle compares the code)."""
 from __future__ import annotations
 
 import os
 import struct
+import zlib
 
 OPCODES = {0x0, 0x1, 0x2, 0x8, 0x9, 0xA}
 
@@ -30,11 +33,17 @@ def utf8_prefix_ok(data: bytes) -> bool:
         return exc.reason == "unexpected end of data" and exc.end == len(data)
 
 
-def parse(data: bytes, max_size: int) -> list[tuple]:
+TAIL = b"\x00\x00\xff\xff"
+
+
+def parse(data: bytes, max_size: int, *, deflate: bool = False,
+          reset: bool = False) -> list[tuple]:
     events: list[tuple] = []
     i = 0
     msg_op = 0
     msg = bytearray()
+    deflated = False
+    inflater = zlib.decompressobj(-15)
 
     def fail(code):
         events.append(("fail", code))
@@ -52,12 +61,14 @@ def parse(data: bytes, max_size: int) -> list[tuple]:
             return events
         fin, op = b0 >> 7, b0 & 0x0F
         control = op >= 8
-        if b0 & 0x70:
+        if b0 & (0x30 if deflate else 0x70):
             return fail(1002)
         if op not in OPCODES:
             return fail(1002)
         if control and not fin:
             return fail(1002)
+        if b0 & 0x40 and (control or op == 0):
+            return fail(1002)                   # RSV1: a message's first frame only
         if control and l7 > 125:
             return fail(1002)
         if not masked:
@@ -69,6 +80,8 @@ def parse(data: bytes, max_size: int) -> list[tuple]:
             n = struct.unpack_from("!Q", data, i + 2)[0]
             if n >> 63:
                 return fail(1002)
+        if l7 == 126 and n < 126 or l7 == 127 and n < 65536:
+            return fail(1002)                   # 5.2: not minimally encoded
         if not control:
             if op == 0 and not msg_op:
                 return fail(1002)
@@ -77,14 +90,14 @@ def parse(data: bytes, max_size: int) -> list[tuple]:
             if n > max_size - len(msg):
                 return fail(1009)
             if op:
-                msg_op, msg = op, bytearray()
+                msg_op, msg, deflated = op, bytearray(), bool(b0 & 0x40)
         key = data[i + hlen - 4:i + hlen]
         i += hlen
         raw = data[i:i + n]
         payload = bytes(b ^ key[k & 3] for k, b in enumerate(raw))
         if not control:
             msg += payload
-            if msg_op == 1 and not utf8_prefix_ok(bytes(msg)):
+            if msg_op == 1 and not deflated and not utf8_prefix_ok(bytes(msg)):
                 return fail(1007)
         if len(raw) < n:
             return events
@@ -108,6 +121,17 @@ def parse(data: bytes, max_size: int) -> list[tuple]:
                     return fail(1007)
                 events.append(("close", code, reason))
         elif fin:
+            if deflated:
+                # inflated whole, at most max_size + 1 bytes made
+                limit = max_size or (1 << 62)
+                try:
+                    msg = inflater.decompress(bytes(msg) + TAIL, limit + 1)
+                except zlib.error:
+                    return fail(1007)
+                if len(msg) > limit:
+                    return fail(1009)
+                if reset or inflater.eof:
+                    inflater = zlib.decompressobj(-15)
             if msg_op == 1:
                 try:
                     events.append(("text", bytes(msg).decode("utf-8")))

@@ -63,12 +63,14 @@ def answering(port: int) -> bool:
         return False
 
 
-def argv_of(server: str, port: int, run_dir: Path) -> list[str]:
+def argv_of(server: str, port: int, run_dir: Path, deflate: bool = False) -> list[str]:
+    """deflate: permessage-deflate on (sockherd's is off unless asked,
+    uvicorn's on by default; granian is not asked)."""
     app = "asgi_ws_echo:app"
     if server == "sockherd":
         return [sys.executable, "-m", "sockherd.master", "run", app, "--interface", "asgi",
                 "-w", "1", "--pythonpath", str(APPS), "-b", f"127.0.0.1:{port}",
-                "--runtime-dir", str(run_dir)]
+                "--runtime-dir", str(run_dir)] + (["--ws-per-message-deflate"] if deflate else [])
     if server == "uvicorn":
         return [peer_command("uvicorn"), app, "--app-dir", str(APPS), "--ws", "websockets",
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
@@ -80,17 +82,26 @@ def argv_of(server: str, port: int, run_dir: Path) -> list[str]:
 def ws_server(request, tmp_path_factory):
     """(server name, (host, port)) of a running server, killed and reaped
     (its whole process group) after the module."""
-    server = request.param
+    yield from _serve(request.param, tmp_path_factory, deflate=False)
+
+
+@pytest.fixture(scope="module", params=("sockherd", "uvicorn"))
+def ws_deflate_server(request, tmp_path_factory):
+    """As ws_server, with permessage-deflate (RFC 7692) on."""
+    yield from _serve(request.param, tmp_path_factory, deflate=True)
+
+
+def _serve(server: str, tmp_path_factory, deflate: bool):
     if server != "sockherd" and not peer_command(server):
         pytest.skip(f"{server} is a benchmark peer, not a test dependency: its cases run with "
                     "bench/ws_conformance.py (after bench/setup_peers.sh), which names its "
                     "venv in SOCKHERD_WS_PEERS_BIN")
-    tmp = tmp_path_factory.mktemp(f"ws-{server}")
+    tmp = tmp_path_factory.mktemp(f"ws-{server}{'-deflate' if deflate else ''}")
     log = tmp / "server.log"
     for attempt in range(3):                 # a port taken between probe and bind: retry
         port = free_port()
         with open(log, "wb") as out:
-            proc = subprocess.Popen(argv_of(server, port, tmp / "run"), stdout=out,
+            proc = subprocess.Popen(argv_of(server, port, tmp / "run", deflate), stdout=out,
                                     stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True,
                                     env={**os.environ, "SOCKHERD_RUNTIME_DIR": str(tmp / "run")})
         try:

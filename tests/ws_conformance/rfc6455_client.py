@@ -59,6 +59,7 @@ class Outcome:
     frame; 1005: an empty one) and reason; whether it closed the TCP
     connection after."""
     frames: list = field(default_factory=list)
+    compressed: list = field(default_factory=list)   # per message: RSV1 on its first frame
     close: int | None = None
     reason: bytes = b""
     eof: bool = False
@@ -81,7 +82,7 @@ class Outcome:
 
 class Client:
     def __init__(self, addr, *, key: str | None = None, version: str | None = "13",
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, headers: tuple = ()):
         self.sock = socket.create_connection(addr, timeout=timeout)
         OPEN.append(self)
         self.timeout = timeout
@@ -94,6 +95,7 @@ class Client:
             head.append(f"Sec-WebSocket-Key: {self.key}")
         if version is not None:
             head.append(f"Sec-WebSocket-Version: {version}")
+        head += list(headers)               # extra request header lines
         self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
         self.status, self.headers = self._response_head()
 
@@ -143,6 +145,7 @@ class Client:
                     n, at = (struct.unpack_from("!Q", buf, 2)[0], 10) if len(buf) >= 10 else (-1, 10)
                 if n >= 0 and len(buf) >= at + n:
                     self.pending = buf[at + n:]
+                    self.rsv = buf[0] >> 4 & 7
                     return buf[0] >> 7, buf[0] & 0x0F, buf[at:at + n]
             if not self._more(deadline):
                 assert time.monotonic() < deadline, "the server neither answered nor closed"
@@ -171,10 +174,13 @@ class Client:
             if op >= 8:
                 out.frames.append((op, payload))
                 continue
+            if not self.parts:
+                self.first_rsv = self.rsv
             self.parts.append(payload)
             self.opcode = op or self.opcode
             if fin:
                 out.frames.append((self.opcode, b"".join(self.parts)))
+                out.compressed.append(self.first_rsv == 4)
                 self.parts = []
         return out
 

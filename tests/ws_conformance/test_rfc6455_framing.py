@@ -71,3 +71,19 @@ def test_frames_sent_one_byte_at_a_time(ws_server):
     o = c.send(close_frame()).outcome(o)
     assert o.messages == [(TEXT, "chopped κόσμε".encode()), (BINARY, bytes(300))]
     assert o.pongs == [b"chopped ping"] and o.close == 1000 and o.eof
+
+
+@pytest.mark.parametrize("n, width", [(0, 16), (125, 16), (5, 64), (125, 64), (126, 64),
+                                      (65535, 64)])
+@pytest.mark.parametrize("opcode", [TEXT, BINARY], ids=["text", "binary"])
+def test_data_frame_length_not_minimally_encoded_is_1002(ws_server, opcode, n, width):
+    """5.2: "the minimal number of bytes MUST be used to encode the length":
+    a data frame's length in the 16-bit form below 126 or in the 64-bit
+    form below 65536 fails the connection with 1002 and a reason that
+    names the rule (the finding: such frames were accepted and echoed;
+    control frames were already refused)."""
+    server, addr = ws_server
+    o = exchange(addr, frame(opcode, b"*" * n, width=width), frame(TEXT, b"after"))
+    assert o.messages == [] and o.close == 1002 and o.eof
+    if server == "sockherd":
+        assert b"not minimally encoded" in o.reason, o.reason

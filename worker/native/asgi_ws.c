@@ -23,6 +23,11 @@
  * A connection with a call is never shared among threads nor moved
  * (asgi_app.c): each WebSocket lives on the loop thread that accepted it.
  *
+ * permessage-deflate (RFC 7692, ws_deflate.c) only if the
+ * ws_per_message_deflate setting is on: the client's offer is taken at
+ * the upgrade, named in the 101, and from then on the codec inflates
+ * what comes and send() deflates what goes; the app sees plain messages.
+ *
  * The engine, not the app, answers pings (with the ping's payload) and
  * the client's close (its code echoed, then the connection closes); a
  * protocol error (ws_frame.c's list) is answered with its close code
@@ -52,6 +57,7 @@
 #include "asgi_ws.h"
 
 static unsigned long long max_size = 16u << 20;   /* ws_max_size (uvicorn's default) */
+static int pmd_enabled;                           /* ws_per_message_deflate (off) */
 
 /* ---- the handshake's request ------------------------------------------------------------------ */
 
@@ -90,6 +96,18 @@ static int key_ok(const char *k, size_t n)
 			return 0;
 	last = strchr(b64s, k[21]);
 	return ((last - b64s) & 0xF) == 0;
+}
+
+/* permessage-deflate (ws_deflate.c): the first offer we take, over the
+ * Sec-WebSocket-Extensions fields in order; pmd.on 0 if none (or off). */
+static void negotiate(const struct hp_parser *hp, struct ws_pmd *pmd)
+{
+	for (uint32_t i = 0; pmd_enabled && i < hp->nfields && !pmd->on; i++) {
+		const struct hp_field *f = &hp->fields[i];
+
+		if (f->name_len == 24 && !strncasecmp(hp->head + f->name, "sec-websocket-extensions", 24))
+			ws_pmd_offers(hp->head + f->value, f->value_len, pmd);
+	}
 }
 
 /* ---- receive ------------------------------------------------------------------------------------ */
@@ -240,6 +258,7 @@ static void Ws_dealloc(WsCall *call)
 	unlink_call(call);
 	Ws_clear(call);
 	ws_free(&call->wp);
+	ws_deflater_free(&call->defl);
 	Py_CLEAR(call->conn);
 	Py_CLEAR(call->f.prefix);
 	Py_CLEAR(call->srv);
@@ -387,6 +406,11 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	call->aio = Py_XNewRef(s->thr[c->pos].aio);
 	memcpy(call->key, key, 24);
 	ws_init(&call->wp, max_size);
+	negotiate(hp, &call->pmd);
+	call->wp.pmd = call->pmd.on;
+	call->wp.pmd_reset = call->pmd.client_no_takeover;
+	call->defl.bits = call->pmd.server_bits;
+	call->defl.reset = call->pmd.server_no_takeover;
 	call->next = all_calls;
 	if (all_calls)
 		all_calls->prev = call;
@@ -515,11 +539,13 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 static PyObject *py_ws_settings(PyObject *mod, PyObject *args)
 {
 	unsigned long long size;
+	int deflate = 0;
 
 	(void)mod;
-	if (!PyArg_ParseTuple(args, "K:ws_settings", &size))
+	if (!PyArg_ParseTuple(args, "K|p:ws_settings", &size, &deflate))
 		return NULL;
 	max_size = size;
+	pmd_enabled = deflate;
 	Py_RETURN_NONE;
 }
 
@@ -528,7 +554,8 @@ PyMethodDef asgi_ws_module_methods[] = {
 	{"ws_going_away", py_ws_going_away, METH_O,
 	 "ws_going_away(server): close 1001 to each WebSocket of the calling loop thread; how many"},
 	{"ws_settings", py_ws_settings, METH_VARARGS,
-	 "ws_settings(max_size): a message's bound (close 1009 past it; 0 none)"},
+	 "ws_settings(max_size, deflate=False): a message's bound (close 1009 past it; 0 none), "
+	 "whether permessage-deflate is negotiated"},
 	{NULL},
 };
 

@@ -31,6 +31,8 @@ typedef struct WsCall {
 	size_t queued;                     /* their payload bytes */
 	char key[24];                      /* Sec-WebSocket-Key, checked */
 	struct ws_parser wp;
+	struct ws_pmd pmd;                 /* permessage-deflate negotiated (pmd.on) */
+	struct ws_deflater defl;           /* its compressor, NULL until a message needs it */
 	struct h1_frame f;                 /* the denial response's framing */
 	int state;
 	/* connect_taken: websocket.connect was received; close_sent: our close
@@ -80,7 +82,7 @@ PyObject *ws_take(WsCall *call);
 void ws_deliver(WsCall *call);
 /* websocket.disconnect with code queued, once: the WebSocket is closed. */
 void ws_finish(WsCall *call, int code, const char *reason, size_t rlen);
-/* One server frame into c's output (not flushed). */
+/* One server frame into c's output (not flushed); op may carry RSV1 (0x40). */
 int ws_frame_out(HttpConn *c, int op, const char *data, size_t n);
 /* Our close frame (code 0: none), the connection closed once it is out. */
 int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen);

@@ -8,6 +8,7 @@
  * codec's head and framing (h1_head.c, h1_response.c), the connection
  * layer (conn.h).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "asgi_ws.h"
@@ -65,6 +66,38 @@ static PyObject *accept_key(WsCall *call)
 	return r;
 }
 
+/* The 101's Sec-WebSocket-Extensions: the permessage-deflate we took. */
+static int pmd_answer(HttpConn *c, const struct ws_pmd *pmd)
+{
+	char v[WS_PMD_ANSWER_MAX];
+	size_t n = ws_pmd_answer(pmd, v);
+
+	if (hconn_send(c, "Sec-WebSocket-Extensions: ", 26, 0) < 0 || hconn_send(c, v, n, 0) < 0)
+		return -1;
+	return hconn_send(c, "\r\n", 2, 0);
+}
+
+/* One message out as one frame: compressed (RSV1) when permessage-deflate
+ * was negotiated and it is at least WS_DEFLATE_MIN bytes (below, deflate's
+ * few bytes of framing rarely pay: RFC 7692 lets each message choose). */
+#define WS_DEFLATE_MIN 64
+static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t n)
+{
+	uint8_t *z;
+	size_t zn;
+	int rc;
+
+	if (!call->pmd.on || n < WS_DEFLATE_MIN)
+		return ws_frame_out(c, op, s, n);
+	if (ws_deflate_msg(&call->defl, (const uint8_t *)s, n, &z, &zn) < 0) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	rc = ws_frame_out(c, op | 0x40, (const char *)z, zn);
+	free(z);
+	return rc;
+}
+
 /* websocket.accept: the 101, with the app's subprotocol and headers. */
 static PyObject *do_accept(WsCall *call, PyObject *msg)
 {
@@ -120,7 +153,8 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 	    hconn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
 	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
 	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
-	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0))) {
+	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0)) ||
+	    (call->pmd.on && pmd_answer(c, &call->pmd) < 0)) {
 		Py_DECREF(key);
 		goto fail;
 	}
@@ -201,12 +235,12 @@ static PyObject *do_send(WsCall *call, PyObject *msg)
 		}
 		if (!(s = PyUnicode_AsUTF8AndSize(text, &n)))
 			return NULL;
-		rc = ws_frame_out(c, WS_OP_TEXT, s, (size_t)n);
+		rc = message_out(call, c, WS_OP_TEXT, s, (size_t)n);
 	}
 	else {
 		if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
 			return NULL;
-		rc = ws_frame_out(c, WS_OP_BINARY, view.buf, (size_t)view.len);
+		rc = message_out(call, c, WS_OP_BINARY, view.buf, (size_t)view.len);
 		PyBuffer_Release(&view);
 	}
 	if (rc < 0)

@@ -4,6 +4,8 @@
  *   ws_frame.c  the frame codec: client frames parsed incrementally from
  *               a buffer (no I/O, no Python), messages reassembled and
  *               checked (UTF-8 incrementally), server frames serialised
+ *   ws_deflate.c  permessage-deflate (RFC 7692): offers negotiated, a
+ *               compressed message inflated, a server message deflated
  *   ws_py.c     its Python face (WsParser, ws_frame) for the tests, the
  *               fuzz oracle and the micro-benchmark
  *   asgi_ws.c, asgi_ws_frames.c, asgi_ws_send.c (asgi_ws.h)
@@ -48,6 +50,13 @@ struct ws_parser {
 	/* the data message being reassembled: msg_op 0 none, else its opcode */
 	uint8_t msg_op;
 	uint8_t delivered;                 /* msg was handed out: the next call starts anew */
+	/* permessage-deflate: pmd negotiated (RSV1 allowed on a message's
+	 * first frame), pmd_reset its client_no_context_takeover,
+	 * msg_deflated the message being reassembled has RSV1 (it is
+	 * inflated once whole); inflater: zlib's state (ws_deflate.c), NULL
+	 * until a compressed message comes */
+	uint8_t pmd, pmd_reset, msg_deflated;
+	void *inflater;
 	char *msg;
 	size_t msg_len, msg_cap;
 	struct ws_utf8 utf8;
@@ -89,8 +98,41 @@ int ws_utf8_valid(const uint8_t *s, size_t n);
  * 1007-1014, 3000-4999). */
 int ws_close_code_ok(int code);
 /* A server frame's header (FIN set, unmasked) for a payload of len bytes:
- * written to out (room for 10), its length returned. */
+ * written to out (room for 10), its length returned. opcode may carry
+ * RSV1 (0x40: a compressed message, permessage-deflate). */
 size_t ws_frame_head(uint8_t *out, int opcode, uint64_t len);
+
+/* ---- permessage-deflate (RFC 7692), ws_deflate.c ---- */
+
+/* What was negotiated (on 0: nothing): the two no_context_takeover
+ * parameters, the server_max_window_bits offered (0: none) */
+struct ws_pmd {
+	uint8_t on, server_no_takeover, client_no_takeover, server_bits;
+};
+#define WS_PMD_ANSWER_MAX 128
+/* The first permessage-deflate offer of a Sec-WebSocket-Extensions value
+ * s[0 .. n) that we take: 1 (into *pmd), 0 none (*pmd unchanged). */
+int ws_pmd_offers(const char *s, size_t n, struct ws_pmd *pmd);
+/* Our answer's Sec-WebSocket-Extensions value into out (room for
+ * WS_PMD_ANSWER_MAX), its length returned. */
+size_t ws_pmd_answer(const struct ws_pmd *pmd, char *out);
+/* A whole compressed message msg[0 .. msg_len) replaced by its inflated
+ * bytes: 0, or WS_FAIL (1007 not deflate data, 1009 past max_size once
+ * inflated, 1011 out of memory). */
+int ws_inflate_msg(struct ws_parser *p);
+void ws_inflater_free(struct ws_parser *p);
+/* The server's side: bits the window's bound (0: ours), reset for
+ * server_no_context_takeover; z NULL until the first compressed send */
+struct ws_deflater {
+	void *z;
+	uint8_t bits, reset;
+};
+/* data[0 .. n) compressed as one message into *out (malloc'd, the
+ * caller frees) of *outlen bytes, the sync flush's tail removed: 0, or
+ * -1 out of memory. */
+int ws_deflate_msg(struct ws_deflater *d, const uint8_t *data, size_t n, uint8_t **out,
+                   size_t *outlen);
+void ws_deflater_free(struct ws_deflater *d);
 
 /* ---- the Python side (ws_py.c, asgi_ws.c): for files that include Python.h ---- */
 #ifdef Py_PYTHON_H

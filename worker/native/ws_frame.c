@@ -20,14 +20,25 @@
  *   1002  RSV bits without a negotiated extension, an unknown opcode, a
  *         fragmented or longer than 125 bytes control frame (or one whose
  *         length of at most 125 uses the 16- or 64-bit form), an unmasked
- *         frame, a 64-bit length with its top bit set, a continuation
+ *         frame, a 64-bit length with its top bit set, a data frame's
+ *         length not minimally encoded (the 16-bit form below 126, the
+ *         64-bit form below 65536), a continuation
  *         with no message started, a new data frame inside a fragmented
  *         message, a close payload of 1 byte or with a code no peer may
  *         send (1005, 1006, 1015, < 1000, 1016-2999, >= 5000)
- *   1007  text (or a close reason) that is not UTF-8
- *   1009  a message longer than max_size
+ *         and, with permessage-deflate negotiated (pmd), RSV1 on a
+ *         continuation or control frame or RSV2 / RSV3 set
+ *   1007  text (or a close reason) that is not UTF-8; a compressed
+ *         message that does not inflate
+ *   1009  a message longer than max_size (once inflated too)
  *
- * May call: nothing of the engine (ws.h is all it knows).
+ * A compressed message (RSV1 on its first frame) is reassembled as any
+ * other, its compressed bytes bounded by max_size, and inflated once
+ * whole (ws_deflate.c says how a bomb is bounded); its text is checked as
+ * UTF-8 then, not as its bytes come.
+ *
+ * May call: ws_deflate.c (inflating); nothing of the engine (ws.h is all
+ * it knows).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +58,7 @@ void ws_init(struct ws_parser *p, uint64_t max_size)
 
 void ws_free(struct ws_parser *p)
 {
+	ws_inflater_free(p);
 	free(p->ctl);
 	p->ctl = NULL;
 	p->ctl_len = 0;
@@ -188,13 +200,20 @@ static int frame_start(struct ws_parser *p)
 	uint64_t len = len7;
 	size_t at = 2;
 
-	if (h[0] & 0x70)
-		return fail(p, 1002, "RSV bits set without a negotiated extension");
+	if (h[0] & (p->pmd ? 0x30 : 0x70))
+		return fail(p, 1002, p->pmd ? "RSV2 or RSV3 set (permessage-deflate uses RSV1 only)"
+		                            : "RSV bits set without a negotiated extension");
 	if (op != WS_OP_CONT && op != WS_OP_TEXT && op != WS_OP_BINARY && op != WS_OP_CLOSE &&
 	    op != WS_OP_PING && op != WS_OP_PONG)
 		return fail(p, 1002, "unknown opcode");
 	if (control && !(h[0] & 0x80))
 		return fail(p, 1002, "fragmented control frame");
+	/* RFC 7692 6: RSV1 marks a compressed message on its first frame,
+	 * and only there */
+	if ((h[0] & 0x40) && control)
+		return fail(p, 1002, "RSV1 set on a control frame");
+	if ((h[0] & 0x40) && op == WS_OP_CONT)
+		return fail(p, 1002, "RSV1 set on a continuation frame");
 	if (len7 == 126) {
 		len = (uint64_t)h[2] << 8 | h[3];
 		at = 4;
@@ -217,6 +236,12 @@ static int frame_start(struct ws_parser *p)
 		return fail(p, 1002, "unmasked client frame");
 	if (len >> 63)
 		return fail(p, 1002, "64-bit payload length with its top bit set");
+	/* 5.2: "the minimal number of bytes MUST be used to encode the
+	 * length"; a data frame's length too (control frames: above) */
+	if (len7 == 126 && len < 126)
+		return fail(p, 1002, "payload length in the 16-bit form below 126 (not minimally encoded)");
+	if (len7 == 127 && len < 65536)
+		return fail(p, 1002, "payload length in the 64-bit form below 65536 (not minimally encoded)");
 	if (!control) {
 		if (op == WS_OP_CONT && !p->msg_op)
 			return fail(p, 1002, "continuation frame without a message started");
@@ -226,6 +251,7 @@ static int frame_start(struct ws_parser *p)
 			return fail(p, 1009, "message larger than the maximum size");
 		if (op != WS_OP_CONT) {
 			p->msg_op = op;
+			p->msg_deflated = (h[0] & 0x40) != 0;
 			p->utf8 = (struct ws_utf8){0};
 		}
 	}
@@ -265,7 +291,15 @@ static int frame_end(struct ws_parser *p)
 	}
 	if (!p->fin)
 		return WS_MORE;
-	if (p->msg_op == WS_OP_TEXT && p->utf8.need)
+	if (p->msg_deflated) {
+		/* whole: inflated, then text checked as UTF-8 (its compressed
+		 * bytes were not) */
+		if (ws_inflate_msg(p) == WS_FAIL)
+			return WS_FAIL;
+		if (p->msg_op == WS_OP_TEXT && !ws_utf8_valid((const uint8_t *)p->msg, p->msg_len))
+			return fail(p, 1007, "text message that is not UTF-8");
+	}
+	else if (p->msg_op == WS_OP_TEXT && p->utf8.need)
 		return fail(p, 1007, "text message that is not UTF-8 (truncated sequence)");
 	p->delivered = 1;
 	return p->msg_op == WS_OP_TEXT ? WS_TEXT : WS_BINARY;
@@ -353,7 +387,8 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 				at = (uint8_t *)p->msg + p->msg_len;
 				unmask(at, data + i, n, p->mask, &p->mpos);
 				p->msg_len += n;
-				if (p->msg_op == WS_OP_TEXT && utf8_feed(&p->utf8, at, n) < 0) {
+				if (p->msg_op == WS_OP_TEXT && !p->msg_deflated &&
+				    utf8_feed(&p->utf8, at, n) < 0) {
 					*used = i + n;
 					return fail(p, 1007, "text message that is not UTF-8");
 				}
@@ -379,7 +414,7 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 
 size_t ws_frame_head(uint8_t *out, int opcode, uint64_t len)
 {
-	out[0] = (uint8_t)(0x80 | opcode);
+	out[0] = (uint8_t)(0x80 | opcode);          /* (RSV1 with it, if given) */
 	if (len < 126) {
 		out[1] = (uint8_t)len;
 		return 2;

@@ -19,13 +19,17 @@ typedef struct {
 
 static int WsParser_init(WsParser *self, PyObject *args, PyObject *kw)
 {
-	static char *names[] = {"max_size", NULL};
+	static char *names[] = {"max_size", "deflate", "client_no_context_takeover", NULL};
 	unsigned long long max_size = 16u << 20;
+	int deflate = 0, reset = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|K:WsParser", names, &max_size))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|K$pp:WsParser", names, &max_size, &deflate,
+	                                 &reset))
 		return -1;
 	ws_free(&self->p);
 	ws_init(&self->p, max_size);
+	self->p.pmd = (uint8_t)deflate;
+	self->p.pmd_reset = (uint8_t)(deflate && reset);
 	return 0;
 }
 
@@ -102,7 +106,9 @@ static PyMethodDef WsParser_methods[] = {
 PyTypeObject WsParserType = {
 	PyVarObject_HEAD_INIT(NULL, 0)
 	.tp_name = "sockherd.worker._http.WsParser",
-	.tp_doc = "WsParser(max_size=16 MiB): the native RFC 6455 client-frame parser (ws_frame.c).",
+	.tp_doc = "WsParser(max_size=16 MiB, *, deflate=False, client_no_context_takeover=False): "
+	          "the native RFC 6455 client-frame parser (ws_frame.c), permessage-deflate "
+	          "negotiated if deflate (ws_deflate.c).",
 	.tp_basicsize = sizeof(WsParser),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_new = PyType_GenericNew,
@@ -132,7 +138,39 @@ static PyObject *py_ws_frame(PyObject *mod, PyObject *args)
 	return r;
 }
 
+/* The answer to Sec-WebSocket-Extensions values (one per header field, in
+ * order): the first offer taken, None if none. */
+static PyObject *py_ws_pmd_negotiate(PyObject *mod, PyObject *values)
+{
+	PyObject *seq = PySequence_Fast(values, "ws_pmd_negotiate(values): a list of str");
+	struct ws_pmd pmd = {0};
+	char out[WS_PMD_ANSWER_MAX];
+
+	(void)mod;
+	if (!seq)
+		return NULL;
+	for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && !pmd.on; i++) {
+		Py_ssize_t n;
+		const char *v = PyUnicode_Check(PySequence_Fast_GET_ITEM(seq, i)) ?
+		                PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(seq, i), &n) : NULL;
+
+		if (!v) {
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_TypeError, "ws_pmd_negotiate(values): a list of str");
+			Py_DECREF(seq);
+			return NULL;
+		}
+		ws_pmd_offers(v, (size_t)n, &pmd);
+	}
+	Py_DECREF(seq);
+	if (!pmd.on)
+		Py_RETURN_NONE;
+	return PyUnicode_FromStringAndSize(out, (Py_ssize_t)ws_pmd_answer(&pmd, out));
+}
+
 PyMethodDef ws_module_methods[] = {
+	{"ws_pmd_negotiate", py_ws_pmd_negotiate, METH_O,
+	 "ws_pmd_negotiate([Sec-WebSocket-Extensions values]) -> the answer's value, or None."},
 	{"ws_frame", py_ws_frame, METH_VARARGS,
 	 "ws_frame(opcode, payload) -> bytes: a server frame (FIN set, unmasked)."},
 	{NULL},
