@@ -6,7 +6,8 @@
 # "Set up" installs only what is missing: Debian packages (libcap-dev for
 # python-prctl, a C compiler and Python headers for the cffi core and the HTTP
 # extension, node-llhttp for the llhttp C sources it compiles in, libssl-dev for
-# the engine's TLS (OpenSSL), systemd for
+# the engine's TLS (OpenSSL), zlib1g-dev for WebSocket per-message deflate,
+# systemd for
 # systemd-socket-activate), then .venv and `pip install -e .` (runtime
 # dependencies only) for `make run`, `pip install -e '.[test]'` for `make
 # test`, which also installs chromium and chromium-driver (the browser test).
@@ -17,7 +18,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 SOURCES := pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h worker/aio_native/*.c ipc/native/*.c)
-DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp libssl-dev
+DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp libssl-dev zlib1g-dev
 # only for `make test`: the status page's browser test (tests/master/
 # test_status_page.py) drives a headless Chromium through chromedriver; the
 # multi-host proof (tests/deploy/test_multihost.py) runs HAProxy in network
