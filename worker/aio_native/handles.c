@@ -456,19 +456,10 @@ static PyObject *call_soon(PyObject *mod, PyObject *const *a, Py_ssize_t n)
  * in C, any other (a reader's asyncio.Handle) through its _run. Stops at
  * an exception of a callback that ends the loop's run (SystemExit,
  * KeyboardInterrupt), as asyncio's pass does; the rest stay queued. */
-static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
+static PyObject *ready_pass(PyObject *popleft, Py_ssize_t todo)
 {
-	Py_ssize_t todo;
-
-	if (n != 2) {
-		PyErr_SetString(PyExc_TypeError, "run_ready(popleft, n)");
-		return NULL;
-	}
-	todo = PyLong_AsSsize_t(a[1]);
-	if (todo == -1 && PyErr_Occurred())
-		return NULL;
 	for (Py_ssize_t i = 0; i < todo; i++) {
-		PyObject *h = PyObject_CallNoArgs(a[0]);
+		PyObject *h = PyObject_CallNoArgs(popleft);
 		int rc = 0;
 
 		if (!h)
@@ -496,6 +487,20 @@ static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
 			return NULL;
 	}
 	Py_RETURN_NONE;
+}
+
+static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
+{
+	Py_ssize_t todo;
+
+	if (n != 2) {
+		PyErr_SetString(PyExc_TypeError, "run_ready(popleft, n)");
+		return NULL;
+	}
+	todo = PyLong_AsSsize_t(a[1]);
+	if (todo == -1 && PyErr_Occurred())
+		return NULL;
+	return ready_pass(a[0], todo);
 }
 
 /* ---- call_soon, call_at, call_later bound to one loop -------------------------------------------- */
@@ -721,7 +726,11 @@ static PyTypeObject CallerType = {
 typedef struct {
 	PyObject_HEAD
 	PyObject *loop, *ready, *popleft, *append, *base;
-	PyObject *selector, *poll, *is_set;    /* selector._turn, selector._stopping.is_set */
+	/* selector._turn, and the Loop's stop: selector._stopping, a
+	 * threading.Event whose is_set() is `return self._flag` (its _flag
+	 * read here: the call is a Python frame, ~500 instructions a turn),
+	 * or is_set of another kind of event (stop NULL) */
+	PyObject *selector, *poll, *stop, *is_set;
 	int every, since;
 	double after, turned_at, resolution;
 	vectorcallfunc vectorcall;
@@ -729,7 +738,7 @@ typedef struct {
 
 static PyTypeObject RunnerType;
 static PyObject *S_stopping, *S_cancelled_count, *S_when_attr, *S_scheduled_attr, *heappop,
-                *S_failed, *S_stop, *S_app_ready, *S_process_events;
+                *S_failed, *S_stop, *S_app_ready, *S_process_events, *S_flag, *event_type;
 
 #define MAX_SELECT 86400.0                 /* asyncio's MAXIMUM_SELECT_TIMEOUT */
 #define MAX_WAIT_MS 3600000                /* aio.py's _MAX_WAIT_MS: poll's timeout is 32-bit */
@@ -758,7 +767,8 @@ static int runner_turn(Runner *r, double timeout)
 		PyErr_Restore(type, val, tb);
 		return -1;
 	}
-	if (!(flag = PyObject_CallNoArgs(r->is_set)) || (stop = PyObject_IsTrue(flag)) < 0)
+	flag = r->stop ? loop_attr(r->stop, S_flag) : PyObject_CallNoArgs(r->is_set);
+	if (!flag || (stop = PyObject_IsTrue(flag)) < 0)
 		goto fail;
 	Py_CLEAR(flag);
 	if (stop) {                                /* run_forever returns after this iteration */
@@ -936,13 +946,7 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 	/* the callbacks ready now, not those they schedule (asyncio's rule) */
 	if ((nready = PyObject_Length(r->ready)) < 0)
 		return NULL;
-	{
-		PyObject *n = PyLong_FromSsize_t(nready), *a[2] = {r->popleft, n};
-		PyObject *res = n ? run_ready(NULL, a, 2) : NULL;
-
-		Py_XDECREF(n);
-		return res;
-	}
+	return ready_pass(r->popleft, nready);
 fail:
 	Py_XDECREF(heap);
 	return NULL;
@@ -966,6 +970,7 @@ static PyObject *runner(PyObject *mod, PyObject *args)
 	r->base = Py_NewRef(base);
 	r->poll = PyObject_GetAttrString(selector, "_turn");
 	res = r->poll ? PyObject_GetAttrString(selector, "_stopping") : NULL;
+	r->stop = res && Py_IS_TYPE(res, (PyTypeObject *)event_type) ? Py_NewRef(res) : NULL;
 	r->is_set = res ? PyObject_GetAttrString(res, "is_set") : NULL;
 	Py_XDECREF(res);
 	r->every = every;
@@ -995,6 +1000,7 @@ static int Runner_traverse(Runner *r, visitproc visit, void *arg)
 	Py_VISIT(r->append);
 	Py_VISIT(r->selector);
 	Py_VISIT(r->poll);
+	Py_VISIT(r->stop);
 	Py_VISIT(r->is_set);
 	Py_VISIT(r->base);
 	return 0;
@@ -1008,6 +1014,7 @@ static int Runner_clear(Runner *r)
 	Py_CLEAR(r->append);
 	Py_CLEAR(r->selector);
 	Py_CLEAR(r->poll);
+	Py_CLEAR(r->stop);
 	Py_CLEAR(r->is_set);
 	Py_CLEAR(r->base);
 	return 0;
@@ -1083,8 +1090,17 @@ PyMODINIT_FUNC PyInit__aio(void)
 	S_stop = PyUnicode_InternFromString("stop");
 	S_app_ready = PyUnicode_InternFromString("_app_ready");
 	S_process_events = PyUnicode_InternFromString("_process_events");
-	if (!S_failed || !S_stop || !S_app_ready || !S_process_events)
+	S_flag = PyUnicode_InternFromString("_flag");
+	if (!S_failed || !S_stop || !S_app_ready || !S_process_events || !S_flag)
 		return NULL;
+	{
+		PyObject *th = PyImport_ImportModule("threading");
+
+		event_type = th ? PyObject_GetAttrString(th, "Event") : NULL;
+		Py_XDECREF(th);
+		if (!event_type)
+			return NULL;
+	}
 	if (!S_scheduled_list || !S_context || !S_stopping ||
 	    !S_cancelled_count || !S_when_attr || !S_scheduled_attr)
 		return NULL;
