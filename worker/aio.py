@@ -44,8 +44,9 @@ import logging
 import math
 import selectors
 
-from sockherd.worker._aio import (caller as _caller, not_debugging as _not_debugging,
-                                  runner as _runner, task_maker as _task_maker)
+from sockherd.worker._aio import (caller as _caller, future_maker as _future_maker,
+                                  not_debugging as _not_debugging, runner as _runner,
+                                  task_maker as _task_maker)
 
 from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
 
@@ -126,6 +127,8 @@ class PollerSelector(selectors._BaseSelectorImpl):
             ms = 0
         else:
             ms = min(_MAX_WAIT_MS, math.ceil(timeout * 1000))
+        # (ThreadEventLoop's C iteration does what follows without this
+        # frame: worker/aio_native/handles.c runner_turn)
         try:
             reports = self._turn(ms)
         except BaseException:
@@ -133,8 +136,11 @@ class PollerSelector(selectors._BaseSelectorImpl):
             raise
         if self._stopping.is_set():
             self.loop.stop()                    # run_forever returns after this iteration
-        if not reports:
-            return []
+        return self._app_ready(reports) if reports else []
+
+    def _app_ready(self, reports) -> list:
+        """The (key, events) asyncio wants of a turn's reports (the app's
+        own fds, registered with this selector)."""
         ready = []
         keys, cookies = self._fd_to_key, self._cookies
         for ev in reports:
@@ -166,21 +172,26 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
     """The asyncio loop of one loop thread (PollerSelector's).
 
     Its iteration (_run_once) is asyncio's, in C, but for the turn (the
-    select: _turn): while callbacks or due timers are ready it turns only
+    select): while callbacks or due timers are ready it turns only
     every _TURN_EVERY iterations or _TURN_AFTER seconds (above). Its
     handles are C objects that behave as asyncio's, made by call_soon,
     call_at and call_later in C without the checks only a debugging loop
-    needs (worker/aio_native/handles.c); its create_task and get_debug
-    too (worker/aio_native/tasks.c). A loop in debug mode runs asyncio's
+    needs (worker/aio_native/handles.c); its create_task, create_future
+    and get_debug too (worker/aio_native/tasks.c). A loop in debug mode runs asyncio's
     own code throughout."""
 
+    def __init__(self, selector: PollerSelector):
+        self._poller = selector     # before asyncio's __init__: its set_debug calls _fast
+        super().__init__(selector)
+
     def _fast(self) -> None:
-        """Our C call_soon, call_at, call_later, _run_once, create_task and
-        get_debug while the loop is open and not debugging (found where
+        """Our C call_soon, call_at, call_later, _run_once, create_task,
+        create_future and get_debug while the loop is open and not debugging (found where
         asyncio's C Task and Future and run_forever look: an instance
         attribute before the class's method), asyncio's own otherwise: they
         check what ours do not."""
-        names = ("call_soon", "call_at", "call_later", "_run_once", "create_task", "get_debug")
+        names = ("call_soon", "call_at", "call_later", "_run_once", "create_task",
+                 "create_future", "get_debug")
         if self._debug or self._closed:
             for name in names:
                 self.__dict__.pop(name, None)
@@ -189,10 +200,13 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
         self.call_soon = _caller(self, 0, base.call_soon)
         self.call_at = _caller(self, 1, base.call_at)
         self.call_later = _caller(self, 2, base.call_later)
-        self._run_once = _runner(self, self._turn, base._run_once, _TURN_EVERY, _TURN_AFTER)
+        # its turns call the selector's parts with no Python frame of ours
+        self._run_once = _runner(self, self._poller, base._run_once, _TURN_EVERY, _TURN_AFTER)
         # every request's task is made here (asgi_app.c); a task factory
         # set by the app is still honoured (it goes to asyncio's own)
         self.create_task = _task_maker(self, base.create_task)
+        # every wait of asyncio.Queue, Event, Lock, gather makes one
+        self.create_future = _future_maker(self, base.create_future)
         self.get_debug = _not_debugging         # asyncio's Future asks it per Future
 
     def set_debug(self, enabled: bool) -> None:
@@ -202,13 +216,6 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
     def close(self) -> None:
         super().close()
         self._fast()
-
-    def _turn(self, timeout) -> None:
-        """The select of an iteration that turns, and its events (most
-        turns have none of the app's fds: no call then)."""
-        events = self._selector.select(timeout)
-        if events:
-            self._process_events(events)
 
 
 def run(owner, th, me: int, turn, started) -> None:

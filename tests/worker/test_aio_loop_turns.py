@@ -121,3 +121,59 @@ def test_stop_ends_a_loop_whose_task_never_waits():
     finally:
         c.close()
         table.close()
+
+
+def test_a_turn_runs_without_the_selectors_python_frames_and_still_serves_app_fds(serve_asgi):
+    """Finding (bench/http_callgrind.py --app fastapi and bench/asgi_loop.py
+    micro, callgrind, 2026-11-26): each turn went through two Python frames
+    of ours (ThreadEventLoop._turn, PollerSelector.select) around the loop
+    thread's own turn: about 2k instructions a turn, one turn per request
+    of a FastAPI app. The C iteration (worker/aio_native/handles.c
+    runner_turn) now calls the loop thread's turn itself; what select did
+    stays: the app's own fds' events reach asyncio (an open_connection
+    here, to a server answering after a wait: the loop blocks in a turn
+    with the app's socket registered), and the Loop's stop ends the run."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def echo_later():
+        c, _ = srv.accept()
+        with c:
+            data = c.recv(100)
+            time.sleep(0.05)                # the loop waits in its turn for this
+            c.sendall(data.upper())
+
+    t = threading.Thread(target=echo_later, daemon=True)
+    t.start()
+
+    async def work(scope):
+        loop = asyncio.get_running_loop()
+        sel = loop._selector
+        calls = []
+        plain = sel.select
+
+        def counted(timeout=None):
+            calls.append(timeout)
+            return plain(timeout)
+        sel.select = counted
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"ping")
+            await writer.drain()
+            data = await reader.read(100)
+            writer.close()
+            await writer.wait_closed()
+            await asyncio.sleep(0.01)
+        finally:
+            del sel.select
+        return f"{data.decode()} {len(calls)}"
+
+    loop, addr = serve_asgi(answer(work))
+    try:
+        assert get(addr) == b"PING 0"
+    finally:
+        srv.close()
+        t.join(5)
+    aio_loop = loop.aio_loop(0)
+    loop.stop()
+    assert aio_loop.is_closed()

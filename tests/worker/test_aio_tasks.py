@@ -154,3 +154,40 @@ def test_wrong_arguments_get_asyncios_errors(serve_asgi):
 
     _, addr = serve_asgi(answer(work))
     assert get(addr) == b"TypeError TypeError TypeError TypeError"
+
+
+def test_create_future_is_c_and_makes_asyncios_future_read_at_each_call(serve_asgi, monkeypatch):
+    """Finding (bench/asgi_loop.py micro, callgrind, 2026-11-26): every wait
+    of asyncio.Queue, Event, Lock and gather made its future through
+    asyncio's Python create_future (uvloop's is C): Queue ping-pong cost
+    0.87 of uvloop's instructions. Ours is C (tasks.c) and keeps what
+    asyncio's does: asyncio.futures.Future(loop=loop), that name read at
+    each call; asyncio's own method back in debug mode; its TypeError for
+    arguments."""
+    class Marked(asyncio.Future):
+        pass
+
+    async def work(scope):
+        loop = asyncio.get_running_loop()
+        seen = [str("create_future" in vars(loop))]
+        fut = loop.create_future()
+        seen.append(f"{type(fut).__name__} {fut.get_loop() is loop}")
+        loop.call_soon(fut.set_result, "done")
+        seen.append(await fut)
+        with monkeypatch.context() as m:
+            m.setattr(asyncio.futures, "Future", Marked)
+            seen.append(type(loop.create_future()).__name__)
+        try:
+            loop.create_future(1)
+        except TypeError:
+            seen.append("TypeError")
+        loop.set_debug(True)
+        try:
+            seen.append(str("create_future" in vars(loop)))
+        finally:
+            loop.set_debug(False)
+        seen.append(str("create_future" in vars(loop)))
+        return " ".join(seen)
+
+    _, addr = serve_asgi(answer(work))
+    assert get(addr) == b"True Future True done Marked TypeError False True"

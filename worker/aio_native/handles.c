@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -455,19 +456,10 @@ static PyObject *call_soon(PyObject *mod, PyObject *const *a, Py_ssize_t n)
  * in C, any other (a reader's asyncio.Handle) through its _run. Stops at
  * an exception of a callback that ends the loop's run (SystemExit,
  * KeyboardInterrupt), as asyncio's pass does; the rest stay queued. */
-static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
+static PyObject *ready_pass(PyObject *popleft, Py_ssize_t todo)
 {
-	Py_ssize_t todo;
-
-	if (n != 2) {
-		PyErr_SetString(PyExc_TypeError, "run_ready(popleft, n)");
-		return NULL;
-	}
-	todo = PyLong_AsSsize_t(a[1]);
-	if (todo == -1 && PyErr_Occurred())
-		return NULL;
 	for (Py_ssize_t i = 0; i < todo; i++) {
-		PyObject *h = PyObject_CallNoArgs(a[0]);
+		PyObject *h = PyObject_CallNoArgs(popleft);
 		int rc = 0;
 
 		if (!h)
@@ -497,6 +489,20 @@ static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
 	Py_RETURN_NONE;
 }
 
+static PyObject *run_ready(PyObject *mod, PyObject *const *a, Py_ssize_t n)
+{
+	Py_ssize_t todo;
+
+	if (n != 2) {
+		PyErr_SetString(PyExc_TypeError, "run_ready(popleft, n)");
+		return NULL;
+	}
+	todo = PyLong_AsSsize_t(a[1]);
+	if (todo == -1 && PyErr_Occurred())
+		return NULL;
+	return ready_pass(a[0], todo);
+}
+
 /* ---- call_soon, call_at, call_later bound to one loop -------------------------------------------- */
 
 /* A loop's call_soon / call_at / call_later as a C callable set on the
@@ -512,6 +518,7 @@ typedef struct {
 	PyObject_HEAD
 	PyObject *loop;                        /* owned: a cycle with the loop, the GC's */
 	PyObject *ready;                       /* loop._ready, never replaced by asyncio */
+	PyObject *append;                      /* ready.append */
 	PyObject *base;                        /* asyncio's unbound method */
 	int kind;
 	vectorcallfunc vectorcall;
@@ -542,9 +549,26 @@ static PyObject *caller_base(Caller *c, PyObject *const *args, size_t nargsf, Py
 	return r;
 }
 
+/* loop.<name> (a new reference): the loop's own attributes asyncio keeps
+ * in its instance dict (_scheduled, _stopping), read there first. The
+ * generic getattr walks the class's MRO for a descriptor first: about 240
+ * instructions a read, two or three an iteration (callgrind, bench/
+ * asgi_loop.py micro). The loop classes define no descriptor of these
+ * names, so the instance dict's value is what getattr returns. */
+static PyObject *loop_attr(PyObject *loop, PyObject *name)
+{
+	PyObject **dp = _PyObject_GetDictPtr(loop), *v;
+
+	if (dp && *dp && PyDict_CheckExact(*dp) && (v = PyDict_GetItemWithError(*dp, name)))
+		return Py_NewRef(v);
+	if (PyErr_Occurred())
+		return NULL;
+	return PyObject_GetAttr(loop, name);
+}
+
 static int loop_flag(PyObject *loop, PyObject *name)
 {
-	PyObject *v = PyObject_GetAttr(loop, name);
+	PyObject *v = loop_attr(loop, name);
 	int r;
 
 	if (!v)
@@ -589,13 +613,13 @@ static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, Py
 	h->when = when;
 	if (!first)
 		list = Py_NewRef(c->ready);
-	else if (!(list = PyObject_GetAttr(c->loop, S_scheduled_list))) {
+	else if (!(list = loop_attr(c->loop, S_scheduled_list))) {
 		Py_DECREF(h);
 		return NULL;
 	}
 	{
 		PyObject *r = first ? PyObject_CallFunctionObjArgs(heappush, list, h, NULL)
-		                    : PyObject_CallMethodOneArg(list, S_append, (PyObject *)h);
+		                    : PyObject_CallOneArg(c->append, (PyObject *)h);
 
 		Py_DECREF(list);
 		if (!r) {
@@ -629,8 +653,9 @@ static PyObject *caller(PyObject *mod, PyObject *args)
 	c->kind = kind;
 	c->vectorcall = (vectorcallfunc)caller_call;
 	c->ready = PyObject_GetAttrString(loop, "_ready");
+	c->append = c->ready ? PyObject_GetAttr(c->ready, S_append) : NULL;
 	PyObject_GC_Track(c);
-	if (!c->ready) {
+	if (!c->append) {
 		Py_DECREF(c);
 		return NULL;
 	}
@@ -641,6 +666,7 @@ static int Caller_traverse(Caller *c, visitproc visit, void *arg)
 {
 	Py_VISIT(c->loop);
 	Py_VISIT(c->ready);
+	Py_VISIT(c->append);
 	Py_VISIT(c->base);
 	return 0;
 }
@@ -649,6 +675,7 @@ static int Caller_clear(Caller *c)
 {
 	Py_CLEAR(c->loop);
 	Py_CLEAR(c->ready);
+	Py_CLEAR(c->append);
 	Py_CLEAR(c->base);
 	return 0;
 }
@@ -687,23 +714,88 @@ static PyTypeObject CallerType = {
  * self._run_once()): asyncio's iteration (cancelled timers dropped from
  * the heap's head, the wait computed, the select, the due timers made
  * ready, the ready pass) but that while callbacks or due timers are ready
- * it turns (calls `turn(timeout)`: the select and its events, Python's)
- * only every `every` iterations or `after` seconds (aio.py says why). A
+ * it turns only every `every` iterations or `after` seconds (aio.py says
+ * why). A turn is the selector's select without its Python frames: the
+ * loop thread's turn (selector._turn(ms), worker/loop.py) called here,
+ * then, as PollerSelector.select does, the loop stopped if the Loop
+ * stops and the app's own fds' reports (most turns have none) handed to
+ * asyncio (selector._app_ready, loop._process_events). A
  * debugging loop runs asyncio's own iteration (ThreadEventLoop._fast
  * takes this one away); so does, once, a heap worth purging (`base`;
  * asyncio's rule: past 100 timers, half of them cancelled). */
 typedef struct {
 	PyObject_HEAD
-	PyObject *loop, *ready, *popleft, *turn, *base;
+	PyObject *loop, *ready, *popleft, *append, *base;
+	/* selector._turn, and the Loop's stop: selector._stopping, a
+	 * threading.Event whose is_set() is `return self._flag` (its _flag
+	 * read here: the call is a Python frame, ~500 instructions a turn),
+	 * or is_set of another kind of event (stop NULL) */
+	PyObject *selector, *poll, *stop, *is_set;
 	int every, since;
 	double after, turned_at, resolution;
 	vectorcallfunc vectorcall;
 } Runner;
 
 static PyTypeObject RunnerType;
-static PyObject *S_stopping, *S_cancelled_count, *S_when_attr, *S_scheduled_attr, *heappop;
+static PyObject *S_stopping, *S_cancelled_count, *S_when_attr, *S_scheduled_attr, *heappop,
+                *S_failed, *S_stop, *S_app_ready, *S_process_events, *S_flag, *event_type;
 
 #define MAX_SELECT 86400.0                 /* asyncio's MAXIMUM_SELECT_TIMEOUT */
+#define MAX_WAIT_MS 3600000                /* aio.py's _MAX_WAIT_MS: poll's timeout is 32-bit */
+
+/* One turn of the loop thread, waiting at most timeout seconds (< 0: no
+ * bound), as PollerSelector.select and ThreadEventLoop's select step do
+ * it (aio.py): 0, or -1 with the error (the turn's own marks the selector
+ * failed: the loop thread ends). */
+static int runner_turn(Runner *r, double timeout)
+{
+	PyObject *ms, *reports, *flag, *res;
+	long wait = timeout < 0 ? -1 : timeout == 0 ? 0
+	            : timeout * 1000 >= MAX_WAIT_MS ? MAX_WAIT_MS : (long)ceil(timeout * 1000);
+	int stop, rc = 0;
+
+	if (!(ms = PyLong_FromLong(wait)))
+		return -1;
+	reports = PyObject_CallOneArg(r->poll, ms);
+	Py_DECREF(ms);
+	if (!reports) {
+		PyObject *type, *val, *tb;
+
+		PyErr_Fetch(&type, &val, &tb);         /* ours: the thread ends (aio.run) */
+		if (PyObject_SetAttr(r->selector, S_failed, Py_True) < 0)
+			PyErr_Clear();
+		PyErr_Restore(type, val, tb);
+		return -1;
+	}
+	flag = r->stop ? loop_attr(r->stop, S_flag) : PyObject_CallNoArgs(r->is_set);
+	if (!flag || (stop = PyObject_IsTrue(flag)) < 0)
+		goto fail;
+	Py_CLEAR(flag);
+	if (stop) {                                /* run_forever returns after this iteration */
+		if (!(res = PyObject_CallMethodNoArgs(r->loop, S_stop)))
+			goto fail;
+		Py_DECREF(res);
+	}
+	if (PyList_CheckExact(reports) && !PyList_GET_SIZE(reports))
+		goto out;
+	/* the app's fds: asyncio's events, as select() returns them */
+	if (!(res = PyObject_CallMethodOneArg(r->selector, S_app_ready, reports)))
+		goto fail;
+	if ((stop = PyObject_IsTrue(res)) > 0) {
+		Py_SETREF(res, PyObject_CallMethodOneArg(r->loop, S_process_events, res));
+		stop = res ? 0 : -1;
+	}
+	Py_XDECREF(res);
+	if (stop < 0)
+		goto fail;
+out:
+	Py_DECREF(reports);
+	return rc;
+fail:
+	Py_XDECREF(flag);
+	rc = -1;
+	goto out;
+}
 
 static int timer_cancelled(PyObject *t)
 {
@@ -752,7 +844,7 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 		PyErr_SetString(PyExc_TypeError, "_run_once() takes no arguments");
 		return NULL;
 	}
-	if (!(heap = PyObject_GetAttr(loop, S_scheduled_list)))
+	if (!(heap = loop_attr(loop, S_scheduled_list)))
 		return NULL;
 	if (!PyList_Check(heap)) {
 		PyErr_SetString(PyExc_TypeError, "loop._scheduled is not a list");
@@ -815,21 +907,14 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 		turn = 0;
 	}
 	if (turn) {
-		PyObject *arg = timeout < 0 ? Py_NewRef(Py_None) : PyFloat_FromDouble(timeout), *res;
-
-		if (!arg)
+		if (runner_turn(r, timeout) < 0)
 			goto fail;
-		res = PyObject_CallOneArg(r->turn, arg);
-		Py_DECREF(arg);
-		if (!res)
-			goto fail;
-		Py_DECREF(res);
 		r->since = 0;
 		r->turned_at = now = mono();
 		/* the turn may have replaced the heap (never asyncio's select; the
 		 * app's callbacks do not run in it): read it again all the same */
 		Py_DECREF(heap);
-		if (!(heap = PyObject_GetAttr(loop, S_scheduled_list)))
+		if (!(heap = loop_attr(loop, S_scheduled_list)))
 			return NULL;
 		if (!PyList_Check(heap)) {
 			PyErr_SetString(PyExc_TypeError, "loop._scheduled is not a list");
@@ -849,7 +934,7 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 			if (!(t = pop_timer(heap)))
 				goto fail;
 			if (timer_unscheduled(t) < 0 ||
-			    !(res = PyObject_CallMethodOneArg(r->ready, S_append, t))) {
+			    !(res = PyObject_CallOneArg(r->append, t))) {
 				Py_DECREF(t);
 				goto fail;
 			}
@@ -861,46 +946,46 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 	/* the callbacks ready now, not those they schedule (asyncio's rule) */
 	if ((nready = PyObject_Length(r->ready)) < 0)
 		return NULL;
-	{
-		PyObject *n = PyLong_FromSsize_t(nready), *a[2] = {r->popleft, n};
-		PyObject *res = n ? run_ready(NULL, a, 2) : NULL;
-
-		Py_XDECREF(n);
-		return res;
-	}
+	return ready_pass(r->popleft, nready);
 fail:
 	Py_XDECREF(heap);
 	return NULL;
 }
 
-/* runner(loop, turn, base, every, after) */
+/* runner(loop, selector, base, every, after) */
 static PyObject *runner(PyObject *mod, PyObject *args)
 {
-	PyObject *loop, *turn, *base, *res;
+	PyObject *loop, *selector, *base, *res;
 	int every;
 	double after;
 	Runner *r;
 
-	if (!PyArg_ParseTuple(args, "OOOid:runner", &loop, &turn, &base, &every, &after))
+	if (!PyArg_ParseTuple(args, "OOOid:runner", &loop, &selector, &base, &every, &after))
 		return NULL;
 	r = PyObject_GC_New(Runner, &RunnerType);
 	if (!r)
 		return NULL;
 	r->loop = Py_NewRef(loop);
-	r->turn = Py_NewRef(turn);
+	r->selector = Py_NewRef(selector);
 	r->base = Py_NewRef(base);
+	r->poll = PyObject_GetAttrString(selector, "_turn");
+	res = r->poll ? PyObject_GetAttrString(selector, "_stopping") : NULL;
+	r->stop = res && Py_IS_TYPE(res, (PyTypeObject *)event_type) ? Py_NewRef(res) : NULL;
+	r->is_set = res ? PyObject_GetAttrString(res, "is_set") : NULL;
+	Py_XDECREF(res);
 	r->every = every;
 	r->since = 0;
 	r->after = after;
 	r->turned_at = 0;
 	r->vectorcall = (vectorcallfunc)runner_once;
-	r->ready = PyObject_GetAttrString(loop, "_ready");
+	r->ready = r->is_set ? PyObject_GetAttrString(loop, "_ready") : NULL;
 	r->popleft = r->ready ? PyObject_GetAttrString(r->ready, "popleft") : NULL;
-	res = PyObject_GetAttrString(loop, "_clock_resolution");
+	r->append = r->popleft ? PyObject_GetAttr(r->ready, S_append) : NULL;
+	res = r->append ? PyObject_GetAttrString(loop, "_clock_resolution") : NULL;
 	r->resolution = res ? PyFloat_AsDouble(res) : -1;
 	Py_XDECREF(res);
 	PyObject_GC_Track(r);
-	if (!r->popleft || PyErr_Occurred()) {
+	if (!r->append || PyErr_Occurred()) {
 		Py_DECREF(r);
 		return NULL;
 	}
@@ -912,7 +997,11 @@ static int Runner_traverse(Runner *r, visitproc visit, void *arg)
 	Py_VISIT(r->loop);
 	Py_VISIT(r->ready);
 	Py_VISIT(r->popleft);
-	Py_VISIT(r->turn);
+	Py_VISIT(r->append);
+	Py_VISIT(r->selector);
+	Py_VISIT(r->poll);
+	Py_VISIT(r->stop);
+	Py_VISIT(r->is_set);
 	Py_VISIT(r->base);
 	return 0;
 }
@@ -922,7 +1011,11 @@ static int Runner_clear(Runner *r)
 	Py_CLEAR(r->loop);
 	Py_CLEAR(r->ready);
 	Py_CLEAR(r->popleft);
-	Py_CLEAR(r->turn);
+	Py_CLEAR(r->append);
+	Py_CLEAR(r->selector);
+	Py_CLEAR(r->poll);
+	Py_CLEAR(r->stop);
+	Py_CLEAR(r->is_set);
 	Py_CLEAR(r->base);
 	return 0;
 }
@@ -953,11 +1046,13 @@ static PyMethodDef module_methods[] = {
 	{"caller", (PyCFunction)caller, METH_VARARGS,
 	 "caller(loop, kind, base): loop's call_soon (0), call_at (1) or call_later (2) in C"},
 	{"runner", (PyCFunction)runner, METH_VARARGS,
-	 "runner(loop, turn, base, every, after): loop's _run_once in C"},
+	 "runner(loop, selector, base, every, after): loop's _run_once in C"},
 	{"run_ready", (PyCFunction)(void (*)(void))run_ready, METH_FASTCALL,
 	 "run_ready(popleft, n): runs n ready handles"},
 	{"task_maker", aio_task_maker, METH_VARARGS,
 	 "task_maker(loop, base): loop's create_task in C (tasks.c)"},
+	{"future_maker", aio_future_maker, METH_VARARGS,
+	 "future_maker(loop, base): loop's create_future in C (tasks.c)"},
 	{"not_debugging", aio_not_debugging, METH_NOARGS,
 	 "not_debugging() -> False: a loop's get_debug while not debugging (tasks.c)"},
 	{NULL},
@@ -991,6 +1086,21 @@ PyMODINIT_FUNC PyInit__aio(void)
 	S_cancelled_count = PyUnicode_InternFromString("_timer_cancelled_count");
 	S_when_attr = PyUnicode_InternFromString("_when");
 	S_scheduled_attr = PyUnicode_InternFromString("_scheduled");
+	S_failed = PyUnicode_InternFromString("failed");
+	S_stop = PyUnicode_InternFromString("stop");
+	S_app_ready = PyUnicode_InternFromString("_app_ready");
+	S_process_events = PyUnicode_InternFromString("_process_events");
+	S_flag = PyUnicode_InternFromString("_flag");
+	if (!S_failed || !S_stop || !S_app_ready || !S_process_events || !S_flag)
+		return NULL;
+	{
+		PyObject *th = PyImport_ImportModule("threading");
+
+		event_type = th ? PyObject_GetAttrString(th, "Event") : NULL;
+		Py_XDECREF(th);
+		if (!event_type)
+			return NULL;
+	}
 	if (!S_scheduled_list || !S_context || !S_stopping ||
 	    !S_cancelled_count || !S_when_attr || !S_scheduled_attr)
 		return NULL;

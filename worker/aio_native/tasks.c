@@ -1,4 +1,4 @@
-/* A loop's create_task and get_debug in C (sockherd.worker._aio, with
+/* A loop's create_task, create_future and get_debug in C (sockherd.worker._aio, with
  * handles.c): set on a ThreadEventLoop instance while it is open and not
  * debugging (worker/aio.py _fast), as its call_soon is.
  *
@@ -19,6 +19,14 @@
  * current context itself). What is not done here needs no doing while this
  * is set: the closed check (close() takes it away) and the debug mode's
  * source traceback (set_debug(True) takes it away).
+ *
+ * create_future: asyncio's is a Python frame, `futures.Future(loop=self)`,
+ * called for every wait of asyncio.Queue, Event, Lock, gather and the
+ * ASGI receive()/send() that must wait (uvloop's is C): here the same
+ * Future, asyncio.futures.Future read at each call as asyncio does,
+ * made with loop= and no Python frame. Arguments asyncio's would refuse
+ * go to asyncio's, which says why (bench/asgi_loop.py micro, Queue
+ * ping-pong: 0.87 of uvloop's instructions before).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,11 +34,15 @@
 
 #include "aio.h"
 
-static PyObject *S_task_factory, *S_Task, *S_loop, *S_name, *S_context_kw, *LOOP_KW, *tasks_dict;
+static PyObject *S_task_factory, *S_Task, *S_Future, *S_loop, *S_name, *S_context_kw, *EMPTY,
+                *tasks_dict, *futures_dict;
 
 typedef struct {
 	PyObject_HEAD
 	PyObject *loop, *base;                 /* base: asyncio's BaseEventLoop.create_task */
+	/* {"loop": loop}, made once: a call with keywords from C builds this
+	 * dict per call otherwise (the type has no vectorcall) */
+	PyObject *kw;
 	vectorcallfunc vectorcall;
 } Maker;
 
@@ -79,23 +91,28 @@ static PyObject *maker_call(Maker *m, PyObject *const *args, size_t nargsf, PyOb
 		return NULL;
 	}
 	Py_INCREF(task_type);
-	/* Task(coro, loop=loop, [name=..., context=...] as given) */
+	if (!nkw) {
+		/* Task(coro, loop=loop) */
+		PyObject *one = PyTuple_Pack(1, args[0]);
+
+		r = one ? PyObject_Call(task_type, one, m->kw) : NULL;
+		Py_XDECREF(one);
+		Py_DECREF(task_type);
+		return r;
+	}
+	/* Task(coro, loop=loop, name=..., context=... as given) */
 	stack[0] = args[0];
 	stack[1] = m->loop;
 	for (Py_ssize_t i = 0; i < nkw; i++)
 		stack[i + 2] = args[1 + i];
-	if (!nkw)
-		kw = Py_NewRef(LOOP_KW);
-	else {
-		kw = PyTuple_New(nkw + 1);
-		if (!kw) {
-			Py_DECREF(task_type);
-			return NULL;
-		}
-		PyTuple_SET_ITEM(kw, 0, Py_NewRef(S_loop));
-		for (Py_ssize_t i = 0; i < nkw; i++)
-			PyTuple_SET_ITEM(kw, i + 1, Py_NewRef(PyTuple_GET_ITEM(kwnames, i)));
+	kw = PyTuple_New(nkw + 1);
+	if (!kw) {
+		Py_DECREF(task_type);
+		return NULL;
 	}
+	PyTuple_SET_ITEM(kw, 0, Py_NewRef(S_loop));
+	for (Py_ssize_t i = 0; i < nkw; i++)
+		PyTuple_SET_ITEM(kw, i + 1, Py_NewRef(PyTuple_GET_ITEM(kwnames, i)));
 	r = PyObject_Vectorcall(task_type, stack, 1, kw);
 	Py_DECREF(kw);
 	Py_DECREF(task_type);
@@ -117,7 +134,40 @@ PyObject *aio_task_maker(PyObject *mod, PyObject *args)
 	m->loop = Py_NewRef(loop);
 	m->base = Py_NewRef(base);
 	m->vectorcall = (vectorcallfunc)maker_call;
+	m->kw = PyDict_New();
 	PyObject_GC_Track(m);
+	if (!m->kw || PyDict_SetItem(m->kw, S_loop, loop) < 0) {
+		Py_DECREF(m);
+		return NULL;
+	}
+	return (PyObject *)m;
+}
+
+/* create_future(): asyncio.futures.Future(loop=loop) */
+static PyObject *future_call(Maker *m, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+	PyObject *future_type, *r;
+
+	if (PyVectorcall_NARGS(nargsf) || kwnames)
+		return maker_base(m, args, nargsf, kwnames);     /* asyncio's TypeError */
+	if (!(future_type = PyDict_GetItemWithError(futures_dict, S_Future))) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_RuntimeError, "asyncio.futures.Future is gone");
+		return NULL;
+	}
+	Py_INCREF(future_type);
+	r = PyObject_Call(future_type, EMPTY, m->kw);
+	Py_DECREF(future_type);
+	return r;
+}
+
+/* future_maker(loop, base): loop's create_future in C (base: asyncio's) */
+PyObject *aio_future_maker(PyObject *mod, PyObject *args)
+{
+	Maker *m = (Maker *)aio_task_maker(mod, args);
+
+	if (m)
+		m->vectorcall = (vectorcallfunc)future_call;
 	return (PyObject *)m;
 }
 
@@ -135,6 +185,7 @@ static int Maker_traverse(Maker *m, visitproc visit, void *arg)
 {
 	Py_VISIT(m->loop);
 	Py_VISIT(m->base);
+	Py_VISIT(m->kw);
 	return 0;
 }
 
@@ -142,6 +193,7 @@ static int Maker_clear(Maker *m)
 {
 	Py_CLEAR(m->loop);
 	Py_CLEAR(m->base);
+	Py_CLEAR(m->kw);
 	return 0;
 }
 
@@ -154,7 +206,8 @@ static void Maker_dealloc(Maker *m)
 
 static PyObject *Maker_repr(Maker *m)
 {
-	return PyUnicode_FromFormat("<sockherd create_task of %R>", m->loop);
+	return PyUnicode_FromFormat("<sockherd %s of %R>", m->vectorcall == (vectorcallfunc)future_call
+	                            ? "create_future" : "create_task", m->loop);
 }
 
 static PyTypeObject MakerType = {
@@ -162,7 +215,7 @@ static PyTypeObject MakerType = {
 	.tp_name = "sockherd.worker._aio.TaskMaker",
 	.tp_basicsize = sizeof(Maker),
 	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-	.tp_doc = "A loop's create_task, in C.",
+	.tp_doc = "A loop's create_task or create_future, in C.",
 	.tp_vectorcall_offset = offsetof(Maker, vectorcall),
 	.tp_call = PyVectorcall_Call,
 	.tp_dealloc = (destructor)Maker_dealloc,
@@ -179,15 +232,20 @@ int aio_tasks_init(void)
 		return -1;
 	S_task_factory = PyUnicode_InternFromString("_task_factory");
 	S_Task = PyUnicode_InternFromString("Task");
+	S_Future = PyUnicode_InternFromString("Future");
 	S_loop = PyUnicode_InternFromString("loop");
 	S_name = PyUnicode_InternFromString("name");
 	S_context_kw = PyUnicode_InternFromString("context");
-	if (!S_task_factory || !S_Task || !S_loop || !S_name || !S_context_kw)
+	if (!S_task_factory || !S_Task || !S_Future || !S_loop || !S_name || !S_context_kw)
 		return -1;
-	LOOP_KW = PyTuple_Pack(1, S_loop);
-	if (!LOOP_KW || !(tasks = PyImport_ImportModule("asyncio.tasks")))
+	EMPTY = PyTuple_New(0);
+	if (!EMPTY || !(tasks = PyImport_ImportModule("asyncio.tasks")))
 		return -1;
 	tasks_dict = Py_NewRef(PyModule_GetDict(tasks));
+	Py_DECREF(tasks);
+	if (!(tasks = PyImport_ImportModule("asyncio.futures")))
+		return -1;
+	futures_dict = Py_NewRef(PyModule_GetDict(tasks));
 	Py_DECREF(tasks);
 	return 0;
 }

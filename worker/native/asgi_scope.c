@@ -195,7 +195,15 @@ static PyObject *headers_of(Parser *p)
 			low[k] = name[k] >= 'A' && name[k] <= 'Z' ? (char)(name[k] + 32) : name[k];
 		if (nl == 6 && !memcmp(low, "expect", 6) && vl == 12 && !strncasecmp(val, "100-continue", 12))
 			p->expect_continue = 1;
-		pair = Py_BuildValue("(NN)", bytes_of(low, nl), bytes_of(val, vl));
+		pair = PyTuple_New(2);
+		if (pair) {
+			PyObject *k = bytes_of(low, nl), *v = k ? bytes_of(val, vl) : NULL;
+
+			PyTuple_SET_ITEM(pair, 0, k);
+			PyTuple_SET_ITEM(pair, 1, v);
+			if (!v)
+				Py_CLEAR(pair);
+		}
 		if (low != stack)
 			PyMem_Free(low);
 		if (!pair) {

@@ -379,6 +379,22 @@ static int asgi_pair(const char *what, PyObject *pair, PyObject **name, PyObject
 	return 0;
 }
 
+/* "HTTP/1.1 <code> <reason>\r\n" at w (code 100-599, reason NULL: its
+ * length only); its length */
+static size_t status_line(char *w, int code, const char *reason)
+{
+	size_t rl = strlen(reason);
+
+	if (w) {
+		memcpy(w, "HTTP/1.1 ", 9);
+		h1_put_dec(w + 9, (unsigned long long)code);     /* three digits */
+		w[12] = ' ';
+		memcpy(w + 13, reason, rl);
+		memcpy(w + 13 + rl, "\r\n", 2);
+	}
+	return 13 + rl + 2;
+}
+
 int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
                    int *flags_out, int *code_out)
 {
@@ -388,7 +404,7 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 	long v;
 	Py_ssize_t n, size;
 	const char *reason;
-	char line[64], *w;
+	char *w;
 
 	if (!PyLong_Check(status) || PyBool_Check(status)) {
 		PyErr_Format(PyExc_TypeError, "http.response.start: status must be an int, not %.100s",
@@ -420,7 +436,7 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 	if (!seq)
 		return -1;
 	n = PySequence_Fast_GET_SIZE(seq);
-	size = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason);
+	size = (Py_ssize_t)status_line(NULL, code, reason);
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *name, *value;
 		const char *ns, *vs;
@@ -464,7 +480,7 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 	if (!out)
 		goto fail;
 	w = PyBytes_AS_STRING(out);
-	w += snprintf(w, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason);
+	w += status_line(w, code, reason);
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
 		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);

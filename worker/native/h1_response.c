@@ -90,8 +90,12 @@ int h1_head(HttpConn *c, struct h1_frame *f, long long known)
 		known = -1;
 	if (f->length < 0 && known >= 0) {
 		f->length = known;
-		if (emit(c, line, (size_t)snprintf(line, sizeof(line), "Content-Length: %lld\r\n",
-		                                   known)) < 0)
+		size_t n = sizeof("Content-Length: ") - 1;
+
+		memcpy(line, "Content-Length: ", n);
+		n += h1_put_dec(line + n, (unsigned long long)known);
+		memcpy(line + n, "\r\n", 2);
+		if (emit(c, line, n + 2) < 0)
 			return -1;
 	}
 	if (f->length < 0 && !f->head_only && !f->bodiless) {
