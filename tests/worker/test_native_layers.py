@@ -31,7 +31,7 @@ LAYERS = {
     "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy",
                    "conn_tls", "conn_type", "dispatch", "engine"],
     "http1 codec": ["httpscan", "httplist", "httptarget", "httpfields", "httpcheck", "httpparse",
-                    "h1_parser", "fwd_fields", "h1_head", "h1_response", "h1_conn"],
+                    "h1_parser", "fwd_fields", "h1_head", "h1_head_asgi", "h1_response", "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
     # nothing of the engine; ws_py is its Python face)
     "websocket codec": ["ws_frame", "ws_py"],
