@@ -53,7 +53,7 @@ from sockherd.worker.identity import IdentityError, resolve, switch
 from sockherd.worker.interface import InterfaceError, choose
 from sockherd.worker.loop import Loop
 from sockherd.worker.proxy import DEFAULT_ALLOW, Policy
-from sockherd.worker.stream import OUTPUT_LIMIT
+from sockherd.worker.stream_output import OUTPUT_LIMIT
 from sockherd.worker.stuck import StuckWatch, describe
 from sockherd.worker.wsgi import make_handler
 

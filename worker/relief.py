@@ -28,7 +28,7 @@ import select
 import threading
 import time
 
-from sockherd.worker.stream import ready_now
+from sockherd.worker.fdwait import ready_now
 
 log = logging.getLogger("sockherd.worker")
 

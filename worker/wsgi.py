@@ -37,7 +37,7 @@ from sockherd.worker._http import BadBody, ClientGone, HttpError, Server  # noqa
 from sockherd.worker.accesslog import access_log
 from sockherd.master.tls import engine_args as tls_args
 from sockherd.worker.proxy import DEFAULT_ALLOW, Policy, log_closed
-from sockherd.worker.stream import wait_ready
+from sockherd.worker.fdwait import wait_ready
 
 log = logging.getLogger("sockherd.worker")
 

@@ -30,8 +30,9 @@ NATIVE = ROOT / "worker" / "native"
 LAYERS = {
     "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy",
                    "conn_tls", "conn_type", "dispatch", "engine"],
-    "http1 codec": ["httpscan", "httplist", "httpparse", "h1_parser", "fwd_fields", "h1_head",
-                    "h1_response", "h1_conn"],
+    "http1 codec": ["httpscan", "httplist", "httptarget", "httpfields", "httpcheck", "httpparse",
+                    "h1_parser", "fwd_syntax", "fwd_fields", "h1_head", "h1_head_asgi", "h1_response",
+                    "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
     # nothing of the engine; ws_py is its Python face)
     "websocket codec": ["ws_frame", "ws_py"],
@@ -52,6 +53,7 @@ HEADERS = {
     "conn.h": set(),
     "netmatch.h": set(),
     "forwarded.h": {"netmatch.h"},
+    "fwd_syntax.h": set(),
     "conn_tls.h": {"conn.h"},
     "engine.h": {"conn.h", "httpparse.h", "forwarded.h"},
     "h1.h": {"engine.h", "httpparse.h"},

@@ -19,7 +19,7 @@
  *    could not carry them), the body's last message writes the last chunk
  *    and the trailers messages (more_trailers) the trailer section, each
  *    field checked as a head's and refused where a trailer must not carry
- *    it (h1_head.c h1_trailer_block). Out of order or not advertised: the
+ *    it (h1_head_asgi.c h1_trailer_block). Out of order or not advertised: the
  *    app's error.
  *  - body_timeout for a body the app streams with receive(): the codec's
  *    body timer (h1_body_wait) runs while a receive waits for body bytes;
@@ -27,7 +27,7 @@
  *    the close once the head went out) and the receive http.disconnect.
  *
  * May call: asgi_scope.c (messages), asgi_end.c (the end), the codec
- * (h1_response.c's framing, h1_head.c's trailer fields, h1_conn.c's body
+ * (h1_response.c's framing, h1_head_asgi.c's trailer fields, h1_conn.c's body
  * timer and refusal), the connection layer (conn_io.c).
  */
 #include <errno.h>

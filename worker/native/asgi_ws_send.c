@@ -5,7 +5,7 @@
  * message.
  *
  * May call: asgi_ws_frames.c, asgi_call.c's asgi_ready, the HTTP/1
- * codec's head and framing (h1_head.c, h1_response.c), the connection
+ * codec's head and framing (h1_head_asgi.c, h1_response.c), the connection
  * layer (conn.h).
  */
 #include <stdlib.h>

@@ -22,7 +22,8 @@
  *
  * Layering: the rules are the connection layer's (fwd_trust.c: the
  * peer's address); the field reading is the codec's (fwd_fields.c: the
- * parsed head); each adapter has its own file; none calls up.
+ * parsed head, fwd_syntax.c: the values' syntax); each adapter has its
+ * own file; none calls up.
  */
 #ifndef SOCKHERD_FORWARDED_H
 #define SOCKHERD_FORWARDED_H

@@ -1,6 +1,7 @@
 /* The HTTP/1 codec of the native engine: requests parsed (httpparse.c:
  * llhttp in strict mode plus our checks; its Python face RequestParser,
- * h1_parser.c), response heads checked (h1_head.c), responses framed
+ * h1_parser.c), response heads checked (h1_head.c: WSGI's shapes;
+ * h1_head_asgi.c: ASGI's, and trailers), responses framed
  * (h1_response.c: the head, Content-Length or chunked, HEAD/204/304
  * bodies dropped, keep-alive), and the request
  * loop of one connection (h1_conn.c: pipelining, a body read before the
@@ -14,6 +15,8 @@
  */
 #ifndef SOCKHERD_H1_H
 #define SOCKHERD_H1_H
+
+#include <string.h>
 
 #include "engine.h"
 #include "httpparse.h"
@@ -65,7 +68,8 @@ int parser_head_started(const Parser *p);
 void parser_release(Parser *p);
 PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
 
-/* ---- the response (h1_head.c: the head checked; h1_response.c: framed) ----
+/* ---- the response (h1_head.c, h1_head_asgi.c: the head checked;
+ * h1_response.c: framed) ----
  * One response's framing, the codec's, inside the adapter's response
  * object: what the request allows and what the head said. */
 struct h1_frame {
@@ -84,6 +88,15 @@ struct h1_frame {
  * (HEAD_*), *code the status code. 0 or -1. Takes WSGI's shapes (a str
  * status, (str, str) pairs); an ASGI entry would take its bytes beside it. */
 enum { HEAD_CLOSE = 1, HEAD_APP_DATE = 2, HEAD_APP_SERVER = 4 };
+/* RFC 9110 5.6.2 tchar: a field name's bytes, in both shapes
+ * (h1_head.c, h1_head_asgi.c) */
+static inline int is_tchar(unsigned int c)
+{
+	static const char extra[] = "!#$%&'*+-.^_`|~";
+
+	return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') ||
+	       (c && c < 128 && strchr(extra, (int)c));
+}
 int head_from(PyObject *status, PyObject *headers, PyObject **prefix, long long *length,
               int *flags, int *code);
 /* head_from for ASGI's shapes: an int status (200-599: a 1xx is refused,

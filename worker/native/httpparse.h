@@ -148,10 +148,10 @@ int hp_chunked(const struct hp_parser *p);
 /* Content-Length, or -1 for none (chunked, or no body). */
 int64_t hp_content_length(const struct hp_parser *p);
 
-/* From HP_BODY on: whether the target is in absolute-form (RFC 9112
- * 3.2.2); if so *host, *host_len receive its authority (userinfo dropped)
- * and *path the offset where its path, query or fragment starts, all
- * into p->head. */
+/* httptarget.c: from HP_BODY on, whether the target is in absolute-form
+ * (RFC 9112 3.2.2); if so *host, *host_len receive its authority
+ * (userinfo dropped) and *path the offset where its path, query or
+ * fragment starts, all into p->head. */
 int hp_absolute(const struct hp_parser *p, uint32_t *host, uint32_t *host_len, uint32_t *path);
 
 /* Percent-decodes s[0 .. n) into out (room for n bytes); an invalid

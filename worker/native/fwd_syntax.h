@@ -1,0 +1,42 @@
+/* Trusted proxy headers, the values' syntax (fwd_syntax.c): the parsers
+ * fwd_fields.c reads a trusted head's forwarding fields with. Pure
+ * functions of bytes; any thread may call them. Internal to the codec's
+ * forwarding part: the adapters include forwarded.h only.
+ */
+#ifndef SOCKHERD_FWD_SYNTAX_H
+#define SOCKHERD_FWD_SYNTAX_H
+
+#include <stddef.h>
+
+/* A node: an X-Forwarded-For entry or a for= value. */
+struct fwd_node {
+	int family;                        /* AF_INET(6); 0: "unknown" or obfuscated (RFC 7239 6) */
+	unsigned char addr[16];
+	int port;                          /* 0 none or obfuscated */
+};
+
+struct fwd_element {
+	const char *for_, *proto, *host;
+	size_t for_len, proto_len, host_len;
+};
+
+#define FWD_MAX_ELEMENTS 32            /* hops; a longer chain is ignored */
+
+/* s[0 .. n) without its leading and trailing OWS */
+void fwd_trim(const char **s, size_t *n);
+/* the rightmost comma-separated element of a field value, trimmed */
+void fwd_rightmost(const char **s, size_t *n);
+/* decimal port 1..65535, all of s; -1 if not one */
+int fwd_port_num(const char *s, size_t n);
+/* A node's value: 1 parsed into *out, 0 malformed (bare_v6: a bare IPv6
+ * allowed, X-Forwarded-For's custom). */
+int fwd_parse_node(const char *s, size_t n, int bare_v6, struct fwd_node *out);
+/* host[:port] with a Host's characters only: 1 yes, 0 no */
+int fwd_host_ok(const char *s, size_t n);
+/* a path prefix: 1 (its trailing '/' off *n), 0 not one */
+int fwd_prefix_ok(const char *s, size_t *n);
+/* One Forwarded field value's elements appended to el[*count ..): 1, or
+ * 0 if malformed or more than FWD_MAX_ELEMENTS in all. */
+int fwd_parse_forwarded(const char *s, size_t n, struct fwd_element *el, int *count);
+
+#endif /* SOCKHERD_FWD_SYNTAX_H */

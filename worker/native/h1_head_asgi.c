@@ -1,0 +1,312 @@
+/* The HTTP/1 codec's response heads from ASGI's shapes: an int status and
+ * [name, value] pairs of bytes checked as h1_head.c checks WSGI's (names
+ * are tokens, values carry no CTL, Content-Length one run of digits) and
+ * serialised the same way (head_from_asgi: asgi_call.c, and asgi_ws_send.c
+ * for a denial response), and a trailer section's fields checked and
+ * serialised (h1_trailer_block: asgi_ext.c). h1_response.c puts the
+ * results on the wire.
+ *
+ * May call: nothing of the engine (CPython only).
+ */
+#include <string.h>
+
+#include "h1.h"
+
+/* ---- the head from ASGI's shapes -------------------------------------------------------------- */
+
+static const char *reason_of(int code)
+{
+	switch (code) {
+	case 100: return "Continue";
+	case 101: return "Switching Protocols";
+	case 200: return "OK";
+	case 201: return "Created";
+	case 202: return "Accepted";
+	case 203: return "Non-Authoritative Information";
+	case 204: return "No Content";
+	case 205: return "Reset Content";
+	case 206: return "Partial Content";
+	case 301: return "Moved Permanently";
+	case 302: return "Found";
+	case 303: return "See Other";
+	case 304: return "Not Modified";
+	case 307: return "Temporary Redirect";
+	case 308: return "Permanent Redirect";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 406: return "Not Acceptable";
+	case 408: return "Request Timeout";
+	case 409: return "Conflict";
+	case 410: return "Gone";
+	case 411: return "Length Required";
+	case 412: return "Precondition Failed";
+	case 413: return "Content Too Large";
+	case 415: return "Unsupported Media Type";
+	case 416: return "Range Not Satisfiable";
+	case 422: return "Unprocessable Content";
+	case 425: return "Too Early";
+	case 426: return "Upgrade Required";
+	case 428: return "Precondition Required";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	case 504: return "Gateway Timeout";
+	default: return "";                        /* an empty reason is valid (RFC 9112 4) */
+	}
+}
+
+static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
+{
+	if (n != (Py_ssize_t)strlen(want))
+		return 0;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if ((s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]) != want[i])
+			return 0;
+	return 1;
+}
+
+/* "name: value\r\n" at w; the end of it */
+static inline char *put_field(char *w, const char *name, size_t nl, const char *value, size_t vl)
+{
+	memcpy(w, name, nl);
+	w += nl;
+	*w++ = ':';
+	*w++ = ' ';
+	memcpy(w, value, vl);
+	w += vl;
+	*w++ = '\r';
+	*w++ = '\n';
+	return w;
+}
+
+/* One [name, value] pair of the app's (in message `what`): borrowed name
+ * and value, both bytes, the name a token, the value without CTL; 0 or -1
+ * with an error naming the pair. A tuple or a list, subclasses included
+ * (a namedtuple is a two-item iterable as the spec words it: refused, a
+ * valid response was a 500; review, finding 5); their items are read from
+ * the object itself, no method of the subclass runs. */
+static int asgi_pair(const char *what, PyObject *pair, PyObject **name, PyObject **value)
+{
+	const char *ns, *vs;
+	Py_ssize_t nl, vl;
+
+	if (!(PyTuple_Check(pair) || PyList_Check(pair)) ||
+	    PySequence_Fast_GET_SIZE(pair) != 2 ||
+	    !PyBytes_Check(*name = PySequence_Fast_GET_ITEM(pair, 0)) ||
+	    !PyBytes_Check(*value = PySequence_Fast_GET_ITEM(pair, 1))) {
+		PyErr_Format(PyExc_TypeError, "%s: header %.200R is not a [name, value] pair of bytes",
+		             what, pair);
+		return -1;
+	}
+	ns = PyBytes_AS_STRING(*name);
+	nl = PyBytes_GET_SIZE(*name);
+	vs = PyBytes_AS_STRING(*value);
+	vl = PyBytes_GET_SIZE(*value);
+	if (!nl) {
+		PyErr_Format(PyExc_ValueError, "%s: an empty header name", what);
+		return -1;
+	}
+	for (Py_ssize_t k = 0; k < nl; k++)
+		if (!is_tchar((unsigned char)ns[k])) {
+			PyErr_Format(PyExc_ValueError, "%s: header name %R is not a token (RFC 9110 5.1)",
+			             what, *name);
+			return -1;
+		}
+	for (Py_ssize_t k = 0; k < vl; k++) {
+		unsigned char ch = (unsigned char)vs[k];
+		if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
+			PyErr_Format(PyExc_ValueError, "%s: header %R: value with a control character",
+			             what, *name);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* "HTTP/1.1 <code> <reason>\r\n" at w (code 100-599, reason NULL: its
+ * length only); its length */
+static size_t status_line(char *w, int code, const char *reason)
+{
+	size_t rl = strlen(reason);
+
+	if (w) {
+		memcpy(w, "HTTP/1.1 ", 9);
+		h1_put_dec(w + 9, (unsigned long long)code);     /* three digits */
+		w[12] = ' ';
+		memcpy(w + 13, reason, rl);
+		memcpy(w + 13 + rl, "\r\n", 2);
+	}
+	return 13 + rl + 2;
+}
+
+int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long long *length_out,
+                   int *flags_out, int *code_out)
+{
+	PyObject *seq = NULL, *out;
+	long long length = -1;
+	int close = 0, flags = 0, overflow = 0, code;
+	long v;
+	Py_ssize_t n, size;
+	const char *reason;
+	char *w;
+
+	if (!PyLong_Check(status) || PyBool_Check(status)) {
+		PyErr_Format(PyExc_TypeError, "http.response.start: status must be an int, not %.100s",
+		             Py_TYPE(status)->tp_name);
+		return -1;
+	}
+	v = PyLong_AsLongAndOverflow(status, &overflow);
+	if (overflow || v < 100 || v > 599) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "http.response.start: status %R is not within "
+			             "100-599", status);
+		return -1;
+	}
+	if (v < 200) {
+		/* an interim response is never a request's answer: sent as one,
+		 * its client waits on for the final one and takes the next
+		 * pipelined response for it (review, finding 4) */
+		PyErr_Format(PyExc_ValueError, "http.response.start: status %R is informational "
+		             "(1xx), not a final response's", status);
+		return -1;
+	}
+	code = (int)v;
+	reason = reason_of(code);
+	if (headers == Py_None)
+		seq = PyTuple_New(0);
+	else
+		seq = PySequence_Fast(headers, "http.response.start: headers must be an iterable of "
+		                      "[name, value] pairs of bytes");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	size = (Py_ssize_t)status_line(NULL, code, reason);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *name, *value;
+		const char *ns, *vs;
+		Py_ssize_t nl, vl;
+
+		if (asgi_pair("http.response.start", PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+			goto fail;
+		ns = PyBytes_AS_STRING(name);
+		nl = PyBytes_GET_SIZE(name);
+		vs = PyBytes_AS_STRING(value);
+		vl = PyBytes_GET_SIZE(value);
+		if (bytes_lower_is(ns, nl, "content-length")) {
+			long long cl = 0;
+
+			if (length >= 0 || !vl || vl > 18)
+				goto bad_length;
+			for (Py_ssize_t k = 0; k < vl; k++) {
+				if (vs[k] < '0' || vs[k] > '9')
+					goto bad_length;
+				cl = cl * 10 + (vs[k] - '0');
+			}
+			length = cl;
+			if ((code >= 100 && code < 200) || code == 204)
+				continue;
+		}
+		else if (bytes_lower_is(ns, nl, "connection")) {
+			close |= bytes_lower_is(vs, vl, "close");
+			continue;
+		}
+		else if (bytes_lower_is(ns, nl, "transfer-encoding"))
+			continue;
+		else if (bytes_lower_is(ns, nl, "date"))
+			flags |= HEAD_APP_DATE;
+		else if (bytes_lower_is(ns, nl, "server"))
+			flags |= HEAD_APP_SERVER;
+		size += nl + 2 + vl + 2;
+	}
+	if ((code >= 100 && code < 200) || code == 204)
+		length = -1;
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	w += status_line(w, code, reason);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
+		const char *ns = PyBytes_AS_STRING(name);
+		Py_ssize_t nl = PyBytes_GET_SIZE(name), vl = PyBytes_GET_SIZE(value);
+
+		if (bytes_lower_is(ns, nl, "connection") || bytes_lower_is(ns, nl, "transfer-encoding") ||
+		    (((code >= 100 && code < 200) || code == 204) &&
+		     bytes_lower_is(ns, nl, "content-length")))
+			continue;
+		w = put_field(w, ns, (size_t)nl, PyBytes_AS_STRING(value), (size_t)vl);
+	}
+	Py_DECREF(seq);
+	*prefix = out;
+	*length_out = length;
+	*flags_out = flags | (close ? HEAD_CLOSE : 0);
+	*code_out = code;
+	return 0;
+bad_length:
+	PyErr_SetString(PyExc_ValueError, "http.response.start: Content-Length: one, in digits");
+fail:
+	Py_XDECREF(seq);
+	return -1;
+}
+
+/* ---- trailers from ASGI's shapes ------------------------------------------------------------- */
+
+/* Fields a trailer must not carry (RFC 9110 6.5.1): the message's
+ * framing, routing, the connection's own, and what says how to process
+ * the content; a recipient could not act on them after the body. */
+static const char *const not_trailers[] = {
+	"content-length", "transfer-encoding", "trailer", "te", "host", "connection", "keep-alive",
+	"upgrade", "proxy-connection", "content-type", "content-encoding", "content-range",
+};
+
+int h1_trailer_block(PyObject *headers, PyObject **block)
+{
+	static const char what[] = "http.response.trailers";
+	PyObject *seq, *out;
+	Py_ssize_t n, size = 0;
+	char *w;
+
+	seq = headers == Py_None ? PyTuple_New(0)
+	      : PySequence_Fast(headers, "http.response.trailers: headers must be an iterable of "
+	                        "[name, value] pairs of bytes");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *name, *value;
+
+		if (asgi_pair(what, PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+			goto fail;
+		for (size_t k = 0; k < sizeof(not_trailers) / sizeof(not_trailers[0]); k++)
+			if (bytes_lower_is(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), not_trailers[k])) {
+				PyErr_Format(PyExc_ValueError, "%s: %R is not a field a trailer may carry "
+				             "(RFC 9110 6.5.1)", what, name);
+				goto fail;
+			}
+		size += PyBytes_GET_SIZE(name) + 2 + PyBytes_GET_SIZE(value) + 2;
+	}
+	out = PyBytes_FromStringAndSize(NULL, size);
+	if (!out)
+		goto fail;
+	w = PyBytes_AS_STRING(out);
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
+
+		w = put_field(w, PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
+		              PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+	}
+	Py_DECREF(seq);
+	*block = out;
+	return 0;
+fail:
+	Py_DECREF(seq);
+	return -1;
+}
