@@ -396,8 +396,9 @@ class Loop:
         refused rather than held behind a slow handler or reset by our
         exit: an HTTP interface's client gets a 503 (Connection: close)
         after its unread input is read, then a FIN; a stream client, and
-        a client of a TLS listener, gets the FIN alone. With waited 0 (the drain's deadline, or no loop thread
-        left): all of them. Returns how many."""
+        a client of a TLS listener, gets the FIN alone. With waited 0 (the
+        drain's deadline, or no loop thread left): all of them. Returns how
+        many."""
         now = time.monotonic()
         with self._posted_lock:
             fds = [fd for fd, at in self._posted.items() if now - at >= waited]
