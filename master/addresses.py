@@ -20,6 +20,11 @@ dual-stack [::]:P) is served by that socket and never bound a second time; an
 activated socket that no entry names is served too (master/listeners.py
 claim_activated).
 
+A `bind` entry may start with a scheme: `tls://` (served with TLS: the
+certfile's) or `tcp://` (plain). parse() takes it off; master/tls_binds.py
+says which listeners serve TLS (with no entry marked, every one does when
+certfile is set). Other addresses (--metrics) are parsed with scheme_ok=False.
+
 Parsing is pure (no DNS, no syscalls): a host name stays a name, resolved when
 the listener is bound. A bad address raises AddressError naming the address
 and what is wrong with it.
@@ -68,8 +73,25 @@ def _port(text: str, address: str) -> int:
     return int(text)
 
 
-def parse(address: str) -> Address:
-    """Parses one bind address. Raises AddressError."""
+SCHEMES = {"tls://": True, "tcp://": False}
+
+
+def scheme(address: str) -> tuple[bool | None, str]:
+    """(True for tls://, False for tcp://, None for no scheme; the rest)."""
+    for prefix, tls in SCHEMES.items():
+        if address.startswith(prefix):
+            return tls, address[len(prefix):]
+    return None, address
+
+
+def parse(address: str, *, scheme_ok: bool = True) -> Address:
+    """Parses one bind address (its tls:// or tcp:// scheme taken off when
+    scheme_ok). Raises AddressError."""
+    tls, rest = scheme(address)
+    if tls is not None:
+        if not scheme_ok:
+            raise AddressError(f"{address!r}: a tls:// or tcp:// scheme is for `bind` entries")
+        address = rest
     if address.startswith("unix:"):
         path = address[len("unix:"):]
         if path.startswith("//"):       # unix:///run/x.sock, as a URL would write it

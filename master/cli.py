@@ -249,6 +249,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         names an activated socket (systemd:NAME, fd://N, or its address:
         master/listeners.py claim_activated). A systemd:NAME matching none
         stays, for bind() to refuse: exit 1 at start, a refused reload."""
+        from sockherd.master.addresses import scheme
         from sockherd.master.listeners import claim_activated
 
         if inherited and settings.bind == next(s.default for s in S.SETTINGS if s.key == "bind"):
@@ -256,7 +257,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
             return msgspec.structs.replace(settings, bind=[])
         rest = []
         for text in settings.bind:
-            lst = claim_activated(text, inherited) if inherited else None
+            # a tls:// entry is never claimed: its TLS would be lost with the
+            # entry (master/tls_binds.py refuses tls://systemd:NAME)
+            lst = claim_activated(text, inherited) if inherited and not scheme(text)[0] \
+                else None
             if lst is None:
                 rest.append(text)
                 if text.startswith("systemd:"):

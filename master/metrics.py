@@ -267,6 +267,11 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     alive = GaugeMetricFamily("sockherd_worker_loop_threads_alive",
                               "loop threads running (fewer than configured: one ended, the "
                               "worker drains to be replaced)", labels=WORKER_LABELS)
+    tls = CounterMetricFamily("sockherd_worker_tls_handshakes",
+                              "TLS handshakes by outcome: full, resumed (a session resumed), "
+                              "failed (a TLS error, logged), abandoned (the client left "
+                              "before its end), plain_http (plain HTTP sent to a TLS port, "
+                              "answered 400)", labels=WORKER_LABELS + ("outcome",))
     refused = CounterMetricFamily("sockherd_http_rejected",
                                   "requests the engine refused itself (its own 400, 408, 413, "
                                   "414, 431, 500, 505), by reason", labels=WORKER_LABELS + ("reason",))
@@ -294,6 +299,8 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                 alive.add_metric(labels, stats["threads_alive"])
             for why, n in (stats.get("refused") or {}).items():
                 refused.add_metric(labels + [why], n)
+            for outcome, n in tls_outcomes(stats.get("tls")):
+                tls.add_metric(labels + [outcome], n)
         for th in w.get("threads") or ():
             tl = labels + [str(th["tid"]), str(th["tgid"])]
             for name, value in th.items():
@@ -306,8 +313,18 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                         "(`sockherd ctl show activity`)", labels=THREAD_LABELS)
                 fam.add_metric(tl, value)
     yield from (info, answered, uptime, conns, websockets, requests, responses, pauses, alive,
-                refused)
+                refused, tls)
     yield from threads.values()
+
+
+def tls_outcomes(counts: dict | None) -> list[tuple[str, int]]:
+    """A worker's TLS counts (worker/report.py) as (outcome, n): full and
+    resumed add up to the handshakes completed; none when TLS is off."""
+    if not counts:
+        return []
+    return [("full", counts["handshakes"] - counts["resumed"]), ("resumed", counts["resumed"]),
+            ("failed", counts["handshake_failed"]), ("abandoned", counts["handshake_abandoned"]),
+            ("plain_http", counts["plain_refused"])]
 
 
 # ---- the HTTP side (bounded, with /-/ready off the pool: master/metrics_http.py) ------------
@@ -375,7 +392,7 @@ class MetricsServer:
 
     def __init__(self, sup, address: str, restarts: Restarts, *, wait_if_busy: bool = False,
                  inherited: int = -1):
-        self.addr = parse(address)
+        self.addr = parse(address, scheme_ok=False)
         if self.addr.kind != "tcp":
             raise ValueError(f"metrics {address!r}: expected host:port or [v6]:port")
         self.text = address
@@ -543,7 +560,7 @@ def _inherited(sup, address: str) -> int:
     sock = socket.socket(fileno=fd)
     try:
         bound = sock.getsockname()[:2]
-        want = parse(address)
+        want = parse(address, scheme_ok=False)
         same = bound[1] == want.port and any(
             info[4][:2] == bound for info in socket.getaddrinfo(
                 want.host, want.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))

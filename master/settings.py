@@ -113,7 +113,7 @@ SETTINGS: tuple[Setting, ...] = (
             "thread groups per worker (at most 64 threads a group)",
             msgspec.Meta(ge=1, le=32), "G", section="workers"),
     Setting("bind", ("-b", "--bind"), list[str], ["127.0.0.1:8000"],
-            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N`, `systemd:NAME` (a socket-activated one; repeatable); `PORT` in the environment, as gunicorn reads it, makes the default `0.0.0.0:$PORT`",
+            "address to listen on: `host:port`, `[v6]:port`, `unix:/path`, `fd://N`, `systemd:NAME` (a socket-activated one; repeatable); `PORT` in the environment, as gunicorn reads it, makes the default `0.0.0.0:$PORT`. `tls://ADDRESS` serves TLS there (certfile's), and then the entries without it are plain (`tcp://ADDRESS`: plain, said explicitly)",
             msgspec.Meta(min_length=1), "ADDRESS", section="listeners"),
     Setting("backlog", ("--backlog",), int, 2048, "listen() backlog of each bound socket",
             msgspec.Meta(ge=1, le=65535), "N", section="listeners"),
@@ -137,7 +137,8 @@ SETTINGS: tuple[Setting, ...] = (
     # TLS in the engine (worker/native/conn_tls.c); gunicorn's names for the first five
     Setting("certfile", ("--certfile",), str, "",
             "TLS: the server's certificate (PEM, the chain after it); set, every `bind` "
-            "serves HTTPS (WSGI, ASGI, WebSocket; a stream app is refused). Read again by "
+            "serves HTTPS, or only the ones marked `tls://` if any `bind` is marked (WSGI, "
+            "ASGI, WebSocket; a stream app is refused). Read again by "
             "each reload: a missing or mismatched file refuses it (and the first start, exit 2)",
             metavar="FILE", section="tls"),
     Setting("keyfile", ("--keyfile",), str, "",

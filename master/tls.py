@@ -16,6 +16,8 @@ import os
 import ssl
 from typing import Any
 
+from sockherd.master import tls_binds
+
 
 class TlsError(ValueError):
     """A TLS setting that cannot be served (the message names the file)."""
@@ -43,14 +45,16 @@ _TICKET_KEYS: list[str] = []
 TICKET_KEYS = "tls_ticket_keys"        # the assignment's key (not a setting)
 
 
-def with_ticket_keys(config: dict) -> dict:
-    """A worker's assignment config: with the master's ticket keys when TLS
-    is on (a copy; config itself is the generation's, left as it is)."""
+def assignment(config: dict, settings: Any, listeners: list) -> dict:
+    """A worker's assignment config: with the master's ticket keys and which
+    of its listeners serve TLS (master/tls_binds.py) when TLS is on (a copy;
+    config itself is the generation's, left as it is)."""
     if not config.get("certfile"):
         return config
     if not _TICKET_KEYS:
         _TICKET_KEYS.append(os.urandom(80).hex())
-    return dict(config, **{TICKET_KEYS: _TICKET_KEYS[0]})
+    return dict(config, **{TICKET_KEYS: _TICKET_KEYS[0],
+                           tls_binds.TLS_LISTENERS: tls_binds.flags(settings, listeners)})
 
 
 def engine_args(cfg: dict) -> dict | None:
@@ -72,7 +76,12 @@ def check(s: Any) -> None:
     """Raises TlsError unless the certificate, key and CA files load and
     the key matches the certificate. Nothing to check when certfile is
     empty (but a TLS setting given without it is an error: it would be
-    silently plain)."""
+    silently plain), and the `bind` entries marked tls:// or tcp://
+    (master/tls_binds.py)."""
+    try:
+        tls_binds.check(s)
+    except tls_binds.BindTlsError as exc:
+        raise TlsError(str(exc)) from None
     if not s.certfile:
         stray = [k for k in ("keyfile", "keyfile_password", "keyfile_password_file",
                              "ca_certs", "ciphers") if getattr(s, k)]

@@ -30,7 +30,7 @@ from sockherd.ipc.errors import IPCError
 from sockherd.ipc.messages import Drain
 from sockherd.master.lifecycle import Action, Backoff, Event, Outcome, State, Worker
 from sockherd.master.spawn import Shortage, WorkerProcess, adopt, spawn
-from sockherd.master.tls import with_ticket_keys
+from sockherd.master.tls import assignment as tls_assignment
 from sockherd.worker import EXIT_DRAIN_DEADLINE
 from sockherd.worker.board import NOT_SERVING, SLOTS
 
@@ -166,7 +166,7 @@ class ProcessTable:
             if slot.board < 0:
                 slot.board = self.board_row(live)
             self.board.slots[slot.board] = NOT_SERVING   # until it says it serves
-            proc = spawn(slot.generation, slot.index, with_ticket_keys(config),
+            proc = spawn(slot.generation, slot.index, tls_assignment(config, settings, listeners),
                          config.get("app", ""),
                          listeners, board_fd=self.board.fd, board_row=slot.board)
         except Shortage:

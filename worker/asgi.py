@@ -88,7 +88,9 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
     # connections off a thread (a thread in asyncio is never stuck in a
     # handler: its app awaits instead)
     loop.relief.enabled = False
-    base = {"type": "http", "asgi": dict(ASGI_VERSION), "scheme": "https" if lim.tls else "http",
+    # "https" per connection, for one with a TLS session (asgi_scope.c):
+    # a plain listener may serve beside TLS ones (master/tls_binds.py)
+    base = {"type": "http", "asgi": dict(ASGI_VERSION), "scheme": "http",
             "root_path": lim.root_path}
     if state is not None:
         base["state"] = state

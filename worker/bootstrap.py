@@ -41,6 +41,7 @@ from sockherd.ipc.messages import (
     Assignment, Drain, Error, FailedBeforeReady, Heartbeat, Ready, Retiring, StatsReply,
     StatsRequest, Stop,
 )
+from sockherd.master.tls_binds import TLS_LISTENERS
 from sockherd.worker import (ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE, EXIT_DRAIN_DEADLINE,
                              report)
 from sockherd.worker import hooks as hooks_mod
@@ -96,6 +97,14 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
     prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} "
                         f"[{msg.app or 'embedded'}]")
     lifespan = None
+    # which listeners serve TLS (master/tls_binds.py): the master says per
+    # listener; a config without the list (a worker started by hand) has
+    # every one TLS when certfile is set, as before TLS per bind
+    tls = cfg.get(TLS_LISTENERS) or [bool(cfg.get("certfile"))] * len(socks)
+    if len(tls) != len(socks):
+        for s in socks:
+            s.close()
+        raise BootstrapError(f"{len(socks)} listeners but {len(tls)} TLS flags")
     if not msg.app:
         handler = make_handler(status_app, cfg)     # the embedded default
     else:
@@ -122,7 +131,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
                 from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
                 lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state)
         else:
-            if cfg.get("certfile"):
+            if any(tls):
                 # decided: TLS is the HTTP interfaces' (a stream handler
                 # gets raw bytes; terminate TLS in front of it)
                 for s in socks:
@@ -143,8 +152,8 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
                 header_timeout=float(cfg.get("header_timeout", 15.0)))
     loop.identity = (msg.generation, msg.worker_index)
     loop.config = cfg                   # the embedded page finds the control endpoint in it
-    for s in socks:
-        loop.add_listener(s)
+    for s, on in zip(socks, tls):
+        loop.add_listener(s, tls=on)
     if lifespan is not None:
         # nothing is served before startup completed: the listeners are in
         # the table but not polled (connections wait in the backlog, and in

@@ -81,6 +81,12 @@ class Loop:
         self.emfile_pause = emfile_pause
         self.conns: dict[int, Connection] = {}
         self.listeners: set[int] = set()           # listener fds, one per group
+        # with the engine's TLS on (set_tls): the listener fds that serve
+        # plain beside the TLS ones (master/tls_binds.py), and the
+        # connections accepted from the TLS ones outside fdcore's accept (a
+        # drain's queue, _empty_queued) until they are taken or refused
+        self.plain_listeners: set[int] = set()
+        self._tls_accepted: set[int] = set()
         self._cookies = itertools.count(1)
         self._stop = threading.Event()
         # _stop's and _draining's state as plain bools, set with them: what
@@ -142,6 +148,7 @@ class Loop:
         # runs the connections' side of each turn; None for a stream handler
         make_engine = getattr(handler_class, "make_engine", None)
         self.engine = make_engine(self) if make_engine is not None else None
+        self._tls = self.engine is not None and self.engine.tls_counts()["on"]
         # an ASGI app: each loop thread runs an asyncio loop on its poller
         # (worker/aio.py), its tasks the requests that thread serves
         self.asgi = self.engine is not None and self.engine.interface == "asgi"
@@ -149,8 +156,10 @@ class Loop:
         self._aio_started = [threading.Event() for _ in self.loop_threads]
 
     # ---- set-up ------------------------------------------------------------------
-    def add_listener(self, sock: socket.socket) -> None:
-        """Takes over a listening socket: the table owns its fd from now on."""
+    def add_listener(self, sock: socket.socket, *, tls: bool = True) -> None:
+        """Takes over a listening socket: the table owns its fd from now on.
+        tls False: its connections are plain even if the engine speaks TLS
+        (set_tls); with tls True they speak it if the engine does."""
         sock.setblocking(False)
         masks = {}
         for th in self.loop_threads:
@@ -159,6 +168,8 @@ class Loop:
                                          kind=KIND_LISTENER, exclusive=True)
         for fd in fds.values():
             self.listeners.add(fd)
+            if not tls:
+                self.plain_listeners.add(fd)
             self.loop_threads[0].want_recv(fd)      # any context may change any fd
 
     def start(self) -> None:
@@ -391,9 +402,10 @@ class Loop:
         thread got to in `waited` seconds (each was busy in the app) are
         refused rather than held behind a slow handler or reset by our
         exit: an HTTP interface's client gets a 503 (Connection: close)
-        after its unread input is read, then a FIN; a stream client gets
-        the FIN. With waited 0 (the drain's deadline, or no loop thread
-        left): all of them. Returns how many."""
+        after its unread input is read, then a FIN; a stream client, and
+        a client of a TLS listener, gets the FIN alone. With waited 0 (the
+        drain's deadline, or no loop thread left): all of them. Returns how
+        many."""
         now = time.monotonic()
         with self._posted_lock:
             fds = [fd for fd, at in self._posted.items() if now - at >= waited]
@@ -408,6 +420,10 @@ class Loop:
                   b"503 Service Unavailable: stopping\n") if self.engine is not None else b""
         socks = []
         for fd in fds:
+            # a TLS client is closed without a byte: a 503 in clear would be
+            # a garbled handshake to it (nginx and HAProxy close too)
+            tls = fd in self._tls_accepted
+            self._tls_accepted.discard(fd)
             s = socket.socket(fileno=fd)
             s.setblocking(False)
             try:
@@ -416,7 +432,8 @@ class Loop:
             except OSError:
                 pass
             try:
-                s.send(answer)
+                if not tls:
+                    s.send(answer)
                 s.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
@@ -471,6 +488,8 @@ class Loop:
                         log.warning("emptying a deleted listener: %s", exc.strerror)
                         break
                     taken += 1
+                    if self._tls and fd not in self.plain_listeners:
+                        self._tls_accepted.add(conn)
                     adopt(conn)
             finally:
                 os.close(dup)
@@ -499,8 +518,10 @@ class Loop:
 
     def _adopt_accepted(self, th, me: int, fd: int) -> None:
         """A connection accepted outside fdcore's accept, made ours."""
+        tls = fd in self._tls_accepted
+        self._tls_accepted.discard(fd)
         if self.engine is not None:
-            self.engine.take(me, fd)
+            self.engine.take(me, fd, not tls)
             self.gate.publish()
             return
         conn = self._register(th, fd)
@@ -892,7 +913,7 @@ class Loop:
         """The engine's accept: the batch taken, registered and reading in
         one C call (its connections need no on_connect from here)."""
         try:
-            n = self.engine.accept(self._pos[th.tid], lfd, batch)
+            n = self.engine.accept(self._pos[th.tid], lfd, batch, lfd in self.plain_listeners)
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 self._pause_accepting(th, exc)

@@ -39,6 +39,9 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         "connections": loop.open_connections,
         # issue 23: ASGI WebSockets accepted and not closed (asgi_ws.c)
         "websockets": loop.websockets_open,
+        # TLS handshakes (resumed among them), failed, abandoned, and
+        # plain HTTP refused on a TLS port (conn_tls.c); None: TLS is off
+        "tls": _tls(engine),
         "threads": len(loop.loop_threads),
         # fewer than threads: one ended, the worker drains to be replaced
         "threads_alive": loop.threads_alive,
@@ -49,6 +52,13 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         # and max_connections reached (worker/loop.py)
         "accept_pauses": {"emfile": loop.paused_emfile, "max_connections": loop.paused_cap},
     }
+
+
+def _tls(engine) -> dict | None:
+    if engine is None:
+        return None
+    counts = engine.tls_counts()
+    return {k: v for k, v in counts.items() if k != "on"} if counts.pop("on") else None
 
 
 KINDS = {KIND_LISTENER: "listener", KIND_CONN: "connection"}

@@ -23,7 +23,8 @@
 
 static PyObject *K_TYPE, *K_ASGI, *K_HTTP_VERSION, *K_METHOD, *K_PATH, *K_RAW_PATH, *K_QUERY,
                 *K_HEADERS, *K_CLIENT, *K_SERVER, *K_STATE, *V_11, *V_10, *K_BODY, *K_MORE,
-                *V_REQUEST, *V_DISCONNECT, *V_EMPTY_BYTES, *K_EXTENSIONS, *K_PROXY;
+                *V_REQUEST, *V_DISCONNECT, *V_EMPTY_BYTES, *K_EXTENSIONS, *K_PROXY,
+                *K_SCHEME, *V_HTTPS;
 static PyObject *method_names[64];
 static int make_common(void);
 
@@ -36,6 +37,7 @@ int asgi_make_keys(void)
 		{&K_SERVER, "server"}, {&K_STATE, "state"}, {&V_11, "1.1"}, {&V_10, "1.0"},
 		{&K_BODY, "body"}, {&K_MORE, "more_body"}, {&V_REQUEST, "http.request"},
 		{&V_DISCONNECT, "http.disconnect"}, {&K_EXTENSIONS, "extensions"}, {&K_PROXY, "proxy"},
+		{&K_SCHEME, "scheme"}, {&V_HTTPS, "https"},
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -275,11 +277,15 @@ PyObject *asgi_build_scope(HttpConn *c)
 	else if (PyDict_SetItem(scope, K_CLIENT, Py_None) < 0 ||
 	         set_new(scope, K_SERVER, Py_BuildValue("(OO)", c->local, Py_None)) < 0)
 		goto fail;
+	/* the base says http: a TLS session's connection says https (a plain
+	 * listener may serve beside TLS ones), before a trusted proxy's word */
+	if (c->ssl && PyDict_SetItem(scope, K_SCHEME, V_HTTPS) < 0)
+		goto fail;
 	if (c->trusted && fwd_scope(c, scope) < 0)     /* a trusted proxy's fields (forwarded.h) */
 		goto fail;
 	/* the extensions: a PROXY protocol header's dict (conn_proxy.c), the
 	 * "proxy" one, a copy per request (the ssl dict inside is shared);
-	 * TLS's "tls" one (conn_tls.c: its scheme is in the base scope) */
+	 * TLS's "tls" one (conn_tls.c) */
 	if (c->proxy || c->ssl) {
 		PyObject *ext = PyDict_New();
 

@@ -171,7 +171,7 @@ struct HttpConn {
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
 	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
-	         tls_short : 1, tls_queued : 1;
+	         tls_short : 1, tls_queued : 1, tls_done : 1;
 	HttpConn *tls_next;
 	PyObject *tls_env;
 };

@@ -134,7 +134,8 @@ int tls_open(HttpConn *c)
 	SSL *ssl;
 	BIO *bio;
 
-	if (!c->srv->tls_ctx)
+	/* no context, or a plain listener beside TLS ones (engine.c) */
+	if (!c->srv->tls_ctx || c->srv->thr[c->pos].plain)
 		return 0;
 	ssl = SSL_new(c->srv->tls_ctx);
 	bio = ssl ? BIO_new(bio_method) : NULL;
@@ -296,6 +297,11 @@ ssize_t tls_read(HttpConn *c, char *buf, size_t room)
 		}
 		e = SSL_get_error(c->ssl, r);
 		break;
+	}
+	if (!c->tls_done && SSL_is_init_finished(c->ssl)) {
+		c->tls_done = 1;                        /* the handshake's end, counted once */
+		c->srv->tls_handshakes++;
+		c->srv->tls_resumed += SSL_session_reused(c->ssl) != 0;
 	}
 	if (c->tls_rw != (e == SSL_ERROR_WANT_WRITE)) {
 		c->tls_rw = e == SSL_ERROR_WANT_WRITE;  /* the handshake's flight waits for room */
@@ -721,7 +727,8 @@ fail:
 static PyObject *get_tls(Server *s, PyObject *noarg)
 {
 	(void)noarg;
-	return Py_BuildValue("{sOsKsKsK}", "on", s->tls_ctx ? Py_True : Py_False,
+	return Py_BuildValue("{sOsKsKsKsKsK}", "on", s->tls_ctx ? Py_True : Py_False,
+	                     "handshakes", s->tls_handshakes, "resumed", s->tls_resumed,
 	                     "handshake_failed", s->tls_failed, "handshake_abandoned",
 	                     s->tls_abandoned, "plain_refused", s->tls_plain);
 }
@@ -732,6 +739,7 @@ PyMethodDef server_tls_methods[] = {
 	 "min_version='TLSv1.2', ticket_keys=None): every connection accepted from now on speaks TLS. Raises "
 	 "ValueError naming the file that does not load. Before the first accept."},
 	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
-	 "tls_counts() -> {on, handshake_failed, handshake_abandoned, plain_refused}"},
+	 "tls_counts() -> {on, handshakes, resumed, handshake_failed, handshake_abandoned, "
+	 "plain_refused}: handshakes completed (resumed: of them, a session resumed)"},
 	{NULL},
 };

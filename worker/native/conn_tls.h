@@ -17,7 +17,8 @@
 
 #include "conn.h"
 
-/* A new connection of a TLS Server: its SSL, in accept state. -1: a
+/* A new connection of a TLS Server: its SSL, in accept state (none if
+ * its listener is plain: srv_thread.plain, engine.c). -1: a
  * Python error (c is not served). */
 int tls_open(HttpConn *c);
 /* c's SSL and buffers released (its close, its dealloc). */

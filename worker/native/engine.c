@@ -426,17 +426,18 @@ static int serve_first(Server *s, struct srv_thread *t, int pos, int fd)
 }
 
 PyDoc_STRVAR(take_doc,
-"take(pos, fd) -> bool\n\n"
+"take(pos, fd, plain=False) -> bool\n\n"
 "A connection accepted elsewhere (a draining worker emptying a deleted\n"
 "listener's queue) into the engine, owned by loop thread pos: as accept()\n"
-"does for each of its batch. False if it was dropped (closed).");
+"does for each of its batch. False if it was dropped (closed). plain: from\n"
+"a listener that does not serve TLS (see accept).");
 
 static PyObject *Server_take(Server *s, PyObject *args)
 {
-	int pos, fd, rc;
+	int pos, fd, rc, plain = 0;
 	struct srv_thread *t;
 
-	if (!PyArg_ParseTuple(args, "ii:take", &pos, &fd) || !(t = as_thread(s, pos)))
+	if (!PyArg_ParseTuple(args, "ii|p:take", &pos, &fd, &plain) || !(t = as_thread(s, pos)))
 		return NULL;
 	/* accepted elsewhere, maybe blocking: the engine's reads must never
 	 * wait (a shared connection's first read would hold the GIL until its
@@ -444,25 +445,30 @@ static PyObject *Server_take(Server *s, PyObject *args)
 	int fl = fcntl(fd, F_GETFL);
 	if (fl >= 0 && !(fl & O_NONBLOCK))
 		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	t->plain = plain;
 	rc = take_fd(s, t, pos, fd);
+	t->plain = 0;
 	if (rc < 0 || (rc == 2 && serve_first(s, t, pos, fd) < 0))
 		return NULL;                            /* (no listener to finish with first) */
 	return PyBool_FromLong(rc);
 }
 
 PyDoc_STRVAR(accept_doc,
-"accept(pos, lfd, max) -> count\n\n"
+"accept(pos, lfd, max, plain=False) -> count\n\n"
 "Accepts up to max connections on listener lfd (held by loop thread pos),\n"
 "and registers each one in the table, owned by that thread, reading, with\n"
 "its header timer: one call for the whole batch. Raises OSError if the\n"
-"first accept failed (EMFILE ...: the loop pauses accepting).");
+"first accept failed (EMFILE ...: the loop pauses accepting). plain: lfd\n"
+"does not serve TLS although set_tls was called (TLS per bind: its\n"
+"connections get no session).");
 
 static PyObject *Server_accept(Server *s, PyObject *args)
 {
-	int pos, lfd, max, n, ok = 0, fds[FDC_EVBATCH];
+	int pos, lfd, max, n, ok = 0, plain = 0, fds[FDC_EVBATCH];
 	struct srv_thread *t;
 
-	if (!PyArg_ParseTuple(args, "iii:accept", &pos, &lfd, &max) || !(t = as_thread(s, pos)))
+	if (!PyArg_ParseTuple(args, "iii|p:accept", &pos, &lfd, &max, &plain) ||
+	    !(t = as_thread(s, pos)))
 		return NULL;
 	if (max > FDC_EVBATCH - t->nfirst)
 		max = FDC_EVBATCH - t->nfirst;      /* room for each first read to serve */
@@ -472,8 +478,11 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 		return PyErr_SetFromErrno(PyExc_OSError);
 	}
 	for (int i = 0; i < n; i++) {
-		int rc = take_fd(s, t, pos, fds[i]);
+		int rc;
 
+		t->plain = plain;                       /* read by tls_open (hconn_new) */
+		rc = take_fd(s, t, pos, fds[i]);
+		t->plain = 0;
 		if (rc < 0) {
 			for (int k = i + 1; k < n; k++)
 				close(fds[k]);

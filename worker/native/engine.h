@@ -35,6 +35,9 @@ struct srv_thread {
 	 * input no report will announce, read at its next turn (each holds a
 	 * strong reference, linked through tls_next) */
 	HttpConn *tls_replay;
+	/* set by accept() and take() for their call: the listener is a plain
+	 * one beside TLS ones (per-bind TLS), so tls_open makes no session */
+	int plain;
 };
 
 /* What the engine refuses a request for (its status): the labels of
@@ -117,6 +120,9 @@ struct Server {
 	const struct tls_ops *tls;
 	PyObject *tls_server_pem;
 	unsigned long long tls_failed, tls_abandoned, tls_plain;
+	/* handshakes completed, and how many of them resumed a session
+	 * (conn_tls.c tls_read: counted once per connection, tls_done) */
+	unsigned long long tls_handshakes, tls_resumed;
 	/* conn_type.c: the local address of the last TCP connection accepted
 	 * (its sockaddr's bytes) and its objects, shared by every connection
 	 * with the same one (one per listener, mostly): the (host, port)
