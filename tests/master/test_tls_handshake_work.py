@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 
@@ -27,7 +28,7 @@ import pytest
 import trustme
 
 from test_run import master, wait_for  # noqa: F401 (fixture)
-from tls_support import make_pki, read_response, tls_connect
+from tls_support import make_pki, read_response
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,13 +82,15 @@ def site(tmp_path):
     return make_pki(tmp_path / "pki")
 
 
-def get(port: int, ctx: ssl.SSLContext, session=None) -> ssl.SSLSession:
-    """One GET on a new connection (offering session); the session after it."""
-    s = tls_connect(("127.0.0.1", port), ctx) if session is None else None
-    if s is None:
-        import socket
-        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+def get(port: int, ctx: ssl.SSLContext, session=None) -> tuple[ssl.SSLSession, bool]:
+    """One GET on a new connection (offering session, when given): the
+    session after it, and whether the handshake resumed."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
         s = ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=session)
+    except BaseException:
+        raw.close()
+        raise
     with s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         head, body = read_response(s)
