@@ -34,8 +34,9 @@ LAYERS = {
                     "h1_parser", "fwd_syntax", "fwd_fields", "h1_head", "h1_head_asgi", "h1_response",
                     "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
-    # nothing of the engine; ws_py is its Python face)
-    "websocket codec": ["ws_frame", "ws_py"],
+    # nothing of the engine; ws_deflate is its RFC 7692 inflate/deflate,
+    # ws_py its Python face)
+    "websocket codec": ["ws_deflate", "ws_frame", "ws_py"],
     "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],
     "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app",
                      "asgi_ws_frames", "asgi_ws_send", "asgi_ws"],
@@ -116,7 +117,9 @@ def test_no_file_calls_a_file_above_it(tmp_path):
         assert below <= {"connection", "http1 codec", "websocket codec", "asgi adapter"}, \
             (name, below)
     # the frame codec is below every adapter and calls nothing of the engine
-    assert set(calls.get("ws_frame", {})) == set()
+    # (only its own inflate/deflate)
+    assert set(calls.get("ws_frame", {})) <= {"ws_deflate"}
+    assert set(calls.get("ws_deflate", {})) == set()
     assert "ws_frame" in calls.get("asgi_ws_frames", {})
     assert "h1_response" in calls.get("asgi_call", {})
 
