@@ -81,9 +81,15 @@ def run_and_check(work: Path, rows_file: Path) -> None:
         assert heading in out
     rows = json.loads(rows_file.read_text())
     names = {"sockherd@" + ROOT.name + "#1", "sockherd@" + ROOT.name + "#2"}
-    table = [r for r in rows if r["part"] == "table"]
+    table = [r for r in rows if r["part"] == "table" and r["server"] != "probe"]
     assert {r["server"] for r in table} == names
     assert all(r["requests"] > 0 and r["errors"] == 0 and r["cpu_s"] > 0 for r in table)
+    # the sleep bound: a no-server probe per rotation, and the app's own sleeps
+    # timed in every row (a 5 ms sleep takes 5 ms or more)
+    probes = [r for r in rows if r["part"] == "table" and r["server"] == "probe"]
+    assert len(probes) == 1 and probes[0]["sleep_s"] >= 0.005
+    assert all(r["sleep_s"] and r["sleep_s"] >= 0.005 for r in table)
+    assert "The sleep probe" in out and "vs sleep bound" in out
     hol = [r for r in rows if r["part"] == "hol"]
     assert sorted((r["server"], r["phase"]) for r in hol) == sorted(
         (n, ph) for n in names for ph in ("keep-alive", "new conn"))
