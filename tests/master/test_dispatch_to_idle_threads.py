@@ -27,7 +27,9 @@ def app(environ, start_response):
     path = environ["PATH_INFO"]
     if path.startswith("/sleep/"):
         if environ["QUERY_STRING"] == "mark":
-            open("in-app", "w").close()       # the test waits for this
+            with open("in-app.tmp", "w") as f:  # the test waits for this
+                f.write(threading.current_thread().name)
+            os.rename("in-app.tmp", "in-app")
         time.sleep(float(path.split("/")[2]))
     if path == "/big":
         body = b"x" * int(environ["QUERY_STRING"])
@@ -81,31 +83,43 @@ def test_a_request_on_a_busy_threads_connection_runs_on_an_idle_thread(master, t
     m = start(master, tmp_path, threads=4)
     conns: dict[bytes, socket.socket] = {}
     pair = None
-    spare = []
     try:
-        deadline = time.monotonic() + 20
-        while pair is None:
-            assert time.monotonic() < deadline, "two connections on one thread"
-            s = socket.create_connection(("127.0.0.1", m.port), timeout=10)
-            name = thread_of(ask(s, "/"))
-            if name in conns:
-                pair = (conns[name], s, name)
-            else:
-                conns[name] = s
-        busy_conn, other, name = pair
-        t = time.monotonic()
-        busy_conn.sendall(b"GET /sleep/2?mark HTTP/1.1\r\nHost: t\r\n\r\n")
-        wait_for(lambda: (tmp_path / "in-app").exists(), 10, "the first request in the app")
-        answer = ask(other, "/")
-        took = time.monotonic() - t
-        # from the first request's send: relief (the watchdog before
-        # dispatch) moved the second after takeover_after, 0.5 s; a dispatch
-        # takes microseconds (the bound is for a loaded host)
-        assert took < 0.4, f"the second request waited {took:.2f}s behind the first's app call"
-        assert thread_of(answer) != name, (answer, name)
-        assert thread_of(read_response(busy_conn, bytearray())) == name
+        deadline = time.monotonic() + 40
+        for attempt in range(5):
+            pair = None
+            while pair is None:
+                assert time.monotonic() < deadline, "two connections on one thread"
+                s = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+                name = thread_of(ask(s, "/"))
+                if name in conns:
+                    pair = (conns.pop(name), s, name)
+                else:
+                    conns[name] = s
+            busy_conn, other, name = pair
+            marker = tmp_path / "in-app"
+            marker.unlink(missing_ok=True)
+            t = time.monotonic()
+            busy_conn.sendall(b"GET /sleep/2?mark HTTP/1.1\r\nHost: t\r\n\r\n")
+            wait_for(marker.exists, 10, "the first request in the app")
+            answer = ask(other, "/")
+            took = time.monotonic() - t
+            in_app = marker.read_bytes()
+            # from the first request's send: relief (the watchdog before
+            # dispatch) moved the second after takeover_after, 0.5 s; a dispatch
+            # takes microseconds (the bound is for a loaded host)
+            assert took < 0.4, f"the second request waited {took:.2f}s behind the first's app call"
+            assert thread_of(answer) != in_app, (answer, in_app)
+            assert thread_of(read_response(busy_conn, bytearray())) == in_app
+            if in_app == name:
+                return      # the case this test is for: the shared thread was the busy one
+            # The sleep ran elsewhere: the shared thread was not yet idle
+            # when it arrived (still finishing the last response), so dispatch
+            # rightly gave it to a sibling. Try again with a fresh pair.
+            for c in pair[:2]:
+                c.close()
+        pytest.fail("the sleeping request never stayed on its connection's thread in 5 tries")
     finally:
-        for s in [*conns.values(), *spare, *(pair[:2] if pair else ())]:
+        for s in [*conns.values(), *(pair[:2] if pair else ())]:
             s.close()
 
 
