@@ -87,9 +87,9 @@ static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t 
 	size_t zn;
 	int rc;
 
-	if (!call->pmd.on || n < WS_DEFLATE_MIN)
+	if (!call->wp.pmd || n < WS_DEFLATE_MIN)
 		return ws_frame_out(c, op, s, n);
-	if (ws_deflate_msg(&call->defl, (const uint8_t *)s, n, &z, &zn) < 0) {
+	if (ws_deflate_msg(call->wp.pmd, (const uint8_t *)s, n, &z, &zn) < 0) {
 		PyErr_NoMemory();
 		return -1;
 	}
@@ -154,7 +154,7 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
 	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
 	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0)) ||
-	    (call->pmd.on && pmd_answer(c, &call->pmd) < 0)) {
+	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0)) {
 		Py_DECREF(key);
 		goto fail;
 	}
@@ -324,10 +324,15 @@ static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
 		if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags,
 		                   &code) < 0)
 			return NULL;
-		call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
-		                            .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
-		                            .app_server = !!(flags & HEAD_APP_SERVER),
-		                            .bodiless = code == 204 || code == 304 || code < 200};
+		/* the framing's own allocation: only a denial needs one */
+		if (!call->f && !(call->f = PyMem_Malloc(sizeof(*call->f)))) {
+			Py_DECREF(prefix);
+			return PyErr_NoMemory();
+		}
+		*call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
+		                             .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
+		                             .app_server = !!(flags & HEAD_APP_SERVER),
+		                             .bodiless = code == 204 || code == 304 || code < 200};
 		call->state = ST_DENY;
 		return asgi_ready(Py_None);
 	}
@@ -344,17 +349,17 @@ static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
 		if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
 			return NULL;
 		if (!call->head_sent) {
-			if (h1_head(c, &call->f, more ? -1 : (long long)view.len) < 0)
+			if (h1_head(c, call->f, more ? -1 : (long long)view.len) < 0)
 				goto fail;
 			call->head_sent = 1;
 		}
-		if (view.len && h1_send_body(c, &call->f, view.buf, (size_t)view.len, 0, 0) < 0)
+		if (view.len && h1_send_body(c, call->f, view.buf, (size_t)view.len, 0, 0) < 0)
 			goto fail;
 		PyBuffer_Release(&view);
 		if (!more) {
-			if (h1_end_body(c, &call->f) < 0)
+			if (h1_end_body(c, call->f) < 0)
 				return NULL;
-			srv_count(c->srv, call->f.code);
+			srv_count(c->srv, call->f->code);
 			ws_finish(call, 1006, "", 0);
 			hconn_close_soft(c);
 		}
