@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "asgi_ws.h"
 
@@ -98,6 +99,47 @@ static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t 
 	return rc;
 }
 
+/* A header name the app gave is Sec-WebSocket-Extensions (any case). */
+static int is_extensions(PyObject *name)
+{
+	return PyBytes_GET_SIZE(name) == 24 &&
+	       !strncasecmp(PyBytes_AS_STRING(name), "sec-websocket-extensions", 24);
+}
+
+/* The app's Sec-WebSocket-Extensions in websocket.accept's headers, dropped
+ * (the caller skips it): logged as a warning on the worker's logger, the
+ * 101 goes on. Why dropped and not refused: the extensions in force are
+ * the server's alone, which frames the messages (ASGI gives the app whole
+ * messages: it can apply no extension, RSV1 included), so the one true
+ * answer is the server's: its permessage-deflate when negotiated, none
+ * otherwise. An app's copy would announce an extension nobody applies,
+ * or a second permessage-deflate answer, which RFC 7692 5 and websockets'
+ * client refuse (the connection fails); refusing the accept would fail a
+ * WebSocket that works, for a header the app could not have made true.
+ * As the ASGI spec does for Sec-WebSocket-Protocol (its subprotocol key),
+ * the server's field wins. A logging failure is reported as unraisable:
+ * the 101, half in the output already, goes on. */
+static void drop_extensions(WsCall *call, PyObject *value)
+{
+	static PyObject *log;
+	PyObject *path = call->scope ? PyDict_GetItemString(call->scope, "path") : NULL, *r = NULL;
+
+	if (!log) {
+		PyObject *logging = PyImport_ImportModule("logging");
+
+		log = logging ? PyObject_CallMethod(logging, "getLogger", "s", "sockherd.worker") : NULL;
+		Py_XDECREF(logging);
+	}
+	if (log)
+		r = PyObject_CallMethod(log, "warning", "sOOs", "ASGI websocket.accept for %s: the "
+		                        "app's Sec-WebSocket-Extensions %r dropped (the server's own "
+		                        "answer stands: %s)", path ? path : Py_None, value,
+		                        call->wp.pmd ? "permessage-deflate as negotiated" : "none");
+	if (!r)
+		PyErr_WriteUnraisable((PyObject *)call);
+	Py_XDECREF(r);
+}
+
 /* websocket.accept: the 101, with the app's subprotocol and headers. */
 static PyObject *do_accept(WsCall *call, PyObject *msg)
 {
@@ -164,6 +206,12 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 		PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
 		int rc = n && v ? 0 : -1;
 
+		if (!rc && is_extensions(n)) {
+			drop_extensions(call, v);
+			Py_DECREF(n);
+			Py_DECREF(v);
+			continue;
+		}
 		if (!rc && (hconn_send(c, PyBytes_AS_STRING(n), (size_t)PyBytes_GET_SIZE(n), 0) < 0 ||
 		            hconn_send(c, ": ", 2, 0) < 0 ||
 		            hconn_send(c, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), 0) < 0 ||
