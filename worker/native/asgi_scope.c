@@ -203,7 +203,7 @@ static PyObject *bytes_at(PyObject **objs, int i, const char *s, size_t n)
 static PyObject *header_pair(const char *low, size_t nl, const char *val, size_t vl)
 {
 	int ni = common_index(common_names, name_len, NNAMES, low, nl);
-	int vi = ni >= 0 ? common_index(common_values, value_len, NVALUES, val, vl) : -1;
+	int vi = common_index(common_values, value_len, NVALUES, val, vl);
 	PyObject *pair, *k, *v, **slot = NULL;
 
 	if (ni >= 0 && vi >= 0) {
