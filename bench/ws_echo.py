@@ -3,7 +3,7 @@
 sockherd, uvicorn (--ws websockets) and granian, in the same run (issue 23).
 
     .venv/bin/python bench/ws_echo.py [--rotations 3] [--seconds 6] [--kinds text,binary]
-        [--idle 5000] [--only sockherd,uvicorn,granian] [--json rows.json]
+        [--idle 5000] [--only sockherd,uvicorn,granian] [--deflate] [--json rows.json]
 
 Every server serves tests/apps/asgi_ws_echo.py (a bare ASGI echo) with 2
 worker processes, side by side (idle while another is measured):
@@ -23,6 +23,15 @@ threads: well below 1.0 means the client waited for the server, i.e. it was
 not the bottleneck); the machine's busy cores. Rows rotate: each rotation
 runs the servers in another order, so drift on this shared machine hits
 all alike; medians and ranges over rotations are printed, with ratios.
+
+--deflate: the echo with permessage-deflate (RFC 7692) negotiated: the
+client offers it (client_no_context_takeover, as a browser's offer may
+carry), sends every message compressed and inflates the server's
+compressed echoes before comparing them (bench/ws_echo_client.c). sockherd
+runs with --ws-per-message-deflate (off by default), uvicorn with
+--ws-per-message-deflate True (its default), granian as it is (it has no
+such setting): a server that does not take the offer gets no row, and the
+report says so. Idle rows are unchanged (no offer).
 
 Idle memory: per server and rotation, on a server started for it (a
 server's heap keeps what earlier connections freed, and would hide the
@@ -64,27 +73,31 @@ CONNS = 50
 SIZE = 1024
 
 
-def spec_for(server: str, tmp: str, tag: str = "echo"):
+def spec_for(server: str, tmp: str, tag: str = "echo", deflate: bool = False):
     """H.Server's spec function; tag names sockherd's runtime dir (each
-    master needs its own control endpoint)."""
+    master needs its own control endpoint); deflate: permessage-deflate
+    on where the server has a setting for it."""
     def spec(port: int) -> dict:
         app = "asgi_ws_echo:app"
         if server in ("sockherd", "sockherd-t2"):
             t = "1" if server == "sockherd" else "2"
+            pmd = ["--ws-per-message-deflate"] if deflate else []
             return {"argv": [B.SOCKHERD, "run", app, "--interface", "asgi", "-w", str(WORKERS),
                              "-t", t, "-b", f"127.0.0.1:{port}", "--pythonpath", TESTS_APPS,
-                             "--runtime-dir", os.path.join(tmp, f"run-{server}-{tag}")],
+                             "--runtime-dir", os.path.join(tmp, f"run-{server}-{tag}"), *pmd],
                     "ready": (r"worker \d+\.\d+: ready, pid", WORKERS),
-                    "desc": f"sockherd run {app} --interface asgi -w {WORKERS} -t {t}"}
+                    "desc": f"sockherd run {app} --interface asgi -w {WORKERS} -t {t} "
+                            + " ".join(pmd)}
         if server in ("uvicorn", "uvicorn-sansio"):
             impl = "websockets" if server == "uvicorn" else "websockets-sansio"
+            pmd = ["--ws-per-message-deflate", "True"] if deflate else []
             return {"argv": [H.peer_bin("uvicorn"), app, "--app-dir", TESTS_APPS,
                              "--host", "127.0.0.1", "--port", str(port), "--workers",
                              str(WORKERS), "--ws", impl, "--http", "httptools",
-                             "--loop", "uvloop", "--no-access-log"],
+                             "--loop", "uvloop", "--no-access-log", *pmd],
                     "ready": (r"Application startup complete", WORKERS),
                     "desc": f"uvicorn {app} --workers {WORKERS} --ws {impl} --http "
-                            "httptools --loop uvloop --no-access-log"}
+                            "httptools --loop uvloop --no-access-log " + " ".join(pmd)}
         if server == "granian":
             return {"argv": [H.peer_bin("granian"), "--interface", "asgi", "--workers",
                              str(WORKERS), "--host", "127.0.0.1", "--port", str(port),
@@ -111,12 +124,18 @@ def tree_rss_kib(root: int) -> int:
 
 
 # ---- echo ------------------------------------------------------------------------------------
-def echo_row(client: str, srv: H.Server, kind: str, seconds: float, threads: int) -> dict:
+class NoDeflate(Exception):
+    """The server did not take the client's permessage-deflate offer."""
+
+
+def echo_row(client: str, srv: H.Server, kind: str, seconds: float, threads: int,
+             deflate: bool = False) -> dict:
     opcode = "1" if kind == "text" else "2"
     warmup = 1.0
     with B.BoxMeter() as box:
         p = subprocess.Popen([client, "127.0.0.1", str(srv.port), str(CONNS), str(seconds),
-                              str(SIZE), str(warmup), str(threads), opcode],
+                              str(SIZE), str(warmup), str(threads), opcode,
+                              "1" if deflate else "0"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # the server's CPU over (about) the client's counted window: the
         # upgrades take a few ms, the window starts `warmup` after them
@@ -124,6 +143,8 @@ def echo_row(client: str, srv: H.Server, kind: str, seconds: float, threads: int
         t0, k0 = time.monotonic(), tree_ticks(srv.p.pid)
         out, err = p.communicate(timeout=seconds + 60)
         t1, k1 = time.monotonic(), tree_ticks(srv.p.pid)
+    if p.returncode == 3 and deflate:
+        raise NoDeflate(err.strip())
     if p.returncode != 0:
         raise B.BenchError(f"ws_echo_client against {srv.name}: exit {p.returncode}: {err}")
     r = {}
@@ -206,8 +227,10 @@ def rng(values, fmt="{:,.0f}") -> str:
 
 
 def report(rows: list[dict], idles: list[dict], servers: list[str], kinds: list[str]) -> None:
-    print("\n#### Echo, 1 KiB messages, 50 connections, 2 workers "
-          "(median (min–max) over rotations)\n")
+    deflate = any(r.get("deflate") for r in rows)
+    print("\n#### Echo, 1 KiB messages, 50 connections, 2 workers"
+          + (", permessage-deflate negotiated" if deflate else "")
+          + " (median (min–max) over rotations)\n")
     table = []
     med = {}
     for kind in kinds:
@@ -264,6 +287,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="client threads (1)")
     ap.add_argument("--idle", type=int, default=5000, help="idle WebSockets (0: no idle rows)")
     ap.add_argument("--only", default=",".join(SERVERS))
+    ap.add_argument("--deflate", action="store_true",
+                    help="echo rows with permessage-deflate negotiated (see below)")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
     servers = [s for s in a.only.split(",") if s]
@@ -275,7 +300,7 @@ def main() -> int:
         B.check_sockherd()
         if set(servers) - {"sockherd"}:
             B.check_peers_venv("websockets")
-        client = B.build_c("ws_echo_client", flags=["-pthread"])
+        client = B.build_c("ws_echo_client", flags=["-pthread"], libs=["-lz"])
     except (B.BenchError, subprocess.CalledProcessError) as e:
         print(e, file=sys.stderr)
         return 2
@@ -289,10 +314,15 @@ def main() -> int:
     print(f"- RLIMIT_NOFILE {hard} (soft = hard) for the bench and the servers")
     rows: list[dict] = []
     idles: list[dict] = []
+    no_deflate: dict[str, str] = {}             # --deflate: servers that did not take it
+    if a.deflate:
+        print("- echo with permessage-deflate negotiated (--deflate): the client offers "
+              "`permessage-deflate; client_no_context_takeover; client_max_window_bits`")
     with B.Procs() as procs, B.tempdir("ws_echo-") as tmp:
         srvs = {}
         for s in servers:
-            srvs[s] = H.Server(procs, tmp, s, spec_for(s, tmp), expect=b"ws echo")
+            srvs[s] = H.Server(procs, tmp, s, spec_for(s, tmp, deflate=a.deflate),
+                               expect=b"ws echo")
         for s in servers:
             srvs[s].wait_ready()
             print(f"- {s}: `{srvs[s].spec['desc']}`")
@@ -300,7 +330,15 @@ def main() -> int:
             order = servers[rot % len(servers):] + servers[:rot % len(servers)]
             for kind in kinds:
                 for s in order:
-                    r = echo_row(client, srvs[s], kind, a.seconds, a.threads)
+                    if s in no_deflate:
+                        continue
+                    try:
+                        r = echo_row(client, srvs[s], kind, a.seconds, a.threads, a.deflate)
+                    except NoDeflate as e:
+                        no_deflate[s] = str(e)
+                        print(f"# {s}: {e}: no --deflate rows", file=sys.stderr, flush=True)
+                        continue
+                    r["deflate"] = a.deflate
                     r["rotation"] = rot
                     rows.append(r)
                     print(f"# rotation {rot} {kind} {s}: {r['rate']:,.0f} msg/s, "
@@ -320,6 +358,8 @@ def main() -> int:
                     idles.append(r)
                     print(f"# rotation {rot} idle {s}: {r['bytes_per_conn']:,.0f} B/conn",
                           file=sys.stderr, flush=True)
+        for s, why in no_deflate.items():
+            print(f"- {s}: no echo rows: {why} (it answered the offer without the extension)")
         for s in servers:
             problems = srvs[s].new_log_problems()
             if problems:

@@ -1,6 +1,6 @@
 /* ws_echo_client: the WebSocket load generator of bench/ws_echo.py (issue 23).
  *
- *   ws_echo_client HOST PORT CONNS SECONDS MSGSIZE WARMUP THREADS OPCODE
+ *   ws_echo_client HOST PORT CONNS SECONDS MSGSIZE WARMUP THREADS OPCODE [DEFLATE]
  *
  * Opens CONNS WebSockets (TCP_NODELAY; the upgrade done blocking, one by
  * one, before anything is timed), spread over THREADS threads, each with
@@ -12,6 +12,16 @@
  * counted; then SECONDS are. A server ping is skipped (not answered: runs
  * are shorter than any peer's ping timeout); a close frame or EOF loses
  * the connection.
+ *
+ * DEFLATE 1: permessage-deflate (RFC 7692) offered as a browser offers it,
+ * with client_no_context_takeover: every message is sent compressed (RSV1;
+ * compressed once, each message its own stream, as that parameter lets
+ * the client do), the server's compressed echoes (RSV1) inflated with
+ * each connection's own inflater (the server's context kept between
+ * messages, unless it answers server_no_context_takeover) and compared
+ * as plain ones are. A server that does not take the offer fails the run
+ * (exit 3, "deflate not negotiated"): bench/ws_echo.py then has no row
+ * for it.
  *
  * Prints one line of key=value pairs:
  *   msgs rate          echoes completed in the window, and per second
@@ -40,6 +50,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "closed_loop.h"
 
 #define INBUF (1 << 17)
@@ -52,6 +64,7 @@ struct conn {
 	long count;              /* echoes counted in the window */
 	double last;             /* time of the last echo */
 	int dead;
+	z_stream *z;             /* DEFLATE: the server's messages' inflater */
 	unsigned char in[INBUF];
 };
 
@@ -64,7 +77,8 @@ struct worker {
 };
 
 static size_t msgsize, framelen;
-static int opcode;
+static int opcode, deflate_on, server_reset;
+static __thread unsigned char *scratch;   /* DEFLATE: an echo inflated, per thread */
 static double t_start, t_wend, t_end;
 static unsigned char *payload;   /* what every message carries */
 static unsigned char *outframe;  /* the client frame carrying it, masked once */
@@ -106,6 +120,38 @@ static int push(struct worker *w, struct conn *c)
 	return 0;
 }
 
+/* A compressed echo's payload inflated into this thread's scratch (7.2.2:
+ * the sync flush's tail put back): its length, or (size_t)-1 if it does
+ * not inflate or is longer than a message of ours. */
+static size_t inflate_echo(struct conn *c, unsigned char *data, size_t n)
+{
+	static const unsigned char tail[4] = {0, 0, 0xff, 0xff};
+	size_t room = msgsize + 1;
+
+	if (!scratch)
+		scratch = malloc(room);
+	if (!c->z) {
+		c->z = calloc(1, sizeof *c->z);
+		if (!c->z || inflateInit2(c->z, -15) != Z_OK)
+			return (size_t)-1;
+	}
+	c->z->next_out = scratch;
+	c->z->avail_out = (uInt)room;
+	c->z->next_in = data;
+	c->z->avail_in = (uInt)n;
+	if (inflate(c->z, Z_SYNC_FLUSH) < Z_OK && c->z->avail_in)
+		return (size_t)-1;
+	c->z->next_in = (unsigned char *)tail;
+	c->z->avail_in = 4;
+	int r = inflate(c->z, Z_SYNC_FLUSH);
+	if (r != Z_OK && r != Z_BUF_ERROR && r != Z_STREAM_END)
+		return (size_t)-1;
+	size_t len = room - c->z->avail_out;
+	if (server_reset || r == Z_STREAM_END)
+		inflateReset(c->z);
+	return len;
+}
+
 /* Consumes the whole server frames in c->in: an echo is checked and
  * counted and the next message sent; a ping is skipped; a close (or any
  * other opcode) loses the connection. */
@@ -144,8 +190,13 @@ static void frames(struct worker *w, struct conn *c, double t)
 			lose(w, c);
 			return;
 		}
-		if (!(f[0] & 0x80) || (f[1] & 0x80) || n != msgsize ||
-		    memcmp(f + hl, payload, msgsize) != 0)
+		if (f[0] & 0x40) {                 /* compressed (DEFLATE): inflated, then checked */
+			if (!deflate_on || !(f[0] & 0x80) || (f[1] & 0x80) ||
+			    inflate_echo(c, f + hl, n) != msgsize || memcmp(scratch, payload, msgsize))
+				w->mismatch++;
+		}
+		else if (!(f[0] & 0x80) || (f[1] & 0x80) || n != msgsize ||
+		         memcmp(f + hl, payload, msgsize) != 0)
 			w->mismatch++;
 		at += hl + n;
 		if (t >= t_wend && t < t_end)
@@ -205,7 +256,9 @@ static int upgrade(const struct sockaddr_in *dst, const char *host, int port)
 	int len = snprintf(req, sizeof req,
 			   "GET /echo HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\n"
 			   "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-			   "Sec-WebSocket-Version: 13\r\n\r\n", host, port);
+			   "Sec-WebSocket-Version: 13\r\n%s\r\n", host, port, deflate_on ?
+			   "Sec-WebSocket-Extensions: permessage-deflate; client_no_context_takeover; "
+			   "client_max_window_bits\r\n" : "");
 	if (write(fd, req, (size_t)len) != len) {
 		perror("ws_echo_client: write");
 		return -1;
@@ -229,15 +282,30 @@ static int upgrade(const struct sockaddr_in *dst, const char *host, int port)
 		fprintf(stderr, "ws_echo_client: upgrade refused: %.80s\n", head);
 		return -1;
 	}
+	if (deflate_on) {
+		/* the answer's parameters, lower-cased: it must be
+		 * permessage-deflate (with our client_no_context_takeover) */
+		for (char *p = head; *p; p++)
+			if (*p >= 'A' && *p <= 'Z')
+				*p += 32;
+		char *ext = strstr(head, "\r\nsec-websocket-extensions:");
+		if (!ext || !strstr(ext, "permessage-deflate")) {
+			fprintf(stderr, "ws_echo_client: deflate not negotiated\n");
+			exit(3);
+		}
+		char *eol = strstr(ext + 2, "\r\n");
+		*eol = 0;
+		server_reset = strstr(ext, "server_no_context_takeover") != NULL;
+	}
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	return fd;
 }
 
 int main(int argc, char **argv)
 {
-	if (argc != 9) {
-		fprintf(stderr, "usage: %s HOST PORT CONNS SECONDS MSGSIZE WARMUP THREADS OPCODE\n",
-			argv[0]);
+	if (argc != 9 && argc != 10) {
+		fprintf(stderr, "usage: %s HOST PORT CONNS SECONDS MSGSIZE WARMUP THREADS OPCODE "
+			"[DEFLATE]\n", argv[0]);
 		return 2;
 	}
 	const char *host = argv[1];
@@ -245,6 +313,7 @@ int main(int argc, char **argv)
 	double seconds = atof(argv[4]), warmup = atof(argv[6]);
 	msgsize = (size_t)atol(argv[5]);
 	opcode = atoi(argv[8]);
+	deflate_on = argc == 10 && atoi(argv[9]);
 	struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(port)};
 	if (inet_pton(AF_INET, host, &dst.sin_addr) != 1 || nconn < 1 || nth < 1 ||
 	    msgsize < 126 || msgsize > 65535 || (opcode != 1 && opcode != 2)) {
@@ -252,18 +321,39 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	payload = malloc(msgsize);
-	framelen = 8 + msgsize;
-	outframe = malloc(framelen);
 	static const unsigned char key[4] = {0x37, 0xfa, 0x21, 0x3d};
 	for (size_t i = 0; i < msgsize; i++)
 		payload[i] = opcode == 1 ? (unsigned char)('a' + i % 26) : (unsigned char)(i * 7);
-	outframe[0] = 0x80 | (unsigned char)opcode;
-	outframe[1] = 0x80 | 126;
-	outframe[2] = (unsigned char)(msgsize >> 8);
-	outframe[3] = (unsigned char)msgsize;
-	memcpy(outframe + 4, key, 4);
-	for (size_t i = 0; i < msgsize; i++)
-		outframe[8 + i] = payload[i] ^ key[i & 3];
+	/* the frame's payload: the message, or (DEFLATE) its compressed bytes,
+	 * one raw deflate stream sync-flushed, the 4-byte tail removed */
+	unsigned char *body = payload;
+	size_t bodylen = msgsize;
+	if (deflate_on) {
+		z_stream z = {0};
+		body = malloc(msgsize + 64);
+		deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+		z.next_in = payload;
+		z.avail_in = (uInt)msgsize;
+		z.next_out = body;
+		z.avail_out = (uInt)(msgsize + 64);
+		deflate(&z, Z_SYNC_FLUSH);
+		bodylen = msgsize + 64 - z.avail_out - 4;
+		deflateEnd(&z);
+	}
+	size_t hl = bodylen < 126 ? 6 : 8;
+	framelen = hl + bodylen;
+	outframe = malloc(framelen);
+	outframe[0] = 0x80 | (deflate_on ? 0x40 : 0) | (unsigned char)opcode;
+	if (hl == 6)
+		outframe[1] = 0x80 | (unsigned char)bodylen;
+	else {
+		outframe[1] = 0x80 | 126;
+		outframe[2] = (unsigned char)(bodylen >> 8);
+		outframe[3] = (unsigned char)bodylen;
+	}
+	memcpy(outframe + hl - 4, key, 4);
+	for (size_t i = 0; i < bodylen; i++)
+		outframe[hl + i] = body[i] ^ key[i & 3];
 
 	struct worker *ws = calloc((size_t)nth, sizeof *ws);
 	struct conn **all = calloc((size_t)nconn, sizeof *all);

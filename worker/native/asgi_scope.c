@@ -134,39 +134,105 @@ static PyObject *method_name(unsigned m)
  * immutable: sharing shows nowhere): a pair then allocates only its tuple
  * and its uncommon parts. Kept mostly for the memory a long-lived scope
  * holds (an idle WebSocket's: issue 23, ~40 bytes a shared object). */
-static const char *const common[] = {
-	/* names */
+static const char *const common_names[] = {
 	"host", "user-agent", "accept", "accept-encoding", "accept-language", "connection",
 	"upgrade", "content-type", "content-length", "cookie", "origin", "referer",
 	"cache-control", "pragma", "authorization", "transfer-encoding", "expect",
 	"if-none-match", "if-modified-since", "x-forwarded-for", "x-forwarded-proto",
 	"x-real-ip", "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
 	"sec-websocket-protocol", "sec-fetch-mode", "sec-fetch-site", "sec-fetch-dest",
-	/* values */
+};
+static const char *const common_values[] = {
 	"13", "websocket", "Upgrade", "upgrade", "keep-alive", "close", "*/*", "gzip, deflate",
 	"gzip, deflate, br", "no-cache", "permessage-deflate; client_max_window_bits",
 };
-#define NCOMMON (sizeof(common) / sizeof(common[0]))
-static PyObject *common_bytes[NCOMMON];
-static unsigned char common_len[NCOMMON];
+#define NNAMES (sizeof(common_names) / sizeof(common_names[0]))
+#define NVALUES (sizeof(common_values) / sizeof(common_values[0]))
+static PyObject *name_bytes[NNAMES], *value_bytes[NVALUES];
+static unsigned char name_len[NNAMES], value_len[NVALUES];
+/* Whole (name, value) pairs shared too (tuples of bytes are immutable as
+ * well): a pair of a common name and a common value, made at its first
+ * use; and per common name the last pair seen with another value (a
+ * site's clients mostly send the same Host, Origin, User-Agent...), kept
+ * if its value is at most PAIR_KEEP bytes. A WebSocket's handshake
+ * (Host, Upgrade, Connection, Sec-WebSocket-Version) then holds one tuple
+ * of its own, Sec-WebSocket-Key's: ~110 bytes less per pair shared
+ * (issue 23). Never kept: the key (random per connection by RFC 6455 4.1:
+ * keeping it gains nothing) and the credentials (cookie, authorization:
+ * not held past their request). GIL-protected, as every scope's making. */
+#define PAIR_KEEP 64
+static PyObject *common_pairs[NNAMES][NVALUES], *last_pair[NNAMES];
+static unsigned char keep_last[NNAMES];
 
 static int make_common(void)
 {
-	for (size_t i = 0; i < NCOMMON; i++) {
-		common_len[i] = (unsigned char)strlen(common[i]);
-		if (!(common_bytes[i] = PyBytes_FromStringAndSize(common[i], common_len[i])))
+	for (size_t i = 0; i < NNAMES; i++) {
+		name_len[i] = (unsigned char)strlen(common_names[i]);
+		if (!(name_bytes[i] = PyBytes_FromStringAndSize(common_names[i], name_len[i])))
+			return -1;
+		keep_last[i] = strcmp(common_names[i], "sec-websocket-key") &&
+		               strcmp(common_names[i], "cookie") &&
+		               strcmp(common_names[i], "authorization");
+	}
+	for (size_t i = 0; i < NVALUES; i++) {
+		value_len[i] = (unsigned char)strlen(common_values[i]);
+		if (!(value_bytes[i] = PyBytes_FromStringAndSize(common_values[i], value_len[i])))
 			return -1;
 	}
 	return 0;
 }
 
-/* s[0 .. n) as bytes: the shared object when it is a common one */
-static PyObject *bytes_of(const char *s, size_t n)
+/* the index of s[0 .. n) among the n_all strings of names, or -1 */
+static int common_index(const char *const *names, const unsigned char *lens, size_t n_all,
+                        const char *s, size_t n)
 {
-	for (size_t i = 0; i < NCOMMON; i++)
-		if (common_len[i] == n && !memcmp(common[i], s, n))
-			return Py_NewRef(common_bytes[i]);
-	return PyBytes_FromStringAndSize(s, (Py_ssize_t)n);
+	for (size_t i = 0; i < n_all; i++)
+		if (lens[i] == n && !memcmp(names[i], s, n))
+			return (int)i;
+	return -1;
+}
+
+/* s[0 .. n) as bytes: the shared object at index i of objs if i >= 0 */
+static PyObject *bytes_at(PyObject **objs, int i, const char *s, size_t n)
+{
+	return i >= 0 ? Py_NewRef(objs[i]) : PyBytes_FromStringAndSize(s, (Py_ssize_t)n);
+}
+
+/* The (name, value) pair of a header: low[0 .. nl) its lower-cased name,
+ * val[0 .. vl) its value; a shared tuple when there is one (above). */
+static PyObject *header_pair(const char *low, size_t nl, const char *val, size_t vl)
+{
+	int ni = common_index(common_names, name_len, NNAMES, low, nl);
+	int vi = common_index(common_values, value_len, NVALUES, val, vl);
+	PyObject *pair, *k, *v, **slot = NULL;
+
+	if (ni >= 0 && vi >= 0) {
+		slot = &common_pairs[ni][vi];
+		if (*slot)
+			return Py_NewRef(*slot);
+	}
+	else if (ni >= 0 && keep_last[ni] && vl <= PAIR_KEEP) {
+		slot = &last_pair[ni];
+		if (*slot) {
+			PyObject *old = PyTuple_GET_ITEM(*slot, 1);
+
+			if ((size_t)PyBytes_GET_SIZE(old) == vl && !memcmp(PyBytes_AS_STRING(old), val, vl))
+				return Py_NewRef(*slot);
+		}
+	}
+	if (!(pair = PyTuple_New(2)))
+		return NULL;
+	k = bytes_at(name_bytes, ni, low, nl);
+	v = k ? bytes_at(value_bytes, vi, val, vl) : NULL;
+	PyTuple_SET_ITEM(pair, 0, k);
+	PyTuple_SET_ITEM(pair, 1, v);
+	if (!v) {
+		Py_DECREF(pair);
+		return NULL;
+	}
+	if (slot)
+		Py_XSETREF(*slot, Py_NewRef(pair));
+	return pair;
 }
 
 /* the headers, lower-cased names; sets p->expect_continue as the
@@ -197,15 +263,7 @@ static PyObject *headers_of(Parser *p)
 			low[k] = name[k] >= 'A' && name[k] <= 'Z' ? (char)(name[k] + 32) : name[k];
 		if (nl == 6 && !memcmp(low, "expect", 6) && vl == 12 && !strncasecmp(val, "100-continue", 12))
 			p->expect_continue = 1;
-		pair = PyTuple_New(2);
-		if (pair) {
-			PyObject *k = bytes_of(low, nl), *v = k ? bytes_of(val, vl) : NULL;
-
-			PyTuple_SET_ITEM(pair, 0, k);
-			PyTuple_SET_ITEM(pair, 1, v);
-			if (!v)
-				Py_CLEAR(pair);
-		}
+		pair = header_pair(low, nl, val, vl);
 		if (low != stack)
 			PyMem_Free(low);
 		if (!pair) {

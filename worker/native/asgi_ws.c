@@ -258,9 +258,11 @@ static void Ws_dealloc(WsCall *call)
 	unlink_call(call);
 	Ws_clear(call);
 	ws_free(&call->wp);
-	ws_deflater_free(&call->defl);
 	Py_CLEAR(call->conn);
-	Py_CLEAR(call->f.prefix);
+	if (call->f) {
+		Py_CLEAR(call->f->prefix);
+		PyMem_Free(call->f);
+	}
 	Py_CLEAR(call->srv);
 	PyObject_GC_Del(call);
 }
@@ -374,6 +376,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	const struct hp_parser *hp = c->parser->hp;
 	const char *key, *ver;
 	size_t klen = 0, vlen = 0;
+	struct ws_pmd pmd = {0};
 	WsCall *call;
 	int rc;
 
@@ -406,18 +409,17 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	call->aio = Py_XNewRef(s->thr[c->pos].aio);
 	memcpy(call->key, key, 24);
 	ws_init(&call->wp, max_size);
-	negotiate(hp, &call->pmd);
-	call->wp.pmd = call->pmd.on;
-	call->wp.pmd_reset = call->pmd.client_no_takeover;
-	call->defl.bits = call->pmd.server_bits;
-	call->defl.reset = call->pmd.server_no_takeover;
+	negotiate(hp, &pmd);
 	call->next = all_calls;
 	if (all_calls)
 		all_calls->prev = call;
 	all_calls = call;
 	PyObject_GC_Track(call);
-	if (!call->aio) {
-		if (!PyErr_Occurred())
+	/* permessage-deflate's state allocated only when it was negotiated */
+	if (!call->aio || (pmd.on && ws_pmd_attach(&call->wp, &pmd) < 0)) {
+		if (call->aio)
+			PyErr_NoMemory();
+		else if (!PyErr_Occurred())
 			PyErr_SetString(PyExc_RuntimeError, "ASGI: the loop thread has no asyncio loop");
 		Py_DECREF(call);
 		return -1;

@@ -30,10 +30,10 @@ typedef struct WsCall {
 	                                    * (an idle WebSocket holds no list: issue 23) */
 	size_t queued;                     /* their payload bytes */
 	char key[24];                      /* Sec-WebSocket-Key, checked */
-	struct ws_parser wp;
-	struct ws_pmd pmd;                 /* permessage-deflate negotiated (pmd.on) */
-	struct ws_deflater defl;           /* its compressor, NULL until a message needs it */
-	struct h1_frame f;                 /* the denial response's framing */
+	struct ws_parser wp;               /* with permessage-deflate's state (wp.pmd) */
+	/* the denial response's framing: allocated at its start (most
+	 * WebSockets are accepted: an idle one holds none, issue 23) */
+	struct h1_frame *f;
 	int state;
 	/* connect_taken: websocket.connect was received; close_sent: our close
 	 * frame is out (nothing but it after); finished: the disconnect is

@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "asgi_ws.h"
 
@@ -87,15 +88,56 @@ static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t 
 	size_t zn;
 	int rc;
 
-	if (!call->pmd.on || n < WS_DEFLATE_MIN)
+	if (!call->wp.pmd || n < WS_DEFLATE_MIN)
 		return ws_frame_out(c, op, s, n);
-	if (ws_deflate_msg(&call->defl, (const uint8_t *)s, n, &z, &zn) < 0) {
+	if (ws_deflate_msg(call->wp.pmd, (const uint8_t *)s, n, &z, &zn) < 0) {
 		PyErr_NoMemory();
 		return -1;
 	}
 	rc = ws_frame_out(c, op | 0x40, (const char *)z, zn);
 	free(z);
 	return rc;
+}
+
+/* A header name the app gave is Sec-WebSocket-Extensions (any case). */
+static int is_extensions(PyObject *name)
+{
+	return PyBytes_GET_SIZE(name) == 24 &&
+	       !strncasecmp(PyBytes_AS_STRING(name), "sec-websocket-extensions", 24);
+}
+
+/* The app's Sec-WebSocket-Extensions in websocket.accept's headers, dropped
+ * (the caller skips it): logged as a warning on the worker's logger, the
+ * 101 goes on. Why dropped and not refused: the extensions in force are
+ * the server's alone, which frames the messages (ASGI gives the app whole
+ * messages: it can apply no extension, RSV1 included), so the one true
+ * answer is the server's: its permessage-deflate when negotiated, none
+ * otherwise. An app's copy would announce an extension nobody applies,
+ * or a second permessage-deflate answer, which RFC 7692 5 and websockets'
+ * client refuse (the connection fails); refusing the accept would fail a
+ * WebSocket that works, for a header the app could not have made true.
+ * As the ASGI spec does for Sec-WebSocket-Protocol (its subprotocol key),
+ * the server's field wins. A logging failure is reported as unraisable:
+ * the 101, half in the output already, goes on. */
+static void drop_extensions(WsCall *call, PyObject *value)
+{
+	static PyObject *log;
+	PyObject *path = call->scope ? PyDict_GetItemString(call->scope, "path") : NULL, *r = NULL;
+
+	if (!log) {
+		PyObject *logging = PyImport_ImportModule("logging");
+
+		log = logging ? PyObject_CallMethod(logging, "getLogger", "s", "sockherd.worker") : NULL;
+		Py_XDECREF(logging);
+	}
+	if (log)
+		r = PyObject_CallMethod(log, "warning", "sOOs", "ASGI websocket.accept for %s: the "
+		                        "app's Sec-WebSocket-Extensions %r dropped (the server's own "
+		                        "answer stands: %s)", path ? path : Py_None, value,
+		                        call->wp.pmd ? "permessage-deflate as negotiated" : "none");
+	if (!r)
+		PyErr_WriteUnraisable((PyObject *)call);
+	Py_XDECREF(r);
 }
 
 /* websocket.accept: the 101, with the app's subprotocol and headers. */
@@ -154,7 +196,7 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
 	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
 	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0)) ||
-	    (call->pmd.on && pmd_answer(c, &call->pmd) < 0)) {
+	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0)) {
 		Py_DECREF(key);
 		goto fail;
 	}
@@ -164,6 +206,12 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 		PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
 		int rc = n && v ? 0 : -1;
 
+		if (!rc && is_extensions(n)) {
+			drop_extensions(call, v);
+			Py_DECREF(n);
+			Py_DECREF(v);
+			continue;
+		}
 		if (!rc && (hconn_send(c, PyBytes_AS_STRING(n), (size_t)PyBytes_GET_SIZE(n), 0) < 0 ||
 		            hconn_send(c, ": ", 2, 0) < 0 ||
 		            hconn_send(c, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), 0) < 0 ||
@@ -324,10 +372,15 @@ static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
 		if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags,
 		                   &code) < 0)
 			return NULL;
-		call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
-		                            .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
-		                            .app_server = !!(flags & HEAD_APP_SERVER),
-		                            .bodiless = code == 204 || code == 304 || code < 200};
+		/* the framing's own allocation: only a denial needs one */
+		if (!call->f && !(call->f = PyMem_Malloc(sizeof(*call->f)))) {
+			Py_DECREF(prefix);
+			return PyErr_NoMemory();
+		}
+		*call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
+		                             .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
+		                             .app_server = !!(flags & HEAD_APP_SERVER),
+		                             .bodiless = code == 204 || code == 304 || code < 200};
 		call->state = ST_DENY;
 		return asgi_ready(Py_None);
 	}
@@ -344,17 +397,17 @@ static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
 		if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
 			return NULL;
 		if (!call->head_sent) {
-			if (h1_head(c, &call->f, more ? -1 : (long long)view.len) < 0)
+			if (h1_head(c, call->f, more ? -1 : (long long)view.len) < 0)
 				goto fail;
 			call->head_sent = 1;
 		}
-		if (view.len && h1_send_body(c, &call->f, view.buf, (size_t)view.len, 0, 0) < 0)
+		if (view.len && h1_send_body(c, call->f, view.buf, (size_t)view.len, 0, 0) < 0)
 			goto fail;
 		PyBuffer_Release(&view);
 		if (!more) {
-			if (h1_end_body(c, &call->f) < 0)
+			if (h1_end_body(c, call->f) < 0)
 				return NULL;
-			srv_count(c->srv, call->f.code);
+			srv_count(c->srv, call->f->code);
 			ws_finish(call, 1006, "", 0);
 			hconn_close_soft(c);
 		}

@@ -115,6 +115,9 @@ struct HttpConn {
 	          * file, by sendfile): owed, like the buffer (POLLOUT wanted,
 	          * the send timer runs, a close waits for it) */
 	         out_more : 1;
+	/* dispatch.c's spill queue (below): the events of the reports merged
+	 * into c's entry (here, beside the flags: no padding either side) */
+	uint32_t qevents;
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
@@ -134,7 +137,6 @@ struct HttpConn {
 	 * the links, the events of the reports merged into it */
 	int queued;
 	HttpConn *qprev, *qnext;
-	uint32_t qevents;
 	/* issue 21: a response whose body goes out from the loop (wsgi_body.c,
 	 * respond_resume): held here between POLLOUT events; the next
 	 * pipelined request waits for it, reading is off meanwhile */
@@ -157,7 +159,6 @@ struct HttpConn {
 	 * the codec's bytes (proxy_wait), from a peer that must send one
 	 * (proxy_trusted) or may not; what a header told (its dict), or NULL */
 	unsigned proxy_wait : 1, proxy_trusted : 1;
-	PyObject *proxy;
 	/* TLS (conn_tls.c), after the PROXY header: the session, or NULL (a
 	 * plain connection: no cost); raw bytes read ahead of it (a PROXY
 	 * header's tail, the first byte looked at), which its BIO reads
@@ -166,12 +167,14 @@ struct HttpConn {
 	 * a write for it to be readable (wr), the BIO's last read saw EAGAIN
 	 * (eagain), the end (eof) or emptied the socket (short), c queued
 	 * for a read of what the session holds (queued, its link); the
-	 * environ keys of the session */
+	 * environ keys of the session. (Its flags share the PROXY flags' word:
+	 * one word, no padding, for every connection: issue 23's memory.) */
+	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
+	         tls_short : 1, tls_queued : 1, tls_done : 1;
+	PyObject *proxy;
 	struct ssl_st *ssl;
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
-	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
-	         tls_short : 1, tls_queued : 1, tls_done : 1;
 	HttpConn *tls_next;
 	PyObject *tls_env;
 };

@@ -39,9 +39,11 @@ struct Parser {
 	/* the body an adapter's call streams (h1_body_wait): its deadline
 	 * (0: no wait yet; body_timeout from the first, pushed back by what
 	 * arrives at min_body_rate), whether the call waits for it now, and
-	 * whether the deadline passed while it did (the adapter answers) */
-	double body_due;
+	 * whether the deadline passed while it did (the adapter answers).
+	 * The flags beside expect_continue: no padding (a WebSocket keeps its
+	 * parser: 8 bytes less each, issue 23) */
 	unsigned body_wait : 1, body_late : 1;
+	double body_due;
 };
 
 extern PyTypeObject ParserType;

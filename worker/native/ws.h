@@ -50,13 +50,11 @@ struct ws_parser {
 	/* the data message being reassembled: msg_op 0 none, else its opcode */
 	uint8_t msg_op;
 	uint8_t delivered;                 /* msg was handed out: the next call starts anew */
-	/* permessage-deflate: pmd negotiated (RSV1 allowed on a message's
-	 * first frame), pmd_reset its client_no_context_takeover,
-	 * msg_deflated the message being reassembled has RSV1 (it is
-	 * inflated once whole); inflater: zlib's state (ws_deflate.c), NULL
-	 * until a compressed message comes */
-	uint8_t pmd, pmd_reset, msg_deflated;
-	void *inflater;
+	/* permessage-deflate's whole state (ws_deflate.c), allocated only
+	 * when it was negotiated (ws_pmd_attach): NULL for a WebSocket without
+	 * it, the default, which then costs one pointer (memory per idle
+	 * WebSocket: issue 23) */
+	struct ws_pmd_state *pmd;
 	char *msg;
 	size_t msg_len, msg_cap;
 	struct ws_utf8 utf8;
@@ -109,6 +107,25 @@ size_t ws_frame_head(uint8_t *out, int opcode, uint64_t len);
 struct ws_pmd {
 	uint8_t on, server_no_takeover, client_no_takeover, server_bits;
 };
+/* One WebSocket's permessage-deflate, behind struct ws_parser's pmd: what
+ * was negotiated (RSV1 allowed on a message's first frame; neg's
+ * client_no_takeover resets the inflater after each message, its
+ * server_no_takeover the deflater, server_bits bounds the deflater's
+ * window), whether the message being reassembled has RSV1 (inflated once
+ * whole), and zlib's two streams, each NULL until a message needs it. */
+struct ws_pmd_state {
+	struct ws_pmd neg;
+	uint8_t msg_deflated;
+	void *inflater, *deflater;
+};
+/* p takes permessage-deflate as negotiated (neg->on set): its state
+ * allocated, 0; -1 out of memory (p unchanged). Freed by ws_free. */
+int ws_pmd_attach(struct ws_parser *p, const struct ws_pmd *neg);
+/* Whether the message being reassembled is a compressed one. */
+static inline int ws_msg_deflated(const struct ws_parser *p)
+{
+	return p->pmd && p->pmd->msg_deflated;
+}
 #define WS_PMD_ANSWER_MAX 128
 /* The first permessage-deflate offer of a Sec-WebSocket-Extensions value
  * s[0 .. n) that we take: 1 (into *pmd), 0 none (*pmd unchanged). */
@@ -120,19 +137,14 @@ size_t ws_pmd_answer(const struct ws_pmd *pmd, char *out);
  * bytes: 0, or WS_FAIL (1007 not deflate data, 1009 past max_size once
  * inflated, 1011 out of memory). */
 int ws_inflate_msg(struct ws_parser *p);
-void ws_inflater_free(struct ws_parser *p);
-/* The server's side: bits the window's bound (0: ours), reset for
- * server_no_context_takeover; z NULL until the first compressed send */
-struct ws_deflater {
-	void *z;
-	uint8_t bits, reset;
-};
-/* data[0 .. n) compressed as one message into *out (malloc'd, the
- * caller frees) of *outlen bytes, the sync flush's tail removed: 0, or
- * -1 out of memory. */
-int ws_deflate_msg(struct ws_deflater *d, const uint8_t *data, size_t n, uint8_t **out,
+/* The server's side, with pmd's deflater (made at the first message):
+ * data[0 .. n) compressed as one message into *out (malloc'd, the caller
+ * frees) of *outlen bytes, the sync flush's tail removed: 0, or -1 out
+ * of memory. */
+int ws_deflate_msg(struct ws_pmd_state *pmd, const uint8_t *data, size_t n, uint8_t **out,
                    size_t *outlen);
-void ws_deflater_free(struct ws_deflater *d);
+/* p's permessage-deflate state freed (zlib's streams with it); p->pmd NULL. */
+void ws_pmd_free(struct ws_parser *p);
 
 /* ---- the Python side (ws_py.c, asgi_ws.c): for files that include Python.h ---- */
 #ifdef Py_PYTHON_H

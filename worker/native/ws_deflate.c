@@ -39,7 +39,9 @@
  * compressed message each way: the inflater ~7 KiB + its 32 KiB window,
  * the deflater ~6 KiB + 32 KiB (window 2^12, memLevel 5, as websockets
  * chooses). Kept between messages under context takeover (the default),
- * freed after each message without it. Off (the default), none.
+ * freed after each message without it; all of it behind one pointer of
+ * the parser (struct ws_pmd_state, ws_pmd_attach at the upgrade). Off (the
+ * default): that pointer, NULL, and nothing else.
  *
  * May call: zlib.
  */
@@ -227,19 +229,51 @@ static int fail(struct ws_parser *p, int code, const char *reason)
 	return WS_FAIL;
 }
 
-void ws_inflater_free(struct ws_parser *p)
+static void inflater_free(struct ws_pmd_state *pmd)
 {
-	if (p->inflater) {
-		inflateEnd(p->inflater);
-		free(p->inflater);
-		p->inflater = NULL;
+	if (pmd->inflater) {
+		inflateEnd(pmd->inflater);
+		free(pmd->inflater);
+		pmd->inflater = NULL;
+	}
+}
+
+static void deflater_free(struct ws_pmd_state *pmd)
+{
+	if (pmd->deflater) {
+		deflateEnd(pmd->deflater);
+		free(pmd->deflater);
+		pmd->deflater = NULL;
+	}
+}
+
+int ws_pmd_attach(struct ws_parser *p, const struct ws_pmd *neg)
+{
+	struct ws_pmd_state *pmd = calloc(1, sizeof(*pmd));
+
+	if (!pmd)
+		return -1;
+	pmd->neg = *neg;
+	ws_pmd_free(p);
+	p->pmd = pmd;
+	return 0;
+}
+
+void ws_pmd_free(struct ws_parser *p)
+{
+	if (p->pmd) {
+		inflater_free(p->pmd);
+		deflater_free(p->pmd);
+		free(p->pmd);
+		p->pmd = NULL;
 	}
 }
 
 int ws_inflate_msg(struct ws_parser *p)
 {
 	static const uint8_t tail[4] = {0x00, 0x00, 0xff, 0xff};
-	z_stream *z = p->inflater;
+	struct ws_pmd_state *pmd = p->pmd;
+	z_stream *z = pmd->inflater;
 	size_t limit = p->max_size && p->max_size < SIZE_MAX ? (size_t)p->max_size : SIZE_MAX - 1;
 	const uint8_t *in = (const uint8_t *)p->msg;
 	size_t in_left = p->msg_len, len = 0, cap;
@@ -253,7 +287,7 @@ int ws_inflate_msg(struct ws_parser *p)
 			free(z);
 			return fail(p, 1011, "out of memory inflating a message");
 		}
-		p->inflater = z;
+		pmd->inflater = z;
 	}
 	/* a first guess, never past the bound: the buffer doubles as needed */
 	cap = in_left < (SIZE_MAX >> 3) ? in_left * 4 : SIZE_MAX;
@@ -326,8 +360,8 @@ int ws_inflate_msg(struct ws_parser *p)
 		free(out);
 		return rc;
 	}
-	if (p->pmd_reset)
-		ws_inflater_free(p);               /* client_no_context_takeover */
+	if (pmd->neg.client_no_takeover)
+		inflater_free(pmd);                /* client_no_context_takeover */
 	free(p->msg);
 	p->msg = (char *)out;
 	p->msg_len = len;
@@ -337,24 +371,15 @@ int ws_inflate_msg(struct ws_parser *p)
 
 /* ---- deflating a server message --------------------------------------------------------------- */
 
-void ws_deflater_free(struct ws_deflater *d)
-{
-	if (d->z) {
-		deflateEnd(d->z);
-		free(d->z);
-		d->z = NULL;
-	}
-}
-
-int ws_deflate_msg(struct ws_deflater *d, const uint8_t *data, size_t n, uint8_t **outp,
+int ws_deflate_msg(struct ws_pmd_state *pmd, const uint8_t *data, size_t n, uint8_t **outp,
                    size_t *outlen)
 {
-	z_stream *z = d->z;
+	z_stream *z = pmd->deflater;
 	size_t len = 0, cap, left = n;
 	uint8_t *out;
 
 	if (!z) {
-		int bits = d->bits && d->bits < DEFLATE_BITS ? d->bits : DEFLATE_BITS;
+		int sb = pmd->neg.server_bits, bits = sb && sb < DEFLATE_BITS ? sb : DEFLATE_BITS;
 
 		if (!(z = calloc(1, sizeof(*z))))
 			return -1;
@@ -363,7 +388,7 @@ int ws_deflate_msg(struct ws_deflater *d, const uint8_t *data, size_t n, uint8_t
 			free(z);
 			return -1;
 		}
-		d->z = z;
+		pmd->deflater = z;
 	}
 	cap = n / 2 + 64;
 	if (!(out = malloc(cap)))
@@ -396,8 +421,8 @@ int ws_deflate_msg(struct ws_deflater *d, const uint8_t *data, size_t n, uint8_t
 	}
 	if (len >= 4 && !memcmp(out + len - 4, "\x00\x00\xff\xff", 4))
 		len -= 4;
-	if (d->reset)
-		ws_deflater_free(d);                   /* server_no_context_takeover */
+	if (pmd->neg.server_no_takeover)
+		deflater_free(pmd);                    /* server_no_context_takeover */
 	*outp = out;
 	*outlen = len;
 	return 0;

@@ -58,7 +58,7 @@ void ws_init(struct ws_parser *p, uint64_t max_size)
 
 void ws_free(struct ws_parser *p)
 {
-	ws_inflater_free(p);
+	ws_pmd_free(p);
 	free(p->ctl);
 	p->ctl = NULL;
 	p->ctl_len = 0;
@@ -251,7 +251,8 @@ static int frame_start(struct ws_parser *p)
 			return fail(p, 1009, "message larger than the maximum size");
 		if (op != WS_OP_CONT) {
 			p->msg_op = op;
-			p->msg_deflated = (h[0] & 0x40) != 0;
+			if (p->pmd)
+				p->pmd->msg_deflated = (h[0] & 0x40) != 0;
 			p->utf8 = (struct ws_utf8){0};
 		}
 	}
@@ -291,7 +292,7 @@ static int frame_end(struct ws_parser *p)
 	}
 	if (!p->fin)
 		return WS_MORE;
-	if (p->msg_deflated) {
+	if (ws_msg_deflated(p)) {
 		/* whole: inflated, then text checked as UTF-8 (its compressed
 		 * bytes were not) */
 		if (ws_inflate_msg(p) == WS_FAIL)
@@ -387,7 +388,7 @@ int ws_parse(struct ws_parser *p, const uint8_t *data, size_t len, size_t *used)
 				at = (uint8_t *)p->msg + p->msg_len;
 				unmask(at, data + i, n, p->mask, &p->mpos);
 				p->msg_len += n;
-				if (p->msg_op == WS_OP_TEXT && !p->msg_deflated &&
+				if (p->msg_op == WS_OP_TEXT && !ws_msg_deflated(p) &&
 				    utf8_feed(&p->utf8, at, n) < 0) {
 					*used = i + n;
 					return fail(p, 1007, "text message that is not UTF-8");

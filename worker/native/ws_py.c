@@ -28,8 +28,11 @@ static int WsParser_init(WsParser *self, PyObject *args, PyObject *kw)
 		return -1;
 	ws_free(&self->p);
 	ws_init(&self->p, max_size);
-	self->p.pmd = (uint8_t)deflate;
-	self->p.pmd_reset = (uint8_t)(deflate && reset);
+	if (deflate && ws_pmd_attach(&self->p, &(struct ws_pmd){.on = 1, .client_no_takeover =
+	                                                        (uint8_t)reset}) < 0) {
+		PyErr_NoMemory();
+		return -1;
+	}
 	return 0;
 }
 
