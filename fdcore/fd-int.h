@@ -1,4 +1,4 @@
-/* sockherd fdcore: helpers shared by fd.c, updlist.c and poller.c.
+/* sockherd fdcore: helpers shared by fd.c, updlist.c and the poller's files.
  * Not part of the API: nothing outside fdcore includes this file.
  */
 #ifndef SOCKHERD_FD_INT_H
@@ -157,7 +157,7 @@ void fdc_program_own_update(struct fdc_thread *th, int fd);
 void fdc_done_update(struct fdc_thread *th, struct fdc_group *g, int fd, uint64_t remaining);
 void fdc_wake_mask(struct fdc_table *t, const struct fdc_group *g, uint64_t mask);
 
-/* poller.c: th owes its caller the report of the kept edges it just took
+/* poller_owed.c: th owes its caller the report of the kept edges it just took
  * off an FDC_EDGE fd's state (fd-t.h, FDC_KEPT_*). */
 void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept);
 

@@ -81,7 +81,7 @@ static int thread_init(struct fdc_table *t, struct fdc_thread *th)
 
 	th->updt = malloc(sizeof(*th->updt) * (size_t)t->maxfd);
 	/* the retry ring of reports that could not be queued: allocated now,
-	 * so that a retry is listed without memory (poller.c, retry_later) */
+	 * so that a retry is listed without memory (poller_owed.c, retry_later) */
 	th->retry = malloc(sizeof(*th->retry) * (size_t)t->maxfd);
 	th->retry_why = calloc((size_t)t->maxfd, sizeof(*th->retry_why));
 	if (!th->updt || !th->retry || !th->retry_why)
@@ -728,7 +728,7 @@ static int edge_needs_pass(struct fdc_table *t, int fd, uint32_t st, uint64_t tm
  * same CAS, and owes itself their report (fdc_replay_kept): the edge came
  * while the direction was not wanted, and will not come again. Another
  * caller leaves them for the owners' update passes (take_kept in
- * poller.c) and wakes the owners: no owner would pass otherwise, as a
+ * poller_owed.c) and wakes the owners: no owner would pass otherwise, as a
  * direction change of an EDGE fd wakes nobody. Returns 0, or -EBADF if fd
  * is not in the table.
  * Memory ordering: the state CAS is seq_cst, as apply_report's: of a
