@@ -1,10 +1,11 @@
-/* sockherd fdcore: helpers shared by fd.c, updlist.c and the poller's files.
+/* sockherd fdcore: helpers shared by fd*.c, updlist.c and the poller's files.
  * Not part of the API: nothing outside fdcore includes this file.
  */
 #ifndef SOCKHERD_FD_INT_H
 #define SOCKHERD_FD_INT_H
 
 #include <errno.h>
+#include <stddef.h>
 
 #include "fd.h"
 
@@ -139,6 +140,21 @@ static inline void fdc_tgid_reset(struct fdc_entry *e)
 		;
 	while ((atomic_load(&e->refc_tgid) & FDC_REF_MASK) != FDC_REF_ONE)
 		fdc_relax();
+}
+
+/* Range-checks fd and takes a reference on it whatever its group (any
+ * thread). Returns the entry with *tgid set and the reference held, or NULL
+ * without one if fd is out of the table or closed.
+ */
+static inline struct fdc_entry *take_entry(struct fdc_table *t, int fd, int *tgid)
+{
+	struct fdc_entry *e;
+
+	if (!fdc_fd_ok(t, fd))
+		return NULL;
+	e = &t->fdtab[fd];
+	*tgid = fdc_take(e);
+	return *tgid ? e : NULL;
 }
 
 /* links word of the shared update list (see fd-t.h) */

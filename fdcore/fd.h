@@ -87,7 +87,7 @@ struct fdc_fdinfo {
 
 const char *fdc_version(void);
 
-/* ---- table and threads (fd.c) ---- */
+/* ---- table and threads (fd_table.c) ---- */
 
 /* Creates a table for fds 0 .. maxfd-1 and nbthread thread contexts split
  * over nbgroup groups (the first groups take the remainder; at most 64
@@ -106,7 +106,8 @@ struct fdc_thread *fdc_thread(struct fdc_table *t, int tid);
 void fdc_thread_info(const struct fdc_thread *th, int *tgid, int *ltid, int *epfd);
 void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
 
-/* ---- fd lifecycle (fd.c) ---- */
+/* ---- fd lifecycle (insert, listeners, inspection: fd_table.c; delete,
+ * takeover, enter/leave: fd.c; the direction verbs: fd_verbs.c) ---- */
 
 /* Registers an open fd owned by `owner` (non-zero cookie) for the threads of
  * `thread_mask` (local bits) in group `tgid`. flags: FDC_INSERT_FLAGS.

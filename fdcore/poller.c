@@ -93,7 +93,7 @@ static uint32_t poll_flags(uint32_t ev)
  * the rest sticky), READY for the directions it unblocks, SHUT and ERR;
  * on an FDC_EDGE fd, KEPT for each direction it unblocks that is not
  * ACTIVE (fd-t.h): decided in the same CAS as the verbs' ACTIVE changes
- * (fd.c, change_state), so of a report and a want_* racing, either the
+ * (fd_verbs.c, change_state), so of a report and a want_* racing, either the
  * report sees ACTIVE (and is handed out: deliverable) or the want sees
  * KEPT (and replays it). Caller holds a running bit. Returns the new state.
  */

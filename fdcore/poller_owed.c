@@ -115,7 +115,7 @@ static uint32_t kept_events(uint32_t kept)
 
 /* fd-int.h. th took the kept edges `kept` (FDC_KEPT_R / FDC_KEPT_W) off
  * the state of FDC_EDGE fd, in the CAS that made their directions ACTIVE
- * (fd.c, change_state) or in its update pass (take_kept): it now owes its
+ * (fd_verbs.c, change_state) or in its update pass (take_kept): it now owes its
  * caller their report (POLL_IN, POLL_OUT), made by its next fdc_poll
  * before it waits, as the kernel would have made it had the direction
  * been wanted when the edge came.
@@ -146,7 +146,7 @@ void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)
 
 /* An update pass's part of the replay: edges kept on directions ACTIVE
  * now, which the verb that activated them could not take (its caller was
- * no owner of fd: fd.c, change_state), are taken by th, which owes their
+ * no owner of fd: fd_verbs.c, change_state), are taken by th, which owes their
  * report. th's thread, an owner, holding a reference on the fd's tgid.
  * The CAS takes only bits whose direction is still ACTIVE: one taker per
  * kept edge, whoever it is (a verb, or another owner's pass).

@@ -255,7 +255,7 @@ MUTANTS = {
         (
             Edit("poller_update.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
                  "\t\tww = any && (ps || ww);\n\t\twr = any;\n", ""),
-            Edit("fd.c", "static int change_state(struct fdc_thread *th, int fd, uint32_t set,"
+            Edit("fd_verbs.c", "static int change_state(struct fdc_thread *th, int fd, uint32_t set,"
                  " uint32_t clr)\n{",
                  "else if (edge_needs_pass(th->t, fd, new, tm)) {", "else if (1) {"),
         ),
