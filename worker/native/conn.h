@@ -9,7 +9,7 @@
  * layer above only through a table of callbacks):
  *
  *   connection   netmatch.c  proxy_proto.c  fwd_trust.c  conn_timers.c  conn_io.c  conn_proxy.c  conn_tls.c
- *                conn_type.c  dispatch.c  engine.c
+ *                conn_tls_info.c  conn_tls_ctx.c  conn_type.c  dispatch.c  engine.c
  *                (conn.h, netmatch.h, engine.h, forwarded.h) -> above only through struct conn_ops
  *   HTTP/1 codec httpscan.c  httplist.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c
  *                h1_response.c  h1_conn.c  (h1.h)    -> above only through struct h1_app

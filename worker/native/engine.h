@@ -112,7 +112,7 @@ struct Server {
 	int proxy_mode;
 	struct netmatch proxy_allow;       /* proxy_allow_from */
 	unsigned long long proxy_refused;
-	/* TLS (conn_tls.c, Server.set_tls): the context every connection's
+	/* TLS (conn_tls_ctx.c, Server.set_tls): the context every connection's
 	 * session comes from (NULL: plain HTTP, and no cost), the server's
 	 * certificate in PEM (the ASGI tls extension's server_cert), the
 	 * handshakes that failed and the plain HTTP requests refused */
