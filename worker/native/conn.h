@@ -13,7 +13,7 @@
  *                dispatch.c  engine.c
  *                (conn.h, netmatch.h, engine.h, forwarded.h) -> above only through struct conn_ops
  *   HTTP/1 codec httpscan.c  httplist.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c
- *                h1_response.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
+ *                h1_response.c  h1_timers.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
  *   WSGI adapter wsgi_environ.c  wsgi_forwarded.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
  *                (wsgi.h)
  *   ASGI adapter asgi_forwarded.c  asgi_scope.c  asgi_end.c  asgi_call.c  asgi_app.c
