@@ -11,7 +11,7 @@
  *     write may need to read (a renegotiation: refused here with
  *     SSL_OP_NO_RENEGOTIATION, but the mapping is kept): SSL_read's
  *     WANT_WRITE sets tls_rw, which wants POLLOUT and turns a POLLOUT
- *     into a read (conn_io.c, hconn_on_events); SSL_write's WANT_READ
+ *     into a read (conn_events.c, hconn_on_events); SSL_write's WANT_READ
  *     sets tls_wr, which wants POLLIN and turns input into a flush.
  *   - SSL holds bytes the socket no longer has (decrypted, or records
  *     read ahead: SSL_has_pending):
