@@ -1,7 +1,7 @@
 /* sockherd bench: native fd core (fdcore) micro-benchmarks and stress run.
  *
  * Built and driven by bench/fdcore_bench.py:
- *   gcc -O2 -pthread -I fdcore fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *   gcc -O2 -pthread -I fdcore fdcore/*.c \
  *       bench/fdcore_bench.c -o fdcore_bench
  *
  * Usage: fdcore_bench MODE [options]

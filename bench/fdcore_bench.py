@@ -3,7 +3,7 @@
 
 Builds bench/fdcore_bench.c against fdcore/*.c into a temporary directory with
 
-    gcc -O2 -pthread -I fdcore fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+    gcc -O2 -pthread -I fdcore fdcore/*.c \
         bench/fdcore_bench.c
 
 runs its modes (each bounded in time), runs the Python-level measurements
@@ -25,6 +25,7 @@ machine took them, and the rate is low by about that much.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -48,7 +49,7 @@ C_SOURCE = os.path.join(ROOT, "bench", "fdcore_bench.c")
 
 def build(core_dir: str, out_dir: str, cc: str = "gcc") -> str:
     exe = os.path.join(out_dir, "fdcore_bench")
-    srcs = [os.path.join(core_dir, f) for f in ("fd.c", "updlist.c", "poller.c")]
+    srcs = sorted(glob.glob(os.path.join(core_dir, "*.c")))   # fdcore/*.c, whatever the split
     cmd = [cc, "-O2", "-pthread", "-I", core_dir, *srcs, C_SOURCE, "-o", exe]
     subprocess.run(cmd, check=True)
     return exe
@@ -519,9 +520,9 @@ def core_identity(core_dir: str) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for f in ("fd-t.h", "fd-int.h", "fd.h", "fd.c", "updlist.c", "poller.c"):
+    for f in sorted(glob.glob(os.path.join(core_dir, "*.[ch]"))):
         try:
-            with open(os.path.join(core_dir, f), "rb") as fh:
+            with open(f, "rb") as fh:
                 h.update(fh.read())
         except OSError:
             pass

@@ -1,6 +1,6 @@
 """sockherd.fdcore: the native fd table and one epoll poller per thread.
 
-The C core (fd.c, updlist.c, poller.c; layout in fd-t.h, API in fd.h) carries
+The C core (fd*.c, updlist.c, poller*.c; layout in fd-t.h, API in fd.h) carries
 HAProxy's fd semantics; table.py is its Python face.
 """
 from sockherd.fdcore.table import (

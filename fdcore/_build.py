@@ -10,8 +10,8 @@ from cffi import FFI
 
 # setuptools wants paths relative to setup.py, with forward slashes.
 HERE = "fdcore"
-SOURCES = ["fd.c", "updlist.c", "poller.c"]
-HEADERS = ["fd-t.h", "fd.h", "fd-int.h"]
+SOURCES = ["fd_table.c", "fd.c", "fd_verbs.c", "updlist.c", "poller.c", "poller_update.c", "poller_owed.c", "poller_accept.c"]
+HEADERS = ["fd-t.h", "fd.h", "fd-int.h", "poller-int.h"]
 
 CDEF = """
 #define FDC_ACTIVE_R ...

@@ -1,10 +1,11 @@
-/* sockherd fdcore: helpers shared by fd.c, updlist.c and poller.c.
+/* sockherd fdcore: helpers shared by fd*.c, updlist.c and the poller's files.
  * Not part of the API: nothing outside fdcore includes this file.
  */
 #ifndef SOCKHERD_FD_INT_H
 #define SOCKHERD_FD_INT_H
 
 #include <errno.h>
+#include <stddef.h>
 
 #include "fd.h"
 
@@ -141,6 +142,21 @@ static inline void fdc_tgid_reset(struct fdc_entry *e)
 		fdc_relax();
 }
 
+/* Range-checks fd and takes a reference on it whatever its group (any
+ * thread). Returns the entry with *tgid set and the reference held, or NULL
+ * without one if fd is out of the table or closed.
+ */
+static inline struct fdc_entry *take_entry(struct fdc_table *t, int fd, int *tgid)
+{
+	struct fdc_entry *e;
+
+	if (!fdc_fd_ok(t, fd))
+		return NULL;
+	e = &t->fdtab[fd];
+	*tgid = fdc_take(e);
+	return *tgid ? e : NULL;
+}
+
 /* links word of the shared update list (see fd-t.h) */
 static inline int32_t fdc_lnext(uint64_t v) { return (int32_t)(uint32_t)v; }
 static inline int32_t fdc_lprev(uint64_t v) { return (int32_t)(uint32_t)(v >> 32); }
@@ -157,7 +173,7 @@ void fdc_program_own_update(struct fdc_thread *th, int fd);
 void fdc_done_update(struct fdc_thread *th, struct fdc_group *g, int fd, uint64_t remaining);
 void fdc_wake_mask(struct fdc_table *t, const struct fdc_group *g, uint64_t mask);
 
-/* poller.c: th owes its caller the report of the kept edges it just took
+/* poller_owed.c: th owes its caller the report of the kept edges it just took
  * off an FDC_EDGE fd's state (fd-t.h, FDC_KEPT_*). */
 void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept);
 

@@ -55,7 +55,7 @@
 /* KEPT_R / KEPT_W, FDC_EDGE fds only: an edge of this direction was
  * reported while the direction was not ACTIVE. An edge-triggered report
  * comes once; the registration of an EDGE fd is never narrowed to the
- * wanted directions (poller.c, update_fd), so reports of a direction
+ * wanted directions (poller_update.c, update_fd), so reports of a direction
  * nobody wants arrive, are not handed out, and are kept here. The verb
  * that makes the direction ACTIVE again takes the bit in the same CAS and
  * owes the caller a report (a replay), which the kernel would not send:
@@ -237,8 +237,8 @@ struct fdc_table;
 
 /* What a listed retry stands for (fdc_thread.retry_why[fd]): a report
  * owe() could not queue (no memory), or a listener's registration the
- * kernel refused, retried by the thread's next update pass (poller.c,
- * retry_later and retry_owed). */
+ * kernel refused, retried by the thread's next update pass (poller_owed.c,
+ * retry_later; poller_update.c, retry_owed). */
 #define FDC_RETRY_KEPT  0x01   /* kept edges put back on ACTIVE directions
                                   (fdc_replay_kept): take them again. The
                                   only time an EDGE fd's state holds KEPT_x
@@ -250,7 +250,7 @@ struct fdc_table;
                                   resources (ENOSPC, ENOMEM): made again. Its
                                   owner has nothing to close, and no verb
                                   re-makes one thread's registration alone
-                                  (poller.c, fail_fd) */
+                                  (poller_owed.c, fail_fd) */
 /* back-off of a thread's wait while retries are listed, in ms */
 #define FDC_RETRY_MIN_MS 1
 #define FDC_RETRY_MAX_MS 128

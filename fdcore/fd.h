@@ -32,7 +32,7 @@
  *     reports of directions not ACTIVE are kept (FDC_KEPT_*), and the
  *     verb that activates the direction replays them. A registration the kernel
  *     refuses is reported to the fd's owner (FDC_POLL_CTL), never left
- *     looking done (poller.c, ctl()). The one exception: with no memory
+ *     looking done (poller_update.c, ctl()). The one exception: with no memory
  *     left for the report list, the failure stays on the fd (FDC_ERR,
  *     ctl_errno) and in ctl_err, without a report.
  *  I9 an fd number carries one tgid: a listener shared by several groups
@@ -87,7 +87,7 @@ struct fdc_fdinfo {
 
 const char *fdc_version(void);
 
-/* ---- table and threads (fd.c) ---- */
+/* ---- table and threads (fd_table.c) ---- */
 
 /* Creates a table for fds 0 .. maxfd-1 and nbthread thread contexts split
  * over nbgroup groups (the first groups take the remainder; at most 64
@@ -106,7 +106,8 @@ struct fdc_thread *fdc_thread(struct fdc_table *t, int tid);
 void fdc_thread_info(const struct fdc_thread *th, int *tgid, int *ltid, int *epfd);
 void fdc_set_hook(struct fdc_table *t, fdc_hook_fn fn, void *arg);
 
-/* ---- fd lifecycle (fd.c) ---- */
+/* ---- fd lifecycle (insert, listeners, inspection: fd_table.c; delete,
+ * takeover, enter/leave: fd.c; the direction verbs: fd_verbs.c) ---- */
 
 /* Registers an open fd owned by `owner` (non-zero cookie) for the threads of
  * `thread_mask` (local bits) in group `tgid`. flags: FDC_INSERT_FLAGS.
@@ -236,12 +237,12 @@ int fdc_dump(struct fdc_table *t, int fd, struct fdc_fdinfo *out);
 /* Whether fd is on its group's shared update list (tests, show fd). */
 int fdc_in_shared_list(struct fdc_table *t, int fd);
 
-/* ---- poller (poller.c) ---- */
+/* ---- poller (poller.c, poller_update.c, poller_accept.c) ---- */
 
 /* Applies th's pending updates (local list, then the group's shared list)
  * to its own epoll instance, after retrying the reports th could not queue
  * for want of memory and the listeners' registrations the kernel refused
- * (poller.c, retry_owed). Returns the number of epoll_ctl calls.
+ * (poller_update.c, retry_owed). Returns the number of epoll_ctl calls.
  */
 int fdc_update_pass(struct fdc_thread *th);
 
@@ -285,9 +286,9 @@ int fdc_accept(struct fdc_thread *th, int lfd, int *out, int max);
 
 /* Moves th's own registration of an exclusive fd it holds to the end of
  * the file's wait queue (DEL + ADD), so the next event goes to the poller
- * that waited longest; nothing else changes (poller.c). 0 moved, 1
+ * that waited longest; nothing else changes (poller_accept.c). 0 moved, 1
  * nothing to move, or -errno (an ADD refused for want of resources is
- * reported, and made again by th's later passes: poller.c, fail_fd). */
+ * reported, and made again by th's later passes: poller_owed.c, fail_fd). */
 int fdc_requeue(struct fdc_thread *th, int fd);
 
 void fdc_counters(const struct fdc_thread *th, struct fdc_counters *out);

@@ -174,7 +174,7 @@ void fdc_list_remove(struct fdc_table *t, struct fdc_group *g, int fd)
 		links_cas_half(&t->fdtab[prev], 0, FDC_LIST_LOCKED, next);
 	if (next != FDC_LIST_END)
 		links_cas_half(&t->fdtab[next], 1, FDC_LIST_LOCKED, prev);
-	/* tell walkers a removal happened (walk_shared, poller.c) exactly
+	/* tell walkers a removal happened (walk_shared, poller_update.c) exactly
 	 * here: unlinked, so a walker that reads the counter after this bump
 	 * finds `first` and every link already without us; still locked, so
 	 * nobody can re-add us before the bump, and a walker standing on us

@@ -4,7 +4,7 @@ Python file): what each one becomes here.
 A gunicorn config moves over unchanged when every name it sets either is a
 setting of ours (the same name and meaning: bind, workers, threads,
 max_requests, limit_request_line...), is declared as an alias of one
-(settings.py `aliases`: graceful_timeout, keepalive, loglevel, wsgi_app), is
+(settings_table.py `aliases`: graceful_timeout, keepalive, loglevel, wsgi_app), is
 translated below (accesslog, errorlog, logconfig_json; a dict of
 secure_scheme_headers; cert_reqs given as ssl.CERT_*), or does nothing here that it would
 do there (HARMLESS: a warning, the value dropped). Any other gunicorn
@@ -67,7 +67,7 @@ UNSUPPORTED = {
     "statsd_host": "use --metrics (Prometheus) instead", "dogstatsd_tags": "",
     "statsd_prefix": "",
     "paste": "", "raw_paste_global_conf": "",
-    # certfile, keyfile, ca_certs, cert_reqs, ciphers are ours (settings.py)
+    # certfile, keyfile, ca_certs, cert_reqs, ciphers are ours (settings_table.py)
     "ssl_context": "set certfile, keyfile, ca_certs, cert_reqs, ciphers, ssl_min_version",
     "ssl_version": "use ssl_min_version (TLSv1.2 or TLSv1.3)",
     "suppress_ragged_eofs": "", "do_handshake_on_connect": "", "is_ssl": "",

@@ -2,7 +2,7 @@
 reload, before anything binds or spawns.
 
 The engine builds its own OpenSSL context in each worker (worker/native/
-conn_tls.c, Server.set_tls), so a reload reads the certificate and key
+conn_tls_ctx.c, Server.set_tls), so a reload reads the certificate and key
 again. The master loads the same files with Python's ssl first: a missing
 file, a key that does not match its certificate or a wrong password then
 refuses the start (exit 2) or the reload, naming the file, while the

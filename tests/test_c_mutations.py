@@ -81,10 +81,10 @@ The mutants:
              be queued (no memory) is met again by the same pass, for
              ever; tests/c/repro/replay_kept_nomem.c (realloc wrapped at
              link time; its child's alarm).
-  nomem-*    the out-of-memory retries of reports (poller.c, retry_later,
-             retry_owed; the review of fd3c058 and the look at the other
-             OOM paths after it), each caught by a repro with realloc
-             wrapped:
+  nomem-*    the out-of-memory retries of reports (poller_owed.c, retry_later;
+             poller_update.c, retry_owed; the review of fd3c058 and the
+             look at the other OOM paths after it), each caught by a repro
+             with realloc wrapped:
              nomem-update-list: fd3c058's retry, on the update lists (the
              local one inside a pass, with a wake-up of its own): on an
              fd shared with a sleeping sibling both walks re-list it, a
@@ -183,7 +183,7 @@ class Mutant:
 
 
 RETRY_OWED = "static void retry_owed(struct fdc_thread *th)\n{"
-RETRY_LATER = "static void retry_later(struct fdc_thread *th, int fd, uint8_t why)\n{"
+RETRY_LATER = "void retry_later(struct fdc_thread *th, int fd, uint8_t why)\n{"
 
 MUTANTS = {
     "bug1": Mutant(
@@ -226,7 +226,7 @@ MUTANTS = {
     "hupwatch": Mutant(
         "update_fd guesses a recv registration's kind from WATCH_HUP, not polled_hup",
         (
-            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+            Edit("poller_update.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
                  "\tif ((wr || wh) == pr && wh == ph && ww == ps)\n",
                  "\tif ((wr || wh) == pr && ww == ps && !(pr && (st & FDC_WATCH_HUP)))\n"),
         ),
@@ -234,14 +234,14 @@ MUTANTS = {
     "shared-lt": Mutant(
         "update_fd drops EPOLLET for a group-shared connection (FDC_EDGE): level-triggered",
         (
-            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+            Edit("poller_update.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
                  "((st & FDC_EDGE) ? EPOLLET : 0)", "0"),
         ),
     ),
     "shared-siblings-first": Mutant(
         "fdc_insert_shared registers in thread-id order, a sibling before the inserter",
         (
-            Edit("poller.c", "int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner,",
+            Edit("poller_accept.c", "int fdc_insert_shared(struct fdc_thread *th, int fd, uint64_t owner,",
                  "\trest = thread_mask & ~th->ltid_bit;\n"
                  "\tfor (bit = th->ltid_bit; bit; bit = rest & -rest, rest &= rest - 1) {",
                  "\trest = thread_mask;\n"
@@ -253,9 +253,9 @@ MUTANTS = {
         "a direction change of a group-shared connection re-registers it (DEL + ADD):"
         " the inserter's instance goes behind its siblings'",
         (
-            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+            Edit("poller_update.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
                  "\t\tww = any && (ps || ww);\n\t\twr = any;\n", ""),
-            Edit("fd.c", "static int change_state(struct fdc_thread *th, int fd, uint32_t set,"
+            Edit("fd_verbs.c", "static int change_state(struct fdc_thread *th, int fd, uint32_t set,"
                  " uint32_t clr)\n{",
                  "else if (edge_needs_pass(th->t, fd, new, tm)) {", "else if (1) {"),
         ),
@@ -289,16 +289,16 @@ MUTANTS = {
         " that cannot be queued (no memory) is retried by the pass that meets it, for"
         " ever (the review of the kept edges, finding 2)",
         (
-            Edit("poller.c", RETRY_OWED,
+            Edit("poller_update.c", RETRY_OWED,
                  "\tfor (int n = th->nbretry; n > 0; n--) {", "\twhile (th->nbretry > 0) {"),
-            Edit("poller.c", RETRY_OWED, "\t\t\tbreak;\n", ""),
+            Edit("poller_update.c", RETRY_OWED, "\t\t\tbreak;\n", ""),
         ),
     ),
     "nomem-update-list": Mutant(
         "a replay that cannot be queued is retried through the update lists (fd3c058:"
         " th's local list inside a pass, and a wake-up of th)",
         (
-            Edit("poller.c", "void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)\n{",
+            Edit("poller_owed.c", "void fdc_replay_kept(struct fdc_thread *th, int fd, uint32_t kept)\n{",
                  "\tretry_later(th, fd, FDC_RETRY_KEPT);\n",
                  "\tif (th->in_pass) {\n\t\tfdc_program_own_update(th, fd);\n"
                  "\t\tfdc_wake(th->t, th->tid);\n\t\treturn;\n\t}\n"
@@ -308,7 +308,7 @@ MUTANTS = {
     "nomem-self-wake": Mutant(
         "a listed retry wakes its own thread (a spin while memory is short)",
         (
-            Edit("poller.c", RETRY_LATER, "\tth->nbretry++;\n",
+            Edit("poller_owed.c", RETRY_LATER, "\tth->nbretry++;\n",
                  "\tth->nbretry++;\n\tfdc_wake(th->t, th->tid);\n"),
         ),
     ),
@@ -323,7 +323,7 @@ MUTANTS = {
     "nomem-no-backoff": Mutant(
         "the retries' bound never grows: a retry every millisecond while memory is short",
         (
-            Edit("poller.c", RETRY_OWED,
+            Edit("poller_update.c", RETRY_OWED,
                  "th->retry_ms * 2 > FDC_RETRY_MAX_MS ?\n"
                  "\t\t\t               FDC_RETRY_MAX_MS : th->retry_ms * 2;",
                  "th->retry_ms;"),
@@ -332,7 +332,7 @@ MUTANTS = {
     "nomem-ctl-dropped": Mutant(
         "a failed registration's report that cannot be queued (no memory) is dropped",
         (
-            Edit("poller.c", "static void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
+            Edit("poller_owed.c", "void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
                  "\t\tretry_later(th, fd, FDC_RETRY_CTL);\n", "\t\t;\n"),
         ),
     ),
@@ -347,7 +347,7 @@ MUTANTS = {
         "fdc_requeue's failed ADD (after its DEL) leaves th's polled bits set: polled_mask"
         " says registered, the kernel has nothing (I8)",
         (
-            Edit("poller.c", "int fdc_requeue(struct fdc_thread *th, int fd)\n{",
+            Edit("poller_accept.c", "int fdc_requeue(struct fdc_thread *th, int fd)\n{",
                  "\t\tset_polled(pol, bit, 0, 0, 0);\n", ""),
         ),
     ),
@@ -355,7 +355,7 @@ MUTANTS = {
         "fdc_requeue's failed DEL or ADD is not reported (no FDC_POLL_CTL): th no longer polls"
         " the listener and nobody is told (I8)",
         (
-            Edit("poller.c", "int fdc_requeue(struct fdc_thread *th, int fd)\n{",
+            Edit("poller_accept.c", "int fdc_requeue(struct fdc_thread *th, int fd)\n{",
                  "\t\tfail_fd(th, fd, err);\n", ""),
         ),
     ),
@@ -363,7 +363,7 @@ MUTANTS = {
         "an update pass's failed epoll_ctl is not reported (no FDC_POLL_CTL): the owner waits"
         " for events that never come (I8)",
         (
-            Edit("poller.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
+            Edit("poller_update.c", "static int update_fd(struct fdc_thread *th, int fd)\n{",
                  "\t\tfail_fd(th, fd, err);\n", ""),
         ),
     ),
@@ -371,7 +371,7 @@ MUTANTS = {
         "a listener's registration refused for want of resources (a requeue's ADD after its"
         " DEL) is reported but never made again: its thread polls it no more (fdstress)",
         (
-            Edit("poller.c", "static void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
+            Edit("poller_owed.c", "void fail_fd(struct fdc_thread *th, int fd, int err)\n{",
                  "\t\tretry_later(th, fd, FDC_RETRY_ADD);\n", "\t\t;\n"),
         ),
     ),

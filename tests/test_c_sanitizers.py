@@ -18,7 +18,7 @@ fdc_takeover refuses FDC_EDGE fds. The out-of-memory repros
 (replay_kept_nomem.c, replay_kept_shared_nomem.c, ctl_report_nomem.c:
 realloc wrapped at link time) pass since a report that cannot be queued is
 listed once per fd in its thread's retry ring and retried with a back-off
-(poller.c, retry_later); update_pass_close.c since a close during an
+(poller_owed.c, retry_later); update_pass_close.c since a close during an
 update pass no longer trims the entries the pass walks;
 listener_requeue_fail.c since a listener's refused registration (a
 requeue's ADD after its DEL) is made again by its thread's later passes.
@@ -39,7 +39,7 @@ Other options of the program (threads, watchdog, quiescent-point period, ...)
 are listed at the top of tests/c/stress_fd.c.
 A long stress of one scenario, outside pytest:
   gcc -std=gnu11 -O1 -g -pthread -fsanitize=thread -Wl,--wrap=realloc -I fdcore \
-      fdcore/fd.c fdcore/updlist.c fdcore/poller.c tests/c/*.c -o /tmp/stress_fd
+      fdcore/*.c tests/c/*.c -o /tmp/stress_fd
   FDC_STRESS_SECONDS=600 /tmp/stress_fd takeover -g 2
   FDC_STRESS_SECONDS=60 /tmp/stress_fd coown -t 6 -x 3 -b 2
 """
@@ -103,7 +103,7 @@ COOWN = ("-t", "6")
 # replay: FDC_KEPT_W). "shared-nomem": 8 threads and 3 busy loops on 2 cores,
 # the core's realloc failing 1 in 2 calls (-m 2, common.c's nomem_point):
 # kept-edge replays and failed registrations' reports go through the retry
-# ring (poller.c, retry_later) all through the run, and none is lost.
+# ring (poller_owed.c, retry_later) all through the run, and none is lost.
 # "listener-epfail" and "shared-epfail": the pollers' epoll_ctl ADD and MOD
 # fail 1 in 8 (or 4) in the main phase (-e, common.c's __wrap_epoll_ctl),
 # shared-epfail with realloc failing 1 in 2 besides (-m 2): fdc_requeue's
@@ -114,7 +114,7 @@ COOWN = ("-t", "6")
 # owed (stress_listener.c, check_requeue). A connection's handler deletes
 # what it is told of, as a worker closes it; a listener's does nothing (nor
 # does a worker): every owner must poll an ACTIVE listener again, or have
-# it listed to register again (poller.c, FDC_RETRY_ADD).
+# it listed to register again (poller_owed.c, FDC_RETRY_ADD).
 SHARED = ("-t", "6", "-b", "2")
 SHARED_T3 = ("-t", "3")
 SHARED_NOMEM = ("-t", "8", "-b", "3", "-m", "2")

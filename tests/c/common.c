@@ -412,7 +412,7 @@ void ctl_told(int fd)
 }
 
 /* The owners (of tm) that have fd listed to make their refused
- * registration again (poller.c, fail_fd). Workers are stopped. */
+ * registration again (poller_owed.c, fail_fd). Workers are stopped. */
 static uint64_t retry_add_listed(struct fdc_table *t, int fd, uint64_t tm)
 {
 	const struct fdc_group *g = &t->groups[atomic_load(&t->fdtab[fd].refc_tgid) & FDC_TGID_MASK];
@@ -447,7 +447,7 @@ static void check_dir(int fd, const char *dir, int active, uint64_t polled, uint
 }
 
 /* Whether an owner (tm, of fd's group) has fd listed for a retry of its
- * kept edges (poller.c, retry_later). Workers are stopped: their retry
+ * kept edges (poller_owed.c, retry_later). Workers are stopped: their retry
  * rings hold still. */
 static int retry_listed(struct fdc_table *t, int fd, uint64_t tm)
 {
@@ -461,7 +461,7 @@ static int retry_listed(struct fdc_table *t, int fd, uint64_t tm)
 
 /* Whether a thread of fd's group owes a report of fd's live incarnation
  * or has fd listed for a retry of a failed registration's report
- * (poller.c: owe, retry_later). Workers are stopped: their lists hold
+ * (poller_owed.c: owe, retry_later). Workers are stopped: their lists hold
  * still. */
 static int ctl_report_pending(struct fdc_table *t, int fd)
 {
@@ -527,7 +527,7 @@ void check_quiescent(int allow_stale)
 			/* a kept edge is taken by the verb that activates its
 			 * direction, or by an owner's pass: never left beside it,
 			 * unless its report found no memory and an owner has it
-			 * listed for a retry (-m; poller.c, retry_later) */
+			 * listed for a retry (-m; poller_owed.c, retry_later) */
 			CHECKFD(fd, (!((st & FDC_KEPT_R) && (st & FDC_ACTIVE_R)) &&
 			             !((st & FDC_KEPT_W) && (st & FDC_ACTIVE_W))) ||
 			            retry_listed(t, fd, tm),

@@ -116,7 +116,7 @@ extern _Thread_local uint64_t tl_closes;
  * 1 in 2 times it gives back its owed list when empty (th's own thread,
  * between its polls: nobody else touches it), and the next report it owes
  * needs memory again. Kept-edge replays and failed registrations' reports
- * then take the retry path (poller.c, retry_later) all through the run. */
+ * then take the retry path (poller_owed.c, retry_later) all through the run. */
 void nomem_point(struct fdc_thread *th);
 extern _Atomic uint64_t g_nomem_fails;
 /* Failed registrations on purpose (-e N; linked with -Wl,--wrap=epoll_ctl):
@@ -135,7 +135,7 @@ extern _Atomic uint64_t g_epfail_fails;
 extern _Atomic uint8_t *g_ctlfail;
 /* A handler was told of a failed registration of fd's live incarnation
  * (FDC_POLL_CTL): reset by the inserts, set by ctl_told(). A listener
- * lives on after it (its thread makes the registration again: poller.c,
+ * lives on after it (its thread makes the registration again: poller_owed.c,
  * fail_fd), and the quiescent check then asks that every owner polls it
  * or has it listed for that (FDC_RETRY_ADD). */
 extern _Atomic uint8_t *g_ctltold;

@@ -1,4 +1,4 @@
-"""Adversarial review of fdc_requeue (fdcore/poller.c). Each test (its comment
+"""Adversarial review of fdc_requeue (fdcore/poller_accept.c). Each test (its comment
 starts "Was:") failed before the fix and passes since."""
 import errno
 import socket

@@ -1,6 +1,6 @@
 """The trusted-proxy settings (issue 24 §1, first bullet): forwarded_allow_ips
 (also gunicorn's and uvicorn's FORWARDED_ALLOW_IPS), secure_scheme_headers
-and forwarder_headers, declared once in master/settings.py, checked before
+and forwarder_headers, declared once in master/settings_table.py, checked before
 anything binds (exit 2 naming the bad item), and carried to real workers
 of a real master: a spoofed X-Forwarded-For from an untrusted loopback
 address changes nothing, the same from a trusted one is the client."""

@@ -12,7 +12,7 @@ the loop, the listener's owner, has nothing to close and only logs the
 failure: the thread never polled the listener again, and a worker of one
 loop thread accepted nothing more, alive and answering its master, until
 restarted. Fixed in fdcore: a listener's refused registration is made again
-by its thread's later update passes (FDC_RETRY_ADD, poller.c fail_fd).
+by its thread's later update passes (FDC_RETRY_ADD, poller_owed.c fail_fd).
 
 The refusal is real to the worker: a preloaded shim (built here with gcc)
 wraps epoll_ctl and answers ENOSPC to the first ADD of a listening TCP

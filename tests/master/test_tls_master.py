@@ -2,7 +2,7 @@
 certificate and key with Python's ssl at start and at every reload
 (master/tls.py), so a missing or mismatched file stops the first start
 with exit 2 naming the file and refuses a reload (the serving generation
-keeps serving); each worker builds its own context (conn_tls.c), so a
+keeps serving); each worker builds its own context (conn_tls_ctx.c), so a
 reload reads the files again: rotating a certificate is a HUP with no
 failed request, and the new certificate is what new connections get."""
 from __future__ import annotations

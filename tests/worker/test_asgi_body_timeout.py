@@ -2,7 +2,7 @@
 (issue 22 §2; the finding: a client that stopped mid-body while the app
 awaited receive() was waited for as long as the app waited, forever for an
 app that just reads its body). The WSGI path's rule (worker/wsgi.py,
-h1_conn.c): a body must arrive within body_timeout, a second more per
+h1_timers.c): a body must arrive within body_timeout, a second more per
 MIN_BODY_RATE (64 KiB) received; one that does not is answered 408 (the
 engine's `body_timeout` refusal, logged) when nothing of the response went
 out yet, else the connection is closed. Here the app's receive() then

@@ -28,11 +28,11 @@ NATIVE = ROOT / "worker" / "native"
 
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
-    "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_proxy",
-                   "conn_tls", "conn_type", "dispatch", "engine"],
+    "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_report", "conn_events", "conn_proxy",
+                   "conn_tls", "conn_tls_info", "conn_tls_ctx", "conn_type", "dispatch", "engine"],
     "http1 codec": ["httpscan", "httplist", "httptarget", "httpfields", "httpcheck", "httpparse",
                     "h1_parser", "fwd_syntax", "fwd_fields", "h1_head", "h1_head_asgi", "h1_response",
-                    "h1_conn"],
+                    "h1_timers", "h1_conn"],
     # issue 23: the WebSocket frame codec beside the HTTP/1 one (it calls
     # nothing of the engine; ws_deflate is its RFC 7692 inflate/deflate,
     # ws_py its Python face)

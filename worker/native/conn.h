@@ -8,11 +8,12 @@
  * The layers, bottom up (each file may call the ones below it, and the
  * layer above only through a table of callbacks):
  *
- *   connection   netmatch.c  proxy_proto.c  fwd_trust.c  conn_timers.c  conn_io.c  conn_proxy.c  conn_tls.c
- *                conn_type.c  dispatch.c  engine.c
+ *   connection   netmatch.c  proxy_proto.c  fwd_trust.c  conn_timers.c  conn_io.c  conn_report.c
+ *                conn_events.c  conn_proxy.c  conn_tls.c  conn_tls_info.c  conn_tls_ctx.c  conn_type.c
+ *                dispatch.c  engine.c
  *                (conn.h, netmatch.h, engine.h, forwarded.h) -> above only through struct conn_ops
  *   HTTP/1 codec httpscan.c  httplist.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c
- *                h1_response.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
+ *                h1_response.c  h1_timers.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
  *   WSGI adapter wsgi_environ.c  wsgi_forwarded.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
  *                (wsgi.h)
  *   ASGI adapter asgi_forwarded.c  asgi_scope.c  asgi_end.c  asgi_call.c  asgi_app.c
@@ -262,19 +263,23 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
 ssize_t hconn_read(HttpConn *c, char *buf, size_t room);
 /* The read met EAGAIN: fdcore's READY_R off (the calling loop thread's). */
 void hconn_cant_recv(HttpConn *c);
+/* A growable buffer: buf[start .. len) used, room for `more` after len. */
+int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more);
+
+/* ---- conn_events.c ---- */
 /* The handler of one poll report, under the running bit. 0 or -1 (a
  * Python error that must end the loop thread: not an app's). */
 int hconn_on_events(HttpConn *c, uint32_t events);
 int hconn_on_timeout(HttpConn *c, int kind);
 #define EV_FIRST 0x80000000u               /* not an fdcore bit: see conn_ops.read_first */
+
+/* ---- conn_report.c ---- */
 /* Logs the pending exception (taken, cleared) through the worker's report
  * (wsgi.py's _report) with env (or NULL) and what failed. */
 void report_exc(Server *s, PyObject *env, const char *what);
 /* An error out of c's handler that is not the app's: logged, c closed;
  * the loop thread serves on. */
 void contain(HttpConn *c);
-/* A growable buffer: buf[start .. len) used, room for `more` after len. */
-int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more);
 
 static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
 

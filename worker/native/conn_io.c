@@ -1,13 +1,19 @@
 /* The connection layer's I/O: one connection's fd through fdcore (its
  * directions, its delete), its output buffered only as far as the kernel
  * does not take it, backpressure (reading stops past HIGH_WATER), reads,
- * a soft close with its lingering end, and the events of a poll report.
+ * a soft close with its lingering end (the events of a poll report:
+ * conn_events.c).
  * What the bytes mean is the protocol's: read, answered, timed out or
  * owed through the Server's struct conn_ops (conn.h), the only way up.
  *
  * fdcore verbs take the calling loop thread's context (srv_current), never
  * the owner's (a review finding of the launch issue); a thread that is not
  * a loop thread posts write and close to the owner's mailbox (conn_type.c).
+ *
+ * This file: the fd, the output, the input and the closes. A poll
+ * report's and a timer's dispatch: conn_events.c (conn_io_int.h between
+ * the two); the refusal log and the containment of a handler's error:
+ * conn_report.c.
  *
  * May call: conn_timers.c, fdcore (struct fdc_api), the loop's Python
  * callables (forget, report); above only through struct conn_ops.
@@ -21,6 +27,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "conn_io_int.h"
 
 static _Thread_local Server *tls_srv;
 static _Thread_local int tls_pos = -1;
@@ -244,7 +251,7 @@ static void close_soft(HttpConn *c)
 }
 
 /* A lingering connection's input: dropped; its end closes it. */
-static void discard(HttpConn *c)
+void discard(HttpConn *c)
 {
 	char sink[16384];
 
@@ -444,160 +451,4 @@ ssize_t hconn_read(HttpConn *c, char *buf, size_t room)
 		return 0;
 	}
 	return n == 0 ? -2 : n;
-}
-
-/* ---- events ---------------------------------------------------------------------------------- */
-
-#define EV_INPUT (FDC_POLL_IN | FDC_POLL_HUP | FDC_POLL_RDHUP)
-
-/* A group-shared connection (dispatch.c) is polled edge-triggered: input
- * is announced once, so input met while c does not read (a parked body,
- * output past HIGH_WATER: hconn_reading) is remembered here, and
- * sync_dirs replays it as a report (c->missed) once reading is back on.
- * fdcore keeps such an edge itself only when recv was not ACTIVE as the
- * report came (FDC_KEPT_R); a report taken while it still was (a sibling
- * polled it while c's thread was in the app, before the response parked),
- * or a read stopped with bytes left in the socket (its room filled, then
- * a request parked), is this layer's to keep: no edge will come for it
- * (the kernel repeats an EPOLLIN only in a report of its own, and a body
- * the kernel takes without refusing bytes brings none). A replay that
- * finds nothing costs one read (EAGAIN). */
-static void keep_input(HttpConn *c)
-{
-	if (c->srv->dispatch && !c->closed && !hconn_reading(c))
-		c->in_kept = 1;
-}
-
-int hconn_on_events(HttpConn *c, uint32_t events)
-{
-	int rc;
-
-	c->last_active = mono_now();
-	if (events & EV_FIRST)
-		return c->srv->ops->serve_first(c);
-	if (c->ssl) {
-		/* the directions a TLS step waits for are not its own: a read
-		 * waiting for room, a write waiting for input (conn_tls.c) */
-		if (c->tls_rw && (events & FDC_POLL_OUT))
-			events |= FDC_POLL_IN;
-		if (c->tls_wr && (events & EV_INPUT))
-			events |= FDC_POLL_OUT;
-	}
-	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
-		fail(c);
-		return 0;
-	}
-	if ((events & FDC_POLL_OUT) && hconn_pending(c))
-		hconn_flush(c);
-	/* a call's send() may wait for the output to drain: its turn, and
-	 * the input is read below as for any report (its body, its end) */
-	if (c->call && !c->closed && (events & FDC_POLL_OUT) && c->srv->ops->resume(c) < 0)
-		return -1;
-	if (c->parked && !c->closed && (events & FDC_POLL_OUT)) {
-		unsigned long long before;
-
-		if (events & EV_INPUT)
-			keep_input(c);                    /* read once the body ended */
-		/* edge-triggered (a shared connection, dispatch.c): a POLLOUT
-		 * comes again only after the kernel was full; a resume whose
-		 * writes it all took must go on while it makes progress */
-		do {
-			before = c->wrote;
-			rc = c->srv->ops->resume(c);
-		} while (rc == 0 && c->srv->dispatch && c->parked && !c->closed &&
-		         !hconn_pending(c) && c->wrote != before);
-		return rc;
-	}
-	if (c->lingering) {
-		if (!c->closed && (events & EV_INPUT))
-			discard(c);
-		return 0;
-	}
-	if (!(events & EV_INPUT) || c->closed)
-		return 0;
-	if (!hconn_reading(c)) {
-		keep_input(c);
-		return 0;
-	}
-	rc = c->srv->ops->readable(c);
-	if (rc == 0)
-		keep_input(c);          /* reading stopped under it: bytes may be left */
-	return rc;
-}
-
-int hconn_on_timeout(HttpConn *c, int kind)
-{
-	if (c->closed || c->serving)
-		return 0;
-	if (c->lingering || kind == TIMER_SEND || kind == TIMER_LINGER) {
-		/* lingering: it had its time to read the answer; send: it took
-		 * nothing of its output for body_timeout (and a soft close would
-		 * wait for that output forever) */
-		fail(c);
-		return 0;
-	}
-	return c->srv->ops->timeout(c, kind);     /* header, keep-alive, body: the protocol's */
-}
-
-/* ---- the refusal log ------------------------------------------------------------------------- */
-
-/* A refusal logged with the peer and the reason: a line at most a second
- * per worker (a flood of bad requests must not flood the log), saying how
- * many were refused since the last one. The codec's refused requests and
- * this layer's closed connections (a bad PROXY header: status 0) share it. */
-void srv_log_refusal(Server *s, PyObject *peer, int status, const char *reason)
-{
-	double now;
-	PyObject *rc;
-
-	s->refusal_unlogged++;
-	if (!s->on_refusal)
-		return;
-	now = mono_now();
-	if (s->refusal_logged && now - s->refusal_logged < 1.0)
-		return;
-	rc = PyObject_CallFunction(s->on_refusal, "OisK", peer, status, reason, s->refusal_unlogged);
-	s->refusal_logged = now;
-	s->refusal_unlogged = 0;
-	if (!rc)
-		PyErr_WriteUnraisable(s->on_refusal);
-	Py_XDECREF(rc);
-}
-
-/* ---- containment ------------------------------------------------------------------------------- */
-
-void report_exc(Server *s, PyObject *env, const char *what)
-{
-	/* the exception as the handled one while report() runs: it logs
-	 * with exc_info=True, as log.exception would in an except block */
-	PyObject *t, *v, *tb;
-	PyErr_Fetch(&t, &v, &tb);
-	PyErr_NormalizeException(&t, &v, &tb);
-	if (tb && v)
-		PyException_SetTraceback(v, tb);
-	PyObject *prev = PyErr_GetHandledException();
-	PyErr_SetHandledException(v);
-	Py_XDECREF(t);
-	Py_XDECREF(tb);
-	PyErr_Clear();
-	{
-		PyObject *rc = PyObject_CallFunction(s->report, "Os", env ? env : Py_None, what);
-		if (!rc)
-			PyErr_WriteUnraisable(s->report);
-		Py_XDECREF(rc);
-	}
-	PyErr_SetHandledException(prev);
-	Py_XDECREF(prev);
-	Py_XDECREF(v);
-}
-
-/* An error out of a connection's handler (an event's or a timer's) that
- * is not the app's (those are answered in wsgi_app.c): ours, or no memory.
- * Logged, and that connection closes; the loop thread serves on: a loop
- * thread never ends while its worker serves (DESIGN §5, issue 18 §1). */
-void contain(HttpConn *c)
-{
-	report_exc(c->srv, NULL, "a connection's handler");
-	if (!c->closed && hconn_close_now(c) < 0)
-		report_exc(c->srv, NULL, "closing a failed connection");
 }

@@ -17,7 +17,7 @@
  * header's time is the head's: the header timer armed at accept runs on.
  *
  * May call: proxy_proto.c (the parser), netmatch.c (proxy_allow_from),
- * conn_io.c (close, the refusal log).
+ * conn_io.c (close), conn_report.c (the refusal log).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>

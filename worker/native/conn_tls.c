@@ -11,7 +11,7 @@
  *     write may need to read (a renegotiation: refused here with
  *     SSL_OP_NO_RENEGOTIATION, but the mapping is kept): SSL_read's
  *     WANT_WRITE sets tls_rw, which wants POLLOUT and turns a POLLOUT
- *     into a read (conn_io.c, hconn_on_events); SSL_write's WANT_READ
+ *     into a read (conn_events.c, hconn_on_events); SSL_write's WANT_READ
  *     sets tls_wr, which wants POLLIN and turns input into a flush.
  *   - SSL holds bytes the socket no longer has (decrypted, or records
  *     read ahead: SSL_has_pending):
@@ -28,6 +28,11 @@
  *     each record the kernel took.
  *   - OpenSSL's error queue is the thread's, shared with Python's ssl
  *     module: it is left empty after every call here.
+ *
+ * This file: the BIO and one connection's reads, writes and close; what
+ * the session tells the app (the environ's and the ASGI scope's TLS
+ * keys) is conn_tls_info.c, the context (Server.set_tls)
+ * conn_tls_ctx.c; conn_tls_int.h between them.
  *
  * The BIO is our own (a few lines below): it reads the bytes held ahead
  * of the SSL first (a PROXY header's tail, the first byte looked at),
@@ -50,6 +55,8 @@
 
 #include "engine.h"
 #include "conn_tls.h"
+#include "conn_tls_int.h"
+
 
 /* ---- the BIO: our fd, with the bytes read ahead of the SSL first ---------------------------- */
 
@@ -113,7 +120,7 @@ static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
 	return cmd == BIO_CTRL_FLUSH;               /* writes are never held here */
 }
 
-static int bio_setup(void)
+int bio_setup(void)
 {
 	if (bio_method)
 		return 0;
@@ -412,366 +419,7 @@ void tls_replay_free(Server *s)
 		}
 }
 
-/* ---- what the session tells the app --------------------------------------------------------- */
-
-/* What a memory BIO holds once fill wrote to it, as str. */
-static PyObject *bio_text(int (*fill)(BIO *, void *), void *what)
-{
-	BIO *b = BIO_new(BIO_s_mem());
-	char *p;
-	long n;
-	PyObject *v;
-
-	if (!b)
-		return PyErr_NoMemory();
-	fill(b, what);
-	n = BIO_get_mem_data(b, &p);
-	v = PyUnicode_DecodeUTF8(p, n, "replace");
-	BIO_free(b);
-	return v;
-}
-
-static int fill_name(BIO *b, void *name)
-{
-	return X509_NAME_print_ex(b, name, 0, XN_FLAG_RFC2253);
-}
-
-static int fill_pem(BIO *b, void *x)
-{
-	return PEM_write_bio_X509(b, x);
-}
-
-/* a name as RFC 2253 text (nginx's $ssl_client_s_dn); a certificate in PEM */
-static PyObject *name_str(X509_NAME *name) { return bio_text(fill_name, name); }
-static PyObject *pem_str(X509 *x) { return bio_text(fill_pem, x); }
-
-static PyObject *serial_str(X509 *x)
-{
-	BIGNUM *bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL);
-	char *hex = bn ? BN_bn2hex(bn) : NULL;
-	PyObject *v = hex ? PyUnicode_FromString(hex) : PyErr_NoMemory();
-
-	OPENSSL_free(hex);
-	BN_free(bn);
-	return v;
-}
-
-/* SUCCESS, NONE (no certificate), or FAILED:reason (nginx's values) */
-static PyObject *verify_str(SSL *ssl, X509 *peer)
-{
-	long rc = SSL_get_verify_result(ssl);
-
-	if (!peer)
-		return PyUnicode_FromString("NONE");
-	if (rc == X509_V_OK)
-		return PyUnicode_FromString("SUCCESS");
-	return PyUnicode_FromFormat("FAILED:%s", X509_verify_cert_error_string(rc));
-}
-
-PyObject *tls_environ(HttpConn *c)
-{
-	PyObject *d;
-	X509 *peer;
-	int rc;
-
-	if (c->tls_env)
-		return c->tls_env;
-	if (!(d = PyDict_New()))
-		return NULL;
-	peer = SSL_get1_peer_certificate(c->ssl);
-	rc = dict_put(d, "HTTPS", PyUnicode_FromString("on")) < 0 ||
-	     dict_put(d, "wsgi.url_scheme", PyUnicode_FromString("https")) < 0 ||
-	     dict_put(d, "SSL_PROTOCOL", PyUnicode_FromString(SSL_get_version(c->ssl))) < 0 ||
-	     dict_put(d, "SSL_CIPHER", PyUnicode_FromString(SSL_get_cipher_name(c->ssl))) < 0 ||
-	     dict_put(d, "SSL_SESSION_RESUMED",
-	         PyUnicode_FromString(SSL_session_reused(c->ssl) ? "Resumed" : "Initial")) < 0 ||
-	     dict_put(d, "SSL_CLIENT_VERIFY", verify_str(c->ssl, peer)) < 0;
-	if (!rc && SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name))
-		rc = dict_put(d, "SSL_TLS_SNI",
-		         PyUnicode_FromString(SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name)));
-	if (!rc && peer)
-		rc = dict_put(d, "SSL_CLIENT_S_DN", name_str(X509_get_subject_name(peer))) < 0 ||
-		     dict_put(d, "SSL_CLIENT_I_DN", name_str(X509_get_issuer_name(peer))) < 0 ||
-		     dict_put(d, "SSL_CLIENT_M_SERIAL", serial_str(peer)) < 0 ||
-		     dict_put(d, "SSL_CLIENT_CERT", pem_str(peer)) < 0;
-	X509_free(peer);
-	ERR_clear_error();
-	if (rc) {
-		Py_DECREF(d);
-		return NULL;
-	}
-	c->tls_env = d;
-	return d;
-}
-
-PyObject *tls_scope(HttpConn *c)
-{
-	STACK_OF(X509) *chain = SSL_get_peer_cert_chain(c->ssl);
-	X509 *peer = SSL_get1_peer_certificate(c->ssl);
-	PyObject *d = PyDict_New(), *list = PyList_New(0);
-	long vr = SSL_get_verify_result(c->ssl);
-	int rc = !d || !list;
-
-	/* the client's certificate first, then its chain (a server's chain
-	 * leaves the peer's own out of SSL_get_peer_cert_chain) */
-	if (!rc && peer)
-		rc = dict_put(d, "client_cert_name", name_str(X509_get_subject_name(peer))) < 0;
-	if (!rc && peer) {
-		PyObject *v = pem_str(peer);
-
-		rc = !v || PyList_Append(list, v) < 0;
-		Py_XDECREF(v);
-		for (int i = 0; !rc && chain && i < sk_X509_num(chain); i++) {
-			X509 *x = sk_X509_value(chain, i);
-
-			if (!X509_cmp(x, peer))
-				continue;
-			v = pem_str(x);
-			rc = !v || PyList_Append(list, v) < 0;
-			Py_XDECREF(v);
-		}
-	}
-	if (!rc && !peer)
-		rc = PyDict_SetItemString(d, "client_cert_name", Py_None) < 0;
-	if (!rc)
-		rc = PyDict_SetItemString(d, "client_cert_chain", list) < 0 ||
-		     PyDict_SetItemString(d, "server_cert", c->srv->tls_server_pem
-		                          ? c->srv->tls_server_pem : Py_None) < 0 ||
-		     (peer && vr != X509_V_OK
-		      ? dict_put(d, "client_cert_error", PyUnicode_FromString(X509_verify_cert_error_string(vr)))
-		      : PyDict_SetItemString(d, "client_cert_error", Py_None)) < 0 ||
-		     dict_put(d, "tls_version", PyLong_FromLong(SSL_version(c->ssl))) < 0 ||
-		     dict_put(d, "cipher_suite", PyLong_FromLong(
-		         SSL_CIPHER_get_protocol_id(SSL_get_current_cipher(c->ssl)))) < 0;
-	X509_free(peer);
-	Py_XDECREF(list);
-	ERR_clear_error();
-	if (rc) {
-		Py_XDECREF(d);
-		return NULL;
-	}
-	return d;
-}
-
 const struct tls_ops tls_ops = {
 	.read = tls_read, .write = tls_write, .free = tls_free, .buffered = tls_buffered,
 	.replay = tls_replay, .close_notify = tls_close_notify,
-};
-
-/* ---- the context: Server.set_tls ---------------------------------------------------------------- */
-
-static const unsigned char ALPN_H1[] = "\x08http/1.1";
-
-/* ALPN: http/1.1 when offered (h2 would be chosen here once a codec
- * exists); a client that offers only others goes on without ALPN, as
- * nginx does, rather than failing its handshake. */
-static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
-                       const unsigned char *in, unsigned int inlen, void *arg)
-{
-	(void)ssl;
-	(void)arg;
-	if (SSL_select_next_proto((unsigned char **)out, outlen, ALPN_H1, sizeof(ALPN_H1) - 1, in,
-	                          inlen) == OPENSSL_NPN_NEGOTIATED)
-		return SSL_TLSEXT_ERR_OK;
-	return SSL_TLSEXT_ERR_NOACK;
-}
-
-static int password_cb(char *buf, int size, int rwflag, void *u)
-{
-	PyObject *pw = u;
-	Py_ssize_t n;
-
-	(void)rwflag;
-	if (!pw)
-		return 0;
-	n = PyBytes_GET_SIZE(pw);
-	if (n > size)
-		return 0;
-	memcpy(buf, PyBytes_AS_STRING(pw), (size_t)n);
-	return (int)n;
-}
-
-/* The certificate chain a handshake sends, built here once. A certfile
- * holding only its leaf leaves the context without a chain, and then
- * OpenSSL builds one in every handshake (ssl_add_cert_chain: an
- * X509_STORE_CTX, X509_verify_cert against the context's store, the
- * errors it raises cleared): about 1 % of a worker's cycles per full
- * handshake (perf), 0.1 % of its instructions (callgrind): allocations
- * and lookups. SSL_CTX_build_cert_chain makes the same chain (the same
- * store, the root kept) and keeps it, even when empty, which turns the
- * per-handshake build off. A certfile with its chain in it is left as it
- * is (OpenSSL sends that file's certificates and builds nothing); a build
- * that fails leaves the context as it was (OpenSSL's per-handshake build,
- * which fails the same way and says so to the client). */
-static void chain_once(SSL_CTX *ctx)
-{
-	STACK_OF(X509) *given = NULL;
-
-	if (SSL_CTX_get0_chain_certs(ctx, &given) == 1 && !given)
-		(void)SSL_CTX_build_cert_chain(ctx, SSL_BUILD_CHAIN_FLAG_IGNORE_ERROR);
-	ERR_clear_error();
-}
-
-/* A ValueError naming what failed (and the file), with OpenSSL's reason. */
-static PyObject *ssl_error(const char *what, const char *path)
-{
-	unsigned long e = ERR_peek_last_error();
-	const char *why = e ? ERR_reason_error_string(e) : NULL;
-
-	PyErr_Format(PyExc_ValueError, "%s %s: %s", what, path ? path : "", why ? why : "failed");
-	ERR_clear_error();
-	return NULL;
-}
-
-static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
-{
-	static char *names[] = {"certfile", "keyfile", "password", "ca_certs", "cert_reqs", "ciphers",
-	                        "min_version", "ticket_keys", NULL};
-	const char *certfile, *keyfile = "", *ca = "", *reqs = "none", *ciphers = "",
-	           *minv = "TLSv1.2";
-	PyObject *password = Py_None, *tickets = Py_None, *pem = NULL;
-	SSL_CTX *ctx;
-	int mode, version;
-
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssO:set_tls", names, &certfile, &keyfile,
-	                                 &password, &ca, &reqs, &ciphers, &minv, &tickets))
-		return NULL;
-	if (password != Py_None && !PyBytes_Check(password)) {
-		PyErr_SetString(PyExc_TypeError, "set_tls: password must be bytes or None");
-		return NULL;
-	}
-	/* OpenSSL's ticket keys: a 16-byte name, a 32-byte HMAC and a 32-byte
-	 * AES key */
-	if (tickets != Py_None && (!PyBytes_Check(tickets) || PyBytes_GET_SIZE(tickets) != 80)) {
-		PyErr_SetString(PyExc_ValueError, "set_tls: ticket_keys must be 80 bytes or None");
-		return NULL;
-	}
-	if (!strcmp(reqs, "none"))
-		mode = SSL_VERIFY_NONE;
-	else if (!strcmp(reqs, "optional"))
-		mode = SSL_VERIFY_PEER;
-	else if (!strcmp(reqs, "required"))
-		mode = SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
-	else {
-		PyErr_Format(PyExc_ValueError, "cert_reqs %R: one of none, optional, required", reqs);
-		return NULL;
-	}
-	if (!strcmp(minv, "TLSv1.2"))
-		version = TLS1_2_VERSION;
-	else if (!strcmp(minv, "TLSv1.3"))
-		version = TLS1_3_VERSION;
-	else {
-		PyErr_Format(PyExc_ValueError, "ssl_min_version %R: TLSv1.2 or TLSv1.3", minv);
-		return NULL;
-	}
-	if (bio_setup() < 0)
-		return NULL;
-	ERR_clear_error();
-	ctx = SSL_CTX_new(TLS_server_method());
-	if (!ctx)
-		return ssl_error("an SSL context", NULL);
-	SSL_CTX_set_min_proto_version(ctx, version);
-	/* read ahead: a read(2) takes what the socket has (records and all),
-	 * not a record's 5-byte header and then its body */
-	SSL_CTX_set_read_ahead(ctx, 1);
-	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
-	                         SSL_OP_NO_COMPRESSION);
-	/* RELEASE_BUFFERS: an idle keep-alive connection holds no record buffers */
-	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
-	                      SSL_MODE_RELEASE_BUFFERS);
-	if (password != Py_None) {
-		SSL_CTX_set_default_passwd_cb(ctx, password_cb);
-		SSL_CTX_set_default_passwd_cb_userdata(ctx, password);
-	}
-	if (SSL_CTX_use_certificate_chain_file(ctx, certfile) != 1) {
-		ssl_error("certfile", certfile);
-		goto fail;
-	}
-	if (SSL_CTX_use_PrivateKey_file(ctx, *keyfile ? keyfile : certfile, SSL_FILETYPE_PEM) != 1) {
-		ssl_error("keyfile", *keyfile ? keyfile : certfile);
-		goto fail;
-	}
-	/* the password is needed no more: never kept past this call */
-	SSL_CTX_set_default_passwd_cb_userdata(ctx, NULL);
-	if (SSL_CTX_check_private_key(ctx) != 1) {
-		ssl_error("keyfile does not match certfile:", *keyfile ? keyfile : certfile);
-		goto fail;
-	}
-	if (*ciphers && SSL_CTX_set_cipher_list(ctx, ciphers) != 1) {
-		ssl_error("ciphers", ciphers);
-		goto fail;
-	}
-	if (*ca) {
-		STACK_OF(X509_NAME) *names_ca = SSL_load_client_CA_file(ca);
-
-		if (SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1 || !names_ca) {
-			sk_X509_NAME_pop_free(names_ca, X509_NAME_free);
-			ssl_error("ca_certs", ca);
-			goto fail;
-		}
-		SSL_CTX_set_client_CA_list(ctx, names_ca);
-	}
-	else if (mode != SSL_VERIFY_NONE) {
-		PyErr_SetString(PyExc_ValueError, "cert_reqs optional or required needs ca_certs");
-		goto fail;
-	}
-	SSL_CTX_set_verify(ctx, mode, NULL);
-	chain_once(ctx);
-	SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
-	/* resumption: the server's session cache (TLS 1.2 ids) and tickets
-	 * (on by default); the id context is what a resumed session must
-	 * match, needed whenever client certificates are asked for */
-	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
-	SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"sockherd", 8);
-	/* one TLS 1.3 ticket after a full handshake, not OpenSSL's two: each
-	 * costs an i2d, a d2i and an i2d of the session again, a key
-	 * derivation, AES-CBC and an HMAC (measured: 1.8 % of a full RSA
-	 * handshake's instructions for the second one). A client resumes with
-	 * it, and every resumed handshake gives it the next (OpenSSL sends one
-	 * after a resumption whatever this says), so a chain of reconnections
-	 * resumes on; what it loses is a second connection opened in
-	 * parallel resuming too, which Go's crypto/tls server does not offer
-	 * either (one ticket) */
-	SSL_CTX_set_num_tickets(ctx, 1);
-	/* the master's ticket keys, the same in all its workers: a ticket one
-	 * worker issued resumes on any other (by default each context makes
-	 * keys of its own, and a client's next connection, which the kernel
-	 * may give another worker, fell back to a full handshake) */
-	if (tickets != Py_None &&
-	    SSL_CTX_set_tlsext_ticket_keys(ctx, PyBytes_AS_STRING(tickets), 80) != 1) {
-		ssl_error("ticket_keys", NULL);
-		goto fail;
-	}
-	pem = pem_str(SSL_CTX_get0_certificate(ctx));
-	if (!pem)
-		goto fail;
-	ERR_clear_error();
-	SSL_CTX_free(s->tls_ctx);
-	s->tls_ctx = ctx;
-	s->tls = &tls_ops;
-	Py_XSETREF(s->tls_server_pem, pem);
-	Py_RETURN_NONE;
-fail:
-	SSL_CTX_free(ctx);
-	return NULL;
-}
-
-static PyObject *get_tls(Server *s, PyObject *noarg)
-{
-	(void)noarg;
-	return Py_BuildValue("{sOsKsKsKsKsK}", "on", s->tls_ctx ? Py_True : Py_False,
-	                     "handshakes", s->tls_handshakes, "resumed", s->tls_resumed,
-	                     "handshake_failed", s->tls_failed, "handshake_abandoned",
-	                     s->tls_abandoned, "plain_refused", s->tls_plain);
-}
-
-PyMethodDef server_tls_methods[] = {
-	{"set_tls", (PyCFunction)(void (*)(void))Server_set_tls, METH_VARARGS | METH_KEYWORDS,
-	 "set_tls(certfile, keyfile='', password=None, ca_certs='', cert_reqs='none', ciphers='', "
-	 "min_version='TLSv1.2', ticket_keys=None): every connection accepted from now on speaks TLS. Raises "
-	 "ValueError naming the file that does not load. Before the first accept."},
-	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
-	 "tls_counts() -> {on, handshakes, resumed, handshake_failed, handshake_abandoned, "
-	 "plain_refused}: handshakes completed (resumed: of them, a session resumed)"},
-	{NULL},
 };

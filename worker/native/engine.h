@@ -112,7 +112,7 @@ struct Server {
 	int proxy_mode;
 	struct netmatch proxy_allow;       /* proxy_allow_from */
 	unsigned long long proxy_refused;
-	/* TLS (conn_tls.c, Server.set_tls): the context every connection's
+	/* TLS (conn_tls_ctx.c, Server.set_tls): the context every connection's
 	 * session comes from (NULL: plain HTTP, and no cost), the server's
 	 * certificate in PEM (the ASGI tls extension's server_cert), the
 	 * handshakes that failed and the plain HTTP requests refused */
@@ -150,7 +150,7 @@ struct pp_result;
 /* A parsed header's dict (version, local, src, dst, the TLVs' values). */
 PyObject *proxy_info(const struct pp_result *r);
 /* The refusal log: fn(peer, status, reason, count) at most a line a
- * second (conn_io.c); status 0: a connection closed before any request. */
+ * second (conn_report.c); status 0: a connection closed before any request. */
 void srv_log_refusal(Server *s, PyObject *peer, int status, const char *reason);
 
 /* the responses[] index of a status code (0: other, or no response) */

@@ -205,7 +205,8 @@ void h1_body_wait(HttpConn *c, int waiting);
  * (nothing of the response went out), else it closes now. */
 void h1_body_late(HttpConn *c, int answer);
 
-/* ---- one connection's requests (h1_conn.c): struct conn_ops's entries ---- */
+/* ---- one connection's requests (h1_conn.c; h1_timeout, h1_rearm and the
+ * refusals: h1_timers.c): struct conn_ops's entries ---- */
 int h1_open(HttpConn *c);
 int h1_readable(HttpConn *c);
 int h1_read_first(HttpConn *c);

@@ -16,120 +16,22 @@
  * adapter's) and goes out on its POLLOUT events (h1_resume): meanwhile
  * the connection reads nothing and its next request waits.
  *
- * May call: h1_parser.c, h1_response.c (the Date line), the connection
- * layer (conn_io.c, conn_timers.c); the adapter only through struct
- * h1_app (c->srv->app_ops).
+ * This file: reads, the requests they complete, the body held before the
+ * app, 100 Continue, a parked body's turn. The timers (header,
+ * keep-alive, body) and the refusals: h1_timers.c, h1_conn_int.h between
+ * the two.
+ *
+ * May call: h1_timers.c, h1_parser.c, h1_response.c (the Date line), the
+ * connection layer (conn_io.c, conn_timers.c); the adapter only through
+ * struct h1_app (c->srv->app_ops).
  */
 #include <string.h>
 
 #include "h1.h"
 #include "conn_tls.h"
+#include "h1_conn_int.h"
 
 #define READ_ROOM (16u << 10)        /* free room a read gets at least */
-
-static const char *REASONS(int status)
-{
-	switch (status) {
-	case 400: return "Bad Request";
-	case 408: return "Request Timeout";
-	case 413: return "Content Too Large";
-	case 414: return "URI Too Long";
-	case 431: return "Request Header Fields Too Large";
-	case 500: return "Internal Server Error";
-	case 501: return "Not Implemented";
-	case 505: return "HTTP Version Not Supported";
-	default: return "Error";
-	}
-}
-
-/* c's timer of `kind` due at `due` (not a fixed time from now): a body's
- * deadline, pushed back by what arrived */
-static void arm_at(HttpConn *c, int kind, double due)
-{
-	if (c->tkind == kind && c->due == due)
-		return;
-	timer_cancel(c);
-	c->tkind = kind;
-	c->due = due;
-	timer_arm(c, -1);
-}
-
-/* The timer for what the connection waits for now, after a request or
- * some output went out: the client to take pending output (send), the
- * rest of a head (its clock runs from the first of its bytes: not re-armed
- * by the next ones), or the next request (keep-alive). */
-void h1_rearm(HttpConn *c)
-{
-	/* held: the body timer runs from the head on, whatever goes out */
-	if (c->closed || c->serving || c->lingering || c->held)
-		return;
-	if (hconn_owed(c)) {
-		c->head_clock = 0;                 /* a head's clock starts again after */
-		timer_arm(c, TIMER_SEND);
-		return;
-	}
-	if (c->closing)
-		return;
-	if (c->call) {
-		/* a call runs: the app's own time is not the client's to be
-		 * timed; a send timer of output now taken ends here (it cut an
-		 * SSE stream quiet for body_timeout after a burst). But a body
-		 * the app waits for is the client's: its deadline runs on */
-		if (c->parser->body_wait)
-			arm_at(c, TIMER_BODY, c->parser->body_due);
-		else
-			timer_cancel(c);
-		return;
-	}
-	if (parser_head_started(c->parser)) {
-		if (!c->head_clock) {
-			c->head_clock = 1;
-			timer_arm(c, TIMER_HEADER);
-		}
-	}
-	else {
-		c->head_clock = 0;
-		timer_arm(c, TIMER_KEEPALIVE);
-	}
-}
-
-/* ---- refusals ------------------------------------------------------------------------------ */
-
-/* A refusal counted by kind, and logged (srv_log_refusal: at most a line
- * a second per worker, a flood of bad requests must not flood the log). */
-static void note_refusal(HttpConn *c, int status, int kind, const char *reason)
-{
-	c->srv->refused[kind]++;
-	srv_log_refusal(c->srv, c->peer, status, reason);
-}
-
-/* hconn_refuse, counted under `kind` (refusal_kind() of the status, or
- * one the status does not tell apart) */
-static void refuse_as(HttpConn *c, int status, int kind, const char *reason)
-{
-	char buf[1100];
-	char body[600];
-	const char *date;
-	size_t dn;
-	int bn = snprintf(body, sizeof(body), "%d %s: %.500s\n", status, REASONS(status), reason);
-	srv_count(c->srv, status);
-	note_refusal(c, status, kind, reason);
-	http_date(&date, &dn);
-	int hn = snprintf(buf, sizeof(buf),
-	                  "HTTP/1.1 %d %s\r\n%.*sContent-Type: text/plain\r\nContent-Length: %d\r\n"
-	                  "Connection: close\r\n\r\n%s", status, REASONS(status), (int)dn, date, bn,
-	                  body);
-
-	if (hconn_send(c, buf, (size_t)hn, 0) < 0)
-		PyErr_Clear();                         /* no memory: the close says enough */
-	hconn_close_soft(c);
-	hconn_flush(c);
-}
-
-void hconn_refuse(HttpConn *c, int status, const char *reason)
-{
-	refuse_as(c, status, refusal_kind(status), reason);
-}
 
 /* ---- input: requests ------------------------------------------------------------------------ */
 
@@ -148,66 +50,6 @@ static int body_fits(HttpConn *c)
 	if (length >= 0)
 		return (uint64_t)length <= room;
 	return hp_chunked(p->hp) && p->blen - p->bstart < room;
-}
-
-/* A held request's body progressed by n bytes (framing included, as the
- * slow path counts them): its deadline moves back n / min_body_rate
- * seconds, so a client sending at that rate or faster is never cut, one
- * trickling a byte at a time is (the slow path's rule). */
-static void body_progress(HttpConn *c, size_t n)
-{
-	double rate = c->srv->min_body_rate;
-	double due;
-
-	if (c->tkind != TIMER_BODY || rate <= 0)
-		return;
-	due = c->due + (double)n / rate;
-	arm_at(c, TIMER_BODY, due);
-}
-
-/* The same rule for a body an adapter's call streams: its deadline moves
- * back with what arrives, whether the call waits for it now or not. */
-static void call_body_progress(HttpConn *c, size_t n)
-{
-	Parser *p = c->parser;
-	double rate = c->srv->min_body_rate;
-
-	if (!p->body_due || rate <= 0)
-		return;
-	p->body_due += (double)n / rate;
-	if (c->tkind == TIMER_BODY)
-		arm_at(c, TIMER_BODY, p->body_due);
-}
-
-void h1_body_wait(HttpConn *c, int waiting)
-{
-	Parser *p = c->parser;
-
-	if (c->closed || (unsigned)!!waiting == p->body_wait)
-		return;
-	p->body_wait = (unsigned)!!waiting;
-	/* body_timeout from the first wait on, as the slow path's (wsgi.py
-	 * _recv_more): a total the client has, not an idle timer */
-	if (waiting && !p->body_due && c->srv->body_timeout > 0)
-		p->body_due = mono_now() + c->srv->body_timeout;
-	if (!p->body_due)
-		p->body_wait = 0;                      /* body_timeout 0: no timeout */
-	h1_rearm(c);
-}
-
-void h1_body_late(HttpConn *c, int answer)
-{
-	static const char why[] = "the request body did not arrive in time";
-
-	if (c->closed)
-		return;
-	if (answer) {
-		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, why);
-		return;
-	}
-	/* the response began: nothing can be said, the connection ends */
-	note_refusal(c, 408, REFUSAL_BODY_TIMEOUT, why);
-	hconn_close_now(c);
 }
 
 /* Holds env (taken) while the loop reads its body: the body timer starts
@@ -551,34 +393,6 @@ int h1_serve_first(HttpConn *c)
 	return serve_read(c);
 }
 
-/* A timer of the protocol's kinds is due (conn_io.c took the send and
- * linger ones): a body that did not come in time, a head that did not,
- * or an idle keep-alive connection. */
-int h1_timeout(HttpConn *c, int kind)
-{
-	if (c->proxy_wait) {
-		hconn_proxy_timeout(c);                /* not HTTP yet: no 408, a close */
-		return 0;
-	}
-	if (kind == TIMER_BODY && c->call) {
-		/* the body the call waits for is late: the adapter answers (it
-		 * knows whether its response began) and its receive ends */
-		c->parser->body_wait = 0;
-		c->parser->body_late = 1;
-		return c->srv->app_ops->input ? c->srv->app_ops->input(c) : 0;
-	}
-	if (kind == TIMER_BODY && c->held) {
-		Py_CLEAR(c->held);
-		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, "the request body did not arrive in time");
-		return 0;
-	}
-	if (parser_head_started(c->parser))
-		hconn_refuse(c, 408, "the request head did not arrive in time");
-	else
-		hconn_close_soft(c);                   /* idle keep-alive: nothing to say */
-	return 0;
-}
-
 /* Whether the client may still be sending, as far as the parser knows: an
  * upload not read whole, a request (part of one) buffered. */
 int h1_unread(HttpConn *c)
@@ -594,22 +408,3 @@ int h1_open(HttpConn *c)
 	c->parser = parser_new(&c->srv->lim, c->srv->script_name);
 	return c->parser ? 0 : -1;
 }
-
-/* ---- the Python side: the codec's method on the connection ------------------------------------ */
-
-static PyObject *HttpConn_refuse(HttpConn *c, PyObject *args)
-{
-	int status;
-	const char *reason;
-
-	if (!PyArg_ParseTuple(args, "is:refuse", &status, &reason))
-		return NULL;
-	hconn_refuse(c, status, reason);
-	Py_RETURN_NONE;
-}
-
-PyMethodDef h1_conn_methods[] = {
-	{"refuse", (PyCFunction)HttpConn_refuse, METH_VARARGS,
-	 "refuse(status, reason): answers the error and closes."},
-	{NULL},
-};

@@ -45,7 +45,7 @@ static __attribute__((noinline)) void date_format(time_t t)
 }
 
 /* static inline for h1_head (the hot path: an exported function is
- * called through the PLT under -fPIC); http_date for h1_conn.c's refusals */
+ * called through the PLT under -fPIC); http_date for h1_timers.c's refusals */
 static inline void date_now(const char **s, size_t *n)
 {
 	time_t t = time(NULL);

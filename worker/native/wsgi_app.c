@@ -9,7 +9,7 @@
  *    thread serves on (tests/worker/test_app_containment.py).
  *
  * May call: wsgi_body.c, wsgi_respond.c, wsgi_environ.c, the codec
- * (h1_parser.c, h1_conn.c's refusal), the connection layer (conn_io.c).
+ * (h1_parser.c, h1_timers.c's refusal), the connection layer (conn_io.c).
  */
 #include <string.h>
 

@@ -21,7 +21,7 @@
  * set-up failed.
  *
  *   gcc -std=gnu11 -O1 -g -pthread -Wl,--wrap=epoll_ctl,--wrap=realloc \
- *       -I fdcore fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *       -I fdcore fdcore/*.c \
  *       tests/c/repro/ctl_report_nomem.c -o /tmp/ctl_report_nomem
  * Run by tests/test_c_sanitizers.py under TSAN and ASAN.
  */

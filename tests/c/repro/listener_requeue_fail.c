@@ -29,7 +29,7 @@
  * set-up failed.
  *
  *   gcc -std=gnu11 -O1 -g -pthread -Wl,--wrap=epoll_ctl -I fdcore \
- *       fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *       fdcore/*.c \
  *       tests/c/repro/listener_requeue_fail.c -o /tmp/listener_requeue_fail
  * Run by tests/test_c_sanitizers.py under TSAN and ASAN.
  */

@@ -1,5 +1,5 @@
 /* Out of memory on demand for the tests/c/repro/ programs linked with
- * -Wl,--wrap=realloc: the core's realloc calls (owe(), poller.c) come here
+ * -Wl,--wrap=realloc: the core's realloc calls (owe(), poller_owed.c) come here
  * and fail while g_nomem is set, or for the next g_fail_left calls (memory
  * coming back after that many more failures); g_failed counts failures.
  * Header-only, included by one file of each program: each repro is its own

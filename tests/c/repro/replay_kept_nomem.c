@@ -1,5 +1,5 @@
 /* Deterministic reproduction of a review finding on fdcore's kept edges:
- * fdc_replay_kept's out-of-memory path (poller.c) is retried inside the
+ * fdc_replay_kept's out-of-memory path (poller_owed.c) is retried inside the
  * very update pass that meets it, for ever.
  *
  * A verb that activates a direction of an FDC_EDGE fd takes its kept edge
@@ -27,7 +27,7 @@
  * if the set-up failed.
  *
  *   gcc -std=gnu11 -O1 -g -pthread -Wl,--wrap=realloc -I fdcore \
- *       fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *       fdcore/*.c \
  *       tests/c/repro/replay_kept_nomem.c -o /tmp/replay_kept_nomem
  * Run by tests/test_c_sanitizers.py (a strict xfail until the retry was
  * deferred to the next pass: fdc_replay_kept, fdc_update_pass).

@@ -29,10 +29,10 @@
  * not, 2 if the set-up failed.
  *
  *   gcc -std=gnu11 -O -g -pthread -Wl,--wrap=realloc -I fdcore \
- *       fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *       fdcore/*.c \
  *       tests/c/repro/replay_kept_shared_nomem.c -o /tmp/replay_kept_shared_nomem
  * Run by tests/test_c_sanitizers.py (a strict xfail until the retry got a
- * ring of its own: poller.c, retry_later and retry_owed).
+ * ring of its own: poller_owed.c, retry_later, and poller_update.c, retry_owed).
  */
 #define _GNU_SOURCE
 #include <stdio.h>

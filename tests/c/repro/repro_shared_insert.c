@@ -11,7 +11,7 @@
  * the group's update list for every owner. A sibling S passing then, before
  * the insert's ADD into S's instance, sees its polled bit (set first) with
  * nothing in the kernel: its DEL + ADD of the exclusive entry stops at the
- * DEL's ENOENT (poller.c: "our file is gone from this number"), clears S's
+ * DEL's ENOENT (poller_update.c: "our file is gone from this number"), clears S's
  * polled bits and reports the connection failed (FDC_ERR | FDC_POLL_CTL,
  * ENOENT) to its owner; then the insert's ADD succeeds, and the kernel has
  * a registration polled_mask does not show. A healthy connection closed
@@ -30,7 +30,7 @@
  * if the interleaving could not be driven.
  *
  *   gcc -std=gnu11 -O1 -g -pthread -Wl,--wrap=epoll_ctl -I fdcore \
- *       fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *       fdcore/*.c \
  *       tests/c/repro/repro_shared_insert.c -o /tmp/repro_shared_insert
  * Run by tests/test_c_sanitizers.py as a strict xfail until fdcore changes.
  */

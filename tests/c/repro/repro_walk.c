@@ -26,7 +26,7 @@
  *
  * Its own program (not part of the stress binary):
  *   gcc -std=gnu11 -O1 -g -pthread -fsanitize=address,undefined -I fdcore \
- *       fdcore/fd.c fdcore/updlist.c fdcore/poller.c tests/c/repro/repro_walk.c -o /tmp/repro_walk
+ *       fdcore/*.c tests/c/repro/repro_walk.c -o /tmp/repro_walk
  * Built and run by tests/test_c_sanitizers.py (clean core: must pass) and by
  * tests/test_c_mutations.py (bug 2 re-injected: must fail).
  */

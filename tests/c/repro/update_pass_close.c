@@ -18,7 +18,7 @@
  * 1 with "FAIL: ..." if not, 2 if the set-up failed.
  *
  *   gcc -std=gnu11 -O1 -g -pthread -I fdcore \
- *       fdcore/fd.c fdcore/updlist.c fdcore/poller.c \
+ *       fdcore/*.c \
  *       tests/c/repro/update_pass_close.c -o /tmp/update_pass_close
  * Run by tests/test_c_sanitizers.py under TSAN and ASAN.
  */

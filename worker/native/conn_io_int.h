@@ -1,0 +1,14 @@
+/* What the connection layer's I/O files share (conn_io.c,
+ * conn_events.c) beyond conn.h: not part of the layer's interface, only
+ * those two include it.
+ */
+#ifndef SOCKHERD_CONN_IO_INT_H
+#define SOCKHERD_CONN_IO_INT_H
+
+#include "engine.h"
+
+/* conn_io.c: a lingering connection's input read and dropped (its end
+ * closes it) */
+void discard(HttpConn *c);
+
+#endif /* SOCKHERD_CONN_IO_INT_H */
