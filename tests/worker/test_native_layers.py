@@ -101,6 +101,7 @@ def test_every_native_file_has_its_place_in_a_layer():
     assert set(ORDER) - files == set(), "LAYERS names a file that is gone"
 
 
+@pytest.mark.long                          # 42 files compiled: scheduled first
 def test_no_file_calls_a_file_above_it(tmp_path):
     calls = _calls(tmp_path)
     upward = []
