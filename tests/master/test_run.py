@@ -136,12 +136,16 @@ class Master:
 
 class Masters:
     """Starts masters on a directory of their own (the test apps written
-    there, each master's log beside them) and reaps every one at the end."""
+    there, each master's log beside them) and reaps every one at the end.
+    Their runtime directory (control endpoint) is one for all, as a
+    takeover needs, unless `own_runtime_dirs` (masters that run side by
+    side, each serving its own control endpoint)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, own_runtime_dirs: bool = False):
         for name, text in APPS.items():
             (tmp_path / name).write_text(text)
         self.tmp_path = tmp_path
+        self.own_runtime_dirs = own_runtime_dirs
         self.started: list[Master] = []
 
     def start(self, *args: str, ready: int | None = 2, nofile: int | tuple | None = None,
@@ -150,6 +154,7 @@ class Masters:
         tmp_path = self.tmp_path
         chdir = chdir or tmp_path
         log = tmp_path / f"master{len(self.started)}.log"
+        run = tmp_path / (f"run{len(self.started)}" if self.own_runtime_dirs else "run")
 
         def limits():
             if nofile:
@@ -165,7 +170,7 @@ class Masters:
                                     # its own control endpoint (tests run in parallel);
                                     # masters of one test share it, as a takeover does
                                     env={**os.environ,
-                                         "SOCKHERD_RUNTIME_DIR": str(tmp_path / "run")})
+                                         "SOCKHERD_RUNTIME_DIR": str(run)})
         m = Master(proc, log)
         self.started.append(m)
         if ready:
@@ -192,7 +197,7 @@ def module_master(tmp_path_factory):
     that read from a master (requests whose answers they check) may share
     one, and each must hold whatever order the tests run in (names of its
     own for what it leaves behind)."""
-    masters = Masters(tmp_path_factory.mktemp("shared"))
+    masters = Masters(tmp_path_factory.mktemp("shared"), own_runtime_dirs=True)
     yield masters.start
     masters.reap_all()
 
