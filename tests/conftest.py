@@ -15,9 +15,10 @@ from shared_builds import build_once, run_dir  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `long` (a minute or more of one worker: the sanitizer
-    builds' child runs, the mutants, the wheel) run first, in collection
-    order; the rest keep theirs. xdist hands its first tests out round
+    """Tests marked `long` (about 20 s or more of one worker: the sanitizer
+    builds' child runs, the mutants, the wheel, the callgrind benches, the
+    reload-under-load tests) run first, in collection order; the rest keep
+    theirs. xdist hands its first tests out round
     robin and the rest to whichever worker is free: with the long ones
     first they overlap the many short ones instead of starting last and
     leaving one worker alone with them at the end of the run."""

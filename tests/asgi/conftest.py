@@ -28,7 +28,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 APPS = HERE.parent / "apps"
 sys.path.insert(0, str(HERE.parent / "master"))
-from test_run import master, wait_for  # noqa: E402,F401  (master: the fixture)
+from test_run import master, module_master, wait_for  # noqa: E402,F401  (the fixtures)
 
 KINDS = ["sockherd"] + (["uvicorn"] if os.environ.get("SOCKHERD_ASGI_REFERENCE") == "1" else [])
 
@@ -64,20 +64,16 @@ class Server:
         assert rc in clean, f"{self.kind} exited {rc} after TERM:\n{self.text()}"
 
 
-@pytest.fixture(params=KINDS)
-def asgi_server(request, master, tmp_path, monkeypatch):
-    """serve(app, *extra_sockherd_args, workers=1) -> Server."""
-    kind = request.param
-    records = tmp_path / "records"
-    records.mkdir()
-    # both servers' processes inherit the environment they are started with
-    monkeypatch.setenv("ASGI_TEST_RECORDS", str(records))
-    started: list[subprocess.Popen] = []
+def _starter(kind: str, start_master, tmp_path: Path, records: Path,
+             started: list[subprocess.Popen]):
+    """serve(app, *extra_sockherd_args, workers=1) -> Server, on a master
+    started by start_master (test_run's fixtures) or a uvicorn process
+    (added to `started`: the caller kills and reaps them)."""
 
     def serve(app: str, *extra: str, workers: int = 1) -> Server:
         if kind == "sockherd":
-            m = master(app, "--interface", "asgi", "-w", str(workers),
-                       "--pythonpath", str(APPS), *extra, ready=workers)
+            m = start_master(app, "--interface", "asgi", "-w", str(workers),
+                             "--pythonpath", str(APPS), *extra, ready=workers)
             return Server(kind, m.proc, m.log, m.port, records, master=m)
         log = tmp_path / f"uvicorn{len(started)}.log"
         with open(log, "wb") as out:
@@ -99,7 +95,10 @@ def asgi_server(request, master, tmp_path, monkeypatch):
         return srv
 
     serve.kind = kind
-    yield serve
+    return serve
+
+
+def _reap(started: list[subprocess.Popen]) -> None:
     for proc in started:
         if proc.poll() is None:
             try:
@@ -107,3 +106,46 @@ def asgi_server(request, master, tmp_path, monkeypatch):
             except ProcessLookupError:
                 pass
         proc.wait(timeout=30)
+
+
+@pytest.fixture(params=KINDS)
+def asgi_server(request, master, tmp_path, monkeypatch):
+    """serve(app, *extra_sockherd_args, workers=1) -> Server."""
+    records = tmp_path / "records"
+    records.mkdir()
+    # both servers' processes inherit the environment they are started with
+    monkeypatch.setenv("ASGI_TEST_RECORDS", str(records))
+    started: list[subprocess.Popen] = []
+    yield _starter(request.param, master, tmp_path, records, started)
+    _reap(started)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def shared_asgi_server(request, module_master, tmp_path_factory):
+    """served(app) -> Server: one server per app (and kind) that the tests
+    of a module share, started by the first test that asks (a FastAPI app's
+    start was most of each of its tests). Only for tests that send requests
+    and check the answers; any record one leaves (server.records) must
+    carry a name of that test's own (a fresh tag per run: order-independent
+    and repeatable). Apps that need extra arguments or a fresh server take
+    asgi_server."""
+    tmp_path = tmp_path_factory.mktemp("asgi-shared")
+    records = tmp_path / "records"
+    records.mkdir()
+    started: list[subprocess.Popen] = []
+    serve = _starter(request.param, module_master, tmp_path, records, started)
+    servers: dict[str, Server] = {}
+
+    def served(app: str) -> Server:
+        if app not in servers:
+            with pytest.MonkeyPatch.context() as mp:
+                # inherited by the server and every worker it (re)spawns
+                mp.setenv("ASGI_TEST_RECORDS", str(records))
+                servers[app] = serve(app)
+        srv = servers[app]
+        assert srv.proc.poll() is None, f"the shared server exited:\n{srv.text()}"
+        return srv
+
+    served.kind = request.param
+    yield served
+    _reap(started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import uuid
 
 import httpx
 import pytest
@@ -20,8 +21,16 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def fastapi_app(asgi_server):
-    return asgi_server("asgi_fastapi:app")
+def fastapi_app(shared_asgi_server):
+    """One server for the module's tests (they only send requests): its
+    FastAPI start was most of each test's time. What a test leaves in the
+    records carries a tag of its own (fresh())."""
+    return shared_asgi_server("asgi_fastapi:app")
+
+
+def fresh(name: str) -> str:
+    """name made unique to this run of the test (the records dir is shared)."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def test_json_path_and_query_parameters(fastapi_app):
@@ -49,13 +58,13 @@ def test_dependency_and_pydantic_body(fastapi_app):
 def test_background_task_runs_after_the_response(fastapi_app):
     """The task cannot finish before the test releases it: the response
     arriving first shows it was sent before the task ran to its end."""
-    srv = fastapi_app
+    srv, t1 = fastapi_app, fresh("t1")
     with httpx.Client(base_url=srv.url, timeout=30) as c:
-        r = c.post("/background/t1")
-        assert r.status_code == 200 and r.json() == {"queued": "t1"}
-        assert not (srv.records / "background-t1").exists()
-        (srv.records / "release-t1").write_text("")
-        assert srv.record("background-t1")["released"] is True
+        r = c.post(f"/background/{t1}")
+        assert r.status_code == 200 and r.json() == {"queued": t1}
+        assert not (srv.records / f"background-{t1}").exists()
+        (srv.records / f"release-{t1}").write_text("")
+        assert srv.record(f"background-{t1}")["released"] is True
         # the connection still serves the next request
         assert c.get("/items/1").status_code == 200
 
@@ -63,10 +72,10 @@ def test_background_task_runs_after_the_response(fastapi_app):
 def test_sse_first_event_arrives_before_the_stream_ends(fastapi_app):
     """3 events 1 s apart: a server that buffered the response would deliver
     the first event after 2 s, with the last."""
-    srv = fastapi_app
+    srv, first = fastapi_app, fresh("first")
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         t0 = time.monotonic()
-        with c.stream("GET", "/sse/first", params={"n": 3, "pause": 1.0}) as r:
+        with c.stream("GET", f"/sse/{first}", params={"n": 3, "pause": 1.0}) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
             arrivals = []
@@ -77,42 +86,42 @@ def test_sse_first_event_arrives_before_the_stream_ends(fastapi_app):
     # 1.5 s leaves room for a loaded machine; a buffered stream's first event is at >= 2 s
     assert arrivals[0][1] < 1.5, f"first event after {arrivals[0][1]:.2f} s"
     assert arrivals[2][1] >= 1.9
-    assert srv.record("sse-first") == {"sent": 3, "completed": True}
+    assert srv.record(f"sse-{first}") == {"sent": 3, "completed": True}
 
 
 def test_client_going_away_during_sse_is_seen_by_the_app(fastapi_app):
     """A client closes its connection after 3 events of an endless stream:
     the app's generator ends there (it records how many events it sent)
     instead of running its 600 events on."""
-    srv = fastapi_app
+    srv, gone = fastapi_app, fresh("gone")
     with httpx.Client(base_url=srv.url, timeout=30) as c:
-        with c.stream("GET", "/sse/gone", params={"n": 600, "pause": 0.05}) as r:
+        with c.stream("GET", f"/sse/{gone}", params={"n": 600, "pause": 0.05}) as r:
             got = 0
             for line in r.iter_lines():
                 got += line.startswith("data: ")
                 if got == 3:
                     break
     # the with blocks closed the response and the client: the socket is gone
-    rec = srv.record("sse-gone", timeout=15)
+    rec = srv.record(f"sse-{gone}", timeout=15)
     assert rec["completed"] is False and 3 <= rec["sent"] < 600, rec
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         assert c.get("/items/5").json()["item_id"] == 5       # still serving
 
 
 def test_file_response(fastapi_app):
-    srv = fastapi_app
+    srv, blob = fastapi_app, fresh("blob")
     data = os.urandom(3 << 20) + b"end"
-    (srv.records / "blob.bin").write_bytes(data)
+    (srv.records / f"{blob}.bin").write_bytes(data)
     with httpx.Client(base_url=srv.url, timeout=60) as c:
-        r = c.get("/file/blob.bin", headers={"X-Record": "blob"})
+        r = c.get(f"/file/{blob}.bin", headers={"X-Record": blob})
         assert r.status_code == 200 and r.content == data
         assert r.headers["content-length"] == str(len(data))
-        part = c.get("/file/blob.bin", headers={"Range": "bytes=100-199"})
+        part = c.get(f"/file/{blob}.bin", headers={"Range": "bytes=100-199"})
         assert part.status_code == 206 and part.content == data[100:200]
-        assert c.head("/file/blob.bin").content == b""
+        assert c.head(f"/file/{blob}.bin").content == b""
         assert c.get("/file/.hidden").status_code == 404
     if srv.kind == "sockherd":             # pathsend advertised (uvicorn has none)
-        sent = srv.record("sends-blob")["types"]
+        sent = srv.record(f"sends-{blob}")["types"]
         assert "http.response.pathsend" in sent, sent
 
 
@@ -129,10 +138,12 @@ def test_upload_file(fastapi_app):
 def test_an_exception_is_a_500_and_the_server_serves_on(fastapi_app):
     """Starlette answers 500 and then re-raises to the server, which may
     close that connection (uvicorn does): the next request uses a new one."""
+    logged = fastapi_app.text().count("fastapi boom")      # the server may be shared
     with httpx.Client(base_url=fastapi_app.url, timeout=30) as c:
         r = c.get("/boom")
         assert r.status_code == 500
         assert "fastapi boom" not in r.text            # no traceback to the client
     with httpx.Client(base_url=fastapi_app.url, timeout=30) as c:
         assert c.get("/items/9").json()["item_id"] == 9
-    wait_for(lambda: "fastapi boom" in fastapi_app.text(), 10, "the error in the server's log")
+    wait_for(lambda: fastapi_app.text().count("fastapi boom") > logged, 10,
+             "the error in the server's log")

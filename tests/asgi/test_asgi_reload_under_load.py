@@ -21,7 +21,7 @@ import pytest
 from test_reload import Clients, reload
 from test_run import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.long]     # 20 reloads: scheduled first
 
 RELOADS = 20
 EVENTS = 10          # asgi_versioned.EVENTS

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import uuid
 
 import httpx
 import pytest
@@ -18,8 +19,15 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def starlette_app(asgi_server):
-    return asgi_server("asgi_starlette:app")
+def starlette_app(shared_asgi_server):
+    """One server for the module's tests that only send requests; what a
+    test leaves in the records carries a tag of its own (fresh())."""
+    return shared_asgi_server("asgi_starlette:app")
+
+
+def fresh(name: str) -> str:
+    """name made unique to this run of the test (the records dir is shared)."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def test_routes_and_query(starlette_app):
@@ -76,15 +84,15 @@ def test_streaming_response(starlette_app):
 
 
 def test_is_disconnected_turns_true_when_the_client_goes(starlette_app):
-    srv = starlette_app
+    srv, d1 = starlette_app, fresh("d1")
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
     try:
-        s.sendall(f"GET /wait-disconnect/d1 HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n"
+        s.sendall(f"GET /wait-disconnect/{d1} HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n"
                   .encode())
-        srv.record("waiting-d1")
+        srv.record(f"waiting-{d1}")
     finally:
         s.close()
-    rec = srv.record("disconnected-d1", timeout=15)
+    rec = srv.record(f"disconnected-{d1}", timeout=15)
     assert "timed_out" not in rec, rec
 
 
@@ -92,18 +100,18 @@ def test_file_response_goes_out_by_pathsend(starlette_app):
     """Starlette's FileResponse sends http.response.pathsend when the scope
     advertises it (issue 22 §2, Extensions): the file whole, its length,
     HEAD without a body, the connection kept."""
-    srv = starlette_app
+    srv, blob = starlette_app, fresh("blob")
     data = os.urandom(5 << 20) + b"end"
-    (srv.records / "blob.bin").write_bytes(data)
+    (srv.records / f"{blob}.bin").write_bytes(data)
     with httpx.Client(base_url=srv.url, timeout=60) as c:
-        r = c.get("/file/blob.bin", headers={"X-Record": "blob"})
+        r = c.get(f"/file/{blob}.bin", headers={"X-Record": blob})
         assert r.status_code == 200 and r.content == data
         assert r.headers["content-length"] == str(len(data))
-        h = c.head("/file/blob.bin")
+        h = c.head(f"/file/{blob}.bin")
         assert h.status_code == 200 and h.content == b""
         assert h.headers["content-length"] == str(len(data))
         assert c.get("/").text == "starlette home"          # the connection serves on
-    sent = srv.record("sends-blob")["types"]
+    sent = srv.record(f"sends-{blob}")["types"]
     if srv.kind == "sockherd":                             # uvicorn has no pathsend
         assert sent == ["http.response.start", "http.response.pathsend"], sent
 

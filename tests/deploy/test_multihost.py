@@ -79,6 +79,7 @@ def run():
         r.close()
 
 
+@pytest.mark.long                          # 46 s in a loaded run: scheduled first
 def test_rolling_versions_across_hosts_lose_no_request(run):
     rows = [run.run_mode(mode) for mode in M.MODES]
     final = run.final_check()

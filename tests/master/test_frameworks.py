@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from test_run import master  # noqa: F401  (the fixture: real processes, reaped)
+from test_run import master, module_master  # noqa: F401  (the fixtures: real processes, reaped)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -118,10 +118,13 @@ def get(m, path, headers=None):
     return r, body
 
 
-@pytest.fixture
-def flask_app(master, tmp_path):
-    (tmp_path / "flaskapp.py").write_text(FLASK_APP)
-    return master("flaskapp:app", "-w", "2")
+@pytest.fixture(scope="module")
+def flask_app(module_master, tmp_path_factory):
+    """One Flask master for the module's Flask tests: they only send
+    requests and check the answers (its start was most of each test)."""
+    site = tmp_path_factory.mktemp("flask")
+    (site / "flaskapp.py").write_text(FLASK_APP)
+    return module_master("flaskapp:app", "-w", "2", chdir=site)
 
 
 def test_flask_routes_query_form_cookies(flask_app):

@@ -308,6 +308,7 @@ def test_a_metrics_address_that_cannot_be_bound_stops_the_start(master, tmp_path
     assert "'no-port-here': expected host:port" in m.text()
 
 
+@pytest.mark.long                          # 37 s in a loaded run: scheduled first
 def test_an_upgrade_serves_the_metrics_again_from_the_new_image(master, tmp_path):
     """The same listening socket across the exec (ipc.reexec metrics_fd):
     /-/ready is never refused meanwhile (the multi-host proof saw a balancer

@@ -67,6 +67,7 @@ def test_the_metrics_setting_is_read_again_at_a_reload(master, tmp_path: Path):
     assert request(m.port, "/")[0] == 200
 
 
+@pytest.mark.long                          # 45 s in a loaded run: scheduled first
 def test_an_upgrade_carries_the_masters_counters(master, tmp_path: Path):
     """Issue 18 §5: the counters reset at an upgrade (the new image began
     at 0 reloads ok, 0 failed, 0 restarts: a Prometheus counter going down,

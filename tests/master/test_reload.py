@@ -307,31 +307,45 @@ def settled(m, n_serving: int) -> list[str]:
     return seen[-1]
 
 
-def test_no_fd_leak_over_100_reloads(master, tmp_path):
-    """The master's fd count after 100 reloads (some refused) equals the
-    count after 1, once the old generations are gone."""
+RELOADS = 7                 # after the first: 2..7, of which these are refused
+REFUSED = (3, 6)
+
+
+def exactly(m, expected: list[str], what: str) -> None:
+    """The master's fd list equals `expected`, entry for entry. The master
+    closes a worker's socketpair right after reaping it: polled past that
+    instant (a leak never gets there)."""
+    last = []
+    assert wait_for(lambda: (last.append(open_fds(m.proc.pid)) or last[-1] == expected), 10,
+                    lambda: f"{what}: fds {last[-1]} != {expected}")
+
+
+def test_no_fd_leak_over_reloads(master, tmp_path):
+    """The master's fd list after every reload, served or refused, equals
+    the list after the first, once the old generations are gone. The check
+    is exact and made after each reload (not a threshold at the end): one
+    fd kept by either path shows on the first reload that takes it, so a
+    few reloads prove what a hundred did (that test took 3 minutes of the
+    suite); the repeats only give a rare race more chances."""
     write_app(tmp_path, "v0")
     m = master("verapp:app", "-w", "1", ready=1)
 
     reload(m, 1)
     after_one = settled(m, 1)
-    good = 1
-    for i in range(2, 101):
-        if i % 10 == 0:                                   # a refused one now and then
+    good, refused = 1, 0
+    for i in range(2, RELOADS + 1):
+        if i in REFUSED:
             write_app(tmp_path, f"v{i}", "raise RuntimeError('no')")
             m.proc.send_signal(signal.SIGHUP)
-            m.wait_log(r"reload refused", count=i // 10, timeout=30)
-            continue
-        write_app(tmp_path, f"v{i}")
-        good += 1
-        reload(m, good)
-    settled(m, good)
-    # the master closes a worker's socketpair right after reaping it: poll
-    # past that instant (a leak never gets there)
-    last = []
-    assert wait_for(lambda: (last.append(open_fds(m.proc.pid)) or last[-1] == after_one), 10,
-                    lambda: f"fds {last[-1]} != {after_one}")
-    answers(m.port, "v99")
+            refused += 1
+            m.wait_log(r"reload refused", count=refused, timeout=30)
+        else:
+            write_app(tmp_path, f"v{i}")
+            good += 1
+            reload(m, good)
+        settled(m, good)
+        exactly(m, after_one, f"after reload {i} ({'refused' if i in REFUSED else 'served'})")
+    answers(m.port, f"v{RELOADS}")
 
 
 # ---- upgrade (SIGUSR2): the master re-executes itself in place ---------------------------------
@@ -382,16 +396,20 @@ def test_a_failed_upgrade_exec_leaves_the_master_running(master, tmp_path):
     answers(m.port, "v3")
 
 
-def test_no_fd_leak_over_20_upgrades(master, tmp_path):
+def test_no_fd_leak_over_upgrades(master, tmp_path):
+    """The re-executed master's fd list after every upgrade equals the list
+    after the first (exact, after each: one fd carried across an exec shows
+    on the next upgrade: 20 upgrades checked only at the end proved no
+    more, at 10 s each under load)."""
     write_app(tmp_path, "v0")
     m = master("verapp:app", "-w", "1", ready=1)
 
     m.proc.send_signal(signal.SIGUSR2)
     after_one = settled(m, 1)
-    for i in range(2, 21):
+    for i in range(2, 5):
         m.proc.send_signal(signal.SIGUSR2)
-        m.wait_log(r"reload: generation \d+ serving", count=i, timeout=30)
-    assert settled(m, 20) == after_one
+        settled(m, i)
+        exactly(m, after_one, f"after upgrade {i}")
     assert m.proc.poll() is None
 
 

@@ -692,6 +692,7 @@ def test_max_worker_lifetime_still_applies_after_an_upgrade_whose_reload_is_refu
 # ---- a connection arriving as the old generation drains ------------------------------------------
 
 @pytest.mark.timeout(120)
+@pytest.mark.long                       # 30 reloads beside CPU hogs: scheduled first
 def test_a_connection_at_the_commit_is_answered(master, tmp_path):
     import http.client
     import subprocess

@@ -134,16 +134,27 @@ class Master:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)
 
 
-@pytest.fixture
-def master(tmp_path: Path):
-    for name, text in APPS.items():
-        (tmp_path / name).write_text(text)
-    started: list[Master] = []
+class Masters:
+    """Starts masters on a directory of their own (the test apps written
+    there, each master's log beside them) and reaps every one at the end.
+    Their runtime directory (control endpoint) is one for all, as a
+    takeover needs, unless `own_runtime_dirs` (masters that run side by
+    side, each serving its own control endpoint)."""
 
-    def start(*args: str, ready: int | None = 2, nofile: int | tuple | None = None,
-              bind: str | None = "127.0.0.1:0", chdir: Path = tmp_path) -> Master:
+    def __init__(self, tmp_path: Path, own_runtime_dirs: bool = False):
+        for name, text in APPS.items():
+            (tmp_path / name).write_text(text)
+        self.tmp_path = tmp_path
+        self.own_runtime_dirs = own_runtime_dirs
+        self.started: list[Master] = []
+
+    def start(self, *args: str, ready: int | None = 2, nofile: int | tuple | None = None,
+              bind: str | None = "127.0.0.1:0", chdir: Path | None = None) -> Master:
         """bind None: no -b (the settings file names the addresses)."""
-        log = tmp_path / f"master{len(started)}.log"
+        tmp_path = self.tmp_path
+        chdir = chdir or tmp_path
+        log = tmp_path / f"master{len(self.started)}.log"
+        run = tmp_path / (f"run{len(self.started)}" if self.own_runtime_dirs else "run")
 
         def limits():
             if nofile:
@@ -159,18 +170,36 @@ def master(tmp_path: Path):
                                     # its own control endpoint (tests run in parallel);
                                     # masters of one test share it, as a takeover does
                                     env={**os.environ,
-                                         "SOCKHERD_RUNTIME_DIR": str(tmp_path / "run")})
+                                         "SOCKHERD_RUNTIME_DIR": str(run)})
         m = Master(proc, log)
-        started.append(m)
+        self.started.append(m)
         if ready:
             if bind and bind.startswith("127."):
                 m.port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
             m.wait_log(r"worker \d+\.\d+: ready", count=ready)
         return m
 
-    yield start
-    for m in started:
-        reap(m.proc)
+    def reap_all(self) -> None:
+        for m in self.started:
+            reap(m.proc)
+
+
+@pytest.fixture
+def master(tmp_path: Path):
+    masters = Masters(tmp_path)
+    yield masters.start
+    masters.reap_all()
+
+
+@pytest.fixture(scope="module")
+def module_master(tmp_path_factory):
+    """master's starter for the masters a module's tests share: only tests
+    that read from a master (requests whose answers they check) may share
+    one, and each must hold whatever order the tests run in (names of its
+    own for what it leaves behind)."""
+    masters = Masters(tmp_path_factory.mktemp("shared"), own_runtime_dirs=True)
+    yield masters.start
+    masters.reap_all()
 
 
 def reap(proc: subprocess.Popen, kids: list[int] | None = None) -> None:

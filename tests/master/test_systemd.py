@@ -372,6 +372,7 @@ def activated_master(tmp_path):
 
 
 @needs_activate
+@pytest.mark.long                          # 35-43 s each in a loaded run: scheduled first
 @pytest.mark.parametrize("bind", ["", "systemd:web", "address"])
 def test_activated_socket_serves_by_name_or_address(activated_master, fake_systemd, bind):
     """The activated socket serves: with no bind setting, with a bind naming

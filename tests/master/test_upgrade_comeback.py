@@ -136,6 +136,7 @@ BREAKAGES = {
 }
 
 
+@pytest.mark.long                  # two upgrades each, 20-70 s in a loaded run: scheduled first
 @pytest.mark.parametrize("breakage", list(BREAKAGES))
 def test_an_upgrade_that_fails_after_the_exec_comes_back_under_load(master, tmp_path,
                                                                      breakage):

@@ -22,11 +22,12 @@ import socket
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "master"))
-from test_run import master  # noqa: E402,F401 (fixture)
+from test_run import module_master  # noqa: E402,F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,15 +108,28 @@ def app(environ, start_response):
 """.replace("{SIZE}", str(SIZE))
 
 
-@pytest.fixture(params=["1", "2"], ids=["t1", "t2"])
-def server(master, tmp_path, request):
+@pytest.fixture(scope="module", params=["1", "2"], ids=["t1", "t2"])
+def server(module_master, tmp_path_factory, request):
     """One worker of one loop thread, and of two: a group whose
     connections are shared (dispatch), where the body's POLLOUT comes
     from a registration made once (fdcore: no re-registration on a
-    direction change)."""
-    (tmp_path / "bigapp.py").write_text(APP)
-    return master("bigapp:app", "-w", "1", "-t", request.param, "--body-timeout",
-                  str(BODY_TIMEOUT), ready=1)
+    direction change). Each is shared by the module's tests (a master per
+    test was most of their time): a test names its iterables with a tag
+    of its own (tagged()) and waits for its connections to be gone, so
+    none depends on another's leftovers or order."""
+    site = tmp_path_factory.mktemp("bigapp")
+    (site / "bigapp.py").write_text(APP)
+    return module_master("bigapp:app", "-w", "1", "-t", request.param, "--body-timeout",
+                         str(BODY_TIMEOUT), ready=1, chdir=site)
+
+
+def tagged(path: str) -> tuple[str, str]:
+    """(path, the iterable's name): a name of this test's own on the
+    shared server ("/gen?never" -> "/gen?never-1a2b3c4d", its name)."""
+    if "?" not in path:
+        return path, ""
+    path = f"{path}-{uuid.uuid4().hex[:8]}"
+    return path, path.split("?", 1)[1]
 
 
 class Reader:
@@ -194,6 +208,12 @@ def closed_names(port: int) -> list[str]:
     return [n for n in get(port, "/closed").decode().split(",") if n]
 
 
+def closed_once(port: int, name: str) -> bool:
+    """The iterable `name` (tagged()) was closed, once (the list holds the
+    other tests' names too, each its own)."""
+    return closed_names(port).count(name) == 1
+
+
 @pytest.mark.parametrize("path", ["/bytes", "/gen?never", "/file"])
 def test_a_client_that_never_reads_does_not_hold_the_loop_thread(server, path):
     """Issue 21: with the worker's only loop thread waiting for a client
@@ -201,6 +221,7 @@ def test_a_client_that_never_reads_does_not_hold_the_loop_thread(server, path):
     body_timeout. Now it is answered at once; the non-reader is closed once
     body_timeout passed without progress, and a generator's close() runs
     once."""
+    path, name = tagged(path)
     idle = non_reader(server.port, path)
     began = time.monotonic()
     try:
@@ -212,7 +233,7 @@ def test_a_client_that_never_reads_does_not_hold_the_loop_thread(server, path):
     finally:
         idle.close()
     if path.startswith("/gen"):
-        assert closed_names(server.port) == ["never"]
+        assert closed_once(server.port, name)
 
 
 @pytest.mark.parametrize("path", ["/bytes", "/gen?slow", "/chunked?slow", "/file"])
@@ -220,6 +241,7 @@ def test_a_slow_steady_reader_gets_every_byte_while_others_are_served(server, pa
     """A client reading 10 MB at about 2 MB/s, for longer than body_timeout
     but never idle that long, gets the body intact; meanwhile other clients
     are answered promptly (the loop thread does not wait for the reader)."""
+    path, name = tagged(path)
     got = {}
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
@@ -249,13 +271,14 @@ def test_a_slow_steady_reader_gets_every_byte_while_others_are_served(server, pa
     assert len(got["body"]) == SIZE and hashlib.sha256(got["body"]).hexdigest() == DIGEST
     assert served >= 3, served
     if "?" in path:
-        assert closed_names(server.port) == ["slow"]
+        assert closed_once(server.port, name)
 
 
 @pytest.mark.parametrize("path", ["/bytes", "/gen?first", "/file"])
 def test_pipelined_requests_wait_for_the_large_response_and_keep_alive_holds(server, path):
     """A request pipelined behind the 10 MB answer is answered after all of
     it, in order, on the same kept-alive connection, which serves on."""
+    path, name = tagged(path)
     with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
         s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n"
                   "GET /after HTTP/1.1\r\nHost: t\r\n\r\n".encode())
@@ -267,7 +290,7 @@ def test_pipelined_requests_wait_for_the_large_response_and_keep_alive_holds(ser
         s.sendall(b"GET /again HTTP/1.1\r\nHost: t\r\n\r\n")
         assert r.response()[1] == b"hello"
     if "?" in path:
-        assert closed_names(server.port) == ["first"]
+        assert closed_once(server.port, name)
 
 
 def test_close_runs_once_when_the_client_goes_away_mid_body(server):
@@ -277,14 +300,15 @@ def test_close_runs_once_when_the_client_goes_away_mid_body(server):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     s.settimeout(20)
     s.connect(("127.0.0.1", server.port))
-    s.sendall(b"GET /gen?gone HTTP/1.1\r\nHost: t\r\n\r\n")
+    path, name = tagged("/gen?gone")
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
     r = Reader(s)
     while len(r.buf) < 1 << 20:
         r._more()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     s.close()                                  # a reset, mid-body
     wait_for(lambda: get(server.port, "/conns") == b"1", 10, "the connection to close")
-    assert closed_names(server.port) == ["gone"]
+    assert closed_once(server.port, name)
 
 
 @pytest.mark.parametrize("path", ["/raise?boom", "/exit?boom"])
@@ -293,6 +317,9 @@ def test_an_iterator_failing_after_its_suspension_closes_only_its_connection(ser
     BaseException) after 4 MB, long after it was parked and resumed: that
     connection closes after what was sent, the failure is logged, close()
     runs once and the loop thread serves on."""
+    path, name = tagged(path)
+    failed = rf"app failed on GET {path.split('?')[0]}"
+    logged = len(re.findall(failed, server.text()))
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     s.settimeout(20)
@@ -304,9 +331,9 @@ def test_an_iterator_failing_after_its_suspension_closes_only_its_connection(ser
     s.close()
     body = bytes(r.buf)                         # the head was taken, the body cut short
     assert 3 << 20 <= len(body) < SIZE and body == BODY[:len(body)]
-    server.wait_log(rf"app failed on GET {path.split('?')[0]}")
+    server.wait_log(failed, count=logged + 1)
     assert get(server.port, "/", timeout=5.0) == b"hello"
-    assert closed_names(server.port) == ["boom"]
+    assert closed_once(server.port, name)
     # the same worker: not replaced (a loop thread that ended would have it replaced)
     assert len(re.findall(r"worker \d+\.\d+: ready", server.text())) == 1
     assert server.proc.poll() is None
