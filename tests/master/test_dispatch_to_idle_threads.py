@@ -230,22 +230,24 @@ def test_new_connections_accepted_while_a_thread_is_busy_reach_idle_threads(mast
 
 
 def test_a_slow_endpoint_does_not_delay_a_fast_one(master, tmp_path):
-    """Head-of-line isolation: five connections hold five of a worker's
-    eight threads inside the app; a fast endpoint's requests, kept alive
-    and on new connections, are all answered meanwhile, never by a held
-    thread."""
+    """Head-of-line isolation: a kept-alive connection to a fast endpoint
+    and five to a slow one, each served once (so each has a thread it was
+    last served by, theirs and the fast one's shared at times); then the
+    five hold five of the worker's eight threads inside the app. The fast
+    endpoint's requests, on its kept-alive connection and on new ones, are
+    all answered meanwhile, never by a held thread."""
     m = start(master, tmp_path, threads=8)
+    fast = socket.create_connection(("127.0.0.1", m.port), timeout=20)
     slow = [socket.create_connection(("127.0.0.1", m.port), timeout=30) for _ in range(5)]
     try:
+        for s in [fast, *slow]:
+            ask(s, "/")
         for i, s in enumerate(slow):
             s.sendall(b"GET /hold?slow%d HTTP/1.1\r\nHost: t\r\n\r\n" % i)
         busy = {held(tmp_path, f"slow{i}") for i in range(5)}
         assert len(busy) == 5, busy
         try:
-            answered = []
-            with socket.create_connection(("127.0.0.1", m.port), timeout=20) as s:
-                for _ in range(100):
-                    answered.append(thread_of(ask(s, "/")))
+            answered = [thread_of(ask(fast, "/")) for _ in range(100)]
             for _ in range(30):
                 with socket.create_connection(("127.0.0.1", m.port), timeout=20) as s:
                     answered.append(thread_of(ask(s, "/")))
@@ -256,5 +258,5 @@ def test_a_slow_endpoint_does_not_delay_a_fast_one(master, tmp_path):
         for s in slow:
             assert thread_of(read_response(s, bytearray())) in busy
     finally:
-        for s in slow:
+        for s in [fast, *slow]:
             s.close()
