@@ -39,7 +39,6 @@ took the cores (the machine may be shared): compare such rows with care.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -123,9 +122,7 @@ def run_prefork(procs: B.Procs, tmp: str, client: str, a, mode: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--seconds", type=float, default=10.0, help="flood length per server (10)")
     ap.add_argument("--inflight", type=int, default=64, help="connects in flight (64)")
     ap.add_argument("--nsrc", type=int, default=16,

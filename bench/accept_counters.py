@@ -13,7 +13,6 @@ eventfd wake-ups received, ctl_add/mod/del) and per accepted connection.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -50,9 +49,7 @@ def run(threads: int, groups: int, client: str, a, rotate: bool | None):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--threads", default="1,2,4", help="loop thread counts, one run each")
     ap.add_argument("--groups", type=int, default=1, help="thread groups (1)")
     ap.add_argument("--inflight", type=int, default=1, help="connects in flight (1)")

@@ -36,11 +36,8 @@ server stopped answering; 2 for a set-up problem.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
 import benchlib as B
@@ -154,21 +151,10 @@ def count_lines(path: str) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    R.add_arguments(ap)
-    ap.add_argument("--only", default=",".join(SERVERS),
-                    help="servers (default: all): " + ",".join(SERVERS))
+    ap = R.parser(__doc__, SERVERS)
     ap.add_argument("--loads", default="ka-c50", help="loads: ka-c50 (default), close-c50")
-    ap.add_argument("--checkout", default=B.ROOT, metavar="DIR",
-                    help="the sockherd tree to measure (its .venv/bin/sockherd); default: this one")
     a = ap.parse_args()
-    R.quick(a)
-    only = [s for s in a.only.split(",") if s]
-    for s in only:
-        if s not in SERVERS:
-            ap.error(f"unknown server {s!r}")
+    only = R.chosen(ap, a, SERVERS)
     loads = {}
     for ld in (x for x in a.loads.split(",") if x):
         if ld not in ("ka-c50", "close-c50"):
@@ -178,10 +164,7 @@ def main() -> int:
     if any(s.startswith("sockherd") for s in only) and \
             not os.path.exists(os.path.join(checkout, ".venv", "bin", "sockherd")):
         raise B.BenchError(f"{checkout}/.venv/bin/sockherd missing (`sh make.sh test` there)")
-    if any(not s.startswith("sockherd") for s in only):
-        B.check_peers_venv()
-    if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode != 0:
-        raise B.BenchError("wrk missing: run `sh bench/setup_peers.sh` first")
+    R.check_tools(only)
     quiet = H.wait_quiet(a.wait_quiet) if a.wait_quiet > 0 else ""
     head = B.header("accesslog_cost: hello world with the access log on and off, "
                     "2 worker processes each")
@@ -201,14 +184,7 @@ def main() -> int:
                     samples[name] = f.readline().decode("utf-8", "replace").strip()
     elapsed = time.monotonic() - t_start
 
-    print(head)
-    if quiet:
-        print(f"- {quiet}")
-    print(f"- load average (1/5/15 min) at the start: {load0}; at the end: {R.loadavg()}")
-    print(f"- peers: {vers}")
-    print(f"- {a.rounds} round(s) of {a.seconds:g} s rows after an uncounted {a.warmup:g} s run "
-          f"of the same load; servers side by side, their order turned by one each round; "
-          f"total {elapsed:.0f} s")
+    R.print_head(head, quiet, load0, vers, a, elapsed)
     print("- servers:")
     for name, srv in servers.items():
         print(f"  - {name}: `{srv.spec['desc']}`; stop: {stops.get(name, '?')}")
@@ -232,8 +208,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except B.BenchError as e:
-        print(f"accesslog_cost: {e}", file=sys.stderr)
-        sys.exit(2)
+    B.run_main(main, "accesslog_cost")

@@ -48,15 +48,13 @@ server stopped answering; 2 for a set-up problem.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
-import sys
 import time
 
 import benchlib as B
 import http_hello as H
+import rotations as R
 
 SERVERS = ("sockherd", "uvicorn", "granian", "gunicorn-asgi")
 APPS = {
@@ -206,9 +204,7 @@ def main(app_table: dict = APPS, doc: str = __doc__,
     """The run over the apps of app_table (name: (target, body)); asgi_loop.py
     runs it with its own apps, its own options (extra.add_arguments(ap)) and
     a part of its own printed after the tables (extra.after(args, checkout))."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                 epilog=doc.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(doc)
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row (8)")
     ap.add_argument("--warmup", type=float, default=1.0,
                     help="an uncounted wrk run of the same load before each row (1)")
@@ -223,18 +219,7 @@ def main(app_table: dict = APPS, doc: str = __doc__,
     ap.add_argument("--checkout", default=B.ROOT, metavar="DIR",
                     help="the sockherd tree to measure (its .venv/bin/sockherd); default: this one")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 s rows, 0.5 s warm-up")
-    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    ap.add_argument("--max-other", type=float, default=0.3, metavar="CORES",
-                    help="a row during which other processes took more than this many cores "
-                         "is measured again (0.3)")
-    ap.add_argument("--retries", type=int, default=1,
-                    help="at most this many repeats of a disturbed row (1)")
-    ap.add_argument("--row-wait", type=float, default=10, metavar="S",
-                    help="before each row, wait up to S s for the box below 0.3 busy cores (10)")
-    ap.add_argument("--budget", type=float, default=300, metavar="S",
-                    help="no repeats and no waits before a row after S s into the run (300)")
-    ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
-                    help="first wait up to S s for the machine below 0.3 busy cores (0)")
+    R.add_quiet_arguments(ap, budget=300)
     if extra is not None:
         extra.add_arguments(ap)
     a = ap.parse_args()
@@ -257,10 +242,7 @@ def main(app_table: dict = APPS, doc: str = __doc__,
     for app in apps:
         if "sockherd" in only and (why := sockherd_skip(checkout, app)):
             skipped[app] = why
-    if any(s != "sockherd" for s in only):
-        B.check_peers_venv()
-    if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode != 0:
-        raise B.BenchError("wrk missing: run `sh bench/setup_peers.sh` first")
+    R.check_tools(only)
     quiet = H.wait_quiet(a.wait_quiet) if a.wait_quiet > 0 else ""
     head = B.header(title)
     vers = versions()
@@ -269,42 +251,18 @@ def main(app_table: dict = APPS, doc: str = __doc__,
     stops: dict[str, str] = {}
     t_start = time.monotonic()
     with B.Procs() as procs, B.tempdir("asgi_hello-") as tmp:
-        lua = os.path.join(tmp, "done.lua")
-        with open(lua, "w") as f:
-            f.write(H.LUA_DONE)
-        servers: dict[str, H.Server] = {}
-        for app in apps:
-            for s in only:
-                if s == "sockherd" and app in skipped:
-                    continue
-                name = f"{s}.{app}"
-                print(f"# starting {name}", file=sys.stderr, flush=True)
-                servers[name] = H.Server(procs, tmp, name,
-                                         spec_for(s, app, checkout, tmp, app_table),
-                                         expect=app_table[app][1])
-        for srv in servers.values():
-            srv.wait_ready()
-            print(f"# {srv.name} ready on {srv.port}: pids {srv.pids}", file=sys.stderr,
-                  flush=True)
+        specs = {f"{s}.{app}": (spec_for(s, app, checkout, tmp, app_table), app_table[app][1])
+                 for app in apps for s in only if not (s == "sockherd" and app in skipped)}
+        servers, lua = R.start(procs, tmp, specs)
         for rnd in range(1, a.rounds + 1):
             for app in apps:
                 for ld in loads:
                     for srv in servers.values():
                         if srv.failed or split(srv.name)[1] != app:
                             continue
-                        try:
-                            r = H.measure_quiet(srv, ld, a, lua, t_start)
-                        except (B.BenchError, subprocess.TimeoutExpired) as e:
-                            srv.failed = H.failure_report(srv, ld, rnd, e, t_start)
-                            failures.append(srv.failed)
-                            print(f"# {srv.name} {ld}: FAILED: {e}", file=sys.stderr, flush=True)
-                            continue
-                        r["round"] = rnd
-                        results.append(r)
-                        print(f"# [{time.monotonic() - t_start:5.0f}s] round {rnd} {ld} "
-                              f"{srv.name}: {r['rps']:,.0f} req/s, {r['per_cpu_s']:,.0f} "
-                              f"per CPU-s, other {r['other']:.2f}; {'; '.join(r['notes'])}",
-                              file=sys.stderr, flush=True)
+                        r = R.row(srv, ld, ld, a, lua, t_start, rnd, failures)
+                        if r is not None:
+                            results.append(r)
         for srv in servers.values():
             stops[srv.name] = srv.stop()
     elapsed = time.monotonic() - t_start
@@ -327,20 +285,8 @@ def main(app_table: dict = APPS, doc: str = __doc__,
     print_aims(results)
     if extra is not None:
         extra.after(a, checkout)
-    if failures:
-        print("\n#### FAILURES\n")
-        for f_ in failures:
-            print(f_)
-    print(B.footer())
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return H.exit_status(results, failures)
+    return R.end(results, failures, a)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except B.BenchError as e:
-        print(f"asgi_hello: {e}", file=sys.stderr)
-        sys.exit(2)
+    B.run_main(main, "asgi_hello")

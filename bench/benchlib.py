@@ -8,6 +8,7 @@ go to temporary directories.
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import platform
@@ -32,6 +33,25 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 class BenchError(RuntimeError):
     pass
+
+
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """A bench script's parser from its docstring: the first paragraph is
+    the description, what follows the second (the usage lines, which
+    argparse prints itself) the epilog, laid out as written."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   epilog=doc.split("\n\n", 2)[2],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def run_main(main, name: str) -> None:
+    """A bench script's exit: main()'s status, or 2 and the reason for a
+    BenchError (a set-up problem)."""
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 # ---- waiting ----------------------------------------------------------------------------

@@ -50,7 +50,6 @@ set-up problem.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -470,9 +469,7 @@ def sockherd_targets(checkouts: list[str]) -> list[Target]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--parts", default="table,hol", help="table,hol,hello (table,hol)")
     ap.add_argument("--hello", action="store_true", help="the hello check alone (--parts hello)")
     ap.add_argument("--only", default="sockherd," + ",".join(PEERS),
@@ -571,8 +568,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except B.BenchError as e:
-        print(f"blocking_app: {e}", file=sys.stderr)
-        sys.exit(2)
+    B.run_main(main, "blocking_app")

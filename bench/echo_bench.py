@@ -43,7 +43,6 @@ cores is flagged as disturbed.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -217,9 +216,7 @@ def peer_versions() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--seconds", type=float, default=8.0, help="counted seconds per row (8)")
     ap.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds first (1)")
     ap.add_argument("--loads", default="small,bulk", help="small and/or bulk (both)")

@@ -28,7 +28,6 @@ uvloop and C. Every process is killed and reaped on the way out.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import shutil
@@ -123,9 +122,7 @@ def run_one(procs: B.Procs, tmp: str, kind: str, a) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--only", default="sockherd,asyncio,uvloop,c")
     ap.add_argument("--loads", default="small,bulk")
     ap.add_argument("--small", type=int, default=10000, help="64-byte echoes counted (10000)")

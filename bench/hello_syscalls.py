@@ -19,7 +19,6 @@ comparable on a shared box. Needs perf with the syscalls tracepoints (root).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -89,9 +88,7 @@ def _utime_stime(pid: int) -> tuple[int, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--checkout", action="append", help="a checkout with its .venv (repeatable)")
     ap.add_argument("--c-ref", action="store_true", help="also bench/c_http_ref.c")
     ap.add_argument("--workers", type=int, default=2)

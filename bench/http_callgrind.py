@@ -35,7 +35,6 @@ Every process is killed and reaped on the way out.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import re
@@ -141,38 +140,86 @@ def requests(conns: list[HC.HttpConn], n: int, burst: bool = False,
                 raise B.BenchError(f"unexpected answer {got[:80]!r}")
 
 
+# ---- the valgrind driver (tls_callgrind.py's too) -----------------------------------------------
+def callgrind_argv(pattern: str) -> list[str]:
+    """What runs a server under callgrind: every process of its tree
+    counted, each dump at PATTERN<pid>, at the box's lowest priority."""
+    return ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
+            f"--callgrind-out-file={pattern}%p"]
+
+
+def sockherd_argv(checkout: str, target: str, port: int, tmp: str, tag: str) -> list[str]:
+    """`sockherd run TARGET` of checkout paced for valgrind: its own
+    --runtime-dir, --control off, ready / heartbeat timeouts of 600 s (valgrind
+    is slow) and a heartbeat every 300 s (the worker's main thread wakes per
+    heartbeat: work per second, not per request, which a slower (loaded) run
+    would count more of). The caller adds -w, -t and its own flags."""
+    return [sockherd_bin(checkout), "run", target, "--pythonpath", B.APPS,
+            "-b", f"127.0.0.1:{port}", "--control", "off",
+            "--runtime-dir", os.path.join(tmp, f"rt-{tag}"),
+            "--ready-timeout", "600", "--heartbeat-timeout", "600", "--heartbeat-interval", "300"]
+
+
+def start_counted(procs: B.Procs, tmp: str, pattern: str, argv: list[str], tag: str,
+                  timeout: float):
+    """A sockherd (argv) under callgrind, one worker: (its process, the
+    worker's pid) once the worker is ready."""
+    log = os.path.join(tmp, f"{tag}.log")
+    p = procs.start(callgrind_argv(pattern) + argv, log_path=log,
+                    env=dict(os.environ, PYTHONHASHSEED="0"), cwd=B.APPS)
+    return p, B.wait_sockherd_ready(p, log, 1, timeout=timeout)[0]
+
+
+def counted(pid: int, pattern: str, tag: str, timeout: float, work):
+    """pid's counters zeroed, work() run, a dump asked for and awaited
+    whole: (what work returned, the dump's total Ir, the dump)."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True,
+                   timeout=timeout)
+    result = work()
+    before = set(glob.glob(f"{pattern}{pid}*"))
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True,
+                   timeout=timeout)
+    dump = B.wait_for(lambda: sorted(set(glob.glob(f"{pattern}{pid}*")) - before),
+                      timeout, f"{tag} dump")[-1]
+    # the dump is written by the worker: wait for its totals line
+    return result, B.wait_for(lambda: _try_total(dump), timeout, f"{tag} dump complete"), dump
+
+
+def stop(procs: B.Procs, p, timeout: float) -> None:
+    """p (a server under callgrind) stopped: TERM, else its group killed."""
+    if procs.stop(p, signal.SIGTERM, timeout=timeout) is None:
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+def _try_total(path: str) -> int | None:
+    try:
+        return total_ir(path)
+    except (B.BenchError, ValueError, OSError):
+        return None
+
+
+# ---- this bench -----------------------------------------------------------------------------
 def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: str,
             threads: int, run: int, a, extra: list[str] = ()) -> float:
     port = B.free_port()
     tag = f"{label}-t{threads}-r{run}"
-    log = os.path.join(tmp, f"{tag}.log")
-    outdir = keep or tmp
-    pattern = os.path.join(outdir, f"cg-{tag}.")
-    vg = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
-          f"--callgrind-out-file={pattern}%p"]
+    pattern = os.path.join(keep or tmp, f"cg-{tag}.")
     target, interface, body = APPS[a.app]
-    env = dict(os.environ, PYTHONHASHSEED="0")
     if checkout == UVICORN:
         # one uvicorn process (no --workers: it serves in the process it
         # starts in), asgi_hello.py's flags; the count's pid is valgrind's own
+        log = os.path.join(tmp, f"{tag}.log")
         argv = [B.PEERS_PY, "-m", "uvicorn", target, "--app-dir", B.APPS,
                 "--host", "127.0.0.1", "--port", str(port), "--http", "httptools",
                 "--loop", "uvloop", "--no-access-log", *extra]
-        p = procs.start(vg + argv, log_path=log, env=env, cwd=B.APPS)
+        p = procs.start(callgrind_argv(pattern) + argv, log_path=log,
+                        env=dict(os.environ, PYTHONHASHSEED="0"), cwd=B.APPS)
         B.wait_for(lambda: "Application startup complete" in B.read_text(log), a.timeout,
                    f"{tag} started")
-        pid = p.pid
-        return _count(procs, p, pid, port, pattern, tag, keep, a, body, threads)
-    argv = [sockherd_bin(checkout), "run", target, "--interface", interface,
-            "--pythonpath", B.APPS, "-w", "1", "-t", str(threads),
-            "-b", f"127.0.0.1:{port}", "--control", "off",
-            "--runtime-dir", os.path.join(tmp, f"rt-{tag}"),
-            "--ready-timeout", "600", "--heartbeat-timeout", "600",
-            # the worker's main thread wakes per heartbeat: work per second, not
-            # per request, which a slower (loaded) run would count more of
-            "--heartbeat-interval", "300", *extra]
-    p = procs.start(vg + argv, log_path=log, env=env, cwd=B.APPS)
-    pid = B.wait_sockherd_ready(p, log, 1, timeout=a.timeout)[0]
+        return _count(procs, p, p.pid, port, pattern, tag, keep, a, body, threads)
+    argv = sockherd_argv(checkout, target, port, tmp, tag) + [
+        "--interface", interface, "-w", "1", "-t", str(threads), *extra]
+    p, pid = start_counted(procs, tmp, pattern, argv, tag, a.timeout)
     return _count(procs, p, pid, port, pattern, tag, keep, a, body, threads)
 
 
@@ -195,39 +242,20 @@ def _count(procs: B.Procs, p, pid: int, port: int, pattern: str, tag: str,
             if c.sock is None:
                 c.request("/")
         requests(conns, a.warmup, a.burst, body=body)
-        subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
-                       capture_output=True, timeout=a.timeout)
-        requests(conns, a.requests, a.burst,
-                 None if a.burst or a.no_idle else (pid, threads), body)
-        before = set(glob.glob(f"{pattern}{pid}*"))
-        subprocess.run(["callgrind_control", "-d", str(pid)], check=True,
-                       capture_output=True, timeout=a.timeout)
-        dump = B.wait_for(lambda: sorted(set(glob.glob(f"{pattern}{pid}*")) - before),
-                          a.timeout, f"{tag} dump")[-1]
-        # the dump is written by the worker: wait for its totals line
-        ir = B.wait_for(lambda: _try_total(dump), a.timeout, f"{tag} dump complete")
+        _, ir, dump = counted(pid, pattern, tag, a.timeout, lambda: requests(
+            conns, a.requests, a.burst, None if a.burst or a.no_idle else (pid, threads), body))
     finally:
         for c in conns:
             c.close()
-    if procs.stop(p, signal.SIGTERM, timeout=a.timeout) is None:
-        os.killpg(p.pid, signal.SIGKILL)
+    stop(procs, p, a.timeout)
     per = ir / a.requests
     print(f"# {tag}: {per:,.0f} Ir per request ({a.requests} requests)"
           + (f", dump {dump}" if keep else ""), file=sys.stderr, flush=True)
     return per
 
 
-def _try_total(path: str) -> int | None:
-    try:
-        return total_ir(path)
-    except (B.BenchError, ValueError, OSError):
-        return None
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--checkout", action="append", default=[], metavar="DIR",
                     help="run sockherd from DIR/.venv (repeatable; the first is the "
                          "baseline; default: this checkout)")

@@ -63,7 +63,6 @@ processes, a probe, the tail of its log); 2 for a set-up problem.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -578,9 +577,7 @@ def wait_quiet(limit: float, threshold: float = 0.3) -> str:
 
 # ---- main ----------------------------------------------------------------------------------------
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row (8)")
     ap.add_argument("--warmup", type=float, default=1.0,
                     help="an uncounted wrk run of the same load before each row (1)")
@@ -738,8 +735,4 @@ def exit_status(results: list[dict], failures: list) -> int:
     return 1 if failures or any(r["server"].startswith("sockherd") for r in bad) else 0
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except B.BenchError as e:
-        print(f"http_hello: {e}", file=sys.stderr)
-        sys.exit(2)
+    B.run_main(main, "http_hello")

@@ -45,7 +45,6 @@ A draining state that ends before the window is over is reported as such
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -585,9 +584,7 @@ def role(pid: int, root: int, cmd: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--seconds", type=float, default=60.0, help="measured window (60)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds before each window (3)")
     ap.add_argument("--only", default=",".join(ALL), help="scenarios, comma-separated "

@@ -34,6 +34,12 @@ def add_arguments(ap: argparse.ArgumentParser, rounds: int = 3) -> None:
                          f"order turned by one each round ({rounds})")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 2 s rows, 1 s warm-up, 1 round")
+    add_quiet_arguments(ap, budget=600)
+
+
+def add_quiet_arguments(ap: argparse.ArgumentParser, budget: float) -> None:
+    """The options of measure_quiet's rows (http_hello.measure_quiet), and
+    --json: what a row during which other processes were busy does."""
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--max-other", type=float, default=0.3, metavar="CORES",
                     help="a row during which other processes took more than this many cores "
@@ -42,10 +48,55 @@ def add_arguments(ap: argparse.ArgumentParser, rounds: int = 3) -> None:
                     help="at most this many repeats of a disturbed row (1)")
     ap.add_argument("--row-wait", type=float, default=10, metavar="S",
                     help="before each row, wait up to S s for the box below 0.3 busy cores (10)")
-    ap.add_argument("--budget", type=float, default=600, metavar="S",
-                    help="no repeats and no waits before a row after S s into the run (600)")
+    ap.add_argument("--budget", type=float, default=budget, metavar="S",
+                    help=f"no repeats and no waits before a row after S s into the run "
+                         f"({budget:g})")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                     help="first wait up to S s for the machine below 0.3 busy cores (0)")
+
+
+def parser(doc: str, servers) -> argparse.ArgumentParser:
+    """A side-by-side bench's parser: add_arguments's options, --only (of
+    servers) and --checkout."""
+    ap = B.arg_parser(doc)
+    add_arguments(ap)
+    ap.add_argument("--only", default=",".join(servers),
+                    help="servers (default: all): " + ",".join(servers))
+    ap.add_argument("--checkout", default=B.ROOT, metavar="DIR",
+                    help="the sockherd tree to measure (its .venv/bin/sockherd); default: this one")
+    return ap
+
+
+def chosen(ap: argparse.ArgumentParser, a, servers) -> list[str]:
+    """After parse_args: --quick applied, and the servers --only names
+    (an unknown one is a usage error)."""
+    quick(a)
+    only = [s for s in a.only.split(",") if s]
+    for s in only:
+        if s not in servers:
+            ap.error(f"unknown server {s!r}")
+    return only
+
+
+def check_tools(only: list[str]) -> None:
+    """The peers' venv when a peer is measured, and wrk (BenchError)."""
+    if any(not s.startswith("sockherd") for s in only):
+        B.check_peers_venv()
+    if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode != 0:
+        raise B.BenchError("wrk missing: run `sh bench/setup_peers.sh` first")
+
+
+def print_head(head: str, quiet: str, load0: str, peers: str, a, elapsed: float) -> None:
+    """The report's first lines: the machine, the wait for a quiet box, the
+    load average, the peers' versions, the rounds."""
+    print(head)
+    if quiet:
+        print(f"- {quiet}")
+    print(f"- load average (1/5/15 min) at the start: {load0}; at the end: {loadavg()}")
+    print(f"- peers: {peers}")
+    print(f"- {a.rounds} round(s) of {a.seconds:g} s rows after an uncounted {a.warmup:g} s run "
+          f"of the same load; servers side by side, their order turned by one each round; "
+          f"total {elapsed:.0f} s")
 
 
 def quick(a) -> None:
@@ -61,13 +112,9 @@ def rotated(names: list[str], rnd: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def run(procs: B.Procs, tmp: str, specs: dict, loads: dict, a, t_start: float):
-    """Starts every server (specs: name -> (spec function, expected body)),
-    waits until each answers, then measures the rounds. loads: name ->
-    (http_hello's load it uses for wrk and the probe, client(srv) -> the
-    client(seconds) argv function, or None for wrk). Returns (servers,
-    results, failures); every row has "round" and "order" (its place in the
-    round's rotation)."""
+def start(procs: B.Procs, tmp: str, specs: dict) -> tuple[dict[str, H.Server], str]:
+    """Starts every server (specs: name -> (spec function, expected body))
+    and waits until each answers; (the servers by name, wrk's done.lua)."""
     lua = f"{tmp}/done.lua"
     with open(lua, "w") as f:
         f.write(H.LUA_DONE)
@@ -78,6 +125,37 @@ def run(procs: B.Procs, tmp: str, specs: dict, loads: dict, a, t_start: float):
     for srv in servers.values():
         srv.wait_ready()
         print(f"# {srv.name} ready on {srv.port}: pids {srv.pids}", file=sys.stderr, flush=True)
+    return servers, lua
+
+
+def row(srv: H.Server, ld: str, h_load: str, a, lua: str, t_start: float, rnd: int,
+        failures: list[str], client=None) -> dict | None:
+    """One row of srv under h_load (http_hello.measure_quiet), named ld;
+    None when it failed (srv.failed says why, added to failures: the server
+    is measured no more)."""
+    try:
+        r = H.measure_quiet(srv, h_load, a, lua, t_start, client)
+    except (B.BenchError, subprocess.TimeoutExpired) as e:
+        srv.failed = H.failure_report(srv, ld, rnd, e, t_start)
+        failures.append(srv.failed)
+        print(f"# {srv.name} {ld}: FAILED: {e}", file=sys.stderr, flush=True)
+        return None
+    r.update(round=rnd, load=ld)
+    print(f"# [{time.monotonic() - t_start:5.0f}s] round {rnd} {ld} {srv.name}: "
+          f"{r['rps']:,.0f} req/s, {r['per_cpu_s']:,.0f} per CPU-s, client "
+          f"{r['wrk_cpu']:.2f} cores, other {r['other']:.2f}; "
+          f"{'; '.join(r['notes'])}", file=sys.stderr, flush=True)
+    return r
+
+
+def run(procs: B.Procs, tmp: str, specs: dict, loads: dict, a, t_start: float):
+    """Starts every server (specs: name -> (spec function, expected body)),
+    waits until each answers, then measures the rounds. loads: name ->
+    (http_hello's load it uses for wrk and the probe, client(srv) -> the
+    client(seconds) argv function, or None for wrk). Returns (servers,
+    results, failures); every row has "round" and "order" (its place in the
+    round's rotation)."""
+    servers, lua = start(procs, tmp, specs)
     results, failures = [], []
     names = list(servers)
     for rnd in range(1, a.rounds + 1):
@@ -86,20 +164,11 @@ def run(procs: B.Procs, tmp: str, specs: dict, loads: dict, a, t_start: float):
                 srv = servers[name]
                 if srv.failed:
                     continue
-                client = client_for(srv) if client_for else None
-                try:
-                    r = H.measure_quiet(srv, h_load, a, lua, t_start, client)
-                except (B.BenchError, subprocess.TimeoutExpired) as e:
-                    srv.failed = H.failure_report(srv, ld, rnd, e, t_start)
-                    failures.append(srv.failed)
-                    print(f"# {name} {ld}: FAILED: {e}", file=sys.stderr, flush=True)
-                    continue
-                r.update(round=rnd, order=order + 1, load=ld)
-                results.append(r)
-                print(f"# [{time.monotonic() - t_start:5.0f}s] round {rnd} {ld} {name}: "
-                      f"{r['rps']:,.0f} req/s, {r['per_cpu_s']:,.0f} per CPU-s, client "
-                      f"{r['wrk_cpu']:.2f} cores, other {r['other']:.2f}; "
-                      f"{'; '.join(r['notes'])}", file=sys.stderr, flush=True)
+                r = row(srv, ld, h_load, a, lua, t_start, rnd, failures,
+                        client_for(srv) if client_for else None)
+                if r is not None:
+                    r["order"] = order + 1
+                    results.append(r)
     return servers, results, failures
 
 
@@ -185,6 +254,12 @@ def finish(results: list[dict], failures: list[str], loads, a) -> int:
     for ld in loads:
         print(f"\n{ld}:\n")
         print(rows_table(results, ld))
+    return end(results, failures, a)
+
+
+def end(results: list[dict], failures: list[str], a) -> int:
+    """The failures, the footer, the rows as JSON (--json); the exit status
+    (http_hello's rule)."""
     if failures:
         print("\n#### FAILURES\n")
         for f_ in failures:

@@ -28,8 +28,6 @@ the first. Every process is killed and reaped on the way out.
 """
 from __future__ import annotations
 
-import argparse
-import glob
 import os
 import re
 import shlex
@@ -39,8 +37,8 @@ import subprocess
 import sys
 
 import benchlib as B
-from echo_callgrind import total_ir
-from http_callgrind import epoll_sleepers, git_line, sockherd_bin
+from http_callgrind import (counted, epoll_sleepers, git_line, sockherd_argv,
+                            start_counted, stop)
 from tls_hello import KEYS, make_cert
 
 
@@ -48,17 +46,10 @@ def count(procs: B.Procs, tmp: str, client: str, checkout: str, extra: list[str]
           cert: str, key: str, tag: str, a) -> tuple[float, int]:
     """One server under callgrind: (Ir per handshake, handshakes counted)."""
     port = B.free_port()
-    log = os.path.join(tmp, f"{tag}.log")
     pattern = os.path.join(a.keep or tmp, f"cg-{tag}.")
-    argv = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
-            f"--callgrind-out-file={pattern}%p",
-            sockherd_bin(checkout), "run", "hello:app", "-w", "1", "-t", "1",
-            "--pythonpath", B.APPS, "-b", f"127.0.0.1:{port}", "--control", "off",
-            "--runtime-dir", os.path.join(tmp, f"rt-{tag}"), "--certfile", cert,
-            "--keyfile", key, "--ready-timeout", "600", "--heartbeat-timeout", "600",
-            "--heartbeat-interval", "300", *extra]
-    p = procs.start(argv, log_path=log, env=dict(os.environ, PYTHONHASHSEED="0"), cwd=B.APPS)
-    pid = B.wait_sockherd_ready(p, log, 1, timeout=a.timeout)[0]
+    argv = sockherd_argv(checkout, "hello:app", port, tmp, tag) + [
+        "-w", "1", "-t", "1", "--certfile", cert, "--keyfile", key, *extra]
+    p, pid = start_counted(procs, tmp, pattern, argv, tag, a.timeout)
 
     def run(seconds: float) -> int:
         r = subprocess.run([client, str(port), str(a.conns), f"{seconds:g}"],
@@ -68,38 +59,23 @@ def count(procs: B.Procs, tmp: str, client: str, checkout: str, extra: list[str]
             raise B.BenchError(f"{tag}: handshake client failed: {r.stdout} {r.stderr}")
         return int(m.group(1))
 
+    def idle():
+        B.wait_for(lambda: epoll_sleepers(pid) >= 1 or None, a.timeout, f"{tag} idle",
+                   interval=0.1)
+
     # the worker answers an instant after it logs ready: the warm-up waits
     B.wait_for(lambda: B.can_connect(port), a.timeout, f"{tag} listening", interval=0.2)
     run(3)
-    idle = lambda: epoll_sleepers(pid) >= 1 or None  # noqa: E731
-    B.wait_for(idle, a.timeout, f"{tag} idle", interval=0.1)
-    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True,
-                   timeout=a.timeout)
-    n = run(a.seconds)
-    B.wait_for(idle, a.timeout, f"{tag} idle", interval=0.1)
-    before = set(glob.glob(f"{pattern}{pid}*"))
-    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True,
-                   timeout=a.timeout)
-    dump = B.wait_for(lambda: sorted(set(glob.glob(f"{pattern}{pid}*")) - before),
-                      a.timeout, f"{tag} dump")[-1]
-
-    def total():
-        try:
-            return total_ir(dump)
-        except (B.BenchError, ValueError, OSError):
-            return None
-    ir = B.wait_for(total, a.timeout, f"{tag} dump complete")
-    if procs.stop(p, signal.SIGTERM, timeout=a.timeout) is None:
-        os.killpg(p.pid, signal.SIGKILL)
+    idle()
+    n, ir, dump = counted(pid, pattern, tag, a.timeout, lambda: (run(a.seconds), idle())[0])
+    stop(procs, p, a.timeout)
     print(f"# {tag}: {ir / n:,.0f} Ir per handshake ({n} handshakes)"
           + (f", dump {dump}" if a.keep else ""), file=sys.stderr, flush=True)
     return ir / n, n
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--checkout", action="append", default=[], metavar="DIR",
                     help="run sockherd from DIR/.venv (repeatable; DIR::ARGS; the first is "
                          "the baseline; default: this checkout)")
@@ -142,8 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except B.BenchError as e:
-        print(f"tls_callgrind: {e}", file=sys.stderr)
-        sys.exit(2)
+    B.run_main(main, "tls_callgrind")

@@ -69,12 +69,10 @@ server stopped answering; 2 for a set-up problem.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import socket
 import subprocess
-import sys
 import time
 
 import benchlib as B
@@ -209,24 +207,13 @@ def handshake_client(binary: str):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    R.add_arguments(ap)
-    ap.add_argument("--only", default=",".join(SERVERS),
-                    help="servers (default: all): " + ",".join(SERVERS))
+    ap = R.parser(__doc__, SERVERS)
     ap.add_argument("--loads", default="ka-c50,resume-c50,full-c50",
                     help="loads (default: all): ka-c50,resume-c50,full-c50")
     ap.add_argument("--key", choices=sorted(KEYS), default="rsa2048",
                     help="the certificate's key (rsa2048)")
-    ap.add_argument("--checkout", default=B.ROOT, metavar="DIR",
-                    help="the sockherd tree to measure (its .venv/bin/sockherd); default: this one")
     a = ap.parse_args()
-    R.quick(a)
-    only = [s for s in a.only.split(",") if s]
-    for s in only:
-        if s not in SERVERS:
-            ap.error(f"unknown server {s!r}")
+    only = R.chosen(ap, a, SERVERS)
     loads_all = {"ka-c50": ("ka-c50", None), "resume-c50": ("close-c50", None),
                  "full-c50": ("close-c50", None)}
     loads = {}
@@ -241,10 +228,7 @@ def main() -> int:
     skip = sockherd_skip(checkout) if any(s.startswith("sockherd") for s in only) else ""
     if skip:
         only = [s for s in only if not s.startswith("sockherd")]
-    if any(not s.startswith("sockherd") for s in only):
-        B.check_peers_venv()
-    if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode != 0:
-        raise B.BenchError("wrk missing: run `sh bench/setup_peers.sh` first")
+    R.check_tools(only)
     quiet = H.wait_quiet(a.wait_quiet) if a.wait_quiet > 0 else ""
     head = B.header(f"tls_hello: HTTPS hello, 2 worker processes each, {a.key} certificate")
     load0 = R.loadavg()
@@ -261,17 +245,10 @@ def main() -> int:
             stops[name] = srv.stop()
     elapsed = time.monotonic() - t_start
 
-    print(head)
-    if quiet:
-        print(f"- {quiet}")
-    print(f"- load average (1/5/15 min) at the start: {load0}; at the end: {R.loadavg()}")
     ossl = subprocess.run(["openssl", "version"], capture_output=True, text=True).stdout
-    print(f"- peers: {vers}; {ossl.strip()}")
+    R.print_head(head, quiet, load0, f"{vers}; {ossl.strip()}", a, elapsed)
     if skip:
         print(f"- **sockherd not measured**: {skip}")
-    print(f"- {a.rounds} round(s) of {a.seconds:g} s rows after an uncounted {a.warmup:g} s run "
-          f"of the same load; servers side by side, their order turned by one each round; "
-          f"total {elapsed:.0f} s")
     print("- servers (TLS as negotiated with OpenSSL's client defaults):")
     for name, srv in servers.items():
         print(f"  - {name}: `{srv.spec['desc']}`; {infos.get(name, '?')}; stop: "
@@ -287,8 +264,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except B.BenchError as e:
-        print(f"tls_hello: {e}", file=sys.stderr)
-        sys.exit(2)
+    B.run_main(main, "tls_hello")

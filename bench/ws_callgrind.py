@@ -26,7 +26,6 @@ SERVER-KIND.callgrind, for callgrind_annotate.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import re
@@ -124,9 +123,7 @@ def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--only", default=",".join(SERVERS))
     ap.add_argument("--kinds", default="text,binary")
     ap.add_argument("--messages", type=int, default=2000)

@@ -47,7 +47,6 @@ an idle connection was refused; 2 for a set-up problem.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -278,9 +277,7 @@ def report(rows: list[dict], idles: list[dict], servers: list[str], kinds: list[
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = B.arg_parser(__doc__)
     ap.add_argument("--rotations", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=6.0, help="counted seconds per echo row")
     ap.add_argument("--kinds", default="text,binary")

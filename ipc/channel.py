@@ -141,6 +141,13 @@ class Channel:
         """Register for POLLOUT while this is true."""
         return self._outbox.wants_write
 
+    @property
+    def pending(self) -> int:
+        """Messages read and not yet taken (next_message): a poll loop must
+        not wait for the socket while any is left, the socket's readiness
+        does not show them (a recv() that read two takes one)."""
+        return len(self._inbox)
+
     def read_available(self) -> int:
         """Read what the socket holds without blocking; return how many messages wait in
         the inbox. Raises ProtocolError (channel dead) or PeerClosed (EOF, inbox empty)."""

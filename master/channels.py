@@ -99,7 +99,15 @@ def on_message(sup, slot: Slot, got) -> None:
     max_requests retirement, or a report it was asked for (inspect.py)."""
     got.close_fds()
     msg = got.msg
-    if isinstance(msg, Ready):
+    if isinstance(msg, Ready) and slot.ready_owed and slot.life.state is State.DRAINING:
+        # adopted as draining, it was still starting at the upgrade's exec
+        # (state_of cannot tell the two apart): its READY is the one it owed,
+        # the Drain posted at the adoption is read next (worker/bootstrap.py)
+        slot.ready_owed = False
+        log.info("worker %s: ready, pid %d (started before the upgrade's exec): draining "
+                 "as told", name(slot), msg.pid)
+    elif isinstance(msg, Ready):
+        slot.ready_owed = False
         on_ready(sup, slot, msg)
     elif isinstance(msg, FailedBeforeReady):
         log.error("worker %s: failed before ready: %s", name(slot), msg.reason)

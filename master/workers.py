@@ -59,6 +59,9 @@ class Slot:
     offences_logged: int = 0       # ... of which told in the log so far
     offence_logged_at: float = 0.0
     offence_kinds: set = field(default_factory=set)   # ... the kinds told
+    # adopted as draining (upgrade): it may have been starting at the exec,
+    # so one READY may still come, and is no offence (channels.on_message)
+    ready_owed: bool = False
 
 
 def name(slot: Slot) -> str:
@@ -195,6 +198,7 @@ class ProcessTable:
         self._watch(slot)
         self.feed(slot, Event.READY, settings.hard_stop_after)
         self.serving(slot, settings)
+        slot.ready_owed = worker.draining
         return slot
 
     def _watch(self, slot: Slot) -> None:

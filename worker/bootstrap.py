@@ -333,6 +333,11 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
         watch = [sig_r, loop.failed_fd] + ([loop.drained_fd] if not shutting_down else []) + \
             ([ch.fileno()] if channel_open else []) + ([retire_fd] if retire_fd >= 0 else []) + \
             ([lifespan.done_fd] if lifespan is not None and lifespan.shutdown_pending else [])
+        if channel_open and ch.pending:
+            # read with the Assignment (recv), not announced by the socket:
+            # a Drain the came-back image of a failed upgrade sent a worker
+            # still starting waited there for ever
+            timeout = 0
         ready, _, _ = select.select(watch, [], [], timeout)
         if loop.failed_fd in ready:
             # a loop thread ended (logged with its traceback by that thread):
@@ -368,7 +373,7 @@ def _serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 signums = b""
             if signal.SIGTERM in signums:
                 drain(time.monotonic() + hard, "SIGTERM")
-        if not channel_open or ch.fileno() not in ready:
+        if not channel_open or (ch.fileno() not in ready and not ch.pending):
             continue
         try:
             ch.read_available()

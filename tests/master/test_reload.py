@@ -9,12 +9,12 @@ import http.client
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from load_clients import LoopClients
 from test_run import children, listener_inode, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -47,66 +47,18 @@ def get(port: int, conn: http.client.HTTPConnection | None = None) -> str:
             c.close()
 
 
-class Clients:
-    """Closed-loop clients until stopped: `fresh` open a connection per
-    request, `kept` reuse one (and open another when the server closed it
-    between requests, as a keep-alive client does: that is no failure).
-    Every other outcome is a failure, kept with its reason."""
+class Clients(LoopClients):
+    """load_clients.LoopClients: `fresh` ones and `kept` ones, plain HTTP;
+    `versions`: the first word of every answer, in order."""
 
     def __init__(self, port: int, fresh: int = 2, kept: int = 2):
         self.port = port
-        self.ok = 0
-        self.failures: list[str] = []
         self.versions: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._fresh, daemon=True) for _ in range(fresh)]
-        self._threads += [threading.Thread(target=self._kept, daemon=True) for _ in range(kept)]
-        for t in self._threads:
-            t.start()
+        super().__init__(lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=10),
+                         [True] * fresh + [False] * kept)
 
-    def _count(self, body: str) -> None:
-        self.ok += 1
-        self.versions.append(body.split()[0])
-
-    def _fresh(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._count(get(self.port))
-            except Exception as exc:  # noqa: BLE001 - counted, that is the test
-                self.failures.append(f"fresh: {exc!r}")
-
-    def _kept(self) -> None:
-        conn = None
-        try:
-            while not self._stop.is_set():
-                if conn is None:
-                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                try:
-                    conn.request("GET", "/")
-                    r = conn.getresponse()
-                    body = r.read().decode()
-                except Exception as exc:  # noqa: BLE001 - counted, that is the test
-                    # a drain answers with Connection: close before it closes
-                    # a kept-alive connection: any reset or EOF is a failure
-                    self.failures.append(f"kept: {exc!r}")
-                    conn.close()
-                    conn = None
-                    continue
-                if r.status != 200:
-                    self.failures.append(f"kept: status {r.status}")
-                else:
-                    self._count(body)
-                if r.getheader("Connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
+    def check(self, body: bytes, seen) -> None:
+        self.versions.append(body.decode().split()[0])
 
 
 def answers(port: int, version: str, timeout: float = 10) -> None:

@@ -14,10 +14,10 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 
 import pytest
 
+from load_clients import LoopClients, under_load
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
 from tls_support import make_pki, read_response, tls_connect
 
@@ -96,71 +96,36 @@ def test_tls_for_a_stream_app_is_refused(tmp_path, site):
     assert "TLS is served for the HTTP interfaces" in r.stderr
 
 
-class TlsClients:
-    """Closed-loop HTTPS clients until stopped, each request on a new
-    connection (so each sees the certificate served now) or kept alive;
-    every failure kept with its reason, every certificate CN seen."""
+class TlsClients(LoopClients):
+    """load_clients.LoopClients over HTTPS, every other one fresh (so each
+    sees the certificate served now); `cns`: the certificate CN of every
+    answer, in order."""
 
     def __init__(self, port: int, ctx: ssl.SSLContext, n: int = 3):
-        self.port, self.ctx = port, ctx
-        self.ok, self.failures, self.cns = 0, [], []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True)
-                         for i in range(n)]
-        for t in self._threads:
-            t.start()
+        self.cns: list[str] = []
+        super().__init__(lambda: http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                                             context=ctx),
+                         [i % 2 == 0 for i in range(n)])
 
-    def _run(self, fresh: bool) -> None:
-        conn = None
-        while not self._stop.is_set():
-            try:
-                if conn is None:
-                    conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10,
-                                                       context=self.ctx)
-                conn.request("GET", "/")
-                # before the response: a "Connection: close" one (a drain)
-                # makes http.client drop its socket
-                cert = conn.sock.getpeercert()
-                r = conn.getresponse()
-                body = r.read()
-                if r.status != 200 or body != b"https":
-                    self.failures.append(f"{r.status} {body!r}")
-                else:
-                    self.ok += 1
-                    self.cns.append(dict(x[0] for x in cert["subject"])["commonName"])
-                if fresh or r.getheader("Connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-            except Exception as exc:  # noqa: BLE001 - counted, that is the test
-                self.failures.append(repr(exc))
-                if conn is not None:
-                    conn.close()
-                conn = None
-        if conn is not None:
-            conn.close()
+    def seen(self, conn) -> str:
+        return dict(x[0] for x in conn.sock.getpeercert()["subject"])["commonName"]
 
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
+    def check(self, body: bytes, cn: str) -> str | None:
+        if body != b"https":
+            return f"body {body!r}"
+        self.cns.append(cn)
+        return None
 
 
 def test_rotating_the_certificate_is_a_hup_with_no_failed_request(master, tmp_path, site):
     m = master("tlsapp:app", "-w", "2", *tls_args(tmp_path))
     new = make_pki(tmp_path / "pki2", "second", ca=site.ca)
-    clients = TlsClients(m.port, site.context())
-    try:
-        wait_for(lambda: clients.ok > 30, 20, "traffic")
+    with under_load(TlsClients(m.port, site.context()), 30) as clients:
         shutil.copy(new.cert, tmp_path / "live.crt")
         shutil.copy(new.key, tmp_path / "live.key")
         m.proc.send_signal(signal.SIGHUP)
         m.wait_log(r"reload: generation 2 serving")
         wait_for(lambda: "second" in clients.cns[-5:], 20, "the new certificate served")
-        before = clients.ok
-        wait_for(lambda: clients.ok > before + 30, 20, "traffic after the rotation")
-    finally:
-        clients.stop()
-    assert clients.failures == [], clients.failures[:5]
     assert served_cn(m.port, site) == "second"
 
 
@@ -168,9 +133,7 @@ def test_rotating_the_certificate_is_a_hup_with_no_failed_request(master, tmp_pa
 def test_a_broken_certificate_refuses_the_reload(master, tmp_path, site, breakage):
     m = master("tlsapp:app", "-w", "2", *tls_args(tmp_path))
     serving = set(children(m.proc.pid))
-    clients = TlsClients(m.port, site.context(), n=2)
-    try:
-        wait_for(lambda: clients.ok > 10, 20, "traffic")
+    with under_load(TlsClients(m.port, site.context(), n=2), 10):
         if breakage == "missing":
             (tmp_path / "live.crt").unlink()
             reason = rf"certfile {tmp_path / 'live.crt'}: No such file or directory"
@@ -182,11 +145,6 @@ def test_a_broken_certificate_refuses_the_reload(master, tmp_path, site, breakag
         m.wait_log(r"reload refused \(generation 2\): .*" + reason.replace(".", r"\."))
         m.wait_log(r"generation 1 keeps serving")
         assert set(children(m.proc.pid)) == serving
-        before = clients.ok
-        wait_for(lambda: clients.ok > before + 10, 20, "traffic after the refusal")
-    finally:
-        clients.stop()
-    assert clients.failures == [], clients.failures[:5]
     assert served_cn(m.port, site) == "first"
 
 

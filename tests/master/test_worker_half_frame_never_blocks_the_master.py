@@ -33,9 +33,11 @@ def halves(later):
     fd = channel_fd()
     (frame, _), = encode_frames(messages.encode(messages.Ready(pid=os.getpid())), [])
     os.write(fd, frame[:len(frame) // 2])
+    open("half-sent", "w").close()              # the test's clock: files, not times
     if later is not None:
         time.sleep(later)
         os.write(fd, frame[len(frame) // 2:])
+        open("rest-sent", "w").close()
 
 def app(environ, start_response):
     path = environ["PATH_INFO"]
@@ -61,24 +63,28 @@ def _status_latency(c: Client) -> float:
 
 
 def test_ctl_answers_at_once_while_a_worker_sends_half_a_frame(master, tmp_path):
-    """Half a frame, the rest 4.5 s later: meanwhile every `status` is
-    answered within far less than a second (it was 5.1 s), and the message
-    completed then is handled (a second READY: the worker is replaced)."""
+    """Half a frame, the rest 4.5 s later: `status` requests sent after
+    the half are answered before the rest is sent (none was: 5.1 s), and
+    the message completed then is handled (a second READY: the worker is
+    replaced). Which came first is read from the app's marker files, not
+    from a latency bound (1.0 s failed at 1.30 s on a loaded box)."""
     (tmp_path / "halfapp.py").write_text(HALFAPP)
     # no heartbeat of the worker's own may come between the two halves
     m = master("halfapp:app", "-w", "2", "--heartbeat-interval", "60",
                "--heartbeat-timeout", "120")
+    half, rest = tmp_path / "half-sent", tmp_path / "rest-sent"
     victim = int(get(m.port, "/half-then-rest"))
-    sent = time.monotonic()
-    latencies = []
+    wait_for(half.exists, 20, "the half frame sent")
+    latencies, before_rest, deadline = [], 0, time.monotonic() + 60
     with Client(tmp_path) as c:
-        while time.monotonic() - sent < 4.0:
+        while not rest.exists():
+            assert time.monotonic() < deadline, "the rest of the frame never sent"
             latencies.append(_status_latency(c))
-    worst = max(latencies)
-    median = sorted(latencies)[len(latencies) // 2]
-    print(f"status during a half frame: {len(latencies)} requests, median "
-          f"{median * 1000:.1f} ms, worst {worst * 1000:.1f} ms")
-    assert worst < 1.0, f"`status` took {worst:.2f}s while a worker sent half a frame"
+            before_rest += not rest.exists()
+    print(f"status during a half frame: {before_rest} answered before the rest, "
+          f"of {len(latencies)}; worst {max(latencies) * 1000:.1f} ms")
+    assert before_rest >= 1, f"no `status` answered while a worker sent half a frame: " \
+                             f"{latencies}"
     m.wait_log(rf"worker \d+\.\d+ \(pid {victim}\) misbehaves: .*ready while ready.*: "
                r"replacing it", timeout=20)
     wait_for(lambda: gone(victim), 30, "the worker that lied replaced")

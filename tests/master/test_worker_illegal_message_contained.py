@@ -91,6 +91,39 @@ def test_the_verdict_on_a_misbehaving_worker_by_what_it_is_doing():
     assert verdict(slot, [slot], False, None) == (LEAVE, "not ready")
 
 
+def test_the_ready_an_adopted_draining_worker_owed_is_no_offence(caplog):
+    """After an upgrade (and a came-back image's adoption) a worker handed
+    over as draining may have been still starting at the exec: its READY
+    comes later, while the new image has it DRAINING. That one READY is
+    logged as a ready, not as misbehaving (it was: "ready while draining:
+    left as it is" on a loaded box); a second one is an offence again."""
+    import logging
+    from types import SimpleNamespace
+
+    from sockherd.ipc.messages import Ready
+    from sockherd.master import channels
+    from sockherd.master.lifecycle import Event, State, Worker
+    from sockherd.master.workers import Slot
+
+    slot = Slot(0, 2)
+    slot.proc, slot.life = SimpleNamespace(pid=42), Worker(2, 0)
+    slot.life.handle(Event.READY)               # adopted: READY as it was, then drained
+    slot.life.handle(Event.DRAIN)
+    slot.ready_owed = True
+    sup = SimpleNamespace(slots=[], stopping=False, pending=None,
+                          table=SimpleNamespace(on_heartbeat=lambda slot: None),
+                          _feed=lambda slot, event: slot.life.handle(event))
+    got = SimpleNamespace(msg=Ready(pid=42), close_fds=lambda: None)
+    with caplog.at_level(logging.INFO, logger="sockherd.master"):
+        channels.contained(sup, slot, got)
+    assert "misbehaves" not in caplog.text and slot.offences == 0, caplog.text
+    assert "worker 2.0: ready, pid 42 (started before the upgrade's exec)" in caplog.text
+    assert slot.life.state is State.DRAINING and not slot.ready_owed
+    channels.contained(sup, slot, got)
+    assert "misbehaves: Ready(pid=42) (worker 2.0: ready while draining)" in caplog.text
+    assert slot.offences == 1
+
+
 FDSAPP = """
 import gc, os, socket
 from sockherd.ipc import messages

@@ -4,6 +4,7 @@ process is killed and reaped by the fixture whatever happens."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -115,6 +116,25 @@ def test_worker_sends_heartbeats_on_its_own(workers, appdir):
     assert seqs == [1, 2, 3] and time.monotonic() - t0 < 2.0
     w.channel.send(Stop())
     assert wait_exit(w.proc) == 0
+
+
+def test_a_drain_read_together_with_the_assignment_is_obeyed(workers, appdir):
+    """A Drain that reaches the socket before the worker has read its
+    Assignment comes out of the same read and waits in the channel's
+    inbox, where the socket's readiness never shows it: the worker served
+    on, undrained, until killed. That is the came-back image of a failed
+    upgrade draining a worker the failed image had just started, on a
+    loaded box (tests/master/test_upgrade_comeback.py waited 30 s for it
+    to go). The worker is stopped while both are written, so they are
+    read together (its interpreter start alone takes far longer)."""
+    w, _ = workers("echoapp:Echo", {"interface": "stream", "chdir": str(appdir)})
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        w.channel.send(Drain(deadline=time.monotonic() + 30))
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    assert isinstance(w.channel.recv(timeout=60).msg, Ready)
+    assert wait_exit(w.proc, 30) == 0
 
 
 def test_master_gone_means_worker_exits(workers, appdir):
