@@ -37,7 +37,8 @@ setup(
     ), Extension(
         # a loop thread's asyncio handles and ready pass (worker/aio.py)
         "sockherd.worker._aio",
-        sources=["worker/aio_native/handles.c", "worker/aio_native/tasks.c"],
+        sources=["worker/aio_native/aio.c", "worker/aio_native/tasks.c", "worker/aio_native/handles.c",
+                 "worker/aio_native/callers.c", "worker/aio_native/runner.c"],
         depends=["worker/aio_native/aio.h"],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
     ), Extension(

@@ -110,6 +110,35 @@ def test_scope_http10_and_state_copied(serve):
     assert seen[0] is not seen[1] and state == {"db": "pool"}
 
 
+def test_keys_an_app_adds_to_its_scope_stay_in_that_request(serve):
+    """Each request's scope is a copy of a base the Server keeps sized for a
+    whole scope (asgi_scope.c asgi_scope_base): what an app adds to one
+    (as Starlette and FastAPI add their keys; past the room kept, too) and
+    what it changes in the asgi dict reach no later request, and the keys
+    come in the base's order first."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(list(scope))
+        for i in range(40):
+            scope[f"app_{i}"] = i
+        scope["asgi"]["app"] = True
+        scope["type"] = "changed"
+        await echo_scope(scope, receive, send)
+
+    _, addr = serve(app)
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    for _ in range(3):
+        conn.request("GET", "/")
+        r = conn.getresponse()
+        s = json.loads(r.read())
+        assert r.status == 200 and s["app_39"] == 39 and s["type"] == "changed"
+    conn.close()
+    assert seen[0] == seen[1] == seen[2]
+    assert seen[0][:4] == ["type", "asgi", "scheme", "root_path"]
+    assert not any(k.startswith("app_") for k in seen[2])
+
+
 def test_body_in_pieces_as_the_app_asks(serve):
     """A body larger than body_buffer streams: each receive() gives what is
     here, more_body until the end; the client's pieces arrive while the app

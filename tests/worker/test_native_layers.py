@@ -11,7 +11,11 @@ compiled on its own and the functions it calls in another file of the
 extension (nm's undefined symbols, matched with the file that defines
 each) must all be of a file below it in the order below. A new file must
 be given its place here; a call upward (hconn.c calling respond() was the
-finding that started this) fails the test with the call named."""
+finding that started this) fails the test with the call named.
+
+worker/aio_native (the _aio extension: a loop thread's asyncio loop in
+C) is layered the same way, as its own stack: it calls no file of
+worker/native (another extension) and none of them calls it."""
 from __future__ import annotations
 
 import re
@@ -25,6 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "worker" / "native"
+AIO = ROOT / "worker" / "aio_native"
 
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
@@ -41,6 +46,10 @@ LAYERS = {
     "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app",
                      "asgi_ws_frames", "asgi_ws_send", "asgi_ws"],
     "assembly": ["server", "httpmodule"],
+    # the _aio extension, bottom up: create_task/create_future, the
+    # handles and the ready pass, call_soon/call_at/call_later bound to a
+    # loop, the iteration (_run_once and the turn), the module
+    "asyncio loop": ["tasks", "handles", "callers", "runner", "aio"],
 }
 # the adapters sit side by side: neither calls the other (both are above
 # the codec, below the assembly)
@@ -65,17 +74,21 @@ HEADERS = {
 }
 
 
+def _sources() -> list[Path]:
+    return sorted(NATIVE.glob("*.c")) + sorted(AIO.glob("*.c"))
+
+
 def _calls(tmp_path: Path) -> dict[str, dict[str, set[str]]]:
     """file -> {other file -> the functions of it that file calls}"""
     include = sysconfig.get_paths()["include"]
     defined: dict[str, str] = {}
     undefined: dict[str, set[str]] = {}
-    for src in sorted(NATIVE.glob("*.c")):
+    for src in _sources():
         obj = tmp_path / (src.stem + ".o")
         # -O0: the same calls between our files as -O2 (only libc's
         # memcpy/memset/strlen show up undefined besides), at half the CPU
         subprocess.run(["gcc", "-std=gnu11", "-O0", "-fPIC", "-DLLHTTP_STRICT_MODE=1",
-                        f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
+                        f"-I{src.parent}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
                         f"-I{include}", "-c", str(src), "-o", str(obj)],
                        check=True, timeout=120)
         out = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True,
@@ -96,8 +109,10 @@ def _calls(tmp_path: Path) -> dict[str, dict[str, set[str]]]:
 
 
 def test_every_native_file_has_its_place_in_a_layer():
-    files = {src.stem for src in NATIVE.glob("*.c")}
-    assert files - set(ORDER) == set(), "a file of worker/native with no layer: add it to LAYERS"
+    stems = [src.stem for src in _sources()]
+    assert len(stems) == len(set(stems)), "a file name in both worker/native and worker/aio_native"
+    files = set(stems)
+    assert files - set(ORDER) == set(), "a native file with no layer: add it to LAYERS"
     assert set(ORDER) - files == set(), "LAYERS names a file that is gone"
 
 
@@ -125,6 +140,13 @@ def test_no_file_calls_a_file_above_it(tmp_path):
     assert set(calls.get("ws_deflate", {})) == set()
     assert "ws_frame" in calls.get("asgi_ws_frames", {})
     assert "h1_response" in calls.get("asgi_call", {})
+    # the two extensions call nothing of each other; the loop's iteration
+    # runs the handles' ready pass (the check sees _aio's calls too)
+    aio = set(LAYERS["asyncio loop"])
+    for name in ORDER:
+        assert (set(calls.get(name, {})) <= aio) == (name in aio) or not calls.get(name), \
+            (name, sorted(calls.get(name, {})))
+    assert "handles" in calls.get("runner", {})
 
 
 def test_layer_headers_include_nothing_above_them():

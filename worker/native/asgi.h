@@ -155,5 +155,9 @@ size_t asgi_owed(HttpConn *c);
 /* The scope of the head c's parser holds: a copy of the Server's base
  * (type, asgi, scheme, root_path, state) with the request's keys. */
 PyObject *asgi_build_scope(HttpConn *c);
+/* The base as the Server keeps it for ASGI (server.c, set_interface): a
+ * new dict with base's items and room for a whole scope (the copies keep
+ * that size); NULL with an exception. */
+PyObject *asgi_scope_base(PyObject *base);
 
 #endif /* SOCKHERD_ASGI_H */

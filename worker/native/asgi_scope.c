@@ -275,6 +275,36 @@ static PyObject *headers_of(Parser *p)
 	return list;
 }
 
+/* Room in a request's scope beyond the base's keys: ours (http_version,
+ * method, raw_path, query_string, path, headers, client, server,
+ * extensions, and a trusted proxy's and TLS's) and a framework's
+ * (Starlette and FastAPI add 9: app, router, endpoint, route,
+ * path_params, their exception handlers and exit stacks). */
+#define SCOPE_KEYS 12
+#define APP_KEYS 10
+
+/* The base scope as the Server keeps it for ASGI (server.c, when its
+ * interface is set): a new dict with base's items (its order) and room
+ * for the whole scope. Why: a request's scope is a copy of it, and a
+ * dict's copy keeps its size (CPython copies the table whole when it
+ * has no holes). A copy of the plain base (5 keys, 8 slots) grew twice
+ * while this file added the request's keys (16, then 32 slots: every key
+ * rehashed each time) and once more when the app added its own (64):
+ * about 3k instructions of a FastAPI request (callgrind). The template is
+ * never changed after (asgi_build_scope replaces keys in each copy only).
+ * Its cost: an http scope's table is 1,168 bytes (64 slots) while the
+ * request runs, ~500 more than a grown one's. */
+PyObject *asgi_scope_base(PyObject *base)
+{
+	PyObject *d = _PyDict_NewPresized(PyDict_GET_SIZE(base) + SCOPE_KEYS + APP_KEYS), *k, *v;
+	Py_ssize_t pos = 0;
+
+	while (d && PyDict_Next(base, &pos, &k, &v))
+		if (PyDict_SetItem(d, k, v) < 0)
+			Py_CLEAR(d);
+	return d;
+}
+
 PyObject *asgi_build_scope(HttpConn *c)
 {
 	Server *s = c->srv;
@@ -284,7 +314,12 @@ PyObject *asgi_build_scope(HttpConn *c)
 	size_t tlen = hp->url_len, plen, qlen = 0;
 	const char *query = NULL;
 	uint32_t host = 0, host_len = 0, path_off = 0;
-	PyObject *scope = PyDict_Copy(s->base), *v;
+	/* an http scope: a copy of the sized base (asgi_scope_base); a
+	 * WebSocket handshake's: of the plain one, sized as it grows (its
+	 * scope lives as long as the connection: an idle WebSocket's memory,
+	 * tests/ws/test_ws_idle_memory.py) */
+	int ws = hp->ll.method == HTTP_GET && hp_has_token(hp, "upgrade", "websocket");
+	PyObject *scope = PyDict_Copy(ws || !s->scope_base ? s->base : s->scope_base), *v;
 
 	if (!scope)
 		return NULL;

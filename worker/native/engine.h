@@ -83,6 +83,7 @@ struct Server {
 	/* slow: WSGI's slow path (wsgi.py serve_slow); ASGI's runner of one
 	 * call (asgi.py run_call) */
 	PyObject *app, *base, *slow, *access, *report, *sendfile, *file_wrapper, *bytes_io, *no_body;
+	PyObject *scope_base;            /* ASGI: base sized for a whole scope (asgi_scope_base) */
 	PyObject *event_type, *busy, *enter_app;
 	int access_headers;     /* the access log's format names a response header (accesslog.py) */
 	struct hp_limits lim;

@@ -251,6 +251,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->app);
 	Py_VISIT(s->fwd.log);
 	Py_VISIT(s->base);
+	Py_VISIT(s->scope_base);
 	Py_VISIT(s->slow);
 	Py_VISIT(s->access);
 	Py_VISIT(s->report);
@@ -273,6 +274,7 @@ static int Server_clear(Server *s)
 	Py_CLEAR(s->post);
 	Py_CLEAR(s->app);
 	Py_CLEAR(s->base);
+	Py_CLEAR(s->scope_base);
 	Py_CLEAR(s->slow);
 	Py_CLEAR(s->access);
 	Py_CLEAR(s->report);
@@ -394,6 +396,11 @@ static int set_interface(Server *s, PyObject *v, void *c)
 			PyErr_SetString(PyExc_ValueError, "an ASGI Server does not dispatch (asgi_app.c)");
 			return -1;
 		}
+		PyObject *base = asgi_scope_base(s->base);     /* each http scope a copy of it */
+
+		if (!base)
+			return -1;
+		Py_XSETREF(s->scope_base, base);
 		s->ops = &h1_asgi_conn_ops;
 		s->app_ops = &asgi_h1_app;
 	}
