@@ -165,8 +165,10 @@ struct HttpConn {
 	 * TLS port), a read that waits for the socket to be writable (rw) or
 	 * a write for it to be readable (wr), the BIO's last read saw EAGAIN
 	 * (eagain), the end (eof) or emptied the socket (short), c queued
-	 * for a read of what the session holds (queued, its link); the
-	 * environ keys of the session */
+	 * for a read of what the session holds (queued, its link), the
+	 * handshake's outcome counted (done: completed, failed or plain
+	 * HTTP; a close without one counts it abandoned); the environ keys
+	 * of the session */
 	struct ssl_st *ssl;
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
