@@ -2,8 +2,8 @@
 connection layer and the adapters) under AddressSanitizer + UBSan: the
 TLS socket tests (WSGI, ASGI, wss, curl, openssl s_client, the slow
 reader, renegotiation, PROXY then TLS, the handshake's misbehaving
-clients) run against the sanitizer build in a child interpreter; any
-report fails the run."""
+clients, every way a handshake ends and its one outcome) run against the
+sanitizer build in a child interpreter; any report fails the run."""
 from __future__ import annotations
 
 import pytest
@@ -16,5 +16,6 @@ pytestmark = [pytest.mark.timeout(900 + LONGER), pytest.mark.long]
 
 def test_tls_under_asan_and_ubsan(http_asan_env):
     # the build the run shares (tests/http_asan.py), not one of its own
-    run_under_asan(dict(http_asan_env), ["test_tls_http.py", "test_tls_asgi.py", "test_tls_clients.py"],
+    run_under_asan(dict(http_asan_env), ["test_tls_http.py", "test_tls_asgi.py", "test_tls_clients.py",
+                                         "test_tls_handshake_outcomes.py"],
                    timeout=850 + LONGER)
