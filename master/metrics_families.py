@@ -92,9 +92,10 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                               "worker drains to be replaced)", labels=WORKER_LABELS)
     tls = CounterMetricFamily("sockherd_worker_tls_handshakes",
                               "TLS handshakes by outcome: full, resumed (a session resumed), "
-                              "failed (a TLS error, logged), abandoned (the client left "
-                              "before its end), plain_http (plain HTTP sent to a TLS port, "
-                              "answered 400)", labels=WORKER_LABELS + ("outcome",))
+                              "failed (a TLS error, logged), abandoned (begun, then closed "
+                              "before its end with no TLS error: the client left or reset, "
+                              "or header_timeout or a drain closed it), plain_http (plain "
+                              "HTTP sent to a TLS port, answered 400)", labels=WORKER_LABELS + ("outcome",))
     refused = CounterMetricFamily("sockherd_http_rejected",
                                   "requests the engine refused itself (its own 400, 408, 413, "
                                   "414, 431, 500, 505), by reason", labels=WORKER_LABELS + ("reason",))

@@ -167,9 +167,11 @@ struct HttpConn {
 	 * TLS port), a read that waits for the socket to be writable (rw) or
 	 * a write for it to be readable (wr), the BIO's last read saw EAGAIN
 	 * (eagain), the end (eof) or emptied the socket (short), c queued
-	 * for a read of what the session holds (queued, its link); the
-	 * environ keys of the session. (Its flags share the PROXY flags' word:
-	 * one word, no padding, for every connection: issue 23's memory.) */
+	 * for a read of what the session holds (queued, its link), the
+	 * handshake's outcome counted (done: completed, failed or plain
+	 * HTTP; a close without one counts it abandoned); the environ keys
+	 * of the session. (Its flags share the PROXY flags' word: one word,
+	 * no padding, for every connection: issue 23's memory.) */
 	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
 	         tls_short : 1, tls_queued : 1, tls_done : 1;
 	PyObject *proxy;

@@ -166,6 +166,16 @@ int tls_open(HttpConn *c)
 void tls_free(HttpConn *c)
 {
 	if (c->ssl) {
+		/* Every close passes here: a handshake begun (its first byte
+		 * seen) whose outcome was not counted (completed, failed, plain
+		 * HTTP: tls_done) was abandoned, whatever closed it: the client's
+		 * close or reset (its report a POLLERR, or a read that only said
+		 * "not yet": a whole ClientHello then a close was counted nowhere),
+		 * header_timeout, a drain. No TLS error was seen: not a failure. */
+		if (c->tls_checked && !c->tls_done) {
+			c->tls_done = 1;
+			c->srv->tls_abandoned++;
+		}
 		SSL_free(c->ssl);                      /* its BIO with it */
 		c->ssl = NULL;
 	}
@@ -190,6 +200,7 @@ static void plain_http(HttpConn *c)
 	                 "Content-Length: %zu\r\nConnection: close\r\n\r\n", sizeof(body) - 1);
 
 	c->srv->tls_plain++;
+	c->tls_done = 1;                           /* its outcome: not abandoned (tls_free) */
 	srv_log_refusal(c->srv, c->peer, 400, "plain HTTP sent to a TLS port");
 	tls_free(c);
 	if (hconn_send(c, head, (size_t)n, 0) < 0 || hconn_send(c, body, sizeof(body) - 1, 0) < 0)
@@ -254,23 +265,21 @@ static int pre_step(HttpConn *c)
 
 /* A handshake (or a record) that failed: counted, logged (the refusal
  * log: at most a line a second), closed. A client that closed or reset
- * before its handshake ended, with no TLS error of its own, is only
- * counted (abandoned): a port scan, a TCP health check or a load tool
- * stopping does that, and nginx logs it at info, not as an error. */
+ * before its handshake ended, with no TLS error of its own, is counted
+ * abandoned by the close (tls_free), not logged: a port scan, a TCP
+ * health check or a load tool stopping does that, and nginx logs it at
+ * info, not as an error. */
 static void failed(HttpConn *c)
 {
 	unsigned long e = ERR_peek_last_error();
 	const char *why = e ? ERR_reason_error_string(e) : NULL;
 	char reason[200];
 
-	if (!SSL_is_init_finished(c->ssl)) {
-		if (!why) {
-			c->srv->tls_abandoned++;
-		} else {
-			c->srv->tls_failed++;
-			snprintf(reason, sizeof(reason), "TLS handshake failed: %s", why);
-			srv_log_refusal(c->srv, c->peer, 0, reason);
-		}
+	if (!SSL_is_init_finished(c->ssl) && why) {
+		c->srv->tls_failed++;
+		c->tls_done = 1;                        /* its outcome: not abandoned (tls_free) */
+		snprintf(reason, sizeof(reason), "TLS handshake failed: %s", why);
+		srv_log_refusal(c->srv, c->peer, 0, reason);
 	}
 	ERR_clear_error();
 	hconn_fail(c);

@@ -158,7 +158,10 @@ static void scan_line(struct hp_parser *p, int where)
 /* A chunk extension's byte c (RFC 9112 7.1.1: ";" name ["=" value], the
  * value a token or a quoted-string; llhttp refused whitespace and bad
  * bytes already). An empty name or value is refused: llhttp takes it, a
- * proxy may not. 0, or refused. */
+ * proxy may not. So is a quote after a token's first byte (`a=x"y"`,
+ * `a=0""`): llhttp enters a quoted string there, and the value is then
+ * neither a token nor a quoted-string (the fuzz's finding). 0, or
+ * refused. */
 static int ext_byte(struct hp_parser *p, unsigned char c)
 {
 	static const char *empty = "empty chunk extension name or value";
@@ -178,6 +181,8 @@ static int ext_byte(struct hp_parser *p, unsigned char c)
 		*e = EXT_NAME;
 	else if (*e == EXT_VALUE_WANTED)
 		*e = c == '"' ? EXT_QUOTED : EXT_VALUE;
+	else if (c == '"')
+		return scan_refuse(p, 400, "a quote inside a chunk extension's token");
 	return 0;
 }
 
