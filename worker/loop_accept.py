@@ -93,7 +93,7 @@ class LoopAccept(LoopCore):
             if n and self.engine.dispatch:
                 # the app may run in here: the listener is done with first;
                 # whatever happened there, what the first reads brought is
-                # served (each such connection waits for it: engine.c)
+                # served (each such connection waits for it: engine_accept.c)
                 self.engine.serve_accepted(self._pos[th.tid])
 
     def _requeue(self, th, lfd: int) -> None:

@@ -215,7 +215,7 @@ def test_client_gone_before_the_head_is_not_counted_as_2xx(serve_wsgi):
 
 
 # ---- F5: take() of an fd the table already holds closes that fd ----------------------------
-# engine.c take_fd: `if (fd >= s->maxfd || s->api.insert(...) < 0) { close(fd);
+# engine_accept.c take_fd: `if (fd >= s->maxfd || s->api.insert(...) < 0) { close(fd);
 # return 0; }`: fdc_insert refuses a number whose entry is in use (-EEXIST,
 # fd_table.c I2), and take_fd then closes it: a live connection's socket, under
 # its HttpConn and the table entry (which later close()s the number again:
