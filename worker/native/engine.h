@@ -140,10 +140,15 @@ struct Server {
 	PyObject *peer_host;
 };
 
-extern PyTypeObject ServerType;
+extern PyTypeObject ServerType;            /* server_type.c */
 extern PyMethodDef server_methods[];       /* engine.c */
 extern PyMethodDef server_accept_methods[]; /* engine_accept.c: accept, take, serve_accepted */
 extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
+/* server.c: a new Server's tables (WSGI over HTTP/1) and the type's
+ * attributes, named by the type (server_type.c) */
+extern const struct conn_ops h1_conn_ops;
+extern const struct h1_app wsgi_h1_app;
+extern PyGetSetDef Server_getset[];
 extern PyMethodDef server_proxy_methods[]; /* conn_proxy.c: set_proxy */
 extern PyMethodDef proxy_module_methods[]; /* conn_proxy.c: proxy_parse, proxy_signature */
 
