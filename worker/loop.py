@@ -103,7 +103,7 @@ class Loop(LoopTurn):
         # loop threads that ended (positions), by a bug of ours or a kill:
         # what the app raises never ends one (worker/native/wsgi_app.c). The
         # worker's main thread watches failed_fd: it drains and exits, so
-        # the master replaces the worker (bootstrap.py); `errors` says why
+        # the master replaces the worker (channel_service.py); `errors` says why
         self.ended: set[int] = set()
         self.failed_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.local = threading.local()          # .th: this loop thread's context
