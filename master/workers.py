@@ -229,7 +229,7 @@ class ProcessTable:
             elif action is Action.ARM_HARD_STOP:
                 # the worker cuts what is left at hard_stop_after itself, gives
                 # open WebSockets' close handshakes half a second more
-                # (worker/bootstrap.py WS_CLOSE_GRACE) and exits 75: the kill
+                # (worker/channel_service.py WS_CLOSE_GRACE) and exits 75: the kill
                 # is for a worker that cannot, so it waits past all of that
                 # (at +1.0 s, loaded workers that had closed every WebSocket
                 # cleanly were still killed: tests/ws/test_ws_reload_contract.py)

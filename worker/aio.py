@@ -48,7 +48,7 @@ from sockherd.worker._aio import (caller as _caller, future_maker as _future_mak
                                   not_debugging as _not_debugging, runner as _runner,
                                   task_maker as _task_maker)
 
-from sockherd.worker.loop import KIND_AIO    # the table's kind of an app fd
+from sockherd.worker.loop_core import KIND_AIO    # the table's kind of an app fd
 
 log = logging.getLogger("sockherd.worker")
 
@@ -58,7 +58,7 @@ _IN, _OUT, _ERR, _HUP, _RDHUP = 0x100, 0x400, 0x800, 0x1000, 0x2000
 _READABLE = _IN | _ERR | _HUP | _RDHUP
 _WRITABLE = _OUT | _ERR | _HUP
 
-_MAX_WAIT_MS = 3_600_000          # as worker/loop.py's: poll's timeout is 32-bit
+_MAX_WAIT_MS = 3_600_000          # as worker/loop_core.py's: poll's timeout is 32-bit
 
 
 class PollerSelector(selectors._BaseSelectorImpl):

@@ -81,7 +81,7 @@ def _closing(frame) -> bool:
 
 def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
     from sockherd.fdcore.table import Event
-    from sockherd.worker.loop import KIND_CONN
+    from sockherd.worker.loop_core import KIND_CONN
 
     # a connection whose task runs is its thread's alone (asgi_app.c): no
     # per-request dispatch among a group's threads, and no relief moving

@@ -11,7 +11,7 @@ import dataclasses
 import time
 
 from sockherd.fdcore.table import State
-from sockherd.worker.loop import KIND_CONN, KIND_LISTENER
+from sockherd.worker.loop_core import KIND_CONN, KIND_LISTENER
 
 STARTED = time.monotonic()
 

@@ -86,7 +86,7 @@ def make_handler(app, cfg: dict):
 
 def make_engine(loop, app, lim: "_Limits") -> Server:
     from sockherd.fdcore.table import Event
-    from sockherd.worker.loop import KIND_CONN
+    from sockherd.worker.loop_core import KIND_CONN
 
     relief = loop.relief
     # several loop threads in a group: each connection is shared by them,

@@ -92,7 +92,7 @@ def shrink_sndbuf(environ, size=8192):
 
 # ---- the header timer is lost for a head pipelined after a served request -----------------
 # h1_conn.c's request loop (once hconn.c read_and_serve): the header timer is armed only
-# `if (!c->head_clock)`; head_clock is set at accept (engine.c l. 344) and
+# `if (!c->head_clock)`; head_clock is set at accept (engine_accept.c take_fd) and
 # reset only on the idle branch. serve_ready cancels the timer when a head
 # completes (l. 396), so a first request followed in the same read by the
 # start of a second head leaves the connection with NO timer at all: the

@@ -171,7 +171,7 @@ def test_refused_request_after_a_good_one_counts_in_requests_too(serve_wsgi):
 # ---- F3: max_requests never fires if set at or below the count already reached -------------
 # respond.c then: `if (++s->requests == s->retire_at && s->on_retire)`: equality,
 # so retire_after(n, fn) with n <= requests already answered never calls
-# fn. worker/bootstrap.py calls _retire_after(loop, ...) after loop.start()
+# fn. worker/bootstrap.py calls retire_after(loop, ...) after loop.start()
 # (line ~99) and after the board set-up (line ~269): the listeners are
 # shared with the running workers, so requests can be answered in between;
 # with a small max_requests (or a reload under load) the worker then never
@@ -215,7 +215,7 @@ def test_client_gone_before_the_head_is_not_counted_as_2xx(serve_wsgi):
 
 
 # ---- F5: take() of an fd the table already holds closes that fd ----------------------------
-# engine.c take_fd: `if (fd >= s->maxfd || s->api.insert(...) < 0) { close(fd);
+# engine_accept.c take_fd: `if (fd >= s->maxfd || s->api.insert(...) < 0) { close(fd);
 # return 0; }`: fdc_insert refuses a number whose entry is in use (-EEXIST,
 # fd_table.c I2), and take_fd then closes it: a live connection's socket, under
 # its HttpConn and the table entry (which later close()s the number again:

@@ -34,7 +34,8 @@ AIO = ROOT / "worker" / "aio_native"
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
     "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_report", "conn_events", "conn_proxy",
-                   "conn_tls", "conn_tls_info", "conn_tls_ctx", "conn_type", "dispatch", "engine"],
+                   "conn_tls", "conn_tls_info", "conn_tls_ctx", "conn_type", "dispatch", "engine_accept",
+                   "engine"],
     "http1 codec": ["httpscan", "httplist", "httptarget", "httpfields", "httpcheck", "httpparse",
                     "h1_parser", "fwd_syntax", "fwd_fields", "h1_head", "h1_head_asgi", "h1_response",
                     "h1_timers", "h1_conn"],
@@ -44,8 +45,8 @@ LAYERS = {
     "websocket codec": ["ws_deflate", "ws_frame", "ws_py"],
     "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],
     "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app",
-                     "asgi_ws_frames", "asgi_ws_send", "asgi_ws"],
-    "assembly": ["server", "httpmodule"],
+                     "asgi_ws_frames", "asgi_ws_send", "asgi_ws_call", "asgi_ws"],
+    "assembly": ["server", "server_type", "httpmodule"],
     # the _aio extension, bottom up: create_task/create_future, the
     # handles and the ready pass, call_soon/call_at/call_later bound to a
     # loop, the iteration (_run_once and the turn), the module

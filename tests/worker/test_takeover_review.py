@@ -27,7 +27,8 @@ import time
 import pytest
 
 from sockherd.fdcore import State, Table
-from sockherd.worker.loop import KIND_LISTENER, Loop
+from sockherd.worker.loop import Loop
+from sockherd.worker.loop_core import KIND_LISTENER
 from sockherd.worker.stream import HIGH_WATER
 
 pytestmark = pytest.mark.timeout(60)

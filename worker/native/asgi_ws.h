@@ -4,9 +4,10 @@
  *   asgi_ws_frames.c  the call's messages (the queue for receive()), its
  *                     frames out, the client's frames parsed (pump)
  *   asgi_ws_send.c    send(): accept, send, close, the denial response
- *   asgi_ws.c         the upgrade served, receive(), the app's end, the
- *                     connection's side (input, drained output, close),
- *                     the drain's going away, the module's functions
+ *   asgi_ws_call.c    the call: receive(), the app's end, its type, the
+ *                     connection's side (input, drained output, close)
+ *   asgi_ws.c         the upgrade checked and served, the drain's going
+ *                     away, the module's functions
  */
 #ifndef SOCKHERD_ASGI_WS_H
 #define SOCKHERD_ASGI_WS_H

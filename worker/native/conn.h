@@ -10,7 +10,7 @@
  *
  *   connection   netmatch.c  proxy_proto.c  fwd_trust.c  conn_timers.c  conn_io.c  conn_report.c
  *                conn_events.c  conn_proxy.c  conn_tls.c  conn_tls_info.c  conn_tls_ctx.c  conn_type.c
- *                dispatch.c  engine.c
+ *                dispatch.c  engine_accept.c  engine.c
  *                (conn.h, netmatch.h, engine.h, forwarded.h) -> above only through struct conn_ops
  *   HTTP/1 codec httpscan.c  httplist.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c
  *                h1_response.c  h1_timers.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
@@ -18,7 +18,8 @@
  *                (wsgi.h)
  *   ASGI adapter asgi_forwarded.c  asgi_scope.c  asgi_end.c  asgi_call.c  asgi_app.c
  *                (asgi.h)
- *   assembly     server.c (the Server type: which tables), httpmodule.c (the module)
+ *   assembly     server.c (which tables), server_type.c (the Server type), httpmodule.c
+ *                (the module)
  *
  * Threading: every function here runs with the GIL held, and the GIL is
  * what serialises the loop threads' use of these objects (a connection is

@@ -158,7 +158,7 @@ int tls_open(HttpConn *c)
 	SSL_set_accept_state(ssl);
 	c->ssl = ssl;
 	/* the handshake counts against header_timeout: the header timer
-	 * armed at accept (head_clock set, engine.c) runs on through it, and
+	 * armed at accept (head_clock set, engine_accept.c) runs on through it, and
 	 * is the first head's too */
 	return 0;
 }

@@ -10,24 +10,23 @@
  *   -> the connection timers that are due.
  *
  * Reports that are not a connection's (listeners) go back to the Python
- * loop (worker/loop.py), which keeps what is policy: accepting (through
- * Server.accept, which takes and registers a batch in one call), the gate,
- * the drain, the relief. fdcore is the cffi module's, called through the
+ * loop (worker/loop_turn.py), which keeps what is policy: accepting
+ * (through Server.accept, engine_accept.c, which takes and registers a
+ * batch in one call), the gate, the drain, the relief. fdcore is the cffi module's, called through the
  * function pointers the table hands over (struct fdc_api): one
  * implementation, without cffi's GIL release around each call. The
  * timers' lists are conn_timers.c's; the due ones are fired here.
  *
+ * This file holds the turn, bind and the small settings methods; taking
+ * connections in (accept, take, serve_accepted) is engine_accept.c's,
+ * beside it: neither calls the other (both bind through as_thread,
+ * engine.h).
+ *
  * The top of the connection layer. May call: dispatch.c, conn_type.c,
- * conn_io.c, conn_timers.c, fdcore; above only through struct conn_ops
- * (read_first: a shared connection's first read).
+ * conn_io.c, conn_timers.c, fdcore.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "engine.h"
 
@@ -97,17 +96,6 @@ PyDoc_STRVAR(turn_doc,
 "relieved, where the whole batch is left first and each fd entered again\n"
 "right before its handler (a sibling may take what this thread has not\n"
 "reached yet).");
-
-/* Loop thread pos, now the calling OS thread's (see bind), or NULL. */
-static struct srv_thread *as_thread(Server *s, int pos)
-{
-	if (pos < 0 || pos >= s->nthreads) {
-		PyErr_SetString(PyExc_IndexError, "no such loop thread");
-		return NULL;
-	}
-	srv_bind(s, pos);
-	return &s->thr[pos];
-}
 
 /* The reads queued for loop thread pos (conn_tls.c, tls_replay): input
  * a TLS session holds that no poll report will announce, read as a
@@ -321,202 +309,6 @@ fail:
 	return NULL;
 }
 
-/* One accepted connection into the table and the engine, owned by loop
- * thread pos, reading, with its header timer. 1 taken (2: a shared one
- * whose first read brought something: serve_first it), 0 dropped (closed:
- * beyond the table, or refused by it), -1 with a Python error (closed; not
- * for ValueError: the number is a live connection's, left alone). */
-static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
-{
-	int one = 1, first = 0;
-	uint64_t cookie = s->next_cookie++;
-	HttpConn *c;
-	PyObject *key;
-
-	/* not for a unix socket: EOPNOTSUPP, harmless */
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	if (fd < s->maxfd && s->conns[fd]) {
-		/* a live connection's number (a caller's mistake): never closed here */
-		PyErr_Format(PyExc_ValueError, "fd %d is a live connection of this engine", fd);
-		return -1;
-	}
-	if (fd >= s->maxfd) {
-		close(fd);                              /* beyond the table: nothing else to do */
-		return 0;
-	}
-	if (s->dispatch) {
-		/* shared by the group: its siblings' pollers may report it the
-		 * instant it is registered, so the connection is made first,
-		 * and no Python runs (no GIL hand-off) from the registration to
-		 * its entry in conns */
-		c = hconn_new(s, pos, fd, cookie);
-		if (!c) {
-			close(fd);
-			return -1;
-		}
-		first = s->ops->read_first(c);
-		if (first < 0 || c->closed) {
-			c->closed = 1;
-			Py_DECREF(c);
-			close(fd);
-			return first < 0 ? -1 : 0;
-		}
-		/* what that read brought is this thread's to serve first
-		 * (serve_first): a sibling that a report of the same socket
-		 * wakes meanwhile (the end of input after it, more bytes) only
-		 * records it, else it read the EOF and closed the connection
-		 * with the first request unserved (a fuzz run's dropped request) */
-		if (first)
-			c->inside = pos;
-		if (s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask) < 0) {
-			c->closed = 1;
-			Py_DECREF(c);
-			close(fd);
-			return 0;
-		}
-	}
-	else {
-		if (s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit,
-		                  FDC_ACCEPTED) < 0) {
-			close(fd);
-			return 0;
-		}
-		c = hconn_new(s, pos, fd, cookie);
-		if (!c) {
-			s->api.delete(t->th, fd);
-			return -1;
-		}
-	}
-	/* the header timer and reading, before any other thread can see it */
-	c->head_clock = 1;
-	timer_arm(c, TIMER_HEADER);
-	c->recv_on = 1;
-	if (!s->dispatch)
-		s->api.want_recv(t->th, fd);
-	s->conns[fd] = c;                            /* the array's reference */
-	s->count++;
-	key = PyLong_FromLong(fd);
-	if (!key || PyDict_SetItem(s->conns_dict, key, (PyObject *)c) < 0) {
-		Py_XDECREF(key);
-		hconn_close_now(c);
-		return -1;
-	}
-	Py_DECREF(key);
-	return first ? 2 : 1;
-}
-
-/* A shared connection take_fd answered 2 for: what its first read brought
- * is served now, as a report (dispatch.c), under the fd's running bit. */
-static int serve_first(Server *s, struct srv_thread *t, int pos, int fd)
-{
-	HttpConn *c = fd < s->maxfd ? s->conns[fd] : NULL;
-	uint32_t gen;
-
-	if (!c || c->inside != pos)
-		return 0;
-	c->inside = -1;                 /* held since take_fd: dispatch_run's now */
-	if (c->closed || s->api.enter(t->th, fd, &gen) != FDC_DONE)
-		return 0;
-	Py_INCREF(c);
-	if (dispatch_run(c, pos, EV_FIRST, -1) < 0)
-		contain(c);
-	s->api.leave(t->th, fd, gen);
-	Py_DECREF(c);
-	return 0;
-}
-
-PyDoc_STRVAR(take_doc,
-"take(pos, fd, plain=False) -> bool\n\n"
-"A connection accepted elsewhere (a draining worker emptying a deleted\n"
-"listener's queue) into the engine, owned by loop thread pos: as accept()\n"
-"does for each of its batch. False if it was dropped (closed). plain: from\n"
-"a listener that does not serve TLS (see accept).");
-
-static PyObject *Server_take(Server *s, PyObject *args)
-{
-	int pos, fd, rc, plain = 0;
-	struct srv_thread *t;
-
-	if (!PyArg_ParseTuple(args, "ii|p:take", &pos, &fd, &plain) || !(t = as_thread(s, pos)))
-		return NULL;
-	/* accepted elsewhere, maybe blocking: the engine's reads must never
-	 * wait (a shared connection's first read would hold the GIL until its
-	 * client sent: a whole worker stopped, found by a full test run) */
-	int fl = fcntl(fd, F_GETFL);
-	if (fl >= 0 && !(fl & O_NONBLOCK))
-		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-	t->plain = plain;
-	rc = take_fd(s, t, pos, fd);
-	t->plain = 0;
-	if (rc < 0 || (rc == 2 && serve_first(s, t, pos, fd) < 0))
-		return NULL;                            /* (no listener to finish with first) */
-	return PyBool_FromLong(rc);
-}
-
-PyDoc_STRVAR(accept_doc,
-"accept(pos, lfd, max, plain=False) -> count\n\n"
-"Accepts up to max connections on listener lfd (held by loop thread pos),\n"
-"and registers each one in the table, owned by that thread, reading, with\n"
-"its header timer: one call for the whole batch. Raises OSError if the\n"
-"first accept failed (EMFILE ...: the loop pauses accepting). plain: lfd\n"
-"does not serve TLS although set_tls was called (TLS per bind: its\n"
-"connections get no session).");
-
-static PyObject *Server_accept(Server *s, PyObject *args)
-{
-	int pos, lfd, max, n, ok = 0, plain = 0, fds[FDC_EVBATCH];
-	struct srv_thread *t;
-
-	if (!PyArg_ParseTuple(args, "iii|p:accept", &pos, &lfd, &max, &plain) ||
-	    !(t = as_thread(s, pos)))
-		return NULL;
-	if (max > FDC_EVBATCH - t->nfirst)
-		max = FDC_EVBATCH - t->nfirst;      /* room for each first read to serve */
-	n = max > 0 ? s->api.accept(t->th, lfd, fds, max) : 0;
-	if (n < 0) {
-		errno = -n;
-		return PyErr_SetFromErrno(PyExc_OSError);
-	}
-	for (int i = 0; i < n; i++) {
-		int rc;
-
-		t->plain = plain;                       /* read by tls_open (hconn_new) */
-		rc = take_fd(s, t, pos, fds[i]);
-		t->plain = 0;
-		if (rc < 0) {
-			for (int k = i + 1; k < n; k++)
-				close(fds[k]);
-			return NULL;
-		}
-		ok += rc > 0;
-		if (rc == 2 && t->nfirst < FDC_EVBATCH)
-			t->first[t->nfirst++] = fds[i];
-	}
-	return PyLong_FromLong(ok);
-}
-
-PyDoc_STRVAR(serve_accepted_doc,
-"serve_accepted(pos): serves what the first reads of loop thread pos's\n"
-"last accept() brought (shared connections, dispatch: each was read once\n"
-"before its siblings' pollers held it). The Python loop calls it once it\n"
-"has done with the listener (requeue, gate), since the app runs in here.");
-
-static PyObject *Server_serve_accepted(Server *s, PyObject *arg)
-{
-	long pos = PyLong_AsLong(arg);
-	struct srv_thread *t;
-
-	if ((pos == -1 && PyErr_Occurred()) || !(t = as_thread(s, (int)pos)))
-		return NULL;
-	while (t->nfirst) {
-		int fd = t->first[--t->nfirst];
-
-		if (serve_first(s, t, (int)pos, fd) < 0)
-			return NULL;
-	}
-	Py_RETURN_NONE;
-}
-
 PyDoc_STRVAR(bind_doc,
 "bind(pos): the calling OS thread acts as loop thread pos from now on (-1:\n"
 "none): connection verbs called from it use that thread's context. turn()\n"
@@ -555,16 +347,14 @@ static PyObject *Server_log_refusals(Server *s, PyObject *fn)
 	Py_RETURN_NONE;
 }
 
-/* the Server type's methods (server.c holds the rest of the type) */
+/* the Server type's methods (server.c holds the rest of the type; engine_accept.c's
+ * accept, take and serve_accepted are joined to these: httpmodule.c) */
 PyMethodDef server_methods[] = {
 	{"turn", (PyCFunction)(void (*)(void))Server_turn, METH_FASTCALL, turn_doc},
-	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
-	{"take", (PyCFunction)Server_take, METH_VARARGS, take_doc},
 	{"bind", (PyCFunction)Server_bind, METH_O, bind_doc},
 	{"retire_after", (PyCFunction)Server_retire_after, METH_VARARGS,
 	 "retire_after(n, fn): fn() is called once, on the loop thread that answers the n-th "
 	 "request (0: never)."},
-	{"serve_accepted", (PyCFunction)Server_serve_accepted, METH_O, serve_accepted_doc},
 	{"log_refusals", (PyCFunction)Server_log_refusals, METH_O,
 	 "log_refusals(fn): fn(peer, status, reason, count) for a refused request, at most once a "
 	 "second; count: the refusals since the last call, this one included (None: no log)."},

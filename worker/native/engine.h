@@ -1,7 +1,7 @@
-/* The engine of one worker (engine.c: the loop turn, accept, take; its
- * Python type: server.c), the top of the connection layer: which loop
- * threads poll which connections, the spill queue of dispatch.c, and the
- * counts every layer adds to.
+/* The engine of one worker (engine.c: the loop turn; engine_accept.c:
+ * accept, take; its Python type: server.c), the top of the connection
+ * layer: which loop threads poll which connections, the spill queue of
+ * dispatch.c, and the counts every layer adds to.
  */
 #ifndef SOCKHERD_ENGINE_H
 #define SOCKHERD_ENGINE_H
@@ -140,9 +140,15 @@ struct Server {
 	PyObject *peer_host;
 };
 
-extern PyTypeObject ServerType;
+extern PyTypeObject ServerType;            /* server_type.c */
 extern PyMethodDef server_methods[];       /* engine.c */
+extern PyMethodDef server_accept_methods[]; /* engine_accept.c: accept, take, serve_accepted */
 extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
+/* server.c: a new Server's tables (WSGI over HTTP/1) and the type's
+ * attributes, named by the type (server_type.c) */
+extern const struct conn_ops h1_conn_ops;
+extern const struct h1_app wsgi_h1_app;
+extern PyGetSetDef Server_getset[];
 extern PyMethodDef server_proxy_methods[]; /* conn_proxy.c: set_proxy */
 extern PyMethodDef proxy_module_methods[]; /* conn_proxy.c: proxy_parse, proxy_signature */
 
@@ -178,6 +184,19 @@ static inline int engine_stamp(Server *s, int pos, double when)
 	f = PyFloat_FromDouble(when);
 	return f ? PyList_SetItem(s->busy, pos, f) : -1;
 }
+/* Loop thread pos, now the calling OS thread's (see bind), or NULL.
+ * Inline: engine.c's turn and engine_accept.c's accept and take each
+ * bind through it, and neither file calls the other. */
+static inline struct srv_thread *as_thread(Server *s, int pos)
+{
+	if (pos < 0 || pos >= s->nthreads) {
+		PyErr_SetString(PyExc_IndexError, "no such loop thread");
+		return NULL;
+	}
+	srv_bind(s, pos);
+	return &s->thr[pos];
+}
+
 /* conn_timers.c: ms until the thread's next deadline, or -1 */
 int timers_timeout(struct srv_thread *t, double now);
 /* dispatch.c: one report or due timer for a group-shared connection */

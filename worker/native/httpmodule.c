@@ -1,6 +1,6 @@
 /* sockherd.worker._http: the HTTP/1.1 request path in native code, one
  * CPython extension built of three layers (conn.h draws them): the
- * connection layer (conn_*.c, dispatch.c, engine.c), the HTTP/1 codec
+ * connection layer (conn_*.c, dispatch.c, engine*.c), the HTTP/1 codec
  * (httpscan.c, httpparse.c, h1_*.c) and the WSGI and ASGI adapters
  * (wsgi_*.c, asgi_*.c),
  * assembled by the Server type (server.c). This file is the module: its
@@ -50,8 +50,8 @@ PyMODINIT_FUNC PyInit__http(void)
 {
 	const PyMethodDef *conn_parts[] = {hconn_methods, h1_conn_methods, wsgi_conn_methods};
 	const PyMethodDef *parser_parts[] = {parser_methods, wsgi_parser_methods};
-	const PyMethodDef *server_parts[] = {server_methods, server_asgi_methods, fwd_server_methods,
-	                                     server_proxy_methods, server_tls_methods};
+	const PyMethodDef *server_parts[] = {server_methods, server_accept_methods, server_asgi_methods,
+	                                     fwd_server_methods, server_proxy_methods, server_tls_methods};
 	/* issue 23: the WebSocket codec's and adapter's functions beside the codec's */
 	const PyMethodDef *module_parts[] = {h1_module_methods, proxy_module_methods, ws_module_methods,
 	                                     asgi_ws_module_methods};
@@ -59,7 +59,7 @@ PyMODINIT_FUNC PyInit__http(void)
 
 	if (join_methods(conn_methods, conn_parts, 3) < 0 ||
 	    join_methods(parser_methods_all, parser_parts, 2) < 0 ||
-	    join_methods(server_methods_all, server_parts, 5) < 0 ||
+	    join_methods(server_methods_all, server_parts, 6) < 0 ||
 	    join_methods(module_methods, module_parts, 4) < 0)
 		return NULL;
 	HttpConnType.tp_methods = conn_methods;

@@ -8,7 +8,7 @@
  *               compressed message inflated, a server message deflated
  *   ws_py.c     its Python face (WsParser, ws_frame) for the tests, the
  *               fuzz oracle and the micro-benchmark
- *   asgi_ws.c, asgi_ws_frames.c, asgi_ws_send.c (asgi_ws.h)
+ *   asgi_ws.c, asgi_ws_call.c, asgi_ws_frames.c, asgi_ws_send.c (asgi_ws.h)
  *               the ASGI websocket scope on an upgraded HTTP/1
  *               connection: the handshake, receive/send, the close
  *               handshake, the drain's 1001
@@ -146,7 +146,7 @@ int ws_deflate_msg(struct ws_pmd_state *pmd, const uint8_t *data, size_t n, uint
 /* p's permessage-deflate state freed (zlib's streams with it); p->pmd NULL. */
 void ws_pmd_free(struct ws_parser *p);
 
-/* ---- the Python side (ws_py.c, asgi_ws.c): for files that include Python.h ---- */
+/* ---- the Python side (ws_py.c, asgi_ws_call.c, asgi_ws.c): for files that include Python.h ---- */
 #ifdef Py_PYTHON_H
 extern PyTypeObject WsParserType, WsCallType;
 /* the module's functions: ws_frame (ws_py.c), the open WebSockets'
@@ -156,8 +156,9 @@ extern PyMethodDef ws_module_methods[], asgi_ws_module_methods[];
 int asgi_ws_make_keys(void);
 #endif
 
-/* ---- asgi_ws.c: the ASGI Server's tables (server.c) take these in place
- * of asgi_app.c's: each hands what is not a WebSocket's to it ---- */
+/* ---- asgi_ws.c (serve), asgi_ws_call.c (the rest): the ASGI Server's
+ * tables (server.c) take these in place of asgi_app.c's: each hands what
+ * is not a WebSocket's to it ---- */
 #ifdef SOCKHERD_H1_H
 int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole);
 int asgi_ws_input(HttpConn *c);

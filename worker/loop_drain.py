@@ -1,0 +1,128 @@
+"""The drain: accepting stops (every listener deleted through fdcore), the
+connections finish, and each is closed once it stayed idle for the grace;
+`drained` is set once none remains. drain() is the worker's main thread's;
+each draining loop thread's turn runs _drain_step. Calls loop_queued.py
+(the listeners' queued connections) and the parts below it.
+"""
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from sockherd.fdcore import Outcome
+from sockherd.worker.loop_core import _sooner, log
+from sockherd.worker.loop_queued import LoopQueued
+from sockherd.worker.stream import Connection, ready_now
+
+
+class LoopDrain(LoopQueued):
+    """Stopping to accept, and closing the idle connections (see the module)."""
+
+    def drain(self, idle_grace: float) -> None:
+        """Stops accepting (every listener deleted through fdcore, so each is
+        DEL'ed from every thread's epoll before its close: seed 004), lets
+        connections finish, and closes a connection once it stayed idle for
+        idle_grace seconds (a client may be sending on it right now: cutting
+        an idle connection at once is the reset nginx and HAProxy users see
+        on reload). `drained` is set once none remains. The thread that owns
+        the control context if there is one (it deletes the listeners with
+        it), else any thread."""
+        self._not_from_a_loop_thread("drain")
+        self.idle_grace = idle_grace
+        if self.engine is not None:
+            self.engine.draining = True          # responses carry Connection: close
+        self.gate.leave_board()
+        if self.control is not None and self._listeners_deleted.acquire(blocking=False):
+            self._delete_listeners(self.control, drain=True)
+            self._take_queued()
+        self._draining_now = True
+        self._draining.set()
+        for th in self.loop_threads:
+            self.table.wake(th.tid)
+
+    def _delete_listeners(self, th, *, drain: bool = False) -> None:
+        """Deletes the listeners (any thread may delete any fd; deferred to
+        a thread still inside one, accepting). With drain: a dup of each is
+        kept until the delete is complete, then its queue is emptied here
+        (_accept_stragglers): a listener is polled EXCLUSIVE, and a
+        connection whose wake-up went to one of our pollers just before the
+        delete would wait, unaccepted, for the next one to arrive (review:
+        at a reload's commit, two idle new workers and one queued client)."""
+        for fd in list(self.listeners):
+            if drain:
+                try:
+                    self._stragglers.append((os.dup(fd), fd, self.table.dump(fd).generation))
+                except OSError as exc:
+                    log.warning("listener fd %d: cannot keep it to empty its queue: %s", fd,
+                                exc.strerror)
+            th.delete(fd)
+        self.listeners.clear()
+
+    def _drain_step(self, th, me: int) -> int:
+        """A draining thread's turn: delete the listeners (the first thread to
+        get here), close its own connections idle for the grace, and return
+        the poll timeout until its next idle deadline (-1: none left). A
+        connection with a request waiting (readable now: it arrived while this
+        thread was busy elsewhere) is not idle, whatever its last event says."""
+        if self._listeners_deleted.acquire(blocking=False):
+            self._delete_listeners(th, drain=True)
+        straggling = self._accept_stragglers(th, me) if self._stragglers else -1
+        mine = [c for c in list(self.conns.values()) if c.th is th]
+        if self._tells_drain:
+            self._tell_drain(th, me, mine)
+        now = time.monotonic()
+        due_now, next_due = [], None
+        for conn in mine:
+            due = conn.last_active + self.idle_grace
+            if conn.pending or getattr(conn, "buffering", False):
+                # not idle while a request body arrives (its body timer
+                # ends a stalled one) nor while output waits, and no
+                # deadline to wake for: its flush (its body's read) is an event (a turn, this step again) that moves
+                # last_active; one past due here asked poll for 1 ms waits,
+                # a spin until the client read (review)
+                continue
+            if due <= now:
+                due_now.append(conn)
+            else:
+                next_due = due if next_due is None else min(next_due, due)
+        if due_now:
+            # (a stream connection's input at its end is always readable: not
+            # a request waiting; conns also holds the HTTP engine's, which
+            # have no input_ended)
+            waiting = ready_now({c.fd: select.POLLIN for c in due_now
+                                 if not getattr(c, "input_ended", False)})
+            self._enter_app(me)                  # on_close is app code: watched too
+            for conn in due_now:
+                if conn.fd in waiting:
+                    conn.last_active = now
+                    due = now + self.idle_grace
+                    next_due = due if next_due is None else min(next_due, due)
+                else:
+                    conn.close()
+            self.relief.busy[me] = 0.0
+        if not self.conns and not self._stragglers and not self._posted and not self._adopting \
+                and not self.drained.is_set():
+            self.drained.set()
+            os.eventfd_write(self.drained_fd, 1)
+        if next_due is None:
+            return straggling
+        return _sooner(straggling, max(1, int((next_due - now) * 1000) + 1))
+
+    def _tell_drain(self, th, me: int, mine: list[Connection]) -> None:
+        """on_drain, once, to each of th's connections not told yet (one
+        that connects while draining is told by its connect()), under the
+        fd's running bit like any handler."""
+        for conn in mine:
+            if conn.told_drain or not conn.connected or conn.closed:
+                continue
+            outcome, gen = th.enter(conn.fd)
+            if outcome is not Outcome.DONE:
+                continue
+            try:
+                if conn.th is th:
+                    self._enter_app(me)
+                    conn.tell_drain()
+                    self.relief.busy[me] = 0.0
+            finally:
+                th.leave(conn.fd, gen)
