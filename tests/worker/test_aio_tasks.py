@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import socket
 
 import pytest
 
@@ -65,6 +66,34 @@ def test_create_task_takes_a_name_and_a_context_and_copies_the_current_one(serve
         body = get(addr).decode()
         assert re.fullmatch(r"unset named=request Task-\d+=given both=given module=request",
                             body), body
+
+
+def test_a_requests_context_holds_across_its_steps_and_not_into_the_next_on_the_connection(
+        serve_asgi):
+    """Each request's task runs every step in its own context: a var it
+    sets before an await is there after it (the task's later steps are
+    scheduled by the loop's C call_soon with asyncio's context= keyword,
+    worker/aio_native/callers.c), and the next request on the same
+    keep-alive connection starts without it; asyncio.current_task() is the
+    request's registered Task in every step."""
+    async def work(scope):
+        before = VAR.get()
+        VAR.set(scope["path"])
+        me = asyncio.current_task()
+        await asyncio.sleep(0)                  # a second step, through call_soon
+        await asyncio.sleep(0.001)              # a third, through a timer
+        return (f"{before} {VAR.get()} {asyncio.current_task() is me} "
+                f"{me in asyncio.all_tasks()}")
+
+    _, addr = serve_asgi(answer(work))
+    with socket.create_connection(addr, timeout=10) as c:
+        c.sendall(b"GET /one HTTP/1.1\r\nHost: h\r\n\r\nGET /two HTTP/1.1\r\nHost: h\r\n"
+                  b"Connection: close\r\n\r\n")
+        out = b""
+        while chunk := c.recv(65536):
+            out += chunk
+    bodies = [part.split(b"\r\n\r\n", 1)[1].decode() for part in out.split(b"HTTP/1.1 ")[1:]]
+    assert bodies == ["unset /one True True", "unset /two True True"], out
 
 
 def test_a_task_factory_set_by_the_app_makes_every_task_the_requests_too(serve_asgi):

@@ -85,6 +85,17 @@ int aio_loop_flag(PyObject *loop, PyObject *name)
 	return r;
 }
 
+/* Whether a keyword's name (a str: the vectorcall protocol's kwnames
+ * hold exact str) is "context". asyncio's C Task passes a name of its own
+ * making, not interned (3.11's context_kwname): PyUnicode_Compare cost
+ * ~95 instructions a call_soon, once per task step scheduled. */
+static inline int is_context(PyObject *k)
+{
+	return k == S_context ||
+	       (PyUnicode_IS_COMPACT_ASCII(k) && PyUnicode_GET_LENGTH(k) == 7 &&
+	        !memcmp(PyUnicode_DATA(k), "context", 7));
+}
+
 static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
 	Py_ssize_t n = PyVectorcall_NARGS(nargsf), first = c->kind == CALL_SOON ? 0 : 1;
@@ -93,8 +104,7 @@ static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, Py
 	double when = 0;
 
 	if (kwnames) {
-		if (PyTuple_GET_SIZE(kwnames) != 1 ||
-		    PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_context) != 0)
+		if (PyTuple_GET_SIZE(kwnames) != 1 || !is_context(PyTuple_GET_ITEM(kwnames, 0)))
 			return caller_base(c, args, nargsf, kwnames);    /* its error */
 		context = args[n];
 	}

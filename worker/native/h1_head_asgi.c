@@ -8,6 +8,7 @@
  *
  * May call: nothing of the engine (CPython only).
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "h1.h"
@@ -71,6 +72,91 @@ static int bytes_lower_is(const char *s, Py_ssize_t n, const char *want)
 	return 1;
 }
 
+/* Whether the name s[0 .. n) is want (n its length, at least 4; want in
+ * lower case, letters and '-' only) whatever the case, compared a word
+ * at a time: s is a checked token (tchar), so s's byte | 0x20 is want's
+ * only if it is that letter in either case or that '-' (0x0d, the other
+ * byte that gives '-', is no tchar). */
+static inline int name_is(const char *s, Py_ssize_t n, const char *want)
+{
+	if (n >= 8) {
+		const uint64_t low = 0x2020202020202020ULL;
+		uint64_t x, y;
+
+		for (Py_ssize_t i = 0; i + 8 <= n; i += 8) {
+			memcpy(&x, s + i, 8);
+			memcpy(&y, want + i, 8);
+			if ((x | low) != y)
+				return 0;
+		}
+		memcpy(&x, s + n - 8, 8);           /* the last word, overlapping */
+		memcpy(&y, want + n - 8, 8);
+		return (x | low) == y;
+	}
+	uint32_t x, y, z, t;
+
+	memcpy(&x, s, 4);
+	memcpy(&y, want, 4);
+	memcpy(&z, s + n - 4, 4);
+	memcpy(&t, want + n - 4, 4);
+	return (x | 0x20202020U) == y && (z | 0x20202020U) == t;
+}
+
+/* The fields of an app's head we act on, told by their name's length
+ * first: one comparison per field at most, a word at a time (five
+ * byte-wise ones, each with its strlen, cost a FastAPI head ~0.4k
+ * instructions; callgrind). s: a checked token. */
+enum { F_OTHER, F_LENGTH, F_CONNECTION, F_TE, F_DATE, F_SERVER };
+
+static inline int field_kind(const char *s, Py_ssize_t n)
+{
+	switch (n) {
+	case 4: return name_is(s, n, "date") ? F_DATE : F_OTHER;
+	case 6: return name_is(s, n, "server") ? F_SERVER : F_OTHER;
+	case 10: return name_is(s, n, "connection") ? F_CONNECTION : F_OTHER;
+	case 14: return name_is(s, n, "content-length") ? F_LENGTH : F_OTHER;
+	case 17: return name_is(s, n, "transfer-encoding") ? F_TE : F_OTHER;
+	default: return F_OTHER;
+	}
+}
+
+/* RFC 9110 5.6.2 tchar, the set h1.h's is_tchar tests, as a table:
+ * is_tchar's strchr for each '-' of a name cost a FastAPI head ~0.1k
+ * instructions. tests/worker/test_asgi_head_fields.py sends every byte
+ * in a name and in a value (each place in a word). */
+static const unsigned char TCHAR[256] = {
+	['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1,
+	['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1,
+	['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+};
+
+/* Whether s[0 .. n) holds a byte no field value may (a CTL but HTAB, or
+ * DEL); eight bytes at a time where none is below 0x20 or DEL (a byte
+ * loop cost ~6 instructions a byte) */
+static int has_ctl(const char *s, size_t n)
+{
+	const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		uint64_t x, del;
+
+		memcpy(&x, s + i, 8);
+		del = x ^ (0x7f * ones);
+		/* a byte below 0x20, or one equal to DEL, flags its block: the
+		 * block is then looked at byte by byte (HTAB is allowed) */
+		if (((x - 0x20 * ones) & ~x & high) || ((del - ones) & ~del & high))
+			break;
+	}
+	for (; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+			return 1;
+	}
+	return 0;
+}
+
 /* "name: value\r\n" at w; the end of it */
 static inline char *put_field(char *w, const char *name, size_t nl, const char *value, size_t vl)
 {
@@ -113,18 +199,15 @@ static int asgi_pair(const char *what, PyObject *pair, PyObject **name, PyObject
 		return -1;
 	}
 	for (Py_ssize_t k = 0; k < nl; k++)
-		if (!is_tchar((unsigned char)ns[k])) {
+		if (!TCHAR[(unsigned char)ns[k]]) {
 			PyErr_Format(PyExc_ValueError, "%s: header name %R is not a token (RFC 9110 5.1)",
 			             what, *name);
 			return -1;
 		}
-	for (Py_ssize_t k = 0; k < vl; k++) {
-		unsigned char ch = (unsigned char)vs[k];
-		if ((ch < 0x20 && ch != '\t') || ch == 0x7f) {
-			PyErr_Format(PyExc_ValueError, "%s: header %R: value with a control character",
-			             what, *name);
-			return -1;
-		}
+	if (has_ctl(vs, (size_t)vl)) {
+		PyErr_Format(PyExc_ValueError, "%s: header %R: value with a control character",
+		             what, *name);
+		return -1;
 	}
 	return 0;
 }
@@ -198,7 +281,8 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 		nl = PyBytes_GET_SIZE(name);
 		vs = PyBytes_AS_STRING(value);
 		vl = PyBytes_GET_SIZE(value);
-		if (bytes_lower_is(ns, nl, "content-length")) {
+		switch (field_kind(ns, nl)) {
+		case F_LENGTH: {
 			long long cl = 0;
 
 			if (length >= 0 || !vl || vl > 18)
@@ -209,22 +293,25 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 				cl = cl * 10 + (vs[k] - '0');
 			}
 			length = cl;
-			if ((code >= 100 && code < 200) || code == 204)
+			if (code == 204)
 				continue;
+			break;
 		}
-		else if (bytes_lower_is(ns, nl, "connection")) {
+		case F_CONNECTION:
 			close |= bytes_lower_is(vs, vl, "close");
 			continue;
-		}
-		else if (bytes_lower_is(ns, nl, "transfer-encoding"))
+		case F_TE:
 			continue;
-		else if (bytes_lower_is(ns, nl, "date"))
+		case F_DATE:
 			flags |= HEAD_APP_DATE;
-		else if (bytes_lower_is(ns, nl, "server"))
+			break;
+		case F_SERVER:
 			flags |= HEAD_APP_SERVER;
+			break;
+		}
 		size += nl + 2 + vl + 2;
 	}
-	if ((code >= 100 && code < 200) || code == 204)
+	if (code == 204)                           /* a 1xx was refused above */
 		length = -1;
 	out = PyBytes_FromStringAndSize(NULL, size);
 	if (!out)
@@ -236,10 +323,9 @@ int head_from_asgi(PyObject *status, PyObject *headers, PyObject **prefix, long 
 		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
 		const char *ns = PyBytes_AS_STRING(name);
 		Py_ssize_t nl = PyBytes_GET_SIZE(name), vl = PyBytes_GET_SIZE(value);
+		int kind = field_kind(ns, nl);
 
-		if (bytes_lower_is(ns, nl, "connection") || bytes_lower_is(ns, nl, "transfer-encoding") ||
-		    (((code >= 100 && code < 200) || code == 204) &&
-		     bytes_lower_is(ns, nl, "content-length")))
+		if (kind == F_CONNECTION || kind == F_TE || (kind == F_LENGTH && code == 204))
 			continue;
 		w = put_field(w, ns, (size_t)nl, PyBytes_AS_STRING(value), (size_t)vl);
 	}
