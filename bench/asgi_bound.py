@@ -44,7 +44,15 @@ out. /proc/stat's softirq is not added to T: this kernel's tick accounting (no
 CONFIG_IRQ_TIME_ACCOUNTING) charges a tick spent in softirq both to it and to
 the stime of the task it interrupted, so the softirq that loopback runs in the
 server's and wrk's context is in S and W already. The same ceiling from the
-box's busy time per request is printed too (equal on a quiet box).
+box's busy time per request is printed too (equal on a quiet box). The
+non-user part (S + W + K) is sockherd's own and not a constant of the box:
+a server whose answers wake wrk less often makes it smaller (granian's rows
+show it), so the report also gives the ceiling with the lowest non-user part
+any server of the round showed.
+
+The inputs move with other load: on a shared box (the `other` column, the
+load average) the workers' CPU per request and wrk's wake-ups change; run it
+on a quiet box (--wait-quiet 20) for a figure to quote.
 
 Exit status: 0; 1 when a sockherd row had errors or a failed probe, or a
 server stopped answering; 2 for a set-up problem.
@@ -350,17 +358,20 @@ def print_ceiling(results: list[dict], apps: dict, rounds: list[int]) -> None:
     if ceils:
         med = statistics.median(c["ceiling"] for c in ceils)
         need = statistics.median(c["need_U"] for c in ceils)
+        a_busy = statistics.median(apps[r]["busy"]["A"] for r in rounds)
         print(f"\n- ceiling (median over {len(ceils)} round(s)): **{med:.2f}x uvicorn**; "
-              f"1.3x needs our workers' user CPU at {need:.1f} µs per request, "
-              + ("below" if need < statistics.median(apps[r]['busy']['A'] for r in rounds)
-                 else "not below")
-              + " the app alone's (busy); with the lowest fixed part any server showed: "
+              f"1.3x needs our workers' user CPU at {need:.1f} µs per request, the app alone "
+              f"takes {a_busy:.1f} µs (busy): "
+              + ("below it, so no server with sockherd's sys, wrk and softirq costs reaches "
+                 "1.3x" if need < a_busy else "above it, so the aim is within reach of a server "
+                 "with sockherd's sys, wrk and softirq costs")
+              + "; with the lowest non-user part any server showed: "
               f"{statistics.median(c['ceiling_low'] for c in ceils):.2f}x, U needed "
               f"{statistics.median(c['need_U_low'] for c in ceils):.1f} µs")
-    print("""- the ceiling uses the app alone measured **busy** (two drivers, one per core): in
-  the rows the workers share both cores with wrk and softirq, and a core's caches and
-  frequency are shared the same way; the idle figure is the lower one and would flatter
-  the ceiling only if it is lower
+    print("""- the ceiling uses the app alone measured **busy** (two drivers at once, one per
+  core): in the rows the workers share both cores with wrk and softirq, so the box's
+  shared caches and memory bandwidth are contended as they are between the two drivers;
+  the idle figure (one driver, the other core idle) is printed for comparison
 - inputs (µs per request): U and S = the server tree's utime and stime, W = wrk's
   user + sys (its rusage), K = the ksoftirqd threads' CPU, T = U + S + W + K; fixed =
   T - U of sockherd (its sys, its wrk and softirq share); ceiling = T(uvicorn) / (fixed
