@@ -21,6 +21,10 @@ the same driver runs twice under `valgrind --tool=callgrind` (PYTHONHASHSEED
 requests; Ir per request = (Ir(R + N) - Ir(R)) / N. --python: the
 interpreter whose packages serve the app (default bench/.venv-peers', the
 uvicorn run's; this checkout's .venv has the same FastAPI).
+
+--timed N (no valgrind; what asgi_bound.py runs): after --warmup requests,
+N requests timed by the process's own CPU clock (os.times: user and sys),
+pinned to --cpu C when given; one JSON line on stdout.
 """
 from __future__ import annotations
 
@@ -79,6 +83,26 @@ def inner(a) -> int:
     return 0
 
 
+def timed(a) -> int:
+    """--timed N: the CPU seconds (user, sys) and wall seconds of N requests
+    after the warm-up, as one JSON line."""
+    import json
+    import time
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})
+    sys.path.insert(0, os.path.join(HERE, "apps"))
+    mod, attr, body = APPS[a.app]
+    app = getattr(__import__(mod), attr)
+    drive(app, a.warmup, body)
+    t0, w0 = os.times(), time.monotonic()
+    drive(app, a.timed, body)
+    t1, w1 = os.times(), time.monotonic()
+    print(json.dumps({"requests": a.timed, "user_s": t1.user - t0.user,
+                      "sys_s": t1.system - t0.system, "wall_s": w1 - w0, "cpu": a.cpu,
+                      "python": sys.executable}))
+    return 0
+
+
 def total_ir(path: str) -> int:
     with open(path) as f:
         for line in f:
@@ -108,10 +132,15 @@ def main() -> int:
                     help="R: the counted run's requests minus --requests (100)")
     ap.add_argument("--python", default=os.path.join(HERE, ".venv-peers", "bin", "python"))
     ap.add_argument("--keep", metavar="DIR", help="write the two dumps to DIR")
+    ap.add_argument("--timed", type=int, metavar="N",
+                    help="no valgrind: N requests timed by os.times, one JSON line")
+    ap.add_argument("--cpu", type=int, help="with --timed: pin to this CPU")
     ap.add_argument("--inner", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.inner is not None:
         return inner(a)
+    if a.timed is not None:
+        return timed(a)
     if not shutil.which("valgrind"):
         raise SystemExit("valgrind (Debian package valgrind) is needed")
     if a.requests < 1 or a.base < 1:
