@@ -354,9 +354,10 @@ static void drain_peer(struct slot *s, struct sconn *c, double now)
 /* Holds the window between an EAGAIN and want_send open until the writable
  * edge the drain just caused has been taken: every other poller has ended
  * an fdc_poll begun after the drain (one asleep in epoll_wait wakes on the
- * edge, one busy meets it at its next call), bounded by 200 ms; a poller
+ * edge, one busy meets it at its next call); a poller
  * holding a window of its own is not waited for (it polls nothing, and two
- * windows would wait on each other). The timed pause that was here (100 to
+ * windows would wait on each other). Bounded by 50 ms: a longer hold slowed
+ * the whole stress (shared-no-replay, caught by its pace, was missed). The timed pause that was here (100 to
  * 500 us) closed before a poller woken under load ran: the mutant that
  * drops a send edge taken while send is not ACTIVE survived 60 s twice at
  * load 24-37. Now the edge is taken inside the window whenever a poller
@@ -380,7 +381,7 @@ static void hold_window(int me)
 		for (int i = 0; i < n && done; i++)
 			if (i != me && !atomic_load(&g_in_window[i]) && atomic_load(&g_polls[i]) < until[i])
 				done = 0;
-		if (done || now_s() - t0 > 0.2 || atomic_load(&g_run.stop))
+		if (done || now_s() - t0 > 0.05 || atomic_load(&g_run.stop))
 			break;
 		usleep(50);
 	}
@@ -402,7 +403,7 @@ static void write_owed(struct fdc_thread *th, struct sconn *c, int fd)
 		if (n > 0) {
 			atomic_store(&c->owe, owe - (uint64_t)n);
 			atomic_fetch_add(&c->wrote, (uint64_t)n);
-			if (c->send_on && chance(2)) {
+			if (c->send_on && chance(4)) {
 				/* send off again while writing: the next EAGAIN opens
 				 * a window of its own (a few per response) */
 				int rc = fdc_stop_send(th, fd);
@@ -427,15 +428,22 @@ static void write_owed(struct fdc_thread *th, struct sconn *c, int fd)
 				 * waits a little for the inserter to be there */
 				struct slot *s = &g_slots[c->slot];
 
-				if (th->tid != c->inserter)
-					for (int i = 0; i < 1000 && !atomic_load(&g_run.waiting[c->inserter]); i++)
-						usleep(20);
+				int sibling = th->tid != c->inserter;
+
+				for (int i = 0; sibling && i < 250 && !atomic_load(&g_run.waiting[c->inserter]); i++)
+					usleep(20);
 
 				lock(&s->mu);
 				drain_peer(s, c, now_s());
 				unlock(&s->mu);
 				atomic_fetch_add_explicit(&g_windows, 1, memory_order_relaxed);
-				hold_window(th->tid);      /* for a poller to take the edge */
+				/* the inserter's own window cannot lose the edge (it
+				 * is in its ready list too): a short pause, which
+				 * keeps the stress's pace */
+				if (sibling)
+					hold_window(th->tid);  /* for a poller to take the edge */
+				else
+					usleep(100 + rndn(400));
 			}
 			else if (chance(2))
 				sched_yield();
@@ -469,7 +477,7 @@ static int serve(struct fdc_thread *th, struct sconn *c, int fd, uint32_t events
 		read_all(th, c, fd);
 	if (answers) {
 		/* a request read: a response now and then, one at a time */
-		if ((events & FDC_POLL_IN) && !atomic_load(&c->owe) && chance(2) &&
+		if ((events & FDC_POLL_IN) && !atomic_load(&c->owe) && chance(4) &&
 		    !atomic_load(&g_run.stop)) {
 			atomic_store(&c->owe, RESP);
 			atomic_fetch_add_explicit(&g_resps, 1, memory_order_relaxed);
