@@ -79,9 +79,13 @@ def run_under_asan(env: dict, files: list[str | Path], timeout: float) -> str:
     sanitizer build; fails on a failed test, on any sanitizer report, and
     if the child did not run that build. Returns the child's stdout."""
     paths = [str(f if Path(f).is_absolute() else ROOT / "tests" / "worker" / f) for f in files]
+    # bench/fuzz_*.sh --asan: the round's seed reaches the child that generates
+    # the inputs (the outer pytest's --hypothesis-seed stops at this process),
+    # so a failing round is replayed by its seed
+    seed = [f"--hypothesis-seed={env['FUZZ_SEED']}"] if env.get("FUZZ_SEED") else []
     # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", *paths],
+                          "-p", "no:xdist", *seed, *paths],
                          env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report

@@ -70,6 +70,12 @@ The mutants:
              between an EAGAIN (or a recv pause) and the want is lost;
              caught by the writer's lost-report and lost-send-report checks
              of the shared scenario at -t 3 (pollers asleep take the edge).
+             The send side's window is made by the handler, not left to
+             timing: it waits for the inserter asleep in epoll_wait, drains
+             the peer, and holds the window until every other poller passed
+             (stress_shared.c, hold_window); with a timed pause instead the
+             mutant survived its 60 s twice at load 24-37, now it is caught
+             in the first run or two (bench/RESULTS.md, 2026-11-26).
              shared-takeover: fdc_takeover takes a group-shared connection
              (the review finding of issue 21: the old owners' exclusive
              edge-triggered registrations stay, and one asleep swallows the

@@ -148,11 +148,12 @@ void fail_at(const char *file, int line, int fd, const char *fmt, ...)
 static void hook(void *arg, int point, int tid, int fd, uint32_t gen)
 {
 	(void)arg;
-	(void)tid;
 	if (point == FDC_HK_CLOSE_BEGIN && fd >= 0 && fd < g_run.maxfd)
 		CHECKFD(fd, atomic_load(&g_inside[fd]) == 0,
 		        "final close of fd %d (gen %u) begins while %d handler(s) of the test are inside",
 		        fd, gen, atomic_load(&g_inside[fd]));
+	if (point == FDC_HK_BEFORE_WAIT && tid >= 0 && tid < MAX_THREADS)
+		atomic_store(&g_run.waiting[tid], 1);   /* entering epoll_wait */
 	if (point != FDC_HK_CLOSE_END) {
 		if (g_opt.widen && chance((unsigned)g_opt.widen))
 			sched_yield();

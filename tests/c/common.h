@@ -86,6 +86,8 @@ struct run {
 	_Atomic long iters_done[MAX_THREADS];
 	_Atomic uint64_t progress[MAX_THREADS]; /* bumped by workers */
 	_Atomic int busy[MAX_THREADS];          /* 0 while legitimately waiting */
+	_Atomic int waiting[MAX_THREADS];       /* set at FDC_HK_BEFORE_WAIT (the hook);
+	                                           a scenario clears it after fdc_poll */
 	_Atomic uint64_t inserts, closes, serial;
 	_Atomic uint64_t events, deferred, handler_deletes;
 };

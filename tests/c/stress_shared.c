@@ -35,6 +35,12 @@
  * consumed while send was not wanted: only fdcore's replay (FDC_KEPT_W)
  * tells the handler, and without it the response stalls, which the writer
  * turns into FAIL "lost send report" (peer drained, response unfinished).
+ * The handler makes that window itself, deterministically rather than by
+ * a timed pause (which closed before a woken poller ran under load): a
+ * sibling of the inserter waits for the inserter to enter epoll_wait (the
+ * hook's FDC_HK_BEFORE_WAIT, g_run.waiting: an exclusive waiter asleep
+ * takes the edge alone), drains the peer (the edge), then holds the window
+ * until every other poller has passed (hold_window).
  * A writer thread (not a poller) sends numbered bytes on each peer, a new
  * burst only once everything sent before was read, so the last byte of a
  * burst is announced by one edge and nothing else: a report lost anywhere
@@ -106,6 +112,7 @@ struct sconn {
 	_Atomic uint64_t owe;   /* response bytes not yet written (slots 2 mod 4) */
 	_Atomic uint64_t wrote; /* response bytes written, in all */
 	int send_on;            /* the handler wants send (inside only) */
+	int inserter;           /* tid of the thread that inserted it */
 };
 
 static struct slot *g_slots;
@@ -117,6 +124,11 @@ static _Atomic uint64_t g_reports, g_missed, g_replays, g_dead_reports, g_bytes,
 static _Atomic uint64_t g_bursts, g_deletes, g_hdeletes, g_prefilled, g_sendflips, g_outs;
 static _Atomic uint64_t g_eofs, g_hup_first, g_subset;
 static _Atomic uint64_t g_pauses, g_resps, g_eagains, g_resp_outs, g_windows, g_ctl_reports;
+
+/* Per poller (tid), its fdc_poll calls begun and ended (odd: inside one),
+ * and whether it holds an EAGAIN window open (hold_window). */
+static _Atomic uint64_t g_polls[MAX_THREADS];
+static _Atomic int g_in_window[MAX_THREADS];
 
 static void lock(pthread_mutex_t *m) { CHECK(pthread_mutex_lock(m) == 0, "lock"); }
 static void unlock(pthread_mutex_t *m) { CHECK(pthread_mutex_unlock(m) == 0, "unlock"); }
@@ -174,6 +186,7 @@ static void slot_fill(struct fdc_thread *th, struct slot *s)
 	c->missed = 0;
 	c->dead = 0;
 	c->slot = (int)(s - g_slots);
+	c->inserter = th->tid;
 	c->cookie = cookie;
 	atomic_store(&c->readn, 0);
 	atomic_store(&c->readers, 0);
@@ -338,6 +351,43 @@ static void drain_peer(struct slot *s, struct sconn *c, double now)
 		       now - s->out_since, c->inside, c->missed);
 }
 
+/* Holds the window between an EAGAIN and want_send open until the writable
+ * edge the drain just caused has been taken: every other poller has ended
+ * an fdc_poll begun after the drain (one asleep in epoll_wait wakes on the
+ * edge, one busy meets it at its next call); a poller
+ * holding a window of its own is not waited for (it polls nothing, and two
+ * windows would wait on each other). Bounded by 50 ms: a longer hold slowed
+ * the whole stress (shared-no-replay, caught by its pace, was missed). The timed pause that was here (100 to
+ * 500 us) closed before a poller woken under load ran: the mutant that
+ * drops a send edge taken while send is not ACTIVE survived 60 s twice at
+ * load 24-37. Now the edge is taken inside the window whenever a poller
+ * with EPOLLOUT registered is not the handler itself. */
+static void hold_window(int me)
+{
+	uint64_t until[MAX_THREADS];
+	int n = g_run.t->nbthread;
+	double t0 = now_s();
+
+	atomic_store(&g_in_window[me], 1);
+	for (int i = 0; i < n; i++) {
+		uint64_t p = atomic_load(&g_polls[i]);
+		/* outside a call: the next one's end; inside one: its end may
+		 * come before the edge (past its epoll_wait): the next one's */
+		until[i] = p + (p & 1 ? 3 : 2);
+	}
+	for (;;) {
+		int done = 1;
+
+		for (int i = 0; i < n && done; i++)
+			if (i != me && !atomic_load(&g_in_window[i]) && atomic_load(&g_polls[i]) < until[i])
+				done = 0;
+		if (done || now_s() - t0 > 0.05 || atomic_load(&g_run.stop))
+			break;
+		usleep(50);
+	}
+	atomic_store(&g_in_window[me], 0);
+}
+
 /* Writes what c's response still owes until done or EAGAIN, by the thread
  * inside. On EAGAIN, after a pause now and then (a writable edge may come
  * and be consumed right there, send not yet wanted), wants send: the
@@ -353,22 +403,47 @@ static void write_owed(struct fdc_thread *th, struct sconn *c, int fd)
 		if (n > 0) {
 			atomic_store(&c->owe, owe - (uint64_t)n);
 			atomic_fetch_add(&c->wrote, (uint64_t)n);
+			if (c->send_on && chance(4)) {
+				/* send off again while writing: the next EAGAIN opens
+				 * a window of its own (a few per response) */
+				int rc = fdc_stop_send(th, fd);
+				CHECKFD(fd, rc >= 0, "stop_send: %s", strerror(-rc));
+				c->send_on = 0;
+			}
 			continue;
 		}
 		CHECKFD(fd, n < 0 && errno == EAGAIN, "write fd %d: %zd (%s)", fd, n,
 		        n < 0 ? strerror(errno) : "0");
 		atomic_fetch_add_explicit(&g_eagains, 1, memory_order_relaxed);
 		if (!c->send_on) {
-			if (chance(2)) {
+			/* a sibling's EAGAIN: the edge goes to the inserter's poller
+			 * first (its registration is first in the fd's wait queue),
+			 * asleep or not, never to this handler: always the window */
+			if (th->tid != c->inserter || chance(2)) {
 				/* the peer reads now: the writable edge comes here,
-				 * and a poller asleep takes it, send not yet wanted */
+				 * and a poller asleep takes it, send not yet wanted.
+				 * The inserter's asleep in epoll_wait wakes alone (an
+				 * exclusive waiter: the edge goes to no other ready
+				 * list, this handler's included): a sibling's window
+				 * waits a little for the inserter to be there */
 				struct slot *s = &g_slots[c->slot];
+
+				int sibling = th->tid != c->inserter;
+
+				for (int i = 0; sibling && i < 250 && !atomic_load(&g_run.waiting[c->inserter]); i++)
+					usleep(20);
 
 				lock(&s->mu);
 				drain_peer(s, c, now_s());
 				unlock(&s->mu);
 				atomic_fetch_add_explicit(&g_windows, 1, memory_order_relaxed);
-				usleep(100 + rndn(400));   /* for the woken poller to run */
+				/* the inserter's own window cannot lose the edge (it
+				 * is in its ready list too): a short pause, which
+				 * keeps the stress's pace */
+				if (sibling)
+					hold_window(th->tid);  /* for a poller to take the edge */
+				else
+					usleep(100 + rndn(400));
 			}
 			else if (chance(2))
 				sched_yield();
@@ -522,7 +597,10 @@ static void poll_once(struct fdc_thread *th, int timeout)
 	int k;
 
 	nomem_point(th);
+	atomic_fetch_add(&g_polls[th->tid], 1);
 	k = fdc_poll(th, timeout, evs, 16);
+	atomic_store(&g_run.waiting[th->tid], 0);
+	atomic_fetch_add(&g_polls[th->tid], 1);   /* its reports applied (hold_window) */
 
 	CHECK(k >= 0, "fdc_poll: %s", strerror(-k));
 	for (int i = 0; i < k; i++)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+import threading
 import time
 
 import pytest
@@ -55,10 +56,9 @@ def _until_closed(s: socket.socket) -> None:
 
 def _read_by_server(s: socket.socket) -> None:
     """Waits until the server's side of s has read all s sent (its receive
-    queue in /proc/net/tcp empty): a reset that arrives before the server
-    read a byte is no handshake it saw begin (the reset's report closes
-    the connection unread: no outcome, as for a connection that sent
-    nothing)."""
+    queue in /proc/net/tcp empty): the cases below are about a reset after
+    the server read (a reset before it is
+    test_hello_then_reset_before_the_server_read's)."""
     port = s.getsockname()[1]
     peer = s.getpeername()[1]
 
@@ -222,4 +222,46 @@ def test_each_way_a_handshake_ends_is_one_outcome(serve_wsgi, pki, client, setti
     deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:
         assert outcomes(loop) == want, client.__doc__ or client.__name__
+        time.sleep(0.05)
+
+
+def test_hello_then_reset_before_the_server_read(serve_wsgi, pki):
+    """A client that sent its ClientHello and reset before the loop read a
+    byte began a handshake: abandoned, as when the loop read it first. The
+    one loop thread is held inside the app by another connection's request
+    while the hello and the reset both arrive, so the loop meets the
+    connection with its reset already reported (POLLERR) and nothing read:
+    the close peeks at the bytes Linux keeps readable after a reset
+    (tls_close, conn_tls.c). Before that it was in no outcome: the count
+    depended on whether the loop read before the reset came. A reset with
+    no byte before it stays in none (no handshake: docs/ARCHITECTURE.md,
+    "Handshake outcomes"); so does plain text's first byte decide
+    plain_http, as a read would."""
+    entered, release = threading.Event(), threading.Event()
+
+    def holding(environ, start_response):
+        if environ["PATH_INFO"] == "/hold":
+            entered.set()
+            release.wait(20)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    loop, addr = serve_wsgi(holding, **pki.settings())
+    with tls_connect(addr, pki.context()) as held:
+        held.sendall(b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert entered.wait(15), "the app was never entered"
+        try:
+            for sent in (handshake_bytes(pki), b"", b"GET / HTTP/1.1\r\n\r\n"):
+                s = socket.create_connection(addr, timeout=10)
+                if sent:
+                    s.sendall(sent)
+                _rst(s)
+        finally:
+            release.set()
+        assert read_response(held)[1] == b"ok"
+    assert wait_for(lambda: not loop.conns, 15), f"still open: {loop.conns}"
+    want = {k: 0 for k in OUTCOMES} | {"full": 1, "abandoned": 1, "plain_http": 1}
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        assert outcomes(loop) == want
         time.sleep(0.05)

@@ -47,6 +47,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <openssl/err.h>
@@ -181,6 +182,39 @@ void tls_free(HttpConn *c)
 	}
 	pre_drop(c);
 	Py_CLEAR(c->tls_env);
+}
+
+/* The close's side (tls_ops.free, hconn_close_now: the fd still open, its
+ * delete deferred): a connection whose first byte was never looked at may
+ * have one waiting. A client that sent its ClientHello and reset at once
+ * can have its reset reported (POLLERR) before the loop read a byte, and
+ * the close then comes without a read: Linux keeps the bytes that
+ * arrived before a reset readable (recv returns them, then ECONNRESET).
+ * A peek at the first of them decides as the read would have: a
+ * handshake record begun (abandoned, by tls_free) or plain HTTP; none
+ * (no byte, or the reset alone) is no handshake. Without it the same
+ * client landed in an outcome or in none depending on whether the loop
+ * read before the reset came (docs/ARCHITECTURE.md, "Handshake outcomes"). Not at
+ * a dealloc (tls_free alone): the fd may be another connection's by then. */
+static void tls_close(HttpConn *c)
+{
+	unsigned char first;
+	ssize_t n;
+
+	if (c->ssl && !c->tls_checked && !c->proxy_wait
+	    && c->tls_pre_len == c->tls_pre_start) {
+		do
+			n = recv(c->fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+		while (n < 0 && errno == EINTR);
+		if (n == 1) {
+			c->tls_checked = 1;
+			if (first != 0x16) {
+				c->srv->tls_plain++;    /* what the read would have refused */
+				c->tls_done = 1;
+			}
+		}
+	}
+	tls_free(c);
 }
 
 int tls_buffered(const HttpConn *c)
@@ -429,6 +463,6 @@ void tls_replay_free(Server *s)
 }
 
 const struct tls_ops tls_ops = {
-	.read = tls_read, .write = tls_write, .free = tls_free, .buffered = tls_buffered,
+	.read = tls_read, .write = tls_write, .free = tls_close, .buffered = tls_buffered,
 	.replay = tls_replay, .close_notify = tls_close_notify,
 };
