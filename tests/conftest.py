@@ -25,6 +25,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+@pytest.hookimpl(optionalhook=True)      # the ASan children run pytest -p no:xdist
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (the README's `make test`, CI): two xdist workers per
     core. Most of the suite's time is waiting (servers starting, drains,
