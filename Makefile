@@ -75,8 +75,10 @@ run: setup
 	@echo "sockherd: the embedded status page on http://127.0.0.1:8000/ (Ctrl-C stops)"
 	$(BIN)/sockherd run
 
+# --durations: every CI log ends with the 25 slowest test phases, so the next
+# cut of the suite's time starts from figures (docs/test-suite-time.md)
 test: $(TSTAMP) test-debs
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -n auto --durations=25
 
 clean:
 	rm -rf $(VENV) build *.egg-info fdcore/_fdcore*.so fdcore/_fdcore.c tests/c/build

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -83,10 +84,14 @@ def run_under_asan(env: dict, files: list[str | Path], timeout: float) -> str:
     # the inputs (the outer pytest's --hypothesis-seed stops at this process),
     # so a failing round is replayed by its seed
     seed = [f"--hypothesis-seed={env['FUZZ_SEED']}"] if env.get("FUZZ_SEED") else []
-    # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", *seed, *paths],
-                         env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    # -s: a sanitizer report goes to fd 2, which pytest would otherwise swallow.
+    # --basetemp of its own: children sharing /tmp/pytest-of-<user> prune one
+    # another's numbered dirs at exit, and a dir gone under pytest's scandir
+    # left it unclosed: a ResourceWarning, an error here (seen at -n 4)
+    with tempfile.TemporaryDirectory(prefix="asan-child-") as base:
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                              "-p", "no:xdist", "--basetemp", base, *seed, *paths],
+                             env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     report = run.stdout[-3000:] + run.stderr[-6000:]
     assert run.returncode == 0, report
     assert "ERROR: AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, report

@@ -348,7 +348,9 @@ def activated_master(tmp_path):
     """activated_master(listen=[(host, port)], names="web", args...): the
     master run by systemd-socket-activate (which waits for a first
     connection, then execs it in place with LISTEN_FDS and a clean
-    environment: -E passes NOTIFY_SOCKET on)."""
+    environment: -E passes NOTIFY_SOCKET on, and the suite's reload
+    probation (conftest.py: none unless a test asks; 10 s on each of the
+    reloads and upgrades here took 20 s of each test))."""
     (tmp_path / "wsgiapp.py").write_text(APPS["wsgiapp.py"])
     started: list[Master] = []
 
@@ -356,6 +358,8 @@ def activated_master(tmp_path):
         log = tmp_path / f"master{len(started)}.log"
         cmd = [ACTIVATE, *[f"-l127.0.0.1:{p}" for p in listen], f"--fdname={names}",
                *([f"-ENOTIFY_SOCKET={notify}"] if notify else []),
+               *[f"-E{k}={os.environ[k]}" for k in ("SOCKHERD_RELOAD_PROBATION",)
+                 if k in os.environ],
                sys.executable, "-m", "sockherd.master", "run", "wsgiapp:app",
                "--chdir", str(tmp_path), "--control", "off", *args]
         with open(log, "wb") as out:
