@@ -62,6 +62,7 @@ static const struct conn_ops h1_asgi_conn_ops = {
 	.owed = asgi_owed,
 	.abandon = asgi_abandon,
 	.drop = asgi_ws_drop,                      /* issue 23: asgi_drop unless a WebSocket's */
+	.write_owed = h1_owed_run,
 };
 
 static const struct h1_app asgi_h1_app = {
