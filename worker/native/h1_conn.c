@@ -207,47 +207,6 @@ int h1_resume(HttpConn *c)
 	return 0;
 }
 
-/* The requests a read completed, answered; one write of what they said. */
-static int serve_read(HttpConn *c)
-{
-	if (serve_ready(c) < 0)
-		return -1;
-	after_serving(c, NULL);
-	return 0;
-}
-
-/* Input while a call runs: its body moved through the body parser, the
- * adapter told (its receive may wait for it), and reading stops while
- * more than CALL_INPUT_MAX waits unread (a client pipelining ahead of a
- * slow app, an upload the app does not read). */
-static int call_input(HttpConn *c)
-{
-	if (parser_pump_body(c->parser) < 0)
-		return -1;
-	h1_input_room(c);
-	return c->srv->app_ops->input ? c->srv->app_ops->input(c) : 0;
-}
-
-void h1_input_room(HttpConn *c)
-{
-	Parser *p = c->parser;
-	int full = c->call && (p->len - p->start) + (p->blen - p->bstart) > CALL_INPUT_MAX;
-
-	if (full != c->in_full) {
-		c->in_full = (unsigned)full;
-		hconn_sync(c);
-	}
-}
-
-void h1_call_detached(HttpConn *c)
-{
-	Parser *p = c->parser;
-
-	c->in_full = 0;
-	p->body_due = 0;                           /* the next request's body has its own */
-	p->body_wait = p->body_late = 0;
-}
-
 /* ---- the ready pass's answers, written together ---------------------------------------
  *
  * An ASGI answer ends in its task's step, in the asyncio loop's ready
@@ -287,6 +246,49 @@ static int owe(HttpConn *c)
 	c->owed_next = t->owed;
 	t->owed = (HttpConn *)Py_NewRef(c);
 	return 1;
+}
+
+/* The requests a read completed, answered; one write of what they said. */
+static int serve_read(HttpConn *c)
+{
+	if (serve_ready(c) < 0)
+		return -1;
+	if (!c->closed && !c->srv->dispatch && c->srv->ops->write_owed && owe(c))
+		return 0;
+	after_serving(c, NULL);
+	return 0;
+}
+
+/* Input while a call runs: its body moved through the body parser, the
+ * adapter told (its receive may wait for it), and reading stops while
+ * more than CALL_INPUT_MAX waits unread (a client pipelining ahead of a
+ * slow app, an upload the app does not read). */
+static int call_input(HttpConn *c)
+{
+	if (parser_pump_body(c->parser) < 0)
+		return -1;
+	h1_input_room(c);
+	return c->srv->app_ops->input ? c->srv->app_ops->input(c) : 0;
+}
+
+void h1_input_room(HttpConn *c)
+{
+	Parser *p = c->parser;
+	int full = c->call && (p->len - p->start) + (p->blen - p->bstart) > CALL_INPUT_MAX;
+
+	if (full != c->in_full) {
+		c->in_full = (unsigned)full;
+		hconn_sync(c);
+	}
+}
+
+void h1_call_detached(HttpConn *c)
+{
+	Parser *p = c->parser;
+
+	c->in_full = 0;
+	p->body_due = 0;                           /* the next request's body has its own */
+	p->body_wait = p->body_late = 0;
 }
 
 int h1_owed_run(Server *s, int pos)

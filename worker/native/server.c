@@ -36,6 +36,7 @@ const struct conn_ops h1_conn_ops = {
 	H1_CONN_OPS,
 	.owed = wsgi_owed,
 	.abandon = respond_abandon,
+	.write_owed = h1_owed_run,
 };
 
 /* What the HTTP/1 codec calls above it: the WSGI adapter */
