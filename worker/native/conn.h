@@ -175,13 +175,13 @@ struct HttpConn {
 	 * no padding, for every connection: issue 23's memory.) */
 	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
 	         tls_short : 1, tls_queued : 1, tls_done : 1,
-	         owed_queued : 1;              /* in its thread's owed list (h1_owe) */
+	         owed_queued : 1;              /* in its thread's owed list (h1_conn.c: owe) */
 	PyObject *proxy;
 	struct ssl_st *ssl;
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
 	HttpConn *tls_next;
-	HttpConn *owed_next;               /* its thread's owed list (h1_owe) */
+	HttpConn *owed_next;               /* its thread's owed list (h1_conn.c: owe) */
 	PyObject *tls_env;
 };
 

@@ -174,7 +174,7 @@ static PyObject *Server_turn(Server *s, PyObject *const *args, Py_ssize_t nargs)
 		timeout = 0;                           /* never asleep on queued work */
 	if (t->tls_replay)
 		timeout = 0;                           /* nor on input a TLS session holds */
-	/* the ready pass's answers, before this poll (h1_owe) */
+	/* the answers queued since the last turn, before this poll (h1_conn.c: owe) */
 	if (t->owed && s->ops->write_owed(s, pos))
 		timeout = 0;                           /* a close the Python side must see */
 	/* A worker's only loop thread skips that first call: nobody else
