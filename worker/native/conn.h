@@ -174,12 +174,14 @@ struct HttpConn {
 	 * of the session. (Its flags share the PROXY flags' word: one word,
 	 * no padding, for every connection: issue 23's memory.) */
 	unsigned tls_checked : 1, tls_rw : 1, tls_wr : 1, tls_eagain : 1, tls_eof : 1,
-	         tls_short : 1, tls_queued : 1, tls_done : 1;
+	         tls_short : 1, tls_queued : 1, tls_done : 1,
+	         owed_queued : 1;              /* in its thread's owed list (h1_conn.c: owe) */
 	PyObject *proxy;
 	struct ssl_st *ssl;
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
 	HttpConn *tls_next;
+	HttpConn *owed_next;               /* its thread's owed list (h1_conn.c: owe) */
 	PyObject *tls_env;
 };
 
@@ -219,6 +221,12 @@ struct conn_ops {
 	 * reference passed): the app learns that its client is gone. NULL
 	 * for an adapter that makes no calls (WSGI). */
 	void (*drop)(HttpConn *c, PyObject *call);
+	/* the answers the protocol queued for loop thread pos's next turn
+	 * (srv_thread.owed), written: called by the turn before its poll and
+	 * at its end while the list is not empty. NULL for a protocol that
+	 * queues none (WSGI writes at once). 1 if a connection closed: the
+	 * turn then polls without sleeping, so its owner (the drain) hears it. */
+	int (*write_owed)(Server *s, int pos);
 };
 
 /* ---- what this layer's I/O calls of the TLS step (conn_tls.c) ----

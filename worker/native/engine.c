@@ -174,6 +174,9 @@ static PyObject *Server_turn(Server *s, PyObject *const *args, Py_ssize_t nargs)
 		timeout = 0;                           /* never asleep on queued work */
 	if (t->tls_replay)
 		timeout = 0;                           /* nor on input a TLS session holds */
+	/* the answers queued since the last turn, before this poll (h1_conn.c: owe) */
+	if (t->owed && s->ops->write_owed(s, pos))
+		timeout = 0;                           /* a close the Python side must see */
 	/* A worker's only loop thread skips that first call: nobody else
 	 * wants the GIL between its turns (the main thread waits in select
 	 * with it released), so letting it go around a call that returns at
@@ -288,6 +291,8 @@ static PyObject *Server_turn(Server *s, PyObject *const *args, Py_ssize_t nargs)
 		handled += dispatch_run_spilled(s, pos);
 	if (t->tls_replay && !relieved)
 		handled += tls_replay_run(s, pos);
+	if (t->owed)
+		(void)s->ops->write_owed(s, pos);      /* what this turn's events ended */
 	if (fire_timers(s, pos) < 0 || engine_stamp(s, pos, 0.0) < 0) {
 		Py_XDECREF(others);
 		return NULL;

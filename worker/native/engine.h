@@ -35,6 +35,12 @@ struct srv_thread {
 	 * input no report will announce, read at its next turn (each holds a
 	 * strong reference, linked through tls_next) */
 	HttpConn *tls_replay;
+	/* h1_conn.c: the connections whose answers, ended under load, are
+	 * written together at the turn's end or before its next poll (owe;
+	 * each holds a strong reference, linked through owed_next), and when
+	 * the first of them was queued */
+	HttpConn *owed;
+	double owed_since, owed_last;      /* and when the last answer ended */
 	/* set by accept() and take() for their call: the listener is a plain
 	 * one beside TLS ones (per-bind TLS), so tls_open makes no session */
 	int plain;

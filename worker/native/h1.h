@@ -188,6 +188,15 @@ struct h1_app {
  * that waited behind it served, what is owed sent. 0 or -1 (not the
  * app's error). The owner loop thread, outside any handler of c. */
 int h1_call_done(HttpConn *c, int keep);
+/* The answers loop thread pos owes (queued under load by h1_call_done
+ * and serve_read: h1_conn.c, owe): written, each connection's timer and
+ * directions set (Server_turn, before its poll and at its end). 1 if a
+ * connection closed (its last answer out, or the client gone): the turn
+ * must not sleep before its owner hears it. h1_owed_free: the lists
+ * dropped (Server_clear: the engine's end, its connections closed with
+ * it). */
+int h1_owed_run(Server *s, int pos);
+void h1_owed_free(Server *s);
 /* The part of h1_call_done that forgets the call (its input bound, its
  * body's deadline), for an adapter that ends a call inside a resume
  * (h1_resume goes on with the connection itself). */

@@ -207,11 +207,64 @@ int h1_resume(HttpConn *c)
 	return 0;
 }
 
+/* ---- a turn's answers, written together ------------------------------------------------
+ *
+ * Answers end one request after another: WSGI ones in the turn's events,
+ * ASGI ones in their tasks' steps, in the asyncio loop's ready pass.
+ * Written each at its end, every write wakes the client (or the proxy in
+ * front) once per answer, and the loop thread is preempted by it as
+ * often. Queued on the thread's list instead and written together (at the
+ * turn's end, and before its next poll), they reach the other side as one
+ * burst: the same writes, far fewer wake-ups. Measured (bench/RESULTS.md,
+ * 2026-11-26, "a turn's answers written together"): per FastAPI request
+ * the workers' system time 16 -> 7 us and the client's 7.3 -> 5.6 us.
+ *
+ * Only under load, and never long: an answer is queued only if the
+ * thread's previous answer ended less than OWED_MAX before it (answers
+ * coming fast; after a pause, or from a slow app, it goes at once), and
+ * while the list is younger than OWED_MAX (older: written with this one).
+ * The loop turns at least every 16 iterations or 1 ms while callbacks are
+ * ready (worker/aio.py: _TURN_EVERY, _TURN_AFTER). What stays: an answer
+ * queued just before a slow app call waits for that call. Only a thread
+ * alone with its connections queues (dispatch: a sibling may serve one of
+ * them next). */
+#define OWED_MAX 0.0005                         /* seconds */
+
+/* c's answer queued on its thread's list: 1, or 0 to write it now (as
+ * every answer was written before; the list, if any, went first). */
+static int owe(HttpConn *c)
+{
+	Server *s = c->srv;
+	struct srv_thread *t = &s->thr[c->pos];
+	double now, last;
+
+	if (c->closed || s->dispatch || !s->ops->write_owed || !hconn_pending(c))
+		return 0;
+	now = mono_now();
+	last = t->owed_last;
+	t->owed_last = now;
+	if (now - last > OWED_MAX || (t->owed && now - t->owed_since > OWED_MAX)) {
+		if (t->owed)
+			(void)h1_owed_run(s, c->pos);      /* a close is seen by the next turn */
+		return 0;
+	}
+	if (c->owed_queued)
+		return 1;
+	if (!t->owed)
+		t->owed_since = now;
+	c->owed_queued = 1;
+	c->owed_next = t->owed;
+	t->owed = (HttpConn *)Py_NewRef(c);
+	return 1;
+}
+
 /* The requests a read completed, answered; one write of what they said. */
 static int serve_read(HttpConn *c)
 {
 	if (serve_ready(c) < 0)
 		return -1;
+	if (owe(c))
+		return 0;
 	after_serving(c, NULL);
 	return 0;
 }
@@ -248,6 +301,37 @@ void h1_call_detached(HttpConn *c)
 	p->body_wait = p->body_late = 0;
 }
 
+int h1_owed_run(Server *s, int pos)
+{
+	struct srv_thread *t = &s->thr[pos];
+	HttpConn *c, *next = t->owed;
+	int closed = 0;
+
+	t->owed = NULL;
+	while ((c = next)) {
+		next = c->owed_next;
+		c->owed_next = NULL;
+		c->owed_queued = 0;
+		after_serving(c, NULL);
+		closed |= c->closed;
+		Py_DECREF(c);
+	}
+	return closed;
+}
+
+void h1_owed_free(Server *s)
+{
+	for (int i = 0; s->thr && i < s->nthreads; i++)
+		while (s->thr[i].owed) {
+			HttpConn *c = s->thr[i].owed;
+
+			s->thr[i].owed = c->owed_next;
+			c->owed_next = NULL;
+			c->owed_queued = 0;
+			Py_DECREF(c);
+		}
+}
+
 int h1_call_done(HttpConn *c, int keep)
 {
 	if (c->closed)
@@ -259,6 +343,8 @@ int h1_call_done(HttpConn *c, int keep)
 		hconn_close_soft(c);
 	else if (serve_ready(c) < 0)
 		return -1;
+	if (owe(c))
+		return 0;
 	after_serving(c, NULL);
 	return 0;
 }

@@ -36,6 +36,7 @@ const struct conn_ops h1_conn_ops = {
 	H1_CONN_OPS,
 	.owed = wsgi_owed,
 	.abandon = respond_abandon,
+	.write_owed = h1_owed_run,
 };
 
 /* What the HTTP/1 codec calls above it: the WSGI adapter */
@@ -62,6 +63,7 @@ static const struct conn_ops h1_asgi_conn_ops = {
 	.owed = asgi_owed,
 	.abandon = asgi_abandon,
 	.drop = asgi_ws_drop,                      /* issue 23: asgi_drop unless a WebSocket's */
+	.write_owed = h1_owed_run,
 };
 
 static const struct h1_app asgi_h1_app = {

@@ -11,6 +11,7 @@
  * May call: everything below it; server.c's tables and attributes by name.
  */
 #include "engine.h"
+#include "h1.h"
 #include "conn_tls.h"
 
 #include <openssl/ssl.h>
@@ -232,6 +233,7 @@ static int Server_clear(Server *s)
 		Py_CLEAR(s->thr[i].aio);
 	dispatch_free_spilled(s);
 	tls_replay_free(s);
+	h1_owed_free(s);
 	return 0;
 }
 
