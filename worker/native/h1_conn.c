@@ -310,6 +310,20 @@ int h1_owed_run(Server *s, int pos)
 	t->owed = NULL;
 	while ((c = next)) {
 		next = c->owed_next;
+		if (c->pos != pos && !c->closed) {
+			/* taken over by a sibling since (relief: adopted_by) while
+			 * queued here: its new owner writes it, at its next turn
+			 * (woken for it); the reference goes with it. Under the GIL,
+			 * as every list's change. */
+			struct srv_thread *o = &s->thr[c->pos];
+
+			c->owed_next = o->owed;
+			if (!o->owed)
+				o->owed_since = mono_now();
+			o->owed = c;
+			s->api.wake(s->table, o->tid);
+			continue;
+		}
 		c->owed_next = NULL;
 		c->owed_queued = 0;
 		after_serving(c, NULL);
