@@ -233,9 +233,11 @@ int h1_resume(HttpConn *c)
  * while the list is younger than OWED_MAX (older: written with this one).
  * The loop turns at least every 16 iterations or 1 ms while callbacks are
  * ready (worker/aio.py: _TURN_EVERY, _TURN_AFTER). What stays: an answer
- * queued just before a slow app call waits for that call. Only a thread
- * alone with its connections queues (dispatch: a sibling may serve one of
- * them next). */
+ * queued just before a slow app call waits for that call (measured: all of
+ * it, tests/asgi/test_owed_answers.py); not for the slow path's wait on a
+ * large upload's client, which serve_ready precedes with the list's write.
+ * Only a thread alone with its connections queues (dispatch: a sibling may
+ * serve one of them next). */
 #define OWED_MAX 0.0005                         /* seconds */
 
 /* c's answer queued on its thread's list: 1, or 0 to write it now (as
