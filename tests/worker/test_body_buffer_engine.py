@@ -168,6 +168,9 @@ def test_answers_owed_go_before_the_slow_path_waits_on_its_client(serve_wsgi):
     conns = [socket.create_connection(addr, timeout=10) for _ in range(6)]
     b, up, fast = conns[0], conns[1], conns[2:]
     try:
+        for c in conns:                          # accepted and idle (not in the batch below)
+            c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert c.recv(65536).endswith(b"\r\n\r\n0")
         b.sendall(b"GET /busy HTTP/1.1\r\nHost: h\r\n\r\n")
         wait_for(busy.is_set)
         for c in fast:                           # one poll's batch: these, then the upload
