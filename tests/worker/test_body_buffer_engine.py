@@ -146,3 +146,43 @@ def test_a_chunked_body_reaching_the_buffer_goes_to_the_app_streaming(serve_wsgi
         while len(body) < len(b"Input 1027:") + 1027:
             body += c.recv(65536)
     assert body == b"Input 1027:" + b"a" * 512 + b"b" * 512 + b"ccc", body[:40]
+
+
+def test_answers_owed_go_before_the_slow_path_waits_on_its_client(serve_wsgi):
+    """Answers queued on the thread's owed list (h1_conn.c: owe, answers
+    ending < 0.5 ms apart) are written before a streamed upload (past
+    body_buffer: wsgi.py's slow path) makes the loop thread wait on its
+    client: they waited for that stranger's upload before (review; the
+    end-to-end test, on a real master: test_owed_answers_wsgi.py)."""
+    busy, go = threading.Event(), threading.Event()
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/busy":
+            busy.set()
+            go.wait(10)                          # the batch below arrives meanwhile
+        body = str(len(environ["wsgi.input"].read())).encode()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    loop, addr = serve_wsgi(app, body_buffer=1024)
+    conns = [socket.create_connection(addr, timeout=10) for _ in range(6)]
+    b, up, fast = conns[0], conns[1], conns[2:]
+    try:
+        for c in conns:                          # accepted and idle (not in the batch below)
+            c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert c.recv(65536).endswith(b"\r\n\r\n0")
+        b.sendall(b"GET /busy HTTP/1.1\r\nHost: h\r\n\r\n")
+        wait_for(busy.is_set)
+        for c in fast:                           # one poll's batch: these, then the upload
+            c.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        up.sendall(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100)
+        go.set()
+        for c in fast:                           # the upload's rest is not sent yet
+            c.settimeout(5)
+            assert select.select([c], [], [], 5)[0], "an answer waited for another's upload"
+            assert c.recv(65536).endswith(b"\r\n\r\n0")
+        up.sendall(b"x" * (100000 - 100))
+        assert up.recv(65536).endswith(b"\r\n\r\n100000")
+    finally:
+        for c in conns:
+            c.close()

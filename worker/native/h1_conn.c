@@ -127,11 +127,19 @@ static int serve_ready(HttpConn *c)
 			c->held = env;                     /* still coming: the body timer runs on */
 			return 0;
 		}
-		timer_cancel(c);                       /* a held one's body timer */
-		c->serving = 1;
 		/* whole: its body is all here (or it has none), served start to
 		 * end; else the adapter streams the rest of it */
 		whole = p->hp->state == HP_DONE;
+		/* Streamed: WSGI's slow path waits on this client inside the turn,
+		 * for as long as its upload takes (up to body_timeout). The
+		 * answers the thread owes (other clients', whole) go first: they
+		 * waited for a stranger's upload (review: tests/worker/
+		 * test_owed_answers_wsgi.py). Before the timer_cancel: c may be
+		 * one of them, and its after_serving re-arms its timer. */
+		if (!whole && c->srv->thr[c->pos].owed)
+			(void)h1_owed_run(c->srv, c->pos);     /* a close is seen by the turn's end */
+		timer_cancel(c);                       /* a held one's body timer */
+		c->serving = 1;
 		keep = c->srv->app_ops->serve(c, env, whole);
 		if (whole && keep > 0 && keep != RESPOND_PARKED)
 			keep = parser_finish(p);
@@ -225,9 +233,11 @@ int h1_resume(HttpConn *c)
  * while the list is younger than OWED_MAX (older: written with this one).
  * The loop turns at least every 16 iterations or 1 ms while callbacks are
  * ready (worker/aio.py: _TURN_EVERY, _TURN_AFTER). What stays: an answer
- * queued just before a slow app call waits for that call. Only a thread
- * alone with its connections queues (dispatch: a sibling may serve one of
- * them next). */
+ * queued just before a slow app call waits for that call (measured: all of
+ * it, tests/asgi/test_owed_answers.py); not for the slow path's wait on a
+ * large upload's client, which serve_ready precedes with the list's write.
+ * Only a thread alone with its connections queues (dispatch: a sibling may
+ * serve one of them next). */
 #define OWED_MAX 0.0005                         /* seconds */
 
 /* c's answer queued on its thread's list: 1, or 0 to write it now (as
