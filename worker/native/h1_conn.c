@@ -320,18 +320,18 @@ int h1_owed_run(Server *s, int pos)
 	t->owed = NULL;
 	while ((c = next)) {
 		next = c->owed_next;
-		if (c->pos != pos && !c->closed) {
-			/* taken over by a sibling since (relief: adopted_by) while
-			 * queued here: its new owner writes it, at its next turn
-			 * (woken for it); the reference goes with it. Under the GIL,
-			 * as every list's change. */
-			struct srv_thread *o = &s->thr[c->pos];
-
-			c->owed_next = o->owed;
-			if (!o->owed)
-				o->owed_since = mono_now();
-			o->owed = c;
-			s->api.wake(s->table, o->tid);
+		if (c->pos != pos) {
+			/* adopted by a sibling since it was queued (adopted_by):
+			 * never so today (queuing needs no dispatch; relief needs
+			 * dispatch for WSGI and is off for ASGI). Not written here,
+			 * in the wrong thread's context: adopted_by synced its
+			 * directions, so what it holds is a POLLOUT of its new
+			 * owner's. Were relief ever to move queued connections,
+			 * adopted_by would have to unlink it first: meanwhile the new
+			 * owner's owe() takes it for queued (owed_queued). */
+			c->owed_next = NULL;
+			c->owed_queued = 0;
+			Py_DECREF(c);
 			continue;
 		}
 		c->owed_next = NULL;

@@ -184,6 +184,11 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	for (int i = 0; s->thr && i < s->nthreads; i++) {
 		Py_VISIT(s->thr[i].obj);
 		Py_VISIT(s->thr[i].aio);
+		/* the connections whose answers are queued (h1_conn.c, owe): each
+		 * holds a reference to this Server, so a cycle the collector must
+		 * see (a stopped engine's list is never written again) */
+		for (HttpConn *c = s->thr[i].owed; c; c = c->owed_next)
+			Py_VISIT(c);
 	}
 	Py_VISIT(s->file_wrapper);
 	Py_VISIT(s->bytes_io);
