@@ -223,9 +223,10 @@ struct conn_ops {
 	void (*drop)(HttpConn *c, PyObject *call);
 	/* the answers the protocol queued for loop thread pos's next turn
 	 * (srv_thread.owed), written: called by the turn before its poll and
-	 * at its end while the list is not empty. NULL for a protocol that
-	 * queues none (WSGI writes at once). 1 if a connection closed: the
-	 * turn then polls without sleeping, so its owner (the drain) hears it. */
+	 * at its end, only while the list is not empty (the HTTP/1 codec's
+	 * h1_owed_run for WSGI and ASGI alike: only it queues). 1 if a
+	 * connection closed: the turn then polls without sleeping, so its
+	 * owner (the drain) hears it. */
 	int (*write_owed)(Server *s, int pos);
 };
 

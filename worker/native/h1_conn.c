@@ -248,7 +248,7 @@ static int owe(HttpConn *c)
 	struct srv_thread *t = &s->thr[c->pos];
 	double now, last;
 
-	if (c->closed || s->dispatch || !s->ops->write_owed || !hconn_pending(c))
+	if (c->closed || s->dispatch || !hconn_pending(c))
 		return 0;
 	now = mono_now();
 	last = t->owed_last;
