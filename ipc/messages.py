@@ -2,8 +2,8 @@
 listener hand-off), and their msgpack encoding.
 
 One tagged union, decoded strictly: an unknown `type`, a missing or extra field or a wrong
-type becomes a MessageError naming the field (msgspec's own path, e.g. "Expected `int`,
-got `str` - at `$.generation`"). So does anything else a peer can put in well-framed
+type becomes a MessageError naming the field in our words (wording.py: "unknown field
+`now`", "field `$.generation`: ..." with msgspec's path). So does anything else a peer can put in well-framed
 bytes: invalid UTF-8 in any string, nesting deeper than MAX_DEPTH (see nesting.py),
 truncated or invalid msgpack. decode() raises nothing but MessageError, whatever the
 payload. Times are CLOCK_MONOTONIC seconds (time.monotonic()), which on Linux is one clock
@@ -17,7 +17,8 @@ import msgspec
 
 from .errors import MessageError
 from .listeners import ListenerDescriptor
-from .nesting import first_too_deep
+from .nesting import first_bad_string, first_too_deep
+from .wording import validation_words
 
 
 # A pid a process can have: 1..PID_MAX_LIMIT (2**22 on 64-bit Linux). Whoever acts on a
@@ -151,21 +152,18 @@ def decode(payload: bytes):
     if too_deep is not None:
         raise MessageError(f"message nests deeper than {MAX_DEPTH} levels "
                            f"(container at byte {too_deep})")
+    bad = first_bad_string(payload)
+    if bad is not None:
+        raise MessageError(_bad_string(payload, *bad))
     try:
         return _decoder.decode(payload)
     except msgspec.ValidationError as exc:
         unknown = _UNKNOWN_TAG.match(str(exc))
         if unknown:
             raise MessageError(f"unknown message type {unknown.group(1)}") from None
-        raise MessageError(str(exc)) from None
+        raise MessageError(validation_words(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise MessageError(str(exc)) from None
-    except UnicodeDecodeError as exc:
-        # msgspec lets the codec's error through for a str (key, tag or value) that is
-        # not UTF-8; it gives no path, so name the string's bad bytes instead.
-        bad = exc.object[exc.start:exc.end]
-        raise MessageError(f"invalid UTF-8 in a string: {exc.reason} {bad.hex(' ')} "
-                           f"at offset {exc.start} of a {len(exc.object)}-byte string") from None
     except RecursionError:
         # Safety net: within MAX_DEPTH, yet deeper than the stack the caller left us.
         raise MessageError("message nests too deep for the recursion limit left to "
@@ -175,6 +173,21 @@ def decode(payload: bytes):
         # through; anything else it raises on bytes from a peer is still about those
         # bytes, and callers (the hand-off server, the master loop) survive MessageError.
         raise MessageError(f"undecodable message: {type(exc).__name__}: {exc}") from None
+
+
+def _bad_string(payload: bytes, offset: int, length: int) -> str:
+    """Our words for a str item that is not UTF-8 (first_bad_string found it at
+    payload[offset:offset + length]): msgspec's changed between its releases, and it
+    gives no path, so name the string's bad bytes and where they are."""
+    raw = bytes(payload[offset:offset + length])
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start:exc.end]
+        return (f"invalid UTF-8 in a string: {exc.reason} {bad.hex(' ')} "
+                f"at offset {exc.start} of a {length}-byte string")
+    # the C check and Python's codec disagree: say so rather than guess
+    return f"invalid UTF-8 in the {length}-byte string at byte {offset}"
 
 
 def expected_fds(msg) -> int:

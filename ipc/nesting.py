@@ -18,7 +18,11 @@ is left to the decoder, whose words for those problems are better.
 The walk is one pass in C (ipc/native/depth.c, the GIL released meanwhile): a few ns per
 item, so a 16 MB frame (frames.MAX_FRAME) built to be slow costs milliseconds. The
 Python walk it replaces took 2-4 s on the same bytes (review).
-"""
-from sockherd.ipc._depth import first_too_deep
 
-__all__ = ["first_too_deep"]
+first_bad_string() is the same walk looking for the first str item that is not
+UTF-8: msgspec reports that in words that changed between its releases (0.23),
+so the ipc layer checks it first and says it in its own (messages.decode).
+"""
+from sockherd.ipc._depth import first_bad_string, first_too_deep
+
+__all__ = ["first_bad_string", "first_too_deep"]

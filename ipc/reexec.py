@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import msgspec
 
+from .wording import validation_words
+
 from .errors import ListenerMismatch, ReexecStateError
 from .fds import borrowed_socket
 from .listeners import ListenerDescriptor, check
@@ -78,7 +80,9 @@ def decode(text: str) -> ReexecState:
     """Strict decode: unknown fields, wrong types, duplicate or reserved fds are refused."""
     try:
         state = msgspec.json.decode(text, type=ReexecState)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except msgspec.ValidationError as exc:
+        raise ReexecStateError(f"{ENV_VAR}: {validation_words(str(exc))}") from None
+    except msgspec.DecodeError as exc:
         raise ReexecStateError(f"{ENV_VAR}: {exc}") from None
     except UnicodeEncodeError as exc:
         # os.environ keeps bytes that are not UTF-8 as lone surrogates (surrogateescape),

@@ -10,6 +10,11 @@
  * opened deeper than the limit. It measures nesting and nothing else: a
  * truncated payload or a reserved byte ends it, and the decoder, whose words
  * for those are better, reports them.
+ *
+ * The same walk also finds the first str item whose bytes are not UTF-8
+ * (first_bad_string): msgspec's words for that changed between releases
+ * (a UnicodeDecodeError up to 0.22, "Invalid UTF-8 encoded string" in
+ * 0.23), so the ipc layer checks it itself and says it in its own words.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -58,10 +63,51 @@ static void init_tables(void)
     }
 }
 
-/* Offset of the first container header deeper than limit levels (the
- * outermost container is level 1), or -1 if there is none before the walk
- * ends. */
-static Py_ssize_t walk(const uint8_t *p, size_t end, size_t limit)
+/* 1 if p[0..n) is UTF-8 as RFC 3629 and Python's strict codec define it:
+ * no overlong forms, no surrogates (U+D800-DFFF), nothing past U+10FFFF. */
+static int utf8_valid(const uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        uint8_t lo = 0x80, hi = 0xbf;   /* the second byte's range */
+        if (c >= 0xc2 && c <= 0xdf)
+            len = 2;
+        else if (c >= 0xe0 && c <= 0xef) {
+            len = 3;
+            if (c == 0xe0)
+                lo = 0xa0;              /* overlong */
+            else if (c == 0xed)
+                hi = 0x9f;              /* surrogates */
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            len = 4;
+            if (c == 0xf0)
+                lo = 0x90;              /* overlong */
+            else if (c == 0xf4)
+                hi = 0x8f;              /* past U+10FFFF */
+        } else
+            return 0;
+        if (n - i < len || p[i + 1] < lo || p[i + 1] > hi)
+            return 0;
+        for (size_t k = 2; k < len; k++)
+            if ((p[i + k] & 0xc0) != 0x80)
+                return 0;
+        i += len;
+    }
+    return 1;
+}
+
+/* The walk. Returns the offset of the first container header deeper than
+ * limit levels (the outermost container is level 1), or -1 if there is
+ * none before the walk ends. If bad is not NULL, bad[0] and bad[1] are set
+ * to the offset and length of the first str item's bytes that are not
+ * UTF-8, met before the walk ends (-1 and 0 if none). */
+static Py_ssize_t walk(const uint8_t *p, size_t end, size_t limit, Py_ssize_t *bad)
 {
     uint64_t outer[MAX_LIMIT];  /* items still to read in each enclosing container */
     size_t depth = 0;
@@ -80,6 +126,11 @@ static Py_ssize_t walk(const uint8_t *p, size_t end, size_t limit)
         remaining--;
         uint8_t first = p[pos];
         if (fixed[first]) {
+            if (bad && first >= 0xa0 && first <= 0xbf && bad[0] < 0 && pos + fixed[first] <= end
+                && !utf8_valid(p + pos + 1, fixed[first] - 1u)) {
+                bad[0] = (Py_ssize_t)pos + 1;               /* a fixstr */
+                bad[1] = fixed[first] - 1;
+            }
             pos += fixed[first];
             continue;
         }
@@ -100,6 +151,11 @@ static Py_ssize_t walk(const uint8_t *p, size_t end, size_t limit)
             uint64_t skip = 1 + size + extra[first] + count;
             if (skip > end - pos)
                 return -1;
+            if (bad && first >= 0xd9 && first <= 0xdb && bad[0] < 0
+                && !utf8_valid(p + pos + 1 + size, (size_t)count)) {
+                bad[0] = (Py_ssize_t)(pos + 1 + size);      /* a str 8/16/32 */
+                bad[1] = (Py_ssize_t)count;
+            }
             pos += (size_t)skip;
             continue;
         }
@@ -128,7 +184,7 @@ static PyObject *first_too_deep(PyObject *self, PyObject *args)
     }
     /* the buffer is exported to us until released: nothing resizes it */
     Py_BEGIN_ALLOW_THREADS
-    found = walk(view.buf, (size_t)view.len, (size_t)limit);
+    found = walk(view.buf, (size_t)view.len, (size_t)limit, NULL);
     Py_END_ALLOW_THREADS
     result = found < 0 ? Py_NewRef(Py_None) : PyLong_FromSsize_t(found);
 done:
@@ -136,7 +192,28 @@ done:
     return result;
 }
 
+static PyObject *first_bad_string(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t bad[2] = {-1, 0};
+    PyObject *result;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*:first_bad_string", &view))
+        return NULL;
+    /* as deep as outer[] allows: decode() has bounded the depth first */
+    Py_BEGIN_ALLOW_THREADS
+    (void)walk(view.buf, (size_t)view.len, MAX_LIMIT, bad);
+    Py_END_ALLOW_THREADS
+    result = bad[0] < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(nn)", bad[0], bad[1]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"first_bad_string", first_bad_string, METH_VARARGS,
+     "first_bad_string(payload) -> (offset, length) of the first msgpack str item "
+     "whose bytes are not UTF-8, or None"},
     {"first_too_deep", first_too_deep, METH_VARARGS,
      "first_too_deep(payload, limit) -> offset of the first container header nested "
      "deeper than limit levels, or None"},

@@ -226,14 +226,16 @@ def test_malformed_messages_get_precise_errors_and_the_channel_survives(pair):
     raw = a.socket
     for body, text in [
         ({"type": "foo"}, "unknown message type 'foo'"),
-        ({"type": "assignment", "generation": "3"}, "Expected `int`, got `str` - at `$.generation`"),
-        ({"type": "stop", "now": True}, "Object contains unknown field `now`"),
+        ({"type": "assignment", "generation": "3"}, "field `$.generation`: "),
+        ({"type": "stop", "now": True}, "unknown field `now`"),
     ]:
         payload = msgspec.msgpack.encode(body)
         raw.sendall(HEADER.pack(MAGIC, VERSION, KIND_MSG, 0, len(payload)) + payload)
         with pytest.raises(MessageError) as info:
             b.recv(timeout=10)
-        assert str(info.value) == text
+        # our words (ipc/wording.py), whichever msgspec words the reason after them
+        assert str(info.value) == text or (text.endswith(": ")
+                                           and str(info.value).startswith(text)), info.value
     a.send(m.Ready(pid=1))
     assert b.recv(timeout=10).msg == m.Ready(pid=1)
 

@@ -60,10 +60,23 @@ def test_invalid_utf8_anywhere_is_a_message_error(payload):
         m.decode(payload)
 
 
-def test_invalid_utf8_in_a_key_before_the_tag_is_just_no_tag():
-    # msgspec compares keys as bytes while it looks for the tag: nothing to decode there.
-    with pytest.raises(MessageError, match="^Object missing required field `type`$"):
+def test_invalid_utf8_in_a_key_before_the_tag_is_named_too():
+    # msgspec compares keys as bytes while it looks for the tag, so up to 0.22 this was
+    # "no `type` field"; the ipc layer's own check names the bad string whatever msgspec
+    # is installed (issue 34: 0.23 changed its words for invalid UTF-8).
+    with pytest.raises(MessageError, match="^invalid UTF-8 in a string: invalid start byte ff "
+                                           "at offset 2 of a 5-byte string$"):
         m.decode(fixmap(fixstr(b"ty\xffpe"), s("stop")))
+
+
+@pytest.mark.parametrize("head", [b"\xd9", b"\xda\x00", b"\xdb\x00\x00\x00"],
+                         ids=["str8", "str16", "str32"])
+def test_invalid_utf8_in_a_long_string_is_named(head):
+    text = b"x" * 40 + b"\xed\xa0\x80"      # a surrogate: Python's strict codec refuses it
+    payload = fixmap(s("type"), s("error"), s("message"), head + bytes([len(text)]) + text)
+    with pytest.raises(MessageError, match="^invalid UTF-8 in a string: invalid continuation "
+                                           "byte ed at offset 40 of a 43-byte string$"):
+        m.decode(payload)
 
 
 def nested_arrays(depth: int) -> bytes:
@@ -164,7 +177,7 @@ def test_a_pid_that_no_process_can_have_is_refused(tag, pid):
     # Whoever acts on a pid from a peer may signal it: kill(0) is our process group,
     # kill(-1) every process we may signal. Only 1..PID_MAX_LIMIT (2**22) can be a process.
     payload = msgspec.msgpack.encode({"type": tag, "pid": pid})
-    with pytest.raises(MessageError, match=r"^Expected `int` (>= 1|<= 4194304) - at `\$\.pid`$"):
+    with pytest.raises(MessageError, match=r"^field `\$\.pid`: "):
         m.decode(payload)
     assert m.decode(msgspec.msgpack.encode({"type": tag, "pid": 2**22})).pid == 2**22
 

@@ -8,7 +8,9 @@ import pytest
 
 from sockherd.ipc import messages as m
 from sockherd.ipc.frames import MAX_FRAME
-from sockherd.ipc.nesting import first_too_deep
+from sockherd.ipc.nesting import first_bad_string, first_too_deep
+
+from hypothesis import given, settings, strategies as st
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,3 +48,37 @@ def test_the_deep_one_is_still_found_at_its_header():
     assert first_too_deep(b"\xdc\x00", 4) is None          # truncated: the decoder's
     with pytest.raises(ValueError):
         first_too_deep(deep, -1)
+
+
+def _str8(raw: bytes) -> bytes:
+    return b"\xd9" + bytes([len(raw)]) + raw
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.binary(max_size=40),
+                 st.text(max_size=12).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                 st.lists(st.sampled_from([b"\xc0", b"\xc2", b"\x80", b"\xbf", b"\xe0",
+                                           b"\xed", b"\xa0", b"\xf0", b"\xf4", b"\x90",
+                                           b"\x8f", b"\xf5", b"\xff", b"a", b"\xe2\x82\xac",
+                                           b"\xf0\x9f\x98\x80"]),
+                          max_size=8).map(b"".join)))
+def test_the_utf8_check_agrees_with_pythons_strict_codec(raw):
+    """first_bad_string judges a string as Python's strict UTF-8 codec does
+    (overlongs, surrogates, past U+10FFFF, truncated sequences), in a fixstr
+    and in a str 8, and reports where its bytes are."""
+    try:
+        raw.decode()
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    payload = b"\x92\x01" + _str8(raw)
+    assert first_bad_string(payload) == (None if valid else (4, len(raw)))
+    if len(raw) < 32:
+        payload = b"\x92\x01" + bytes([0xa0 | len(raw)]) + raw
+        assert first_bad_string(payload) == (None if valid else (3, len(raw)))
+
+
+def test_the_first_bad_string_is_the_one_named_and_bins_are_not_strings():
+    assert first_bad_string(b"\x93\xc4\x01\xff\xa1\xfe\xa1\xff") == (5, 1)
+    assert first_bad_string(b"\x91\xc4\x01\xff") is None         # bin: any bytes
+    assert first_bad_string(b"\x91\xa3\xff") is None              # truncated: the decoder's
