@@ -10,7 +10,8 @@ wall-clock hello check of blocking_app.py swings +-20 % on a shared 2-core box).
 For each --checkout DIR (repeatable; default this checkout; the first is the
 baseline of the ratios; `DIR::ARGS` appends ARGS, shell-split, to that row's
 `sockherd run`, e.g. `--checkout . --checkout '.::--access-logfile /tmp/a.log'`
-for the access log's cost) and each thread count, `DIR/.venv/bin/sockherd run
+for the access log's cost; DIR may also be a venv, e.g. `--checkout .venv
+--checkout .venv313` for this tree on CPython 3.11 and 3.13) and each thread count, `DIR/.venv/bin/sockherd run
 hello:app --interface wsgi -w 1 -t T` (bench/apps/hello.py, this checkout's
 apps; --app asgi-hello: hello:asgi --interface asgi, fastapi: asgi_hello.py's
 FastAPI JSON endpoint, loop-work: asgi_loop.py's loop_work:work) runs under `nice -n 19 valgrind --tool=callgrind --trace-children=yes`
@@ -66,7 +67,11 @@ def sockherd_bin(checkout: str) -> str:
         if not os.access(B.PEERS_PY, os.X_OK):
             raise B.BenchError(f"{B.PEERS_PY} missing: run `sh bench/setup_peers.sh` first")
         return B.PEERS_PY
-    path = os.path.join(checkout, ".venv", "bin", "sockherd")
+    # DIR may be a venv itself (`--checkout .venv313`: the same tree on another
+    # interpreter, issue 34's 3.13-against-3.11 figures)
+    path = os.path.join(checkout, "bin", "sockherd")
+    if not os.access(path, os.X_OK):
+        path = os.path.join(checkout, ".venv", "bin", "sockherd")
     if not os.access(path, os.X_OK):
         raise B.BenchError(f"{path} missing: make that checkout's .venv first")
     return path

@@ -3,7 +3,12 @@ of this checkout, installed into a fresh venv in a temporary directory,
 `sockherd run` there on an app of another temporary directory (never this
 source tree: no PYTHONPATH, another working directory) serving a request.
 Compiles the C extensions: slow (a minute or two), but it is the only
-proof that the native engine and fdcore reach users."""
+proof that the native engine and fdcore reach users.
+
+The venv gets the runtime dependencies at the versions requirements/lock.txt
+pins (issue 34: the clean-machine check) and nothing of the test stack; the
+same wheel then serves a WSGI app and an ASGI app. Under `make test` this runs
+on 3.11 and on 3.13, each building its own wheel."""
 from __future__ import annotations
 
 import os
@@ -26,7 +31,27 @@ APP = '''
 def app(environ, start_response):
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"served from the wheel"]
+
+
+async def asgi(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"served from the wheel, ASGI"})
 '''
+LOCK = ROOT / "requirements" / "lock.txt"
+RUNTIME = ("cffi", "python-prctl", "pyzmq", "msgspec", "prometheus-client")
+
+
+def locked() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
 
 
 def poll(fn, timeout: float, what: str):
@@ -55,20 +80,35 @@ def test_a_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
-    inst = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    inst = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-c", str(LOCK),
+                           str(wheel)], capture_output=True, text=True, timeout=900,
+                          env={**env, "PIP_CONSTRAINT": str(LOCK)}, cwd=tmp_path)
     assert inst.returncode == 0, inst.stdout[-3000:] + inst.stderr[-3000:]
-    # runtime dependencies only: the test stack is not pulled in
+    # runtime dependencies only (the test stack is not pulled in), each at the lock's version
     listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"],
                             capture_output=True, text=True, timeout=120, env=env).stdout.lower()
     assert "pytest" not in listed and "fastapi" not in listed, listed
+    have = dict(re.sub(r"[-_.]+", "-", line).split("==") for line in listed.split()
+                if "==" in line)
+    pins = locked()
+    for name in RUNTIME:
+        assert have.get(name) == pins[name], (name, have.get(name), pins[name])
 
     site = tmp_path / "site"
     site.mkdir()
     (site / "wheelapp.py").write_text(APP)
+    for spec, answer in (("wheelapp:app", b"served from the wheel"),
+                         ("wheelapp:asgi", b"served from the wheel, ASGI")):
+        serve(venv, site, spec, answer, tmp_path / spec.replace(":", "-"), env)
+
+
+def serve(venv: Path, site: Path, spec: str, answer: bytes, tmp_path: Path, env: dict):
+    """`sockherd run SPEC` from the venv in site/, one request answered with answer,
+    a TERM that ends it with status 0."""
+    tmp_path.mkdir()
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(venv / "bin" / "sockherd"), "run", "wheelapp:app",
+        proc = subprocess.Popen([str(venv / "bin" / "sockherd"), "run", spec,
                                  "-w", "1", "-b", "127.0.0.1:0",
                                  "--runtime-dir", str(tmp_path / "rt")],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=site, env=env)
@@ -77,7 +117,7 @@ def test_a_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
                                            log.read_text()), 120, "the port")[0])
         poll(lambda: "ready" in log.read_text(), 120, "the worker ready")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
-            assert r.read() == b"served from the wheel"
+            assert r.read() == answer
         # the code that served it is the venv's, not this checkout's
         where = subprocess.run([str(venv / "bin" / "python"), "-c",
                                 "import sockherd.worker._http as m; print(m.__file__)"],
