@@ -12,6 +12,10 @@ os.makedirs(COPY, exist_ok=True)
 for name in ("api.c", "http.c", "llhttp.c"):
     shutil.copy2(f"{LLHTTP}/{name}", f"{COPY}/{name}")
 
+# an undeclared function is an error, not an int assumed: CPython 3.13 took
+# two private functions out of its headers and the build went on (pycompat.h)
+CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Werror=implicit-function-declaration"]
+
 setup(
     cffi_modules=["fdcore/_build.py:ffibuilder"],
     ext_modules=[Extension(
@@ -33,18 +37,18 @@ setup(
         # hidden: the layers' functions are called across files, but are
         # the extension's own (no PLT call, no symbol of another library
         # taking their place); PyInit__http is exported by PyMODINIT_FUNC
-        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-fvisibility=hidden"],
+        extra_compile_args=CFLAGS + ["-fvisibility=hidden"],
     ), Extension(
         # a loop thread's asyncio handles and ready pass (worker/aio.py)
         "sockherd.worker._aio",
         sources=["worker/aio_native/aio.c", "worker/aio_native/tasks.c", "worker/aio_native/handles.c",
                  "worker/aio_native/callers.c", "worker/aio_native/runner.c"],
         depends=["worker/aio_native/aio.h"],
-        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+        extra_compile_args=CFLAGS,
     ), Extension(
         # the ipc layer's nesting bound, walked in C (ipc/nesting.py)
         "sockherd.ipc._depth",
         sources=["ipc/native/depth.c"],
-        extra_compile_args=["-std=gnu11", "-O2", "-Wall"],
+        extra_compile_args=CFLAGS,
     )],
 )

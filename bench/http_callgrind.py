@@ -55,6 +55,8 @@ APPS = {
     "hello": ("hello:app", "wsgi", BODY),
     "asgi-hello": ("hello:asgi", "asgi", BODY),
     "fastapi": ("fastapi_json:app", "asgi", b'{"message":"Hello, world!"}'),
+    # the same with asyncio.eager_task_factory (3.12+ only)
+    "fastapi-eager": ("fastapi_json:eager_app", "asgi", b'{"message":"Hello, world!"}'),
     "loop-work": ("loop_work:work", "asgi", b"loop work done"),
 }
 

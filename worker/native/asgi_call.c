@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "asgi.h"
+#include "pycompat.h"
 
 PyObject *ClientDisconnected;
 
@@ -81,7 +82,7 @@ static PyObject *Ready_await(PyObject *self)
 static PyObject *Ready_next(AsgiReady *r)
 {
 	if (r->value)
-		_PyGen_SetStopIterationValue(r->value);
+		sh_stop_iteration(r->value);
 	return NULL;
 }
 
@@ -468,13 +469,13 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
 		             "request waits", msg);
 		return NULL;
 	}
-	if (_PyUnicode_EqualToASCIIString(type, "http.response.start"))
+	if (sh_str_is(type, "http.response.start"))
 		return start(call, msg);
-	if (_PyUnicode_EqualToASCIIString(type, "http.response.body"))
+	if (sh_str_is(type, "http.response.body"))
 		return body(call, msg);
-	if (_PyUnicode_EqualToASCIIString(type, "http.response.pathsend"))
+	if (sh_str_is(type, "http.response.pathsend"))
 		return waited(call, asgi_pathsend(call, msg));
-	if (_PyUnicode_EqualToASCIIString(type, "http.response.trailers"))
+	if (sh_str_is(type, "http.response.trailers"))
 		return waited(call, asgi_trailers(call, msg));
 	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of an http scope "
 	             "(http.response.start, http.response.body, http.response.pathsend, "
