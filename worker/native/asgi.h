@@ -33,8 +33,10 @@ typedef struct AsgiCall {
 	 * output (held until the first body message: hello is one write);
 	 * ended: the response is whole (or was answered for the app);
 	 * gone: the connection closed first; body_done: the last
-	 * http.request was received; counted: counted and logged (once) */
-	unsigned started : 1, head_sent : 1, ended : 1, gone : 1, body_done : 1, counted : 1;
+	 * http.request was received; counted: counted and logged (once);
+	 * sending: a send() runs (the app's code it calls may call another) */
+	unsigned started : 1, head_sent : 1, ended : 1, gone : 1, body_done : 1, counted : 1,
+	         sending : 1;
 	double since;
 	/* the extensions (asgi_ext.c). trailers_ok: advertised (the client
 	 * sent TE: trailers); trailers: the start said trailers: True;

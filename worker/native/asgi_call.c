@@ -495,11 +495,24 @@ static PyObject *Call_receive(AsgiCall *call, PyObject *noarg)
 	return r;
 }
 
+/* A send() from the app's code that a send() runs (more_body's
+ * __bool__, a key's __eq__) is refused: it could end the response, and
+ * the outer one then wrote its bytes after that end, into the next
+ * response of the connection (issue 35, point 5) */
 static PyObject *Call_send(AsgiCall *call, PyObject *msg)
 {
-	HttpConn *c = (HttpConn *)Py_XNewRef(call->conn);
-	PyObject *r = send(call, msg);
+	HttpConn *c;
+	PyObject *r;
 
+	if (call->sending) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while a send() of the same request "
+		             "is in progress (called from the code that send() runs)", msg);
+		return NULL;
+	}
+	c = (HttpConn *)Py_XNewRef(call->conn);
+	call->sending = 1;
+	r = send(call, msg);
+	call->sending = 0;
 	Py_XDECREF(c);
 	return r;
 }

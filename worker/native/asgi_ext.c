@@ -161,14 +161,21 @@ int asgi_trailers(AsgiCall *call, PyObject *msg)
 		             "body ended (more_body)", msg);
 		return -1;
 	}
-	headers = PyDict_GetItemWithError(msg, K_HEADERS);                       /* borrowed */
+	/* headers held, not borrowed: the lookup of more_trailers (a key's
+	 * __eq__) and its __bool__ run the app's code, which may empty the
+	 * message; a borrowed list was then read after its free, its bytes
+	 * other objects' on the wire (issue 35, point 2) */
+	headers = PyDict_GetItemWithError(msg, K_HEADERS);
 	if (!headers && PyErr_Occurred())
 		return -1;
+	Py_XINCREF(headers);
 	more_obj = PyDict_GetItemWithError(msg, K_MORE_TRAILERS);
-	if (!more_obj && PyErr_Occurred())
-		return -1;
-	more = more_obj ? PyObject_IsTrue(more_obj) : 0;
-	if (more < 0 || h1_trailer_block(headers ? headers : Py_None, &block) < 0)
+	Py_XINCREF(more_obj);
+	more = more_obj ? PyObject_IsTrue(more_obj) : PyErr_Occurred() ? -1 : 0;
+	Py_XDECREF(more_obj);
+	rc = more < 0 ? -1 : h1_trailer_block(headers ? headers : Py_None, &block);
+	Py_XDECREF(headers);
+	if (rc < 0)
 		return -1;
 	rc = h1_trailers(c, &call->f, block, !more);
 	Py_DECREF(block);
