@@ -88,8 +88,9 @@ def test_a_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
     listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"],
                             capture_output=True, text=True, timeout=120, env=env).stdout.lower()
     assert "pytest" not in listed and "fastapi" not in listed, listed
-    have = dict(re.sub(r"[-_.]+", "-", line).split("==") for line in listed.split()
-                if "==" in line)
+    have = {re.sub(r"[-_.]+", "-", name): version
+            for name, _, version in (line.partition("==") for line in listed.split())
+            if version}
     pins = locked()
     for name in RUNTIME:
         assert have.get(name) == pins[name], (name, have.get(name), pins[name])

@@ -61,7 +61,11 @@ PY
 cat "$report"
 echo "drift.sh: the suite on those versions (pytest -n auto)..."
 set +e
-"$venv/bin/python" -m pytest -n auto -q -p no:cacheprovider >"$venv/pytest.log" 2>&1
+# tests/test_package.py pins the editable layout (each sockherd.X maps onto
+# the checkout's folder X), which this wheel install leaves out on purpose
+"$venv/bin/python" -m pytest -n auto -q -p no:cacheprovider \
+	--deselect tests/test_package.py::test_subpackage_maps_to_top_level_folder \
+	>"$venv/pytest.log" 2>&1
 rc=$?
 set -e
 {
