@@ -3,8 +3,8 @@ listener hand-off), and their msgpack encoding.
 
 One tagged union, decoded strictly: an unknown `type`, a missing or extra field or a wrong
 type becomes a MessageError naming the field in our words (wording.py: "unknown field
-`now`", "field `$.generation`: ..." with msgspec's path). So does anything else a peer can put in well-framed
-bytes: invalid UTF-8 in any string, nesting deeper than MAX_DEPTH (see nesting.py),
+`now`", "field `$.generation`: ..." with msgspec's path). So does anything else a peer
+can put in well-framed bytes: invalid UTF-8 in any string, nesting deeper than MAX_DEPTH (see nesting.py),
 truncated or invalid msgpack. decode() raises nothing but MessageError, whatever the
 payload. Times are CLOCK_MONOTONIC seconds (time.monotonic()), which on Linux is one clock
 for every process of the machine.
@@ -17,7 +17,7 @@ import msgspec
 
 from .errors import MessageError
 from .listeners import ListenerDescriptor
-from .nesting import first_bad_string, first_too_deep
+from .nesting import scan
 from .wording import validation_words
 
 
@@ -148,11 +148,10 @@ def encode(msg) -> bytes:
 
 def decode(payload: bytes):
     """Payload bytes -> message, or MessageError with msgspec's precise reason."""
-    too_deep = first_too_deep(payload, MAX_DEPTH)
+    too_deep, bad = scan(payload, MAX_DEPTH)
     if too_deep is not None:
         raise MessageError(f"message nests deeper than {MAX_DEPTH} levels "
                            f"(container at byte {too_deep})")
-    bad = first_bad_string(payload)
     if bad is not None:
         raise MessageError(_bad_string(payload, *bad))
     try:

@@ -19,10 +19,16 @@ The walk is one pass in C (ipc/native/depth.c, the GIL released meanwhile): a fe
 item, so a 16 MB frame (frames.MAX_FRAME) built to be slow costs milliseconds. The
 Python walk it replaces took 2-4 s on the same bytes (review).
 
-first_bad_string() is the same walk looking for the first str item that is not
-UTF-8: msgspec reports that in words that changed between its releases (0.23),
-so the ipc layer checks it first and says it in its own (messages.decode).
+The same walk also finds the first str item that is not UTF-8 (first_bad_string):
+msgspec reports that in words that changed between its releases (0.23), so the
+ipc layer checks it first and says it in its own (messages.decode, which has
+both findings from one pass: scan).
 """
-from sockherd.ipc._depth import first_bad_string, first_too_deep
+from sockherd.ipc._depth import MAX_LIMIT, first_too_deep, scan
 
-__all__ = ["first_bad_string", "first_too_deep"]
+__all__ = ["first_bad_string", "first_too_deep", "scan"]
+
+
+def first_bad_string(payload) -> tuple[int, int] | None:
+    """(offset, length) of the first str item whose bytes are not UTF-8, or None."""
+    return scan(payload, MAX_LIMIT)[1]

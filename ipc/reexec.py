@@ -25,11 +25,10 @@ from typing import NamedTuple
 
 import msgspec
 
-from .wording import validation_words
-
 from .errors import ListenerMismatch, ReexecStateError
 from .fds import borrowed_socket
 from .listeners import ListenerDescriptor, check
+from .wording import validation_words
 
 ENV_VAR = "SOCKHERD_REEXEC_STATE"
 STATE_VERSION = 1

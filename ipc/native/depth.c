@@ -12,7 +12,7 @@
  * for those are better, reports them.
  *
  * The same walk also finds the first str item whose bytes are not UTF-8
- * (first_bad_string): msgspec's words for that changed between releases
+ * (scan, which reports both in one pass): msgspec's words for that changed between releases
  * (a UnicodeDecodeError up to 0.22, "Invalid UTF-8 encoded string" in
  * 0.23), so the ipc layer checks it itself and says it in its own words.
  */
@@ -192,28 +192,44 @@ done:
     return result;
 }
 
-static PyObject *first_bad_string(PyObject *self, PyObject *args)
+/* scan(payload, limit) -> (first_too_deep, first_bad_string): both of the
+ * walk's findings in one pass, for messages.decode. The bad string is the
+ * first met before the walk ends, so none past a container that is too deep
+ * (decode refuses such a payload for its depth first). */
+static PyObject *scan(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    Py_ssize_t bad[2] = {-1, 0};
-    PyObject *result;
+    Py_ssize_t limit, found, bad[2] = {-1, 0};
+    PyObject *result = NULL;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*:first_bad_string", &view))
+    if (!PyArg_ParseTuple(args, "y*n:scan", &view, &limit))
         return NULL;
-    /* as deep as outer[] allows: decode() has bounded the depth first */
+    if (limit < 0 || limit > MAX_LIMIT) {
+        PyErr_Format(PyExc_ValueError, "limit %zd: 0 to %d", limit, MAX_LIMIT);
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
-    (void)walk(view.buf, (size_t)view.len, MAX_LIMIT, bad);
+    found = walk(view.buf, (size_t)view.len, (size_t)limit, bad);
     Py_END_ALLOW_THREADS
-    result = bad[0] < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(nn)", bad[0], bad[1]);
+    if (found < 0 && bad[0] < 0)
+        result = Py_BuildValue("(OO)", Py_None, Py_None);
+    else if (found < 0)
+        result = Py_BuildValue("(O(nn))", Py_None, bad[0], bad[1]);
+    else if (bad[0] < 0)
+        result = Py_BuildValue("(nO)", found, Py_None);
+    else
+        result = Py_BuildValue("(n(nn))", found, bad[0], bad[1]);
+done:
     PyBuffer_Release(&view);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"first_bad_string", first_bad_string, METH_VARARGS,
-     "first_bad_string(payload) -> (offset, length) of the first msgpack str item "
-     "whose bytes are not UTF-8, or None"},
+    {"scan", scan, METH_VARARGS,
+     "scan(payload, limit) -> (first_too_deep, first_bad_string): the offset of the first "
+     "container header nested deeper than limit levels or None, and the (offset, length) "
+     "of the first str item whose bytes are not UTF-8 or None, in one pass"},
     {"first_too_deep", first_too_deep, METH_VARARGS,
      "first_too_deep(payload, limit) -> offset of the first container header nested "
      "deeper than limit levels, or None"},
@@ -229,5 +245,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__depth(void)
 {
     init_tables();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "MAX_LIMIT", MAX_LIMIT) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -8,7 +8,7 @@ import pytest
 
 from sockherd.ipc import messages as m
 from sockherd.ipc.frames import MAX_FRAME
-from sockherd.ipc.nesting import first_bad_string, first_too_deep
+from sockherd.ipc.nesting import first_bad_string, first_too_deep, scan
 
 from hypothesis import given, settings, strategies as st
 
@@ -73,6 +73,7 @@ def test_the_utf8_check_agrees_with_pythons_strict_codec(raw):
         valid = False
     payload = b"\x92\x01" + _str8(raw)
     assert first_bad_string(payload) == (None if valid else (4, len(raw)))
+    assert scan(payload, m.MAX_DEPTH) == (None, first_bad_string(payload))
     if len(raw) < 32:
         payload = b"\x92\x01" + bytes([0xa0 | len(raw)]) + raw
         assert first_bad_string(payload) == (None if valid else (3, len(raw)))
@@ -82,3 +83,19 @@ def test_the_first_bad_string_is_the_one_named_and_bins_are_not_strings():
     assert first_bad_string(b"\x93\xc4\x01\xff\xa1\xfe\xa1\xff") == (5, 1)
     assert first_bad_string(b"\x91\xc4\x01\xff") is None         # bin: any bytes
     assert first_bad_string(b"\x91\xa3\xff") is None              # truncated: the decoder's
+
+
+def test_one_scan_reports_both_findings():
+    """messages.decode takes both from one pass: the depth as first_too_deep
+    says it, the bad string as first_bad_string does, none past the container
+    that is too deep."""
+    deep = b"\x91" * (m.MAX_DEPTH + 5) + b"\x00"
+    bad_then_deep = b"\x92\xa1\xff" + deep
+    assert scan(bad_then_deep, m.MAX_DEPTH) == (first_too_deep(bad_then_deep, m.MAX_DEPTH),
+                                                (2, 1))
+    deep_then_bad = b"\x92" + b"\x91" * (m.MAX_DEPTH + 5) + b"\xa1\xff"
+    assert first_too_deep(deep_then_bad, m.MAX_DEPTH) is not None
+    assert scan(deep_then_bad, m.MAX_DEPTH) == (first_too_deep(deep_then_bad, m.MAX_DEPTH), None)
+    assert scan(b"\x91\x01", m.MAX_DEPTH) == (None, None)
+    with pytest.raises(ValueError):
+        scan(deep, 1025)
