@@ -14,7 +14,7 @@
 # test). Every pip install goes through requirements/lock.txt (the versions
 # the suite passed with), and toolchain/lockcheck.py checks the result.
 # CPython 3.13 is built once from Debian's source package into $(CACHE)
-# (toolchain/cpython.sh, ~6 min on 2 cores) and reused by every later clone.
+# (toolchain/cpython.sh, ~8 min on 2 cores) and reused by every later clone.
 # Other targets: `make drift` (the suite on the newest releases, in a scratch
 # venv: docs/dependencies.md), `make lock` (renew the lock from them),
 # `make test311` / `make test313` (one interpreter's part alone).
@@ -69,22 +69,26 @@ debs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# A venv set up through the lock: $(call venv_setup,PYTHON,VENV,WHAT,CHECK)
+# makes VENV with PYTHON if it is missing, installs WHAT (pip's argument)
+# through the lock and runs lockcheck with CHECK (--all where WHAT is all
+# of it)
+define venv_setup
+	@$(MAKE) --no-print-directory debs
+	@[ -x $(2)/bin/python ] || $(1) -m venv $(2)
+	$(call PIPI,$(2)/bin) pip setuptools wheel
+	$(call PIPI,$(2)/bin) $(3)
+	$(2)/bin/python toolchain/lockcheck.py $(LOCK) $(4)
+endef
+
 # run: the runtime only; test: the test stack too (a `make run` first does
 # not stand for it: its own stamp)
 $(STAMP): $(SOURCES)
-	@$(MAKE) --no-print-directory debs
-	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-	$(call PIPI,$(BIN)) pip setuptools wheel
-	$(call PIPI,$(BIN)) -e .
-	$(BIN)/python toolchain/lockcheck.py $(LOCK)
+	$(call venv_setup,$(PYTHON),$(VENV),-e .,)
 	@touch $@
 
 $(TSTAMP): $(SOURCES)
-	@$(MAKE) --no-print-directory debs
-	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-	$(call PIPI,$(BIN)) pip setuptools wheel
-	$(call PIPI,$(BIN)) -e '.[test]'
-	$(BIN)/python toolchain/lockcheck.py $(LOCK) --all
+	$(call venv_setup,$(PYTHON),$(VENV),-e '.[test]',--all)
 	@touch $@ $(STAMP)
 
 # CPython 3.13 from Debian's source package, built once per machine
@@ -92,11 +96,7 @@ $(PY313):
 	sh toolchain/cpython.sh $(CACHE)/cpython-3.13
 
 $(VENV13)/.installed-test: $(SOURCES) | $(PY313)
-	@$(MAKE) --no-print-directory debs
-	@[ -x $(VENV13)/bin/python ] || $(PY313) -m venv $(VENV13)
-	$(call PIPI,$(VENV13)/bin) pip setuptools wheel
-	$(call PIPI,$(VENV13)/bin) -e '.[test]'
-	$(VENV13)/bin/python toolchain/lockcheck.py $(LOCK) --all
+	$(call venv_setup,$(PY313),$(VENV13),-e '.[test]',--all)
 	@touch $@
 
 run: setup

