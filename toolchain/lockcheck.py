@@ -24,7 +24,9 @@ def canonical(name: str) -> str:
 
 def read_lock(path: str) -> dict[str, str]:
     pins = {}
-    for number, line in enumerate(open(path, encoding="utf-8"), 1):
+    with open(path, encoding="utf-8") as lines:
+        text = list(lines)
+    for number, line in enumerate(text, 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
