@@ -30,5 +30,8 @@ __all__ = ["first_bad_string", "first_too_deep", "scan"]
 
 
 def first_bad_string(payload) -> tuple[int, int] | None:
-    """(offset, length) of the first str item whose bytes are not UTF-8, or None."""
+    """(offset, length) of the first str item whose bytes are not UTF-8, or None,
+    among those before the walk ends: a truncation, a reserved byte, or a container
+    deeper than MAX_LIMIT (1024) levels ends it, and what lies past is not looked at
+    (decode refuses such a payload for its depth before asking)."""
     return scan(payload, MAX_LIMIT)[1]
