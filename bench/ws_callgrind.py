@@ -5,7 +5,12 @@ load does not move (bench/ws_echo.py's wall clock does, on a shared
 2-core box).
 
     .venv/bin/python bench/ws_callgrind.py [--only sockherd,uvicorn,granian]
-        [--messages 2000] [--kinds text,binary]
+        [--messages 2000] [--kinds text,binary] [--checkout DIR ...]
+
+--checkout DIR (repeatable) counts sockherd as DIR builds it instead
+(DIR/.venv/bin/sockherd, or DIR/bin/sockherd where DIR is a venv), one row
+each, the first the baseline of the ratios: a before/after of a change in
+one run, e.g. `--only sockherd --checkout /tmp/base --checkout .`.
 
 Each server serves tests/apps/asgi_ws_echo.py with ONE worker under
 `valgrind --tool=callgrind --trace-children=yes` at nice 19:
@@ -37,6 +42,7 @@ import time
 import benchlib as B
 import echo_callgrind as E
 import ws_echo as W
+from http_callgrind import git_line, sockherd_bin
 
 sys.path.insert(0, os.path.join(B.ROOT, "tests", "ws_conformance"))
 from rfc6455_client import BINARY, PING, PONG, TEXT, Client, frame  # noqa: E402
@@ -44,10 +50,10 @@ from rfc6455_client import BINARY, PING, PONG, TEXT, Client, frame  # noqa: E402
 SERVERS = ("sockherd", "uvicorn", "granian")
 
 
-def argv_of(server: str, port: int, tmp: str) -> list[str]:
+def argv_of(server: str, port: int, tmp: str, checkout: str | None = None) -> list[str]:
     app = "asgi_ws_echo:app"
     if server == "sockherd":
-        return [B.SOCKHERD, "run", app, "--interface", "asgi", "-w", "1", "-t", "1",
+        return [sockherd_bin(checkout) if checkout else B.SOCKHERD, "run", app, "--interface", "asgi", "-w", "1", "-t", "1",
                 "-b", f"127.0.0.1:{port}", "--pythonpath", W.TESTS_APPS, "--control", "off",
                 "--ready-timeout", "600", "--heartbeat-timeout", "600",
                 "--runtime-dir", os.path.join(tmp, "run")]
@@ -73,14 +79,18 @@ def echo(c: Client, opcode: int, payload: bytes, n: int) -> None:
                 c.send(frame(PONG, ping))
 
 
-def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
+def run_one(procs: B.Procs, tmp: str, server: str, a, checkout: str | None = None,
+            label: str | None = None) -> dict:
+    """One server's counts; checkout: sockherd as that tree builds it, under
+    label (its row's name, also its files' names)."""
+    label = label or server
     port = B.free_port()
-    log = os.path.join(tmp, f"{server}.log")
-    cgout = os.path.join(tmp, f"cg-{server}.%p")
+    log = os.path.join(tmp, f"{label}.log")
+    cgout = os.path.join(tmp, f"cg-{label}.%p")
     vg = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--trace-children=yes",
           f"--callgrind-out-file={cgout}"]
     env = dict(os.environ, PYTHONHASHSEED="0")
-    p = procs.start(vg + argv_of(server, port, tmp), log_path=log, env=env, cwd=tmp)
+    p = procs.start(vg + argv_of(server, port, tmp, checkout), log_path=log, env=env, cwd=tmp)
     ready = {"sockherd": r"worker \d+\.\d+: ready, pid (\d+)",
              "uvicorn": r"Started server process \[(\d+)\]",
              "granian": r"Started worker-1 \(pid: ?(\d+)\)|Started worker-1"}[server]
@@ -93,7 +103,7 @@ def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
     # the serving process: the worker the log names, else the deepest of the tree
     m = re.search(ready, B.read_text(log))
     pid = int(m.group(1)) if m.lastindex and m.group(1) else B.tree(p.pid)[-1]
-    res = {"server": server, "pid": pid}
+    res = {"server": label, "pid": pid}
     c = Client(("127.0.0.1", port), timeout=a.timeout)
     if c.status != 101:
         raise B.BenchError(f"{server}: upgrade answered {c.status}")
@@ -106,16 +116,16 @@ def run_one(procs: B.Procs, tmp: str, server: str, a) -> dict:
                        capture_output=True, timeout=a.timeout)
         t0 = time.monotonic()
         echo(c, opcode, payload, a.messages)
-        before = set(glob.glob(os.path.join(tmp, f"cg-{server}.{pid}*")))
+        before = set(glob.glob(os.path.join(tmp, f"cg-{label}.{pid}*")))
         subprocess.run(["callgrind_control", "-d", str(pid)], check=True,
                        capture_output=True, timeout=a.timeout)
         dump = B.wait_for(lambda: sorted(set(glob.glob(os.path.join(
-            tmp, f"cg-{server}.{pid}*"))) - before), a.timeout, f"{server} dump")[-1]
+            tmp, f"cg-{label}.{pid}*"))) - before), a.timeout, f"{server} dump")[-1]
         res[kind] = E.total_ir(dump) / a.messages
         if a.keep:
             os.makedirs(a.keep, exist_ok=True)
-            shutil.copy(dump, os.path.join(a.keep, f"{server}-{kind}.callgrind"))
-        print(f"# {server} {kind}: {res[kind]:,.0f} Ir per echo ({a.messages} in "
+            shutil.copy(dump, os.path.join(a.keep, f"{label}-{kind}.callgrind"))
+        print(f"# {label} {kind}: {res[kind]:,.0f} Ir per echo ({a.messages} in "
               f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     c.close()
     procs.stop(p, timeout=a.timeout)
@@ -129,6 +139,8 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--keep", metavar="DIR", help="copy each dump into DIR (callgrind_annotate)")
+    ap.add_argument("--checkout", action="append", default=[], metavar="DIR",
+                    help="sockherd as DIR builds it (repeatable; the first is the baseline)")
     a = ap.parse_args()
     a.kinds = [k for k in a.kinds.split(",") if k]
     only = [s for s in a.only.split(",") if s]
@@ -142,21 +154,28 @@ def main() -> int:
     results = []
     with B.Procs() as procs, B.tempdir("ws_callgrind-") as tmp:
         for s in only:
-            results.append(run_one(procs, tmp, s, a))
+            if s == "sockherd" and a.checkout:
+                for i, c in enumerate(a.checkout):
+                    results.append(run_one(procs, tmp, s, a, os.path.abspath(c), f"sockherd{i}"))
+            else:
+                results.append(run_one(procs, tmp, s, a))
     print(head)
     print(f"- one WebSocket, 1 KiB messages one at a time; {a.messages:,} counted after 200")
     print()
+    for i, c in enumerate(a.checkout):
+        print(f"- sockherd{i}: {c} ({git_line(c)})")
     ref = {r["server"]: r for r in results}
+    base = "sockherd0" if a.checkout else "sockherd"
     rows = []
     for r in results:
         row = [r["server"]]
         for kind in a.kinds:
             row.append(f"{r[kind]:,.0f}")
-            row.append(f"{ref['sockherd'][kind] / r[kind]:.2f}" if "sockherd" in ref else "-")
+            row.append(f"{ref[base][kind] / r[kind]:.3f}" if base in ref else "-")
         rows.append(row)
     cols = ["server"]
     for kind in a.kinds:
-        cols += [f"{kind}: Ir per echo", f"{kind}: sockherd / this"]
+        cols += [f"{kind}: Ir per echo", f"{kind}: {base} / this"]
     print(B.table(cols, rows))
     print(B.footer())
     return 0
