@@ -255,14 +255,10 @@ static PyObject *receive(AsgiCall *call)
 		if (PyErr_Occurred())
 			return NULL;
 		if (p->hp->state == HP_ERROR) {
-			/* the client's framing error: a 400 if nothing was said yet,
-			 * else the connection ends; the app reads a disconnect */
-			call->counted = 1;                 /* the refusal counts it */
-			call->gone = 1;
-			if (!call->head_sent)
-				hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request body");
-			else
-				hconn_close_now(c);
+			/* the client's error (framing, past the limit): its 400 / 413
+			 * if nothing was said yet, else the connection ends (logged
+			 * either way); the app reads a disconnect */
+			asgi_body_error(call);
 			goto disconnect;
 		}
 		if (c->peer_eof)

@@ -213,6 +213,10 @@ void h1_body_wait(HttpConn *c, int waiting);
  * body_timeout refusal; answer: a 408 and the connection closes after it
  * (nothing of the response went out), else it closes now. */
 void h1_body_late(HttpConn *c, int answer);
+/* A streamed body the client got wrong (the parser's HP_ERROR: its
+ * framing, past limit_request_body): the parser's status and reason, as
+ * h1_body_late (answer: the refusal, else counted, logged, closed now). */
+void h1_body_refuse(HttpConn *c, int answer);
 
 /* ---- one connection's requests (h1_conn.c; h1_timeout, h1_rearm and the
  * refusals: h1_timers.c): struct conn_ops's entries ---- */
