@@ -260,7 +260,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a request body must arrive within this long (a second more per 64 KiB "
             "received): one read in the loop (body_buffer) is then refused 408, a WSGI app "
             "reading a streamed one gets an error, an ASGI one `http.disconnect` (and the "
-            "client a 408, or the close once the head went out); a response its client "
+            "client a 408, or the close once its response started); a response its client "
             "takes nothing of for this long is cut (the connection closes)",
             _seconds(0.1, 3600), "S", section="http"),
     # issue 23: uvicorn's --ws-max-size and its default

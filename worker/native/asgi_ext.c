@@ -24,9 +24,11 @@
  *  - body_timeout for a body the app streams with receive(): the codec's
  *    body timer (h1_body_wait) runs while a receive waits for body bytes;
  *    late, the client gets the engine's body_timeout refusal (a 408, or
- *    the close once the head went out) and the receive http.disconnect.
- *    A body the client gets wrong (a bad chunk, past limit_request_body)
- *    is refused the same way, with the parser's 400 / 413.
+ *    the close once the app started its response) and the receive
+ *    http.disconnect; a receive the app abandoned (cancelled) is no
+ *    longer the client's time. A body the client gets wrong (a bad chunk,
+ *    past limit_request_body) is refused the same way, with the parser's
+ *    400 / 413 (or the close once the head went out).
  *
  * May call: asgi_scope.c (messages), asgi_end.c (the end), the codec
  * (h1_response.c's framing, h1_head_asgi.c's trailer fields, h1_conn.c's body
@@ -403,7 +405,10 @@ static void body_failed(AsgiCall *call, int late)
 	int answer;
 
 	call->gone = 1;
-	answer = !call->head_sent;
+	/* the client's error is said whenever it still can be; a 408 never
+	 * stands in for a response the app started, even one whose head is
+	 * still held (issue 35, point 11): the connection closes instead */
+	answer = late ? !call->started : !call->head_sent;
 	if (answer)
 		call->counted = 1;                     /* the refusal counts it */
 	else
@@ -434,6 +439,16 @@ void asgi_body_late(AsgiCall *call)
 		return;
 	c->parser->body_late = 0;
 	if (call->gone || call->ended)
+		return;
+	/* No receive waits: the app abandoned it (wait_for's timeout cancels
+	 * the future) and went on, to answer without the body, or to come
+	 * back for it later. Its time now, not the client's: its answer is
+	 * not replaced by a 408 (issue 35, point 11). The timer is off until
+	 * a receive waits again (h1_timeout cleared body_wait); the deadline
+	 * stays the body's total, so that receive is told at once if the
+	 * client still owes past it. An unread body closes the connection
+	 * after the response (parser_finish). */
+	if (!asgi_waiting(&call->rx))
 		return;
 	body_failed(call, 1);
 }
