@@ -203,7 +203,11 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 		/* a timer due already (within the clock's resolution, as the
 		 * due test below counts it) is work ready as a callback is */
 		timeout = when - now;
-		timeout = timeout <= r->resolution ? 0 : timeout > MAX_SELECT ? MAX_SELECT : timeout;
+		/* a NaN due time (a timer asyncio's own call_at made: ours
+		 * refuse NaN) is due now, as asyncio's _run_once counts it; as
+		 * a wait it was no bound at all (issue 35 point 9: a hang) */
+		timeout = isnan(timeout) || timeout <= r->resolution ? 0
+		          : timeout > MAX_SELECT ? MAX_SELECT : timeout;
 	}
 	if (timeout == 0 && !stopping && r->since < r->every && now - r->turned_at < r->after) {
 		r->since++;
@@ -232,7 +236,7 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 
 			if (timer_when(PyList_GET_ITEM(heap, 0), &when) < 0)
 				goto fail;
-			if (when >= end)
+			if (when >= end)            /* (NaN: due, as above) */
 				break;
 			if (!(t = pop_timer(heap)))
 				goto fail;
