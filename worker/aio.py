@@ -223,7 +223,11 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
         self.call_at = _caller(self, 1, base.call_at)
         self.call_later = _caller(self, 2, base.call_later)
         # its turns call the selector's parts with no Python frame of ours
-        self._run_once = _runner(self, self._poller, base._run_once, _TURN_EVERY, _TURN_AFTER)
+        # and stamps the thread busy while the app's callbacks run (the
+        # `timeout` watch, worker/stuck.py: a loop blocked in the app)
+        sel = self._poller
+        self._run_once = _runner(self, sel, base._run_once, _TURN_EVERY, _TURN_AFTER,
+                                 sel._owner.relief.busy, sel._me)
         # every request's task is made here (asgi_app.c); a task factory
         # set by the app is still honoured (it goes to asyncio's own)
         self.create_task = _task_maker(self, base.create_task)
