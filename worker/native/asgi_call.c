@@ -173,8 +173,24 @@ int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
 		rc = task ? RESPOND_PARKED : -1;
 	}
 	if (rc < 0) {
-		if (coro)
-			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (coro) {
+			/* the error (a task factory's, issue 35 point 12) kept
+			 * across the close, which runs code and would otherwise
+			 * wipe it: the log said `NoneType: None`; the close's own
+			 * error, if any, is the lesser one and dropped */
+			PyObject *t, *v, *tb, *r;
+
+			PyErr_Fetch(&t, &v, &tb);
+			r = PyObject_CallMethod(coro, "close", NULL);
+			if (r)
+				Py_DECREF(r);
+			else
+				PyErr_Clear();
+			if (t)
+				PyErr_Restore(t, v, tb);
+			else            /* (never: a NULL from create_task sets one) */
+				PyErr_SetString(PyExc_SystemError, "create_task failed with no error set");
+		}
 		if (c->call == call) {
 			c->call = NULL;
 			Py_DECREF(call);
