@@ -104,15 +104,16 @@ def ws_accept_reentrant_app(seen):
     return app
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: the websocket scope's send has no "
-                   "re-entrancy guard (the http scope's `sending` flag is AsgiCall's only)")
 def test_ws_send_from_inside_websocket_accept_is_refused(serve_asgi):
-    """The `sending` guard is the http scope's only (AsgiCall); the WebSocket
-    send (asgi_ws_send.c ws_send) has none. websocket.accept checks its
-    state first and then runs the app's code (a header pair's __len__); a
-    websocket.close from there answers 403 and finishes the call, and the
-    outer accept goes on: it writes its 101 behind the 403, sets the state
-    back to OPEN, counts a 101 and tells the app it accepted."""
+    """The `sending` guard was the http scope's only (AsgiCall); the WebSocket
+    send (asgi_ws_send.c ws_send) had none. websocket.accept checked its
+    state first and then ran the app's code (a header pair's __len__); a
+    websocket.close from there answered 403 and finished the call, and the
+    outer accept went on: it wrote its 101 behind the 403, set the state
+    back to OPEN, counted a 101 and told the app it accepted. Since the
+    accept's headers are read as a head's (issue 35, point 1) a pair of the
+    app's own type is refused before any of its code runs; the guard
+    itself is proven by the tests below (the headers' __iter__)."""
     seen = []
     _, addr = serve_asgi(ws_accept_reentrant_app(seen))
     out = raw(addr, ws_handshake(b"/acc"))

@@ -342,6 +342,6 @@ int asgi_ws_make_keys(void)
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
 		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
 			return -1;
-	return 0;
+	return ws_send_make_keys();
 }
 

@@ -94,5 +94,6 @@ int ws_pump(WsCall *call);
 
 /* ---- asgi_ws_send.c ---- */
 PyObject *ws_send(WsCall *call, PyObject *msg);
+int ws_send_make_keys(void);                    /* its message keys (module init) */
 
 #endif /* SOCKHERD_ASGI_WS_H */

@@ -10,7 +10,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "asgi_ws.h"
 
@@ -18,26 +17,35 @@ static PyObject *sha1, *b64;
 
 /* ---- send --------------------------------------------------------------------------------------- */
 
-/* A header name or value the app gave: bytes, no CR / LF / NUL (and a
- * name a token's characters). */
-static int header_ok(PyObject *o, int name)
+/* the message keys send() reads beyond asgi_ws.h's, interned once */
+static PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
+
+int ws_send_make_keys(void)
 {
-	const char *s;
-	Py_ssize_t n;
+	struct { PyObject **at; const char *s; } keys[] = {
+		{&K_SUBPROTOCOL, "subprotocol"}, {&K_HEADERS, "headers"}, {&K_BODY, "body"},
+		{&K_MORE_BODY, "more_body"}, {&K_STATUS, "status"},
+	};
 
-	if (!PyBytes_Check(o))
-		return 0;
-	s = PyBytes_AS_STRING(o);
-	n = PyBytes_GET_SIZE(o);
-	if (name && !n)
-		return 0;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)s[i];
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
+			return -1;
+	return 0;
+}
 
-		if (ch == '\r' || ch == '\n' || ch == 0 || (name && (ch <= ' ' || ch == ':' || ch >= 127)))
-			return 0;
-	}
-	return 1;
+/* msg[key], a new reference (NULL if absent, or None): the app's message
+ * may run its code while we use what we took out of it (a key's __eq__
+ * in the next lookup, more_body's __bool__, an iterable's __iter__), and
+ * that code may empty it; a borrowed value was then read after its free,
+ * other objects' bytes on the wire (issue 35, point 2). A lookup's error
+ * is an absent key, as asgi_call.c's field has it. */
+static PyObject *field(PyObject *msg, PyObject *key)
+{
+	PyObject *v = PyDict_GetItemWithError(msg, key);
+
+	if (!v)
+		PyErr_Clear();
+	return v == Py_None ? NULL : Py_XNewRef(v);
 }
 
 static PyObject *accept_key(WsCall *call)
@@ -99,15 +107,8 @@ static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t 
 	return rc;
 }
 
-/* A header name the app gave is Sec-WebSocket-Extensions (any case). */
-static int is_extensions(PyObject *name)
-{
-	return PyBytes_GET_SIZE(name) == 24 &&
-	       !strncasecmp(PyBytes_AS_STRING(name), "sec-websocket-extensions", 24);
-}
-
 /* The app's Sec-WebSocket-Extensions in websocket.accept's headers, dropped
- * (the caller skips it): logged as a warning on the worker's logger, the
+ * (h1_accept_block left it out of the 101): logged as a warning on the worker's logger, the
  * 101 goes on. Why dropped and not refused: the extensions in force are
  * the server's alone, which frames the messages (ASGI gives the app whole
  * messages: it can apply no extension, RSV1 included), so the one true
@@ -118,7 +119,7 @@ static int is_extensions(PyObject *name)
  * WebSocket that works, for a header the app could not have made true.
  * As the ASGI spec does for Sec-WebSocket-Protocol (its subprotocol key),
  * the server's field wins. A logging failure is reported as unraisable:
- * the 101, half in the output already, goes on. */
+ * the 101, in the output already, stands. */
 static void drop_extensions(WsCall *call, PyObject *value)
 {
 	static PyObject *log;
@@ -140,105 +141,81 @@ static void drop_extensions(WsCall *call, PyObject *value)
 	Py_XDECREF(r);
 }
 
-/* websocket.accept: the 101, with the app's subprotocol and headers. */
+/* websocket.accept: the 101, with the app's subprotocol and headers.
+ * Each of the message's fields is read once, into what this call owns
+ * (the subprotocol held, the headers checked and serialised into one
+ * block, h1_accept_block), and that is what is written: a pair read
+ * again to be written answered differently the second time (its
+ * __getitem__), and what went out had never been checked: CR/LF, heap
+ * bytes, a SIGSEGV (issue 35, point 1). */
 static PyObject *do_accept(WsCall *call, PyObject *msg)
 {
 	HttpConn *c = call->conn;
-	PyObject *sub = PyDict_GetItemString(msg, "subprotocol"), *headers, *seq = NULL, *key;
+	PyObject *sub = NULL, *headers = NULL, *block = NULL, *dropped = NULL, *key = NULL, *r = NULL;
 	static const char head[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
 	                           "Connection: Upgrade\r\nSec-WebSocket-Accept: ";
 	const char *date, *subs = NULL;
 	Py_ssize_t subn = 0;
 	size_t dn;
 
-	if (call->state != ST_WAIT) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.accept after the "
-		             "WebSocket was %s", msg, call->state == ST_OPEN ? "accepted" : "answered");
-		return NULL;
+	if (call->state != ST_WAIT)
+		goto late;
+	sub = field(msg, K_SUBPROTOCOL);
+	headers = field(msg, K_HEADERS);
+	if (sub && (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
+	            strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn)) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
+			             "without CR or LF", msg);
+		goto out;
 	}
-	if (sub && sub != Py_None) {
-		if (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
-		    strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn) {
-			if (!PyErr_Occurred())
-				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
-				             "without CR or LF", msg);
-			return NULL;
-		}
+	/* the app's Sec-WebSocket-Extensions: left out, logged below */
+	if (!(dropped = PyList_New(0)) ||
+	    h1_accept_block(headers ? headers : Py_None, "sec-websocket-extensions", dropped,
+	                    &block) < 0 ||
+	    !(key = accept_key(call)))
+		goto out;
+	/* the app's code ran in there (a lookup's __eq__, the headers'
+	 * __iter__): the WebSocket as it is now */
+	if (call->state != ST_WAIT)
+		goto late;
+	if (call->conn != c || c->closed) {
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		goto out;
 	}
-	headers = PyDict_GetItemString(msg, "headers");
-	if (headers && headers != Py_None) {
-		seq = PySequence_Fast(headers, "websocket.accept's headers must be a sequence of pairs");
-		if (!seq)
-			return NULL;
-		for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-			PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
-
-			if (!PySequence_Check(pair) || PySequence_Size(pair) != 2) {
-				PyErr_Clear();
-				goto bad_header;
-			}
-			PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
-			int ok = n && v && header_ok(n, 1) && header_ok(v, 0);
-
-			Py_XDECREF(n);
-			Py_XDECREF(v);
-			if (!ok) {
-				PyErr_Clear();
-				goto bad_header;
-			}
-		}
-	}
-	if (!(key = accept_key(call)))
-		goto fail;
 	http_date(&date, &dn);
 	if (hconn_send(c, head, sizeof(head) - 1, 0) < 0 ||
 	    hconn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
 	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
 	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
 	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0)) ||
-	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0)) {
-		Py_DECREF(key);
-		goto fail;
-	}
-	Py_DECREF(key);
-	for (Py_ssize_t i = 0; seq && i < PySequence_Fast_GET_SIZE(seq); i++) {
-		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
-		PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
-		int rc = n && v ? 0 : -1;
-
-		if (!rc && is_extensions(n)) {
-			drop_extensions(call, v);
-			Py_DECREF(n);
-			Py_DECREF(v);
-			continue;
-		}
-		if (!rc && (hconn_send(c, PyBytes_AS_STRING(n), (size_t)PyBytes_GET_SIZE(n), 0) < 0 ||
-		            hconn_send(c, ": ", 2, 0) < 0 ||
-		            hconn_send(c, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), 0) < 0 ||
-		            hconn_send(c, "\r\n", 2, 0) < 0))
-			rc = -1;
-		Py_XDECREF(n);
-		Py_XDECREF(v);
-		if (rc < 0)
-			goto fail;
-	}
-	Py_XDECREF(seq);
-	if (hconn_send(c, "\r\n", 2, 1) < 0)
-		return NULL;
+	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0) ||
+	    hconn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0 ||
+	    hconn_send(c, "\r\n", 2, 1) < 0)
+		goto out;
 	srv_count(c->srv, 101);
 	call->state = ST_OPEN;
 	call->open_counted = 1;
 	ws_open++;
+	/* logged once the 101 is out: the logging's code (the app's
+	 * handlers) comes after the head, never inside it */
+	for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dropped); i++)
+		drop_extensions(call, PyList_GET_ITEM(dropped, i));
 	/* frames the client sent right behind its handshake */
 	if (ws_pump(call) < 0)
-		return NULL;
-	return asgi_ready(Py_None);
-bad_header:
-	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.accept's headers must be "
-	             "[name, value] pairs of bytes without CR, LF or NUL", msg);
-fail:
-	Py_XDECREF(seq);
-	return NULL;
+		goto out;
+	r = asgi_ready(Py_None);
+	goto out;
+late:
+	PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.accept after the "
+	             "WebSocket was %s", msg, call->state == ST_OPEN ? "accepted" : "answered");
+out:
+	Py_XDECREF(sub);
+	Py_XDECREF(headers);
+	Py_XDECREF(block);
+	Py_XDECREF(dropped);
+	Py_XDECREF(key);
+	return r;
 }
 
 /* websocket.send: one text or bytes message, one frame. */

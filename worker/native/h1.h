@@ -139,6 +139,11 @@ int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last);
  * connection and content fields: RFC 9110 6.5.1): *block gets the
  * "name: value\r\n" lines. 0 or -1 with an error naming the field. */
 int h1_trailer_block(PyObject *headers, PyObject **block);
+/* websocket.accept's headers checked as a head's fields are, read once
+ * into *block ("name: value\r\n" lines: what goes into the 101), the
+ * fields named skip (lower case) left out, their values appended to
+ * skipped (a list). 0 or -1 with an error naming the field. */
+int h1_accept_block(PyObject *headers, const char *skip, PyObject *skipped, PyObject **block);
 /* the module's functions (response_head) */
 extern PyMethodDef h1_module_methods[];
 
