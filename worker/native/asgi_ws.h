@@ -40,9 +40,10 @@ typedef struct WsCall {
 	 * frame is out (nothing but it after); finished: the disconnect is
 	 * queued (the last message); ended: the app returned; open_counted:
 	 * counted in ws_open; head_sent: the denial's head is out; close_rcvd:
- * the client's close frame came */
+ * the client's close frame came; sending: a send() runs (the app's code
+ * it calls may call another: refused, asgi_ws_send.c) */
 	unsigned connect_taken : 1, close_sent : 1, finished : 1, ended : 1, open_counted : 1,
-	         head_sent : 1, close_rcvd : 1;
+	         head_sent : 1, close_rcvd : 1, sending : 1;
 	struct WsCall *prev, *next;        /* every live call (ws_going_away) */
 } WsCall;
 

@@ -33,18 +33,16 @@ int ws_send_make_keys(void)
 	return 0;
 }
 
-/* msg[key], a new reference (NULL if absent, or None): the app's message
- * may run its code while we use what we took out of it (a key's __eq__
- * in the next lookup, more_body's __bool__, an iterable's __iter__), and
- * that code may empty it; a borrowed value was then read after its free,
- * other objects' bytes on the wire (issue 35, point 2). A lookup's error
- * is an absent key, as asgi_call.c's field has it. */
+/* msg[key], a new reference: NULL if absent or None, NULL with the
+ * app's error if the lookup raised (a key's __eq__). Held, not borrowed:
+ * the app's message may run its code while we use what we took out of it
+ * (a key's __eq__ in the next lookup, more_body's __bool__, an iterable's
+ * __iter__), and that code may empty it; a borrowed value was then read
+ * after its free, other objects' bytes on the wire (issue 35, point 2). */
 static PyObject *field(PyObject *msg, PyObject *key)
 {
 	PyObject *v = PyDict_GetItemWithError(msg, key);
 
-	if (!v)
-		PyErr_Clear();
 	return v == Py_None ? NULL : Py_XNewRef(v);
 }
 
@@ -160,8 +158,10 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 
 	if (call->state != ST_WAIT)
 		goto late;
-	sub = field(msg, K_SUBPROTOCOL);
-	headers = field(msg, K_HEADERS);
+	if (!(sub = field(msg, K_SUBPROTOCOL)) && PyErr_Occurred())
+		goto out;
+	if (!(headers = field(msg, K_HEADERS)) && PyErr_Occurred())
+		goto out;
 	if (sub && (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
 	            strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn)) {
 		if (!PyErr_Occurred())
@@ -218,13 +218,15 @@ out:
 	return r;
 }
 
-/* websocket.send: one text or bytes message, one frame. */
+/* websocket.send: one text or bytes message, one frame. text and bytes
+ * held: the second lookup may run the app's code (a key's __eq__) that
+ * empties the message (issue 35, point 2). */
 static PyObject *do_send(WsCall *call, PyObject *msg)
 {
 	HttpConn *c = call->conn;
 	/* the interned keys: PyDict_GetItemString made, hashed and freed a
 	 * str per lookup, ~2k instructions of a 1 KiB echo's ~35k */
-	PyObject *text = PyDict_GetItemWithError(msg, K_TEXT), *data;
+	PyObject *text = field(msg, K_TEXT), *data = NULL, *r = NULL;
 	Py_buffer view = {0};
 	const char *s;
 	Py_ssize_t n;
@@ -232,81 +234,87 @@ static PyObject *do_send(WsCall *call, PyObject *msg)
 
 	if (!text && PyErr_Occurred())
 		return NULL;
-	if (!(data = PyDict_GetItemWithError(msg, K_BYTES)) && PyErr_Occurred())
-		return NULL;
-	if (text == Py_None)
-		text = NULL;
-	if (data == Py_None)
-		data = NULL;
+	if (!(data = field(msg, K_BYTES)) && PyErr_Occurred())
+		goto out;
 	if (call->state != ST_OPEN || call->close_sent) {
 		if (call->finished && call->state != ST_WAIT) {
 			PyErr_SetString(ClientDisconnected, "the WebSocket is closed");
-			return NULL;
+			goto out;
 		}
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.send before "
 		             "websocket.accept", msg);
-		return NULL;
+		goto out;
 	}
 	if (!text == !data) {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.send takes one of 'text' "
 		             "(str) and 'bytes'", msg);
-		return NULL;
+		goto out;
 	}
 	if (text) {
 		if (!PyUnicode_Check(text)) {
 			PyErr_Format(PyExc_TypeError, "ASGI send(): websocket.send's text must be str, "
 			             "not %.100s", Py_TYPE(text)->tp_name);
-			return NULL;
+			goto out;
 		}
 		if (!(s = PyUnicode_AsUTF8AndSize(text, &n)))
-			return NULL;
+			goto out;
 		rc = message_out(call, c, WS_OP_TEXT, s, (size_t)n);
 	}
 	else {
 		if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-			return NULL;
+			goto out;
 		rc = message_out(call, c, WS_OP_BINARY, view.buf, (size_t)view.len);
 		PyBuffer_Release(&view);
 	}
 	if (rc < 0)
-		return NULL;
+		goto out;
 	hconn_flush(c);
 	if (c->closed || !call->conn) {
 		PyErr_SetString(ClientDisconnected, "the client went away");
-		return NULL;
+		goto out;
 	}
 	if (hconn_pending(c) > HIGH_WATER) {
 		/* the app waits until the client takes it below LOW_WATER (resume) */
 		call->tx = PyObject_CallMethod(call->aio, "create_future", NULL);
-		return Py_XNewRef(call->tx);
+		r = Py_XNewRef(call->tx);
 	}
-	return asgi_ready(Py_None);
+	else
+		r = asgi_ready(Py_None);
+out:
+	Py_XDECREF(text);
+	Py_XDECREF(data);
+	return r;
 }
 
-/* websocket.close: a close frame once accepted, a 403 before. */
+/* websocket.close: a close frame once accepted, a 403 before. code and
+ * reason held: the second lookup may run the app's code (as do_send's). */
 static PyObject *do_close(WsCall *call, PyObject *msg)
 {
-	PyObject *code_o = PyDict_GetItemString(msg, "code"), *reason_o = PyDict_GetItemString(msg, "reason");
+	PyObject *code_o = field(msg, K_CODE), *reason_o = NULL, *r = NULL;
 	long code = 1000;
 	const char *reason = "";
 	Py_ssize_t rlen = 0;
 
-	if (code_o && code_o != Py_None) {
+	if (!code_o && PyErr_Occurred())
+		return NULL;
+	if (!(reason_o = field(msg, K_REASON)) && PyErr_Occurred())
+		goto out;
+	if (code_o) {
 		code = PyLong_Check(code_o) ? PyLong_AsLong(code_o) : -1;
 		if (code < 1000 || code > 4999 || code == 1005 || code == 1006 || code == 1015) {
 			PyErr_Clear();
 			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's code must be "
 			             "an int a close frame may carry (1000-4999, not 1005/1006/1015)", msg);
-			return NULL;
+			goto out;
 		}
 	}
-	if (reason_o && reason_o != Py_None) {
+	if (reason_o) {
 		if (!PyUnicode_Check(reason_o) || !(reason = PyUnicode_AsUTF8AndSize(reason_o, &rlen)) ||
 		    rlen > 123) {
 			if (!PyErr_Occurred())
 				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's reason "
 				             "must be a str of at most 123 UTF-8 bytes", msg);
-			return NULL;
+			goto out;
 		}
 	}
 	if (call->state == ST_WAIT) {
@@ -316,87 +324,120 @@ static PyObject *do_close(WsCall *call, PyObject *msg)
 	else if (call->state == ST_OPEN) {
 		ws_finish(call, (int)code, reason, (size_t)rlen);
 		if (ws_close_out(call, (int)code, reason, (size_t)rlen) < 0)
-			return NULL;
+			goto out;
 	}
 	else if (call->state == ST_DENY) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.close during the "
 		             "denial response", msg);
-		return NULL;
+		goto out;
 	}
-	return asgi_ready(Py_None);                /* closed already: nothing more to say */
+	r = asgi_ready(Py_None);                   /* closed already: nothing more to say */
+out:
+	Py_XDECREF(code_o);
+	Py_XDECREF(reason_o);
+	return r;
 }
 
-/* websocket.http.response.start / body: the denial response. */
-static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
+/* websocket.http.response.start: the denial response's head, framed.
+ * status and headers held (the headers' lookup, their __iter__: the
+ * app's code). */
+static PyObject *deny_start(WsCall *call, PyObject *msg)
+{
+	PyObject *status, *headers = NULL, *prefix;
+	long long length;
+	int flags, code, rc;
+
+	if (call->state != ST_WAIT) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
+		             "after the WebSocket was accepted or answered", msg);
+		return NULL;
+	}
+	if (!(status = field(msg, K_STATUS))) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): without a status", msg);
+		return NULL;
+	}
+	if (!(headers = field(msg, K_HEADERS)) && PyErr_Occurred()) {
+		Py_DECREF(status);
+		return NULL;
+	}
+	rc = head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags, &code);
+	Py_DECREF(status);
+	Py_XDECREF(headers);
+	if (rc < 0)
+		return NULL;
+	/* the app's code ran (the headers' __iter__): the WebSocket as it is now */
+	if (call->state != ST_WAIT) {
+		Py_DECREF(prefix);
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
+		             "after the WebSocket was answered", msg);
+		return NULL;
+	}
+	/* the framing's own allocation: only a denial needs one */
+	if (!call->f && !(call->f = PyMem_Malloc(sizeof(*call->f)))) {
+		Py_DECREF(prefix);
+		return PyErr_NoMemory();
+	}
+	*call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
+	                             .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
+	                             .app_server = !!(flags & HEAD_APP_SERVER),
+	                             .bodiless = code == 204 || code == 304 || code < 200};
+	call->state = ST_DENY;
+	return asgi_ready(Py_None);
+}
+
+/* websocket.http.response.body: the denial's body. body and more_body
+ * held: more_body's __bool__ is the app's code, which may empty the
+ * message; the freed body's buffer went out (issue 35, point 2). */
+static PyObject *deny_body(WsCall *call, PyObject *msg)
 {
 	HttpConn *c = call->conn;
+	PyObject *data = field(msg, K_BODY), *more_o = NULL, *r = NULL;
+	Py_buffer view = {0};
+	int more = 0;
 
-	if (!body) {
-		PyObject *status = PyDict_GetItemString(msg, "status"), *prefix;
-		PyObject *headers = PyDict_GetItemString(msg, "headers");
-		long long length;
-		int flags, code;
-
-		if (call->state != ST_WAIT) {
-			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
-			             "after the WebSocket was accepted or answered", msg);
-			return NULL;
-		}
-		if (!status) {
-			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): without a status", msg);
-			return NULL;
-		}
-		if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags,
-		                   &code) < 0)
-			return NULL;
-		/* the framing's own allocation: only a denial needs one */
-		if (!call->f && !(call->f = PyMem_Malloc(sizeof(*call->f)))) {
-			Py_DECREF(prefix);
-			return PyErr_NoMemory();
-		}
-		*call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
-		                             .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
-		                             .app_server = !!(flags & HEAD_APP_SERVER),
-		                             .bodiless = code == 204 || code == 304 || code < 200};
-		call->state = ST_DENY;
-		return asgi_ready(Py_None);
-	}
-	{
-		PyObject *data = PyDict_GetItemString(msg, "body"), *more_o = PyDict_GetItemString(msg, "more_body");
-		Py_buffer view = {0};
-		int more = more_o ? PyObject_IsTrue(more_o) : 0;
-
-		if (call->state != ST_DENY) {
-			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.body "
-			             "without websocket.http.response.start", msg);
-			return NULL;
-		}
-		if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
-			return NULL;
-		if (!call->head_sent) {
-			if (h1_head(c, call->f, more ? -1 : (long long)view.len) < 0)
-				goto fail;
-			call->head_sent = 1;
-		}
-		if (view.len && h1_send_body(c, call->f, view.buf, (size_t)view.len, 0, 0) < 0)
-			goto fail;
-		PyBuffer_Release(&view);
-		if (!more) {
-			if (h1_end_body(c, call->f) < 0)
-				return NULL;
-			srv_count(c->srv, call->f->code);
-			ws_finish(call, 1006, "", 0);
-			hconn_close_soft(c);
-		}
-		hconn_flush(c);
-		return asgi_ready(Py_None);
-fail:
-		PyBuffer_Release(&view);
+	if (!data && PyErr_Occurred())
 		return NULL;
+	if (!(more_o = field(msg, K_MORE_BODY)) && PyErr_Occurred())
+		goto out;
+	if (more_o && (more = PyObject_IsTrue(more_o)) < 0)
+		goto out;
+	/* after more_body's __bool__: the call as that code left it */
+	if (call->state != ST_DENY) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.body "
+		             "without websocket.http.response.start", msg);
+		goto out;
 	}
+	if (call->conn != c || c->closed) {
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		goto out;
+	}
+	if (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+		goto out;
+	if (!call->head_sent) {
+		if (h1_head(c, call->f, more ? -1 : (long long)view.len) < 0)
+			goto out;
+		call->head_sent = 1;
+	}
+	if (view.len && h1_send_body(c, call->f, view.buf, (size_t)view.len, 0, 0) < 0)
+		goto out;
+	if (!more) {
+		if (h1_end_body(c, call->f) < 0)
+			goto out;
+		srv_count(c->srv, call->f->code);
+		ws_finish(call, 1006, "", 0);
+		hconn_close_soft(c);
+	}
+	hconn_flush(c);
+	r = asgi_ready(Py_None);
+out:
+	PyBuffer_Release(&view);
+	Py_XDECREF(data);
+	Py_XDECREF(more_o);
+	return r;
 }
 
-PyObject *ws_send(WsCall *call, PyObject *msg)
+static PyObject *send_one(WsCall *call, PyObject *msg)
 {
 	PyObject *type = asgi_send_type(msg), *r;
 	HttpConn *c;
@@ -425,9 +466,9 @@ PyObject *ws_send(WsCall *call, PyObject *msg)
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
 		r = do_close(call, msg);
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.start") == 0)
-		r = do_deny(call, msg, 0);
+		r = deny_start(call, msg);
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.body") == 0)
-		r = do_deny(call, msg, 1);
+		r = deny_body(call, msg);
 	else {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of a websocket scope "
 		             "(websocket.accept, websocket.send, websocket.close, "
@@ -438,3 +479,23 @@ PyObject *ws_send(WsCall *call, PyObject *msg)
 	return r;
 }
 
+/* A send() from the app's code that a send() runs (a key's __eq__, the
+ * accept's headers' __iter__, more_body's __bool__) is refused, as the
+ * http scope's is (asgi_call.c Call_send): a websocket.close from inside
+ * websocket.accept answered 403, then the outer accept wrote its 101
+ * behind it and told the app it accepted; a denial body from inside the
+ * body's more_body ended the response before the outer one's bytes. */
+PyObject *ws_send(WsCall *call, PyObject *msg)
+{
+	PyObject *r;
+
+	if (call->sending) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while a send() of the same "
+		             "WebSocket is in progress (called from the code that send() runs)", msg);
+		return NULL;
+	}
+	call->sending = 1;
+	r = send_one(call, msg);
+	call->sending = 0;
+	return r;
+}
