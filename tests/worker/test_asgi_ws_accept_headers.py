@@ -1,4 +1,5 @@
-"""websocket.accept's headers are read once (issue 35, point 1): the
+"""websocket.accept's headers are read once (issue 35, point 1), and
+checked as a head's (point 13). Point 1: the
 accept checked each [name, value] pair through the sequence protocol
 (PySequence_GetItem: the app's __getitem__) and then read the pairs again
 to write them, so a pair, or the list of pairs, that answered differently
@@ -19,6 +20,11 @@ __getitem__ appends an unchecked pair (a list of 100k items as a name)
 to the headers while they are checked. On the unfixed code the first two
 put `x-injected` in the 101, the third sent ~100 kB of heap (ASan: a
 heap-buffer-overflow read).
+
+Point 13: a value with a control byte (a CTL but HTAB, or DEL) in a
+header or in the subprotocol is refused with the http scope's check
+(h1_has_ctl); the unfixed accept refused only CR, LF and NUL, and ESC,
+DEL, VT... reached the 101.
 
 A real Loop over a real fdcore Table on loopback (conftest.py's
 serve_asgi); the 101 read off a raw socket. Runs under ASan
@@ -170,3 +176,51 @@ def test_headers_grown_while_checked_do_not_reach_the_wire(serve_asgi):
     assert len(head) < 400, (len(head), head[:300])
     assert head.count(b"\r\n") == 5 and head.endswith(b"\r\nx-c: ok"), head
     assert seen == ["accepted"], seen
+
+
+# ---- control bytes in the 101's values (issue 35, point 13) ----
+
+@pytest.mark.parametrize("value", [b"a\x01b", b"a\x7fb", b"a\x00b", b"\x1b[31m", b"a\x0bb"])
+def test_a_header_value_with_a_control_byte_is_refused(serve_asgi, value):
+    """A value with a CTL (but HTAB) or DEL is refused with the http
+    scope's own check (h1_head_asgi.c asgi_pair): the app's error, never
+    on the wire (the unfixed accept refused only CR, LF and NUL)."""
+    seen = []
+    _, addr = serve_asgi(accept_app(lambda: [(b"x-v", value)], seen))
+    out = raw(addr, ws_handshake(b"/ctl"))
+    assert out.startswith(b"HTTP/1.1 403"), out
+    assert b"x-v" not in out, out
+    assert len(seen) == 1 and isinstance(seen[0], ValueError), seen
+    assert "value with a control character" in str(seen[0]), seen
+
+
+def test_a_header_value_with_htab_and_obs_text_is_written(serve_asgi):
+    """What a field value may carry (RFC 9110 5.5): HTAB, obs-text."""
+    seen = []
+    _, addr = serve_asgi(accept_app(lambda: [(b"x-v", b"a\tb\xe9")], seen))
+    head = head_of(raw(addr, ws_handshake(b"/tab")))
+    assert head.startswith(b"HTTP/1.1 101") and head.endswith(b"\r\nx-v: a\tb\xe9"), head
+    assert seen == ["accepted"], seen
+
+
+@pytest.mark.parametrize("sub", ["a\x01b", "a\x7fb", "chat\x1b"])
+def test_a_subprotocol_with_a_control_byte_is_refused(serve_asgi, sub):
+    """The subprotocol is the 101's Sec-WebSocket-Protocol value: the same
+    check (the unfixed accept refused only CR, LF and NUL)."""
+    seen = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        try:
+            await send({"type": "websocket.accept", "subprotocol": sub})
+            seen.append("accepted")
+        except Exception as exc:                      # noqa: BLE001
+            seen.append(exc)
+    _, addr = serve_asgi(app)
+    out = raw(addr, ws_handshake(b"/sub"))
+    assert out.startswith(b"HTTP/1.1 403"), out
+    assert b"Sec-WebSocket-Protocol" not in out, out
+    assert len(seen) == 1 and isinstance(seen[0], ValueError), seen
+    assert "control character" in str(seen[0]), seen

@@ -162,11 +162,13 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 		goto out;
 	if (!(headers = field(msg, K_HEADERS)) && PyErr_Occurred())
 		goto out;
+	/* the Sec-WebSocket-Protocol value: a field value's check, the http
+	 * scope's (control bytes reached the wire: issue 35, point 13) */
 	if (sub && (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
-	            strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn)) {
+	            h1_has_ctl(subs, (size_t)subn))) {
 		if (!PyErr_Occurred())
 			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
-			             "without CR or LF", msg);
+			             "without a control character", msg);
 		goto out;
 	}
 	/* the app's Sec-WebSocket-Extensions: left out, logged below */

@@ -133,8 +133,9 @@ static const unsigned char TCHAR[256] = {
 
 /* Whether s[0 .. n) holds a byte no field value may (a CTL but HTAB, or
  * DEL); eight bytes at a time where none is below 0x20 or DEL (a byte
- * loop cost ~6 instructions a byte) */
-static int has_ctl(const char *s, size_t n)
+ * loop cost ~6 instructions a byte). h1.h's h1_has_ctl: the one check of
+ * every ASGI field value (websocket.accept's subprotocol too). */
+int h1_has_ctl(const char *s, size_t n)
 {
 	const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
 	size_t i = 0;
@@ -205,7 +206,7 @@ static int asgi_pair(const char *what, PyObject *pair, PyObject **name, PyObject
 			             what, *name);
 			return -1;
 		}
-	if (has_ctl(vs, (size_t)vl)) {
+	if (h1_has_ctl(vs, (size_t)vl)) {
 		PyErr_Format(PyExc_ValueError, "%s: header %R: value with a control character",
 		             what, *name);
 		return -1;
