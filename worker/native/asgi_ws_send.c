@@ -448,7 +448,9 @@ static PyObject *send_one(WsCall *call, PyObject *msg)
 		return NULL;
 	if (ws_owner_thread(call, "send()") < 0)
 		return NULL;
-	if (call->tx) {
+	/* a send the app stopped awaiting (its bytes are out already) is
+	 * dropped, as the http scope's is (issue 35, point 6) */
+	if (asgi_waiting(&call->tx)) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
 		             "WebSocket waits", msg);
 		return NULL;
