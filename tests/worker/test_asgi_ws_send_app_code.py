@@ -70,10 +70,10 @@ def ws_deny_emptied_app():
 
 def test_ws_denial_body_whose_more_body_empties_the_message_keeps_its_body(serve_asgi):
     """Issue 35 point 2 (a borrowed value used after the app's __bool__),
-    fixed for http.response.trailers, is still in the WebSocket denial's
-    send (asgi_ws_send.c do_deny): `body` and `more_body` are borrowed
-    (PyDict_GetItemString), more_body's __bool__ empties the message and
-    the freed body's buffer is what goes on the wire."""
+    fixed for http.response.trailers, was still in the WebSocket denial's
+    send (asgi_ws_send.c do_deny, now asgi_ws_deny.c): `body` and
+    `more_body` were borrowed (PyDict_GetItemString), more_body's __bool__
+    emptied the message and the freed body's buffer went on the wire."""
     _, addr = serve_asgi(ws_deny_emptied_app())
     out = raw(addr, ws_handshake(b"/deny"))
     head, _, body = out.partition(b"\r\n\r\n")

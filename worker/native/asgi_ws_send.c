@@ -1,10 +1,11 @@
 /* The ASGI websocket call's send() (asgi_ws.h): websocket.accept (the
  * 101 with its key, subprotocol and headers), websocket.send (a frame,
  * waiting past HIGH_WATER), websocket.close (a close frame, a 403 before
- * accept) and the websocket.http.response denial; each error names the
- * message.
+ * accept), the websocket.http.response denial's two (asgi_ws_deny.c); each
+ * error names the message. A send() from the code a send() runs is
+ * refused (ws_send).
  *
- * May call: asgi_ws_frames.c, asgi_call.c's asgi_ready, the HTTP/1
+ * May call: asgi_ws_frames.c, asgi_ws_deny.c, asgi_call.c's asgi_ready, the HTTP/1
  * codec's head and framing (h1_head_asgi.c, h1_response.c), the connection
  * layer (conn.h).
  */
@@ -17,8 +18,8 @@ static PyObject *sha1, *b64;
 
 /* ---- send --------------------------------------------------------------------------------------- */
 
-/* the message keys send() reads beyond asgi_ws.h's, interned once */
-static PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
+/* the message keys send() reads beyond asgi_ws_frames.c's, interned once */
+PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
 
 int ws_send_make_keys(void)
 {
@@ -31,19 +32,6 @@ int ws_send_make_keys(void)
 		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
 			return -1;
 	return 0;
-}
-
-/* msg[key], a new reference: NULL if absent or None, NULL with the
- * app's error if the lookup raised (a key's __eq__). Held, not borrowed:
- * the app's message may run its code while we use what we took out of it
- * (a key's __eq__ in the next lookup, more_body's __bool__, an iterable's
- * __iter__), and that code may empty it; a borrowed value was then read
- * after its free, other objects' bytes on the wire (issue 35, point 2). */
-static PyObject *field(PyObject *msg, PyObject *key)
-{
-	PyObject *v = PyDict_GetItemWithError(msg, key);
-
-	return v == Py_None ? NULL : Py_XNewRef(v);
 }
 
 static PyObject *accept_key(WsCall *call)
@@ -158,9 +146,9 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 
 	if (call->state != ST_WAIT)
 		goto late;
-	if (!(sub = field(msg, K_SUBPROTOCOL)) && PyErr_Occurred())
+	if (!(sub = ws_field(msg, K_SUBPROTOCOL)) && PyErr_Occurred())
 		goto out;
-	if (!(headers = field(msg, K_HEADERS)) && PyErr_Occurred())
+	if (!(headers = ws_field(msg, K_HEADERS)) && PyErr_Occurred())
 		goto out;
 	/* the Sec-WebSocket-Protocol value: a field value's check, the http
 	 * scope's (control bytes reached the wire: issue 35, point 13) */
@@ -228,7 +216,7 @@ static PyObject *do_send(WsCall *call, PyObject *msg)
 	HttpConn *c = call->conn;
 	/* the interned keys: PyDict_GetItemString made, hashed and freed a
 	 * str per lookup, ~2k instructions of a 1 KiB echo's ~35k */
-	PyObject *text = field(msg, K_TEXT), *data = NULL, *r = NULL;
+	PyObject *text = ws_field(msg, K_TEXT), *data = NULL, *r = NULL;
 	Py_buffer view = {0};
 	const char *s;
 	Py_ssize_t n;
@@ -236,7 +224,7 @@ static PyObject *do_send(WsCall *call, PyObject *msg)
 
 	if (!text && PyErr_Occurred())
 		return NULL;
-	if (!(data = field(msg, K_BYTES)) && PyErr_Occurred())
+	if (!(data = ws_field(msg, K_BYTES)) && PyErr_Occurred())
 		goto out;
 	if (call->state != ST_OPEN || call->close_sent) {
 		if (call->finished && call->state != ST_WAIT) {
@@ -292,14 +280,14 @@ out:
  * reason held: the second lookup may run the app's code (as do_send's). */
 static PyObject *do_close(WsCall *call, PyObject *msg)
 {
-	PyObject *code_o = field(msg, K_CODE), *reason_o = NULL, *r = NULL;
+	PyObject *code_o = ws_field(msg, K_CODE), *reason_o = NULL, *r = NULL;
 	long code = 1000;
 	const char *reason = "";
 	Py_ssize_t rlen = 0;
 
 	if (!code_o && PyErr_Occurred())
 		return NULL;
-	if (!(reason_o = field(msg, K_REASON)) && PyErr_Occurred())
+	if (!(reason_o = ws_field(msg, K_REASON)) && PyErr_Occurred())
 		goto out;
 	if (code_o) {
 		code = PyLong_Check(code_o) ? PyLong_AsLong(code_o) : -1;
@@ -340,105 +328,6 @@ out:
 	return r;
 }
 
-/* websocket.http.response.start: the denial response's head, framed.
- * status and headers held (the headers' lookup, their __iter__: the
- * app's code). */
-static PyObject *deny_start(WsCall *call, PyObject *msg)
-{
-	PyObject *status, *headers = NULL, *prefix;
-	long long length;
-	int flags, code, rc;
-
-	if (call->state != ST_WAIT) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
-		             "after the WebSocket was accepted or answered", msg);
-		return NULL;
-	}
-	if (!(status = field(msg, K_STATUS))) {
-		if (!PyErr_Occurred())
-			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): without a status", msg);
-		return NULL;
-	}
-	if (!(headers = field(msg, K_HEADERS)) && PyErr_Occurred()) {
-		Py_DECREF(status);
-		return NULL;
-	}
-	rc = head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags, &code);
-	Py_DECREF(status);
-	Py_XDECREF(headers);
-	if (rc < 0)
-		return NULL;
-	/* the app's code ran (the headers' __iter__): the WebSocket as it is now */
-	if (call->state != ST_WAIT) {
-		Py_DECREF(prefix);
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
-		             "after the WebSocket was answered", msg);
-		return NULL;
-	}
-	/* the framing's own allocation: only a denial needs one */
-	if (!call->f && !(call->f = PyMem_Malloc(sizeof(*call->f)))) {
-		Py_DECREF(prefix);
-		return PyErr_NoMemory();
-	}
-	*call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
-	                             .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
-	                             .app_server = !!(flags & HEAD_APP_SERVER),
-	                             .bodiless = code == 204 || code == 304 || code < 200};
-	call->state = ST_DENY;
-	return asgi_ready(Py_None);
-}
-
-/* websocket.http.response.body: the denial's body. body and more_body
- * held: more_body's __bool__ is the app's code, which may empty the
- * message; the freed body's buffer went out (issue 35, point 2). */
-static PyObject *deny_body(WsCall *call, PyObject *msg)
-{
-	HttpConn *c = call->conn;
-	PyObject *data = field(msg, K_BODY), *more_o = NULL, *r = NULL;
-	Py_buffer view = {0};
-	int more = 0;
-
-	if (!data && PyErr_Occurred())
-		return NULL;
-	if (!(more_o = field(msg, K_MORE_BODY)) && PyErr_Occurred())
-		goto out;
-	if (more_o && (more = PyObject_IsTrue(more_o)) < 0)
-		goto out;
-	/* after more_body's __bool__: the call as that code left it */
-	if (call->state != ST_DENY) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.body "
-		             "without websocket.http.response.start", msg);
-		goto out;
-	}
-	if (call->conn != c || c->closed) {
-		PyErr_SetString(ClientDisconnected, "the client went away");
-		goto out;
-	}
-	if (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-		goto out;
-	if (!call->head_sent) {
-		if (h1_head(c, call->f, more ? -1 : (long long)view.len) < 0)
-			goto out;
-		call->head_sent = 1;
-	}
-	if (view.len && h1_send_body(c, call->f, view.buf, (size_t)view.len, 0, 0) < 0)
-		goto out;
-	if (!more) {
-		if (h1_end_body(c, call->f) < 0)
-			goto out;
-		srv_count(c->srv, call->f->code);
-		ws_finish(call, 1006, "", 0);
-		hconn_close_soft(c);
-	}
-	hconn_flush(c);
-	r = asgi_ready(Py_None);
-out:
-	PyBuffer_Release(&view);
-	Py_XDECREF(data);
-	Py_XDECREF(more_o);
-	return r;
-}
-
 static PyObject *send_one(WsCall *call, PyObject *msg)
 {
 	PyObject *type = asgi_send_type(msg), *r;
@@ -470,9 +359,9 @@ static PyObject *send_one(WsCall *call, PyObject *msg)
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
 		r = do_close(call, msg);
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.start") == 0)
-		r = deny_start(call, msg);
+		r = ws_deny_start(call, msg);
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.body") == 0)
-		r = deny_body(call, msg);
+		r = ws_deny_body(call, msg);
 	else {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of a websocket scope "
 		             "(websocket.accept, websocket.send, websocket.close, "
