@@ -69,9 +69,15 @@ PyObject *ws_take(WsCall *call)
  * cancelled future and lost: issue 35, point 6). */
 void ws_deliver(WsCall *call)
 {
-	PyObject *msg;
+	PyObject *msg, *t, *v, *tb;
+	int waits;
 
-	if (!ws_nqueued(call) || !asgi_waiting(&call->rx))
+	if (!ws_nqueued(call) || !call->rx)
+		return;
+	PyErr_Fetch(&t, &v, &tb);                  /* a drop's path too, as asgi_resolve's */
+	waits = asgi_waiting(&call->rx);
+	PyErr_Restore(t, v, tb);
+	if (!waits)
 		return;
 	if (!(msg = ws_take(call)))
 		PyErr_WriteUnraisable((PyObject *)call);
