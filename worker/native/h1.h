@@ -139,6 +139,14 @@ int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last);
  * connection and content fields: RFC 9110 6.5.1): *block gets the
  * "name: value\r\n" lines. 0 or -1 with an error naming the field. */
 int h1_trailer_block(PyObject *headers, PyObject **block);
+/* websocket.accept's headers checked as a head's fields are, read once
+ * into *block ("name: value\r\n" lines: what goes into the 101), the
+ * fields named skip (lower case) left out, their values appended to
+ * skipped (a list). 0 or -1 with an error naming the field. */
+int h1_accept_block(PyObject *headers, const char *skip, PyObject *skipped, PyObject **block);
+/* Whether s[0 .. n) holds a byte no field value may carry (a CTL but
+ * HTAB, or DEL: RFC 9110 5.5), the check of every ASGI field value. */
+int h1_has_ctl(const char *s, size_t n);
 /* the module's functions (response_head) */
 extern PyMethodDef h1_module_methods[];
 
