@@ -66,6 +66,81 @@ static void chain_once(SSL_CTX *ctx)
 	ERR_clear_error();
 }
 
+/* ---- the policy digest: what a resumed session must have been made under ---------------------- */
+
+static int digest_bytes(EVP_MD_CTX *md, const void *p, size_t n)
+{
+	unsigned char len[8];
+	int i;
+
+	for (i = 0; i < 8; i++)             /* length-prefixed: no two inputs hash alike */
+		len[i] = (unsigned char)((unsigned long long)n >> (8 * i));
+	return EVP_DigestUpdate(md, len, 8) == 1 && EVP_DigestUpdate(md, p, n) == 1 ? 0 : -1;
+}
+
+static int digest_x509(EVP_MD_CTX *md, X509 *x)
+{
+	unsigned char h[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+
+	return x && X509_digest(x, EVP_sha256(), h, &n) == 1 ? digest_bytes(md, h, n) : -1;
+}
+
+/* SHA-256 over what decides who a handshake lets in and what it proves:
+ * the certificate chain served, the client-CA names sent, every
+ * certificate and CRL the client's is verified against, the verify mode
+ * and depth, the versions and ciphers allowed. It is the session id
+ * context (a session made under another is a cache miss, OpenSSL's
+ * ssl_get_prev_session: so a full handshake, under the policy of now)
+ * and what the ticket keys are derived from (conn_tls_tickets.c), as
+ * nginx hashes its certificates and client CAs into its context. 0, or
+ * -1 (OpenSSL failed). */
+static int policy_digest(SSL_CTX *ctx, const char *ciphers, unsigned char out[32])
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	STACK_OF(X509) *chain = NULL;
+	STACK_OF(X509_NAME) *names = SSL_CTX_get_client_CA_list(ctx);
+	STACK_OF(X509_OBJECT) *objs = X509_STORE_get0_objects(SSL_CTX_get_cert_store(ctx));
+	long nums[3] = {SSL_CTX_get_verify_mode(ctx), SSL_CTX_get_verify_depth(ctx),
+	                SSL_CTX_get_min_proto_version(ctx)};
+	unsigned int n = 0;
+	int i, r = -1;
+
+	if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
+	    digest_bytes(md, "sockherd TLS policy 1", 21) < 0 || digest_bytes(md, nums, sizeof(nums)) < 0 ||
+	    digest_bytes(md, ciphers, strlen(ciphers)) < 0 ||
+	    digest_x509(md, SSL_CTX_get0_certificate(ctx)) < 0)
+		goto done;
+	SSL_CTX_get0_chain_certs(ctx, &chain);
+	for (i = 0; i < sk_X509_num(chain); i++)
+		if (digest_x509(md, sk_X509_value(chain, i)) < 0)
+			goto done;
+	for (i = 0; i < sk_X509_NAME_num(names); i++) {
+		unsigned char h[EVP_MAX_MD_SIZE];
+
+		if (X509_NAME_digest(sk_X509_NAME_value(names, i), EVP_sha256(), h, &n) != 1 ||
+		    digest_bytes(md, h, n) < 0)
+			goto done;
+	}
+	for (i = 0; i < sk_X509_OBJECT_num(objs); i++) {
+		X509_OBJECT *o = sk_X509_OBJECT_value(objs, i);
+		X509_CRL *crl = X509_OBJECT_get0_X509_CRL(o);
+		unsigned char h[EVP_MAX_MD_SIZE];
+
+		if (X509_OBJECT_get0_X509(o)) {
+			if (digest_x509(md, X509_OBJECT_get0_X509(o)) < 0)
+				goto done;
+		}
+		else if (crl && (X509_CRL_digest(crl, EVP_sha256(), h, &n) != 1 ||
+		                 digest_bytes(md, h, n) < 0))
+			goto done;
+	}
+	r = EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32 ? 0 : -1;
+done:
+	EVP_MD_CTX_free(md);
+	return r;
+}
+
 /* A ValueError naming what failed (and the file), with OpenSSL's reason. */
 static PyObject *ssl_error(const char *what, const char *path)
 {
@@ -80,24 +155,32 @@ static PyObject *ssl_error(const char *what, const char *path)
 static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 {
 	static char *names[] = {"certfile", "keyfile", "password", "ca_certs", "cert_reqs", "ciphers",
-	                        "min_version", "ticket_keys", NULL};
+	                        "min_version", "ticket_secret", "ticket_epoch", "ticket_rotation",
+	                        NULL};
 	const char *certfile, *keyfile = "", *ca = "", *reqs = "none", *ciphers = "",
 	           *minv = "TLSv1.2";
 	PyObject *password = Py_None, *tickets = Py_None, *pem = NULL;
 	SSL_CTX *ctx;
 	int mode, version;
+	long long epoch = 0, rotation = 3600;
+	unsigned char policy[32];
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssO:set_tls", names, &certfile, &keyfile,
-	                                 &password, &ca, &reqs, &ciphers, &minv, &tickets))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssOLL:set_tls", names, &certfile, &keyfile,
+	                                 &password, &ca, &reqs, &ciphers, &minv, &tickets, &epoch,
+	                                 &rotation))
 		return NULL;
 	if (password != Py_None && !PyBytes_Check(password)) {
 		PyErr_SetString(PyExc_TypeError, "set_tls: password must be bytes or None");
 		return NULL;
 	}
-	/* OpenSSL's ticket keys: a 16-byte name, a 32-byte HMAC and a 32-byte
-	 * AES key */
-	if (tickets != Py_None && (!PyBytes_Check(tickets) || PyBytes_GET_SIZE(tickets) != 80)) {
-		PyErr_SetString(PyExc_ValueError, "set_tls: ticket_keys must be 80 bytes or None");
+	/* the master's ticket secret of epoch (conn_tls_tickets.c) */
+	if (tickets != Py_None && (!PyBytes_Check(tickets) || PyBytes_GET_SIZE(tickets) != 32)) {
+		PyErr_SetString(PyExc_ValueError, "set_tls: ticket_secret must be 32 bytes or None");
+		return NULL;
+	}
+	if (rotation < 1) {
+		PyErr_Format(PyExc_ValueError, "set_tls: ticket_rotation %lld: at least 1 second",
+		             rotation);
 		return NULL;
 	}
 	if (!strcmp(reqs, "none"))
@@ -172,11 +255,17 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	SSL_CTX_set_verify(ctx, mode, NULL);
 	chain_once(ctx);
 	SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
-	/* resumption: the server's session cache (TLS 1.2 ids) and tickets
-	 * (on by default); the id context is what a resumed session must
-	 * match, needed whenever client certificates are asked for */
+	/* resumption: the server's session cache (TLS 1.2 ids) and tickets;
+	 * the id context is what a resumed session must match: the policy's
+	 * digest, not a fixed string, so a session made before a reload that
+	 * asks for client certificates (or trusts other CAs) is not resumed
+	 * after it (issue 35 §14) */
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
-	SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"sockherd", 8);
+	if (policy_digest(ctx, ciphers, policy) < 0 ||
+	    SSL_CTX_set_session_id_context(ctx, policy, sizeof(policy)) != 1) {
+		ssl_error("the TLS policy's digest", NULL);
+		goto fail;
+	}
 	/* one TLS 1.3 ticket after a full handshake, not OpenSSL's two: each
 	 * costs an i2d, a d2i and an i2d of the session again, a key
 	 * derivation, AES-CBC and an HMAC (measured: 1.8 % of a full RSA
@@ -187,13 +276,15 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	 * parallel resuming too, which Go's crypto/tls server does not offer
 	 * either (one ticket) */
 	SSL_CTX_set_num_tickets(ctx, 1);
-	/* the master's ticket keys, the same in all its workers: a ticket one
-	 * worker issued resumes on any other (by default each context makes
-	 * keys of its own, and a client's next connection, which the kernel
-	 * may give another worker, fell back to a full handshake) */
-	if (tickets != Py_None &&
-	    SSL_CTX_set_tlsext_ticket_keys(ctx, PyBytes_AS_STRING(tickets), 80) != 1) {
-		ssl_error("ticket_keys", NULL);
+	/* ticket keys from the master's secret, the same in all its workers:
+	 * a ticket one worker issued resumes on any other (by default each
+	 * context makes keys of its own, and a client's next connection, which
+	 * the kernel may give another worker, fell back to a full handshake);
+	 * derived from the policy too and rotated (conn_tls_tickets.c) */
+	if (tickets_install(ctx,
+	                    tickets != Py_None ? (unsigned char *)PyBytes_AS_STRING(tickets) : NULL,
+	                    epoch, rotation, policy) < 0) {
+		ssl_error("session-ticket keys", NULL);
 		goto fail;
 	}
 	pem = pem_str(SSL_CTX_get0_certificate(ctx));
@@ -222,7 +313,7 @@ static PyObject *get_tls(Server *s, PyObject *noarg)
 PyMethodDef server_tls_methods[] = {
 	{"set_tls", (PyCFunction)(void (*)(void))Server_set_tls, METH_VARARGS | METH_KEYWORDS,
 	 "set_tls(certfile, keyfile='', password=None, ca_certs='', cert_reqs='none', ciphers='', "
-	 "min_version='TLSv1.2', ticket_keys=None): every connection accepted from now on speaks TLS. Raises "
+	 "min_version='TLSv1.2', ticket_secret=None, ticket_epoch=0, ticket_rotation=3600): every connection accepted from now on speaks TLS. Raises "
 	 "ValueError naming the file that does not load. Before the first accept."},
 	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
 	 "tls_counts() -> {on, handshakes, resumed, handshake_failed, handshake_abandoned, "
