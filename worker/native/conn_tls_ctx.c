@@ -17,8 +17,11 @@
 static const unsigned char ALPN_H1[] = "\x08http/1.1";
 
 /* ALPN: http/1.1 when offered (h2 would be chosen here once a codec
- * exists); a client that offers only others goes on without ALPN, as
- * nginx does, rather than failing its handshake. */
+ * exists). A client that offers ALPN without http/1.1 is refused with
+ * the no_application_protocol alert (RFC 7301 §3.2; nginx refuses it
+ * too): serving it HTTP/1.1 would speak a protocol it did not offer. A
+ * client that sends no ALPN extension never reaches this callback and is
+ * served HTTP/1.1 (issue 35 §22). */
 static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                        const unsigned char *in, unsigned int inlen, void *arg)
 {
@@ -27,7 +30,7 @@ static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outle
 	if (SSL_select_next_proto((unsigned char **)out, outlen, ALPN_H1, sizeof(ALPN_H1) - 1, in,
 	                          inlen) == OPENSSL_NPN_NEGOTIATED)
 		return SSL_TLSEXT_ERR_OK;
-	return SSL_TLSEXT_ERR_NOACK;
+	return SSL_TLSEXT_ERR_ALERT_FATAL;          /* OpenSSL sends no_application_protocol */
 }
 
 static int password_cb(char *buf, int size, int rwflag, void *u)
