@@ -127,7 +127,10 @@ static int ticket_cb(SSL *ssl, unsigned char *name, unsigned char *iv, EVP_CIPHE
 	if (advance(t, epoch_now(t->rotation)) < 0)
 		r = -1;
 	else if (enc || !memcmp(name, t->cur.name, 16))
-		ks = t->cur, r = 1;
+		/* TLS 1.3: 2 (renew), or OpenSSL sends no ticket after a
+		 * resumption and the client's chain of reconnections ends (it
+		 * sent one with its own keys, OpenSSL's default path) */
+		ks = t->cur, r = enc || SSL_version(ssl) != TLS1_3_VERSION ? 1 : 2;
 	else if (t->have_prev && !memcmp(name, t->prev.name, 16))
 		ks = t->prev, r = 2;               /* decrypts; the client gets a new ticket */
 	pthread_mutex_unlock(&t->lock);
