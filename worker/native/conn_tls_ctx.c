@@ -144,34 +144,31 @@ done:
 	return r;
 }
 
-/* A ValueError naming what failed (and the file), with OpenSSL's reason. */
-static PyObject *ssl_error(const char *what, const char *path)
-{
-	unsigned long e = ERR_peek_last_error();
-	const char *why = e ? ERR_reason_error_string(e) : NULL;
-
-	PyErr_Format(PyExc_ValueError, "%s %s: %s", what, path ? path : "", why ? why : "failed");
-	ERR_clear_error();
-	return NULL;
-}
-
 static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 {
 	static char *names[] = {"certfile", "keyfile", "password", "ca_certs", "cert_reqs", "ciphers",
 	                        "min_version", "ticket_secret", "ticket_epoch", "ticket_rotation",
-	                        NULL};
+	                        "cert_pem", "key_pem", "ca_pem", NULL};
 	const char *certfile, *keyfile = "", *ca = "", *reqs = "none", *ciphers = "",
 	           *minv = "TLSv1.2";
 	PyObject *password = Py_None, *tickets = Py_None, *pem = NULL;
+	/* the files' bytes as the master read them (conn_tls_load.c) */
+	PyObject *cert_pem = Py_None, *key_pem = Py_None, *ca_pem = Py_None;
 	SSL_CTX *ctx;
 	int mode, version;
 	long long epoch = 0, rotation = 3600;
 	unsigned char policy[32];
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssOLL:set_tls", names, &certfile, &keyfile,
-	                                 &password, &ca, &reqs, &ciphers, &minv, &tickets, &epoch,
-	                                 &rotation))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssOLLOOO:set_tls", names, &certfile,
+	                                 &keyfile, &password, &ca, &reqs, &ciphers, &minv, &tickets,
+	                                 &epoch, &rotation, &cert_pem, &key_pem, &ca_pem))
 		return NULL;
+	if ((cert_pem != Py_None && !PyBytes_Check(cert_pem)) ||
+	    (key_pem != Py_None && !PyBytes_Check(key_pem)) ||
+	    (ca_pem != Py_None && !PyBytes_Check(ca_pem))) {
+		PyErr_SetString(PyExc_TypeError, "set_tls: cert_pem, key_pem, ca_pem: bytes or None");
+		return NULL;
+	}
 	if (password != Py_None && !PyBytes_Check(password)) {
 		PyErr_SetString(PyExc_TypeError, "set_tls: password must be bytes or None");
 		return NULL;
@@ -209,7 +206,7 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	ERR_clear_error();
 	ctx = SSL_CTX_new(TLS_server_method());
 	if (!ctx)
-		return ssl_error("an SSL context", NULL);
+		return tls_error("an SSL context", NULL);
 	SSL_CTX_set_min_proto_version(ctx, version);
 	/* read ahead: a read(2) takes what the socket has (records and all),
 	 * not a record's 5-byte header and then its body */
@@ -223,33 +220,22 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 		SSL_CTX_set_default_passwd_cb(ctx, password_cb);
 		SSL_CTX_set_default_passwd_cb_userdata(ctx, password);
 	}
-	if (SSL_CTX_use_certificate_chain_file(ctx, certfile) != 1) {
-		ssl_error("certfile", certfile);
+	if (tls_load_cert(ctx, certfile, cert_pem != Py_None ? cert_pem : NULL) < 0 ||
+	    tls_load_key(ctx, *keyfile ? keyfile : certfile, key_pem != Py_None ? key_pem : NULL) < 0)
 		goto fail;
-	}
-	if (SSL_CTX_use_PrivateKey_file(ctx, *keyfile ? keyfile : certfile, SSL_FILETYPE_PEM) != 1) {
-		ssl_error("keyfile", *keyfile ? keyfile : certfile);
-		goto fail;
-	}
 	/* the password is needed no more: never kept past this call */
 	SSL_CTX_set_default_passwd_cb_userdata(ctx, NULL);
 	if (SSL_CTX_check_private_key(ctx) != 1) {
-		ssl_error("keyfile does not match certfile:", *keyfile ? keyfile : certfile);
+		tls_error("keyfile does not match certfile:", *keyfile ? keyfile : certfile);
 		goto fail;
 	}
 	if (*ciphers && SSL_CTX_set_cipher_list(ctx, ciphers) != 1) {
-		ssl_error("ciphers", ciphers);
+		tls_error("ciphers", ciphers);
 		goto fail;
 	}
 	if (*ca) {
-		STACK_OF(X509_NAME) *names_ca = SSL_load_client_CA_file(ca);
-
-		if (SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1 || !names_ca) {
-			sk_X509_NAME_pop_free(names_ca, X509_NAME_free);
-			ssl_error("ca_certs", ca);
+		if (tls_load_ca(ctx, ca, ca_pem != Py_None ? ca_pem : NULL) < 0)
 			goto fail;
-		}
-		SSL_CTX_set_client_CA_list(ctx, names_ca);
 	}
 	else if (mode != SSL_VERIFY_NONE) {
 		PyErr_SetString(PyExc_ValueError, "cert_reqs optional or required needs ca_certs");
@@ -266,7 +252,7 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
 	if (policy_digest(ctx, ciphers, policy) < 0 ||
 	    SSL_CTX_set_session_id_context(ctx, policy, sizeof(policy)) != 1) {
-		ssl_error("the TLS policy's digest", NULL);
+		tls_error("the TLS policy's digest", NULL);
 		goto fail;
 	}
 	/* one TLS 1.3 ticket after a full handshake, not OpenSSL's two: each
@@ -287,7 +273,7 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	if (tickets_install(ctx,
 	                    tickets != Py_None ? (unsigned char *)PyBytes_AS_STRING(tickets) : NULL,
 	                    epoch, rotation, policy) < 0) {
-		ssl_error("session-ticket keys", NULL);
+		tls_error("session-ticket keys", NULL);
 		goto fail;
 	}
 	pem = pem_str(SSL_CTX_get0_certificate(ctx));
@@ -316,7 +302,8 @@ static PyObject *get_tls(Server *s, PyObject *noarg)
 PyMethodDef server_tls_methods[] = {
 	{"set_tls", (PyCFunction)(void (*)(void))Server_set_tls, METH_VARARGS | METH_KEYWORDS,
 	 "set_tls(certfile, keyfile='', password=None, ca_certs='', cert_reqs='none', ciphers='', "
-	 "min_version='TLSv1.2', ticket_secret=None, ticket_epoch=0, ticket_rotation=3600): every connection accepted from now on speaks TLS. Raises "
+	 "min_version='TLSv1.2', ticket_secret=None, ticket_epoch=0, ticket_rotation=3600, cert_pem=None, key_pem=None, "
+	 "ca_pem=None): every connection accepted from now on speaks TLS. Raises "
 	 "ValueError naming the file that does not load. Before the first accept."},
 	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
 	 "tls_counts() -> {on, handshakes, resumed, handshake_failed, handshake_abandoned, "
