@@ -105,7 +105,11 @@ fail:
  * X-Forwarded-For, Forwarded...?) judge the client the header names, not
  * the proxy that sent it: the proxy is trusted with the PROXY header by
  * proxy_allow_from, the client with forwarding fields only if it is in
- * forwarded_allow_ips itself. */
+ * forwarded_allow_ips itself. A header that names no client (v1 UNKNOWN,
+ * v2 UNSPEC, v2 LOCAL, which HAProxy also sends for a connection it
+ * relays from a unix-socket frontend) still means the bytes after it are
+ * a client's, not the proxy's: that client is unknown (AF_UNSPEC), which
+ * only "*" trusts. */
 static void judge(HttpConn *c, const struct pp_result *r)
 {
 	struct sockaddr_storage ss;
@@ -165,8 +169,10 @@ static int apply(HttpConn *c, const struct pp_result *r)
 		return -1;
 	}
 	Py_XSETREF(c->proxy, info);
-	if (r->local)
+	if (r->local) {
+		judge(c, r);                   /* r->family AF_UNSPEC: an unknown client */
 		return 0;
+	}
 	src = PyDict_GetItemString(info, "src");               /* borrowed */
 	if (PyTuple_Check(src)) {
 		ra = Py_NewRef(PyTuple_GET_ITEM(src, 0));

@@ -39,6 +39,8 @@ int netmatch_peer(const struct netmatch *m, const struct sockaddr *sa, unsigned 
 {
 	if (sa->sa_family == AF_UNIX)
 		return m->all || m->unix_peers;
+	if (sa->sa_family == AF_UNSPEC)
+		return m->all;                   /* a client a PROXY header did not name (conn_proxy.c) */
 	if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in))
 		return netmatch_addr(m, AF_INET,
 		                     (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr);

@@ -41,7 +41,8 @@ void netmatch_free(struct netmatch *m);
  * AF_INET6: 16; a v4-mapped one as its IPv4 address). Pure. */
 int netmatch_addr(const struct netmatch *m, int fam, const unsigned char *a);
 /* Whether m allows a peer of this socket address (AF_UNIX: "*" or
- * unix_peers; a family of neither kind, or len too short: never). Pure. */
+ * unix_peers; AF_UNSPEC, an unknown peer: "*" only; another family, or
+ * len too short: never). Pure. */
 struct sockaddr;
 int netmatch_peer(const struct netmatch *m, const struct sockaddr *sa, unsigned len);
 
