@@ -121,7 +121,7 @@ _OUTCOMES = tuple(Outcome(i) for i in range(len(Outcome)))
 # what a native caller may use (Table.c_api)
 C_API = ("fdc_poll", "fdc_enter", "fdc_leave", "fdc_leave_batch", "fdc_delete", "fdc_want_recv",
          "fdc_stop_recv", "fdc_want_send", "fdc_stop_send", "fdc_cant_recv", "fdc_insert",
-         "fdc_accept", "fdc_counters", "fdc_insert_shared", "fdc_wake")
+         "fdc_accept", "fdc_counters", "fdc_insert_shared", "fdc_wake", "fdc_dump")
 
 
 def check(rc: int, what: str) -> int:

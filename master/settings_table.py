@@ -159,6 +159,11 @@ SETTINGS: tuple[Setting, ...] = (
             "suites are always OpenSSL's)", metavar="LIST", section="tls"),
     Setting("ssl_min_version", ("--ssl-min-version",), Literal["TLSv1.2", "TLSv1.3"], "TLSv1.2",
             "TLS: the oldest protocol version a client may use", section="tls"),
+    Setting("ssl_ticket_key_rotation", ("--ssl-ticket-key-rotation",), int, 3600,
+            "TLS: seconds between session-ticket key rotations; a ticket is accepted for "
+            "one to two rotations (the current key and the previous one), and a key "
+            "rotated out is forgotten by every process (README, TLS)",
+            msgspec.Meta(ge=5, le=7 * 86400), "SECONDS", section="tls"),
     Setting("user", ("--user",), str, "", "user the workers run as (the master keeps its own)",
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
@@ -260,7 +265,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a request body must arrive within this long (a second more per 64 KiB "
             "received): one read in the loop (body_buffer) is then refused 408, a WSGI app "
             "reading a streamed one gets an error, an ASGI one `http.disconnect` (and the "
-            "client a 408, or the close once the head went out); a response its client "
+            "client a 408, or the close once its response started); a response its client "
             "takes nothing of for this long is cut (the connection closes)",
             _seconds(0.1, 3600), "S", section="http"),
     # issue 23: uvicorn's --ws-max-size and its default

@@ -2,8 +2,9 @@
 reload, before anything binds or spawns.
 
 The engine builds its own OpenSSL context in each worker (worker/native/
-conn_tls_ctx.c, Server.set_tls), so a reload reads the certificate and key
-again. The master loads the same files with Python's ssl first: a missing
+conn_tls_ctx.c, Server.set_tls) from the files' bytes the master read at
+its spawn (files(), before the worker's `--user` switch), so a reload
+reads the certificate and key again. The master loads the same files with Python's ssl first: a missing
 file, a key that does not match its certificate or a wrong password then
 refuses the start (exit 2) or the reload, naming the file, while the
 serving generation keeps serving; a worker that still fails (a file changed
@@ -12,8 +13,11 @@ became READY.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import ssl
+import time
 from typing import Any
 
 from sockherd.master import tls_binds
@@ -34,39 +38,105 @@ def password(value: str, path: str) -> bytes | None:
     return value.encode() if value else None
 
 
-# The session-ticket keys (OpenSSL's 80 bytes: name, HMAC key, AES key) of
-# this master's workers, made at the first spawn with TLS and kept for the
-# master's life (nginx without ssl_session_ticket_key does the same per
-# process): shared, a ticket issued by one worker resumes on any other.
-# Never written to disk; they travel in the worker's assignment, over its
-# socketpair. An upgrade (re-exec) makes new ones: tickets issued before
-# it fall back to a full handshake once.
-_TICKET_KEYS: list[str] = []
-TICKET_KEYS = "tls_ticket_keys"        # the assignment's key (not a setting)
+# The session-ticket secret of this master's workers (issue 35 §14, §28):
+# 32 random bytes made at the first spawn with TLS, never written to disk;
+# it travels in the worker's assignment, over its socketpair. Each worker
+# derives its ticket keys from it and from its TLS policy, and ratchets it
+# forward every ssl_ticket_key_rotation seconds (worker/native/
+# conn_tls_tickets.c, which says how): shared, a ticket issued by one
+# worker resumes on any other; ratcheted, an old key is gone for good. The
+# master keeps the secret of the epoch before the current one (still
+# accepted for decryption) and ratchets it the same way, so a worker
+# spawned later agrees with the running ones. A change of the rotation at
+# a reload makes a new secret; an upgrade (re-exec) does too: tickets
+# issued before it fall back to a full handshake once.
+_TICKETS: dict = {}
+TICKET_SECRET = "tls_ticket_secret"    # the assignment's keys (not settings)
+TICKET_EPOCH = "tls_ticket_epoch"
+
+
+def ratchet(secret: bytes) -> bytes:
+    """The next epoch's secret (conn_tls_tickets.c ratchet())."""
+    return hmac.new(secret, b"next", hashlib.sha256).digest()
+
+
+def ticket_secret(rotation: int) -> tuple[bytes, int]:
+    """(secret, epoch) for a worker spawned now: the epoch before the
+    current one (CLOCK_MONOTONIC seconds // rotation, as the workers count)."""
+    epoch = int(time.monotonic()) // rotation - 1
+    if _TICKETS.get("rotation") != rotation:
+        _TICKETS.update(rotation=rotation, secret=os.urandom(32), epoch=epoch)
+    while _TICKETS["epoch"] < epoch:
+        _TICKETS["secret"] = ratchet(_TICKETS["secret"])
+        _TICKETS["epoch"] += 1
+    return _TICKETS["secret"], _TICKETS["epoch"]
+
+
+# The TLS files' bytes, read by the master when it spawns a worker (issue
+# 35 §26): a worker switches to `--user` before it builds its context, and
+# a key readable by root alone (0600, /etc/ssl/private) failed it with
+# OpenSSL's "system lib". The master keeps its identity and reads them, as
+# nginx reads its keys before dropping privileges; they travel hex-encoded
+# in the assignment (as the ticket secret does), the engine loads them from
+# memory (worker/native/conn_tls_load.c).
+TLS_FILES = "tls_files"                # the assignment's key (not a setting)
+
+
+def _read(what: str, path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().hex()
+    except OSError as exc:
+        raise TlsError(f"{what} {path}: {exc.strerror}") from None
+
+
+def files(config: dict) -> dict:
+    """The certificate, key, client CAs and key password a worker of config
+    serves with, read now. Raises TlsError naming the file and the reason."""
+    certfile = config["certfile"]
+    got = {"cert_pem": _read("certfile", certfile),
+           "key_pem": _read("keyfile", config.get("keyfile") or certfile)}
+    if config.get("ca_certs"):
+        got["ca_pem"] = _read("ca_certs", config["ca_certs"])
+    pw = password(config.get("keyfile_password") or "", config.get("keyfile_password_file") or "")
+    got["password"] = pw.hex() if pw is not None else None
+    return got
 
 
 def assignment(config: dict, settings: Any, listeners: list) -> dict:
-    """A worker's assignment config: with the master's ticket keys and which
-    of its listeners serve TLS (master/tls_binds.py) when TLS is on (a copy;
-    config itself is the generation's, left as it is)."""
+    """A worker's assignment config: with the master's ticket secret, the TLS
+    files' bytes and which of its listeners serve TLS (master/tls_binds.py)
+    when TLS is on (a copy; config itself is the generation's, left as it
+    is). Raises TlsError (a ValueError: the worker is not started, logged)
+    when a file cannot be read."""
     if not config.get("certfile"):
         return config
-    if not _TICKET_KEYS:
-        _TICKET_KEYS.append(os.urandom(80).hex())
-    return dict(config, **{TICKET_KEYS: _TICKET_KEYS[0],
+    secret, epoch = ticket_secret(settings.ssl_ticket_key_rotation)
+    return dict(config, **{TICKET_SECRET: secret.hex(), TICKET_EPOCH: epoch,
+                           TLS_FILES: files(config),
                            tls_binds.TLS_LISTENERS: tls_binds.flags(settings, listeners)})
 
 
 def engine_args(cfg: dict) -> dict | None:
     """Server.set_tls's arguments from a worker's settings (a dict), None
-    when TLS is off."""
+    when TLS is off. With the master's TLS_FILES the engine reads no file
+    (the paths name them in errors); without (a worker started on its own)
+    it reads them itself."""
     if not cfg.get("certfile"):
         return None
-    keys = cfg.get(TICKET_KEYS)
+    secret = cfg.get(TICKET_SECRET)
+    got = cfg.get(TLS_FILES)
+    pem = {k: bytes.fromhex(got[k]) if got.get(k) else None
+           for k in ("cert_pem", "key_pem", "ca_pem")} if got else {}
+    if got:
+        pw = bytes.fromhex(got["password"]) if got.get("password") is not None else None
+    else:
+        pw = password(cfg.get("keyfile_password") or "", cfg.get("keyfile_password_file") or "")
     return dict(certfile=cfg["certfile"], keyfile=cfg.get("keyfile") or "",
-                ticket_keys=bytes.fromhex(keys) if keys else None,
-                password=password(cfg.get("keyfile_password") or "",
-                                  cfg.get("keyfile_password_file") or ""),
+                ticket_secret=bytes.fromhex(secret) if secret else None,
+                ticket_epoch=cfg.get(TICKET_EPOCH) or 0,
+                ticket_rotation=cfg.get("ssl_ticket_key_rotation") or 3600,
+                password=pw, **pem,
                 ca_certs=cfg.get("ca_certs") or "", cert_reqs=cfg.get("cert_reqs") or "none",
                 ciphers=cfg.get("ciphers") or "",
                 min_version=cfg.get("ssl_min_version") or "TLSv1.2")

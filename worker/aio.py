@@ -25,6 +25,17 @@ on an app fd once select returns, so unregister's delete forgets the fd
 at once and its number may be reused) and handed to asyncio. epoll is
 level-triggered for such an fd (not FDC_EDGE), as asyncio expects.
 
+An app may close its fd while it is still registered (a socket with a
+pending loop.sock_recv(); asyncio itself tolerates it: epoll forgets a
+closed fd). The kernel may then give that number to a new connection: the
+engine forgets the stale entry it finds there (disowned: never closed by
+the table) and takes the connection (worker/native/engine_accept.c; before,
+every connection given the number was closed unanswered). The app's key of
+the old fd is still in this selector: every table verb of it goes through
+engine.app_fd, which acts only while the number's owner is still that
+registration's cookie, so a stale key never touches the connection (issue
+35 point 3).
+
 A request's task is created inside select() (the engine serves the
 request in the turn): it is in the ready queue before `_run_once` counts
 it, so a request whose app never waits completes in the same iteration
@@ -58,6 +69,9 @@ _IN, _OUT, _ERR, _HUP, _RDHUP = 0x100, 0x400, 0x800, 0x1000, 0x2000
 _READABLE = _IN | _ERR | _HUP | _RDHUP
 _WRITABLE = _OUT | _ERR | _HUP
 
+# engine.app_fd's verbs (worker/native/engine_accept.c)
+_DELETE, _WANT_RECV, _STOP_RECV, _WANT_SEND, _STOP_SEND = range(5)
+
 _MAX_WAIT_MS = 3_600_000          # as worker/loop_core.py's: poll's timeout is 32-bit
 
 
@@ -65,10 +79,12 @@ class PollerSelector(selectors._BaseSelectorImpl):
     """A selector over loop thread `th`'s fdcore context: select() is one
     turn of the loop thread (turn(timeout_ms) -> the app fds' reports)."""
 
-    def __init__(self, owner, th, turn):
+    def __init__(self, owner, th, me, turn):
         super().__init__()
         self._owner = owner
         self._th = th
+        self._me = me
+        self._app_fd = owner.engine.app_fd     # a table verb, checked by its cookie
         self._turn = turn
         self._stopping = owner._stop           # the Loop's stop: the asyncio loop's too
         self.loop = None                        # the asyncio loop this selector serves
@@ -76,11 +92,14 @@ class PollerSelector(selectors._BaseSelectorImpl):
         self.failed = False                 # the turn raised: ours, the thread ends
 
     def _want(self, fd: int, old: int, new: int) -> None:
-        th = self._th
+        # each verb only while the number is still this registration's
+        # (engine.app_fd checks its cookie): the app may have closed the fd
+        # while registered, and the number be a connection's now
+        cookie, app_fd, me = self._cookies[fd], self._app_fd, self._me
         if (new ^ old) & selectors.EVENT_READ:
-            (th.want_recv if new & selectors.EVENT_READ else th.stop_recv)(fd)
+            app_fd(me, fd, cookie, _WANT_RECV if new & selectors.EVENT_READ else _STOP_RECV)
         if (new ^ old) & selectors.EVENT_WRITE:
-            (th.want_send if new & selectors.EVENT_WRITE else th.stop_send)(fd)
+            app_fd(me, fd, cookie, _WANT_SEND if new & selectors.EVENT_WRITE else _STOP_SEND)
 
     def register(self, fileobj, events, data=None):
         key = super().register(fileobj, events, data)
@@ -98,10 +117,13 @@ class PollerSelector(selectors._BaseSelectorImpl):
 
     def unregister(self, fileobj):
         key = super().unregister(fileobj)
-        del self._cookies[key.fd]
-        if not self._th.delete(key.fd):
+        cookie = self._cookies.pop(key.fd)
+        if not self._app_fd(self._me, key.fd, cookie, _DELETE) and \
+                self._owner.table.dump(key.fd).owner == cookie:
             # a running bit still held (never, see above): the number stays
             # the table's until released; say so rather than reuse it blind
+            # (not ours any more: the app closed it while registered, and
+            # the engine forgot the entry when the kernel reused the number)
             log.error("app fd %d: unregistered while held; its number may be reused early",
                       key.fd)
         return key
@@ -201,7 +223,11 @@ class ThreadEventLoop(asyncio.SelectorEventLoop):
         self.call_at = _caller(self, 1, base.call_at)
         self.call_later = _caller(self, 2, base.call_later)
         # its turns call the selector's parts with no Python frame of ours
-        self._run_once = _runner(self, self._poller, base._run_once, _TURN_EVERY, _TURN_AFTER)
+        # and stamps the thread busy while the app's callbacks run (the
+        # `timeout` watch, worker/stuck.py: a loop blocked in the app)
+        sel = self._poller
+        self._run_once = _runner(self, sel, base._run_once, _TURN_EVERY, _TURN_AFTER,
+                                 sel._owner.relief.busy, sel._me)
         # every request's task is made here (asgi_app.c); a task factory
         # set by the app is still honoured (it goes to asyncio's own)
         self.create_task = _task_maker(self, base.create_task)
@@ -222,7 +248,7 @@ def run(owner, th, me: int, turn, started) -> None:
     """Loop thread `me`'s body when its app is ASGI: its asyncio loop runs
     until the Loop stops, each iteration one turn of the loop thread.
     started() is called once the loop runs (Loop.aio_loop's promise)."""
-    selector = PollerSelector(owner, th, turn)
+    selector = PollerSelector(owner, th, me, turn)
     aio = selector.loop = ThreadEventLoop(selector)
     owner._aio[me] = aio
     owner.engine.set_aio(me, aio)

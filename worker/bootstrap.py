@@ -123,7 +123,8 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
                                     state)
             if cfg.get("lifespan", "auto") != "off":
                 from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
-                lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state)
+                lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state,
+                                    threads=int(cfg.get("threads", 1)))
         else:
             if any(tls):
                 # decided: TLS is the HTTP interfaces' (a stream handler

@@ -24,7 +24,17 @@ The `lifespan` setting, with uvicorn's names:
 
 Where the task runs: on loop thread 0's asyncio loop (`Loop.aio_loop(0)`),
 so that what startup creates (a connection pool, a
-client) lives on a loop that serves requests. The main thread only waits on
+client) lives on a loop that serves requests. With more than one loop
+thread (-t N > 1) that is not enough: requests run on N loops, and what
+startup made is bound to loop 0's (an asyncio.Lock shared by 8 requests:
+3 RuntimeErrors, 4 hangs, 1 success; issue 35 point 10). Decided: an app
+that takes part in lifespan (it asks receive() for lifespan.startup) is
+refused there, before its startup code runs, and the worker fails before
+READY with a message that says what to do (-t 1, or lifespan off). One
+lifespan per loop would run startup N times and still share what startup
+puts in globals or app.state (the last one's, used from every loop); a
+lifespan state safe across loops cannot be made of the app's objects. An
+app that does not take part (auto) and `lifespan off` serve at any -t. The main thread only waits on
 thread-safe futures. No timeout of its own: startup is bounded by the
 master's ready_timeout (the worker is not READY before it ends; bootstrap
 also gives up at that time), shutdown by the drain's deadline.
@@ -50,11 +60,12 @@ class Lifespan:
     """The lifespan task of one worker: start() before READY, then
     begin_shutdown() once drained. `state` is shared with the HTTP adapter."""
 
-    def __init__(self, app, mode: str, state: dict):
+    def __init__(self, app, mode: str, state: dict, threads: int = 1):
         assert mode in ("auto", "on")            # off: no Lifespan at all
         self.app = app
         self.mode = mode
         self.state = state
+        self.threads = threads          # loop threads: > 1 refuses a taking part app
         self.supported = False          # startup completed: shutdown will be sent
         self.phase = "startup"          # -> serving -> shutdown -> done, or failed
         self.done_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # shutdown over
@@ -153,7 +164,25 @@ class Lifespan:
 
     async def _receive(self) -> dict:
         self._asked += 1
+        if self._asked == 1 and self.threads > 1:
+            self._refuse_threads()
         return await self._queue.get()
+
+    def _refuse_threads(self) -> None:
+        """The app takes part in lifespan (its first receive()) and the
+        worker has several loop threads: refused before its startup code
+        runs (module docstring, issue 35 point 10). Raised in the app too:
+        its receive() never gives it lifespan.startup."""
+        why = (f"lifespan startup refused: the app takes part in lifespan, and with "
+               f"-t {self.threads} its requests run on {self.threads} asyncio loops while "
+               f"what its startup makes (a pool, a client, an asyncio.Lock) would be bound "
+               f"to one loop (RuntimeError or a hang on the others); run -t 1 (more "
+               f"workers, -w, for more), or --lifespan off if its startup makes nothing "
+               f"bound to a loop")
+        self.phase = "failed"
+        log.error("%s", why)
+        self._started.set_exception(LifespanFailed(why))
+        raise RuntimeError(why)
 
     async def _send(self, message: dict) -> None:
         kind = message.get("type") if isinstance(message, dict) else None

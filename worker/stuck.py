@@ -8,9 +8,12 @@ endless loop) went unnoticed, its connection and its thread lost for good.
 What is watched: each loop thread's busy stamp (worker/relief.py's list,
 written by the engine, worker/native/engine.c and dispatch.c, when it enters
 a connection's handler, and by the Python loop for stream handlers; 0.0 out
-of them). The worker's main thread, which serves the channel, looks when the
-oldest stamp reaches `timeout` (no wake-up at all while no thread is busy
-longer than a heartbeat interval: its select already wakes for those).
+of them; for an ASGI app by the loop thread's asyncio iteration around the
+ready callbacks it runs, worker/aio_native/runner.c, so that a loop blocked
+in the app is noticed too: issue 35 point 7). The worker's main thread,
+which serves the channel, looks when the oldest stamp reaches `timeout`
+(no wake-up at all while no thread is busy longer than a heartbeat
+interval: its select already wakes for those).
 
 What it does, once per worker: logs the request (method, path, seconds) and
 every stuck thread's Python stack (sys._current_frames: the app's own frames,

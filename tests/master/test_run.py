@@ -757,7 +757,11 @@ def test_kept_alive_connections_spread_over_workers_and_threads(master):
         for c in held:
             c.close()
     assert len(per_worker) == 2 and min(per_worker.values()) >= 10, per_worker
-    assert len(per_thread) == 4 and min(per_thread.values()) >= 4, per_thread
+    # Round-robin over the IDLE pollers only: on a loaded box a thread not yet
+    # back in epoll_wait misses its turn (CI once saw 15/3/12/10), so each
+    # thread is asked for a share, not an equal one. Without the requeue all
+    # land on the first registered poller: one or two threads, which fails.
+    assert len(per_thread) == 4 and min(per_thread.values()) >= 2, per_thread
 
 
 def test_wsgi_is_the_default_interface(master):

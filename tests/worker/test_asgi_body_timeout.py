@@ -4,8 +4,8 @@ awaited receive() was waited for as long as the app waited, forever for an
 app that just reads its body). The WSGI path's rule (worker/wsgi.py,
 h1_timers.c): a body must arrive within body_timeout, a second more per
 MIN_BODY_RATE (64 KiB) received; one that does not is answered 408 (the
-engine's `body_timeout` refusal, logged) when nothing of the response went
-out yet, else the connection is closed. Here the app's receive() then
+engine's `body_timeout` refusal, logged) when the app started no response
+yet, else the connection is closed. Here the app's receive() then
 gives http.disconnect, and the loop thread is never held meanwhile (other
 connections of the one loop thread are served). A real Loop over a real
 fdcore Table on loopback (conftest.py's serve_asgi), raw sockets; bodies
@@ -153,3 +153,112 @@ def test_an_app_slower_than_body_timeout_is_not_the_clients_fault(serve_asgi):
         out = read_until_close(s)
     assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"5000"), out
     assert "http.disconnect" not in got
+
+
+# ---- a receive() the app abandoned (issue 35, point 11) ----------------------------------------
+#
+# The finding: the body timer, armed by a receive() that waited, ran on
+# after the app stopped waiting (asyncio.wait_for's timeout cancelled the
+# receive) and went on to answer: at body_timeout a 408 replaced the
+# app's own answer, or the connection was cut under its streamed one.
+# The body timer is the client's time while the app waits for its body;
+# once the app abandoned that wait, or started its response, it never
+# replaces the app's answer. The body unread, the connection closes after
+# the response (parser_finish), as for any app that does not read it.
+
+def abandoning_app(got: list, stream: bool = False):
+    """/up: reads its body, each receive() waited for 0.2 s at most; the
+    first one past that (wait_for's timeout cancels it) is the last: then
+    it works 1.5 s (past body_timeout) and answers `answered`; stream: the
+    answer in 4 parts over that time instead. Else `ok`."""
+    import asyncio
+
+    async def app(scope, receive, send):
+        if scope["path"] != "/up":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        while True:
+            try:
+                msg = await asyncio.wait_for(receive(), 0.2)
+            except asyncio.TimeoutError:
+                got.append("abandoned")
+                break
+            got.append(msg["type"])
+        if stream:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for part in (b"an", b"sw", b"er"):
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+                await asyncio.sleep(0.5)
+            await send({"type": "http.response.body", "body": b"ed"})
+        else:
+            await asyncio.sleep(1.5)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"answered"})
+        got.append("sent")
+    return app
+
+
+def h11_read(s: socket.socket):
+    """(Response, body, ended) as h11 reads them off s."""
+    import h11
+
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="POST", target="/up",
+                            headers=[("host", "h"), ("content-length", "100000")]))
+    resp, body = None, b""
+    while True:
+        ev = client.next_event()
+        if ev is h11.NEED_DATA:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                return resp, body, False
+            client.receive_data(chunk)
+        elif isinstance(ev, h11.Response):
+            resp = ev
+        elif isinstance(ev, h11.Data):
+            body += ev.data
+        elif isinstance(ev, h11.EndOfMessage):
+            return resp, body, True
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_abandoned_receive_leaves_the_app_its_answer(serve_asgi, stream):
+    got = []
+    loop, addr = serve_asgi(abandoning_app(got, stream), body_buffer=0, body_timeout=1.0)
+    with socket.create_connection(addr, timeout=20) as s:
+        s.sendall(b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        resp, body, ended = h11_read(s)
+        assert read_until_close(s) == b""      # the body unread: closed after the answer
+    assert resp is not None and resp.status_code == 200, (resp, body)
+    assert body == b"answered" and ended, body
+    assert got == ["http.request", "abandoned", "sent"], got
+    assert loop.engine.refused["body_timeout"] == 0
+    assert raw(addr, b"GET /o HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").endswith(b"ok")
+
+
+def test_a_started_response_is_not_replaced_by_a_408(serve_asgi):
+    """The app started its response (its head held until the first body
+    part), then waits for a body the client stalls: the wait ends with
+    http.disconnect and the connection closes, counted as the body
+    timeout; no 408 says what the app did not."""
+    got = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while True:
+            msg = await receive()
+            got.append(msg["type"])
+            if msg["type"] == "http.disconnect" or not msg["more_body"]:
+                return
+
+    loop, addr = serve_asgi(app, body_buffer=0, body_timeout=1.0)
+    with socket.create_connection(addr, timeout=20) as s:
+        s.sendall(b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        out = read_until_close(s)
+    assert b"408" not in out, out
+    wait_until(lambda: got and got[-1] == "http.disconnect", what="the app's disconnect")
+    assert loop.engine.refused["body_timeout"] == 1

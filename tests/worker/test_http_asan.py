@@ -21,7 +21,10 @@ dispatch: the spill queue), the responses of issue 18 §4
 test_pipelined_output.py, test_http_refusals.py) and the ASGI adapter's
 (test_asgi_http.py, test_asgi_app_errors.py, test_asgi_flow_control.py,
 test_aio_loop.py, test_aio_tasks.py, and its extensions': test_asgi_pathsend.py,
-test_asgi_trailers.py, test_asgi_body_timeout.py, test_asgi_send_app_code.py), the trusted proxy headers' (test_forwarded_headers.py,
+test_asgi_trailers.py, test_asgi_body_timeout.py, test_asgi_send_app_code.py), the
+websocket scope's send with the app's code inside it (the ws part:
+test_asgi_ws_accept_headers.py, test_asgi_ws_send_app_code.py; and a
+receive or send abandoned by wait_for, test_asgi_ws_cancel.py), the trusted proxy headers' (test_forwarded_headers.py,
 test_forwarded_asgi.py: garbage values included) run against that build in child
 interpreters with libasan preloaded (conftest.py swaps it in), one per part
 of PARTS below. Any sanitizer report fails the run. The build is the one
@@ -65,7 +68,14 @@ PARTS = {
              "test_aio_loop.py", "test_aio_tasks.py", "test_asgi_pathsend.py", "test_asgi_trailers.py",
              "test_asgi_body_timeout.py", "test_forwarded_asgi.py",
              # the app's code inside a send(): the trailers' use after free
-             "test_asgi_send_app_code.py"],
+             "test_asgi_send_app_code.py",
+             # an app fd closed while registered: its number a connection's after
+             "test_aio_fd_closed_while_registered.py",
+             # a body error while the app waits in receive()
+             "test_asgi_body_errors.py"],
+    # the websocket scope's send with the app's code inside it (issue 35)
+    "ws": ["test_asgi_ws_accept_headers.py", "test_asgi_ws_send_app_code.py",
+           "test_asgi_ws_cancel.py"],
 }
 
 

@@ -34,7 +34,7 @@ AIO = ROOT / "worker" / "aio_native"
 # bottom up; a file may call the files before it, never one after it
 LAYERS = {
     "connection": ["netmatch", "proxy_proto", "fwd_trust", "conn_timers", "conn_io", "conn_report", "conn_events", "conn_proxy",
-                   "conn_tls", "conn_tls_info", "conn_tls_ctx", "conn_type", "dispatch", "engine_accept",
+                   "conn_tls", "conn_tls_info", "conn_tls_load", "conn_tls_tickets", "conn_tls_ctx", "conn_type", "dispatch", "engine_accept",
                    "engine"],
     "http1 codec": ["httpscan", "httplist", "httptarget", "httpfields", "httpcheck", "httpparse",
                     "h1_parser", "fwd_syntax", "fwd_fields", "h1_head", "h1_head_asgi", "h1_response",

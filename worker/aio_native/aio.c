@@ -12,7 +12,7 @@ static PyMethodDef module_methods[] = {
 	{"caller", (PyCFunction)aio_caller, METH_VARARGS,
 	 "caller(loop, kind, base): loop's call_soon (0), call_at (1) or call_later (2) in C"},
 	{"runner", (PyCFunction)aio_runner, METH_VARARGS,
-	 "runner(loop, selector, base, every, after): loop's _run_once in C"},
+	 "runner(loop, selector, base, every, after, busy=None, me=0): loop's _run_once in C"},
 	{"run_ready", (PyCFunction)(void (*)(void))aio_run_ready, METH_FASTCALL,
 	 "run_ready(popleft, n): runs n ready handles"},
 	{"task_maker", aio_task_maker, METH_VARARGS,

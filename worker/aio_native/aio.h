@@ -52,7 +52,8 @@ int aio_loop_flag(PyObject *loop, PyObject *name);
 double aio_mono(void);
 int aio_callers_init(void);
 
-/* runner.c: runner(loop, selector, base, every, after) (the module's function) */
+/* runner.c: runner(loop, selector, base, every, after, busy=None, me=0) (the module's
+ * function) */
 PyObject *aio_runner(PyObject *mod, PyObject *args);
 int aio_runner_init(void);
 

@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -114,6 +115,12 @@ static PyObject *caller_call(Caller *c, PyObject *const *args, size_t nargsf, Py
 		when = PyFloat_AsDouble(args[0]);
 		if (when == -1.0 && PyErr_Occurred())
 			return NULL;
+		/* a NaN due time orders nowhere in the heap and bounds no wait
+		 * (the loop polled forever: issue 35 point 9): refused, as
+		 * Python 3.13's asyncio.sleep refuses a NaN delay */
+		if (isnan(when))
+			return PyErr_Format(PyExc_ValueError, "Invalid %s: NaN (not a number)",
+			                    c->kind == CALL_LATER ? "delay" : "when");
 		if (c->kind == CALL_LATER)
 			when += aio_mono();
 	}

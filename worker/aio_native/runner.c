@@ -33,6 +33,10 @@ typedef struct {
 	 * read here: the call is a Python frame, ~500 instructions a turn),
 	 * or is_set of another kind of event (stop NULL) */
 	PyObject *selector, *poll, *stop, *is_set;
+	/* the Loop's busy stamps (worker/relief.py's list) and this thread's
+	 * place in it, or NULL: written around each ready pass (stamp_busy) */
+	PyObject *busy;
+	Py_ssize_t me;
 	int every, since;
 	double after, turned_at, resolution;
 	vectorcallfunc vectorcall;
@@ -136,6 +140,27 @@ static PyObject *pop_timer(PyObject *heap)
 	return PyObject_CallOneArg(heappop, heap);
 }
 
+/* The app's callbacks run in the ready pass: the loop thread is in the
+ * app from the stamp until the 0.0 after it, as a WSGI handler is between
+ * the engine's stamps. The worker's stuck-request watch (worker/stuck.py,
+ * `timeout`) reads these: before, nothing stamped an asyncio loop, and a
+ * loop blocked in the app (time.sleep in a coroutine) was never noticed
+ * (issue 35 point 7). 0.0 is a float made at init, so unstamping cannot
+ * fail. */
+static PyObject *zero_stamp;
+
+static int stamp_busy(Runner *r, double when)
+{
+	PyObject *v;
+
+	if (!r->busy)
+		return 0;
+	v = when == 0.0 ? Py_NewRef(zero_stamp) : PyFloat_FromDouble(when);
+	if (!v)
+		return -1;
+	return PyList_SetItem(r->busy, r->me, v);     /* steals v; me checked at creation */
+}
+
 static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
 	PyObject *loop = r->loop, *heap = NULL, *t;
@@ -203,7 +228,11 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 		/* a timer due already (within the clock's resolution, as the
 		 * due test below counts it) is work ready as a callback is */
 		timeout = when - now;
-		timeout = timeout <= r->resolution ? 0 : timeout > MAX_SELECT ? MAX_SELECT : timeout;
+		/* a NaN due time (a timer asyncio's own call_at made: ours
+		 * refuse NaN) is due now, as asyncio's _run_once counts it; as
+		 * a wait it was no bound at all (issue 35 point 9: a hang) */
+		timeout = isnan(timeout) || timeout <= r->resolution ? 0
+		          : timeout > MAX_SELECT ? MAX_SELECT : timeout;
 	}
 	if (timeout == 0 && !stopping && r->since < r->every && now - r->turned_at < r->after) {
 		r->since++;
@@ -232,7 +261,7 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 
 			if (timer_when(PyList_GET_ITEM(heap, 0), &when) < 0)
 				goto fail;
-			if (when >= end)
+			if (when >= end)            /* (NaN: due, as above) */
 				break;
 			if (!(t = pop_timer(heap)))
 				goto fail;
@@ -249,25 +278,38 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 	/* the callbacks ready now, not those they schedule (asyncio's rule) */
 	if ((nready = PyObject_Length(r->ready)) < 0)
 		return NULL;
-	return aio_ready_pass(r->popleft, nready);
+	if (!nready)
+		return aio_ready_pass(r->popleft, 0);
+	if (stamp_busy(r, aio_mono()) < 0)
+		return NULL;
+	t = aio_ready_pass(r->popleft, nready);
+	stamp_busy(r, 0.0);         /* a stored float: raises nothing, keeps t's error */
+	return t;
 fail:
 	Py_XDECREF(heap);
 	return NULL;
 }
 
-/* runner(loop, selector, base, every, after) */
+/* runner(loop, selector, base, every, after, busy=None, me=0) */
 PyObject *aio_runner(PyObject *mod, PyObject *args)
 {
-	PyObject *loop, *selector, *base, *res;
+	PyObject *loop, *selector, *base, *res, *busy = Py_None;
 	int every;
+	Py_ssize_t me = 0;
 	double after;
 	Runner *r;
 
-	if (!PyArg_ParseTuple(args, "OOOid:runner", &loop, &selector, &base, &every, &after))
+	if (!PyArg_ParseTuple(args, "OOOid|On:runner", &loop, &selector, &base, &every, &after,
+	                      &busy, &me))
 		return NULL;
+	if (busy != Py_None && (!PyList_CheckExact(busy) || me < 0 || me >= PyList_GET_SIZE(busy)))
+		return PyErr_Format(PyExc_ValueError,
+		                    "runner: busy must be a list with an item at me (%zd)", me);
 	r = PyObject_GC_New(Runner, &RunnerType);
 	if (!r)
 		return NULL;
+	r->busy = busy == Py_None ? NULL : Py_NewRef(busy);
+	r->me = me;
 	r->loop = Py_NewRef(loop);
 	r->selector = Py_NewRef(selector);
 	r->base = Py_NewRef(base);
@@ -306,6 +348,7 @@ static int Runner_traverse(Runner *r, visitproc visit, void *arg)
 	Py_VISIT(r->stop);
 	Py_VISIT(r->is_set);
 	Py_VISIT(r->base);
+	Py_VISIT(r->busy);
 	return 0;
 }
 
@@ -320,6 +363,7 @@ static int Runner_clear(Runner *r)
 	Py_CLEAR(r->stop);
 	Py_CLEAR(r->is_set);
 	Py_CLEAR(r->base);
+	Py_CLEAR(r->busy);
 	return 0;
 }
 
@@ -363,9 +407,10 @@ int aio_runner_init(void)
 	S_app_ready = PyUnicode_InternFromString("_app_ready");
 	S_process_events = PyUnicode_InternFromString("_process_events");
 	S_flag = PyUnicode_InternFromString("_flag");
+	zero_stamp = PyFloat_FromDouble(0.0);
 	if (!S_scheduled_list || !S_append || !S_cancelled_attr || !S_stopping ||
 	    !S_cancelled_count || !S_when_attr || !S_scheduled_attr || !S_failed || !S_stop ||
-	    !S_app_ready || !S_process_events || !S_flag)
+	    !S_app_ready || !S_process_events || !S_flag || !zero_stamp)
 		return -1;
 	th = PyImport_ImportModule("threading");
 	event_type = th ? PyObject_GetAttrString(th, "Event") : NULL;

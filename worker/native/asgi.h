@@ -126,9 +126,14 @@ int asgi_trailers(AsgiCall *call, PyObject *msg);
  * runs on, else the response ended and the call is detached: whether
  * the connection may serve on (RESPOND_KEEP, RESPOND_CLOSE). -1. */
 int asgi_file_resume(AsgiCall *call);
-/* The body timer fired for a receive that waits: a 408 or the close, the
- * receive's http.disconnect. */
+/* The body timer fired: for a receive that waits, a 408 (or the close
+ * once the response started) and the receive's http.disconnect; for one
+ * the app abandoned, nothing (the app's time). */
 void asgi_body_late(AsgiCall *call);
+/* The client got the streamed body wrong (the parser's HP_ERROR) while
+ * the call reads it: the 413 / 400 (or the close once the head went out),
+ * logged as the client's; a waiting receive reads http.disconnect. */
+void asgi_body_error(AsgiCall *call);
 
 /* The call's file closed (on every path: sent, failed, the client gone,
  * the call freed): here, for asgi_end.c and the call's own dealloc. */

@@ -166,8 +166,15 @@ int asgi_input(HttpConn *c)
 		if (!msg && PyErr_Occurred())
 			return -1;
 	}
-	if (!msg && (c->peer_eof || c->parser->hp->state == HP_ERROR))
-		msg = asgi_disconnect();               /* the client ended (or broke) its request */
+	if (!msg && c->parser->hp->state == HP_ERROR) {
+		/* the client broke its body (a bad chunk, past the limit): it is
+		 * told so, not the app's fault (issue 35, point 8: the app read a
+		 * disconnect, the client was still there and got a 500) */
+		asgi_body_error(call);
+		return 0;
+	}
+	if (!msg && c->peer_eof)
+		msg = asgi_disconnect();               /* the client ended its request */
 	if (msg) {
 		asgi_resolve(&call->rx, msg, NULL);
 		Py_DECREF(msg);

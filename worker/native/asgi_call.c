@@ -173,8 +173,24 @@ int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
 		rc = task ? RESPOND_PARKED : -1;
 	}
 	if (rc < 0) {
-		if (coro)
-			Py_XDECREF(PyObject_CallMethod(coro, "close", NULL));
+		if (coro) {
+			/* the error (a task factory's, issue 35 point 12) kept
+			 * across the close, which runs code and would otherwise
+			 * wipe it: the log said `NoneType: None`; the close's own
+			 * error, if any, is the lesser one and dropped */
+			PyObject *t, *v, *tb, *r;
+
+			PyErr_Fetch(&t, &v, &tb);
+			r = PyObject_CallMethod(coro, "close", NULL);
+			if (r)
+				Py_DECREF(r);
+			else
+				PyErr_Clear();
+			if (t)
+				PyErr_Restore(t, v, tb);
+			else            /* (never: a NULL from create_task sets one) */
+				PyErr_SetString(PyExc_SystemError, "create_task failed with no error set");
+		}
 		if (c->call == call) {
 			c->call = NULL;
 			Py_DECREF(call);
@@ -255,14 +271,10 @@ static PyObject *receive(AsgiCall *call)
 		if (PyErr_Occurred())
 			return NULL;
 		if (p->hp->state == HP_ERROR) {
-			/* the client's framing error: a 400 if nothing was said yet,
-			 * else the connection ends; the app reads a disconnect */
-			call->counted = 1;                 /* the refusal counts it */
-			call->gone = 1;
-			if (!call->head_sent)
-				hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request body");
-			else
-				hconn_close_now(c);
+			/* the client's error (framing, past the limit): its 400 / 413
+			 * if nothing was said yet, else the connection ends (logged
+			 * either way); the app reads a disconnect */
+			asgi_body_error(call);
 			goto disconnect;
 		}
 		if (c->peer_eof)

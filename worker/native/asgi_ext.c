@@ -24,7 +24,11 @@
  *  - body_timeout for a body the app streams with receive(): the codec's
  *    body timer (h1_body_wait) runs while a receive waits for body bytes;
  *    late, the client gets the engine's body_timeout refusal (a 408, or
- *    the close once the head went out) and the receive http.disconnect.
+ *    the close once the app started its response) and the receive
+ *    http.disconnect; a receive the app abandoned (cancelled) is no
+ *    longer the client's time. A body the client gets wrong (a bad chunk,
+ *    past limit_request_body) is refused the same way, with the parser's
+ *    400 / 413 (or the close once the head went out).
  *
  * May call: asgi_scope.c (messages), asgi_end.c (the end), the codec
  * (h1_response.c's framing, h1_head_asgi.c's trailer fields, h1_conn.c's body
@@ -385,23 +389,28 @@ int asgi_file_resume(AsgiCall *call)
 	return keep ? RESPOND_KEEP : RESPOND_CLOSE;
 }
 
-/* ---- body_timeout of a streamed body --------------------------------------------------------- */
+/* ---- a streamed body that went wrong: late, or the client's error ---------------------------- */
 
-void asgi_body_late(AsgiCall *call)
+/* The call's body will not come (late: the body timer; else the client's
+ * error, the parser's HP_ERROR): the client is answered (a 408, or the
+ * parser's 413 / 400) if nothing of the response went out, else the
+ * connection closes; the refusal is counted and logged either way. The
+ * app's receive reads http.disconnect, and what the app does after it is
+ * not its fault (gone: its return without a response is not logged, a
+ * send() is refused with ClientDisconnected). */
+static void body_failed(AsgiCall *call, int late)
 {
 	HttpConn *c = call->conn;
 	PyObject *msg;
 	int answer;
 
-	if (!c)
-		return;
-	c->parser->body_late = 0;
-	if (call->gone || call->ended)
-		return;
 	call->gone = 1;
-	answer = !call->head_sent;
+	/* the client's error is said whenever it still can be; a 408 never
+	 * stands in for a response the app started, even one whose head is
+	 * still held (issue 35, point 11): the connection closes instead */
+	answer = late ? !call->started : !call->head_sent;
 	if (answer)
-		call->counted = 1;                     /* the 408 counts it */
+		call->counted = 1;                     /* the refusal counts it */
 	else
 		asgi_account(call);                    /* the response, as far as it went */
 	if (call->rx && (msg = asgi_disconnect())) {
@@ -409,6 +418,37 @@ void asgi_body_late(AsgiCall *call)
 		Py_DECREF(msg);
 	}
 	Py_INCREF(c);                              /* a close drops the call's */
-	h1_body_late(c, answer);
+	if (late)
+		h1_body_late(c, answer);
+	else
+		h1_body_refuse(c, answer);
 	Py_DECREF(c);
+}
+
+void asgi_body_error(AsgiCall *call)
+{
+	if (call->conn && !call->gone && !call->ended)
+		body_failed(call, 0);
+}
+
+void asgi_body_late(AsgiCall *call)
+{
+	HttpConn *c = call->conn;
+
+	if (!c)
+		return;
+	c->parser->body_late = 0;
+	if (call->gone || call->ended)
+		return;
+	/* No receive waits: the app abandoned it (wait_for's timeout cancels
+	 * the future) and went on, to answer without the body, or to come
+	 * back for it later. Its time now, not the client's: its answer is
+	 * not replaced by a 408 (issue 35, point 11). The timer is off until
+	 * a receive waits again (h1_timeout cleared body_wait); the deadline
+	 * stays the body's total, so that receive is told at once if the
+	 * client still owes past it. An unread body closes the connection
+	 * after the response (parser_finish). */
+	if (!asgi_waiting(&call->rx))
+		return;
+	body_failed(call, 1);
 }

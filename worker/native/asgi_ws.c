@@ -46,7 +46,8 @@
  * module's functions: the drain's going away, the settings), asgi_ws_call.c
  * (the call object: receive(), the app's end, its life, the connection's
  * side), asgi_ws_frames.c (the messages, frames out, the client's frames
- * in) and asgi_ws_send.c (send()).
+ * in), asgi_ws_send.c (send()) and asgi_ws_deny.c (send()'s denial
+ * response).
  *
  * May call: asgi_ws_call.c (the call's type), asgi_ws_frames.c,
  * asgi_ws_send.c, asgi_app.c's http entries (the requests that are not
@@ -342,6 +343,6 @@ int asgi_ws_make_keys(void)
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
 		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
 			return -1;
-	return 0;
+	return ws_send_make_keys();
 }
 

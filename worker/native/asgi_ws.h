@@ -3,7 +3,8 @@
  *
  *   asgi_ws_frames.c  the call's messages (the queue for receive()), its
  *                     frames out, the client's frames parsed (pump)
- *   asgi_ws_send.c    send(): accept, send, close, the denial response
+ *   asgi_ws_send.c    send(): accept, send, close
+ *   asgi_ws_deny.c    send()'s denial response (websocket.http.response)
  *   asgi_ws_call.c    the call: receive(), the app's end, its type, the
  *                     connection's side (input, drained output, close)
  *   asgi_ws.c         the upgrade checked and served, the drain's going
@@ -40,9 +41,10 @@ typedef struct WsCall {
 	 * frame is out (nothing but it after); finished: the disconnect is
 	 * queued (the last message); ended: the app returned; open_counted:
 	 * counted in ws_open; head_sent: the denial's head is out; close_rcvd:
- * the client's close frame came */
+ * the client's close frame came; sending: a send() runs (the app's code
+ * it calls may call another: refused, asgi_ws_send.c) */
 	unsigned connect_taken : 1, close_sent : 1, finished : 1, ended : 1, open_counted : 1,
-	         head_sent : 1, close_rcvd : 1;
+	         head_sent : 1, close_rcvd : 1, sending : 1;
 	struct WsCall *prev, *next;        /* every live call (ws_going_away) */
 } WsCall;
 
@@ -94,5 +96,25 @@ int ws_pump(WsCall *call);
 
 /* ---- asgi_ws_send.c ---- */
 PyObject *ws_send(WsCall *call, PyObject *msg);
+int ws_send_make_keys(void);                    /* its message keys (module init) */
+/* the keys of send()'s messages (ws_send_make_keys) */
+extern PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
+
+/* msg[key], a new reference: NULL if absent or None, NULL with the
+ * app's error if the lookup raised (a key's __eq__). Held, not borrowed:
+ * the app's message may run its code while we use what we took out of it
+ * (a key's __eq__ in the next lookup, more_body's __bool__, an iterable's
+ * __iter__), and that code may empty it; a borrowed value was then read
+ * after its free, other objects' bytes on the wire (issue 35, point 2). */
+static inline PyObject *ws_field(PyObject *msg, PyObject *key)
+{
+	PyObject *v = PyDict_GetItemWithError(msg, key);
+
+	return v == Py_None ? NULL : Py_XNewRef(v);
+}
+
+/* ---- asgi_ws_deny.c: websocket.http.response.start / body ---- */
+PyObject *ws_deny_start(WsCall *call, PyObject *msg);
+PyObject *ws_deny_body(WsCall *call, PyObject *msg);
 
 #endif /* SOCKHERD_ASGI_WS_H */

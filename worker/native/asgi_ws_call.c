@@ -34,7 +34,9 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 		Py_XDECREF(msg);
 		return r;
 	}
-	if (call->rx) {
+	/* a receive the app stopped awaiting (wait_for's timeout, its task
+	 * cancelled) is dropped, as the http scope's is (issue 35, point 6) */
+	if (asgi_waiting(&call->rx)) {
 		PyErr_SetString(PyExc_RuntimeError, "ASGI receive() called while another receive() of "
 		                "the same WebSocket waits");
 		return NULL;

@@ -63,12 +63,21 @@ PyObject *ws_take(WsCall *call)
 	return msg;
 }
 
-/* The first queued message to a waiting receive(). */
+/* The first queued message to a waiting receive(); none to a receive the
+ * app stopped awaiting (wait_for's timeout: asgi_waiting drops it), so
+ * the message stays queued for the next receive() (it was taken for the
+ * cancelled future and lost: issue 35, point 6). */
 void ws_deliver(WsCall *call)
 {
-	PyObject *msg;
+	PyObject *msg, *t, *v, *tb;
+	int waits;
 
-	if (!call->rx || !ws_nqueued(call))
+	if (!ws_nqueued(call) || !call->rx)
+		return;
+	PyErr_Fetch(&t, &v, &tb);                  /* a drop's path too, as asgi_resolve's */
+	waits = asgi_waiting(&call->rx);
+	PyErr_Restore(t, v, tb);
+	if (!waits)
 		return;
 	if (!(msg = ws_take(call)))
 		PyErr_WriteUnraisable((PyObject *)call);

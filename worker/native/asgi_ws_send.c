@@ -1,16 +1,16 @@
 /* The ASGI websocket call's send() (asgi_ws.h): websocket.accept (the
  * 101 with its key, subprotocol and headers), websocket.send (a frame,
  * waiting past HIGH_WATER), websocket.close (a close frame, a 403 before
- * accept) and the websocket.http.response denial; each error names the
- * message.
+ * accept), the websocket.http.response denial's two (asgi_ws_deny.c); each
+ * error names the message. A send() from the code a send() runs is
+ * refused (ws_send).
  *
- * May call: asgi_ws_frames.c, asgi_call.c's asgi_ready, the HTTP/1
+ * May call: asgi_ws_frames.c, asgi_ws_deny.c, asgi_call.c's asgi_ready, the HTTP/1
  * codec's head and framing (h1_head_asgi.c, h1_response.c), the connection
  * layer (conn.h).
  */
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "asgi_ws.h"
 
@@ -18,26 +18,20 @@ static PyObject *sha1, *b64;
 
 /* ---- send --------------------------------------------------------------------------------------- */
 
-/* A header name or value the app gave: bytes, no CR / LF / NUL (and a
- * name a token's characters). */
-static int header_ok(PyObject *o, int name)
+/* the message keys send() reads beyond asgi_ws_frames.c's, interned once */
+PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
+
+int ws_send_make_keys(void)
 {
-	const char *s;
-	Py_ssize_t n;
+	struct { PyObject **at; const char *s; } keys[] = {
+		{&K_SUBPROTOCOL, "subprotocol"}, {&K_HEADERS, "headers"}, {&K_BODY, "body"},
+		{&K_MORE_BODY, "more_body"}, {&K_STATUS, "status"},
+	};
 
-	if (!PyBytes_Check(o))
-		return 0;
-	s = PyBytes_AS_STRING(o);
-	n = PyBytes_GET_SIZE(o);
-	if (name && !n)
-		return 0;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)s[i];
-
-		if (ch == '\r' || ch == '\n' || ch == 0 || (name && (ch <= ' ' || ch == ':' || ch >= 127)))
-			return 0;
-	}
-	return 1;
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
+			return -1;
+	return 0;
 }
 
 static PyObject *accept_key(WsCall *call)
@@ -99,15 +93,8 @@ static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t 
 	return rc;
 }
 
-/* A header name the app gave is Sec-WebSocket-Extensions (any case). */
-static int is_extensions(PyObject *name)
-{
-	return PyBytes_GET_SIZE(name) == 24 &&
-	       !strncasecmp(PyBytes_AS_STRING(name), "sec-websocket-extensions", 24);
-}
-
 /* The app's Sec-WebSocket-Extensions in websocket.accept's headers, dropped
- * (the caller skips it): logged as a warning on the worker's logger, the
+ * (h1_accept_block left it out of the 101): logged as a warning on the worker's logger, the
  * 101 goes on. Why dropped and not refused: the extensions in force are
  * the server's alone, which frames the messages (ASGI gives the app whole
  * messages: it can apply no extension, RSV1 included), so the one true
@@ -118,7 +105,7 @@ static int is_extensions(PyObject *name)
  * WebSocket that works, for a header the app could not have made true.
  * As the ASGI spec does for Sec-WebSocket-Protocol (its subprotocol key),
  * the server's field wins. A logging failure is reported as unraisable:
- * the 101, half in the output already, goes on. */
+ * the 101, in the output already, stands. */
 static void drop_extensions(WsCall *call, PyObject *value)
 {
 	static PyObject *log;
@@ -140,114 +127,96 @@ static void drop_extensions(WsCall *call, PyObject *value)
 	Py_XDECREF(r);
 }
 
-/* websocket.accept: the 101, with the app's subprotocol and headers. */
+/* websocket.accept: the 101, with the app's subprotocol and headers.
+ * Each of the message's fields is read once, into what this call owns
+ * (the subprotocol held, the headers checked and serialised into one
+ * block, h1_accept_block), and that is what is written: a pair read
+ * again to be written answered differently the second time (its
+ * __getitem__), and what went out had never been checked: CR/LF, heap
+ * bytes, a SIGSEGV (issue 35, point 1). */
 static PyObject *do_accept(WsCall *call, PyObject *msg)
 {
 	HttpConn *c = call->conn;
-	PyObject *sub = PyDict_GetItemString(msg, "subprotocol"), *headers, *seq = NULL, *key;
+	PyObject *sub = NULL, *headers = NULL, *block = NULL, *dropped = NULL, *key = NULL, *r = NULL;
 	static const char head[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
 	                           "Connection: Upgrade\r\nSec-WebSocket-Accept: ";
 	const char *date, *subs = NULL;
 	Py_ssize_t subn = 0;
 	size_t dn;
 
-	if (call->state != ST_WAIT) {
-		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.accept after the "
-		             "WebSocket was %s", msg, call->state == ST_OPEN ? "accepted" : "answered");
-		return NULL;
+	if (call->state != ST_WAIT)
+		goto late;
+	if (!(sub = ws_field(msg, K_SUBPROTOCOL)) && PyErr_Occurred())
+		goto out;
+	if (!(headers = ws_field(msg, K_HEADERS)) && PyErr_Occurred())
+		goto out;
+	/* the Sec-WebSocket-Protocol value: a field value's check, the http
+	 * scope's (control bytes reached the wire: issue 35, point 13) */
+	if (sub && (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
+	            h1_has_ctl(subs, (size_t)subn))) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
+			             "without a control character", msg);
+		goto out;
 	}
-	if (sub && sub != Py_None) {
-		if (!PyUnicode_Check(sub) || !(subs = PyUnicode_AsUTF8AndSize(sub, &subn)) ||
-		    strpbrk(subs, "\r\n") || (Py_ssize_t)strlen(subs) != subn) {
-			if (!PyErr_Occurred())
-				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): subprotocol must be a str "
-				             "without CR or LF", msg);
-			return NULL;
-		}
+	/* the app's Sec-WebSocket-Extensions: left out, logged below */
+	if (!(dropped = PyList_New(0)) ||
+	    h1_accept_block(headers ? headers : Py_None, "sec-websocket-extensions", dropped,
+	                    &block) < 0 ||
+	    !(key = accept_key(call)))
+		goto out;
+	/* the app's code ran in there (a lookup's __eq__, the headers'
+	 * __iter__): the WebSocket as it is now */
+	if (call->state != ST_WAIT)
+		goto late;
+	if (call->conn != c || c->closed) {
+		PyErr_SetString(ClientDisconnected, "the client went away");
+		goto out;
 	}
-	headers = PyDict_GetItemString(msg, "headers");
-	if (headers && headers != Py_None) {
-		seq = PySequence_Fast(headers, "websocket.accept's headers must be a sequence of pairs");
-		if (!seq)
-			return NULL;
-		for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-			PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
-
-			if (!PySequence_Check(pair) || PySequence_Size(pair) != 2) {
-				PyErr_Clear();
-				goto bad_header;
-			}
-			PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
-			int ok = n && v && header_ok(n, 1) && header_ok(v, 0);
-
-			Py_XDECREF(n);
-			Py_XDECREF(v);
-			if (!ok) {
-				PyErr_Clear();
-				goto bad_header;
-			}
-		}
-	}
-	if (!(key = accept_key(call)))
-		goto fail;
 	http_date(&date, &dn);
 	if (hconn_send(c, head, sizeof(head) - 1, 0) < 0 ||
 	    hconn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
 	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
 	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
 	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0)) ||
-	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0)) {
-		Py_DECREF(key);
-		goto fail;
-	}
-	Py_DECREF(key);
-	for (Py_ssize_t i = 0; seq && i < PySequence_Fast_GET_SIZE(seq); i++) {
-		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
-		PyObject *n = PySequence_GetItem(pair, 0), *v = PySequence_GetItem(pair, 1);
-		int rc = n && v ? 0 : -1;
-
-		if (!rc && is_extensions(n)) {
-			drop_extensions(call, v);
-			Py_DECREF(n);
-			Py_DECREF(v);
-			continue;
-		}
-		if (!rc && (hconn_send(c, PyBytes_AS_STRING(n), (size_t)PyBytes_GET_SIZE(n), 0) < 0 ||
-		            hconn_send(c, ": ", 2, 0) < 0 ||
-		            hconn_send(c, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v), 0) < 0 ||
-		            hconn_send(c, "\r\n", 2, 0) < 0))
-			rc = -1;
-		Py_XDECREF(n);
-		Py_XDECREF(v);
-		if (rc < 0)
-			goto fail;
-	}
-	Py_XDECREF(seq);
-	if (hconn_send(c, "\r\n", 2, 1) < 0)
-		return NULL;
+	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0) ||
+	    hconn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0 ||
+	    hconn_send(c, "\r\n", 2, 1) < 0)
+		goto out;
 	srv_count(c->srv, 101);
 	call->state = ST_OPEN;
 	call->open_counted = 1;
 	ws_open++;
+	/* logged once the 101 is out: the logging's code (the app's
+	 * handlers) comes after the head, never inside it */
+	for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dropped); i++)
+		drop_extensions(call, PyList_GET_ITEM(dropped, i));
 	/* frames the client sent right behind its handshake */
 	if (ws_pump(call) < 0)
-		return NULL;
-	return asgi_ready(Py_None);
-bad_header:
-	PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.accept's headers must be "
-	             "[name, value] pairs of bytes without CR, LF or NUL", msg);
-fail:
-	Py_XDECREF(seq);
-	return NULL;
+		goto out;
+	r = asgi_ready(Py_None);
+	goto out;
+late:
+	PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.accept after the "
+	             "WebSocket was %s", msg, call->state == ST_OPEN ? "accepted" : "answered");
+out:
+	Py_XDECREF(sub);
+	Py_XDECREF(headers);
+	Py_XDECREF(block);
+	Py_XDECREF(dropped);
+	Py_XDECREF(key);
+	return r;
 }
 
-/* websocket.send: one text or bytes message, one frame. */
+/* websocket.send: one text or bytes message, one frame. text and bytes
+ * held: the second lookup may run the app's code (a key's __eq__) that
+ * empties the message (issue 35, point 2). */
 static PyObject *do_send(WsCall *call, PyObject *msg)
 {
 	HttpConn *c = call->conn;
 	/* the interned keys: PyDict_GetItemString made, hashed and freed a
 	 * str per lookup, ~2k instructions of a 1 KiB echo's ~35k */
-	PyObject *text = PyDict_GetItemWithError(msg, K_TEXT), *data;
+	PyObject *text = ws_field(msg, K_TEXT), *data = NULL, *r = NULL;
 	Py_buffer view = {0};
 	const char *s;
 	Py_ssize_t n;
@@ -255,81 +224,87 @@ static PyObject *do_send(WsCall *call, PyObject *msg)
 
 	if (!text && PyErr_Occurred())
 		return NULL;
-	if (!(data = PyDict_GetItemWithError(msg, K_BYTES)) && PyErr_Occurred())
-		return NULL;
-	if (text == Py_None)
-		text = NULL;
-	if (data == Py_None)
-		data = NULL;
+	if (!(data = ws_field(msg, K_BYTES)) && PyErr_Occurred())
+		goto out;
 	if (call->state != ST_OPEN || call->close_sent) {
 		if (call->finished && call->state != ST_WAIT) {
 			PyErr_SetString(ClientDisconnected, "the WebSocket is closed");
-			return NULL;
+			goto out;
 		}
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.send before "
 		             "websocket.accept", msg);
-		return NULL;
+		goto out;
 	}
 	if (!text == !data) {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.send takes one of 'text' "
 		             "(str) and 'bytes'", msg);
-		return NULL;
+		goto out;
 	}
 	if (text) {
 		if (!PyUnicode_Check(text)) {
 			PyErr_Format(PyExc_TypeError, "ASGI send(): websocket.send's text must be str, "
 			             "not %.100s", Py_TYPE(text)->tp_name);
-			return NULL;
+			goto out;
 		}
 		if (!(s = PyUnicode_AsUTF8AndSize(text, &n)))
-			return NULL;
+			goto out;
 		rc = message_out(call, c, WS_OP_TEXT, s, (size_t)n);
 	}
 	else {
 		if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-			return NULL;
+			goto out;
 		rc = message_out(call, c, WS_OP_BINARY, view.buf, (size_t)view.len);
 		PyBuffer_Release(&view);
 	}
 	if (rc < 0)
-		return NULL;
+		goto out;
 	hconn_flush(c);
 	if (c->closed || !call->conn) {
 		PyErr_SetString(ClientDisconnected, "the client went away");
-		return NULL;
+		goto out;
 	}
 	if (hconn_pending(c) > HIGH_WATER) {
 		/* the app waits until the client takes it below LOW_WATER (resume) */
 		call->tx = PyObject_CallMethod(call->aio, "create_future", NULL);
-		return Py_XNewRef(call->tx);
+		r = Py_XNewRef(call->tx);
 	}
-	return asgi_ready(Py_None);
+	else
+		r = asgi_ready(Py_None);
+out:
+	Py_XDECREF(text);
+	Py_XDECREF(data);
+	return r;
 }
 
-/* websocket.close: a close frame once accepted, a 403 before. */
+/* websocket.close: a close frame once accepted, a 403 before. code and
+ * reason held: the second lookup may run the app's code (as do_send's). */
 static PyObject *do_close(WsCall *call, PyObject *msg)
 {
-	PyObject *code_o = PyDict_GetItemString(msg, "code"), *reason_o = PyDict_GetItemString(msg, "reason");
+	PyObject *code_o = ws_field(msg, K_CODE), *reason_o = NULL, *r = NULL;
 	long code = 1000;
 	const char *reason = "";
 	Py_ssize_t rlen = 0;
 
-	if (code_o && code_o != Py_None) {
+	if (!code_o && PyErr_Occurred())
+		return NULL;
+	if (!(reason_o = ws_field(msg, K_REASON)) && PyErr_Occurred())
+		goto out;
+	if (code_o) {
 		code = PyLong_Check(code_o) ? PyLong_AsLong(code_o) : -1;
 		if (code < 1000 || code > 4999 || code == 1005 || code == 1006 || code == 1015) {
 			PyErr_Clear();
 			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's code must be "
 			             "an int a close frame may carry (1000-4999, not 1005/1006/1015)", msg);
-			return NULL;
+			goto out;
 		}
 	}
-	if (reason_o && reason_o != Py_None) {
+	if (reason_o) {
 		if (!PyUnicode_Check(reason_o) || !(reason = PyUnicode_AsUTF8AndSize(reason_o, &rlen)) ||
 		    rlen > 123) {
 			if (!PyErr_Occurred())
 				PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): websocket.close's reason "
 				             "must be a str of at most 123 UTF-8 bytes", msg);
-			return NULL;
+			goto out;
 		}
 	}
 	if (call->state == ST_WAIT) {
@@ -339,87 +314,21 @@ static PyObject *do_close(WsCall *call, PyObject *msg)
 	else if (call->state == ST_OPEN) {
 		ws_finish(call, (int)code, reason, (size_t)rlen);
 		if (ws_close_out(call, (int)code, reason, (size_t)rlen) < 0)
-			return NULL;
+			goto out;
 	}
 	else if (call->state == ST_DENY) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.close during the "
 		             "denial response", msg);
-		return NULL;
+		goto out;
 	}
-	return asgi_ready(Py_None);                /* closed already: nothing more to say */
+	r = asgi_ready(Py_None);                   /* closed already: nothing more to say */
+out:
+	Py_XDECREF(code_o);
+	Py_XDECREF(reason_o);
+	return r;
 }
 
-/* websocket.http.response.start / body: the denial response. */
-static PyObject *do_deny(WsCall *call, PyObject *msg, int body)
-{
-	HttpConn *c = call->conn;
-
-	if (!body) {
-		PyObject *status = PyDict_GetItemString(msg, "status"), *prefix;
-		PyObject *headers = PyDict_GetItemString(msg, "headers");
-		long long length;
-		int flags, code;
-
-		if (call->state != ST_WAIT) {
-			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.start "
-			             "after the WebSocket was accepted or answered", msg);
-			return NULL;
-		}
-		if (!status) {
-			PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): without a status", msg);
-			return NULL;
-		}
-		if (head_from_asgi(status, headers ? headers : Py_None, &prefix, &length, &flags,
-		                   &code) < 0)
-			return NULL;
-		/* the framing's own allocation: only a denial needs one */
-		if (!call->f && !(call->f = PyMem_Malloc(sizeof(*call->f)))) {
-			Py_DECREF(prefix);
-			return PyErr_NoMemory();
-		}
-		*call->f = (struct h1_frame){.http11 = 1, .keep = 0, .length = length, .code = code,
-		                             .prefix = prefix, .app_date = !!(flags & HEAD_APP_DATE),
-		                             .app_server = !!(flags & HEAD_APP_SERVER),
-		                             .bodiless = code == 204 || code == 304 || code < 200};
-		call->state = ST_DENY;
-		return asgi_ready(Py_None);
-	}
-	{
-		PyObject *data = PyDict_GetItemString(msg, "body"), *more_o = PyDict_GetItemString(msg, "more_body");
-		Py_buffer view = {0};
-		int more = more_o ? PyObject_IsTrue(more_o) : 0;
-
-		if (call->state != ST_DENY) {
-			PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R): websocket.http.response.body "
-			             "without websocket.http.response.start", msg);
-			return NULL;
-		}
-		if (more < 0 || (data && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0))
-			return NULL;
-		if (!call->head_sent) {
-			if (h1_head(c, call->f, more ? -1 : (long long)view.len) < 0)
-				goto fail;
-			call->head_sent = 1;
-		}
-		if (view.len && h1_send_body(c, call->f, view.buf, (size_t)view.len, 0, 0) < 0)
-			goto fail;
-		PyBuffer_Release(&view);
-		if (!more) {
-			if (h1_end_body(c, call->f) < 0)
-				return NULL;
-			srv_count(c->srv, call->f->code);
-			ws_finish(call, 1006, "", 0);
-			hconn_close_soft(c);
-		}
-		hconn_flush(c);
-		return asgi_ready(Py_None);
-fail:
-		PyBuffer_Release(&view);
-		return NULL;
-	}
-}
-
-PyObject *ws_send(WsCall *call, PyObject *msg)
+static PyObject *send_one(WsCall *call, PyObject *msg)
 {
 	PyObject *type = asgi_send_type(msg), *r;
 	HttpConn *c;
@@ -428,7 +337,9 @@ PyObject *ws_send(WsCall *call, PyObject *msg)
 		return NULL;
 	if (ws_owner_thread(call, "send()") < 0)
 		return NULL;
-	if (call->tx) {
+	/* a send the app stopped awaiting (its bytes are out already) is
+	 * dropped, as the http scope's is (issue 35, point 6) */
+	if (asgi_waiting(&call->tx)) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while another send() of the same "
 		             "WebSocket waits", msg);
 		return NULL;
@@ -448,9 +359,9 @@ PyObject *ws_send(WsCall *call, PyObject *msg)
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)
 		r = do_close(call, msg);
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.start") == 0)
-		r = do_deny(call, msg, 0);
+		r = ws_deny_start(call, msg);
 	else if (PyUnicode_CompareWithASCIIString(type, "websocket.http.response.body") == 0)
-		r = do_deny(call, msg, 1);
+		r = ws_deny_body(call, msg);
 	else {
 		PyErr_Format(PyExc_ValueError, "ASGI send(%.200R): not a message of a websocket scope "
 		             "(websocket.accept, websocket.send, websocket.close, "
@@ -461,3 +372,23 @@ PyObject *ws_send(WsCall *call, PyObject *msg)
 	return r;
 }
 
+/* A send() from the app's code that a send() runs (a key's __eq__, the
+ * accept's headers' __iter__, more_body's __bool__) is refused, as the
+ * http scope's is (asgi_call.c Call_send): a websocket.close from inside
+ * websocket.accept answered 403, then the outer accept wrote its 101
+ * behind it and told the app it accepted; a denial body from inside the
+ * body's more_body ended the response before the outer one's bytes. */
+PyObject *ws_send(WsCall *call, PyObject *msg)
+{
+	PyObject *r;
+
+	if (call->sending) {
+		PyErr_Format(PyExc_RuntimeError, "ASGI send(%.200R) while a send() of the same "
+		             "WebSocket is in progress (called from the code that send() runs)", msg);
+		return NULL;
+	}
+	call->sending = 1;
+	r = send_one(call, msg);
+	call->sending = 0;
+	return r;
+}

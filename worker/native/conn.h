@@ -62,6 +62,7 @@ struct fdc_api {
 	void (*counters)(const struct fdc_thread *, struct fdc_counters *);
 	int (*insert_shared)(struct fdc_thread *, int, uint64_t, uint32_t, uint64_t);
 	int (*wake)(struct fdc_table *, int);
+	int (*dump)(struct fdc_table *, int, struct fdc_fdinfo *);
 };
 
 typedef struct Server Server;      /* engine.h */

@@ -17,8 +17,11 @@
 static const unsigned char ALPN_H1[] = "\x08http/1.1";
 
 /* ALPN: http/1.1 when offered (h2 would be chosen here once a codec
- * exists); a client that offers only others goes on without ALPN, as
- * nginx does, rather than failing its handshake. */
+ * exists). A client that offers ALPN without http/1.1 is refused with
+ * the no_application_protocol alert (RFC 7301 §3.2; nginx refuses it
+ * too): serving it HTTP/1.1 would speak a protocol it did not offer. A
+ * client that sends no ALPN extension never reaches this callback and is
+ * served HTTP/1.1 (issue 35 §22). */
 static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                        const unsigned char *in, unsigned int inlen, void *arg)
 {
@@ -27,7 +30,7 @@ static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outle
 	if (SSL_select_next_proto((unsigned char **)out, outlen, ALPN_H1, sizeof(ALPN_H1) - 1, in,
 	                          inlen) == OPENSSL_NPN_NEGOTIATED)
 		return SSL_TLSEXT_ERR_OK;
-	return SSL_TLSEXT_ERR_NOACK;
+	return SSL_TLSEXT_ERR_ALERT_FATAL;          /* OpenSSL sends no_application_protocol */
 }
 
 static int password_cb(char *buf, int size, int rwflag, void *u)
@@ -66,38 +69,118 @@ static void chain_once(SSL_CTX *ctx)
 	ERR_clear_error();
 }
 
-/* A ValueError naming what failed (and the file), with OpenSSL's reason. */
-static PyObject *ssl_error(const char *what, const char *path)
-{
-	unsigned long e = ERR_peek_last_error();
-	const char *why = e ? ERR_reason_error_string(e) : NULL;
+/* ---- the policy digest: what a resumed session must have been made under ---------------------- */
 
-	PyErr_Format(PyExc_ValueError, "%s %s: %s", what, path ? path : "", why ? why : "failed");
-	ERR_clear_error();
-	return NULL;
+static int digest_bytes(EVP_MD_CTX *md, const void *p, size_t n)
+{
+	unsigned char len[8];
+	int i;
+
+	for (i = 0; i < 8; i++)             /* length-prefixed: no two inputs hash alike */
+		len[i] = (unsigned char)((unsigned long long)n >> (8 * i));
+	return EVP_DigestUpdate(md, len, 8) == 1 && EVP_DigestUpdate(md, p, n) == 1 ? 0 : -1;
+}
+
+static int digest_x509(EVP_MD_CTX *md, X509 *x)
+{
+	unsigned char h[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+
+	return x && X509_digest(x, EVP_sha256(), h, &n) == 1 ? digest_bytes(md, h, n) : -1;
+}
+
+/* SHA-256 over what decides who a handshake lets in and what it proves:
+ * the certificate chain served, the client-CA names sent, every
+ * certificate and CRL the client's is verified against, the verify mode
+ * and depth, the versions and ciphers allowed. It is the session id
+ * context (a session made under another is a cache miss, OpenSSL's
+ * ssl_get_prev_session: so a full handshake, under the policy of now)
+ * and what the ticket keys are derived from (conn_tls_tickets.c), as
+ * nginx hashes its certificates and client CAs into its context. 0, or
+ * -1 (OpenSSL failed). */
+static int policy_digest(SSL_CTX *ctx, const char *ciphers, unsigned char out[32])
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	STACK_OF(X509) *chain = NULL;
+	STACK_OF(X509_NAME) *names = SSL_CTX_get_client_CA_list(ctx);
+	STACK_OF(X509_OBJECT) *objs = X509_STORE_get0_objects(SSL_CTX_get_cert_store(ctx));
+	long nums[3] = {SSL_CTX_get_verify_mode(ctx), SSL_CTX_get_verify_depth(ctx),
+	                SSL_CTX_get_min_proto_version(ctx)};
+	unsigned int n = 0;
+	int i, r = -1;
+
+	if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
+	    digest_bytes(md, "sockherd TLS policy 1", 21) < 0 || digest_bytes(md, nums, sizeof(nums)) < 0 ||
+	    digest_bytes(md, ciphers, strlen(ciphers)) < 0 ||
+	    digest_x509(md, SSL_CTX_get0_certificate(ctx)) < 0)
+		goto done;
+	SSL_CTX_get0_chain_certs(ctx, &chain);
+	for (i = 0; i < sk_X509_num(chain); i++)
+		if (digest_x509(md, sk_X509_value(chain, i)) < 0)
+			goto done;
+	for (i = 0; i < sk_X509_NAME_num(names); i++) {
+		unsigned char h[EVP_MAX_MD_SIZE];
+
+		if (X509_NAME_digest(sk_X509_NAME_value(names, i), EVP_sha256(), h, &n) != 1 ||
+		    digest_bytes(md, h, n) < 0)
+			goto done;
+	}
+	for (i = 0; i < sk_X509_OBJECT_num(objs); i++) {
+		X509_OBJECT *o = sk_X509_OBJECT_value(objs, i);
+		X509_CRL *crl = X509_OBJECT_get0_X509_CRL(o);
+		unsigned char h[EVP_MAX_MD_SIZE];
+
+		if (X509_OBJECT_get0_X509(o)) {
+			if (digest_x509(md, X509_OBJECT_get0_X509(o)) < 0)
+				goto done;
+		}
+		else if (crl && (X509_CRL_digest(crl, EVP_sha256(), h, &n) != 1 ||
+		                 digest_bytes(md, h, n) < 0))
+			goto done;
+	}
+	r = EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32 ? 0 : -1;
+done:
+	EVP_MD_CTX_free(md);
+	return r;
 }
 
 static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 {
 	static char *names[] = {"certfile", "keyfile", "password", "ca_certs", "cert_reqs", "ciphers",
-	                        "min_version", "ticket_keys", NULL};
+	                        "min_version", "ticket_secret", "ticket_epoch", "ticket_rotation",
+	                        "cert_pem", "key_pem", "ca_pem", NULL};
 	const char *certfile, *keyfile = "", *ca = "", *reqs = "none", *ciphers = "",
 	           *minv = "TLSv1.2";
 	PyObject *password = Py_None, *tickets = Py_None, *pem = NULL;
+	/* the files' bytes as the master read them (conn_tls_load.c) */
+	PyObject *cert_pem = Py_None, *key_pem = Py_None, *ca_pem = Py_None;
 	SSL_CTX *ctx;
 	int mode, version;
+	long long epoch = 0, rotation = 3600;
+	unsigned char policy[32];
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssO:set_tls", names, &certfile, &keyfile,
-	                                 &password, &ca, &reqs, &ciphers, &minv, &tickets))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|sOssssOLLOOO:set_tls", names, &certfile,
+	                                 &keyfile, &password, &ca, &reqs, &ciphers, &minv, &tickets,
+	                                 &epoch, &rotation, &cert_pem, &key_pem, &ca_pem))
 		return NULL;
+	if ((cert_pem != Py_None && !PyBytes_Check(cert_pem)) ||
+	    (key_pem != Py_None && !PyBytes_Check(key_pem)) ||
+	    (ca_pem != Py_None && !PyBytes_Check(ca_pem))) {
+		PyErr_SetString(PyExc_TypeError, "set_tls: cert_pem, key_pem, ca_pem: bytes or None");
+		return NULL;
+	}
 	if (password != Py_None && !PyBytes_Check(password)) {
 		PyErr_SetString(PyExc_TypeError, "set_tls: password must be bytes or None");
 		return NULL;
 	}
-	/* OpenSSL's ticket keys: a 16-byte name, a 32-byte HMAC and a 32-byte
-	 * AES key */
-	if (tickets != Py_None && (!PyBytes_Check(tickets) || PyBytes_GET_SIZE(tickets) != 80)) {
-		PyErr_SetString(PyExc_ValueError, "set_tls: ticket_keys must be 80 bytes or None");
+	/* the master's ticket secret of epoch (conn_tls_tickets.c) */
+	if (tickets != Py_None && (!PyBytes_Check(tickets) || PyBytes_GET_SIZE(tickets) != 32)) {
+		PyErr_SetString(PyExc_ValueError, "set_tls: ticket_secret must be 32 bytes or None");
+		return NULL;
+	}
+	if (rotation < 1) {
+		PyErr_Format(PyExc_ValueError, "set_tls: ticket_rotation %lld: at least 1 second",
+		             rotation);
 		return NULL;
 	}
 	if (!strcmp(reqs, "none"))
@@ -123,7 +206,7 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	ERR_clear_error();
 	ctx = SSL_CTX_new(TLS_server_method());
 	if (!ctx)
-		return ssl_error("an SSL context", NULL);
+		return tls_error("an SSL context", NULL);
 	SSL_CTX_set_min_proto_version(ctx, version);
 	/* read ahead: a read(2) takes what the socket has (records and all),
 	 * not a record's 5-byte header and then its body */
@@ -137,33 +220,22 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 		SSL_CTX_set_default_passwd_cb(ctx, password_cb);
 		SSL_CTX_set_default_passwd_cb_userdata(ctx, password);
 	}
-	if (SSL_CTX_use_certificate_chain_file(ctx, certfile) != 1) {
-		ssl_error("certfile", certfile);
+	if (tls_load_cert(ctx, certfile, cert_pem != Py_None ? cert_pem : NULL) < 0 ||
+	    tls_load_key(ctx, *keyfile ? keyfile : certfile, key_pem != Py_None ? key_pem : NULL) < 0)
 		goto fail;
-	}
-	if (SSL_CTX_use_PrivateKey_file(ctx, *keyfile ? keyfile : certfile, SSL_FILETYPE_PEM) != 1) {
-		ssl_error("keyfile", *keyfile ? keyfile : certfile);
-		goto fail;
-	}
 	/* the password is needed no more: never kept past this call */
 	SSL_CTX_set_default_passwd_cb_userdata(ctx, NULL);
 	if (SSL_CTX_check_private_key(ctx) != 1) {
-		ssl_error("keyfile does not match certfile:", *keyfile ? keyfile : certfile);
+		tls_error("keyfile does not match certfile:", *keyfile ? keyfile : certfile);
 		goto fail;
 	}
 	if (*ciphers && SSL_CTX_set_cipher_list(ctx, ciphers) != 1) {
-		ssl_error("ciphers", ciphers);
+		tls_error("ciphers", ciphers);
 		goto fail;
 	}
 	if (*ca) {
-		STACK_OF(X509_NAME) *names_ca = SSL_load_client_CA_file(ca);
-
-		if (SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1 || !names_ca) {
-			sk_X509_NAME_pop_free(names_ca, X509_NAME_free);
-			ssl_error("ca_certs", ca);
+		if (tls_load_ca(ctx, ca, ca_pem != Py_None ? ca_pem : NULL) < 0)
 			goto fail;
-		}
-		SSL_CTX_set_client_CA_list(ctx, names_ca);
 	}
 	else if (mode != SSL_VERIFY_NONE) {
 		PyErr_SetString(PyExc_ValueError, "cert_reqs optional or required needs ca_certs");
@@ -172,11 +244,17 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	SSL_CTX_set_verify(ctx, mode, NULL);
 	chain_once(ctx);
 	SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
-	/* resumption: the server's session cache (TLS 1.2 ids) and tickets
-	 * (on by default); the id context is what a resumed session must
-	 * match, needed whenever client certificates are asked for */
+	/* resumption: the server's session cache (TLS 1.2 ids) and tickets;
+	 * the id context is what a resumed session must match: the policy's
+	 * digest, not a fixed string, so a session made before a reload that
+	 * asks for client certificates (or trusts other CAs) is not resumed
+	 * after it (issue 35 §14) */
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
-	SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"sockherd", 8);
+	if (policy_digest(ctx, ciphers, policy) < 0 ||
+	    SSL_CTX_set_session_id_context(ctx, policy, sizeof(policy)) != 1) {
+		tls_error("the TLS policy's digest", NULL);
+		goto fail;
+	}
 	/* one TLS 1.3 ticket after a full handshake, not OpenSSL's two: each
 	 * costs an i2d, a d2i and an i2d of the session again, a key
 	 * derivation, AES-CBC and an HMAC (measured: 1.8 % of a full RSA
@@ -187,13 +265,15 @@ static PyObject *Server_set_tls(Server *s, PyObject *args, PyObject *kw)
 	 * parallel resuming too, which Go's crypto/tls server does not offer
 	 * either (one ticket) */
 	SSL_CTX_set_num_tickets(ctx, 1);
-	/* the master's ticket keys, the same in all its workers: a ticket one
-	 * worker issued resumes on any other (by default each context makes
-	 * keys of its own, and a client's next connection, which the kernel
-	 * may give another worker, fell back to a full handshake) */
-	if (tickets != Py_None &&
-	    SSL_CTX_set_tlsext_ticket_keys(ctx, PyBytes_AS_STRING(tickets), 80) != 1) {
-		ssl_error("ticket_keys", NULL);
+	/* ticket keys from the master's secret, the same in all its workers:
+	 * a ticket one worker issued resumes on any other (by default each
+	 * context makes keys of its own, and a client's next connection, which
+	 * the kernel may give another worker, fell back to a full handshake);
+	 * derived from the policy too and rotated (conn_tls_tickets.c) */
+	if (tickets_install(ctx,
+	                    tickets != Py_None ? (unsigned char *)PyBytes_AS_STRING(tickets) : NULL,
+	                    epoch, rotation, policy) < 0) {
+		tls_error("session-ticket keys", NULL);
 		goto fail;
 	}
 	pem = pem_str(SSL_CTX_get0_certificate(ctx));
@@ -222,7 +302,8 @@ static PyObject *get_tls(Server *s, PyObject *noarg)
 PyMethodDef server_tls_methods[] = {
 	{"set_tls", (PyCFunction)(void (*)(void))Server_set_tls, METH_VARARGS | METH_KEYWORDS,
 	 "set_tls(certfile, keyfile='', password=None, ca_certs='', cert_reqs='none', ciphers='', "
-	 "min_version='TLSv1.2', ticket_keys=None): every connection accepted from now on speaks TLS. Raises "
+	 "min_version='TLSv1.2', ticket_secret=None, ticket_epoch=0, ticket_rotation=3600, cert_pem=None, key_pem=None, "
+	 "ca_pem=None): every connection accepted from now on speaks TLS. Raises "
 	 "ValueError naming the file that does not load. Before the first accept."},
 	{"tls_counts", (PyCFunction)get_tls, METH_NOARGS,
 	 "tls_counts() -> {on, handshakes, resumed, handshake_failed, handshake_abandoned, "

@@ -4,6 +4,8 @@
  * a certificate as PEM for the context's server_cert (conn_tls_ctx.c).
  * OpenSSL's error queue is left empty after every call here.
  */
+#include <string.h>
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -70,6 +72,7 @@ static PyObject *verify_str(SSL *ssl, X509 *peer)
 
 PyObject *tls_environ(HttpConn *c)
 {
+	const char *sni;
 	PyObject *d;
 	X509 *peer;
 	int rc;
@@ -86,9 +89,14 @@ PyObject *tls_environ(HttpConn *c)
 	     dict_put(d, "SSL_SESSION_RESUMED",
 	         PyUnicode_FromString(SSL_session_reused(c->ssl) ? "Resumed" : "Initial")) < 0 ||
 	     dict_put(d, "SSL_CLIENT_VERIFY", verify_str(c->ssl, peer)) < 0;
-	if (!rc && SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name))
+	/* the SNI as the client sent it, any bytes (OpenSSL checks only that
+	 * it has no NUL): latin-1, PEP 3333's decoding of the environ's
+	 * strings, which no byte fails (UTF-8 failed on a name that is not,
+	 * and every request of the connection with it: issue 35 §19) */
+	sni = SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name);
+	if (!rc && sni)
 		rc = dict_put(d, "SSL_TLS_SNI",
-		         PyUnicode_FromString(SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name)));
+		              PyUnicode_DecodeLatin1(sni, (Py_ssize_t)strlen(sni), NULL)) < 0;
 	if (!rc && peer)
 		rc = dict_put(d, "SSL_CLIENT_S_DN", name_str(X509_get_subject_name(peer))) < 0 ||
 		     dict_put(d, "SSL_CLIENT_I_DN", name_str(X509_get_issuer_name(peer))) < 0 ||

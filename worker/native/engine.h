@@ -111,6 +111,16 @@ struct Server {
 	PyObject *on_refusal;
 	double refusal_logged;             /* mono_now() of the last line */
 	unsigned long long refusal_unlogged;   /* refusals since that line */
+	/* the error log's throttle (conn_report.c report_exc): per kind (the
+	 * place's text and the exception's type, compared as pointers, never
+	 * read), a few lines an interval, then counted */
+	struct report_kind {
+		const char *what;
+		const void *type;
+		double since;                      /* mono_now() the interval began */
+		unsigned logged;                   /* lines in it */
+		unsigned long long unlogged;       /* not logged since the last line */
+	} report_kinds[8];
 	/* trusted proxy headers (forwarded.h): which peers, which fields */
 	struct fwd_rules fwd;
 	/* the PROXY protocol (conn_proxy.c, Server.set_proxy): the header

@@ -22,6 +22,23 @@
 
 #include "engine.h"
 
+/* A number the kernel just gave us (accept) that the table still has: a
+ * disowned entry can only be an app's asyncio registration (worker/aio.py)
+ * of an fd the app closed while registered (issue 35 point 3). The kernel
+ * hands out only free numbers, so that entry is stale: it is forgotten (a
+ * disowned entry is never close()d by the table) and the connection taken;
+ * before, every connection given that number was closed unanswered for the
+ * worker's life. The app's selector key of it acts on nothing any more
+ * (app_fd: its cookie is no longer the number's owner). 1 forgotten. */
+static int forget_stale_app_fd(Server *s, struct srv_thread *t, int fd)
+{
+	struct fdc_fdinfo info;
+
+	if (s->api.dump(s->table, fd, &info) < 0 || !(info.state & FDC_DISOWN))
+		return 0;
+	return s->api.delete(t->th, fd) == 1;
+}
+
 /* One accepted connection into the table and the engine, owned by loop
  * thread pos, reading, with its header timer. 1 taken (2: a shared one
  * whose first read brought something: serve_first it), 0 dropped (closed:
@@ -69,7 +86,11 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 		 * with the first request unserved (a fuzz run's dropped request) */
 		if (first)
 			c->inside = pos;
-		if (s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask) < 0) {
+		int rc = s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask);
+
+		if (rc == -EEXIST && forget_stale_app_fd(s, t, fd))
+			rc = s->api.insert_shared(t->th, fd, cookie, s->kind_conn, t->group_mask);
+		if (rc < 0) {
 			c->closed = 1;
 			Py_DECREF(c);
 			close(fd);
@@ -77,8 +98,13 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 		}
 	}
 	else {
-		if (s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit,
-		                  FDC_ACCEPTED) < 0) {
+		int rc = s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit,
+		                       FDC_ACCEPTED);
+
+		if (rc == -EEXIST && forget_stale_app_fd(s, t, fd))
+			rc = s->api.insert(s->table, fd, cookie, s->kind_conn, t->tgid, t->bit,
+			                   FDC_ACCEPTED);
+		if (rc < 0) {
 			close(fd);
 			return 0;
 		}
@@ -218,10 +244,48 @@ static PyObject *Server_serve_accepted(Server *s, PyObject *arg)
 	Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(app_fd_doc,
+"app_fd(pos, fd, cookie, op) -> bool\n\n"
+"A table verb for an app fd registered by loop thread pos's asyncio\n"
+"selector (worker/aio.py) with `cookie`: op 0 delete, 1 want_recv,\n"
+"2 stop_recv, 3 want_send, 4 stop_send. Done only while the number is\n"
+"still that registration's (its owner the cookie); False otherwise: the\n"
+"app closed the fd while registered, and the number may be a connection's\n"
+"now (forget_stale_app_fd), which a stale key must never touch. For a\n"
+"delete, False too if a running bit defers it.");
+
+static PyObject *Server_app_fd(Server *s, PyObject *args)
+{
+	int pos, fd, op, rc;
+	unsigned long long cookie;
+	struct srv_thread *t;
+	struct fdc_fdinfo info;
+
+	if (!PyArg_ParseTuple(args, "iiKi:app_fd", &pos, &fd, &cookie, &op) ||
+	    !(t = as_thread(s, pos)))
+		return NULL;
+	if (op < 0 || op > 4)
+		return PyErr_Format(PyExc_ValueError, "app_fd: op %d is not 0..4", op);
+	/* checked and done under the GIL, as take_fd forgets and re-inserts
+	 * under it: no connection can take the number in between */
+	if (s->api.dump(s->table, fd, &info) < 0 || info.owner != cookie ||
+	    !(info.state & FDC_DISOWN))
+		Py_RETURN_FALSE;
+	switch (op) {
+	case 0: rc = s->api.delete(t->th, fd) == 1 ? 0 : -1; break;
+	case 1: rc = s->api.want_recv(t->th, fd); break;
+	case 2: rc = s->api.stop_recv(t->th, fd); break;
+	case 3: rc = s->api.want_send(t->th, fd); break;
+	default: rc = s->api.stop_send(t->th, fd); break;
+	}
+	return PyBool_FromLong(rc >= 0);
+}
+
 /* the Server type's methods of this file (joined in httpmodule.c) */
 PyMethodDef server_accept_methods[] = {
 	{"accept", (PyCFunction)Server_accept, METH_VARARGS, accept_doc},
 	{"take", (PyCFunction)Server_take, METH_VARARGS, take_doc},
 	{"serve_accepted", (PyCFunction)Server_serve_accepted, METH_O, serve_accepted_doc},
+	{"app_fd", (PyCFunction)Server_app_fd, METH_VARARGS, app_fd_doc},
 	{NULL},
 };

@@ -139,6 +139,14 @@ int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last);
  * connection and content fields: RFC 9110 6.5.1): *block gets the
  * "name: value\r\n" lines. 0 or -1 with an error naming the field. */
 int h1_trailer_block(PyObject *headers, PyObject **block);
+/* websocket.accept's headers checked as a head's fields are, read once
+ * into *block ("name: value\r\n" lines: what goes into the 101), the
+ * fields named skip (lower case) left out, their values appended to
+ * skipped (a list). 0 or -1 with an error naming the field. */
+int h1_accept_block(PyObject *headers, const char *skip, PyObject *skipped, PyObject **block);
+/* Whether s[0 .. n) holds a byte no field value may carry (a CTL but
+ * HTAB, or DEL: RFC 9110 5.5), the check of every ASGI field value. */
+int h1_has_ctl(const char *s, size_t n);
 /* the module's functions (response_head) */
 extern PyMethodDef h1_module_methods[];
 
@@ -213,6 +221,10 @@ void h1_body_wait(HttpConn *c, int waiting);
  * body_timeout refusal; answer: a 408 and the connection closes after it
  * (nothing of the response went out), else it closes now. */
 void h1_body_late(HttpConn *c, int answer);
+/* A streamed body the client got wrong (the parser's HP_ERROR: its
+ * framing, past limit_request_body): the parser's status and reason, as
+ * h1_body_late (answer: the refusal, else counted, logged, closed now). */
+void h1_body_refuse(HttpConn *c, int answer);
 
 /* ---- one connection's requests (h1_conn.c; h1_timeout, h1_rearm and the
  * refusals: h1_timers.c): struct conn_ops's entries ---- */

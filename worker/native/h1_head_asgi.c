@@ -3,8 +3,9 @@
  * are tokens, values carry no CTL, Content-Length one run of digits) and
  * serialised the same way (head_from_asgi: asgi_call.c, and asgi_ws_send.c
  * for a denial response), and a trailer section's fields checked and
- * serialised (h1_trailer_block: asgi_ext.c). h1_response.c puts the
- * results on the wire.
+ * serialised (h1_trailer_block: asgi_ext.c), and websocket.accept's
+ * fields the same way (h1_accept_block: asgi_ws_send.c, its 101).
+ * h1_response.c puts the results on the wire.
  *
  * May call: nothing of the engine (CPython only).
  */
@@ -132,8 +133,9 @@ static const unsigned char TCHAR[256] = {
 
 /* Whether s[0 .. n) holds a byte no field value may (a CTL but HTAB, or
  * DEL); eight bytes at a time where none is below 0x20 or DEL (a byte
- * loop cost ~6 instructions a byte) */
-static int has_ctl(const char *s, size_t n)
+ * loop cost ~6 instructions a byte). h1.h's h1_has_ctl: the one check of
+ * every ASGI field value (websocket.accept's subprotocol too). */
+int h1_has_ctl(const char *s, size_t n)
 {
 	const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
 	size_t i = 0;
@@ -204,7 +206,7 @@ static int asgi_pair(const char *what, PyObject *pair, PyObject **name, PyObject
 			             what, *name);
 			return -1;
 		}
-	if (has_ctl(vs, (size_t)vl)) {
+	if (h1_has_ctl(vs, (size_t)vl)) {
 		PyErr_Format(PyExc_ValueError, "%s: header %R: value with a control character",
 		             what, *name);
 		return -1;
@@ -352,16 +354,28 @@ static const char *const not_trailers[] = {
 	"upgrade", "proxy-connection", "content-type", "content-encoding", "content-range",
 };
 
-int h1_trailer_block(PyObject *headers, PyObject **block)
+/* The fields of headers checked (asgi_pair: a head's rule) and put into
+ * one new bytes, "name: value\r\n" each (*block): refused, a field named
+ * in refuse[] (lower case; the caller's reason in the message); left
+ * out, one named skip (lower case, NULL: none), its value appended to
+ * *skipped (a list the caller made). One pass over the pairs checks and
+ * sizes them, the next writes them: the items are read from the tuples
+ * and lists themselves and nothing between the two runs the app's code
+ * (no method of theirs, no allocation of a GC object that could collect
+ * and finalize), so what is written is what was checked (issue 35,
+ * point 1: websocket.accept read each pair a second time through its
+ * __getitem__). 0 or -1 with an error naming the field. */
+static int field_block(const char *what, const char *not_seq, PyObject *headers,
+                       const char *const *refuse,
+                       size_t nrefuse, const char *why, const char *skip, PyObject *skipped,
+                       PyObject **block)
 {
-	static const char what[] = "http.response.trailers";
 	PyObject *seq, *out;
 	Py_ssize_t n, size = 0;
 	char *w;
 
 	seq = headers == Py_None ? PyTuple_New(0)
-	      : PySequence_Fast(headers, "http.response.trailers: headers must be an iterable of "
-	                        "[name, value] pairs of bytes");
+	      : PySequence_Fast(headers, not_seq);
 	if (!seq)
 		return -1;
 	n = PySequence_Fast_GET_SIZE(seq);
@@ -370,12 +384,13 @@ int h1_trailer_block(PyObject *headers, PyObject **block)
 
 		if (asgi_pair(what, PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
 			goto fail;
-		for (size_t k = 0; k < sizeof(not_trailers) / sizeof(not_trailers[0]); k++)
-			if (bytes_lower_is(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), not_trailers[k])) {
-				PyErr_Format(PyExc_ValueError, "%s: %R is not a field a trailer may carry "
-				             "(RFC 9110 6.5.1)", what, name);
+		for (size_t k = 0; k < nrefuse; k++)
+			if (bytes_lower_is(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), refuse[k])) {
+				PyErr_Format(PyExc_ValueError, "%s: %R is not a field %s", what, name, why);
 				goto fail;
 			}
+		if (skip && bytes_lower_is(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), skip))
+			continue;
 		size += PyBytes_GET_SIZE(name) + 2 + PyBytes_GET_SIZE(value) + 2;
 	}
 	out = PyBytes_FromStringAndSize(NULL, size);
@@ -386,6 +401,14 @@ int h1_trailer_block(PyObject *headers, PyObject **block)
 		PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
 		PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
 
+		if (skip && bytes_lower_is(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), skip)) {
+			/* a list's append allocates no GC object: no collection here */
+			if (PyList_Append(skipped, value) < 0) {
+				Py_DECREF(out);
+				goto fail;
+			}
+			continue;
+		}
 		w = put_field(w, PyBytes_AS_STRING(name), (size_t)PyBytes_GET_SIZE(name),
 		              PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
 	}
@@ -395,4 +418,18 @@ int h1_trailer_block(PyObject *headers, PyObject **block)
 fail:
 	Py_DECREF(seq);
 	return -1;
+}
+
+int h1_trailer_block(PyObject *headers, PyObject **block)
+{
+	return field_block("http.response.trailers", "http.response.trailers: headers must be an "
+	                   "iterable of [name, value] pairs of bytes", headers, not_trailers,
+	                   sizeof(not_trailers) / sizeof(not_trailers[0]),
+	                   "a trailer may carry (RFC 9110 6.5.1)", NULL, NULL, block);
+}
+
+int h1_accept_block(PyObject *headers, const char *skip, PyObject *skipped, PyObject **block)
+{
+	return field_block("websocket.accept", "websocket.accept: headers must be an iterable of "
+	                   "[name, value] pairs of bytes", headers, NULL, 0, NULL, skip, skipped, block);
 }

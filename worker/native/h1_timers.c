@@ -161,19 +161,34 @@ void h1_body_wait(HttpConn *c, int waiting)
 	h1_rearm(c);
 }
 
-void h1_body_late(HttpConn *c, int answer)
+/* A streamed body's refusal: answered (a refusal of the kind, the
+ * connection closed after it) if nothing of the response went out, else
+ * counted and logged all the same (what the client did wrong is said in
+ * the log if it cannot be said to the client) and the connection ends. */
+static void body_refuse(HttpConn *c, int answer, int status, int kind, const char *reason)
 {
-	static const char why[] = "the request body did not arrive in time";
-
 	if (c->closed)
 		return;
 	if (answer) {
-		refuse_as(c, 408, REFUSAL_BODY_TIMEOUT, why);
+		refuse_as(c, status, kind, reason);
 		return;
 	}
-	/* the response began: nothing can be said, the connection ends */
-	note_refusal(c, 408, REFUSAL_BODY_TIMEOUT, why);
+	note_refusal(c, status, kind, reason);
 	hconn_close_now(c);
+}
+
+void h1_body_late(HttpConn *c, int answer)
+{
+	body_refuse(c, answer, 408, REFUSAL_BODY_TIMEOUT, "the request body did not arrive in time");
+}
+
+void h1_body_refuse(HttpConn *c, int answer)
+{
+	struct hp_parser *hp = c->parser->hp;
+	int status = hp->status ? hp->status : 400;
+
+	body_refuse(c, answer, status, refusal_kind(status),
+	            hp->reason ? hp->reason : "bad request body");
 }
 
 /* A timer of the protocol's kinds is due (conn_io.c took the send and

@@ -86,6 +86,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	    api_fn(api, "fdc_counters", (void **)&s->api.counters) < 0 ||
 	    api_fn(api, "fdc_insert_shared", (void **)&s->api.insert_shared) < 0 ||
 	    api_fn(api, "fdc_wake", (void **)&s->api.wake) < 0 ||
+	    api_fn(api, "fdc_dump", (void **)&s->api.dump) < 0 ||
 	    api_fn(api, "table", (void **)&s->table) < 0)
 		return -1;
 	seq = PySequence_Fast(threads, "threads: a list of (Thread, address, tgid, bit)");

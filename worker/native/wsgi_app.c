@@ -73,7 +73,9 @@ PyObject *wsgi_request(HttpConn *c)
 	/* a trusted proxy's fields (forwarded.h): only its connections look */
 	/* TLS: HTTPS, the scheme and the session's SSL_* keys (conn_tls.c),
 	 * before a trusted proxy's fields, which may say more */
-	if (env && (set_addr(c, env) < 0 || (c->ssl && PyDict_Update(env, tls_environ(c)) < 0) ||
+	PyObject *tls = env && c->ssl ? tls_environ(c) : NULL;     /* NULL: an error set */
+
+	if (env && (set_addr(c, env) < 0 || (c->ssl && (!tls || PyDict_Update(env, tls) < 0)) ||
 	            (c->trusted && fwd_environ(c, env) < 0))) {
 		Py_DECREF(env);
 		return NULL;
