@@ -150,22 +150,26 @@ int fwd_host_ok(const char *s, size_t n)
 }
 
 /* a path prefix: '/', then path characters (no query, fragment, space,
- * control, backslash, no "." or ".." segment); its trailing '/' off */
+ * control, backslash, no "." or ".." segment, no empty one: "//evil.example"
+ * as SCRIPT_NAME makes the app's links protocol-relative, another host's,
+ * issue 35 §25); its trailing '/' off first (a proxy's "location /app/") */
 int fwd_prefix_ok(const char *s, size_t *n)
 {
 	if (!*n || s[0] != '/')
 		return 0;
+	while (*n && s[*n - 1] == '/')
+		(*n)--;
 	for (size_t i = 0; i < *n; i++) {
 		unsigned char ch = (unsigned char)s[i];
 
 		if (ch <= ' ' || ch >= 0x7f || ch == '?' || ch == '#' || ch == '\\' || ch == '"')
 			return 0;
+		if (ch == '/' && i && s[i - 1] == '/')
+			return 0;
 		if (ch == '.' && s[i - 1] == '/' &&
 		    (i + 1 == *n || s[i + 1] == '/' || (s[i + 1] == '.' && (i + 2 == *n || s[i + 2] == '/'))))
 			return 0;
 	}
-	while (*n && s[*n - 1] == '/')
-		(*n)--;
 	return 1;
 }
 
