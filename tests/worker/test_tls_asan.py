@@ -17,7 +17,10 @@ pytestmark = [pytest.mark.timeout(900 + LONGER), pytest.mark.long]
 
 
 @pytest.mark.parametrize("part", ["test_tls_http.py", "test_tls_asgi.py", "test_tls_clients.py",
-                                  "test_tls_handshake_outcomes.py"])
+                                  "test_tls_handshake_outcomes.py",
+                                  # issue 35 §19, §22, §26: small files, one child
+                                  "test_tls_alpn.py test_tls_key_errors.py "
+                                  "test_tls_sni_not_utf8.py"])
 def test_tls_under_asan_and_ubsan(http_asan_env, part):
     # the build the run shares (tests/http_asan.py), not one of its own
-    run_under_asan(dict(http_asan_env), [part], timeout=850 + LONGER)
+    run_under_asan(dict(http_asan_env), part.split(), timeout=850 + LONGER)

@@ -58,8 +58,11 @@ static int mac(const unsigned char key[32], const char *label, const unsigned ch
 	size_t k = strlen(label);
 	unsigned int len = 32;
 
+	if (k + n > sizeof(msg))
+		return -1;
 	memcpy(msg, label, k);
-	memcpy(msg + k, data, n);
+	if (n)                              /* data may be NULL when n is 0: memcpy's UB */
+		memcpy(msg + k, data, n);
 	return HMAC(EVP_sha256(), key, 32, msg, k + n, out, &len) ? 0 : -1;
 }
 
