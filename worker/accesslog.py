@@ -69,7 +69,7 @@ class AccessLog:
         else:
             req = (env, status, sent, took, headers)
             try:
-                line = self.fmt % {key: get(req) for key, get in self.atoms}
+                line = self.fmt % {key: _safe(get(req)) for key, get in self.atoms}
             except (KeyError, TypeError, ValueError) as exc:
                 if not self.bad_format_said:
                     self.bad_format_said = True
@@ -81,6 +81,25 @@ class AccessLog:
 
 
 ATOM = re.compile(r"%\(([^)]*)\)")
+# what must not reach a log line raw: C0 controls (CR/LF would forge a
+# line), DEL, and C1 controls (a latin-1 header byte 0x9b is a terminal's CSI)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape(m: re.Match) -> str:
+    return "\\x%02x" % ord(m.group())
+
+
+def _safe(value):
+    """An atom's value with its control characters as \\xHH (nginx's
+    escaping): a value is the client's (a header, the path, a PROXY
+    header's path) or the app's (an environ key, a response header), and
+    neither may split or forge a line. The format's own text is kept."""
+    if isinstance(value, (int, float)):
+        return value                             # %(B)d and the like stay numbers
+    if not isinstance(value, str):
+        value = str(value)                       # what %s would print: escaped too
+    return _CONTROL.sub(_escape, value) if _CONTROL.search(value) else value
 
 
 class _Clock:

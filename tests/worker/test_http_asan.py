@@ -63,7 +63,7 @@ PARTS = {
                "test_body_buffer_engine.py", "test_dispatch_spill_queue.py"],
     "responses": ["test_response_streaming.py", "test_response_headers.py",
                   "test_pipelined_output.py", "test_http_refusals.py",
-                  "test_forwarded_headers.py"],
+                  "test_forwarded_headers.py", "test_forwarded_from_the_right.py"],
     "asgi": ["test_asgi_http.py", "test_asgi_app_errors.py", "test_asgi_flow_control.py",
              "test_aio_loop.py", "test_aio_tasks.py", "test_asgi_pathsend.py", "test_asgi_trailers.py",
              "test_asgi_body_timeout.py", "test_forwarded_asgi.py",

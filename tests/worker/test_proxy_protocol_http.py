@@ -92,10 +92,13 @@ def test_the_header_source_becomes_remote_addr(serve, mode, header, addr, port):
 
 
 def test_a_unix_source_path(serve):
+    """An AF_UNIX source is no address: the socket's peer is kept, the path
+    is told in proxy.src (issue 35 point 21; it used to be REMOTE_ADDR)."""
     block = b"/run/client.sock".ljust(108, b"\0") + b"/run/server.sock".ljust(108, b"\0")
     _, a = serve("v2")
     seen = body_of(exchange(a, ref.v2(addresses=block, fam=0x31) + GET))
-    assert (seen["REMOTE_ADDR"], seen["REMOTE_PORT"]) == ("/run/client.sock", "")
+    assert seen["REMOTE_ADDR"] == "127.0.0.1" and seen["REMOTE_PORT"].isdigit()
+    assert (seen["proxy.src"], seen["proxy.dst"]) == ("/run/client.sock", "/run/server.sock")
 
 
 @pytest.mark.parametrize("header", [

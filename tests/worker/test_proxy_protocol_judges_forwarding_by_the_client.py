@@ -35,11 +35,12 @@ def test_a_client_in_forwarded_allow_ips_is_trusted(serve_wsgi):
     assert seen["REMOTE_ADDR"] == "10.9.9.9"
 
 
-def test_a_local_header_keeps_the_proxys_own_trust(serve_wsgi):
-    """v2 LOCAL (a health check): no client named, the socket's peer stays
-    and so does its trust."""
+def test_a_local_header_does_not_lend_the_proxys_trust(serve_wsgi):
+    """v2 LOCAL: no client named, the socket's peer stays as REMOTE_ADDR,
+    but not its trust: HAProxy sends LOCAL for connections it relays too
+    (issue 35 point 16, test_proxy_protocol_no_client.py)."""
     _, a = serve_wsgi(environ_app, proxy_protocol="v2", proxy_allow_from=["127.0.0.0/8"],
                       forwarded_allow_ips=["127.0.0.1"])
     seen = body_of(exchange(a, ref.v2(command=0) + SPOOF))
-    assert seen["REMOTE_ADDR"] == "10.9.9.9"
+    assert seen["REMOTE_ADDR"] == "127.0.0.1"
     assert body_of(exchange(a, ref.v2(command=0) + GET))["REMOTE_ADDR"] == "127.0.0.1"

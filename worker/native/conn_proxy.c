@@ -105,7 +105,11 @@ fail:
  * X-Forwarded-For, Forwarded...?) judge the client the header names, not
  * the proxy that sent it: the proxy is trusted with the PROXY header by
  * proxy_allow_from, the client with forwarding fields only if it is in
- * forwarded_allow_ips itself. */
+ * forwarded_allow_ips itself. A header that names no client (v1 UNKNOWN,
+ * v2 UNSPEC, v2 LOCAL, which HAProxy also sends for a connection it
+ * relays from a unix-socket frontend) still means the bytes after it are
+ * a client's, not the proxy's: that client is unknown (AF_UNSPEC), which
+ * only "*" trusts. */
 static void judge(HttpConn *c, const struct pp_result *r)
 {
 	struct sockaddr_storage ss;
@@ -154,8 +158,8 @@ PyObject *hconn_addr(HttpConn *c)
 	return c->addr;
 }
 
-/* The header's addresses become c's peer (REMOTE_ADDR, REMOTE_PORT, the
- * ASGI client); the socket's own peer stays in c->proxy["peer"]. */
+/* The header's IP addresses become c's peer (REMOTE_ADDR, REMOTE_PORT,
+ * the ASGI client); the socket's own peer stays in c->proxy["peer"]. */
 static int apply(HttpConn *c, const struct pp_result *r)
 {
 	PyObject *info = proxy_info(r), *src, *addr, *ra, *rp;
@@ -165,17 +169,23 @@ static int apply(HttpConn *c, const struct pp_result *r)
 		return -1;
 	}
 	Py_XSETREF(c->proxy, info);
-	if (r->local)
+	/* An AF_UNIX source (a client of a unix-socket frontend) is no
+	 * address: its path, raw bytes the proxy copied, stays in
+	 * proxy["src"], and the socket's addresses are kept, so that
+	 * REMOTE_ADDR, the ASGI client and server keep their shapes (a
+	 * (host, port) tuple on TCP) and no path with control bytes reaches
+	 * them. It is judged as a unix-socket peer. */
+	if (r->local || r->family == AF_UNIX) {
+		judge(c, r);                   /* AF_UNSPEC: an unknown client; AF_UNIX: "unix" */
 		return 0;
+	}
 	src = PyDict_GetItemString(info, "src");               /* borrowed */
-	if (PyTuple_Check(src)) {
-		ra = Py_NewRef(PyTuple_GET_ITEM(src, 0));
-		rp = PyUnicode_FromFormat("%d", (int)r->sport);
+	if (!src || !PyTuple_Check(src)) {
+		PyErr_SetString(PyExc_SystemError, "conn_proxy: a PROXY source without an address");
+		return -1;
 	}
-	else {
-		ra = Py_NewRef(src);                              /* a unix path */
-		rp = PyUnicode_FromString("");
-	}
+	ra = Py_NewRef(PyTuple_GET_ITEM(src, 0));
+	rp = PyUnicode_FromFormat("%d", (int)r->sport);
 	/* the socket's addresses first (made on demand, conn_type.c): its
 	 * SERVER_NAME and SERVER_PORT are kept */
 	if (!rp || !hconn_addr(c)) {

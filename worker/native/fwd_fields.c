@@ -100,34 +100,50 @@ static int walk_xff(HttpConn *c, const struct hp_parser *hp, struct fwd_node *ou
 	return found;                       /* every entry trusted: the leftmost is out */
 }
 
-/* The Forwarded fields' element the walk stops at (as walk_xff): 1 found
- * (*el), 0 none or malformed, -1 error. */
+/* The Forwarded fields' element the walk stops at (as walk_xff: last
+ * field first, each right to left, fwd_prev_element). What is left of the
+ * element we stop at is never read, so that a client's own part, however
+ * broken, cannot undo what the trusted proxies right of it appended (RFC
+ * 7239's recipe: the proxy adds its element after the client's field). A
+ * malformed element, or one past FWD_MAX_ELEMENTS, is where the list ends
+ * for us: the client is then the leftmost good element's (as when every
+ * hop is trusted). 1 found (*chosen, *node), 0 none, -1 error. */
 static int walk_forwarded(HttpConn *c, const struct hp_parser *hp, struct fwd_element *chosen,
                           struct fwd_node *node)
 {
 	const struct fwd_rules *r = &c->srv->fwd;
-	struct fwd_element el[FWD_MAX_ELEMENTS];
 	int count = 0;
 
-	for (uint32_t i = 0; i < hp->nfields; i++) {
+	for (int i = (int)hp->nfields; i-- > 0;) {
 		const char *s;
 		size_t n;
+		int more = 1;
 
 		if (!field_is(hp, &hp->fields[i], "forwarded", 9))
 			continue;
-		value_of(hp, (int)i, &s, &n);
-		if (!fwd_parse_forwarded(s, n, el, &count))
-			return malformed(c, "Forwarded", s, n) < 0 ? -1 : 0;
+		value_of(hp, i, &s, &n);
+		while (more) {
+			struct fwd_element el;
+			struct fwd_node at;
+			size_t end = n;
+			int rc = fwd_prev_element(s, &n, &more, &el);
+
+			if (rc == FWD_EL_EMPTY)
+				continue;
+			if (rc == FWD_EL_BAD || count == FWD_MAX_ELEMENTS ||
+			    (el.for_ && !fwd_parse_node(el.for_, el.for_len, 0, &at)))
+				/* the element as far as it goes: what it starts with is unknown */
+				return malformed(c, "Forwarded", s, end) < 0 ? -1 : count > 0;
+			if (!el.for_)
+				memset(&at, 0, sizeof(at));
+			*chosen = el;
+			*node = at;
+			count++;
+			if (!at.family || !netmatch_addr(&r->allow, at.family, at.addr))
+				return 1;              /* no for=, unknown, obfuscated: untrusted */
+		}
 	}
-	for (int k = count; k-- > 0;) {
-		*chosen = el[k];
-		memset(node, 0, sizeof(*node));
-		if (el[k].for_ && !fwd_parse_node(el[k].for_, el[k].for_len, 0, node))
-			return malformed(c, "Forwarded", el[k].for_, el[k].for_len) < 0 ? -1 : 0;
-		if (!node->family || !netmatch_addr(&r->allow, node->family, node->addr))
-			break;                     /* no for=, unknown, obfuscated: untrusted */
-	}
-	return count > 0;
+	return count > 0;                   /* every hop trusted: the leftmost */
 }
 
 /* "http" / "https" (any case): 0 / 1, else -1 */

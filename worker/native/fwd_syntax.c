@@ -150,22 +150,26 @@ int fwd_host_ok(const char *s, size_t n)
 }
 
 /* a path prefix: '/', then path characters (no query, fragment, space,
- * control, backslash, no "." or ".." segment); its trailing '/' off */
+ * control, backslash, no "." or ".." segment, no empty one: "//evil.example"
+ * as SCRIPT_NAME makes the app's links protocol-relative, another host's,
+ * issue 35 §25); its trailing '/' off first (a proxy's "location /app/") */
 int fwd_prefix_ok(const char *s, size_t *n)
 {
 	if (!*n || s[0] != '/')
 		return 0;
+	while (*n && s[*n - 1] == '/')
+		(*n)--;
 	for (size_t i = 0; i < *n; i++) {
 		unsigned char ch = (unsigned char)s[i];
 
 		if (ch <= ' ' || ch >= 0x7f || ch == '?' || ch == '#' || ch == '\\' || ch == '"')
 			return 0;
+		if (ch == '/' && i && s[i - 1] == '/')
+			return 0;
 		if (ch == '.' && s[i - 1] == '/' &&
 		    (i + 1 == *n || s[i + 1] == '/' || (s[i + 1] == '.' && (i + 2 == *n || s[i + 2] == '/'))))
 			return 0;
 	}
-	while (*n && s[*n - 1] == '/')
-		(*n)--;
 	return 1;
 }
 
@@ -177,80 +181,87 @@ static int tchar(char ch)
 	       (ch && strchr("!#$%&'*+-.^_`|~", ch));
 }
 
-/* One field value's elements appended to el[*count ..): 1, or 0 if
- * malformed (a quoted-pair, which no address or scheme needs, counts as
- * malformed too) or more than FWD_MAX_ELEMENTS in all. */
-int fwd_parse_forwarded(const char *s, size_t n, struct fwd_element *el, int *count)
+/* The element of s that ends at *n, parsed from its end (RFC 7239 4:
+ * pair *( ";" pair ), pair = token "=" ( token / quoted-string )). Read
+ * backwards so that whatever stands left of an element, however broken,
+ * cannot change how the element itself parses: a proxy appends its
+ * element to what the client sent, so the rightmost elements are the
+ * trusted ones. A quoted-string is read back to the quote before it; a
+ * backslash (a quoted-pair, which no address or scheme needs) or a control
+ * byte in it is malformed, so an escaped quote never ends one. */
+int fwd_prev_element(const char *s, size_t *n, int *more, struct fwd_element *out)
 {
-	size_t i = 0;
-	int open = 0;                      /* el[*count] has a pair */
+	size_t i = *n;
+	int pairs = 0, need_sep = 0;
 
+	memset(out, 0, sizeof(*out));
 	for (;;) {
-		const char *name, *val;
-		size_t nl, vl;
-		const char **slot;
-		size_t *slot_len;
+		const char *name, *val, **slot;
+		size_t nl, vl, *slot_len;
 
-		while (i < n && is_ows(s[i]))
-			i++;
-		if (i == n || s[i] == ',') {
-			if (open)
-				(*count)++;
-			open = 0;
-			if (i == n)
-				return 1;
-			i++;
+		while (i && is_ows(s[i - 1]))
+			i--;
+		if (!i || s[i - 1] == ',') {
+			*more = i > 0;
+			*n = i ? i - 1 : 0;
+			return pairs ? FWD_EL_OK : FWD_EL_EMPTY;
+		}
+		if (s[i - 1] == ';') {
+			i--;
+			need_sep = 0;
 			continue;
 		}
-		if (s[i] == ';') {
-			i++;
-			continue;
-		}
-		if (!open) {
-			if (*count == FWD_MAX_ELEMENTS)
-				return 0;
-			memset(&el[*count], 0, sizeof(el[0]));
-			open = 1;
-		}
-		name = s + i;
-		while (i < n && tchar(s[i]))
-			i++;
-		nl = (size_t)(s + i - name);
-		if (!nl || i == n || s[i] != '=')
-			return 0;
-		i++;
-		if (i < n && s[i] == '"') {
-			val = s + ++i;
-			while (i < n && s[i] != '"') {
-				if (s[i] == '\\' || (unsigned char)s[i] < ' ' || s[i] == 0x7f)
-					return 0;
-				i++;
+		if (need_sep)
+			return FWD_EL_BAD;         /* two pairs with no ';' between */
+		if (s[i - 1] == '"') {
+			size_t q = i - 1;
+
+			while (q && s[q - 1] != '"') {
+				unsigned char ch = (unsigned char)s[q - 1];
+
+				if (ch == '\\' || ch < ' ' || ch == 0x7f)
+					return FWD_EL_BAD;
+				q--;
 			}
-			if (i == n)
-				return 0;
-			vl = (size_t)(s + i - val);
-			i++;
+			if (!q)
+				return FWD_EL_BAD;     /* no opening quote */
+			val = s + q;
+			vl = i - 1 - q;
+			i = q - 1;
 		}
 		else {
+			size_t e = i;
+
+			while (i && tchar(s[i - 1]))
+				i--;
 			val = s + i;
-			while (i < n && tchar(s[i]))
-				i++;
-			vl = (size_t)(s + i - val);
+			vl = e - i;
 		}
-		while (i < n && is_ows(s[i]))
-			i++;
-		if (i < n && s[i] != ';' && s[i] != ',')
-			return 0;
+		if (!i || s[i - 1] != '=')
+			return FWD_EL_BAD;
+		i--;
+		{
+			size_t e = i;
+
+			while (i && tchar(s[i - 1]))
+				i--;
+			name = s + i;
+			nl = e - i;
+		}
+		if (!nl)
+			return FWD_EL_BAD;
+		need_sep = 1;
+		pairs = 1;
 		if (nl == 3 && !strncasecmp(name, "for", 3))
-			slot = &el[*count].for_, slot_len = &el[*count].for_len;
+			slot = &out->for_, slot_len = &out->for_len;
 		else if (nl == 5 && !strncasecmp(name, "proto", 5))
-			slot = &el[*count].proto, slot_len = &el[*count].proto_len;
+			slot = &out->proto, slot_len = &out->proto_len;
 		else if (nl == 4 && !strncasecmp(name, "host", 4))
-			slot = &el[*count].host, slot_len = &el[*count].host_len;
+			slot = &out->host, slot_len = &out->host_len;
 		else
 			continue;                  /* by=, an extension: not ours */
 		if (*slot)
-			return 0;                  /* a parameter twice in an element (RFC 7239 4) */
+			return FWD_EL_BAD;         /* a parameter twice in an element (RFC 7239 4) */
 		*slot = val;
 		*slot_len = vl;
 	}

@@ -20,7 +20,7 @@ struct fwd_element {
 	size_t for_len, proto_len, host_len;
 };
 
-#define FWD_MAX_ELEMENTS 32            /* hops; a longer chain is ignored */
+#define FWD_MAX_ELEMENTS 32            /* hops read from the right; further left is not read */
 
 /* s[0 .. n) without its leading and trailing OWS */
 void fwd_trim(const char **s, size_t *n);
@@ -35,8 +35,12 @@ int fwd_parse_node(const char *s, size_t n, int bare_v6, struct fwd_node *out);
 int fwd_host_ok(const char *s, size_t n);
 /* a path prefix: 1 (its trailing '/' off *n), 0 not one */
 int fwd_prefix_ok(const char *s, size_t *n);
-/* One Forwarded field value's elements appended to el[*count ..): 1, or
- * 0 if malformed or more than FWD_MAX_ELEMENTS in all. */
-int fwd_parse_forwarded(const char *s, size_t n, struct fwd_element *el, int *count);
+/* The Forwarded element of s that ends at *n, parsed from its end:
+ * FWD_EL_OK (*out), FWD_EL_EMPTY (an empty list element) or FWD_EL_BAD
+ * (malformed: a quoted-pair, a parameter twice...). After OK or EMPTY,
+ * *more says whether a ',' is left of it and *n is that comma's index
+ * (what is left to read is s[0 .. *n)). */
+enum { FWD_EL_BAD, FWD_EL_OK, FWD_EL_EMPTY };
+int fwd_prev_element(const char *s, size_t *n, int *more, struct fwd_element *out);
 
 #endif /* SOCKHERD_FWD_SYNTAX_H */

@@ -19,7 +19,11 @@ static int net_has(const struct net_cidr *n, const unsigned char *a)
 	return !rest || !((n->addr[full] ^ a[full]) & (0xffu << (8 - rest)) & 0xffu);
 }
 
-int netmatch_addr(const struct netmatch *m, int fam, const unsigned char *a)
+/* scope: the interface index a peer's link-local address came on
+ * (sin6_scope_id), 0 for none known; a network with a zone (fe80::1%eth0)
+ * allows its addresses on that interface only, else the same fe80::1 of
+ * any other link would be trusted (issue 35 §24) */
+static int match(const struct netmatch *m, int fam, const unsigned char *a, unsigned scope)
 {
 	static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
@@ -30,21 +34,28 @@ int netmatch_addr(const struct netmatch *m, int fam, const unsigned char *a)
 		a += 12;
 	}
 	for (int i = 0; i < m->nnets; i++)
-		if (m->nets[i].family == fam && net_has(&m->nets[i], a))
+		if (m->nets[i].family == fam && net_has(&m->nets[i], a) &&
+		    (!m->nets[i].scope || m->nets[i].scope == scope))
 			return 1;
 	return 0;
+}
+
+int netmatch_addr(const struct netmatch *m, int fam, const unsigned char *a)
+{
+	return match(m, fam, a, 0);
 }
 
 int netmatch_peer(const struct netmatch *m, const struct sockaddr *sa, unsigned len)
 {
 	if (sa->sa_family == AF_UNIX)
 		return m->all || m->unix_peers;
+	if (sa->sa_family == AF_UNSPEC)
+		return m->all;                   /* a client a PROXY header did not name (conn_proxy.c) */
 	if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in))
-		return netmatch_addr(m, AF_INET,
-		                     (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr);
+		return match(m, AF_INET, (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr, 0);
 	if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))
-		return netmatch_addr(m, AF_INET6,
-		                     (const unsigned char *)&((const struct sockaddr_in6 *)sa)->sin6_addr);
+		return match(m, AF_INET6, (const unsigned char *)&((const struct sockaddr_in6 *)sa)->sin6_addr,
+		             ((const struct sockaddr_in6 *)sa)->sin6_scope_id);
 	return 0;
 }
 
@@ -76,19 +87,24 @@ int netmatch_set(struct netmatch *out, PyObject *nets, int all, int unix_peers, 
 	for (Py_ssize_t i = 0; i < n; i++) {
 		struct net_cidr *net = &m.nets[i];
 		PyObject *addr;
-		unsigned bits;
+		unsigned bits, scope = 0;
 		Py_ssize_t alen;
 
-		if (!PyArg_ParseTuple(PyList_GET_ITEM(nets, i), "SI", &addr, &bits))
+		if (!PyTuple_Check(PyList_GET_ITEM(nets, i))) {
+			PyErr_Format(PyExc_TypeError, "%s: network %zd is not a tuple", who, i);
+			goto fail;
+		}
+		if (!PyArg_ParseTuple(PyList_GET_ITEM(nets, i), "SI|I", &addr, &bits, &scope))
 			goto fail;
 		alen = PyBytes_GET_SIZE(addr);
-		if ((alen != 4 && alen != 16) || bits > 8 * (unsigned)alen) {
+		if ((alen != 4 && alen != 16) || bits > 8 * (unsigned)alen || (scope && alen != 16)) {
 			PyErr_Format(PyExc_ValueError, "%s: network %zd is not (4 or 16 address bytes, a "
-			             "prefix length within them)", who, i);
+			             "prefix length within them[, an IPv6 zone's interface index])", who, i);
 			goto fail;
 		}
 		net->family = alen == 4 ? AF_INET : AF_INET6;
 		net->bits = bits;
+		net->scope = scope;
 		memcpy(net->addr, PyBytes_AS_STRING(addr), (size_t)alen);
 		m.nnets++;
 	}
