@@ -233,6 +233,10 @@ def _check_together(s: Any) -> None:
         check_tls(s)
     except TlsError as exc:
         raise SettingsError(str(exc)) from None
+    if s.ws_per_message_deflate and not s.ws_max_size:
+        raise SettingsError("ws_max_size = 0 (no limit) with ws_per_message_deflate: a "
+                            "compressed message could inflate without bound (a 255 KiB one to "
+                            "256 MiB); give ws_max_size a bound (default 16 MiB)")
     if s.heartbeat_timeout <= s.heartbeat_interval:
         raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "
                             f"heartbeat_interval ({s.heartbeat_interval})")

@@ -271,7 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
     # issue 23: uvicorn's --ws-max-size and its default
     Setting("ws_max_size", ("--ws-max-size",), int, 16 << 20,
             "ASGI WebSockets: the largest message (its fragments together) a client may "
-            "send; a larger one closes the WebSocket with 1009; 0: no limit",
+            "send; a larger one closes the WebSocket with 1009; 0: no limit (not with "
+            "ws_per_message_deflate: a compressed message would inflate without one)",
             msgspec.Meta(ge=0), "BYTES", section="http"),
     # issue 23: RFC 7692, off by default (uvicorn's is on): it costs zlib's state per connection (~80 KiB with context
     # takeover) and lets a small message inflate to ws_max_size

@@ -93,6 +93,9 @@ def test_bad_file(tmp_path: Path):
     (("-t", "65",), "65 threads per group, at most 64"),
     (("--heartbeat-interval", "10", "--heartbeat-timeout", "5"), "must exceed heartbeat_interval"),
     (("-b", "127.0.0.1:1", "-b", "localhost:http"), "bind: 'localhost:http': port 'http' is not"),
+    # issue 35, point 23: no message bound and deflate, a 255 KiB message inflated to 256 MiB
+    (("--ws-max-size", "0", "--ws-per-message-deflate"), r"ws_max_size = 0 \(no limit\) with "
+     "ws_per_message_deflate: a compressed message could inflate without bound"),
 ])
 def test_settings_checked_together(argv, expect):
     with pytest.raises(S.SettingsError, match=expect):

@@ -27,7 +27,7 @@ def test_ws_suite_under_asan_and_ubsan(http_asan_env):
     env = dict(http_asan_env, FUZZ_WS_EXAMPLES=os.environ.get("FUZZ_WS_EXAMPLES", "200"))
     files = [HERE / "test_ws_frame_codec.py", HERE / "test_ws_frame_fuzz.py",
              HERE / "test_ws_protocol.py", HERE / "test_ws_deflate.py",
-             HERE / "test_ws_deflate_negotiation.py"]
+             HERE / "test_ws_deflate_negotiation.py", HERE / "test_ws_queue_account.py"]
     out = run_under_asan(env, [f for f in files if f.exists()], timeout=500 + LONGER)
     # the build under test was the sanitizer's, not the installed module
     assert "asan-build" in out, out[-3000:]

@@ -153,6 +153,14 @@ def test_inflated_messages_held_are_bounded_per_connection_and_per_worker(ws_ser
     # 64 MiB of the worker's bound, a message over it, the buffers of one
     # inflate at a time: ~85 MiB; twice that before
     assert grew < 110, f"the worker grew by {grew:.1f} MiB for 8 bombs of {len(bomb)} bytes"
+    # an app that receives still gets every message, those that came
+    # before its first receive() too, past the worker's bound
+    echo = RawWs(("127.0.0.1", srv.port), path="/echo", extra=extension)
+    assert echo.status == 101
+    echo.send(b"".join(frame(1, f"m{i}".encode()) for i in range(20)))
+    for i in range(20):
+        op, fin, payload = echo.recv_frame(timeout=10)
+        assert (op, payload) == (1, f"m{i}".encode()), (i, op, payload[:40])
     for ws in socks:                             # still open: nothing was cut to save memory
         ws.sock.setblocking(False)
         try:

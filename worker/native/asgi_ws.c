@@ -308,6 +308,13 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 	return PyLong_FromLong(n);
 }
 
+static PyObject *py_ws_held(PyObject *mod, PyObject *noarg)
+{
+	(void)mod;
+	(void)noarg;
+	return PyLong_FromSize_t(ws_held);
+}
+
 static PyObject *py_ws_settings(PyObject *mod, PyObject *args)
 {
 	unsigned long long size;
@@ -316,6 +323,13 @@ static PyObject *py_ws_settings(PyObject *mod, PyObject *args)
 	(void)mod;
 	if (!PyArg_ParseTuple(args, "K|p:ws_settings", &size, &deflate))
 		return NULL;
+	if (deflate && !size) {
+		/* a compressed message would inflate without bound (issue 35,
+		 * point 23: a 255 KiB one to 256 MiB); settings.py says so first */
+		PyErr_SetString(PyExc_ValueError, "ws_settings(): permessage-deflate needs a message "
+		                "bound (max_size 0 is none)");
+		return NULL;
+	}
 	max_size = size;
 	pmd_enabled = deflate;
 	Py_RETURN_NONE;
@@ -325,9 +339,11 @@ PyMethodDef asgi_ws_module_methods[] = {
 	{"ws_open", py_ws_open, METH_NOARGS, "ws_open() -> the WebSockets open in this process"},
 	{"ws_going_away", py_ws_going_away, METH_O,
 	 "ws_going_away(server): close 1001 to each WebSocket of the calling loop thread; how many"},
+	{"ws_held", py_ws_held, METH_NOARGS,
+	 "ws_held() -> the bytes every WebSocket's receive queue holds in this process"},
 	{"ws_settings", py_ws_settings, METH_VARARGS,
-	 "ws_settings(max_size, deflate=False): a message's bound (close 1009 past it; 0 none), "
-	 "whether permessage-deflate is negotiated"},
+	 "ws_settings(max_size, deflate=False): a message's bound (close 1009 past it; 0 none, "
+	 "not with deflate), whether permessage-deflate is negotiated"},
 	{NULL},
 };
 
@@ -343,6 +359,6 @@ int asgi_ws_make_keys(void)
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
 		if (!(*keys[i].at = PyUnicode_InternFromString(keys[i].s)))
 			return -1;
-	return ws_send_make_keys();
+	return ws_send_make_keys() < 0 ? -1 : ws_cost_init();
 }
 

@@ -16,7 +16,11 @@
 #include "asgi.h"
 #include "ws.h"
 
-#define WS_QUEUE_MAX (256u << 10)          /* message bytes parsed, not received yet */
+/* what messages parsed and not received yet may hold (ws_cost: their
+ * dicts and objects, not only their payload), a WebSocket's and all of a
+ * worker's together (asgi_ws_frames.c ws_room) */
+#define WS_QUEUE_MAX (256u << 10)
+#define WS_WORKER_QUEUE_MAX (64u << 20)
 #define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 /* WAIT: before the app's answer; OPEN: accepted; DENY: the denial
@@ -30,7 +34,7 @@ typedef struct WsCall {
 	PyObject *scope, *aio, *rx, *tx;
 	PyObject *queue;                   /* messages for receive(), in order; NULL: none
 	                                    * (an idle WebSocket holds no list: issue 23) */
-	size_t queued;                     /* their payload bytes */
+	size_t queued;                     /* what they hold (ws_cost), in ws_held too */
 	char key[24];                      /* Sec-WebSocket-Key, checked */
 	struct ws_parser wp;               /* with permessage-deflate's state (wp.pmd) */
 	/* the denial response's framing: allocated at its start (most
@@ -42,15 +46,17 @@ typedef struct WsCall {
 	 * queued (the last message); ended: the app returned; open_counted:
 	 * counted in ws_open; head_sent: the denial's head is out; close_rcvd:
  * the client's close frame came; sending: a send() runs (the app's code
- * it calls may call another: refused, asgi_ws_send.c) */
+ * it calls may call another: refused, asgi_ws_send.c); receiving: a
+ * receive() pumps, its message the app's (ws_room) */
 	unsigned connect_taken : 1, close_sent : 1, finished : 1, ended : 1, open_counted : 1,
-	         head_sent : 1, close_rcvd : 1, sending : 1;
+	         head_sent : 1, close_rcvd : 1, sending : 1, receiving : 1;
 	struct WsCall *prev, *next;        /* every live call (ws_going_away) */
 } WsCall;
 
 
 extern WsCall *all_calls;                  /* GIL-protected, as every call */
 extern long ws_open;                       /* accepted and not closed */
+extern size_t ws_held;                     /* what every call's queue holds (GIL-protected) */
 extern PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_RECEIVE,
                 *V_DISCONNECT, *V_WEBSOCKET, *V_WS, *K_WS_DENIAL;
 
@@ -75,8 +81,13 @@ static inline Py_ssize_t ws_nqueued(const WsCall *call)
 }
 
 /* ---- asgi_ws_frames.c ---- */
-/* msg queued for receive() (the list made for the first). 0 or -1. */
-int ws_enqueue(WsCall *call, PyObject *msg);
+/* msg, whose value (text or bytes) is v (NULL: none, not counted), queued
+ * for receive() (the list made for the first), its cost counted. 0 or -1. */
+int ws_enqueue(WsCall *call, PyObject *msg, PyObject *v);
+/* Every queued message dropped (the call's end), off the worker's count. */
+void ws_unqueue_all(WsCall *call);
+/* A message dict's size measured (module init, after the keys). 0 or -1. */
+int ws_cost_init(void);
 /* A message dict {type, k1: v1, k2: v2} (k NULL: none). */
 PyObject *ws_message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2);
 /* The first queued message, taken off (a new reference), NULL if none. */

@@ -41,8 +41,15 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
 		                "the same WebSocket waits");
 		return NULL;
 	}
-	if (!ws_nqueued(call) && ws_pump(call) < 0)
-		return NULL;
+	if (!ws_nqueued(call)) {
+		int rc;
+
+		call->receiving = 1;                   /* past the worker's bound too (ws_room) */
+		rc = ws_pump(call);
+		call->receiving = 0;
+		if (rc < 0)
+			return NULL;
+	}
 	if (!ws_nqueued(call) && !call->finished && !call->conn)
 		ws_finish(call, 1006, "", 0);
 	if (ws_nqueued(call)) {
@@ -141,7 +148,7 @@ static int Ws_clear(WsCall *call)
 	Py_CLEAR(call->aio);
 	Py_CLEAR(call->rx);
 	Py_CLEAR(call->tx);
-	Py_CLEAR(call->queue);
+	ws_unqueue_all(call);
 	return 0;
 }
 

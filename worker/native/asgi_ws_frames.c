@@ -8,6 +8,7 @@
  * May call: the frame codec (ws_frame.c), asgi_end.c (a future
  * resolved), the HTTP/1 codec (h1.h), the connection layer (conn.h).
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "asgi_ws.h"
@@ -29,20 +30,88 @@ PyObject *ws_message(PyObject *type, PyObject *k1, PyObject *v1, PyObject *k2, P
 	return d;
 }
 
-/* The first queued message, taken off the queue (a new reference), its
- * bytes off the count: exact once the queue is empty, an estimate before
- * for text (its code points by their width: the bound, not an account).
- * The disconnect stays: it is said again to a receive after it. */
-int ws_enqueue(WsCall *call, PyObject *msg)
+/* ---- the queue and its account ------------------------------------------------------------------ */
+
+size_t ws_held;
+static size_t dict_cost;                   /* a message dict's own bytes (ws_cost_init) */
+
+/* What a queued websocket.receive message holds, from its value v alone
+ * (text or bytes, ours, immutable; NULL for a message without one, the
+ * disconnect, which is not counted): the dict, the value's object, the
+ * queue's slot, each rounded as the allocator rounds it. The same v gives
+ * the same number when the message is queued and when it is taken, so the
+ * count is an account, exact: before, payload bytes counted nothing for
+ * an empty message's ~280 bytes (issue 35, point 4) and UTF-8 bytes in,
+ * a str's width out, let ~4 messages in for each taken (point 17). */
+static size_t ws_cost(PyObject *v)
 {
-	if (!call->queue && !(call->queue = PyList_New(0)))
-		return -1;
-	return PyList_Append(call->queue, msg);
+	size_t n;
+
+	if (!v)
+		return 0;
+	if (PyUnicode_Check(v))
+		n = PyUnicode_IS_COMPACT_ASCII(v)
+		    ? sizeof(PyASCIIObject) + (size_t)PyUnicode_GET_LENGTH(v) + 1
+		    : sizeof(PyCompactUnicodeObject) +
+		      ((size_t)PyUnicode_GET_LENGTH(v) + 1) * PyUnicode_KIND(v);
+	else
+		n = offsetof(PyBytesObject, ob_sval) + 1 + (size_t)PyBytes_GET_SIZE(v);
+	/* pymalloc's 16-byte classes up to 512 bytes, malloc's header past */
+	n = (n + 15) & ~(size_t)15;
+	if (n > 512)
+		n += 16;
+	return dict_cost + n + sizeof(PyObject *);
 }
 
+int ws_cost_init(void)
+{
+	/* a message's dict as ws_message makes it, measured once: its size
+	 * differs between Python versions, and sys.getsizeof adds the GC
+	 * header __sizeof__ leaves out */
+	PyObject *v = PyBytes_FromStringAndSize("", 0);
+	PyObject *d = v ? ws_message(V_RECEIVE, K_BYTES, v, NULL, NULL) : NULL;
+	PyObject *sys = d ? PyImport_ImportModule("sys") : NULL;
+	PyObject *n = sys ? PyObject_CallMethod(sys, "getsizeof", "O", d) : NULL;
+	Py_ssize_t size = n ? PyLong_AsSsize_t(n) : -1;
+
+	Py_XDECREF(v);
+	Py_XDECREF(d);
+	Py_XDECREF(sys);
+	Py_XDECREF(n);
+	if (size < 0)
+		return -1;
+	dict_cost = ((size_t)size + 15) & ~(size_t)15;
+	return 0;
+}
+
+/* The message's value: text or bytes, NULL for one with neither. */
+static PyObject *ws_value(PyObject *msg)
+{
+	PyObject *v = PyDict_GetItem(msg, K_TEXT);
+
+	return v ? v : PyDict_GetItem(msg, K_BYTES);
+}
+
+int ws_enqueue(WsCall *call, PyObject *msg, PyObject *v)
+{
+	size_t n;
+
+	if (!call->queue && !(call->queue = PyList_New(0)))
+		return -1;
+	if (PyList_Append(call->queue, msg) < 0)
+		return -1;
+	n = ws_cost(v);
+	call->queued += n;
+	ws_held += n;
+	return 0;
+}
+
+/* The first queued message, taken off the queue (a new reference), its
+ * cost off both counts. The disconnect stays: it is said again to a
+ * receive after it. */
 PyObject *ws_take(WsCall *call)
 {
-	PyObject *msg, *t, *b;
+	PyObject *msg;
 	size_t n;
 
 	if (!ws_nqueued(call))
@@ -56,11 +125,32 @@ PyObject *ws_take(WsCall *call)
 	}
 	if (!PyList_GET_SIZE(call->queue))
 		Py_CLEAR(call->queue);                 /* empty: none held while idle */
-	t = PyDict_GetItem(msg, K_TEXT);
-	b = PyDict_GetItem(msg, K_BYTES);
-	n = t ? (size_t)PyUnicode_GET_LENGTH(t) * PyUnicode_KIND(t) : b ? (size_t)PyBytes_GET_SIZE(b) : 0;
-	call->queued = !ws_nqueued(call) || n > call->queued ? 0 : call->queued - n;
+	n = ws_cost(ws_value(msg));
+	n = n < call->queued ? n : call->queued;   /* an account: equal at most */
+	call->queued -= n;
+	ws_held -= n;
 	return msg;
+}
+
+void ws_unqueue_all(WsCall *call)
+{
+	ws_held -= call->queued < ws_held ? call->queued : ws_held;
+	call->queued = 0;
+	Py_CLEAR(call->queue);
+}
+
+/* Whether the pump may parse another message for call: while its queue
+ * holds less than WS_QUEUE_MAX and the worker's queues together less than
+ * WS_WORKER_QUEUE_MAX; past the worker's bound only for an app waiting in
+ * receive() with nothing queued (the message is then the app's, not the
+ * queue's), so every app still gets its next message and a stalled one
+ * leaves its client's bytes unread (issue 35, point 18: inflated
+ * messages held by every stalled connection, unbounded together). */
+static int ws_room(const WsCall *call)
+{
+	if (call->queued >= WS_QUEUE_MAX)
+		return 0;
+	return ws_held < WS_WORKER_QUEUE_MAX || (!ws_nqueued(call) && (call->rx || call->receiving));
 }
 
 /* The first queued message to a waiting receive(); none to a receive the
@@ -104,7 +194,7 @@ void ws_finish(WsCall *call, int code, const char *reason, size_t rlen)
 	c = PyLong_FromLong(code);
 	r = PyUnicode_DecodeUTF8(reason, (Py_ssize_t)rlen, "replace");
 	msg = c && r ? ws_message(V_DISCONNECT, K_CODE, c, K_REASON, r) : NULL;
-	if (!msg || ws_enqueue(call, msg) < 0)
+	if (!msg || ws_enqueue(call, msg, NULL) < 0)
 		PyErr_WriteUnraisable((PyObject *)call);
 	Py_XDECREF(c);
 	Py_XDECREF(r);
@@ -175,7 +265,7 @@ void ws_http_answer(HttpConn *c, int status, const char *head)
 /* ---- input: frames ------------------------------------------------------------------------------ */
 
 /* Parses what the connection buffered into messages for receive(), while
- * fewer than WS_QUEUE_MAX bytes of them wait; answers pings and the
+ * there is room for them (ws_room); answers pings and the
  * client's close, and a protocol error with its code. 0 or -1 (memory). */
 int ws_pump(WsCall *call)
 {
@@ -187,7 +277,7 @@ int ws_pump(WsCall *call)
 		return 0;
 	p = c->parser;
 	Py_INCREF(c);
-	while (!call->finished && call->queued < WS_QUEUE_MAX && call->conn) {
+	while (!call->finished && ws_room(call) && call->conn) {
 		size_t used;
 		int ev = ws_parse(&call->wp, (const uint8_t *)p->pending + p->start, p->len - p->start,
 		                  &used);
@@ -207,14 +297,15 @@ int ws_pump(WsCall *call)
 			v = ev == WS_TEXT ? PyUnicode_DecodeUTF8(wp->msg ? wp->msg : "", (Py_ssize_t)wp->msg_len, NULL)
 			                  : PyBytes_FromStringAndSize(wp->msg, (Py_ssize_t)wp->msg_len);
 			msg = v ? ws_message(V_RECEIVE, ev == WS_TEXT ? K_TEXT : K_BYTES, v, NULL, NULL) : NULL;
-			Py_XDECREF(v);
-			if (!msg || ws_enqueue(call, msg) < 0) {
+			if (!msg || ws_enqueue(call, msg, v) < 0) {
+				Py_XDECREF(v);
 				Py_XDECREF(msg);
 				rc = -1;
 				goto out;
 			}
+			Py_DECREF(v);
 			Py_DECREF(msg);
-			call->queued += wp->msg_len;
+			ws_let_go(wp);                     /* copied: a big buffer not held twice */
 			break;
 		case WS_PING:
 			if (!call->close_sent && ws_frame_out(c, WS_OP_PONG, (const char *)ws_ctl(wp),
@@ -245,7 +336,7 @@ int ws_pump(WsCall *call)
 			goto out;
 		}
 	}
-	if (!call->finished && c->peer_eof && call->queued < WS_QUEUE_MAX)
+	if (!call->finished && c->peer_eof && ws_room(call))
 		ws_finish(call, 1006, "", 0);             /* its end without a close frame */
 	if (!c->closed) {
 		/* an idle WebSocket holds no input buffer, as an idle kept-alive

@@ -77,6 +77,12 @@ void ws_free(struct ws_parser *p);
  * buffer unless a fragmented message is being reassembled); ws_parse
  * allocates again as frames come. */
 void ws_trim(struct ws_parser *p);
+/* The message ws_parse just handed out has been copied: its buffer, if
+ * larger than a burst's (16 KiB), is freed now, not at the next call,
+ * which may be long in coming when the app is behind (a message inflated
+ * to ws_max_size was held twice per stalled WebSocket: issue 35, point
+ * 18). */
+void ws_let_go(struct ws_parser *p);
 /* Parses data[0 .. len) up to the first event: *used receives the bytes
  * consumed. WS_TEXT / WS_BINARY: the message is msg[0 .. msg_len), valid
  * until the next call (which starts a new one); WS_PING / WS_PONG /

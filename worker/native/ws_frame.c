@@ -86,6 +86,15 @@ void ws_trim(struct ws_parser *p)
 	}
 }
 
+void ws_let_go(struct ws_parser *p)
+{
+	if (p->delivered && p->msg_cap > WS_KEEP_BUFFER) {
+		free(p->msg);
+		p->msg = NULL;
+		p->msg_cap = p->msg_len = 0;
+	}
+}
+
 /* ---- UTF-8, incrementally --------------------------------------------------------------------- */
 
 /* Checks s[0 .. n) going on from u: 0 valid so far, -1 not UTF-8. */

@@ -26,6 +26,11 @@ static int WsParser_init(WsParser *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|K$pp:WsParser", names, &max_size, &deflate,
 	                                 &reset))
 		return -1;
+	if (deflate && !max_size) {
+		PyErr_SetString(PyExc_ValueError, "WsParser(): deflate needs a message bound "
+		                "(max_size 0 is none: a compressed message would inflate without one)");
+		return -1;
+	}
 	ws_free(&self->p);
 	ws_init(&self->p, max_size);
 	if (deflate && ws_pmd_attach(&self->p, &(struct ws_pmd){.on = 1, .client_no_takeover =
