@@ -10,7 +10,11 @@ busy app goes through such passes all the time; a callback that blocks in
 one of them (here: time.sleep(8) with `--timeout 3`) is never noticed.
 
 A real master with one real worker on loopback; every wait a poll with a
-deadline (as test_request_timeout_asgi.py, of which this is the twin)."""
+deadline (as test_request_timeout_asgi.py, of which this is the twin).
+
+The same holds for asyncio's debug mode (loop.set_debug(True),
+PYTHONASYNCIODEBUG=1, python -X dev): aio.py's _fast() then takes the C
+runner off altogether, and no pass is stamped."""
 from __future__ import annotations
 
 import socket
@@ -40,6 +44,12 @@ async def app(scope, receive, send):
             t.cancel()
         await asyncio.sleep(0)          # the rest of this step runs in that pass
         time.sleep(8)                   # blocks the loop thread's asyncio loop
+    if scope["path"] == "/debug":
+        # asyncio's debug mode (also PYTHONASYNCIODEBUG=1, -X dev): the
+        # loop's C parts are taken off (aio.py _fast), the runner with them
+        asyncio.get_running_loop().set_debug(True)
+        await asyncio.sleep(0)
+        time.sleep(8)
     body = b"%d" % os.getpid()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", b"%d" % len(body))]})
@@ -47,17 +57,18 @@ async def app(scope, receive, send):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: a loop blocked in asyncio's purge "
-                   "pass (runner.c hands it to base _run_once) is never stamped busy")
-def test_a_loop_blocked_in_the_purge_pass_gets_its_worker_replaced(master, tmp_path):
+@pytest.mark.xfail(strict=True, reason="issue 35 review: a loop blocked in a pass asyncio's "
+                   "own _run_once runs (runner.c's purge pass; debug mode) is never stamped busy")
+@pytest.mark.parametrize("path", ["/block", "/debug"])
+def test_a_loop_blocked_in_asyncios_own_pass_gets_its_worker_replaced(master, tmp_path, path):
     (tmp_path / "purgeapp.py").write_text(PURGE_APP)
     m = master("purgeapp:app", "--interface", "asgi", "-w", "1", "--timeout", "3",
                "--hard-stop-after", "4", ready=1)
     old = pid_of(m.port)
     stuck = socket.create_connection(("127.0.0.1", m.port), timeout=30)
     try:
-        stuck.sendall(b"GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
-        line = m.wait_log(r"request GET /block in the app for (\d+\.\d)s on thread \d+ "
+        stuck.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+        line = m.wait_log(r"request GET %s in the app" % path + r" for (\d+\.\d)s on thread \d+ "
                           r"\(timeout 3s\); its stack:", timeout=7)[0]
         assert 3.0 <= float(line) < 8.0
         new = int(m.wait_log(r"worker 1\.0: replaced by pid (\d+); draining pid %d" % old,
