@@ -39,8 +39,6 @@ def read_lines(path, n: int) -> list[str]:
         time.sleep(0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: the access log leaves '\"' and '\\\\' "
-                   "raw, so a client's header writes fields of its own into a quoted format")
 def test_a_quote_in_a_header_cannot_add_fields_to_the_default_line(serve_wsgi, tmp_path):
     log = tmp_path / "access.log"
     _, addr = serve_wsgi(app, access_logfile=str(log), access_log_format=DEFAULT)
