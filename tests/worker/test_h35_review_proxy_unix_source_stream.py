@@ -41,8 +41,6 @@ class Failing:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: a stream handler's peer is a PROXY "
-                   "v2 AF_UNIX source's raw path, and it reaches the error log raw")
 def test_a_unix_source_leaves_the_stream_peer_the_sockets(serve_stream, caplog):
     SEEN.clear()
     _, a = serve_stream(Failing, 1, proxy=Policy("v2", ["127.0.0.0/8"]))
