@@ -53,8 +53,6 @@ def one(addr) -> bytes:
             return b"<no answer>"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: a zoned proxy_allow_from entry resolves "
-                   "its interface per stream connection; once it is gone the loop thread dies")
 def test_a_zoned_entry_whose_interface_went_away_kills_no_loop_thread(monkeypatch):
     table = Table(1, 1)
     loop = Loop(table, Echo, proxy=Policy("v1", [f"{LL[0]}%{LL[2]}"]))
