@@ -25,8 +25,6 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: an ALPN offer of http/1.0 alone "
-                   "(curl --http1.0) is refused with no_application_protocol")
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
 def test_an_offer_of_http10_alone_is_served(serve_wsgi, pki, version):
     _, addr = serve_wsgi(app, **pki.settings())
