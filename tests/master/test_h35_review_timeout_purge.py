@@ -50,6 +50,9 @@ async def app(scope, receive, send):
         asyncio.get_running_loop().set_debug(True)
         await asyncio.sleep(0)
         time.sleep(8)
+    if scope["path"] == "/debug-await":
+        asyncio.get_running_loop().set_debug(True)
+        await asyncio.sleep(4.5)        # awaits, in debug mode: never stuck
     body = b"%d" % os.getpid()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", b"%d" % len(body))]})
@@ -57,12 +60,7 @@ async def app(scope, receive, send):
 """
 
 
-@pytest.mark.parametrize("path", [
-    "/block",
-    pytest.param("/debug", marks=pytest.mark.xfail(
-        strict=True, reason="issue 35 review: in asyncio's debug mode the C runner is off "
-        "(aio.py _fast) and no pass is stamped busy")),
-])
+@pytest.mark.parametrize("path", ["/block", "/debug"])
 def test_a_loop_blocked_in_asyncios_own_pass_gets_its_worker_replaced(master, tmp_path, path):
     (tmp_path / "purgeapp.py").write_text(PURGE_APP)
     m = master("purgeapp:app", "--interface", "asgi", "-w", "1", "--timeout", "3",
@@ -80,3 +78,23 @@ def test_a_loop_blocked_in_asyncios_own_pass_gets_its_worker_replaced(master, tm
         assert pid_of(m.port) == new
     finally:
         stuck.close()
+
+
+def test_a_debugging_loop_that_awaits_longer_than_timeout_is_left_alone(master, tmp_path):
+    """The debug-mode stamp (aio.py PollerSelector.select) brackets the
+    callbacks only, not the turn's wait."""
+    (tmp_path / "purgeapp.py").write_text(PURGE_APP)
+    m = master("purgeapp:app", "--interface", "asgi", "-w", "1", "--timeout", "3", ready=1)
+    old = pid_of(m.port)
+    c = socket.create_connection(("127.0.0.1", m.port), timeout=30)
+    try:
+        c.sendall(b"GET /debug-await HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while not got.endswith(b"%d" % old):
+            chunk = c.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200")
+    finally:
+        c.close()
+    assert "timeout:" not in m.text() and pid_of(m.port) == old
