@@ -82,8 +82,11 @@ class AccessLog:
 
 ATOM = re.compile(r"%\(([^)]*)\)")
 # what must not reach a log line raw: C0 controls (CR/LF would forge a
-# line), DEL, and C1 controls (a latin-1 header byte 0x9b is a terminal's CSI)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# line), DEL, C1 controls (a latin-1 header byte 0x9b is a terminal's CSI),
+# and, as nginx escapes them, '"' (it would close a quoted field of the
+# format, "%(a)s", and write fields of the client's choosing) and '\'
+# (a client's literal "\x0a" would read as an escaped newline)
+_CONTROL = re.compile(r'[\x00-\x1f\x7f-\x9f"\\]')
 
 
 def _escape(m: re.Match) -> str:
@@ -91,8 +94,8 @@ def _escape(m: re.Match) -> str:
 
 
 def _safe(value):
-    """An atom's value with its control characters as \\xHH (nginx's
-    escaping): a value is the client's (a header, the path, a PROXY
+    """An atom's value with its control characters, '"' and '\\' as \\xHH
+    (nginx's escaping): a value is the client's (a header, the path, a PROXY
     header's path) or the app's (an environ key, a response header), and
     neither may split or forge a line. The format's own text is kept."""
     if isinstance(value, (int, float)):

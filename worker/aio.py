@@ -54,6 +54,7 @@ import inspect
 import logging
 import math
 import selectors
+import time
 
 from sockherd.worker._aio import (caller as _caller, future_maker as _future_maker,
                                   not_debugging as _not_debugging, runner as _runner,
@@ -85,6 +86,7 @@ class PollerSelector(selectors._BaseSelectorImpl):
         self._th = th
         self._me = me
         self._app_fd = owner.engine.app_fd     # a table verb, checked by its cookie
+        self._busy = owner.relief.busy         # the loop threads' busy stamps
         self._turn = turn
         self._stopping = owner._stop           # the Loop's stop: the asyncio loop's too
         self.loop = None                        # the asyncio loop this selector serves
@@ -150,7 +152,14 @@ class PollerSelector(selectors._BaseSelectorImpl):
         else:
             ms = min(_MAX_WAIT_MS, math.ceil(timeout * 1000))
         # (ThreadEventLoop's C iteration does what follows without this
-        # frame: worker/aio_native/handles.c runner_turn)
+        # frame: worker/aio_native/handles.c runner_turn). Only asyncio's
+        # own _run_once calls here (a debugging loop: _fast): it runs the
+        # app's callbacks between this return and the next call, so the
+        # thread is stamped busy across that, as the C runner stamps its
+        # ready pass (the `timeout` watch, worker/stuck.py; issue 35 review
+        # of point 7: in debug mode nothing stamped a blocked loop)
+        busy, me = self._busy, self._me
+        busy[me] = 0.0                          # the turn stamps what it runs itself
         try:
             reports = self._turn(ms)
         except BaseException:
@@ -158,6 +167,8 @@ class PollerSelector(selectors._BaseSelectorImpl):
             raise
         if self._stopping.is_set():
             self.loop.stop()                    # run_forever returns after this iteration
+        else:
+            busy[me] = time.monotonic()
         return self._app_ready(reports) if reports else []
 
     def _app_ready(self, reports) -> list:

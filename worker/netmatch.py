@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 UNIX = ("unix", "unix:")
 
@@ -38,12 +38,20 @@ class Allow:
     nets: tuple                      # ipaddress networks
     all: bool                        # "*"
     unix: bool                       # "unix"
+    # each network's zone as an interface index (0: none), resolved once
+    # here, as the engine gets it once (packed): looked up per connection
+    # (allows), an interface gone after the start raised OSError in the
+    # accept path and a loop thread died (issue 35 review of point 24)
+    zones: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "zones", tuple(zone_index(n) for n in self.nets))
 
     def packed(self) -> list[tuple]:
         """The networks as the engine's set_forwarded and set_proxy take
         them: (address bytes, prefix length[, a zone's interface index])."""
-        return [(n.network_address.packed, n.prefixlen) + ((z,) if (z := zone_index(n)) else ())
-                for n in self.nets]
+        return [(n.network_address.packed, n.prefixlen) + ((z,) if z else ())
+                for n, z in zip(self.nets, self.zones)]
 
     def allows(self, peer) -> bool:
         """Whether a peer as socket.getpeername() gives it is allowed (a
@@ -57,7 +65,7 @@ class Allow:
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped             # a v4 client of a dual-stack listener
         scope = peer[3] if len(peer) > 3 else 0
-        return any(addr in n and zone_index(n) in (0, scope) for n in self.nets)
+        return any(addr in n and z in (0, scope) for n, z in zip(self.nets, self.zones))
 
 
 def zone_index(net) -> int:

@@ -46,7 +46,11 @@ class StreamProxyHeader(StreamCore):
             self._proxy_refuse(info)
             return
         info["peer"] = self.peer
-        if not info["local"]:
+        # an AF_UNIX source (a unix-socket frontend's client) is a path,
+        # raw bytes the proxy copied, no address: the peer stays the
+        # socket's, as the engine's HTTP path keeps it (conn_proxy.c
+        # apply), and the path (CR/LF and all) reaches no log line
+        if not info["local"] and isinstance(info["src"], tuple):
             self.peer = info["src"]
         self._proxy_done(info, used, eof)
 

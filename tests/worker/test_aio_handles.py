@@ -134,3 +134,27 @@ def test_a_closed_loop_refuses_as_asyncios_does(serve_asgi):
         with pytest.raises(RuntimeError, match="Event loop is closed"):
             call()
     assert isinstance(aio_loop, aio.ThreadEventLoop)
+
+
+def test_a_heap_worth_purging_is_purged_as_asyncio_purges_it(serve_asgi):
+    """Past 100 timers, over half cancelled: the runner purges the heap
+    itself (runner.c purge, asyncio's rule) instead of handing that
+    iteration to asyncio's _run_once, whose ready callbacks went unstamped
+    (issue 35 review of point 7: test_h35_review_timeout_purge.py). The
+    live timers fire in order, the cancelled ones are unscheduled and gone
+    from the heap, the count is 0 again."""
+    async def work(scope):
+        loop = asyncio.get_running_loop()
+        got = []
+        timers = [loop.call_later(0.01 + i / 1000, got.append, i) for i in range(200)]
+        for t in timers[::4] + timers[1::4] + timers[2::4]:
+            t.cancel()
+        assert loop._timer_cancelled_count == 150 and len(loop._scheduled) == 200
+        await asyncio.sleep(0)                  # an iteration: the purge
+        state = (len(loop._scheduled), loop._timer_cancelled_count,
+                 any(t._scheduled for t in timers if t.cancelled()))
+        await asyncio.sleep(0.4)
+        return repr((state, got == list(range(3, 200, 4))))
+
+    _, addr = serve_asgi(answer(work))
+    assert get(addr) == b"((50, 0, False), True)"

@@ -23,8 +23,10 @@
  * stops and the app's own fds' reports (most turns have none) handed to
  * asyncio (selector._app_ready, loop._process_events). A
  * debugging loop runs asyncio's own iteration (ThreadEventLoop._fast
- * takes this one away); so does, once, a heap worth purging (`base`;
- * asyncio's rule: past 100 timers, half of them cancelled). */
+ * takes this one away). A heap worth purging (asyncio's rule: past 100
+ * timers, half of them cancelled) is purged here as asyncio would (purge),
+ * not by a pass of base _run_once: its ready callbacks went unstamped.
+ * `base` is kept for the signature's sake. */
 typedef struct {
 	PyObject_HEAD
 	PyObject *loop, *ready, *popleft, *append, *base;
@@ -44,7 +46,8 @@ typedef struct {
 
 static PyTypeObject RunnerType;
 static PyObject *S_scheduled_list, *S_append, *S_cancelled_attr,
-                *S_stopping, *S_cancelled_count, *S_when_attr, *S_scheduled_attr, *heappop,
+                *S_stopping, *S_cancelled_count, *S_when_attr, *S_scheduled_attr, *heappop, *heapify,
+                *zero_count,
                 *S_failed, *S_stop, *S_app_ready, *S_process_events, *S_flag, *event_type;
 
 #define MAX_SELECT 86400.0                 /* asyncio's MAXIMUM_SELECT_TIMEOUT */
@@ -140,6 +143,36 @@ static PyObject *pop_timer(PyObject *heap)
 	return PyObject_CallOneArg(heappop, heap);
 }
 
+/* asyncio's purge of cancelled timers (base _run_once's): the live ones
+ * kept, heapified, as loop._scheduled, the cancelled ones unscheduled, the
+ * cancelled count 0. The new heap (a new reference), or NULL. */
+static PyObject *purge(PyObject *loop, PyObject *heap)
+{
+	PyObject *kept = PyList_New(0), *r;
+	Py_ssize_t i;
+	int flag;
+
+	if (!kept)
+		return NULL;
+	for (i = 0; i < PyList_GET_SIZE(heap); i++) {
+		PyObject *t = PyList_GET_ITEM(heap, i);
+
+		if ((flag = timer_cancelled(t)) < 0 ||
+		    (flag ? timer_unscheduled(t) : PyList_Append(kept, t)) < 0)
+			goto fail;
+	}
+	if (!(r = PyObject_CallOneArg(heapify, kept)))
+		goto fail;
+	Py_DECREF(r);
+	if (PyObject_SetAttr(loop, S_scheduled_list, kept) < 0 ||
+	    PyObject_SetAttr(loop, S_cancelled_count, zero_count) < 0)
+		goto fail;
+	return kept;
+fail:
+	Py_DECREF(kept);
+	return NULL;
+}
+
 /* The app's callbacks run in the ready pass: the loop thread is in the
  * app from the stamp until the 0.0 after it, as a WSGI handler is between
  * the engine's stamps. The worker's stuck-request watch (worker/stuck.py,
@@ -186,8 +219,15 @@ static PyObject *runner_once(Runner *r, PyObject *const *args, size_t nargsf, Py
 		if (n == -1 && PyErr_Occurred())
 			goto fail;
 		if ((double)n / PyList_GET_SIZE(heap) > 0.5) {
+			/* asyncio's purge (base _run_once's), done here: handing
+			 * the iteration to base _run_once ran its ready callbacks
+			 * unstamped, and a loop blocked in them was never noticed
+			 * by `timeout` (issue 35 review of point 7) */
+			PyObject *kept = purge(loop, heap);
+
 			Py_DECREF(heap);
-			return PyObject_CallOneArg(r->base, loop);    /* asyncio's purge, this once */
+			if (!(heap = kept))
+				return NULL;
 		}
 	}
 	while (PyList_GET_SIZE(heap) && (flag = timer_cancelled(PyList_GET_ITEM(heap, 0))) != 0) {
@@ -395,8 +435,10 @@ int aio_runner_init(void)
 	PyObject *hq = PyImport_ImportModule("heapq"), *th;
 
 	heappop = hq ? PyObject_GetAttrString(hq, "heappop") : NULL;
+	heapify = hq ? PyObject_GetAttrString(hq, "heapify") : NULL;
 	Py_XDECREF(hq);
-	if (!heappop || PyType_Ready(&RunnerType) < 0)
+	zero_count = PyLong_FromLong(0);
+	if (!heappop || !heapify || !zero_count || PyType_Ready(&RunnerType) < 0)
 		return -1;
 	S_scheduled_list = PyUnicode_InternFromString("_scheduled");
 	S_append = PyUnicode_InternFromString("append");

@@ -14,14 +14,17 @@
 
 /* ---- the context: Server.set_tls ---------------------------------------------------------------- */
 
-static const unsigned char ALPN_H1[] = "\x08http/1.1";
+/* what we speak, in our order of preference: http/1.0 too, as nginx
+ * selects it (NGX_HTTP_ALPN_PROTOS); `curl --http1.0` offers it alone */
+static const unsigned char ALPN_H1[] = "\x08http/1.1\x08http/1.0";
 
-/* ALPN: http/1.1 when offered (h2 would be chosen here once a codec
- * exists). A client that offers ALPN without http/1.1 is refused with
- * the no_application_protocol alert (RFC 7301 §3.2; nginx refuses it
- * too): serving it HTTP/1.1 would speak a protocol it did not offer. A
- * client that sends no ALPN extension never reaches this callback and is
- * served HTTP/1.1 (issue 35 §22). */
+/* ALPN: http/1.1 when offered, else http/1.0 (h2 would be chosen here
+ * once a codec exists). A client that offers ALPN without either is
+ * refused with the no_application_protocol alert (RFC 7301 §3.2; nginx
+ * refuses it too): serving it HTTP/1.x would speak a protocol it did not
+ * offer. A client that sends no ALPN extension never reaches this
+ * callback and is served HTTP/1.1 (issue 35 §22; its review: an offer of
+ * http/1.0 alone was refused). */
 static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                        const unsigned char *in, unsigned int inlen, void *arg)
 {
