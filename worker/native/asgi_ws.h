@@ -94,6 +94,18 @@ void ws_http_answer(HttpConn *c, int status, const char *head);
 /* The buffered input parsed into messages while there is room. 0 or -1. */
 int ws_pump(WsCall *call);
 
+/* ---- asgi_ws_ping.c (issue 35, point 27) ---- */
+/* The WebSocket was accepted: its ping timer, if the server pings. */
+void ws_ping_start(WsCall *call);
+/* Input came (c->last_active, the event's clock): the ping's interval
+ * from then, if the ping timer runs (not while output waits: the send
+ * timer's). Inline: it runs per read. */
+static inline void ws_ping_input(HttpConn *c)
+{
+	if (c->tkind == TIMER_PING || c->tkind == TIMER_PONG)
+		timer_arm_at(c, TIMER_PING, c->last_active + c->srv->ws_ping_interval);
+}
+
 /* ---- asgi_ws_send.c ---- */
 PyObject *ws_send(WsCall *call, PyObject *msg);
 int ws_send_make_keys(void);                    /* its message keys (module init) */
