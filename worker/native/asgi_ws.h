@@ -3,6 +3,7 @@
  *
  *   asgi_ws_frames.c  the call's messages (the queue for receive()), its
  *                     frames out, the client's frames parsed (pump)
+ *   asgi_ws_ping.c    the keep-alive ping: its timer's two kinds (issue 35, point 27)
  *   asgi_ws_send.c    send(): accept, send, close
  *   asgi_ws_deny.c    send()'s denial response (websocket.http.response)
  *   asgi_ws_call.c    the call: receive(), the app's end, its type, the
