@@ -324,6 +324,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
                 lst.close()
             log.error("%s", exc)
             return 1
+    from sockherd.master.listeners import set_keepalive
+    set_keepalive(listeners, settings.tcp_keepalive)   # every TCP one, however it came
     for lst in listeners:
         via = " (from systemd)" if lst in inherited else " (kept across the upgrade)" if state \
             else ""

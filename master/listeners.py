@@ -185,6 +185,31 @@ def bind(text: str, *, name: str = "", backlog: int = 2048, unix_mode: str = "06
                     created, os.lstat(created).st_ino if created else 0)
 
 
+def set_keepalive(listeners: list[Listener], idle: int) -> None:
+    """TCP keep-alive on each TCP listener (issue 35, point 27): SO_KEEPALIVE,
+    TCP_KEEPIDLE idle, TCP_KEEPINTVL max(1, idle // 4), TCP_KEEPCNT 4; idle 0
+    turns it off. One setsockopt per listener, none per accept: Linux copies
+    a listener's socket options into each connection it accepts
+    (inet_csk_clone_lock; tests/master/test_tcp_keepalive.py shows it with
+    `ss -o`). Unix listeners have no keep-alive and are left alone; an
+    inherited socket that refuses the options is logged, not fatal."""
+    import logging
+
+    for lst in listeners:
+        sock = lst.sock
+        if sock.fileno() == -1 or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        try:
+            if idle:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // 4))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 4)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1 if idle else 0)
+        except OSError as exc:
+            logging.getLogger("sockherd.master").warning(
+                "tcp_keepalive on %s: %s", lst.descriptor.address, exc.strerror or exc)
+
+
 def bind_all(settings) -> list[Listener]:
     """Every `bind` of the settings, all or nothing: on a failure the ones
     already bound are closed (and their socket files removed)."""

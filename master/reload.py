@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sockherd.master.addresses import AddressError, parse
-from sockherd.master.listeners import BindError, Listener, bind
+from sockherd.master.listeners import BindError, Listener, bind, set_keepalive
 
 
 class Refused(Exception):
@@ -96,4 +96,5 @@ def reconcile(current: list[Listener], activated: list[Listener], settings) -> t
         raise
     if not out:
         raise Refused("no listener left to serve")
+    set_keepalive(out, settings.tcp_keepalive)     # a reload may change it (new accepts)
     return out, added

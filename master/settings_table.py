@@ -113,6 +113,16 @@ SETTINGS: tuple[Setting, ...] = (
             msgspec.Meta(min_length=1), "ADDRESS", section="listeners"),
     Setting("backlog", ("--backlog",), int, 2048, "listen() backlog of each bound socket",
             msgspec.Meta(ge=1, le=65535), "N", section="listeners"),
+    # issue 35, point 27: a peer gone without a FIN (host off, NAT entry dropped) is noticed
+    Setting("tcp_keepalive", ("--tcp-keepalive",), int, 120,
+            "TCP keep-alive on every TCP listener (bound, from systemd or from the previous "
+            "master; accepted connections inherit it, unix sockets have none): a connection "
+            "idle this many seconds is probed every max(1, this // 4) s, and closed after 4 "
+            "unanswered probes, so a peer that vanished costs idle + 4 * interval "
+            "(default 120 + 4 * 30 = 240 s; an idle kept-alive HTTP connection is closed by "
+            "keepalive_timeout first, this bounds what has no timer: a WebSocket with "
+            "ws_ping_interval 0, a streamed response waiting on the app); 0: off",
+            msgspec.Meta(ge=0, le=32767), "S", section="listeners"),
     Setting("unix_mode", ("--unix-mode",), str, "0660", "file mode of bound unix sockets (octal)",
             msgspec.Meta(pattern=r"^0?[0-7]{3}$"), "MODE", section="listeners"),
     Setting("unix_owner", ("--unix-owner",), str, "", "`user[:group]` owning bound unix sockets",
@@ -281,6 +291,18 @@ SETTINGS: tuple[Setting, ...] = (
             "it: messages compressed both ways, at the cost of zlib's state per connection; "
             "a message inflated past ws_max_size closes with 1009",
             section="http"),
+    # issue 35, point 27: uvicorn's --ws-ping-interval / --ws-ping-timeout and their defaults
+    Setting("ws_ping_interval", ("--ws-ping-interval",), float, 20.0,
+            "ASGI WebSockets: one that heard nothing from its client for this long is sent a "
+            "ping (any input, a pong or a message, counts and starts the interval again); "
+            "0: never pinged",
+            _seconds(0, 86400), "S", section="http"),
+    Setting("ws_ping_timeout", ("--ws-ping-timeout",), float, 20.0,
+            "ASGI WebSockets: if nothing comes this long after a ping, the client is presumed "
+            "gone: close 1011 \"keepalive ping timeout\" without waiting for its answer, the "
+            "app gets websocket.disconnect 1011; 0: never timed out (pings still sent, which "
+            "keeps proxies and NATs from cutting an idle connection)",
+            _seconds(0, 86400), "S", section="http"),
     # nginx's client_body_buffer_size, larger than its 16 KiB default: most
     # form posts and JSON bodies fit, and a body read in the loop costs no
     # thread while its client is slow (issue 21); past it a body streams

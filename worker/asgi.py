@@ -39,10 +39,13 @@ def make_handler(app, cfg: dict, state: dict | None = None):
     ws_settings(int(cfg.get("ws_max_size", 16 << 20)),
                 bool(cfg.get("ws_per_message_deflate", False)))
 
+    # issue 35, point 27: an open WebSocket's keep-alive ping (asgi_ws_ping.c)
+    ping = (float(cfg.get("ws_ping_interval", 20.0)), float(cfg.get("ws_ping_timeout", 20.0)))
+
     class Handler:
         @staticmethod
         def make_engine(loop):
-            return make_engine(loop, app, limits, state)
+            return make_engine(loop, app, limits, state, ping)
 
     return Handler
 
@@ -79,7 +82,8 @@ def _closing(frame) -> bool:
     return task is None or getattr(task.get_coro(), "cr_frame", None) is not frame
 
 
-def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
+def make_engine(loop, app, lim: _Limits, state: dict | None,
+                ping: tuple[float, float] = (20.0, 20.0)) -> Server:
     from sockherd.fdcore.table import Event
     from sockherd.worker.loop_core import KIND_CONN
 
@@ -105,7 +109,8 @@ def make_engine(loop, app, lim: _Limits, state: dict | None) -> Server:
         limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
-        body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
+        body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE,
+        ws_ping_interval=ping[0], ws_ping_timeout=ping[1])
     engine.interface = "asgi"
     connection_layer(engine, lim)
     return engine

@@ -113,7 +113,8 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
         limits=(lim.line, lim.field_size, lim.headers, lim.body), script_name=lim.root_path,
         server_line=lim.server_line, header_timeout=lim.header_timeout,
         keepalive_timeout=lim.keepalive_timeout, body_timeout=lim.body_timeout,
-        body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE)
+        body_buffer=lim.body_buffer, min_body_rate=MIN_BODY_RATE,
+        ws_ping_interval=0.0, ws_ping_timeout=0.0)       # no WebSockets in WSGI
     connection_layer(engine, lim)
     engine.dispatch = dispatch
     return engine

@@ -45,7 +45,8 @@ LAYERS = {
     "websocket codec": ["ws_deflate", "ws_frame", "ws_py"],
     "wsgi adapter": ["wsgi_environ", "wsgi_forwarded", "wsgi_respond", "wsgi_body", "wsgi_app"],
     "asgi adapter": ["asgi_forwarded", "asgi_scope", "asgi_end", "asgi_ext", "asgi_call", "asgi_app",
-                     "asgi_ws_frames", "asgi_ws_deny", "asgi_ws_send", "asgi_ws_call", "asgi_ws"],
+                     "asgi_ws_frames", "asgi_ws_ping", "asgi_ws_deny", "asgi_ws_send", "asgi_ws_call",
+                     "asgi_ws"],
     "assembly": ["server", "server_type", "httpmodule"],
     # the _aio extension, bottom up: create_task/create_future, the
     # handles and the ready pass, call_soon/call_at/call_later bound to a

@@ -12,9 +12,11 @@
  *    the app's receive(), so a client that sends faster than the app
  *    receives is paused by TCP, never buffered without bound;
  *  - no header or keep-alive timer runs (h1_rearm: a call's connection is
- *    the app's): an idle WebSocket is never cut by the engine. The one
- *    timer left is the send timer: output that waits and that the client
- *    takes none of for body_timeout closes the connection, as for HTTP;
+ *    the app's); the keep-alive ping's does (asgi_ws_ping.c: a client
+ *    silent for ws_ping_interval is pinged, closed 1011 if still silent
+ *    ws_ping_timeout after), and the send timer: output that waits and
+ *    that the client takes none of for body_timeout closes the
+ *    connection, as for HTTP;
  *  - a send past HIGH_WATER waits until the output drains below LOW_WATER
  *    (resume), as an http.response.body does;
  *  - the connection's close drops the call (drop): the app's receive

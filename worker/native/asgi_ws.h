@@ -3,6 +3,7 @@
  *
  *   asgi_ws_frames.c  the call's messages (the queue for receive()), its
  *                     frames out, the client's frames parsed (pump)
+ *   asgi_ws_ping.c    the keep-alive ping: its timer's two kinds (issue 35, point 27)
  *   asgi_ws_send.c    send(): accept, send, close
  *   asgi_ws_deny.c    send()'s denial response (websocket.http.response)
  *   asgi_ws_call.c    the call: receive(), the app's end, its type, the
@@ -104,6 +105,18 @@ int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen);
 void ws_http_answer(HttpConn *c, int status, const char *head);
 /* The buffered input parsed into messages while there is room. 0 or -1. */
 int ws_pump(WsCall *call);
+
+/* ---- asgi_ws_ping.c (issue 35, point 27) ---- */
+/* The WebSocket was accepted: its ping timer, if the server pings. */
+void ws_ping_start(WsCall *call);
+/* Input came (c->last_active, the event's clock): the ping's interval
+ * from then, if the ping timer runs (not while output waits: the send
+ * timer's). Inline: it runs per read. */
+static inline void ws_ping_input(HttpConn *c)
+{
+	if (c->tkind == TIMER_PING || c->tkind == TIMER_PONG)
+		timer_arm_at(c, TIMER_PING, c->last_active + c->srv->ws_ping_interval);
+}
 
 /* ---- asgi_ws_send.c ---- */
 PyObject *ws_send(WsCall *call, PyObject *msg);

@@ -212,8 +212,10 @@ int asgi_ws_input(HttpConn *c)
 
 	if (!call || !Py_IS_TYPE(c->call, &WsCallType))
 		return asgi_input(c);
-	if (call->state == ST_OPEN)
+	if (call->state == ST_OPEN) {
+		ws_ping_input(c);                       /* life: the ping's interval again */
 		return ws_pump(call);
+	}
 	if (c->peer_eof && !call->finished)
 		ws_finish(call, 1006, "", 0);             /* gone before the app's answer */
 	return 0;

@@ -187,6 +187,7 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 	call->state = ST_OPEN;
 	call->open_counted = 1;
 	ws_open++;
+	ws_ping_start(call);                       /* issue 35, point 27 (asgi_ws_ping.c) */
 	/* logged once the 101 is out: the logging's code (the app's
 	 * handlers) comes after the head, never inside it */
 	for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dropped); i++)

@@ -76,9 +76,13 @@ typedef struct Respond Respond;
  * between requests; linger: a closed connection's last bytes (below);
  * send: output waits and the client takes none (body_timeout); body: a
  * request body read in the loop before the app runs (body_timeout, pushed
- * back by what arrives at min_body_rate) */
+ * back by what arrives at min_body_rate); ping: a call's connection (a
+ * WebSocket's, c->call_ping) heard nothing from its client for
+ * ws_ping_interval (the adapter pings it); pong: nothing came for
+ * ws_ping_timeout after that ping (the adapter closes it). Two kinds, not
+ * one of two durations: each list stays sorted by construction. */
 enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_SEND = 3, TIMER_BODY = 4,
-       TIMER_KINDS = 5 };
+       TIMER_PING = 5, TIMER_PONG = 6, TIMER_KINDS = 7 };
 
 /* How long a connection we close may still send (its unread upload, a
  * pipelined request) while we discard it: closing with unread input sends
@@ -117,7 +121,11 @@ struct HttpConn {
 	          * sends itself once the buffer is out (an ASGI pathsend's
 	          * file, by sendfile): owed, like the buffer (POLLOUT wanted,
 	          * the send timer runs, a close waits for it) */
-	         out_more : 1;
+	         out_more : 1,
+	         /* the call's connection runs TIMER_PING / TIMER_PONG while it
+	          * owes nothing (an open WebSocket, asgi_ws_ping.c): h1_rearm
+	          * keeps them, the adapter's input re-arms the ping */
+	         call_ping : 1;
 	/* dispatch.c's spill queue (below): the events of the reports merged
 	 * into c's entry (here, beside the flags: no padding either side) */
 	uint32_t qevents;
@@ -247,6 +255,8 @@ struct tls_ops {
 /* ---- conn_timers.c ---- */
 double mono_now(void);
 void timer_arm(HttpConn *c, int kind);
+/* c's timer of kind due at due (not a fixed time from now) */
+void timer_arm_at(HttpConn *c, int kind, double due);
 void timer_cancel(HttpConn *c);
 
 /* ---- conn_io.c ---- */

@@ -1,6 +1,6 @@
 /* Connection timers (the connection layer): the header timeout, the
- * keep-alive timeout, the lingering close, the send and body timeouts,
- * each one fixed duration, so a FIFO list per loop thread and kind is
+ * keep-alive timeout, the lingering close, the send and body timeouts, a
+ * WebSocket's ping interval and ping timeout, each one fixed duration, so a FIFO list per loop thread and kind is
  * sorted by deadline by construction (arm = append): arming, cancelling
  * and finding the next deadline are O(1). Only a takeover inserts out of
  * order (into the new owner's list, walking from the tail). The lists are
@@ -59,7 +59,9 @@ void timer_arm(HttpConn *c, int kind)
 	if (kind >= 0) {
 		double dur = kind == TIMER_HEADER ? s->header_timeout
 		             : kind == TIMER_KEEPALIVE ? s->keepalive_timeout
-		             : kind == TIMER_LINGER ? LINGER_SECONDS : s->body_timeout;
+		             : kind == TIMER_LINGER ? LINGER_SECONDS
+		             : kind == TIMER_PING ? s->ws_ping_interval
+		             : kind == TIMER_PONG ? s->ws_ping_timeout : s->body_timeout;
 
 		timer_cancel(c);
 		if (dur <= 0)
@@ -82,6 +84,20 @@ void timer_arm(HttpConn *c, int kind)
 		after->tnext = c;
 	else
 		l->head = c;
+}
+
+/* A deadline that is not now + the kind's duration (a body's pushed back
+ * by what arrived, a ping's from the last input): c's timer of kind due
+ * at due. A due later than the list's tail goes at its end (O(1)); an
+ * earlier one walks back from the tail to its place. */
+void timer_arm_at(HttpConn *c, int kind, double due)
+{
+	if (c->tkind == kind && c->due == due)
+		return;
+	timer_cancel(c);
+	c->tkind = kind;
+	c->due = due;
+	timer_arm(c, -1);
 }
 
 /* ms until the thread's next deadline, or -1 */

@@ -95,6 +95,9 @@ struct Server {
 	struct hp_limits lim;
 	PyObject *script_name, *server_line;
 	double header_timeout, keepalive_timeout, body_timeout;
+	/* an open WebSocket silent this long is pinged, closed if still
+	 * silent ws_ping_timeout after (asgi_ws_ping.c); 0: never */
+	double ws_ping_interval, ws_ping_timeout;
 	/* body_buffer: the most body read in the loop before the app runs
 	 * (0: none, every incomplete body streams); min_body_rate: bytes/s
 	 * that push the body deadline back a second (wsgi.py's MIN_BODY_RATE) */

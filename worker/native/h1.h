@@ -189,6 +189,9 @@ struct h1_app {
 	 * (c->parser->body_late): a receive waiting for it may be answered.
 	 * NULL for an adapter without calls. 0 or -1. */
 	int (*input)(HttpConn *c);
+	/* a call's own timer is due (TIMER_PING, TIMER_PONG: c->call_ping,
+	 * an open WebSocket's). NULL for an adapter without one. 0 or -1. */
+	int (*timer)(HttpConn *c, int kind);
 };
 
 /* The adapter's call on c ended (its response whole, c->call taken off):

@@ -29,15 +29,7 @@ static const char *REASONS(int status)
 
 /* c's timer of `kind` due at `due` (not a fixed time from now): a body's
  * deadline, pushed back by what arrived */
-static void arm_at(HttpConn *c, int kind, double due)
-{
-	if (c->tkind == kind && c->due == due)
-		return;
-	timer_cancel(c);
-	c->tkind = kind;
-	c->due = due;
-	timer_arm(c, -1);
-}
+#define arm_at timer_arm_at
 
 /* The timer for what the connection waits for now, after a request or
  * some output went out: the client to take pending output (send), the
@@ -62,8 +54,10 @@ void h1_rearm(HttpConn *c)
 		 * the app waits for is the client's: its deadline runs on */
 		if (c->parser->body_wait)
 			arm_at(c, TIMER_BODY, c->parser->body_due);
-		else
+		else if (!c->call_ping)
 			timer_cancel(c);
+		else if (c->tkind != TIMER_PING && c->tkind != TIMER_PONG)
+			timer_arm(c, TIMER_PING);      /* an open WebSocket: its ping's (asgi_ws_ping.c) */
 		return;
 	}
 	if (parser_head_started(c->parser)) {
@@ -196,6 +190,8 @@ void h1_body_refuse(HttpConn *c, int answer)
  * or an idle keep-alive connection. */
 int h1_timeout(HttpConn *c, int kind)
 {
+	if (kind == TIMER_PING || kind == TIMER_PONG)
+		return c->call && c->srv->app_ops->timer ? c->srv->app_ops->timer(c, kind) : 0;
 	if (c->proxy_wait) {
 		hconn_proxy_timeout(c);                /* not HTTP yet: no 408, a close */
 		return 0;

@@ -74,6 +74,7 @@ static const struct h1_app asgi_h1_app = {
 	.resume = asgi_ws_resume,
 	.abandon = asgi_abandon,
 	.input = asgi_ws_input,
+	.timer = asgi_ws_timer,                    /* issue 35, point 27: the ping */
 };
 
 

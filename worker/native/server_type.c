@@ -40,14 +40,15 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	                        "access", "report", "sendfile", "file_wrapper", "bytes_io", "no_body",
 	                        "event_type", "busy", "enter_app", "limits", "script_name",
 	                        "server_line", "header_timeout", "keepalive_timeout",
-	                        "body_timeout", "body_buffer", "min_body_rate", NULL};
+	                        "body_timeout", "body_buffer", "min_body_rate", "ws_ping_interval",
+	                        "ws_ping_timeout", NULL};
 	PyObject *loop, *api, *threads, *app, *base, *slow, *access, *report, *sendfile, *fw, *bio, *nob;
 	PyObject *evt, *busy, *enter_app, *script_name, *server_line, *seq;
 	unsigned int line, field_size, nheaders;
 	unsigned long long body;
 	int maxfd;
 	unsigned int kind;
-	double ht, kt, bt, rate;
+	double ht, kt, bt, rate, ping, pong;
 	Py_ssize_t bbuf;
 
 	if (s->thr) {
@@ -56,13 +57,18 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	}
 	s->ops = &h1_conn_ops;
 	s->app_ops = &wsgi_h1_app;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!dddnd", names, &loop,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!dddnddd", names, &loop,
 	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
 	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
 	                                 &bio, &nob, &evt, &busy, &enter_app, &line, &field_size, &nheaders,
 	                                 &body, &script_name, &PyBytes_Type, &server_line, &ht, &kt,
-	                                 &bt, &bbuf, &rate))
+	                                 &bt, &bbuf, &rate, &ping, &pong))
 		return -1;
+	if (!(ping >= 0) || !(pong >= 0)) {
+		PyErr_SetString(PyExc_ValueError, "ws_ping_interval and ws_ping_timeout must not be "
+		                "negative (0: never)");
+		return -1;
+	}
 	if (bbuf < 0 || rate < 0) {
 		PyErr_SetString(PyExc_ValueError, "body_buffer and min_body_rate must not be negative");
 		return -1;
@@ -173,6 +179,8 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 	s->body_timeout = bt;
 	s->body_buffer = (size_t)bbuf;
 	s->min_body_rate = rate;
+	s->ws_ping_interval = ping;
+	s->ws_ping_timeout = pong;
 	if (busy != Py_None && (!PyList_Check(busy) || PyList_GET_SIZE(busy) < s->nthreads)) {
 		PyErr_SetString(PyExc_TypeError, "busy: None or a list, one float per loop thread");
 		return -1;

@@ -171,6 +171,8 @@ int asgi_ws_input(HttpConn *c);
 int asgi_ws_resume(HttpConn *c);
 void asgi_ws_drop(HttpConn *c, PyObject *call);
 int asgi_ws_unread(HttpConn *c);
+/* struct h1_app's timer: a WebSocket's ping due, or its answer late (asgi_ws_ping.c) */
+int asgi_ws_timer(HttpConn *c, int kind);
 #endif
 
 #endif /* SOCKHERD_WS_H */
