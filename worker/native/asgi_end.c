@@ -11,6 +11,26 @@
 
 /* ---- futures ---------------------------------------------------------------------------------- */
 
+/* A future's method called by an interned name through vectorcall: no
+ * str made from a C string, no format parsed, no bound method or argument
+ * tuple built for each call. PyObject_CallMethod(fut, "done", NULL) did all
+ * four, ~1,300 instructions, twice per WebSocket message (5 % of an echo:
+ * bench/RESULTS.md, 2026-12-03). name: a slot for the interned name, made
+ * once (under the GIL, as every caller runs). A new reference, or NULL with
+ * the error set. */
+static PyObject *fut_call(PyObject *fut, PyObject **name, const char *s, PyObject *arg)
+{
+	PyObject *args[2] = {fut, arg};
+
+	if (!*name && !(*name = PyUnicode_InternFromString(s)))
+		return NULL;
+	/* args[0] is the future itself; no ARGUMENTS_OFFSET: there is no
+	 * args[-1] the callee could borrow */
+	return PyObject_VectorcallMethod(*name, args, arg ? 2 : 1, NULL);
+}
+
+static PyObject *N_DONE, *N_SET_RESULT, *N_SET_EXCEPTION;
+
 void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
 {
 	PyObject *f = *fut, *done, *rc;
@@ -22,10 +42,10 @@ void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
 		PyObject *t, *v, *tb;
 
 		PyErr_Fetch(&t, &v, &tb);          /* called on error paths too */
-		done = PyObject_CallMethod(f, "done", NULL);
+		done = fut_call(f, &N_DONE, "done", NULL);
 		if (done && !PyObject_IsTrue(done))
-			rc = exc ? PyObject_CallMethod(f, "set_exception", "O", exc)
-			         : PyObject_CallMethod(f, "set_result", "O", value ? value : Py_None);
+			rc = exc ? fut_call(f, &N_SET_EXCEPTION, "set_exception", exc)
+			         : fut_call(f, &N_SET_RESULT, "set_result", value ? value : Py_None);
 		else
 			rc = done ? Py_NewRef(Py_None) : NULL;
 		if (!rc)
@@ -59,7 +79,7 @@ int asgi_waiting(PyObject **fut)
 
 	if (!*fut)
 		return 0;
-	done = PyObject_CallMethod(*fut, "done", NULL);
+	done = fut_call(*fut, &N_DONE, "done", NULL);
 	waits = done ? PyObject_Not(done) : -1;
 	Py_XDECREF(done);
 	if (waits < 0) {
