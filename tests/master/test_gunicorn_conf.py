@@ -83,8 +83,9 @@ def test_a_real_gunicorn_conf_runs_unchanged(master, tmp_path: Path):
     m = master("-c", "gunicorn.conf.py", "app:application", bind=None, ready=None)
     port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
     m.wait_log(r"worker \d+\.\d+: ready", count=2)
+    # when_ready runs just after the master logs the last worker's ready line
+    m.wait_log(r"Server is ready\. Spawning workers")
     text = m.text()
-    assert "Server is ready. Spawning workers" in text
     assert "gunicorn's hook post_fork() is ignored" in text
     assert len(re.findall(r"pool opened for worker \d+", text)) == 2
     files = {p.name for p in (tmp_path / "prom").iterdir()}
