@@ -370,8 +370,15 @@ def _supervise(settings, listeners, reload, inherited, state, on_serving, hooks,
 
     from sockherd.master.supervisor import Supervisor
 
+    from sockherd.master import tls
+
     log = logging.getLogger("sockherd.master")
-    sup = Supervisor(settings, listeners, msgspec.structs.asdict(settings), reload=reload,
+    try:
+        config = tls.with_files(msgspec.structs.asdict(settings))   # read once for generation 1
+    except tls.TlsError as exc:          # changed since the settings' check read it
+        log.error("%s", exc)
+        return EXIT_SETTINGS
+    sup = Supervisor(settings, listeners, config, reload=reload,
                      activated=inherited, adopted=state, on_serving=on_serving)
     sup.hooks, sup.server = hooks, server      # master/hooks: when_ready, on_reload, child_exit
     from sockherd.master import control, control_guard, devreload, metrics, notify

@@ -32,7 +32,10 @@ import logging
 import os
 import time
 
+import msgspec
+
 from sockherd.master import probation as trial
+from sockherd.master import tls
 from sockherd.master.lifecycle import Backoff, Event, Outcome, State
 from sockherd.master.probation import Probation
 from sockherd.master.reload import Pending, Refused, reconcile
@@ -167,13 +170,17 @@ class Generations:
                 settings = read_settings()
             except Exception as exc:         # SettingsError, or anything: never the master's end
                 raise Refused(f"bad setting: {exc}") from None
+            try:
+                # the TLS files, read once for the generation (master/tls.py)
+                config = tls.with_files(msgspec.structs.asdict(settings))
+            except tls.TlsError as exc:
+                raise Refused(f"bad setting: {exc}") from None
             listeners, added = reconcile(self.listeners, self.activated, settings)
         except Refused as exc:
             self.refused(gen, str(exc))
             return f"reload refused (generation {gen}): {exc}"
-        import msgspec
         count = settings.workers or os.cpu_count() or 1
-        self.pending = Pending(gen, settings, msgspec.structs.asdict(settings), listeners, added,
+        self.pending = Pending(gen, settings, config, listeners, added,
                                [Slot(i, gen) for i in range(count)], time.monotonic())
         for lst in added:
             log.info("listening on %s (new in generation %d)", lst.descriptor.address, gen)

@@ -2,9 +2,10 @@
 reload, before anything binds or spawns.
 
 The engine builds its own OpenSSL context in each worker (worker/native/
-conn_tls_ctx.c, Server.set_tls) from the files' bytes the master read at
-its spawn (files(), before the worker's `--user` switch), so a reload
-reads the certificate and key again. The master loads the same files with Python's ssl first: a missing
+conn_tls_ctx.c, Server.set_tls) from the files' bytes the master read for
+its generation (with_files(), before the worker's `--user` switch), so a
+reload reads the certificate and key again; a worker respawned between two
+reloads serves what its generation read. The master loads the same files with Python's ssl first: a missing
 file, a key that does not match its certificate or a wrong password then
 refuses the start (exit 2) or the reload, naming the file, while the
 serving generation keeps serving; a worker that still fails (a file changed
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import ssl
 import time
 from typing import Any
@@ -72,49 +74,90 @@ def ticket_secret(rotation: int) -> tuple[bytes, int]:
     return _TICKETS["secret"], _TICKETS["epoch"]
 
 
-# The TLS files' bytes, read by the master when it spawns a worker (issue
-# 35 §26): a worker switches to `--user` before it builds its context, and
-# a key readable by root alone (0600, /etc/ssl/private) failed it with
-# OpenSSL's "system lib". The master keeps its identity and reads them, as
-# nginx reads its keys before dropping privileges; they travel hex-encoded
-# in the assignment (as the ticket secret does), the engine loads them from
-# memory (worker/native/conn_tls_load.c).
+# The TLS files' bytes, read by the master once per generation (issue 35
+# §26 and its review): a worker switches to `--user` before it builds its
+# context, and a key readable by root alone (0600, /etc/ssl/private) failed
+# it with OpenSSL's "system lib". The master keeps its identity and reads
+# them, as nginx reads its keys before dropping privileges, at the start
+# and at each reload (with_files(), beside the settings' check), never at a
+# worker's spawn: a worker that exits cannot make root read a file again,
+# such as one its user swapped for a symlink to a root-only file. Of what it
+# reads it keeps only the PEM blocks a certificate, key or CA file holds
+# (anything else in the file, a root-only secret included, is not shipped),
+# and refuses a file that has none. They travel hex-encoded in the
+# assignment (as the ticket secret does); the engine loads them from memory
+# (worker/native/conn_tls_load.c).
 TLS_FILES = "tls_files"                # the assignment's key (not a setting)
 
+_CERTS = (b"CERTIFICATE", b"TRUSTED CERTIFICATE", b"X509 CERTIFICATE")
+_KEYS = (b"PRIVATE KEY", b"ENCRYPTED PRIVATE KEY", b"RSA PRIVATE KEY", b"EC PRIVATE KEY",
+         b"DSA PRIVATE KEY")
+_CAS = _CERTS + (b"X509 CRL",)
+# a block: its BEGIN and END lines of one label, and what lies between
+# (base64, and an encrypted legacy key's Proc-Type/DEK-Info headers)
+_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n[A-Za-z0-9+/=:,\- \t\r\n]*?"
+                    rb"-----END \1-----")
 
-def _read(what: str, path: str) -> str:
+
+def _read(what: str, path: str, labels: tuple) -> str:
+    """The PEM blocks of labels in path's file, hex; TlsError naming what
+    and path (never the content) when it cannot be read or has none."""
     try:
         with open(path, "rb") as f:
-            return f.read().hex()
+            data = f.read()
     except OSError as exc:
         raise TlsError(f"{what} {path}: {exc.strerror}") from None
+    blocks = [m.group(0) for m in _BLOCK.finditer(data) if m.group(1) in labels]
+    if not blocks:
+        kinds = " or ".join(f"-----BEGIN {x.decode()}-----" for x in labels[:2])
+        raise TlsError(f"{what} {path}: no PEM block of its kind ({kinds}): not a PEM "
+                       f"{'key' if labels is _KEYS else 'certificate'} file")
+    return (b"\n".join(blocks) + b"\n").hex()
 
 
 def files(config: dict) -> dict:
     """The certificate, key, client CAs and key password a worker of config
     serves with, read now. Raises TlsError naming the file and the reason."""
     certfile = config["certfile"]
-    got = {"cert_pem": _read("certfile", certfile),
-           "key_pem": _read("keyfile", config.get("keyfile") or certfile)}
+    got = {"cert_pem": _read("certfile", certfile, _CERTS),
+           "key_pem": _read("keyfile", config.get("keyfile") or certfile, _KEYS)}
     if config.get("ca_certs"):
-        got["ca_pem"] = _read("ca_certs", config["ca_certs"])
+        got["ca_pem"] = _read("ca_certs", config["ca_certs"], _CAS)
     pw = password(config.get("keyfile_password") or "", config.get("keyfile_password_file") or "")
     got["password"] = pw.hex() if pw is not None else None
     return got
+
+
+def with_files(config: dict) -> dict:
+    """A generation's config (its settings as a dict) with the TLS files'
+    bytes, read now: at the start, and at a reload with its settings. Its
+    workers, the first ones and every one respawned later, are sent these.
+    Raises TlsError naming the file."""
+    if not config.get("certfile"):
+        return config
+    return dict(config, **{TLS_FILES: files(config)})
 
 
 def assignment(config: dict, settings: Any, listeners: list) -> dict:
     """A worker's assignment config: with the master's ticket secret, the TLS
     files' bytes and which of its listeners serve TLS (master/tls_binds.py)
     when TLS is on (a copy; config itself is the generation's, left as it
-    is). Raises TlsError (a ValueError: the worker is not started, logged)
-    when a file cannot be read."""
+    is, with the files read by with_files: none is read here)."""
     if not config.get("certfile"):
         return config
     secret, epoch = ticket_secret(settings.ssl_ticket_key_rotation)
     return dict(config, **{TICKET_SECRET: secret.hex(), TICKET_EPOCH: epoch,
-                           TLS_FILES: files(config),
                            tls_binds.TLS_LISTENERS: tls_binds.flags(settings, listeners)})
+
+
+def take_secrets(cfg: dict) -> dict:
+    """The ticket secret and the TLS files' bytes, taken out of a worker's
+    assignment config (issue 35 review): cfg is the worker's config for its
+    whole life (the hooks' worker.cfg, the embedded page's), and the secret
+    it was spawned with would let every later ticket key be derived again
+    (conn_tls_tickets.c ratchets it so that none can). The worker hands what
+    this returns to its engine once (set_tls) and keeps no reference."""
+    return {k: cfg.pop(k) for k in (TICKET_SECRET, TLS_FILES) if k in cfg}
 
 
 def engine_args(cfg: dict) -> dict | None:

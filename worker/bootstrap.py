@@ -36,6 +36,7 @@ from sockherd.ipc.channel import Channel
 from sockherd.ipc.errors import IPCError
 from sockherd.ipc.listeners import adopt
 from sockherd.ipc.messages import Assignment, FailedBeforeReady, Ready
+from sockherd.master.tls import take_secrets
 from sockherd.master.tls_binds import TLS_LISTENERS
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE
 from sockherd.worker import hooks as hooks_mod
@@ -67,6 +68,9 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
     import prctl
 
     cfg = msg.config
+    # the ticket secret and the key's bytes go to the engine alone: neither
+    # the hooks nor the worker's lifelong config keeps them (master/tls.py)
+    secrets = take_secrets(cfg)
     try:
         _logging(cfg)
     except BootstrapError:
@@ -100,7 +104,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
             s.close()
         raise BootstrapError(f"{len(socks)} listeners but {len(tls)} TLS flags")
     if not msg.app:
-        handler = make_handler(status_app, cfg)     # the embedded default
+        handler = make_handler(status_app, dict(cfg, **secrets))     # the embedded default
     else:
         try:
             app = import_app(msg.app, chdir=cfg.get("chdir", ""),
@@ -116,11 +120,12 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
         log.info("interface: %s", chosen)
         if chosen.kind == "wsgi":
             # the app, served over HTTP/1.1 (wrapped only for pre/post_request hooks)
-            handler = make_handler(hooks_mod.wrap_wsgi(chosen.app, hooks, WORKER[0]), cfg)
+            handler = make_handler(hooks_mod.wrap_wsgi(chosen.app, hooks, WORKER[0]),
+                                   dict(cfg, **secrets))
         elif chosen.kind == "asgi":
             state: dict = {}        # the lifespan's, copied into each request's scope
-            handler = _asgi_handler(hooks_mod.wrap_asgi(chosen.app, hooks, WORKER[0]), cfg,
-                                    state)
+            handler = _asgi_handler(hooks_mod.wrap_asgi(chosen.app, hooks, WORKER[0]),
+                                    dict(cfg, **secrets), state)
             if cfg.get("lifespan", "auto") != "off":
                 from sockherd.worker.lifespan import Lifespan     # asyncio: ASGI workers only
                 lifespan = Lifespan(chosen.app, cfg.get("lifespan", "auto"), state,

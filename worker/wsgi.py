@@ -129,6 +129,10 @@ def connection_layer(engine: Server, lim: "_Limits") -> None:
     forwarded.install(engine, lim.forwarded)
     if lim.tls:
         engine.set_tls(**lim.tls)          # ValueError naming the file: never READY
+        # the engine holds its context and ratchets its own copy of the
+        # ticket secret: the key's bytes and the spawn's secret go (one
+        # engine a worker: make_engine runs once)
+        lim.tls = None
     if lim.proxy.on:
         allow = lim.proxy.allow
         engine.set_proxy(lim.proxy.mode, allow.packed(), allow.all, allow.unix)

@@ -27,8 +27,6 @@ pytestmark = pytest.mark.timeout(30)
 SECRET = b"root:$6$not-a-certificate$hash:19000:0:99999:7:::\n"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: the master reads any file a TLS path "
-                   "names, as root, and ships its bytes to the unprivileged worker unchecked")
 @pytest.mark.parametrize("which", ["certfile", "keyfile", "ca_certs"])
 def test_a_file_that_is_no_pem_is_refused_not_shipped(tmp_path, which):
     from tls_support import make_pki

@@ -35,8 +35,6 @@ def app(environ, start_response):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review: a serving worker's Python config keeps "
-                   "the ticket secret it was spawned with and the private key's bytes")
 def test_a_serving_worker_keeps_no_ticket_secret_nor_key_bytes(master, tmp_path):
     import socket
 

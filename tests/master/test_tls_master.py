@@ -186,3 +186,31 @@ def test_a_session_resumes_on_any_worker(master, tmp_path, site):
             resumed += s.session_reused
             session = s.session          # TLS 1.3: its ticket came with the answer
     assert resumed >= 19, f"{resumed} of 20 connections resumed"
+
+
+def test_a_respawned_worker_serves_what_its_generation_read(master, tmp_path, site):
+    """The master reads the TLS files once per generation (issue 35
+    review): a worker that dies between two reloads is replaced by one
+    serving the same certificate, and the master does not open the files
+    again, even when what the paths name now is a symlink to a root-only
+    file of another kind. Only a HUP reads them, and refuses that one."""
+    import os
+
+    m = master("tlsapp:app", "-w", "1", *tls_args(tmp_path), ready=1)
+    assert served_cn(m.port, site) == "first"
+    secret = tmp_path / "shadow"
+    secret.write_bytes(b"root:$6$not-a-key$hash:19000:0:99999:7:::\n")
+    os.chmod(secret, 0o600)
+    for name in ("live.crt", "live.key"):
+        (tmp_path / name).unlink()
+        (tmp_path / name).symlink_to(secret)          # what a worker's user could plant
+    (old,) = children(m.proc.pid)
+    os.kill(old, signal.SIGKILL)
+    m.wait_log(r"worker 1\.0: ready, pid (?!%d\b)\d+" % old)
+    assert served_cn(m.port, site) == "first"
+    assert "no PEM block" not in m.text()
+    m.proc.send_signal(signal.SIGHUP)
+    m.wait_log(r"reload refused \(generation 2\): ")
+    text = m.text()
+    assert "hash:19000" not in text and str(secret) not in text, text
+    assert served_cn(m.port, site) == "first"
