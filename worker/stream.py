@@ -21,8 +21,9 @@ Containment. Whatever a method (or the class, made for each connection)
 raises (an Exception, SystemExit,
 KeyboardInterrupt, GeneratorExit, any BaseException) is logged once and
 ends that connection only: reading stops, what was already written is
-sent, then the connection closes with a FIN (its unread input is read
-first, so the client sees a close, not a reset). The loop thread serves on.
+sent, then the connection closes with a FIN (sent first, then its unread
+input read, so the client sees a close, not a reset). The loop thread
+serves on.
 
 End of input. on_eof is called once, when the peer shut its sending side;
 from then on the connection is not polled for input (a handler may keep a

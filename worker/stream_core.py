@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 
 log = logging.getLogger("sockherd.worker")
 
@@ -165,6 +166,11 @@ class StreamCore:
             return
         self._closed = True
         if not gone and not self._eof:
+            # the FIN first: a byte the peer sends after the read below
+            # makes close() a reset, which then comes after the FIN (the
+            # peer reads our last bytes and its end); a reset before it
+            # was ECONNRESET where the peer waited for our end
+            shutdown_write(self.fd)
             read_unread(self.fd)
         self.loop.forget(self)
         # deferred to the leave of whichever thread is inside it
@@ -175,6 +181,18 @@ class StreamCore:
                 on_close(self)
             except BaseException:  # noqa: BLE001 - contained: the connection is closed already
                 log.exception("stream handler %s.on_close failed", type(self.handler).__name__)
+
+
+def shutdown_write(fd: int) -> None:
+    """Our FIN on fd now (its buffered output goes first); the fd stays
+    open and readable. A peer gone already is no error here."""
+    s = socket.socket(fileno=fd)
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        s.detach()                   # the fd table owns the fd
 
 
 def read_unread(fd: int, budget: int = 4 << 20) -> None:
