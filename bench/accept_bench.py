@@ -6,7 +6,7 @@ against the classic prefork server in the same run.
 
 Servers (each started, flooded for --seconds, then stopped with SIGTERM):
 
-  sockherd          `sockherd run echo:CloseOnConnect --interface stream -w 2 -t 4
+  sockherd          `sockherd run echo:CloseOnConnect --interface stream -w 2 --threads 4
                     --thread-groups 2` (one listener; each worker inserts it once per
                     thread group, EPOLLEXCLUSIVE); the app closes every connection in
                     on_connect. Counters: the workers' `totals:` lines at exit.
@@ -128,7 +128,7 @@ def main() -> int:
     ap.add_argument("--nsrc", type=int, default=16,
                     help="source addresses 127.0.0.2.. the client spreads over (16)")
     ap.add_argument("-w", "--workers", type=int, default=2, help="sockherd workers (2)")
-    ap.add_argument("-t", "--threads", type=int, default=4, help="sockherd threads (4)")
+    ap.add_argument("--threads", "--threads", type=int, default=4, help="sockherd threads (4)")
     ap.add_argument("--groups", type=int, default=2, help="sockherd thread groups (2)")
     ap.add_argument("--procs", type=int, default=8, help="prefork processes (8)")
     ap.add_argument("--servers", default="sockherd,prefork-epoll,prefork-blocking",
@@ -182,7 +182,7 @@ def main() -> int:
     print(f"- flood: {a.seconds:g} s per server, {a.inflight} connects in flight, "
           f"{a.nsrc} source addresses, 1 client thread (bench/accept_flood.c); light load: "
           f"{a.light_seconds:g} s, 1 connect in flight")
-    print(f"- sockherd: -w {a.workers} -t {a.threads} --thread-groups {a.groups}, app "
+    print(f"- sockherd: -w {a.workers} --threads {a.threads} --thread-groups {a.groups}, app "
           f"echo:CloseOnConnect; prefork: {a.procs} processes\n")
     print(B.table(["round", "load", "server", "conns/s", "vs sockherd", "accepted", "empty/accepted",
                    "wake-ups/accepted", "ctx switches/accepted", "server CPU s", "accepts/CPU-s",

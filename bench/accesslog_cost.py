@@ -8,7 +8,7 @@ and granian serving hello world, in the same run (issue 24 §4).
 Servers, 2 worker processes each, bench/apps/hello.py (WSGI), plain HTTP, each
 server's default access-log format, the log to a file in a temporary directory:
 
-  sockherd-off      sockherd run hello:app -w 2 -t 1
+  sockherd-off      sockherd run hello:app -w 2 --threads 1
   sockherd-text     the same, --access-logfile F (the default format, gunicorn's
                     atoms: h - - t "r" s b "f" "a" L)
   sockherd-json     the same, --access-logfile F --log-format json
@@ -83,7 +83,7 @@ def spec_for(server: str, checkout: str, tmp: str, logfile: str):
             sh = os.path.join(checkout, ".venv", "bin", "sockherd")
             log = {"sockherd-off": [], "sockherd-text": ["--access-logfile", logfile],
                    "sockherd-json": ["--access-logfile", logfile, "--log-format", "json"]}[server]
-            return {"argv": [sh, "run", "hello:app", "-w", w, "-t", "1", "-b", bind,
+            return {"argv": [sh, "run", "hello:app", "-w", w, "--threads", "1", "-b", bind,
                              "--pythonpath", B.APPS, *log,
                              "--runtime-dir", os.path.join(tmp, f"run-{server}")],
                     "ready": (r"worker \d+\.\d+: ready, pid", H.WORKERS),

@@ -7,7 +7,7 @@
 
 What it measures, every round (servers side by side, each idle while another
 is measured, as in asgi_hello.py; bench/apps/fastapi_json.py served by
-asgi_hello.py's command lines: sockherd -w 2 -t 1, uvicorn --workers 2
+asgi_hello.py's command lines: sockherd -w 2 --threads 1, uvicorn --workers 2
 httptools+uvloop, granian --workers 2):
 
   a row per server   wrk -t2 -c50 keep-alive for --seconds (after a 1 s

@@ -14,7 +14,7 @@ Apps (bench/apps/), each served by every server with 2 worker processes:
 
 Servers:
 
-  sockherd       sockherd run APP --interface asgi -w 2 -t 1, from this checkout
+  sockherd       sockherd run APP --interface asgi -w 2 --threads 1, from this checkout
                  or --checkout DIR (its .venv/bin/sockherd). A tree without the
                  ASGI adapter (worker/asgi.py) is skipped with a note, and so
                  is the fastapi app when that tree's .venv has no fastapi.
@@ -74,12 +74,12 @@ def spec_for(server: str, app: str, checkout: str, tmp: str, apps: dict = APPS):
         bind = f"127.0.0.1:{port}"
         if server == "sockherd":
             sh = os.path.join(checkout, ".venv", "bin", "sockherd")
-            return {"argv": [sh, "run", target, "--interface", "asgi", "-w", w, "-t", "1",
+            return {"argv": [sh, "run", target, "--interface", "asgi", "-w", w, "--threads", "1",
                              "-b", bind, "--pythonpath", B.APPS,
                              # a control endpoint of its own: other masters run here
                              "--runtime-dir", os.path.join(tmp, f"run-{app}")],
                     "ready": (r"worker \d+\.\d+: ready, pid", H.WORKERS),
-                    "desc": f"sockherd run {target} --interface asgi -w {w} -t 1 "
+                    "desc": f"sockherd run {target} --interface asgi -w {w} --threads 1 "
                             f"({os.path.relpath(checkout, B.ROOT) if checkout != B.ROOT else '.'})"}
         if server == "uvicorn":
             return {"argv": [H.peer_bin("uvicorn"), target, "--app-dir", B.APPS,

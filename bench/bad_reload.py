@@ -9,7 +9,7 @@ first request, under load (issue 19 §7), and what the clients saw.
 checkout: the tree before a fix). --probation is passed as
 --reload-probation only when that sockherd's `run --help` knows it.
 
-The master serves v1 (`-w WORKERS -t 2`, WSGI) on loopback with its runtime
+The master serves v1 (`-w WORKERS --threads 2`, WSGI) on loopback with its runtime
 directory in a temporary one; CLIENTS threads request in a closed loop (half
 a new connection per request, half keep-alive); 2 s in, the app is replaced
 by v2 and `sockherd ctl reload` runs; the load goes on for --seconds in all.
@@ -100,7 +100,7 @@ def main() -> int:
     env = {**os.environ, "SOCKHERD_RUNTIME_DIR": str(tmp / "run")}
     env.pop("SOCKHERD_RELOAD_PROBATION", None)
     master = subprocess.Popen([a.python, "-m", "sockherd.master", "run", "badapp_v:app",
-                               "-w", str(a.workers), "-t", "2", "-b", "127.0.0.1:0",
+                               "-w", str(a.workers), "--threads", "2", "-b", "127.0.0.1:0",
                                "--chdir", str(tmp), *extra], stdout=log,
                               stderr=subprocess.STDOUT, cwd=tmp, env=env)
     try:

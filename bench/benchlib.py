@@ -151,7 +151,7 @@ class Procs:
 def sockherd_argv(app: str, port: int, *, workers: int, threads: int, groups: int = 1,
                   extra=()) -> list[str]:
     return [SOCKHERD, "run", app, "--interface", "stream", "--pythonpath", APPS,
-            "-w", str(workers), "-t", str(threads), "--thread-groups", str(groups),
+            "-w", str(workers), "--threads", str(threads), "--thread-groups", str(groups),
             "-b", f"127.0.0.1:{port}", *extra]
 
 

@@ -8,7 +8,7 @@ in one run (issue 21: the blocking table, head-of-line, hello no-regression).
 Parts (--parts, default table,hol; --hello is --parts hello):
 
   table   the app of bench/apps/blocking.py sleeps 5 ms per request (the database
-          call's stand-in); sockherd -w 2 -t 8, gunicorn -k gthread -w 2
+          call's stand-in); sockherd -w 2 --threads 8, gunicorn -k gthread -w 2
           --threads 8, granian --interface wsgi --workers 2 --blocking-threads 8,
           each under wrk -t1 -c64 -d6s --latency (keep-alive) after an uncounted
           1 s wrk run; req/s, p50, p99, max, the server tree's CPU per request,
@@ -20,14 +20,14 @@ Parts (--parts, default table,hol; --hello is --parts hello):
           late (timer slack, the VM's timer, a busy core), so no server can
           pass 16 / (the mean sleep it got); that bound and each server's
           share of it are printed beside the ideal
-  hol     head-of-line: one worker, 8 threads (sockherd -w 1 -t 8, gunicorn
+  hol     head-of-line: one worker, 8 threads (sockherd -w 1 --threads 8, gunicorn
           -w 1 --threads 8, granian --workers 1 --blocking-threads 8); 5
           connections loop on /slow (1 s each) while the client times 200 /fast,
           10 ms apart, on one keep-alive connection (opened before the slow
           ones), then 200 /fast each on a new connection (bench/hol_client.py;
           each phase cut at --hol-seconds); p50/p99/max, and the /slow calls'
           longest time (a slow connection queued behind another: > 1 s)
-  hello   sockherd alone, bench/apps/hello.py at -w 2 -t 1 and -w 2 -t 2 under
+  hello   sockherd alone, bench/apps/hello.py at -w 2 --threads 1 and -w 2 --threads 2 under
           wrk -t1 -c50 -d5s, per checkout, alternated; req/s and server CPU per
           request, and the ratio of each checkout to the first (issue 21: no
           regression within 3 %), paired per rotation
@@ -91,9 +91,9 @@ class Target:
             if self.has_runtime_dir:
                 extra = ["--runtime-dir", os.path.join(tmp, f"rt-{port}")]
             argv = [self.bin, "run", app, "--pythonpath", B.APPS, "-w", str(workers),
-                    "-t", str(threads), "-b", bind, *extra]
+                    "--threads", str(threads), "-b", bind, *extra]
             return (argv, r"worker \d+\.\d+: ready, pid",
-                    f"sockherd run {app} -w {workers} -t {threads}")
+                    f"sockherd run {app} -w {workers} --threads {threads}")
         if self.kind == "gunicorn":
             argv = [H.peer_bin("gunicorn"), "-k", "gthread", "-w", str(workers),
                     "--threads", str(threads), "-b", bind, "--chdir", B.APPS,
@@ -306,7 +306,7 @@ def part_hello(a, targets, procs, tmp, lua, env) -> list[dict]:
                 r.update(part="hello", rotation=rot, server=t.name, threads=threads,
                          desc=srv.desc)
                 rows.append(r)
-                log(f"hello {rot} -t {threads} {t.name}: {r['rps']:,.0f} req/s, "
+                log(f"hello {rot} --threads {threads} {t.name}: {r['rps']:,.0f} req/s, "
                     f"{r['cpu_us_req']:.1f} us CPU/req, box {r['box']:.2f}")
     return rows
 

@@ -11,7 +11,7 @@
 # APP: bench/apps' module:attr (default fastapi_json:app, run with
 # --interface asgi; hello:app runs as WSGI); PAIRS turns of base then change
 # (3); SECONDS of wrk -t2 -c50 keep-alive per row (8), after a 2 s warm-up.
-# Each row: `sockherd run APP -w 2 -t 1`, workers' utime/stime from
+# Each row: `sockherd run APP -w 2 --threads 1`, workers' utime/stime from
 # /proc/PID/stat before and after, wrk under `perf stat -e
 # task-clock,context-switches` (software events: no PMU needed). Needs wrk
 # and perf (bench/setup_peers.sh installs wrk; perf: Debian linux-perf).
@@ -28,7 +28,7 @@ cpu() {  # utime stime summed over the server's processes (pids in $1)
 
 row() {  # row NAME TREE
 	cd "$here/apps"
-	"$2/.venv/bin/sockherd" run $app $iface -w 2 -t 1 --bind 127.0.0.1:$port --control off \
+	"$2/.venv/bin/sockherd" run $app $iface -w 2 --threads 1 --bind 127.0.0.1:$port --control off \
 		> "$tmp/$1.log" 2>&1 &
 	srv=$!
 	i=0

@@ -5,7 +5,7 @@
 #                                   (from anywhere; ~4-6 min + ~5 min callgrind)
 #
 # sockherd's stream interface (`sockherd run echo:Echo --interface stream -w 2
-# -t 1`) against an asyncio echo server, a uvloop one (bench/asyncio_echo.py,
+# --threads 1`) against an asyncio echo server, a uvloop one (bench/asyncio_echo.py,
 # 2 processes, SO_REUSEPORT) and a C epoll one (bench/c_echo_ref.c, 2
 # processes, SO_REUSEPORT), in the same run, 2 rounds interleaved: a small load
 # (50 connections, 64-byte ping-pong) and a bulk one (8 connections, 64 KiB

@@ -138,7 +138,7 @@ def start_peer(procs: B.Procs, tmp: str, a, kind: str, rnd: int):
 
 def server_name(kind: str, a, threads: int = 0) -> str:
     if kind == "sockherd":
-        return f"sockherd -w {a.workers} -t {threads}"
+        return f"sockherd -w {a.workers} --threads {threads}"
     return f"{kind} {a.workers} procs"
 
 

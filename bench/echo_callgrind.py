@@ -9,7 +9,7 @@ wall-clock echo_bench.py is noise on a shared 2-core box).
 Each server runs with ONE process under `valgrind --tool=callgrind
 --trace-children=yes` at nice 19:
 
-  sockherd   `sockherd run echo:Echo --interface stream -w 1 -t 1 --control off`
+  sockherd   `sockherd run echo:Echo --interface stream -w 1 --threads 1 --control off`
              (ready and heartbeat timeouts 600 s: valgrind is slow)
   asyncio    bench/asyncio_echo.py --procs 1 --loop asyncio
   uvloop     bench/asyncio_echo.py --procs 1 --loop uvloop

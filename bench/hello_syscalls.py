@@ -102,7 +102,7 @@ def main() -> int:
         d = os.path.abspath(d)
         servers.append((os.path.basename(d) + "@" + _head(d), False,
                         [os.path.join(d, ".venv", "bin", "sockherd"), "run", "hello:app",
-                         "-w", str(a.workers), "-t", str(a.threads), "-b", "127.0.0.1:PORT",
+                         "-w", str(a.workers), "--threads", str(a.threads), "-b", "127.0.0.1:PORT",
                          "--pythonpath", B.APPS]))
     if a.c_ref:
         servers.append(("c-ref", True, [B.build_c("c_http_ref"), "PORT", str(a.workers)]))

@@ -225,7 +225,7 @@ def run_one(procs: B.Procs, tmp: str, keep: str | None, checkout: str, label: st
                    f"{tag} started")
         return _count(procs, p, p.pid, port, pattern, tag, keep, a, body, threads)
     argv = sockherd_argv(checkout, target, port, tmp, tag) + [
-        "--interface", interface, "-w", "1", "-t", str(threads), *extra]
+        "--interface", interface, "-w", "1", "--threads", str(threads), *extra]
     p, pid = start_counted(procs, tmp, pattern, argv, tag, a.timeout)
     return _count(procs, p, pid, port, pattern, tag, keep, a, body, threads)
 

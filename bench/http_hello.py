@@ -8,7 +8,7 @@ gunicorn, uvicorn, granian and a C epoll reference server, in the same run
 
 Servers, each with 2 worker processes (bench/apps/hello.py):
 
-  sockherd        sockherd run hello:app -w 2 (WSGI, the default interface, -t 1)
+  sockherd        sockherd run hello:app -w 2 (WSGI, the default interface, --threads 1)
   gunicorn-sync   gunicorn -w 2 hello:app (sync workers: one request per
                   connection, they answer Connection: close)
   uvicorn         uvicorn hello:asgi --workers 2 --http httptools --loop uvloop
@@ -28,7 +28,7 @@ said; the first --warmup seconds of each pair are a separate, uncounted wrk run)
                (Host, User-Agent, Accept, Accept-Language, Accept-Encoding,
                Cookie, Connection: keep-alive; about 480 bytes)
   block-c50    the blocking app (hello:blocking sleeps 1 ms per request, GIL
-               released): sockherd -w 2 -t 8, gunicorn -w 2 --threads 8
+               released): sockherd -w 2 --threads 8, gunicorn -w 2 --threads 8
                (gthread), granian --blocking-threads 8; keep-alive, 50 connections
 
 The hello servers run side by side for the hello loads (idle while another is
@@ -126,10 +126,10 @@ def server_spec(name: str, port: int) -> dict:
     if name in ("sockherd", "sockherd-t8"):
         app = "hello:app" if name == "sockherd" else "hello:blocking"
         threads = "1" if name == "sockherd" else "8"
-        return {"argv": [B.SOCKHERD, "run", app, "-w", str(WORKERS), "-t", threads,
+        return {"argv": [B.SOCKHERD, "run", app, "-w", str(WORKERS), "--threads", threads,
                          "-b", bind, "--pythonpath", B.APPS],
                 "ready": (r"worker \d+\.\d+: ready, pid", WORKERS),
-                "desc": f"sockherd run {app} -w {WORKERS} -t {threads}"}
+                "desc": f"sockherd run {app} -w {WORKERS} --threads {threads}"}
     if name in ("gunicorn-sync", "gunicorn-gthread"):
         app = "hello:app" if name == "gunicorn-sync" else "hello:blocking"
         extra = [] if name == "gunicorn-sync" else ["--threads", "8"]
@@ -524,7 +524,7 @@ def print_aims(results: list[dict]) -> None:
                      verdict(s_eff / c_eff if c_eff else None, 0.6),
                      verdict(s_rps / c_rps if c_rps else None, 0.6)])
     if rows:
-        print("\n#### Issue 8's aims (sockherd -w 2 -t 1 against the same run's peers)\n")
+        print("\n#### Issue 8's aims (sockherd -w 2 --threads 1 against the same run's peers)\n")
         print(B.table(["load", "req/s vs granian (aim >= 1)",
                        "req per CPU-s vs uvicorn (aim >= 2)",
                        "req per CPU-s vs c-ref (aim >= 0.6)", "req/s vs c-ref (aim >= 0.6)"],

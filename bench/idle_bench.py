@@ -15,7 +15,7 @@ shows who wakes.
 
 Scenarios (--only takes these names):
 
-  sockherd         sockherd run echo:Echo --interface stream -w 2 -t 4, other
+  sockherd         sockherd run echo:Echo --interface stream -w 2 --threads 4, other
                    settings default (the heartbeat interval used is printed)
   sockherd-nohb    the same with --heartbeat-interval 3600 --heartbeat-timeout
                    7200: heartbeats out of the window; the difference to
@@ -589,7 +589,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=3.0, help="seconds before each window (3)")
     ap.add_argument("--only", default=",".join(ALL), help="scenarios, comma-separated "
                     f"(default: all: {','.join(ALL)})")
-    ap.add_argument("-t", "--threads", type=int, default=4, help="sockherd threads (4)")
+    ap.add_argument("--threads", "--threads", type=int, default=4, help="sockherd threads (4)")
     ap.add_argument("--idle-conns", type=int, default=8,
                     help="idle connections held during sockherd-drain (8)")
     ap.add_argument("--heartbeat-interval", type=float, default=None,
@@ -651,7 +651,7 @@ def main() -> int:
     print(head)
     print(f"- window: {a.seconds:g} s after {a.settle:g} s of settling; wake-ups = voluntary + "
           f"nonvoluntary context switches of every thread of the tree; CPU = utime + stime")
-    print(f"- sockherd: -w 2 -t {a.threads}, heartbeat interval used: {hb_used} s (sockherd's "
+    print(f"- sockherd: -w 2 --threads {a.threads}, heartbeat interval used: {hb_used} s (sockherd's "
           f"default: {hb_default} s); sockherd-nohb: --heartbeat-interval 3600")
     print(f"- peers: {vers}\n")
     idle = [n for n in names if not n.endswith("-drain")]

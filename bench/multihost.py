@@ -14,7 +14,7 @@ included; a leftover of an earlier crashed run is removed first):
       |-- veth -- netns shmh-h1  10.251.7.11  sockherd, app :8000, metrics :9100
       `-- veth -- netns shmh-h2  10.251.7.12  sockherd, app :8000, metrics :9100
 
-Each host: `ip netns exec shmh-hN sockherd run mhapp:app -w 2 -t 2 -b
+Each host: `ip netns exec shmh-hN sockherd run mhapp:app -w 2 --threads 2 -b
 10.251.7.1N:8000 --metrics 10.251.7.1N:9100 --runtime-dir DIR
 --unready-delay 1.0`, its app (mhapp.py, in a directory of its own)
 answering `pid=P v=VERSION host=hN peer=REMOTE_ADDR`. HAProxy in shmh-lb:
@@ -401,7 +401,7 @@ class Host:
 
     def argv(self) -> list[str]:
         return ["ip", "netns", "exec", self.ns, B.SOCKHERD, "run", "mhapp:app",
-                "-w", str(WORKERS), "-t", str(THREADS), "--pythonpath", self.appdir,
+                "-w", str(WORKERS), "--threads", str(THREADS), "--pythonpath", self.appdir,
                 "-b", f"{self.ip}:{APP_PORT}", "--metrics", f"{self.ip}:{METRICS_PORT}",
                 "--runtime-dir", self.rundir, "--unready-delay", str(UNREADY_DELAY),
                 "--hard-stop-after", "20",

@@ -24,10 +24,10 @@ many never-seen-before pids as it has worker processes answered; at most
 --reload-deadline s, then the reload counts as not completed and the next
 one goes). Each server gets the same number of reloads.
 
-  sockherd          sockherd run reload_app:app -w 2 (-t 1, WSGI); kill -HUP
+  sockherd          sockherd run reload_app:app -w 2 (--threads 1, WSGI); kill -HUP
                     master, every --upgrade-every-th reload kill -USR2 master
                     (upgrade: re-exec in place, then a reload)
-  sockherd-t4       the same with -t 4 (a thread stuck 3 s in /sleep no
+  sockherd-t4       the same with --threads 4 (a thread stuck 3 s in /sleep no
                     longer holds the other connections of its worker)
   gunicorn-gthread  gunicorn -w 2 -k gthread --threads 4 reload_app:app; kill -HUP
   gunicorn-sync     gunicorn -w 2 reload_app:app (sync: Connection: close
@@ -152,10 +152,10 @@ def server_spec(name: str, port: int, d: str, threads: int) -> dict:
     bind = f"127.0.0.1:{port}"
     if name in ("sockherd", "sockherd-t4"):
         t = 4 if name == "sockherd-t4" else threads
-        return {"argv": [B.SOCKHERD, "run", "reload_app:app", "-w", str(WORKERS), "-t", str(t),
+        return {"argv": [B.SOCKHERD, "run", "reload_app:app", "-w", str(WORKERS), "--threads", str(t),
                          "-b", bind, "--pythonpath", B.APPS],
                 "long": "/sleep?3", "procs": WORKERS, "sockherd": True,
-                "desc": f"sockherd run reload_app:app -w {WORKERS} -t {t}; HUP, USR2 (upgrade)"}
+                "desc": f"sockherd run reload_app:app -w {WORKERS} --threads {t}; HUP, USR2 (upgrade)"}
     if name.startswith("gunicorn"):
         extra = ["-k", "gthread", "--threads", "4"] if name == "gunicorn-gthread" else []
         return {"argv": [peer_bin("gunicorn"), "-w", str(WORKERS), *extra, "-b", bind,

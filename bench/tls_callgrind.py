@@ -8,7 +8,7 @@ a before/after figure that does not depend on the box's load.
 
 For each --checkout DIR (repeatable; default this checkout; the first is the
 baseline of the ratios; `DIR::ARGS` appends ARGS to that row's `sockherd
-run`), `DIR/.venv/bin/sockherd run hello:app -w 1 -t 1 --certfile C
+run`), `DIR/.venv/bin/sockherd run hello:app -w 1 --threads 1 --certfile C
 --keyfile K` runs under `nice -n 19 valgrind --tool=callgrind
 --trace-children=yes`, with tls_hello.py's certificate (made by the run)
 and http_callgrind.py's long ready and heartbeat timeouts.
@@ -48,7 +48,7 @@ def count(procs: B.Procs, tmp: str, client: str, checkout: str, extra: list[str]
     port = B.free_port()
     pattern = os.path.join(a.keep or tmp, f"cg-{tag}.")
     argv = sockherd_argv(checkout, "hello:app", port, tmp, tag) + [
-        "-w", "1", "-t", "1", "--certfile", cert, "--keyfile", key, *extra]
+        "-w", "1", "--threads", "1", "--certfile", cert, "--keyfile", key, *extra]
     p, pid = start_counted(procs, tmp, pattern, argv, tag, a.timeout)
 
     def run(seconds: float) -> int:
@@ -109,7 +109,7 @@ def main() -> int:
         print(f"- {lb}: {pth}, {git_line(pth)}")
     ossl = subprocess.run(["openssl", "version"], capture_output=True, text=True).stdout.strip()
     vg = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"- -w 1 -t 1, {a.conns} client connection(s), {a.seconds:g} s counted; {ossl}; {vg}\n")
+    print(f"- -w 1 --threads 1, {a.conns} client connection(s), {a.seconds:g} s counted; {ossl}; {vg}\n")
     print(B.table(["checkout", "Ir per handshake", "handshakes", f"/ {labels[0]}"],
                   [[lb, f"{ir:,.0f}", n, f"{ir / res[0][0]:.3f}"]
                    for lb, (ir, n) in zip(labels, res)]))

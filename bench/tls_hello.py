@@ -13,8 +13,8 @@ worker processes and its defaults otherwise (TLS 1.3 is what each negotiates
 with wrk and the client here; the report shows each one's protocol, cipher
 and key exchange from `openssl s_client`, and whether it resumes a session):
 
-  sockherd-wsgi     sockherd run hello:app -w 2 -t 1 --certfile C --keyfile K
-  sockherd-asgi     sockherd run hello:asgi --interface asgi -w 2 -t 1 (same TLS flags)
+  sockherd-wsgi     sockherd run hello:app -w 2 --threads 1 --certfile C --keyfile K
+  sockherd-asgi     sockherd run hello:asgi --interface asgi -w 2 --threads 1 (same TLS flags)
   granian-wsgi      granian --interface wsgi --workers 2 --ssl-certificate C --ssl-keyfile K
   granian-asgi      granian --interface asgi ... (the same)
   uvicorn           uvicorn hello:asgi --workers 2 --http httptools --loop uvloop
@@ -111,11 +111,11 @@ def spec_for(server: str, checkout: str, tmp: str, cert: str, key: str):
         if server.startswith("sockherd"):
             sh = os.path.join(checkout, ".venv", "bin", "sockherd")
             iface = [] if wsgi else ["--interface", "asgi"]
-            return {"argv": [sh, "run", target, *iface, "-w", w, "-t", "1", "-b", bind,
+            return {"argv": [sh, "run", target, *iface, "-w", w, "--threads", "1", "-b", bind,
                              "--pythonpath", B.APPS, "--certfile", cert, "--keyfile", key,
                              "--runtime-dir", os.path.join(tmp, f"run-{server}")],
                     "ready": (r"worker \d+\.\d+: ready, pid", H.WORKERS), "tls": True,
-                    "desc": f"sockherd run {target} {' '.join(iface)} -w {w} -t 1 "
+                    "desc": f"sockherd run {target} {' '.join(iface)} -w {w} --threads 1 "
                             "--certfile C --keyfile K".replace("  ", " ")}
         if server.startswith("granian"):
             iface = "wsgi" if wsgi else "asgi"

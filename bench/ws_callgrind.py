@@ -15,7 +15,7 @@ one run, e.g. `--only sockherd --checkout /tmp/base --checkout .`.
 Each server serves tests/apps/asgi_ws_echo.py with ONE worker under
 `valgrind --tool=callgrind --trace-children=yes` at nice 19:
 
-  sockherd  sockherd run asgi_ws_echo:app --interface asgi -w 1 -t 1 --control off
+  sockherd  sockherd run asgi_ws_echo:app --interface asgi -w 1 --threads 1 --control off
   uvicorn   uvicorn asgi_ws_echo:app --ws websockets --http httptools --loop uvloop
             (no --workers: one process, which serves)
   granian   granian --interface asgi --workers 1 asgi_ws_echo:app
@@ -53,7 +53,7 @@ SERVERS = ("sockherd", "uvicorn", "granian")
 def argv_of(server: str, port: int, tmp: str, checkout: str | None = None) -> list[str]:
     app = "asgi_ws_echo:app"
     if server == "sockherd":
-        return [sockherd_bin(checkout) if checkout else B.SOCKHERD, "run", app, "--interface", "asgi", "-w", "1", "-t", "1",
+        return [sockherd_bin(checkout) if checkout else B.SOCKHERD, "run", app, "--interface", "asgi", "-w", "1", "--threads", "1",
                 "-b", f"127.0.0.1:{port}", "--pythonpath", W.TESTS_APPS, "--control", "off",
                 "--ready-timeout", "600", "--heartbeat-timeout", "600",
                 "--runtime-dir", os.path.join(tmp, "run")]

@@ -8,7 +8,7 @@ sockherd, uvicorn (--ws websockets) and granian, in the same run (issue 23).
 Every server serves tests/apps/asgi_ws_echo.py (a bare ASGI echo) with 2
 worker processes, side by side (idle while another is measured):
 
-  sockherd  sockherd run asgi_ws_echo:app --interface asgi -w 2 -t 1
+  sockherd  sockherd run asgi_ws_echo:app --interface asgi -w 2 --threads 1
   uvicorn   uvicorn asgi_ws_echo:app --workers 2 --ws websockets --http httptools
             --loop uvloop --no-access-log
   granian   granian --interface asgi --workers 2 asgi_ws_echo:app
@@ -82,10 +82,10 @@ def spec_for(server: str, tmp: str, tag: str = "echo", deflate: bool = False):
             t = "1" if server == "sockherd" else "2"
             pmd = ["--ws-per-message-deflate"] if deflate else []
             return {"argv": [B.SOCKHERD, "run", app, "--interface", "asgi", "-w", str(WORKERS),
-                             "-t", t, "-b", f"127.0.0.1:{port}", "--pythonpath", TESTS_APPS,
+                             "--threads", t, "-b", f"127.0.0.1:{port}", "--pythonpath", TESTS_APPS,
                              "--runtime-dir", os.path.join(tmp, f"run-{server}-{tag}"), *pmd],
                     "ready": (r"worker \d+\.\d+: ready, pid", WORKERS),
-                    "desc": f"sockherd run {app} --interface asgi -w {WORKERS} -t {t} "
+                    "desc": f"sockherd run {app} --interface asgi -w {WORKERS} --threads {t} "
                             + " ".join(pmd)}
         if server in ("uvicorn", "uvicorn-sansio"):
             impl = "websockets" if server == "uvicorn" else "websockets-sansio"

@@ -97,7 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("workers", ("-w", "--workers"), int, 0,
             "worker processes; 0: one per CPU (`WEB_CONCURRENCY`, as gunicorn reads it, "
             "changes this default)", msgspec.Meta(ge=0, le=1024), "N", section="workers"),
-    Setting("threads", ("-t", "--threads"), int, 1,
+    # no short flag: gunicorn's -t is its --timeout (issue 36)
+    Setting("threads", ("--threads",), int, 1,
             "threads per worker; more pay off only for apps that block (the GIL)",
             msgspec.Meta(ge=1, le=1024), "N", section="workers"),
     # accepted so that gunicorn configs run: both are what our threads do
@@ -227,7 +228,7 @@ SETTINGS: tuple[Setting, ...] = (
     # ends (a hung call, an endless loop). Our heartbeats come from the
     # worker's main thread, which never waits on requests: without this,
     # nothing notices a loop thread stuck in the app (worker/stuck.py)
-    Setting("timeout", ("--timeout",), float, 0.0,
+    Setting("timeout", ("-t", "--timeout"), float, 0.0,
             "a request in the app longer than this gets its worker replaced (a new one READY "
             "first; the stuck one stops accepting, finishes the rest, and is killed at "
             "hard_stop_after), logged with the request and the stuck thread's stack "

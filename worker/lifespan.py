@@ -25,12 +25,12 @@ The `lifespan` setting, with uvicorn's names:
 Where the task runs: on loop thread 0's asyncio loop (`Loop.aio_loop(0)`),
 so that what startup creates (a connection pool, a
 client) lives on a loop that serves requests. With more than one loop
-thread (-t N > 1) that is not enough: requests run on N loops, and what
+thread (--threads N > 1) that is not enough: requests run on N loops, and what
 startup made is bound to loop 0's (an asyncio.Lock shared by 8 requests:
 3 RuntimeErrors, 4 hangs, 1 success; issue 35 point 10). Decided: an app
 that takes part in lifespan (it asks receive() for lifespan.startup) is
 refused there, before its startup code runs, and the worker fails before
-READY with a message that says what to do (-t 1, or lifespan off). One
+READY with a message that says what to do (--threads 1, or lifespan off). One
 lifespan per loop would run startup N times and still share what startup
 puts in globals or app.state (the last one's, used from every loop); a
 lifespan state safe across loops cannot be made of the app's objects. An
@@ -174,9 +174,9 @@ class Lifespan:
         runs (module docstring, issue 35 point 10). Raised in the app too:
         its receive() never gives it lifespan.startup."""
         why = (f"lifespan startup refused: the app takes part in lifespan, and with "
-               f"-t {self.threads} its requests run on {self.threads} asyncio loops while "
+               f"--threads {self.threads} its requests run on {self.threads} asyncio loops while "
                f"what its startup makes (a pool, a client, an asyncio.Lock) would be bound "
-               f"to one loop (RuntimeError or a hang on the others); run -t 1 (more "
+               f"to one loop (RuntimeError or a hang on the others); run --threads 1 (more "
                f"workers, -w, for more), or --lifespan off if its startup makes nothing "
                f"bound to a loop")
         self.phase = "failed"

@@ -190,7 +190,7 @@ class LoopQueued(LoopAccept):
         inside it (running: the delete is deferred to them). Such a thread
         never waits in epoll before leaving it, and the last one to leave
         closes it, so the kernel hands new connections to other workers.
-        Waiting for released alone stranded a connection (review, `-t 2`,
+        Waiting for released alone stranded a connection (review, `--threads 2`,
         one thread stuck in app code it reached from the accept): the idle
         sibling's EXCLUSIVE registration outlived the delete, took the next
         connection's wake-up, found the listener no longer its own and

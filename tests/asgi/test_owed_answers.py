@@ -53,7 +53,7 @@ def test_pipelined_answers_of_many_connections_whole_once_in_order(asgi_server):
     bursts (the last with Connection: close): every answer arrives, once,
     in its request's order (each answer echoes its request's tag), and the
     server closes after the last."""
-    srv = asgi_server("asgi_owed:app", "-t", "2")
+    srv = asgi_server("asgi_owed:app", "--threads", "2")
     errors: list[str] = []
 
     def client(k: int) -> None:

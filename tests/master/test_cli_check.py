@@ -30,7 +30,7 @@ def appdir(tmp_path: Path) -> Path:
 
 
 def test_good_app_and_settings(appdir):
-    r = check("good:app", "-w", "3", "-t", "4", "--thread-groups", "2", "-b", "127.0.0.1:0",
+    r = check("good:app", "-w", "3", "--threads", "4", "--thread-groups", "2", "-b", "127.0.0.1:0",
               cwd=appdir)
     assert r.returncode == 0, r.stderr
     assert "app good:app imports;" in r.stdout

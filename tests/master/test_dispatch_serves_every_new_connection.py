@@ -1,5 +1,5 @@
 """Every request sent on a new connection is answered when the group
-dispatches (issue 21's per-request dispatch, `-t 2` and `-t 4`), whatever
+dispatches (issue 21's per-request dispatch, `--threads 2` and `--threads 4`), whatever
 the client sends with it and however the threads are preempted.
 
 Reproduces the dropped request of test_http_framing_fuzz.py's [2] variant
@@ -131,11 +131,11 @@ def stress(port: int, kind: str) -> list[str]:
 
 @pytest.mark.parametrize("threads", [2, 4])
 def test_every_new_connection_is_answered_under_dispatch(master, tmp_path, busy_loops, threads):
-    """Each kind of new connection, a few hundred times on a `-w 1 -t N`
+    """Each kind of new connection, a few hundred times on a `-w 1 --threads N`
     server beside busy loops: every one gets all its answers (before the
     fix a few per thousand of the half-closing kinds got a bare FIN)."""
     (tmp_path / "okapp.py").write_text(APP)
-    m = master("okapp:app", "-w", "1", "-t", str(threads), ready=1)
+    m = master("okapp:app", "-w", "1", "--threads", str(threads), ready=1)
     failed = {kind: stress(m.port, kind) for kind in KINDS}
     lost = {kind: f"{len(v)} of {KINDS[kind][3]}, e.g. {v[:2]}" for kind, v in failed.items() if v}
     assert not lost, f"unanswered: {lost}"

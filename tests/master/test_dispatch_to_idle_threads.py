@@ -70,7 +70,7 @@ def app(environ, start_response):
 def start(master, tmp_path, threads: int, workers: int = 1):
     (tmp_path / "dispatchapp.py").write_text(APP)
     # relief out of reach: only dispatch can move a request off a busy thread
-    return master("dispatchapp:app", "-w", str(workers), "-t", str(threads),
+    return master("dispatchapp:app", "-w", str(workers), "--threads", str(threads),
                   "--takeover-after", "60", ready=workers)
 
 

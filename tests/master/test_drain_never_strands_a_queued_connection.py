@@ -1,4 +1,4 @@
-"""A reload while one loop thread of a `-t 2` worker is stuck in app code
+"""A reload while one loop thread of a `--threads 2` worker is stuck in app code
 that it entered while accepting (a stream handler's on_connect: the thread
 holds the listener's running bit the whole time): a new connection is
 served at once, by the new generation or by the draining worker's idle
@@ -104,7 +104,7 @@ def test_a_new_connection_is_served_while_a_stuck_thread_defers_the_listener_del
     t = threading.Thread(target=lambda: stuck.update(r=ask(kind, m.port, 60, "/block")),
                          daemon=True)
     try:
-        m = master("heldapp:Held" if kind == "stream" else "heldapp:app", "-w", "1", "-t", "2",
+        m = master("heldapp:Held" if kind == "stream" else "heldapp:app", "-w", "1", "--threads", "2",
                    "--hard-stop-after", "30", "--idle-grace", "0.2", ready=1)
         old_pid = int(ask(kind, m.port, 10)[0].split(":")[0])
         (tmp_path / "block").touch()

@@ -120,12 +120,12 @@ def shim(tmp_path, monkeypatch):
 
 
 def test_a_worker_of_one_thread_accepts_after_its_requeue_was_refused(master, tmp_path, shim):
-    """`-w 1 -t 1`: the first connection is served, and its accept's
+    """`-w 1 --threads 1`: the first connection is served, and its accept's
     requeue refused (the loop logs it); the next connection must still be
     accepted and answered (before the fix it waited in the backlog for
     ever: nothing polled the listener any more)."""
     (tmp_path / "okapp.py").write_text(APP)
-    m = master("okapp:app", "-w", "1", "-t", "1", ready=1)
+    m = master("okapp:app", "-w", "1", "--threads", "1", ready=1)
     assert get(m.port, 10).startswith(b"HTTP/1.1 200 OK")
     m.wait_log(r"re-registration failed: .*No space left on device", timeout=10)
     for i in range(3):

@@ -57,7 +57,7 @@ def lines(*paths) -> list[str]:
 
 def test_usr1_under_load_loses_and_splits_no_access_line(master, tmp_path, logapp):
     access, error = tmp_path / "access.log", tmp_path / "error.log"
-    m = master(logapp, "-w", "2", "-t", "2", "--access-logfile", str(access),
+    m = master(logapp, "-w", "2", "--threads", "2", "--access-logfile", str(access),
                "--error-logfile", str(error), "--access-log-format", "%(U)s %(s)s %(p)s",
                ready=0)
     wait_for(lambda: len(re.findall(r"worker \d+\.\d+: ready", error.read_text())) >= 2

@@ -43,7 +43,7 @@ def _sleeping_in_epoll(pid: int) -> list[int]:
 
 
 def test_sequential_requests_cost_one_poll_each(master):
-    m = master("wsgiapp:app", "-w", "1", "-t", "1", ready=1)
+    m = master("wsgiapp:app", "-w", "1", "--threads", "1", ready=1)
     pid = int(m.wait_log(r"worker \d+\.\d+: ready, pid (\d+)")[0])
     with m.connect() as c:
         for _ in range(REQUESTS):

@@ -3,7 +3,7 @@
 threads"). Found by the acceptance audit of issue 18: the count was pinned
 in-process only (tests/worker/test_loop_thread_death.py reads the
 worker's report; test_worker_replaced_when_a_loop_thread_ends.py renders
-a made-up answer), never read from a live master. Here a real -w 1 -t 2
+a made-up answer), never read from a live master. Here a real -w 1 --threads 2
 master: one loop thread is kept busy in the app, the other is killed on
 purpose; while the worker drains, `ctl show proc` and the metrics say 1 of
 2, and once the busy request ends the worker is replaced."""
@@ -73,7 +73,7 @@ def alive(tmp_path) -> list[tuple]:
 def test_the_master_reports_a_workers_live_loop_threads(master, tmp_path):
     (tmp_path / "holdapp.py").write_text(APP)
     mport = free_port()
-    m = master("holdapp:app", "-w", "1", "-t", "2", "--metrics", f"127.0.0.1:{mport}", ready=1)
+    m = master("holdapp:app", "-w", "1", "--threads", "2", "--metrics", f"127.0.0.1:{mport}", ready=1)
     [(name, pid, threads, live)] = alive(tmp_path)
     assert (threads, live) == (2, 2)
     assert value(scrape(mport), "sockherd_worker_loop_threads_alive", worker=name) == 2

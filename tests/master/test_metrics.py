@@ -92,7 +92,7 @@ def per_worker(fams: dict, name: str, **labels) -> dict[str, float]:
 def start(master, tmp_path: Path, *args: str) -> tuple[object, int]:
     write_app(tmp_path, "v1")
     mport = free_port()
-    m = master("metricsapp:app", "-w", "2", "-t", "2", "--metrics", f"127.0.0.1:{mport}", *args)
+    m = master("metricsapp:app", "-w", "2", "--threads", "2", "--metrics", f"127.0.0.1:{mport}", *args)
     m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics")
     return m, mport
 

@@ -173,7 +173,7 @@ def test_web_concurrency_port_and_cmd_args(appdir):
     assert got["bind"] == ('["127.0.0.1:1"]', "env SOCKHERD_BIND")
     # SOCKHERD_CMD_ARGS: flags, over SOCKHERD_* and under the command line
     env = {"SOCKHERD_CMD_ARGS": "-w 6 --threads 3 -b 127.0.0.1:9", "SOCKHERD_WORKERS": "4"}
-    got = config(check("--print-config", "-t", "2", cwd=appdir, env=env))
+    got = config(check("--print-config", "--threads", "2", cwd=appdir, env=env))
     assert got["workers"] == ("6", "env SOCKHERD_CMD_ARGS")
     assert got["threads"] == ("2", "cli")
     assert got["bind"] == ('["127.0.0.1:9"]', "env SOCKHERD_CMD_ARGS")

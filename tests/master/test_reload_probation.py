@@ -64,7 +64,7 @@ def kinds(failures: list[str]) -> dict[str, int]:
 
 def test_a_reload_to_an_app_that_crashes_after_ready_is_rolled_back(master, tmp_path):
     write_app(tmp_path, "v1")
-    m = master("verapp:app", "-w", "2", "-t", "2", "--reload-probation", "8")
+    m = master("verapp:app", "-w", "2", "--threads", "2", "--reload-probation", "8")
     old = set(children(m.proc.pid))
     clients = Clients(m.port, fresh=2, kept=2)
     try:

@@ -49,7 +49,7 @@ def hang(port: int) -> socket.socket:
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_stuck_request_gets_its_worker_replaced(master, tmp_path, threads):
     (tmp_path / "hangapp.py").write_text(HANG_APP)
-    m = master("hangapp:app", "-w", "1", "-t", threads, "--timeout", "1",
+    m = master("hangapp:app", "-w", "1", "--threads", threads, "--timeout", "1",
                "--hard-stop-after", "6", ready=1)
     old = pid_of(m.port)
     stuck = hang(m.port)
@@ -97,7 +97,7 @@ def test_stuck_request_gets_its_worker_replaced(master, tmp_path, threads):
 def test_no_timeout_no_replacement(master, tmp_path):
     """The default (0): a long request is left alone, as before."""
     (tmp_path / "hangapp.py").write_text(HANG_APP)
-    m = master("hangapp:app", "-w", "1", "-t", "2", ready=1)
+    m = master("hangapp:app", "-w", "1", "--threads", "2", ready=1)
     old = pid_of(m.port)
     assert get(m.port, "/slow?1.5").endswith(b"%d" % old)
     assert "timeout:" not in m.text() and pid_of(m.port) == old

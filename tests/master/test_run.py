@@ -274,7 +274,7 @@ def echo(m: Master, payload: bytes) -> bytes:
 
 
 def test_serves_with_two_workers_of_four_threads_in_two_groups(master):
-    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "-t", "4",
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "--threads", "4",
                "--thread-groups", "2")
     clients = [m.connect() for _ in range(40)]
     for i, c in enumerate(clients):
@@ -299,7 +299,7 @@ def test_serves_with_two_workers_of_four_threads_in_two_groups(master):
 
 
 def test_line_protocol_app_with_two_workers_of_four_threads(master):
-    m = master("lineapp:Lines", "--interface", "stream", "-w", "2", "-t", "4",
+    m = master("lineapp:Lines", "--interface", "stream", "-w", "2", "--threads", "4",
                "--thread-groups", "2")
     clients = [m.connect() for _ in range(30)]
     try:
@@ -406,7 +406,7 @@ def test_killed_master_takes_its_workers_along(master):
 def test_bare_run_serves_the_embedded_status_page(master):
     import http.client
 
-    m = master("-w", "2", "-t", "3", "--thread-groups", "2")   # no app
+    m = master("-w", "2", "--threads", "3", "--thread-groups", "2")   # no app
     conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
     conn.request("GET", "/")
     resp = conn.getresponse()
@@ -446,7 +446,7 @@ def test_slow_handler_connections_move_to_an_idle_thread(master):
     """A handler blocking 2 s on one connection: the other connections of its
     thread are taken over by idle threads of the group within takeover_after
     (plus the watchdog's slack), and the takeovers are counted."""
-    m = master("whoapp:Who", "--interface", "stream", "-w", "1", "-t", "3",
+    m = master("whoapp:Who", "--interface", "stream", "-w", "1", "--threads", "3",
                "--takeover-after", "0.3", ready=1)
     by_thread: dict[int, list[socket.socket]] = {}
     conns = []
@@ -571,7 +571,7 @@ def test_worker_missing_heartbeats_is_killed_and_replaced(master):
 def test_a_draining_idle_worker_uses_no_cpu(master):
     """TERM with idle connections kept open (long grace): the workers drain,
     waiting for the grace with no busy loop: CPU and wake-ups stay flat."""
-    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "-t", "4",
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "2", "--threads", "4",
                "--idle-grace", "60", "--hard-stop-after", "120")
     held = []
     try:
@@ -605,7 +605,7 @@ def test_a_draining_idle_worker_uses_no_cpu(master):
 def test_emfile_flood_does_not_spin_and_the_worker_recovers(master):
     """With a low fd limit and a connection flood past it, the worker pauses
     accepting (one log line), does not spin, and serves again afterwards."""
-    m = master("echoapp:Echo", "--interface", "stream", "-w", "1", "-t", "2", ready=1,
+    m = master("echoapp:Echo", "--interface", "stream", "-w", "1", "--threads", "2", ready=1,
                nofile=96)
     worker = children(m.proc.pid)[0]
     flood = []
@@ -742,7 +742,7 @@ def test_kept_alive_connections_spread_over_workers_and_threads(master):
     """Connections opened one at a time (a light load) and kept open: they
     spread over both workers and all their threads instead of all landing on
     the first registered poller (EPOLLEXCLUSIVE wakes the first idle one)."""
-    m = master("pidapp:Pid", "--interface", "stream", "-w", "2", "-t", "2")
+    m = master("pidapp:Pid", "--interface", "stream", "-w", "2", "--threads", "2")
     held, per_worker, per_thread = [], {}, {}
     try:
         for _ in range(40):

@@ -1,5 +1,5 @@
 """`sockherd run mod:app --interface asgi` as a real master with real
-workers on loopback (issue 22 §2, §3): an ASGI app served, at -t 2 each
+workers on loopback (issue 22 §2, §3): an ASGI app served, at --threads 2 each
 request's task on the loop thread that owns its connection (the rule of
 worker/native/asgi_app.c: a connection with a running task is only
 touched by its task's thread), and nothing the app does ends a loop
@@ -85,7 +85,7 @@ def test_serves_an_asgi_app(asgi_master):
 def test_two_loop_threads_each_task_on_its_connections_thread(asgi_master):
     """-t 2: connections spread over both loop threads; every request's
     task starts and ends on the thread that serves its connection."""
-    m = asgi_master("-w", "1", "-t", "2")
+    m = asgi_master("-w", "1", "--threads", "2")
     seen, errors = [], []
 
     def client():
@@ -118,7 +118,7 @@ def test_two_loop_threads_each_task_on_its_connections_thread(asgi_master):
 
 
 def test_no_app_behaviour_ends_a_loop_thread(asgi_master):
-    m = asgi_master("-w", "1", "-t", "1")
+    m = asgi_master("-w", "1", "--threads", "1")
     pid = get(m.port, "/")[1].split()[0]
     for path in ("/exit", "/kbd", "/exit"):
         status, body = get(m.port, path)

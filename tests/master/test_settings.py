@@ -89,8 +89,8 @@ def test_bad_file(tmp_path: Path):
 
 
 @pytest.mark.parametrize("argv,expect", [
-    (("-t", "2", "--thread-groups", "3"), "more groups than threads"),
-    (("-t", "65",), "65 threads per group, at most 64"),
+    (("--threads", "2", "--thread-groups", "3"), "more groups than threads"),
+    (("--threads", "65",), "65 threads per group, at most 64"),
     (("--heartbeat-interval", "10", "--heartbeat-timeout", "5"), "must exceed heartbeat_interval"),
     (("-b", "127.0.0.1:1", "-b", "localhost:http"), "bind: 'localhost:http': port 'http' is not"),
     # issue 35, point 23: no message bound and deflate, a 255 KiB message inflated to 256 MiB

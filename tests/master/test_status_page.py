@@ -126,7 +126,7 @@ def in_generation(tree: dict, gen: int) -> list[dict]:
 def test_the_status_page_follows_a_reload_without_being_reloaded(master, tmp_path, browser):
     write_app(tmp_path, "v1")
     mport = free_port()
-    m = master("verapp:app", "-w", "2", "-t", "4", "--thread-groups", "2",
+    m = master("verapp:app", "-w", "2", "--threads", "4", "--thread-groups", "2",
                "--metrics", f"127.0.0.1:{mport}")
     for _ in range(10):
         get(m.port)
@@ -195,7 +195,7 @@ def test_the_embedded_apps_page_shows_the_masters_tree(master, tmp_path):
     tree, asked over the control channel (found by the worker where the
     master put it: the fixture's SOCKHERD_RUNTIME_DIR, passed on to the
     workers with the rest of the master's environment)."""
-    m = master("-w", "2", "-t", "2")                       # no app: the embedded one
+    m = master("-w", "2", "--threads", "2")                       # no app: the embedded one
     m.wait_log(r"control: ipc://")
     pids = {str(p) for p in children(m.proc.pid)}
 

@@ -62,7 +62,7 @@ def session(port: int) -> str:
 
 def test_a_close_over_a_peer_still_sending_is_a_fin(master, tmp_path):
     (tmp_path / "protos.py").write_text(APPS)
-    m = master("protos:Goodbye", "--interface", "stream", "-w", "1", "-t", "2", ready=1)
+    m = master("protos:Goodbye", "--interface", "stream", "-w", "1", "--threads", "2", ready=1)
     ends: list[str] = []
 
     def client():

@@ -34,7 +34,7 @@ class Blob:
 
 def test_a_drain_waits_for_pending_output_without_spinning(master, tmp_path):
     (tmp_path / "protos.py").write_text(APPS)
-    m = master("protos:Blob", "--interface", "stream", "-w", "1", "-t", "1",
+    m = master("protos:Blob", "--interface", "stream", "-w", "1", "--threads", "1",
                "--idle-grace", "0.2", "--hard-stop-after", "30",
                "--stream-output-limit", str(64 << 20), ready=1)
     pid = children(m.proc.pid)[0]

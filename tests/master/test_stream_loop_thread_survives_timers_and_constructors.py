@@ -1,5 +1,5 @@
 """A stream handler cannot end a loop thread through a timer's length or
-its own constructor (issue 20's review). Found on a real `sockherd run -t 1`:
+its own constructor (issue 20's review). Found on a real `sockherd run --threads 1`:
 
 - `conn.set_timer(float("nan"))`, `float("inf")`, `1e300` or a 30-day timer
   (2.6e9 ms: more than poll's 32-bit timeout) ended the loop thread in its
@@ -60,7 +60,7 @@ def echo(m, data: bytes = b"ping") -> bytes:
 
 def serve(master, tmp_path, app: str):
     (tmp_path / "protos.py").write_text(APPS)
-    m = master(f"protos:{app}", "--interface", "stream", "-w", "1", "-t", "1", ready=1)
+    m = master(f"protos:{app}", "--interface", "stream", "-w", "1", "--threads", "1", ready=1)
     return m, children(m.proc.pid)[0]
 
 

@@ -1,6 +1,6 @@
 """Writes from a thread of the app's own (not a loop thread) are flow
 controlled like the others, and take bytes only (issue 20's review). Found
-on a real `sockherd run -t 1`:
+on a real `sockherd run --threads 1`:
 
 - such a write is posted to the owning loop thread's mail, and `pending`
   did not count it until that thread ran it: a producer thread that honours
@@ -78,7 +78,7 @@ def rss_mb(pid: int) -> int:
 def test_a_producer_thread_that_honours_flow_control_is_bounded_and_served(master, tmp_path,
                                                                            honours):
     (tmp_path / "protos.py").write_text(APPS)
-    m = master("protos:Producer", "--interface", "stream", "-w", "1", "-t", "1", ready=1)
+    m = master("protos:Producer", "--interface", "stream", "-w", "1", "--threads", "1", ready=1)
     pid = children(m.proc.pid)[0]
     base = rss_mb(pid)
     peak, done = [base], threading.Event()
@@ -112,7 +112,7 @@ def test_a_producer_thread_that_ignores_flow_control_is_cut_at_the_limit(master,
     stream_output_limit: the connection is closed with the log line, and the
     worker never held much more than the limit."""
     (tmp_path / "protos.py").write_text(APPS)
-    m = master("protos:Flood", "--interface", "stream", "-w", "1", "-t", "1", ready=1)
+    m = master("protos:Flood", "--interface", "stream", "-w", "1", "--threads", "1", ready=1)
     pid = children(m.proc.pid)[0]
     base = rss_mb(pid)
     peak = [base]

@@ -44,11 +44,11 @@ def _get(port: int, path: str, out: dict) -> None:
 
 
 def _slow_then_queued(master, tmp_path, app: str, *args: str):
-    """A -w 1 -t 1 master serving app; a client in its /slow handler, then
+    """A -w 1 --threads 1 master serving app; a client in its /slow handler, then
     one queued behind it (its handshake done by the kernel). Returns the
     master, the results dict and both client threads."""
     (tmp_path / "slowapp.py").write_text(app)
-    m = master("slowapp:app", "-w", "1", "-t", "1", *args, ready=1)
+    m = master("slowapp:app", "-w", "1", "--threads", "1", *args, ready=1)
     got: dict = {}
     slow = threading.Thread(target=_get, args=(m.port, "/slow", got))
     slow.start()

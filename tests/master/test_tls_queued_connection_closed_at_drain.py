@@ -52,7 +52,7 @@ def test_a_tls_client_queued_at_a_drain_is_closed_and_a_plain_one_gets_503(maste
     pki = make_pki(tmp_path / "pki")
     (tmp_path / "slowapp.py").write_text(SLOW_APP)
     tls_port, plain_port = free_port(), free_port()
-    m = master("slowapp:app", "-w", "1", "-t", "1", "--certfile", str(pki.cert),
+    m = master("slowapp:app", "-w", "1", "--threads", "1", "--certfile", str(pki.cert),
                "--keyfile", str(pki.key), "-b", f"tls://127.0.0.1:{tls_port}",
                "-b", f"127.0.0.1:{plain_port}", bind=None, ready=1)
     got: dict = {}

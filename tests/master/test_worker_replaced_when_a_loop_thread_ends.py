@@ -81,7 +81,7 @@ def test_a_worker_whose_loop_thread_ends_drains_and_is_replaced(master, tmp_path
     replaces it; under load, no request fails but those in flight on the
     dead thread."""
     (tmp_path / "killapp.py").write_text(KILLAPP)
-    m = master("killapp:app", "-w", "2", "-t", str(threads))
+    m = master("killapp:app", "-w", "2", "--threads", str(threads))
     with load(m.port, 4) as (ok, failed):
         wait_for(lambda: ok[0] > 50, 20, "load running")
         victim = int(get(m.port, "/kill"))
@@ -143,7 +143,7 @@ def test_bad_exc_info_requests_leave_a_2x2_server_serving_and_stopping_cleanly(m
     nothing wrong) and the workers died of SIGSEGV at TERM. Now each such
     request is cut, the server answers, and TERM stops everything with 0."""
     (tmp_path / "excinfoapp.py").write_text(EXCINFOAPP)
-    m = master("excinfoapp:app", "-w", "2", "-t", "2")
+    m = master("excinfoapp:app", "-w", "2", "--threads", "2")
     for _ in range(8):
         with socket.create_connection(("127.0.0.1", m.port), timeout=10) as c:
             c.sendall(b"GET /bad HTTP/1.1\r\nHost: h\r\n\r\n")

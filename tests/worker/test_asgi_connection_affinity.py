@@ -2,7 +2,7 @@
 connection whose task runs is only touched by its task's thread, so an
 ASGI Server never shares its connections among a group's threads (no
 per-request dispatch, refused if asked) and the relief never moves one.
-The rule on a real master at -t 2: tests/master/test_run_asgi.py."""
+The rule on a real master at --threads 2: tests/master/test_run_asgi.py."""
 from __future__ import annotations
 
 import pytest

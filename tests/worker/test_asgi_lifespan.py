@@ -4,7 +4,7 @@ startup stops a first start with the app's message and exit status 1, and
 refuses a reload while the serving generation serves on; shutdown runs on
 TERM once the drain's last connection closed, within the drain deadline;
 `lifespan off` never calls the lifespan scope; an app without lifespan
-support under `auto` is served without it. With -t N > 1 (issue 35 point
+support under `auto` is served without it. With --threads N > 1 (issue 35 point
 10) an app that takes part in lifespan is refused before READY, before its
 startup code ran (what startup makes would be bound to one loop of N: one
 asyncio.Lock shared by 8 requests gave 3 RuntimeErrors, 4 hangs, 1
@@ -153,7 +153,7 @@ def never(fn, seconds: float, what: str) -> None:
         time.sleep(0.02)
 
 
-# (-t 4 was a variant here: an app with a lifespan startup is refused with
+# (--threads 4 was a variant here: an app with a lifespan startup is refused with
 # more than one loop thread now, issue 35 point 10, tested below)
 @pytest.mark.parametrize("threads", [()])
 def test_startup_completes_before_ready_and_nothing_is_served_before(master, apps, threads):
@@ -293,7 +293,7 @@ def test_an_asgi2_app_is_wrapped_and_gets_its_lifespan(master, apps):
 
 def test_a_lifespan_app_with_several_loop_threads_is_refused_before_ready(master, apps):
     (apps / "go").write_text("")
-    m = master("life:app", "-w", "1", "-t", "4", "--thread-groups", "2", ready=None)
+    m = master("life:app", "-w", "1", "--threads", "4", "--thread-groups", "2", ready=None)
     try:
         assert m.proc.wait(timeout=60) == 1
     except BaseException:
@@ -301,7 +301,7 @@ def test_a_lifespan_app_with_several_loop_threads_is_refused_before_ready(master
         raise
     text = m.text()
     assert re.search(r"\[master \d+\] ERROR worker 1\.0: failed before ready: lifespan "
-                     r"startup refused: .*with -t 4 .*bound to one loop", text), text
+                     r"startup refused: .*with --threads 4 .*bound to one loop", text), text
     assert "no worker became ready" in text
     assert not re.search(r"worker 1\.\d: ready", text)
     # refused at its first receive(): its startup code never ran
@@ -310,7 +310,7 @@ def test_a_lifespan_app_with_several_loop_threads_is_refused_before_ready(master
 
 @pytest.mark.parametrize("spec, args", [("nolife:app", ()), ("life:app", ("--lifespan", "off"))])
 def test_several_loop_threads_serve_an_app_without_lifespan(master, apps, spec, args):
-    m = master(spec, "-w", "1", "-t", "2", *args, ready=1)
+    m = master(spec, "-w", "1", "--threads", "2", *args, ready=1)
     port_of(m)
     assert response(m).startswith(b"HTTP/1.1 200")
     assert not (apps / "startup-began").exists()

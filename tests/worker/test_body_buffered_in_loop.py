@@ -4,7 +4,7 @@ app runs (issue 21, "Nothing waits on a slow client inside the app").
 Finding reproduced: a request whose body had not fully arrived went to
 wsgi.py's slow path at once, and the app ran in the loop thread, its
 wsgi.input waiting on the socket up to body_timeout: four slow uploads
-delayed a plain `GET /` by 4.5 s on a 2 x 2 server, and on `-w 1 -t 1`
+delayed a plain `GET /` by 4.5 s on a 2 x 2 server, and on `-w 1 --threads 1`
 until the uploads ended. Real master and worker, real sockets.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def bodyapp(tmp_path: Path) -> Path:
 
 def start(master, *args: str):
     # one worker, one thread: whatever pins that thread pins the server
-    return master("bodyapp:app", "-w", "1", "-t", "1", *args, ready=1)
+    return master("bodyapp:app", "-w", "1", "--threads", "1", *args, ready=1)
 
 
 def digest(data: bytes) -> str:

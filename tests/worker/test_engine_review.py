@@ -537,7 +537,7 @@ def test_slow_but_steady_reader_gets_the_whole_streamed_response(serve):
     assert len(body) == total, (len(body), time.monotonic() - t0)
 
 
-# ---- checked: relief with the engine (-t 2, one group) ---------------------------------------------
+# ---- checked: relief with the engine (--threads 2, one group) ---------------------------------------------
 
 def _two_on_one_thread(loop, addr, n=8):
     """Connections until two share a loop thread: (a, b, their thread)."""

@@ -5,8 +5,8 @@ body_timeout, and every other connection of that thread waited with it).
 
 The body as a list of bytes, a generator of 64 KiB blocks (with a
 Content-Length, and chunked) and a wsgi.file_wrapper of a regular file
-(sendfile). A real master with one worker of one loop thread (`-w 1 -t 1`) and of two
-(`-t 2`: connections shared by the group, per-request dispatch), real
+(sendfile). A real master with one worker of one loop thread (`-w 1 --threads 1`) and of two
+(`--threads 2`: connections shared by the group, per-request dispatch), real
 sockets on loopback. The app shrinks its connection's send buffer and the
 clients their receive buffers, so the 10 MB body cannot hide in the
 kernel's buffers: most of it must wait in the server while the client
@@ -119,7 +119,7 @@ def server(module_master, tmp_path_factory, request):
     none depends on another's leftovers or order."""
     site = tmp_path_factory.mktemp("bigapp")
     (site / "bigapp.py").write_text(APP)
-    return module_master("bigapp:app", "-w", "1", "-t", request.param, "--body-timeout",
+    return module_master("bigapp:app", "-w", "1", "--threads", request.param, "--body-timeout",
                          str(BODY_TIMEOUT), ready=1, chdir=site)
 
 

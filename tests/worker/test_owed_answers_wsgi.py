@@ -1,4 +1,4 @@
-"""Review of "a turn's answers written together" on WSGI -t 1
+"""Review of "a turn's answers written together" on WSGI --threads 1
 (worker/native/h1_conn.c: owe): an answer that ends < 0.5 ms after the
 thread's previous one is queued and written at the turn's end. A request
 whose body goes to the slow path (larger than body_buffer: wsgi.py's
@@ -37,7 +37,7 @@ def read_answer(s: socket.socket) -> bytes:
 
 
 def test_answers_not_held_by_a_strangers_slow_upload(master, tmp_path):
-    m = master("wsgi_owed:app", "-w", "1", "-t", "1", "--pythonpath", str(APPS),
+    m = master("wsgi_owed:app", "-w", "1", "--threads", "1", "--pythonpath", str(APPS),
                "--body-buffer", "1024", ready=1)
     addr = ("127.0.0.1", m.port)
     mark = tmp_path / "busy"

@@ -54,7 +54,7 @@ def echo(addr, data: bytes = b"ping") -> bytes:
 def test_what_a_handler_raises_closes_its_connection_after_its_output(serve_stream, caplog,
                                                                       name):
     """Finding 1: the raising connection gets what was written, then a FIN;
-    the loop thread serves on (-t 1: its only one); logged once."""
+    the loop thread serves on (--threads 1: its only one); logged once."""
     loop, addr = serve_stream(Raiser, threads=1)
     with caplog.at_level(logging.ERROR, logger="sockherd.worker"):
         with socket.create_connection(addr, timeout=10) as c:

@@ -94,7 +94,7 @@ def nofile():
 
 
 def test_idle_websocket_costs_at_most_4_kib(master, nofile):
-    m = master("asgi_ws_echo:app", "--interface", "asgi", "-w", "1", "-t", "1",
+    m = master("asgi_ws_echo:app", "--interface", "asgi", "-w", "1", "--threads", "1",
                "--pythonpath", str(APPS), ready=1,
                nofile=(nofile, nofile))
     pid = int(m.wait_log(r"worker \d+\.\d+: ready, pid (\d+)")[0])

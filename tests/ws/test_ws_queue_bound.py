@@ -75,7 +75,7 @@ def growth_mib(pid: int, before_kib: int) -> float:
 @pytest.mark.parametrize("payload", [b"", b"x"], ids=["empty", "one-byte"])
 def test_tiny_messages_to_an_app_that_never_receives_are_bounded(ws_server, payload):
     """Point 4: 12 MB of empty frames grew the worker by 384 MiB."""
-    srv = ws_server("asgi_ws_hoard:app", "-t", "1")
+    srv = ws_server("asgi_ws_hoard:app", "--threads", "1")
     pid = worker_pid(srv)
     ws = RawWs(("127.0.0.1", srv.port), path="/stall")
     assert ws.status == 101
@@ -94,7 +94,7 @@ def test_astral_text_to_a_slow_receiver_is_bounded(ws_server):
     """Point 17: ASCII text with one astral character is four times its
     UTF-8 as a str: counted by UTF-8 in and str size out, ~4 came in for
     each the app took (1.5 GiB in 11 s on one connection)."""
-    srv = ws_server("asgi_ws_hoard:app", "-t", "1")
+    srv = ws_server("asgi_ws_hoard:app", "--threads", "1")
     pid = worker_pid(srv)
     ws = RawWs(("127.0.0.1", srv.port), path="/slow")
     assert ws.status == 101
@@ -122,7 +122,7 @@ def test_inflated_messages_held_are_bounded_per_connection_and_per_worker(ws_ser
     nothing bounded all of them: 8 connections held ~250 MiB. Now one copy
     each, and past the worker's bound (64 MiB) the others keep their
     compressed bytes unread."""
-    srv = ws_server("asgi_ws_hoard:app", "-t", "1", "--ws-per-message-deflate")
+    srv = ws_server("asgi_ws_hoard:app", "--threads", "1", "--ws-per-message-deflate")
     pid = worker_pid(srv)
     bomb = frame(2, deflated(bytes(15 << 20)), rsv=4)
     extension = ("Sec-WebSocket-Extensions: permessage-deflate",)
