@@ -90,18 +90,22 @@ def test_a_wheel_installs_into_a_fresh_venv_and_serves(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "wheelapp.py").write_text(APP)
-    for spec, answer in (("wheelapp:app", b"served from the wheel"),
-                         ("wheelapp:asgi", b"served from the wheel, ASGI")):
-        serve(venv, site, spec, answer, tmp_path / spec.replace(":", "-"), env)
+    # the script, and `python -m sockherd` (issue 36: uvicorn's and gunicorn's way)
+    for spec, answer, command in (
+            ("wheelapp:app", b"served from the wheel", [str(venv / "bin" / "sockherd")]),
+            ("wheelapp:asgi", b"served from the wheel, ASGI",
+             [str(venv / "bin" / "python"), "-m", "sockherd"])):
+        serve(venv, site, spec, answer, tmp_path / spec.replace(":", "-"), env, command)
 
 
-def serve(venv: Path, site: Path, spec: str, answer: bytes, tmp_path: Path, env: dict):
-    """`sockherd run SPEC` from the venv in site/, one request answered with answer,
+def serve(venv: Path, site: Path, spec: str, answer: bytes, tmp_path: Path, env: dict,
+          command: list[str]):
+    """`COMMAND run SPEC` from the venv in site/, one request answered with answer,
     a TERM that ends it with status 0."""
     tmp_path.mkdir()
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(venv / "bin" / "sockherd"), "run", spec,
+        proc = subprocess.Popen([*command, "run", spec,
                                  "-w", "1", "-b", "127.0.0.1:0",
                                  "--runtime-dir", str(tmp_path / "rt")],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=site, env=env)
