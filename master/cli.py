@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("-c", "--config", metavar="FILE",
                      help="read runtime_dir and control from this settings file")
     ctl.add_argument("--runtime-dir", metavar="DIR", help="the master's runtime_dir")
+    ctl.add_argument("-b", "--bind", action="append", metavar="ADDRESS",
+                     help="the master listening on ADDRESS (repeatable), of those running "
+                          "on this host (`sockherd ctl list` shows them)")
     ctl.add_argument("--endpoint", metavar="ENDPOINT",
                      help="the control endpoint (ipc:// or tcp://); default: the settings'")
     ctl.add_argument("--curve-server-key", metavar="FILE",
@@ -331,7 +334,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             else ""
         log.info("listening on %s%s", lst.descriptor.address, via)
     import prctl
-    prctl.set_proctitle(f"sockherd: master [{settings.app or 'embedded'}]")
+    prctl.set_proctitle(f"sockherd: master [{settings.proc_name or settings.app or 'embedded'}]")
     def serving():
         """A takeover: every worker READY, the instance we took from drains;
         the unix socket files are ours to remove from now on."""

@@ -56,8 +56,28 @@ SUBSCRIPTION_MAX = 4096      # bytes of one message a subscriber sends us (its t
 
 
 def runtime_dir(values) -> str:
-    """The runtime directory the settings (a Settings or its dict) name."""
-    return _get(values, "runtime_dir") or default_runtime_dirs()[0]
+    """The runtime directory the settings (a Settings or its dict) name:
+    runtime_dir, else this master's own directory in the default place
+    (instance_key), so that masters of other apps never share one."""
+    return _get(values, "runtime_dir") or os.path.join(default_runtime_dirs()[0],
+                                                       instance_key(values))
+
+
+def instance_key(values) -> str:
+    """The name of a master's own runtime directory: proc_name, else its
+    bind addresses, as a file name. What cannot be one (a `/` of a unix
+    path, a `:` ZeroMQ would read) becomes `_`, and then a hash of the
+    whole keeps two names apart that differ only there. The same settings
+    give the same key: a takeover's new instance finds the old one's
+    endpoint (and waits for it), a second master of one app is refused."""
+    import hashlib
+    import re
+
+    name = _get(values, "proc_name") or "+".join(_get(values, "bind") or ()) or "master"
+    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", name)[:32]    # a socket path's room is 107 bytes
+    if safe != name or safe.startswith("."):
+        safe = f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return safe
 
 
 def default_runtime_dirs() -> list[str]:
@@ -73,6 +93,51 @@ def default_runtime_dirs() -> list[str]:
         out.append("/run/sockherd")
     out.append(os.path.join(tempfile.gettempdir(), f"sockherd-{os.getuid()}"))
     return out
+
+
+def masters(dirs: list[str]) -> list[str]:
+    """The live control endpoints in dirs: DIR/control (a master whose
+    runtime_dir is DIR) and DIR/*/control (the default place's own
+    directories), in that order. A socket nobody listens on (its master
+    exited without removing it: killed) is removed with its events socket,
+    if it is ours and still the same file after the probe."""
+    found = []
+    for d in dirs:
+        try:
+            subs = sorted(e.name for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            subs = []
+        for path in [os.path.join(d, "control")] + [os.path.join(d, n, "control")
+                                                    for n in subs]:
+            try:
+                before = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISSOCK(before.st_mode):
+                continue
+            if _live(path):
+                found.append(f"ipc://{path}")
+            elif before.st_uid == os.geteuid():
+                _remove_stale(path, before)
+    return found
+
+
+def _remove_stale(path: str, before: os.stat_result) -> None:
+    """Unlinks a dead control socket and its events socket, unless the
+    file changed since it was probed (a master binding it meanwhile)."""
+    try:
+        now = os.lstat(path)
+        if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
+            return
+        os.unlink(path)
+        where = os.path.dirname(path)
+        events = os.path.join(where, "events")
+        if os.path.exists(events) and not _live(events):
+            os.unlink(events)
+        if os.path.dirname(where) in default_runtime_dirs():
+            os.rmdir(where)              # a master's own directory, empty now
+    except OSError:
+        pass
 
 
 def live_endpoint(endpoint: str) -> bool:
@@ -178,7 +243,10 @@ class ControlServer:
         if self.endpoint.startswith("ipc://"):
             # again at each try: the directory may have gone meanwhile (systemd
             # removes a stopped unit's RuntimeDirectory; review)
-            _private_dir(os.path.dirname(self.endpoint[len("ipc://"):]))
+            where = os.path.dirname(self.endpoint[len("ipc://"):])
+            if os.path.dirname(where) in default_runtime_dirs():
+                _private_dir(os.path.dirname(where))     # the default place: 0700 too
+            _private_dir(where)
             for ep in (self.endpoint, self.events_at):
                 check_length(ep)
                 if _live(ep[len("ipc://"):]):
@@ -407,6 +475,13 @@ class ControlServer:
     def close(self) -> None:
         self._close_sockets()
         self.ctx.term()
+        if self.endpoint.startswith("ipc://"):
+            where = os.path.dirname(self.endpoint[len("ipc://"):])
+            if os.path.dirname(where) in default_runtime_dirs():
+                try:
+                    os.rmdir(where)      # our own directory of the default place, if empty
+                except OSError:
+                    pass
 
 
 def _done_now(coro) -> None:

@@ -71,6 +71,12 @@ def _certificate(path: str):
 def request(endpoint: str, command: str, args: dict | None = None, *, timeout: float = 5.0,
             server_key: str | None = None, client_cert: str | None = None):
     """The result of one command; CtlError on an error reply or no answer."""
+    from sockherd.master.control import live_endpoint
+
+    if not live_endpoint(endpoint):
+        # a socket file nobody listens on (or none): ZeroMQ would wait the
+        # whole timeout for a master that is not there
+        raise CtlError(f"no master running at {endpoint}", timeout=True)
     ctx = zmq.Context.instance()
     sock = _socket(ctx, zmq.REQ, endpoint, server_key, client_cert)
     try:
@@ -89,13 +95,15 @@ def request(endpoint: str, command: str, args: dict | None = None, *, timeout: f
 
 
 def _endpoint(ns) -> str:
-    """The endpoint to ask: --endpoint, else the settings' (flags, file,
-    environment). With none of them naming one and nobody at the default
-    path, the other default runtime directories are looked at: one master
-    there is the one asked; several are listed (a usage error), never one
-    picked silently."""
+    """The endpoint to ask: --endpoint; else the settings' when they name
+    one (--runtime-dir, -c FILE, the environment's runtime_dir or
+    control); else the masters running on this host (each in its own
+    directory of the default places, master/control.py masters()): with
+    -b ADDR the one listening there, else the only one. Several are
+    listed (a usage error), never one picked silently; none is "no master
+    running" at once."""
     from sockherd.master import settings as S
-    from sockherd.master.control import default_runtime_dirs, endpoint_of, live_endpoint
+    from sockherd.master.control import default_runtime_dirs, endpoint_of, masters
 
     if ns.endpoint:
         return ns.endpoint
@@ -104,14 +112,66 @@ def _endpoint(ns) -> str:
     found = endpoint_of(settings)
     if found is None:
         raise CtlError("the settings say control = off: no control endpoint")
-    if settings.runtime_dir or settings.control or live_endpoint(found):
+    if (settings.runtime_dir or settings.control) and not ns.bind:
         return found
-    live = [ep for ep in (f"ipc://{os.path.join(d, 'control')}"
-                          for d in default_runtime_dirs()[1:]) if live_endpoint(ep)]
-    if len(live) > 1:
-        raise CtlError(f"nobody at {found}; masters at {', '.join(live)}: say which with "
-                       f"--runtime-dir DIR or --endpoint ENDPOINT", usage=True)
-    return live[0] if live else found
+    dirs = default_runtime_dirs()
+    live = masters(dirs)
+    if ns.config and found in live and not ns.bind:
+        return found                    # the one the config file describes
+    if ns.bind:
+        return _by_bind(live, ns.bind)
+    if len(live) == 1:
+        return live[0]
+    if not live:
+        raise CtlError(f"no master running (none in {', '.join(dirs)})", timeout=True)
+    raise CtlError("several masters run: " + "; ".join(
+        f"{ep} ({', '.join(_listeners(ep)) or '?'})" for ep in live)
+        + ": say which with -b ADDRESS (one it listens on), --endpoint ENDPOINT or "
+        "--runtime-dir DIR", usage=True)
+
+
+def _listeners(endpoint: str) -> list[str]:
+    """What the master at endpoint listens on ([] if it does not answer)."""
+    try:
+        return list(request(endpoint, "status", timeout=2.0).get("listeners", []))
+    except CtlError:
+        return []
+
+
+def _by_bind(live: list[str], binds: list[str]) -> str:
+    """The one master of live that listens on every address of binds."""
+    def plain(address: str) -> str:       # as `status` lists listeners
+        for prefix in ("tcp://", "tls://", "unix:"):
+            address = address.removeprefix(prefix)
+        return address
+
+    want = {plain(b) for b in binds}
+    hits = [ep for ep in live if want <= {plain(x) for x in _listeners(ep)}]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise CtlError(f"no master running listens on {', '.join(sorted(want))} (running: "
+                       + ("; ".join(f"{ep} ({', '.join(_listeners(ep))})" for ep in live)
+                          or "none") + ")", timeout=True)
+    raise CtlError(f"several masters listen on {', '.join(sorted(want))}: {', '.join(hits)}",
+                   usage=True)
+
+
+def list_masters() -> int:
+    """`sockherd ctl list`: the masters running on this host, one a line."""
+    from sockherd.master.control import default_runtime_dirs, masters
+
+    live = masters(default_runtime_dirs())
+    for ep in live:
+        try:
+            st = request(ep, "status", timeout=2.0)
+            print(f"pid {st['pid']}  generation {st['generation']}  "
+                  f"{', '.join(st['listeners']) or 'nothing'}  {ep}")
+        except CtlError as exc:
+            print(f"?  {ep}: {exc}")
+    if not live:
+        print("no master running", file=sys.stderr)
+    return 0 if live else EXIT_NO_ANSWER
 
 
 def _arguments(cmd, words: list[str]) -> dict:
@@ -150,6 +210,7 @@ def _upgrade(endpoint: str, first: dict, timeout: float, keys: dict) -> dict:
             # again": our status reached the old image just before its exec
             if not exc.timeout and str(exc) != proto.REEXECUTING:
                 raise
+            time.sleep(0.05)             # no socket yet: at once, not in the poll's time
             continue
         if st.get("upgrades_failed", 0) > first.get("upgrades_failed", 0):
             raise CtlError(f"upgrade failed: {st['last_upgrade_failure']}; this master "
@@ -196,6 +257,8 @@ def main(ns) -> int:
     from sockherd.master.settings import SettingsError
 
     words = list(ns.words)
+    if words == ["list"]:
+        return list_masters()
     count = 0
     if words and words[0] == "watch" and "--count" in words:
         i = words.index("--count")

@@ -31,7 +31,6 @@ HARMLESS = {
     "preload_app": "each worker imports the app itself (a reload starts new workers anyway)",
     "sendfile": "sendfile(2) is used for wsgi.file_wrapper whenever the file allows",
     "reuse_port": "the workers share the master's listening socket",
-    "proc_name": "process titles are `sockherd: master [APP]` and `sockherd: worker G.I [APP]`",
     "default_proc_name": "process titles are set by sockherd",
     "worker_tmp_dir": "liveness is a heartbeat over the worker's channel, no temp file",
     "worker_connections": "max_connections bounds the connections of a worker",

@@ -372,9 +372,16 @@ SETTINGS: tuple[Setting, ...] = (
             "a logging.config.dictConfig file (`.toml`, else JSON) applied after the defaults, "
             "in the master and every worker", metavar="FILE", section="logging"),
     Setting("runtime_dir", ("--runtime-dir",), str, "",
-            "where the control sockets live (created 0700); empty: $XDG_RUNTIME_DIR/sockherd, "
-            "else /run/sockherd as root, else a per-user directory under the temp dir",
+            "where the control sockets live (created 0700); empty: a directory of this "
+            "master's own, named after proc_name (else its bind addresses), in "
+            "$XDG_RUNTIME_DIR/sockherd, else /run/sockherd as root, else a per-user directory "
+            "under the temp dir: masters of other apps on the host never clash, and "
+            "`sockherd ctl` finds each (`ctl list`)",
             metavar="DIR", section="control"),
+    Setting("proc_name", ("-n", "--name"), str, "",
+            "this master's name (gunicorn's proc_name): in its process titles and its workers' "
+            "(`sockherd: master [NAME]`; empty: the app's), and the name of its control "
+            "directory (runtime_dir)", msgspec.Meta(max_length=64), "NAME", section="control"),
     Setting("control", ("--control",), str, "",
             "the control endpoint (`sockherd ctl`): empty: ipc://RUNTIME_DIR/control; a "
             "tcp:// endpoint needs control_curve_secret and control_curve_clients; `off`: none",

@@ -93,7 +93,7 @@ def _prepare(msg: Assignment, fds: list[int], master: int) -> tuple[Loop, Lifesp
         raise BootstrapError(str(exc)) from None
     # no app: the embedded status page, named as the master names it (cli.py)
     prctl.set_proctitle(f"sockherd: worker {msg.generation}.{msg.worker_index} "
-                        f"[{msg.app or 'embedded'}]")
+                        f"[{cfg.get('proc_name') or msg.app or 'embedded'}]")
     lifespan = None
     # which listeners serve TLS (master/tls_binds.py): the master says per
     # listener; a config without the list (a worker started by hand) has

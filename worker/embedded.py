@@ -40,14 +40,31 @@ def _settings(loop) -> dict:
             "control": os.environ.get("SOCKHERD_CONTROL", "")}
 
 
+def _pid_at(endpoint: str) -> int:
+    """The pid of the master serving endpoint (0: no answer)."""
+    from sockherd.master import ctl
+
+    try:
+        return int(ctl.request(endpoint, "status", timeout=ASK_TIMEOUT)["pid"])
+    except (ctl.CtlError, KeyError, TypeError, ValueError):
+        return 0
+
+
 def _from_master(loop) -> dict:
     """The master's tree (as inspect.tree gives it, with each worker's
     threads); raises LookupError saying why not."""
     from sockherd.master import control, ctl
 
-    endpoint = control.endpoint_of(_settings(loop))
+    cfg = _settings(loop)
+    endpoint = control.endpoint_of(cfg)
     if endpoint is None:
         raise LookupError("the control channel is off")
+    if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://"):]) and \
+            not cfg.get("runtime_dir") and not cfg.get("control"):
+        # the master's own directory is named after the binds it started
+        # with; a reload may have changed them: the one of our master
+        endpoint = next((ep for ep in control.masters(control.default_runtime_dirs())
+                         if _pid_at(ep) == os.getppid()), endpoint)
     if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://"):]):
         raise LookupError(f"no control socket at {endpoint}")   # else a wait for nobody
     try:

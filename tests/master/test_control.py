@@ -81,7 +81,8 @@ def test_errors_name_the_problem_and_exit_non_zero(master, tmp_path):
     assert usage.returncode == 2 and "worker" in usage.stderr
     nobody = ctl(tmp_path, "status", extra=("--endpoint", f"ipc://{tmp_path}/nothing"),
                  timeout=30)
-    assert nobody.returncode == 3 and "no answer" in nobody.stderr
+    # a path nobody listens on: said at once (it waited the whole timeout)
+    assert nobody.returncode == 3 and "no master running at" in nobody.stderr
     get(m.port)
 
 
@@ -319,7 +320,7 @@ def test_a_second_master_does_not_steal_a_live_control_path(master, tmp_path):
     a.proc.send_signal(signal.SIGTERM)
     assert a.proc.wait(timeout=30) == 0
     wait_for(lambda: ctl(tmp_path, "status", json_out=True, timeout=30).stdout and
-             json.loads(ctl(tmp_path, "status", json_out=True).stdout)["pid"] == b.proc.pid,
+             json.loads(ctl(tmp_path, "status", json_out=True).stdout).get("pid") == b.proc.pid,
              30, "the second master serving the path once it is free")
 
 

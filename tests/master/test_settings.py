@@ -56,7 +56,7 @@ def test_every_setting_has_a_flag_an_env_and_help():
 
 @pytest.mark.parametrize("source,value,expect", [
     ("flag", ("-w", "-1"), "command line: -w = '-1': expected `int` >= 0"),
-    ("flag", ("--threads", "many"), "command line: -t = 'many': expected `int`, got `str`"),
+    ("flag", ("--threads", "many"), "command line: --threads = 'many': expected `int`, got `str`"),
     ("flag", ("--interface", "http"), "command line: --interface = 'http': invalid enum value"),
     ("flag", ("bad app",), "command line: MODULE:CALLABLE = 'bad app': expected `str` matching"),
     ("env", {"SOCKHERD_WORKERS": "x"}, "environment: SOCKHERD_WORKERS = 'x': expected `int`"),
