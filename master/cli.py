@@ -31,15 +31,23 @@ EXIT_APP = 1        # the app does not import
 EXIT_SETTINGS = 2   # a setting does not decode or validate (argparse uses 2 too)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line: what is wrong and where the flags are
+    (argparse's usage of `sockherd run` is some 50 lines, which buried it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sockherd",
         description="Run Python network services as one master and N multi-threaded workers.",
         epilog=SIGNALS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sockherd {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     check = sub.add_parser("check", help="validate the settings and import the app, then exit",
                            description="Validate the settings and import the app without "
                                        "serving, and say which interface serves it. Exit 0 if "
@@ -101,9 +109,11 @@ def cmd_args(command: str, env=None) -> dict:
     text = (os.environ if env is None else env).get(CMD_ARGS, "")
     if not text.strip():
         return {}
+    from sockherd.master import cli_compat
+
     sub = build_parser().commands[command]
     try:
-        words = shlex.split(text)
+        words = cli_compat.rewrite([command, *shlex.split(text)])[0][1:]
         got, extra = sub.parse_known_args(words, argparse.Namespace())
     except (ValueError, SystemExit) as exc:
         raise S.SettingsError(f"environment: {CMD_ARGS} = {text!r}: cannot be read as "
@@ -120,6 +130,14 @@ def resolve(ns: argparse.Namespace) -> S.Traced:
     extra = cmd_args(ns.command)
     config = ns.config or extra.pop("config", None)
     return S.traced(vars(ns), config=config, cmd_args=extra)
+
+
+def set_raw_env(settings) -> None:
+    """raw_env's KEY=VALUE pairs into this process's environment, which the
+    workers inherit (master/spawn.py)."""
+    for pair in settings.raw_env:
+        key, _, value = pair.partition("=")
+        os.environ[key] = value
 
 
 def _settings(ns: argparse.Namespace, traced: bool = False):
@@ -188,9 +206,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from sockherd.master.listeners import BindError, activated, bind_all
     from sockherd.master.supervisor import Supervisor
 
-    settings = _settings(ns)
-    if settings is None:
+    traced = _settings(ns, traced=True)
+    if traced is None:
         return EXIT_SETTINGS
+    settings = traced.settings
+    set_raw_env(settings)                 # before the hooks and the workers import anything
     from sockherd.master import logs
     from sockherd.worker.logfiles import LogFileError
     try:
@@ -245,6 +265,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return 1
 
     said = set()
+    said_warnings = set(traced.warnings)
 
     def own(settings):
         """The settings with `bind` less what systemd's sockets serve: the
@@ -281,10 +302,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     def reload():
         """The settings again for a reload (HUP): the same command line, the
-        file and the environment read anew. Raises SettingsError."""
+        file and the environment read anew. Raises SettingsError. A warning
+        said at the start or at an earlier reload is not said again."""
         got = resolve(ns)
         for warning in got.warnings:
-            log.warning("%s", warning)
+            if warning not in said_warnings:
+                said_warnings.add(warning)
+                log.warning("%s", warning)
+        set_raw_env(got.settings)
         return own(got.settings)
 
     settings = own(settings)
@@ -404,10 +429,21 @@ def _supervise(settings, listeners, reload, inherited, state, on_serving, hooks,
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sockherd.master import cli_compat
+
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("run", "check"):
+        try:
+            argv, warnings = cli_compat.rewrite(argv)     # gunicorn's and uvicorn's flags
+        except cli_compat.FlagError as exc:
+            print(f"sockherd {argv[0]}: {exc}", file=sys.stderr)
+            return EXIT_SETTINGS
+        for warning in warnings:
+            print(f"sockherd: warning: {warning}", file=sys.stderr)
     ns, extra = parser.parse_known_args(argv)
     if extra:
-        # said with the usage of the command given (`sockherd run`'s), not the top level's
+        # one line, not the usage's 50: what is unknown and where the flags are
         parser.commands.get(ns.command, parser).error(
             f"unrecognized arguments: {' '.join(extra)}")
     if ns.command == "check":

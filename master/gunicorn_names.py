@@ -55,7 +55,6 @@ HARMLESS = {
 UNSUPPORTED = {
     "reload_engine": "", "spew": "",
     "daemon": "run it under systemd, a container runtime or a supervisor instead",
-    "raw_env": "set the environment of the master: the workers inherit it",
     "umask": "", "initgroups": "", "pythonpath_append": "",
     "header_map": "", "strip_header_spaces": "", "permit_obsolete_folding": "",
     "permit_unconventional_http_method": "", "permit_unconventional_http_version": "",
@@ -72,6 +71,12 @@ UNSUPPORTED = {
     "suppress_ragged_eofs": "", "do_handshake_on_connect": "", "is_ssl": "",
     "proxy_protocol": "", "proxy_allow_ips": "",
 }
+
+# gunicorn worker classes that run an ASGI app (uvicorn's, and uvicorn-worker's
+# package): here the engine is that server, so they mean interface = "asgi"
+ASGI_WORKERS = ("uvicorn.workers.UvicornWorker", "uvicorn.workers.UvicornH11Worker",
+                "uvicorn_worker.UvicornWorker", "uvicorn_worker.UvicornH11Worker")
+
 
 class Refused(ValueError):
     """A gunicorn setting we cannot honour (the message names it)."""
@@ -94,6 +99,10 @@ def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict,
                 raise Refused(f"{source}: cert_reqs = {value}: gunicorn's ssl.CERT_NONE (0), "
                               f"CERT_OPTIONAL (1) or CERT_REQUIRED (2)")
             out[name] = CERT_REQS[value]
+        elif name == "worker_class" and value in ASGI_WORKERS:
+            warnings.append(f"{source}: gunicorn's worker_class = {value!r}: served as "
+                            f"interface = \"asgi\" (the engine is the ASGI server)")
+            out.setdefault("interface", "asgi")
         elif name in known:
             out[name] = value
         elif name == "accesslog":

@@ -237,6 +237,10 @@ def _check_together(s: Any) -> None:
         raise SettingsError("ws_max_size = 0 (no limit) with ws_per_message_deflate: a "
                             "compressed message could inflate without bound (a 255 KiB one to "
                             "256 MiB); give ws_max_size a bound (default 16 MiB)")
+    for pair in s.raw_env:
+        key, eq, _ = pair.partition("=")
+        if not eq or not key or "\0" in pair:
+            raise SettingsError(f"raw_env {pair!r}: KEY=VALUE (a variable's name, then =)")
     if s.heartbeat_timeout <= s.heartbeat_interval:
         raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "
                             f"heartbeat_interval ({s.heartbeat_interval})")

@@ -94,6 +94,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pythonpath", ("--pythonpath",), list[str], [],
             "directories put first on sys.path before importing the app (repeatable)",
             metavar="DIR", section="app"),
+    Setting("raw_env", ("-e", "--env"), list[str], [],
+            "`KEY=VALUE` put in the environment of the master and its workers before the app "
+            "is imported (gunicorn's raw_env; repeatable), again at each reload",
+            metavar="KEY=VALUE", section="app"),
     Setting("workers", ("-w", "--workers"), int, 0,
             "worker processes; 0: one per CPU (`WEB_CONCURRENCY`, as gunicorn reads it, "
             "changes this default)", msgspec.Meta(ge=0, le=1024), "N", section="workers"),

@@ -1,0 +1,150 @@
+"""A gunicorn or uvicorn command line runs unchanged where its meaning is
+ours (issue 36 §5, master/cli_compat.py). Before: `--preload`,
+`--worker-tmp-dir`, `--capture-output`, `--log-file`, `-n`, `-D`, `-e K=V`,
+`--check-config` got argparse's "unrecognized arguments" after a 47-line
+usage dump; uvicorn's `--host --port --workers --proxy-headers
+--timeout-keep-alive --uds` were refused; `worker_class =
+"uvicorn.workers.UvicornWorker"` and `raw_env` in a gunicorn.conf.py were
+refused; an ignored config name was warned about again at every HUP.
+Real masters on loopback and unix sockets."""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_run import master, wait_for  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.timeout(120)
+
+ASGI = """
+import os
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    body = ("%s %s" % (os.environ.get("FOO", "-"), os.getppid())).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_unix(path: str) -> bytes:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return b"".join(iter(lambda: s.recv(65536), b""))
+
+
+def get_tcp(port: int) -> bytes:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/")
+    body = c.getresponse().read()
+    c.close()
+    return body
+
+
+def sockherd(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sockherd", *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("SOCKHERD_")})
+
+
+def test_uvicorns_command_line_serves(master, tmp_path):
+    (tmp_path / "uapp.py").write_text(ASGI)
+    port, uds = free_port(), str(tmp_path / "u.sock")
+    m = master("uapp:app", "--host", "127.0.0.1", "--port", str(port), "--uds", uds,
+               "--workers", "1", "--proxy-headers", "--forwarded-allow-ips", "127.0.0.1",
+               "--timeout-keep-alive", "5", "--ws-per-message-deflate", "false", bind=None,
+               ready=1)
+    assert get_tcp(port).startswith(b"- %d" % m.proc.pid)
+    assert get_unix(uds).split(b"\r\n\r\n", 1)[1] == b"- %d" % m.proc.pid
+
+
+def test_gunicorns_flags_run_with_a_word_each(master, tmp_path):
+    (tmp_path / "uapp.py").write_text(ASGI)
+    log = tmp_path / "error.log"
+    m = master("uapp:app", "-w", "1", "--preload", "--worker-tmp-dir", "/dev/shm",
+               "--capture-output", "--log-file", str(log), "-e", "FOO=bar", "-n", "shop",
+               "-k", "uvicorn.workers.UvicornWorker", "-t", "30", ready=None)
+    m.wait_log(r"gunicorn's --capture-output is ignored")
+    text = m.text()
+    for flag in ("--preload", "--worker-tmp-dir", "--capture-output"):
+        assert f"gunicorn's {flag} is ignored: " in text, text
+    assert "served as --interface asgi" in text
+    wait_for(lambda: log.exists() and re.search(r"worker \d+\.\d+: ready", log.read_text()),
+             30, "the worker ready, in --log-file's file")
+    port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text()).group(1))
+    assert get_tcp(port).startswith(b"bar ")      # -e: the workers' environment
+    with open(f"/proc/{m.proc.pid}/cmdline", "rb") as f:
+        assert f.read().startswith(b"sockherd: master [shop]")
+
+
+@pytest.mark.parametrize("argv,said", [
+    (("-D",), "gunicorn's -D is not supported by sockherd: run it under systemd"),
+    (("--daemon",), "gunicorn's --daemon is not supported by sockherd"),
+    (("--env-file", "x"), "uvicorn's --env-file is not supported by sockherd: give the "
+                          "variables with -e KEY=VALUE"),
+    (("--frobnicate",), "unrecognized arguments: --frobnicate (`sockherd run --help`"),
+])
+def test_what_we_do_not_do_is_one_line_and_exit_2(tmp_path, argv, said):
+    (tmp_path / "uapp.py").write_text(ASGI)
+    r = sockherd(tmp_path, "run", "uapp:app", "-b", "127.0.0.1:0", *argv)
+    assert r.returncode == 2, r
+    assert said in r.stderr and "usage:" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_check_config_checks_and_exits(tmp_path):
+    (tmp_path / "uapp.py").write_text(ASGI)
+    r = sockherd(tmp_path, "run", "uapp:app", "-b", "127.0.0.1:0", "--check-config")
+    assert r.returncode == 0, r.stderr
+    assert "settings valid; app uapp:app imports" in r.stdout
+
+
+CONF = """
+worker_class = "uvicorn.workers.UvicornWorker"
+workers = 1
+bind = "127.0.0.1:0"
+raw_env = ["FOO=from-conf"]
+preload_app = True
+"""
+
+
+def test_a_uvicorn_worker_conf_with_raw_env_runs_and_warns_once(master, tmp_path):
+    (tmp_path / "uapp.py").write_text(ASGI)
+    (tmp_path / "gunicorn.conf.py").write_text(CONF)
+    m = master("-c", "gunicorn.conf.py", "uapp:app", bind=None, ready=None)
+    port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
+    m.wait_log(r"worker 1\.0: ready")
+    assert get_tcp(port).startswith(b"from-conf ")
+    warned = "gunicorn's preload_app = True is ignored"
+    assert m.text().count(warned) == 1
+    for gen in (2, 3):
+        m.proc.send_signal(signal.SIGHUP)
+        m.wait_log(rf"reload: generation {gen} serving")
+    assert m.text().count(warned) == 1, m.text()
+
+
+def test_the_readme_table_is_generated_from_the_flags():
+    from sockherd.master import cli_compat
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert cli_compat.docs_markdown() in readme, \
+        "README's flag table is stale: regenerate it with `python -m sockherd.master.cli_compat`"
