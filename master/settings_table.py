@@ -261,17 +261,20 @@ SETTINGS: tuple[Setting, ...] = (
     # gunicorn's names and defaults; every byte before the body counts
     # toward one of them (worker/native/httpparse.h)
     Setting("limit_request_line", ("--limit-request-line",), int, 4094,
-            "longest request line, CRLF excluded, empty lines before it included (longer: 414)",
-            msgspec.Meta(ge=64, le=1 << 20), "BYTES", section="http"),
+            "longest request line, CRLF excluded, empty lines before it included (longer: 414); "
+            "0 (gunicorn's unlimited): the most we take, 1 MiB",
+            msgspec.Meta(ge=0, le=1 << 20), "BYTES", section="http"),
     Setting("limit_request_field_size", ("--limit-request-field-size",
                                          "--limit-request-header-bytes"), int, 8190,
             "longest header or trailer field line, its CRLF included, as gunicorn counts (longer: 431); "
-            "limit_request_header_bytes is its former name",
-            msgspec.Meta(ge=1, le=1 << 20), "BYTES", section="http",
+            "limit_request_header_bytes is its former name; 0 (gunicorn's unlimited): the most "
+            "we take, 1 MiB",
+            msgspec.Meta(ge=0, le=1 << 20), "BYTES", section="http",
             aliases=("limit_request_header_bytes",)),
     Setting("limit_request_fields", ("--limit-request-fields",), int, 100,
-            "most header and trailer fields in a request (more: 431)",
-            msgspec.Meta(ge=1, le=32768), "N", section="http"),
+            "most header and trailer fields in a request (more: 431); 0 (gunicorn's "
+            "unlimited): the most we take, 32768",
+            msgspec.Meta(ge=0, le=32768), "N", section="http"),
     Setting("limit_request_body", ("--limit-request-body",), int, 0,
             "largest request body, chunk extensions and size padding included; "
             "0: no limit (larger: 413)",

@@ -49,9 +49,10 @@ MIN_BODY_RATE = 64 << 10
 
 class _Limits:
     def __init__(self, cfg: dict):
-        self.line = int(cfg.get("limit_request_line", 4094))
-        self.field_size = int(cfg.get("limit_request_field_size", 8190))
-        self.headers = int(cfg.get("limit_request_fields", 100))
+        # 0: gunicorn's "unlimited", here the settings' upper bound
+        self.line = int(cfg.get("limit_request_line", 4094)) or 1 << 20
+        self.field_size = int(cfg.get("limit_request_field_size", 8190)) or 1 << 20
+        self.headers = int(cfg.get("limit_request_fields", 100)) or 32768
         self.body = int(cfg.get("limit_request_body", 0))
         self.body_timeout = float(cfg.get("body_timeout", 30.0))
         self.body_buffer = int(cfg.get("body_buffer", 1 << 20))

@@ -148,3 +148,28 @@ def test_the_readme_table_is_generated_from_the_flags():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert cli_compat.docs_markdown() in readme, \
         "README's flag table is stale: regenerate it with `python -m sockherd.master.cli_compat`"
+
+
+WSGI = """
+def app(environ, start_response):
+    body = b"%d" % len(environ["PATH_INFO"])
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+"""
+
+
+def test_gunicorns_zero_limits_are_unlimited(master, tmp_path):
+    """gunicorn's `limit_request_line = 0` (and field size, fields): no
+    limit there; refused here before (at least 64). Now the most the engine
+    takes (1 MiB, 32768 fields): a 20 kB request line is served."""
+    (tmp_path / "wapp.py").write_text(WSGI)
+    (tmp_path / "gunicorn.conf.py").write_text(
+        "limit_request_line = 0\nlimit_request_field_size = 0\nlimit_request_fields = 0\n"
+        "workers = 1\n")
+    m = master("-c", "gunicorn.conf.py", "wapp:app", ready=1)
+    path = "/" + "a" * 20000
+    with socket.create_connection(("127.0.0.1", m.port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Big: {'b' * 20000}\r\n"
+                  f"Connection: close\r\n\r\n".encode())
+        got = b"".join(iter(lambda: s.recv(65536), b""))
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"20001"), got[:200]
