@@ -376,9 +376,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if settings.pidfile:
         from sockherd.master import pidfile
         try:
-            pidfile.write(settings.pidfile)
+            pidfile.write(settings.pidfile, replacing=took_from)
         except OSError as exc:
-            log.error("pidfile %s: cannot write it: %s", settings.pidfile, exc.strerror)
+            log.error("pidfile %s: cannot write it: %s", settings.pidfile,
+                      exc.strerror or exc)
             for lst in listeners:
                 lst.close()
             return 1

@@ -162,7 +162,7 @@ def _inherited(address: Address) -> socket.socket:
     return sock
 
 
-def bind(text: str, *, name: str = "", backlog: int = 2048, unix_mode: str = "0660",
+def bind(text: str, *, name: str = "", backlog: int = 2048, unix_mode: str = "0666",
          unix_owner: str = "") -> Listener:
     """Binds (or adopts, for fd://N) one address. Raises AddressError or BindError."""
     address = parse(text)

@@ -14,8 +14,29 @@ import os
 log = logging.getLogger("sockherd.master")
 
 
-def write(path: str) -> None:
-    """Raises OSError (the caller refuses to start, as for a bind)."""
+def holder(path: str) -> int:
+    """The pid in path if it is a running sockherd other than us, else 0
+    (no file, a stale pid, or a pid now some other program's)."""
+    try:
+        with open(path) as f:
+            pid = int(f.read().strip() or 0)
+        if pid <= 0 or pid == os.getpid():
+            return 0
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return pid if b"sockherd" in f.read() else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def write(path: str, replacing: int = 0) -> None:
+    """Raises OSError (the caller refuses to start, as for a bind),
+    among others when path holds the pid of another running sockherd
+    than `replacing` (a takeover's predecessor): a second instance took
+    the first one's pidfile, and removed it at its exit (issue 36 §6)."""
+    held = holder(path)
+    if held and held != replacing:
+        raise OSError(f"pidfile {path} holds pid {held}, a running sockherd: give this one "
+                      f"its own (-p FILE), or stop that one")
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:

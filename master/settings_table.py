@@ -128,7 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
             "keepalive_timeout first, this bounds what has no timer: a WebSocket with "
             "ws_ping_interval 0, a streamed response waiting on the app); 0: off",
             msgspec.Meta(ge=0, le=32767), "S", section="listeners"),
-    Setting("unix_mode", ("--unix-mode",), str, "0660", "file mode of bound unix sockets (octal)",
+    # 0666: whoever may reach a TCP port on loopback may connect (nginx as
+    # www-data to a socket root bound: a 502 under 0660; gunicorn's is 0777
+    # by its umask 0); 0660 with unix_owner keeps it to a group
+    Setting("unix_mode", ("--unix-mode",), str, "0666",
+            "file mode of bound unix sockets (octal); the default lets any local user "
+            "connect, as to a port on 127.0.0.1: 0660 with unix_owner keeps it to a group",
             msgspec.Meta(pattern=r"^0?[0-7]{3}$"), "MODE", section="listeners"),
     Setting("unix_owner", ("--unix-owner",), str, "", "`user[:group]` owning bound unix sockets",
             metavar="USER[:GROUP]", section="listeners"),

@@ -300,7 +300,12 @@ class ProcessTable:
             # worker said so by its status): told apart in the log
             said = "hit the drain deadline" if outcome is Outcome.DRAINED \
                 and code == EXIT_DRAIN_DEADLINE else outcome.value
-            log.info("worker %s: exited with %s (%s), pid %d", name(slot), how, said, pid)
+            # a worker that crashed (by a signal or a status of its own while
+            # serving) is an error, as gunicorn logs it; a drain's end or our
+            # own kill is the plan (issue 36 §6: a SIGKILL was INFO)
+            level = logging.ERROR if outcome in (Outcome.CRASHED, Outcome.FAILED_START) \
+                and code != 0 else logging.INFO
+            log.log(level, "worker %s: exited with %s (%s), pid %d", name(slot), how, said, pid)
             self.events.emit("exited", worker=name(slot), pid=pid, status=how,
                              outcome=outcome.value)
             served = time.monotonic() - slot.started
