@@ -82,6 +82,15 @@ class Drain(_Message, tag="drain"):
     deadline: Monotonic
 
 
+class Standby(_Message, tag="standby"):
+    """Master -> worker: `on`: stop accepting (a reload's previous generation
+    on probation: only the new code answers), finish what is in flight, let
+    kept-alive clients go (Connection: close, idle ones closed) and wait;
+    off: accept again (the reload rolled back)."""
+
+    on: bool
+
+
 class Stop(_Message, tag="stop"):
     """Master -> worker: exit now, without draining."""
 
@@ -126,8 +135,9 @@ class HandoffConfirm(_Message, tag="handoff_confirm"):
     names: list[str]
 
 
-Message = Union[Assignment, Ready, FailedBeforeReady, Heartbeat, Retiring, Drain, Stop, StatsRequest,
-                StatsReply, Error, HandoffRequest, HandoffListeners, HandoffConfirm]
+Message = Union[Assignment, Ready, FailedBeforeReady, Heartbeat, Retiring, Drain, Standby, Stop,
+                StatsRequest, StatsReply, Error, HandoffRequest, HandoffListeners,
+                HandoffConfirm]
 
 MESSAGE_TYPES = Message.__args__
 

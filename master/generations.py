@@ -218,8 +218,14 @@ class Generations:
         self.listeners, self.settings, self.config = p.listeners, p.settings, p.config
         self.generation = p.generation
         if self.probation is not None:
+            # only the new code answers from now on: the previous generation
+            # stops accepting and lets its kept-alive clients go, and is
+            # there to accept again at once if the new one fails
+            for slot in old:
+                self.host.standby(slot, True)
             log.info("reload: generation %d ready in %.2fs; on probation for %gs (generation %d "
-                     "serves beside it until then)", p.generation, took, length, previous)
+                     "stands by until then, not accepting)", p.generation, took, length,
+                     previous)
             self.host.events.emit("reload_probation", generation=p.generation,
                                   seconds=round(took, 3), probation=length)
             self.host.at(length, "probation", None)
@@ -273,6 +279,8 @@ class Generations:
         ends in its exit); the reload failed."""
         pr, self.probation = self.probation, None
         failed, self.slots = self.slots, pr.slots
+        for slot in pr.slots:
+            self.host.standby(slot, False)        # accepting again first, then the drain
         for slot in failed:
             slot.retired = True
             if slot.proc is not None:
@@ -347,7 +355,11 @@ class Generations:
             return True
         if slot.replacing is not None:
             self.replaced(slot)
+            if self.kept(slot):
+                self.host.standby(slot, True)
             return True
+        if self.kept(slot):
+            self.host.standby(slot, True)     # respawned while its generation stands by
         return False
 
     def on_failure(self, slot: Slot, why: str, outcome: Outcome | None = None) -> bool:

@@ -9,6 +9,8 @@ NOTIFY_SOCKET is set, and says (sd_notify(3) keys):
     ready (before)  STATUS=starting: K of N workers ready (a slow app import shows)
     reloading       RELOADING=1, MONOTONIC_USEC=<CLOCK_MONOTONIC in us>, STATUS=
                     (the notify-reload protocol: `systemctl reload` waits for...)
+    reload_probation  STATUS=, READY=1, MAINPID=<pid>: the commit of a reload with
+                    reload_probation (only the new code answers from here on)
     reload_ok       STATUS=, READY=1, MAINPID=<pid>
     reload_failed   STATUS=reload failed: <reason>; ..., READY=1, MAINPID=<pid>. A reload
                     refused before it started (a bad setting) said no RELOADING=1 yet:
@@ -124,6 +126,15 @@ class Notifier:
                      f"({len(sup.pending.slots) if sup.pending else 0} workers); "
                      f"generation {sup.generation} serving "
                      f"({c.get('serving', 0)} workers)"]]
+        if kind == "reload_probation":
+            # the commit: only the new code answers; `systemctl reload` is
+            # answered now, not after the probation (issue 36 §3)
+            self.reloading = False
+            c = _counts(sup)
+            return [[f"STATUS=serving: generation {event['generation']}, "
+                     f"{c.get('serving', 0)} workers (reloaded in {event['seconds']:g}s; on "
+                     f"probation for {event['probation']:g}s, the previous generation standing "
+                     f"by)", "READY=1", pid]]
         if kind == "reload_ok":
             self.reloading = False
             c = _counts(sup)

@@ -8,21 +8,24 @@ seconds after the commit the previous generation is kept, and a new worker
 that exits unplanned in that window (crashed, killed for a lost heartbeat,
 failed on its respawn, or could not be spawned) rolls the reload back.
 
-How the previous generation is "kept": it goes on serving, accepting on the
-same listeners alongside the new one, and is told to drain only once
-probation passes. The alternatives were worse by the DESIGN contract (§3:
-no connection refused or reset across a reload). Draining it at the commit
-and respawning it on a rollback leaves only the failing generation serving
-until the respawned workers import and report READY. Deleting its listeners
-at the commit and inserting them again on a rollback needs an "undrain" the
-worker does not have (a drain is one-way: the listener fds are DEL'ed from
-every epoll and closed, seed 004) and a new message to carry the fds back:
-new, untested paths in exactly the moment things go wrong. Keeping it
-serving needs nothing new in the worker: a rollback is the ordinary drain,
-of the new generation instead of the old. What it costs: for the window,
-both versions answer requests (as in any rolling deploy), and both
-generations' memory is in use. The contract's "old workers drain only once
-every new worker is READY" still holds; they drain later, not sooner.
+How the previous generation is "kept": it stands by (issue 36 §3). At the
+commit each of its workers is told (ipc Standby) to stop accepting: its
+listeners stay open in it but are not polled (worker/gate.py STANDBY), so
+the new generation alone takes new connections; its responses say
+Connection: close and its idle kept-alive connections are closed after the
+idle grace, so their clients reconnect to the new code; what is in flight
+finishes, WebSockets included. A rollback tells it to accept again (the
+same listeners, polled again: nothing was deleted), then drains the new
+generation. Before, it went on serving beside the new one for the whole
+window: a HUP after an edit got 6 old answers of 10, and `--reload` served
+a saved edit half the time. Draining it at the commit and respawning it on
+a rollback would leave only the failing generation serving until the
+respawned workers are READY; deleting its listeners (a drain) cannot be
+undone (the fds are DEL'ed from every epoll and closed, seed 004). What
+standing by costs: both generations' memory for the window; a connection
+whose wake-up reached an old poller just as it stopped is answered by the
+old code (worker/gate.py standby_tick), once. The contract's "old workers
+drain only once every new worker is READY" still holds; they drain later.
 
 One unplanned exit is enough to roll back: the previous generation is known
 to serve, so a rollback costs only the deploy, while waiting for a second

@@ -190,6 +190,11 @@ def traced(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
              f"env {ENV_PREFIX}CMD_ARGS")
     over(_layer({k: v for k, v in flags.items() if k in BY_KEY}, "command line",
                 strict=False), "cli")
+    if merged.get("reload") and sources["reload_probation"] == "default":
+        # development: a saved edit is what answers next (issue 36 §3: with a
+        # probation the old code kept answering half the requests for 10 s)
+        merged["reload_probation"] = 0.0
+        sources["reload_probation"] = "default with --reload"
     settings = msgspec.convert(merged, Settings)
     _check_together(settings)
     return Traced(settings, sources, warnings)

@@ -210,10 +210,12 @@ SETTINGS: tuple[Setting, ...] = (
             "a new worker not READY after this long has failed", _seconds(0.5, 86400), "S",
             section="supervision"),
     Setting("reload_probation", ("--reload-probation",), float, 10.0,
-            "after a reload's new generation is READY, the old one serves beside it this long "
-            "and drains only then; a new worker that crashes meanwhile rolls the reload back "
-            "(the old generation serves on, the reload fails with why); `ctl reload` answers "
-            "when it is over; 0: the old generation drains at once", _seconds(0, 3600), "S",
+            "after a reload's new generation is READY, the old one stands by this long "
+            "(not accepting: only the new code answers; its kept-alive clients let go) and "
+            "drains only then; a new worker that crashes meanwhile rolls the reload back (the "
+            "old generation accepts again at once, the reload fails with why); `ctl reload "
+            "--probation` answers when it is over; 0: the old generation drains at once; "
+            "with --reload its default is 0", _seconds(0, 3600), "S",
             section="supervision"),
     Setting("max_requests", ("--max-requests",), int, 0,
             "a worker that served this many requests is replaced (the new one READY first, "

@@ -160,6 +160,13 @@ class Supervisor:
 
     feed = _feed
 
+    def standby(self, slot: Slot, on: bool) -> None:
+        """A kept generation's worker told to stand by (on: not accepting,
+        master/probation.py) or to accept again (a rollback)."""
+        if slot.proc is not None:
+            from sockherd.ipc.messages import Standby
+            self.table.post(slot, Standby(on=on))
+
     # ---- control commands (master/commands) -------------------------------------------
     def _reload(self, queue: bool = False) -> str:
         self.hooks.call("on_reload", self.server)

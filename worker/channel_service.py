@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from sockherd.ipc.channel import Channel
 from sockherd.ipc.errors import IPCError, PeerClosed
-from sockherd.ipc.messages import (Drain, Error, Heartbeat, Retiring, StatsReply, StatsRequest,
-                                   Stop)
+from sockherd.ipc.messages import (Drain, Error, Heartbeat, Retiring, Standby, StatsReply,
+                                   StatsRequest, Stop)
 from sockherd.worker import EXIT_DRAIN_DEADLINE, report
 from sockherd.worker.stuck import StuckWatch, describe
 
@@ -217,6 +217,10 @@ def serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
                 return status
             elif isinstance(msg, Drain):
                 drain(msg.deadline, "the master asked")
+            elif isinstance(msg, Standby):
+                log.info("%s (the master asked)", "standing by: not accepting, kept-alive "
+                         "clients let go" if msg.on else "accepting again")
+                loop.standby(msg.on)
             elif isinstance(msg, StatsRequest):
                 _reply(ch, StatsReply(request_id=msg.request_id,
                                       stats=report.answer(loop, msg.what, msg.fd)))

@@ -33,6 +33,8 @@ import time
 
 EMFILE, CAP, BALANCE = "emfile", "cap", "balance"
 STARTUP = "startup"        # an ASGI app's lifespan startup is not over (worker/bootstrap.py)
+STANDBY = "standby"        # a reload's previous generation on probation (loop_drain.py)
+STANDBY_CHECK = 0.05       # s between two looks at the accept queue while standing by
 TICK_SLACK = 0.05          # s after which any loop thread runs a late balance check
 
 
@@ -49,6 +51,8 @@ class Gate:
         self._step = 0.005
         self._strikes = 0
         self._ticker = -1                 # tid of the thread that runs the check
+        self._standby_check = 0.0         # standby_tick's next look
+        self._standby_strikes = 0
 
     # ---- polling on and off ----------------------------------------------------------
     def off(self, th, reason: str) -> None:
@@ -79,8 +83,43 @@ class Gate:
     # ---- the balance -----------------------------------------------------------------
     def publish(self) -> None:
         """This worker's count on the board (after every accept and close)."""
-        if self.board is not None and not self.loop.draining:
+        if self.board is not None and not self.loop.draining and not self.loop.standing_by:
             self.board.slots[self.index] = len(self.loop.conns)
+
+    # ---- standing by (worker/loop_drain.py standby) -------------------------------------
+    def standby_off(self, th) -> None:
+        """Polling off for a standby; its check (standby_tick) starts."""
+        self._standby_strikes = 0
+        self._standby_check = time.monotonic() + STANDBY_CHECK
+        self.off(th, STANDBY)
+
+    def standby_on(self, th) -> None:
+        """The standby is over (a rollback): polling on, our count back on
+        the board."""
+        self.on(th, STANDBY)
+        self.publish()
+
+    def standby_tick(self, th) -> int:
+        """While standing by, every STANDBY_CHECK s: a connection whose
+        wake-up came to one of our pollers just before polling stopped
+        waits in the accept queue for the next arrival (the listener is
+        polled EXCLUSIVE: the others are not woken for it). Queued over two
+        checks, nobody takes it: we poll again until the queue is empty (it
+        is answered by this generation, with Connection: close). A unix
+        socket's queue cannot be seen: never. The poll timeout in ms."""
+        now = time.monotonic()
+        if now < self._standby_check:
+            return max(1, int((self._standby_check - now) * 1000))
+        self._standby_check = now + STANDBY_CHECK
+        queued = self._accept_queue() or 0
+        if STANDBY in self.reasons:
+            self._standby_strikes = self._standby_strikes + 1 if queued else 0
+            if self._standby_strikes >= 2:
+                self.on(th, STANDBY)
+        elif not queued:
+            self._standby_strikes = 0
+            self.off(th, STANDBY)
+        return int(STANDBY_CHECK * 1000)
 
     def leave_board(self) -> None:
         """Draining: not serving any more (others stop comparing with us)."""

@@ -70,6 +70,7 @@ class Loop(LoopTurn):
         # ~3 % of a WSGI hello request's instructions, http_callgrind)
         self._stopping = False
         self._draining_now = False
+        self._standby_now = False            # standby(): not accepting, not draining
         self._threads: list[threading.Thread] = []
         self._accept_paused_until = 0.0
         self.gate = Gate(self)               # listeners polled or not (worker/gate.py)
@@ -227,6 +228,10 @@ class Loop(LoopTurn):
     @property
     def draining(self) -> bool:
         return self._draining.is_set()
+
+    @property
+    def standing_by(self) -> bool:
+        return self._standby_now
 
     def forget(self, conn: Connection) -> None:
         # only our own entry: the number may already belong to a new connection

@@ -71,6 +71,56 @@ class LoopDrain(LoopQueued):
         mine = [c for c in list(self.conns.values()) if c.th is th]
         if self._tells_drain:
             self._tell_drain(th, me, mine)
+        idle = self._close_idle(me, mine)
+        if not self.conns and not self._stragglers and not self._posted and not self._adopting \
+                and not self.drained.is_set():
+            self.drained.set()
+            os.eventfd_write(self.drained_fd, 1)
+        return _sooner(straggling, idle)
+
+    # ---- standing by (a reload's previous generation on probation) ----------------------
+    def standby(self, on: bool) -> None:
+        """on: accepting stops (the gate's STANDBY: the listeners kept, not
+        polled, so the new generation alone takes new connections), each
+        response says Connection: close and a connection idle for the grace
+        is closed, so its client reconnects to the new generation; what is
+        in flight finishes. off: accepting again (a rollback), as before.
+        Unlike drain() nothing is deleted: off undoes on. The worker's main
+        thread's; ignored while draining."""
+        self._not_from_a_loop_thread("standby")
+        if self.draining or on == self._standby_now:
+            return
+        self._standby_now = on
+        if self.engine is not None:
+            self.engine.draining = on            # Connection: close while standing by
+        if on:
+            self.gate.leave_board()              # the new workers do not wait for us
+        me = next((i for i in range(len(self.loop_threads)) if i not in self.ended), 0)
+        self._mail[me].append((self._standby_gate, (on,)))
+        for th in self.loop_threads:
+            self.table.wake(th.tid)
+
+    def _standby_gate(self, on: bool) -> None:
+        """The gate's half of standby(), on a loop thread (its verbs need
+        one's context)."""
+        th = self.local.th
+        if on and self._standby_now:
+            self.gate.standby_off(th)
+        elif not on and not self._standby_now:
+            self.gate.standby_on(th)
+
+    def _standby_step(self, th, me: int) -> int:
+        """A standing-by thread's turn: its connections idle for the grace
+        closed; the poll timeout until the next deadline (-1: none)."""
+        tick = self.gate.standby_tick(th)
+        if self.engine is None:
+            return tick                  # a stream protocol's connections are its own
+        mine = [c for c in list(self.conns.values()) if c.th is th]
+        return _sooner(self._close_idle(me, mine), tick)
+
+    def _close_idle(self, me: int, mine: list) -> int:
+        """Closes those of mine idle for idle_grace; the poll timeout until
+        the next one is due (-1: none)."""
         now = time.monotonic()
         due_now, next_due = [], None
         for conn in mine:
@@ -101,13 +151,7 @@ class LoopDrain(LoopQueued):
                 else:
                     conn.close()
             self.relief.busy[me] = 0.0
-        if not self.conns and not self._stragglers and not self._posted and not self._adopting \
-                and not self.drained.is_set():
-            self.drained.set()
-            os.eventfd_write(self.drained_fd, 1)
-        if next_due is None:
-            return straggling
-        return _sooner(straggling, max(1, int((next_due - now) * 1000) + 1))
+        return -1 if next_due is None else max(1, int((next_due - now) * 1000) + 1)
 
     def _tell_drain(self, th, me: int, mine: list[Connection]) -> None:
         """on_drain, once, to each of th's connections not told yet (one

@@ -81,6 +81,8 @@ class LoopTurn(LoopDrain, LoopTimers):
                 timeout = _sooner(timeout, self.gate.tick(th))
             if self._draining_now:
                 timeout = _sooner(timeout, self._drain_step(th, me))
+            elif self._standby_now:
+                timeout = _sooner(timeout, self._standby_step(th, me))
             if heap:
                 timeout = _sooner(timeout, _ms_until(heap[0][0]))
             if engine is not None:

@@ -18,8 +18,8 @@ def render(r: dict) -> str:
         f"master pid {r['pid']}, up {r['uptime']:.0f}s, generation {r['generation']}"
         + (f" (generation {r['starting_generation']} starting)" if r["starting_generation"]
            else "")
-        + (f" (on probation, {pr['left']:.0f}s left; generation {pr['previous']} serves beside "
-           f"it until then)" if pr else "")
+        + (f" (on probation, {pr['left']:.0f}s left; generation {pr['previous']} stands by "
+           f"until then, not accepting)" if pr else "")
         + (", stopping" if r["stopping"] else ""),
         f"workers: {r['workers']} wanted; live: {roles}",
         f"reloads: {r['reloads_ok']} ok, {r['reloads_failed']} failed"

@@ -335,7 +335,7 @@ def test_unit_command_lines_run_as_systemd_runs_them(service, sock, tmp_path):
            # repository, one worker and a short lame duck to keep it quick
            "SOCKHERD_METRICS": f"127.0.0.1:{metrics}", "SOCKHERD_CHDIR": str(APP_DIR),
            "SOCKHERD_WORKERS": "1", "SOCKHERD_THREADS": "1",
-           "SOCKHERD_UNREADY_DELAY": "0.3"}
+           "SOCKHERD_UNREADY_DELAY": "0.3", "SOCKHERD_RELOAD_PROBATION": "1"}
     log = tmp_path / "master.log"
     cmd = [ACTIVATE, f"-l127.0.0.1:{port}", f"--fdname={name}",
            *[f"-E{k}={v}" for k, v in env.items()], *argv("ExecStart")]
@@ -357,7 +357,8 @@ def test_unit_command_lines_run_as_systemd_runs_them(service, sock, tmp_path):
                             timeout=60)
         assert ok.returncode == 0, ok.stderr
         assert "generation 2 serving" in ok.stdout, ok.stdout
-        notify.wait("READY=1", count=2)
+        notify.wait("READY=1", count=2)                   # at the commit
+        notify.wait("READY=1", count=3)                   # the probation passed
 
         text = EXAMPLE.read_text()
         assert "\nworkers = 2\n" in text

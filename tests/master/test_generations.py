@@ -38,6 +38,7 @@ class Host:
         self.fed: list[tuple[Slot, Event]] = []
         self.timers: list[tuple[float, str]] = []
         self.emitted: list[tuple[str, dict]] = []
+        self.stood: list[tuple[Slot, bool]] = []          # standby(slot, on) told
         self.events = SimpleNamespace(emit=lambda kind, **kw: self.emitted.append((kind, kw)))
 
     def spawn(self, slot: Slot) -> None:
@@ -49,6 +50,9 @@ class Host:
 
     def at(self, delay: float, what: str, slot, pid: int = 0) -> None:
         self.timers.append((delay, what))
+
+    def standby(self, slot: Slot, on: bool) -> None:
+        self.stood.append((slot, on))
 
 
 def settings(workers: int = 2, bind=()) -> SimpleNamespace:
@@ -234,11 +238,12 @@ def on_probation(seconds: float = 10.0) -> tuple[Generations, Host, list[Slot], 
     return gens, host, old, p
 
 
-def test_the_commit_keeps_the_old_generation_serving_through_probation():
+def test_the_commit_keeps_the_old_generation_standing_by_through_probation():
     gens, host, old, p = on_probation()
     assert gens.slots == p.slots and gens.generation == 2
     assert gens.probation.slots == old and gens.probation.previous == 1
     assert host.fed == [] and not any(s.retired for s in old)     # not drained
+    assert host.stood == [(old[0], True), (old[1], True)]          # but standing by
     assert all(gens.kept(s) for s in old) and set(old) <= set(gens.live())
     assert (10.0, "probation") in host.timers
     assert host.emitted[-1][0] == "reload_probation" and gens.reloads_ok == 0
@@ -269,6 +274,7 @@ def test_a_new_worker_crashing_on_probation_rolls_back():
     assert gens.probation is None and gens.slots == old and gens.generation == 1
     assert all(s.retired for s in p.slots) and not any(s.retired for s in old)
     assert host.fed == [(p.slots[1], Event.DRAIN)]            # the other new one drains
+    assert host.stood[-2:] == [(old[0], False), (old[1], False)]   # the old accepts again
     assert host.spawned[-1] is old[1]                          # the gone old one comes back
     assert (gens.reloads_failed, gens.rollbacks) == (1, 1)
     kind, ev = host.emitted[-1]

@@ -70,9 +70,9 @@ def test_a_reload_to_an_app_that_crashes_after_ready_is_rolled_back(master, tmp_
     try:
         wait_for(lambda: clients.ok > 50, 10, "traffic")
         crashing_app(tmp_path)
-        reload = ctl(tmp_path, "reload")
+        reload = ctl(tmp_path, "reload", "--probation")     # the answer after the probation
         m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 8s", timeout=60)
-        # both generations serve through probation: the old one was not drained
+        # the old generation stands by through probation: it was not drained
         assert old <= set(children(m.proc.pid))
         out, err = reload.communicate(timeout=60)
         assert reload.returncode == 1, (out, err)
@@ -105,14 +105,14 @@ def test_a_reload_to_an_app_that_crashes_after_ready_is_rolled_back(master, tmp_
 
 
 def test_a_good_reload_answers_once_probation_passed(master, tmp_path):
-    """The old generation serves beside the new one until probation ends,
-    then drains; `ctl reload` answers then, saying so."""
+    """The old generation stands by until probation ends, then drains;
+    `ctl reload --probation` answers then, saying so."""
     write_app(tmp_path, "v1")
     m = master("verapp:app", "-w", "1", "--reload-probation", "8", ready=1)
     old = set(children(m.proc.pid))
     write_app(tmp_path, "v2")
     started = time.monotonic()
-    reload = ctl(tmp_path, "reload")
+    reload = ctl(tmp_path, "reload", "--probation")
     m.wait_log(r"reload: generation 2 ready in [\d.]+s; on probation for 8s", timeout=60)
     st = status(tmp_path)
     assert st["probation"]["generation"] == 2 and st["probation"]["previous"] == 1
@@ -167,3 +167,41 @@ def test_an_upgrade_during_probation_is_refused(master, tmp_path):
     m.wait_log(r"generation 2 serving \(ready in [\d.]+s, passed 8s of probation\)", timeout=60)
     assert "upgrade: adopted" not in m.text()
     answers(m.port, "v2")
+
+
+def test_after_the_commit_only_the_new_code_answers(master, tmp_path):
+    """Issue 36 §3: HUP after an edit, then requests through the probation:
+    before, the old generation served beside the new one (6 old answers
+    of 10 two seconds after the HUP). Now, from the commit on, every new
+    connection is the new code's, under a load of fresh and kept-alive
+    clients running all along (a kept-alive connection of the old
+    generation gets Connection: close and reconnects); `ctl reload`
+    answers at the commit, not after the probation; no request fails."""
+    write_app(tmp_path, "v1")
+    m = master("verapp:app", "-w", "2", "--threads", "2", "--reload-probation", "30",
+               "--idle-grace", "0.3")
+    clients = Clients(m.port, fresh=2, kept=2)
+    try:
+        wait_for(lambda: clients.ok > 50, 10, "traffic")
+        write_app(tmp_path, "v2")
+        started = time.monotonic()
+        reload = ctl(tmp_path, "reload")
+        out, err = reload.communicate(timeout=60)
+        assert reload.returncode == 0, (out, err)
+        assert "on probation for 30s" in out, out
+        assert time.monotonic() - started < 20            # not the probation's 30 s
+        m.wait_log(r"\[worker \d+\] INFO standing by: not accepting", count=2)
+        # fresh connections from now on: v2 alone, 100 of 100
+        fresh = [get(m.port).split()[0] for _ in range(100)]
+        assert fresh == ["v2"] * 100, fresh
+        # the clients' kept-alive connections moved over too (idle grace 0.3 s)
+        before = len(clients.versions)
+        wait_for(lambda: len(clients.versions) > before + 100, 20, "more traffic")
+        settle = len(clients.versions)
+        wait_for(lambda: len(clients.versions) > settle + 200, 20, "traffic after")
+        assert set(clients.versions[settle:]) == {"v2"}, clients.versions[settle:][:20]
+        st = status(tmp_path)
+        assert st["probation"]["generation"] == 2 and st["roles"]["previous"] == 2
+    finally:
+        clients.stop()
+    assert clients.failures == [], clients.failures[:5]

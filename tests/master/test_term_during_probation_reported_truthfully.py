@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_term_during_probation_answers_the_reload_truthfully(master, tmp_path):
     m = master("-w", "1", "--reload-probation", "60", ready=1)
     with Client(tmp_path) as c:
-        c.request("reload")
+        c.request("reload", {"probation": True})      # the answer after the probation
         m.wait_log(r"generation 2 ready in [\d.]+s; on probation for 60s", timeout=60)
         m.proc.send_signal(signal.SIGTERM)
         got = c.replies(1, 30)
