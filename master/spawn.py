@@ -39,7 +39,12 @@ from sockherd.master.fdbudget import BUDGET, ENV_SOFT, SHORTAGE, worker_soft_lim
 from sockherd.master.listeners import Listener
 from sockherd.worker import ENV_BOARD, ENV_FD, ENV_MASTER, ENV_NOFILE
 
-MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", ENV_SOFT)
+MASTER_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", ENV_SOFT,
+               # the TLS key's password, as the settings' help suggests giving
+               # it: the master reads it and ships it to the engine (master/
+               # tls.py files()); in a worker's environment the app would
+               # have it (issue 35 review 3)
+               "SOCKHERD_KEYFILE_PASSWORD")
 # bytes of a worker's channel read per wake-up of the master's loop: about
 # 2,000 of its smallest messages, a few ms of handling
 READ_BYTES = 64 * 1024

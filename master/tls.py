@@ -93,10 +93,40 @@ _CERTS = (b"CERTIFICATE", b"TRUSTED CERTIFICATE", b"X509 CERTIFICATE")
 _KEYS = (b"PRIVATE KEY", b"ENCRYPTED PRIVATE KEY", b"RSA PRIVATE KEY", b"EC PRIVATE KEY",
          b"DSA PRIVATE KEY")
 _CAS = _CERTS + (b"X509 CRL",)
-# a block: its BEGIN and END lines of one label, and what lies between
-# (base64, and an encrypted legacy key's Proc-Type/DEK-Info headers)
-_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n[A-Za-z0-9+/=:,\- \t\r\n]*?"
-                    rb"-----END \1-----")
+# a block: its BEGIN and END lines of one label, and the lines between
+# (base64, and an encrypted legacy key's Proc-Type/DEK-Info headers). Read
+# a line at a time, as OpenSSL reads (pem_lib.c): a line's trailing
+# whitespace and control bytes are not part of it (a BEGIN line padded by
+# an editor or a paste is one OpenSSL accepts), and each line is looked at
+# once, whatever the file holds (issue 35 review 3: a regex whose body ran
+# from every BEGIN line to the file's end took quadratic time).
+_LINE_END = bytes(range(33))          # what OpenSSL's sanitize_line strips
+_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\Z")
+_INSIDE = re.compile(rb"[A-Za-z0-9+/=:,\- \t\r]*")
+
+
+def _blocks(data: bytes, labels: tuple) -> list[bytes]:
+    """The PEM blocks of data whose label is one of labels, in order, each
+    line without its trailing whitespace, lines joined by LF."""
+    blocks: list[bytes] = []
+    block: list[bytes] | None = None
+    end = b""
+    for line in data.split(b"\n"):
+        line = line.rstrip(_LINE_END)
+        if block is not None:
+            if line.startswith(end):
+                block.append(end)
+                blocks.append(b"\n".join(block))
+                block = None
+                continue
+            if not line.startswith(b"-----") and _INSIDE.fullmatch(line):
+                block.append(line)
+                continue
+            block = None                  # no block after all: this line may begin one
+        m = _BEGIN.search(line)
+        if m and m.group(1) in labels:
+            block, end = [m.group(0)], b"-----END " + m.group(1) + b"-----"
+    return blocks
 
 
 def _read(what: str, path: str, labels: tuple) -> str:
@@ -107,7 +137,7 @@ def _read(what: str, path: str, labels: tuple) -> str:
             data = f.read()
     except OSError as exc:
         raise TlsError(f"{what} {path}: {exc.strerror}") from None
-    blocks = [m.group(0) for m in _BLOCK.finditer(data) if m.group(1) in labels]
+    blocks = _blocks(data, labels)
     if not blocks:
         kinds = " or ".join(f"-----BEGIN {x.decode()}-----" for x in labels[:2])
         raise TlsError(f"{what} {path}: no PEM block of its kind ({kinds}): not a PEM "
@@ -156,8 +186,11 @@ def take_secrets(cfg: dict) -> dict:
     whole life (the hooks' worker.cfg, the embedded page's), and the secret
     it was spawned with would let every later ticket key be derived again
     (conn_tls_tickets.c ratchets it so that none can). The worker hands what
-    this returns to its engine once (set_tls) and keeps no reference."""
-    return {k: cfg.pop(k) for k in (TICKET_SECRET, TLS_FILES) if k in cfg}
+    this returns to its engine once (set_tls) and keeps no reference. The
+    setting keyfile_password goes too (issue 35 review 3): the master sends
+    the password in TLS_FILES, and a worker started without them finds it
+    in what this returns."""
+    return {k: cfg.pop(k) for k in (TICKET_SECRET, TLS_FILES, "keyfile_password") if k in cfg}
 
 
 def engine_args(cfg: dict) -> dict | None:
