@@ -92,8 +92,6 @@ FLAGS = (
     _warn(("--use-colors", "--no-use-colors"), "uvicorn", False, "log lines are plain"),
     _refuse(("--env-file",), "uvicorn", True,
             "give the variables with -e KEY=VALUE, or set them in the unit's environment"),
-    _refuse(("--reload-dir",), "uvicorn", True,
-            "--reload watches the app's package; more with --reload-extra-files"),
     _refuse(("--limit-concurrency",), "uvicorn", True,
             "--max-connections bounds a worker's connections (accepting pauses; uvicorn "
             "answers 503)"),

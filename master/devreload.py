@@ -13,11 +13,14 @@ instead kills and restarts its one server process, and gunicorn's
 --reload restarts workers as they are: both drop what is in flight and
 serve nothing while a broken edit is fixed.
 
-What is watched: the directory of the app's top-level package (found
-with importlib's finders on the worker's sys.path: chdir and pythonpath
-first, as the worker will import it; nothing is imported here), or, for
-a single-module app or one that cannot be found yet, that module's
-directory (else chdir or the current directory); then every path of
+What is watched (issue 36 §4: the app's package alone missed most edits
+of a real project, notes/views.py of a Django project among them): the
+project, the working directory (chdir, else the current directory), as
+uvicorn watches it, or the reload_dirs instead (uvicorn's --reload-dir);
+the directory of the app's top-level package (found with importlib's
+finders on the worker's sys.path: chdir and pythonpath first, as the
+worker will import it; nothing is imported here) and the pythonpath
+directories, where they lie outside it; then every path of
 reload_extra_files. A change counts when the file's name matches
 reload_include (`*.py`) or it is one of reload_extra_files, and no part of
 its path matches reload_exclude or watchfiles' own ignore list (.git,
@@ -50,13 +53,25 @@ class MissingWatchfiles(ValueError):
 
 
 def watched_paths(settings) -> list[Path]:
-    """The directories and files --reload follows for settings."""
+    """The directories and files --reload follows for settings: the
+    project (the working directory, chdir's, as uvicorn watches; or
+    reload_dirs, uvicorn's --reload-dir, instead), the app's package and
+    the pythonpath directories where they lie outside it, and
+    reload_extra_files. A path inside one already watched is not added."""
     base = Path(settings.chdir or os.getcwd()).resolve()
-    paths = [app_root(settings.app, base, settings.pythonpath)]
-    for extra in settings.reload_extra_files:
-        p = (base / extra).resolve()
-        if p not in paths:
+    paths: list[Path] = []
+
+    def add(p: Path) -> None:
+        if not any(p == q or (q.is_dir() and p.is_relative_to(q)) for q in paths):
             paths.append(p)
+
+    for d in [(base / d).resolve() for d in settings.reload_dirs] or [base]:
+        add(d)
+    add(app_root(settings.app, base, settings.pythonpath))
+    for d in settings.pythonpath:
+        add((base / d).resolve())
+    for extra in settings.reload_extra_files:
+        add((base / extra).resolve())
     return paths
 
 

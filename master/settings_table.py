@@ -413,11 +413,16 @@ SETTINGS: tuple[Setting, ...] = (
             "least severe level logged (to error_logfile)", section="logging", aliases=("loglevel",)),
     # issue 24 §5: uvicorn's development names and meanings (master/devreload.py)
     Setting("reload", ("--reload",), bool, False,
-            "development: reload (as HUP does) when a watched file changes: the app's package "
-            "(or the directory of a single-module app) and reload_extra_files; a change that "
+            "development: reload (as HUP does) when a watched file changes: the project (the "
+            "working directory, or reload_dirs), the app's package, pythonpath and "
+            "reload_extra_files; a change that "
             "breaks the import is a refused reload, the last good code serving on; Ctrl-C "
             "drains in-flight requests for up to 5 s (again: at once). Needs `watchfiles` "
             "(`pip install 'sockherd[reload]'`)", section="development"),
+    Setting("reload_dirs", ("--reload-dir",), list[str], [],
+            "directories --reload watches instead of the working directory (uvicorn's "
+            "--reload-dir; repeatable); the app's package and pythonpath are watched anyway",
+            metavar="DIR", section="development"),
     Setting("reload_extra_files", ("--reload-extra-files",), list[str], [],
             "more files or directories watched with --reload (repeatable)", metavar="PATH",
             section="development"),

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def answers(port: int, version: str) -> None:
 def test_a_saved_edit_reloads_without_a_failed_request(master, tmp_path):
     write_pkg(tmp_path, "v1")
     m = master("devpkg.views:app", "-w", "2", "--reload")
-    m.wait_log(r"reload: watching .*devpkg")
+    m.wait_log(r"reload: watching " + re.escape(str(tmp_path)))
     answers(m.port, "v1")
     clients = Clients(m.port, fresh=2, kept=2)
     try:
@@ -132,3 +133,58 @@ def test_ctrl_c_lets_the_request_in_flight_end(master, tmp_path):
     assert got == [(200, b"v1 /slow")], got
     assert m.proc.wait(10) == 0
     assert "INT: draining in-flight requests" in m.text()
+
+
+DJANGO_LIKE = {
+    # the standard layout: the app spec names mysite.wsgi, the views are in
+    # another package of the project, imported by it
+    "manage.py": "",
+    "mysite/__init__.py": "",
+    "mysite/wsgi.py": "from notes.views import app as application\n",
+    "notes/__init__.py": "",
+}
+
+
+def write_views(root: Path, version: str, extra: str = "") -> None:
+    tmp = root / ".views.tmp"
+    tmp.write_text(VIEWS.format(version=version, extra=extra))
+    os.replace(tmp, root / "notes" / "views.py")
+
+
+def test_an_edit_of_a_nested_module_of_the_project_reloads(master, tmp_path):
+    """Issue 36 §4: --reload watched the app's top-level package only
+    (mysite/), so the edits of notes/views.py, where a Django project's
+    code is, never reloaded. Now the project (the working directory) is
+    watched: the edit is served within 2 s of the save, and a broken one
+    is refused with the last good code serving."""
+    for name, text in DJANGO_LIKE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    write_views(tmp_path, "v1")
+    m = master("mysite.wsgi:application", "-w", "1", "--reload", ready=1)
+    m.wait_log(r"reload: watching " + re.escape(str(tmp_path)))
+    answers(m.port, "v1")
+    write_views(tmp_path, "v2")
+    saved = time.monotonic()
+    wait_for(lambda: get(m.port).startswith("v2 "), 30, "v2 answers")
+    assert time.monotonic() - saved < 2.0, time.monotonic() - saved
+    assert "on probation" not in m.text()          # --reload: no probation by default
+    write_views(tmp_path, "v3", "def broken(:\n    pass")
+    m.wait_log(r"reload refused \(generation 3\)")
+    assert get(m.port).startswith("v2 ")
+    write_views(tmp_path, "v4")
+    answers(m.port, "v4")
+
+
+def test_reload_dir_watches_those_instead(master, tmp_path):
+    """uvicorn's --reload-dir: the directories named, not the working
+    directory (the app's package is watched anyway)."""
+    write_pkg(tmp_path, "v1")
+    (tmp_path / "other").mkdir()
+    m = master("devpkg.views:app", "-w", "1", "--reload", "--reload-dir", "other", ready=1)
+    m.wait_log(r"reload: watching " + re.escape(str(tmp_path / "other")) + ", "
+               + re.escape(str(tmp_path / "devpkg")) + r" \(")
+    (tmp_path / "loose.py").write_text("X = 1\n")            # outside both: no reload
+    (tmp_path / "other" / "mod.py").write_text("X = 1\n")
+    m.wait_log(r"reload: other/mod\.py changed")
+    assert "loose.py changed" not in m.text()
