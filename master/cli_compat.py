@@ -7,7 +7,7 @@ where it is not, never argparse's usage dump.
 our own flags (settings_table.py: `-w`, `-b`, `--threads`, `-t/--timeout`,
 `--keep-alive`, `--graceful-timeout`, `-n/--name`, `-e/--env`...) are
 gunicorn's already and pass as they are. What each flag becomes is the
-table `docs_markdown()` prints for the README (a test keeps them equal).
+table `docs_markdown()` prints for docs/settings.md (a test keeps them equal).
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def rewrite(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def docs_markdown() -> str:
-    """The README's table: each of these flags and what it becomes."""
+    """docs/settings.md's table: each of these flags and what it becomes."""
     rows = ["| flag | of | here |", "|---|---|---|"]
     for f in FLAGS:
         names = ", ".join(f"`{n}`" for n in f.names)

@@ -2,7 +2,7 @@
 decoded and checked against the table (settings_table.py: each Setting's key,
 flags, type with bounds, default and help), the final typed `Settings` struct,
 the argparse options (`add_arguments`) and the docs (`docs_markdown`, kept in
-the README: `python -m sockherd.master.settings`).
+docs/settings.md: `python -m sockherd.master.settings`).
 
 Precedence: flag > environment > file > default. A bad value raises
 SettingsError naming the source, the key, the value and the reason; the CLI
@@ -252,7 +252,7 @@ def _check_together(s: Any) -> None:
 
 
 def docs_markdown() -> str:
-    """The settings table for the README."""
+    """The settings table of docs/settings.md."""
     rows = ["| key | flag | environment | default | what |", "|---|---|---|---|---|"]
     for s in SETTINGS:
         flag = s.metavar if s.positional else ", ".join(f"`{f}`" for f in s.flags)

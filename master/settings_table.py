@@ -4,7 +4,7 @@ Each Setting names its key (TOML and attribute), its command-line flags, its typ
 with bounds, its default and its help. From that one table come (settings.py):
 the argparse options (`add_arguments`), the `SOCKHERD_<KEY>` environment
 variables, the TOML decoding, the final typed `Settings` struct and the docs
-(`docs_markdown`, kept in the README). msgspec does every type and bound check:
+(`docs_markdown`, kept in docs/settings.md). msgspec does every type and bound check:
 no hand-written ones.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ SETTINGS: tuple[Setting, ...] = (
             "returns is the app (uvicorn's --factory)", section="app"),
     Setting("hooks", ("--hooks",), str, "",
             "server hooks: a module (dotted name, imported after chdir and pythonpath) or a "
-            "`.py` file whose functions named after the hooks are called (README, Hooks); "
+            "`.py` file whose functions named after the hooks are called (docs/settings.md, Hooks); "
             "a `-c FILE.py` that defines hook functions sets it to itself",
             metavar="MODULE|FILE.py", section="app"),
     Setting("interface", ("--interface",), Literal["auto", "asgi", "wsgi", "stream"], "auto",
@@ -182,7 +182,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ssl_ticket_key_rotation", ("--ssl-ticket-key-rotation",), int, 3600,
             "TLS: seconds between session-ticket key rotations; a ticket is accepted for "
             "one to two rotations (the current key and the previous one), and a key "
-            "rotated out is forgotten by every process (README, TLS)",
+            "rotated out is forgotten by every process (docs/guide.md, TLS)",
             msgspec.Meta(ge=5, le=7 * 86400), "SECONDS", section="tls"),
     Setting("user", ("--user",), str, "", "user the workers run as (the master keeps its own)",
             metavar="USER", section="workers"),
@@ -368,7 +368,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("access_log_format", ("--access-log-format",), str,
             '%(h)s - - %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(L)s',
             "access log line, gunicorn's atoms and meanings: h l u t r m U q H s B b f a T M D "
-            "L p, {header}i, {header}o, {key}e (README, Log files)",
+            "L p, {header}i, {header}o, {key}e (docs/guide.md, Logs)",
             metavar="FORMAT", section="logging"),
     # gunicorn's names (--access-logfile, --error-logfile) and meanings, but
     # `-` is stderr for both
@@ -380,7 +380,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(appended to; reopened on USR1) or `-` for stderr", metavar="PATH",
             section="logging"),
     Setting("log_format", ("--log-format",), Literal["text", "json"], "text",
-            "`json`: one JSON object per line in both logs, with stable keys (README, Logs)",
+            "`json`: one JSON object per line in both logs, with stable keys (docs/guide.md, Logs)",
             section="logging"),
     Setting("log_config", ("--log-config",), str, "",
             "a logging.config.dictConfig file (`.toml`, else JSON) applied after the defaults, "
