@@ -13,7 +13,7 @@ new worker that fails, crashes or times out before READY) is refused with
 its reason: the new workers are killed, the old generation never noticed.
 With reload_probation, the commit keeps the old generation serving beside
 the new one for that long, and a new worker's unplanned exit in that window
-rolls the reload back (master/probation.py says why it is kept serving);
+rolls the reload back (master/probation.py says how it stands by);
 the reload is over (reload_ok, or reload_failed) only when probation ends.
 Every attempt gets its own generation number, a refused one too (`numbered`).
 One reload at a time: a HUP that arrives during one (or its probation) is
@@ -201,7 +201,7 @@ class Generations:
 
     def commit(self) -> None:
         """Every new worker READY: the new generation serves; the old one
-        drains now, or is kept serving through the new one's probation."""
+        drains now, or stands by through the new one's probation."""
         p = self.pending
         if not ready(p.slots):
             return

@@ -32,7 +32,7 @@ def role(sup, slot) -> str:
     if slot.replacing is not None:
         return "replacing"
     if sup.gens.kept(slot):
-        return "previous"                        # kept serving through a reload's probation
+        return "previous"                        # standing by through a reload's probation
     if slot in sup.slots and not slot.retired:
         return "serving" if slot.life and slot.life.state is State.READY else "starting"
     return "draining" if slot.life and slot.life.state is State.DRAINING else "stopping"

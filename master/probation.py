@@ -46,7 +46,7 @@ from sockherd.master.lifecycle import Outcome
 @dataclass
 class Probation:
     """A committed reload's new generation on probation, and the previous
-    generation kept serving (with what it runs with) until it passes."""
+    generation standing by (with what it runs with) until it passes."""
     generation: int                  # the new one, serving on probation
     previous: int                    # the one kept in reserve
     slots: list                      # the previous generation's slots
