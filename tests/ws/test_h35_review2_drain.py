@@ -77,8 +77,6 @@ def app_and_loop(serve_asgi):
     app.release.set()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review 2: ws_going_away stops at a call unlinked "
-                   "by its own close (a pending handshake's 503): the older WebSockets get no 1001")
 def test_going_away_reaches_websockets_behind_a_pending_handshake(app_and_loop):
     app, loop, addr = app_and_loop
     older = [RawWs(addr, path=f"/open-{n}") for n in range(3)]
