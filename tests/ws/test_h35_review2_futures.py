@@ -39,11 +39,13 @@ class JunkDoneFuture(asyncio.Future):
 
 
 class App:
-    """Replaces its loop's create_future, then sends 4 MiB: the send waits
-    (past HIGH_WATER) on a JunkDoneFuture."""
+    """Replaces its loop's create_future, then sends 1 MiB messages to a
+    client that reads nothing until one send waits (past HIGH_WATER) on a
+    JunkDoneFuture."""
 
     def __init__(self):
         self.waiting = threading.Event()
+        self.sent = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "websocket":
@@ -53,9 +55,14 @@ class App:
         loop = asyncio.get_running_loop()
         loop.create_future = lambda: JunkDoneFuture(loop=loop)
         try:
-            pending = send({"type": "websocket.send", "bytes": bytes(4 << 20)})
-            self.waiting.set()
-            await pending
+            for _ in range(256):
+                pending = send({"type": "websocket.send", "bytes": bytes(1 << 20)})
+                self.sent += 1
+                if isinstance(pending, asyncio.Future):
+                    self.waiting.set()
+                    await pending
+                    return
+                await pending
         finally:
             del loop.create_future
 
@@ -76,8 +83,9 @@ def test_a_futures_done_whose_truth_raises_is_reported(serve_asgi, unraisable):
     loop, addr = serve_asgi(app)
     ws = RawWs(addr, path="/big")
     assert ws.status == 101
-    wait_for(app.waiting.is_set, what="the send waiting past HIGH_WATER")
-    op, fin, payload = ws.recv_frame(timeout=20)     # read: the output drains, resume
-    assert len(payload) == 4 << 20
+    wait_for(app.waiting.is_set, what="a send waiting past HIGH_WATER")
+    for _ in range(app.sent):                       # read: the output drains, resume
+        op, fin, payload = ws.recv_frame(timeout=20)
+        assert len(payload) == 1 << 20
     wait_for(lambda: any(t is ValueError and "junk truth" in m for t, m in unraisable),
              what=f"the junk truth reported (seen: {unraisable})")
