@@ -76,8 +76,6 @@ def unraisable():
     sys.unraisablehook = old
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review 2: asgi_resolve takes done()'s failed "
-                   "truth for done and drops its exception unreported")
 def test_a_futures_done_whose_truth_raises_is_reported(serve_asgi, unraisable):
     app = App()
     loop, addr = serve_asgi(app)
