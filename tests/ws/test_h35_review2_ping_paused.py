@@ -84,8 +84,6 @@ def converse(ws: RawWs, data: bytes, seconds: float) -> list:
     return seen
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 review 2: the pong timer fires while the server "
-                   "itself stopped reading (in_full): a live client closed 1011, its messages lost")
 def test_a_client_answering_pings_outlives_a_slow_app(serve_asgi):
     app = Stall()
     loop, addr = serve_asgi(app, ws_ping_interval=0.3, ws_ping_timeout=0.3)
