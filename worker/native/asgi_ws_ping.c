@@ -15,7 +15,10 @@
  *   - any input (a pong, a message, a ping, a fragment) is life: it
  *     re-arms the interval. With ws_ping_timeout 0, pings are sent
  *     (to keep proxies' and NATs' idle timers from cutting the
- *     connection) and nothing is timed out.
+ *     connection) and nothing is timed out;
+ *   - while the server itself does not read (in_full: the app behind,
+ *     its queue and the input buffer full), no ping is sent or timed
+ *     out: the client's answer would wait unread (issue 35, review 2).
  *
  * Where the clock lives: the connection's one timer (conn_timers.c), two
  * kinds, TIMER_PING (the interval) and TIMER_PONG (the timeout), each of
