@@ -34,6 +34,7 @@ static PyObject *N_DONE, *N_SET_RESULT, *N_SET_EXCEPTION;
 void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
 {
 	PyObject *f = *fut, *done, *rc;
+	int is_done;
 
 	if (!f)
 		return;
@@ -43,11 +44,15 @@ void asgi_resolve(PyObject **fut, PyObject *value, PyObject *exc)
 
 		PyErr_Fetch(&t, &v, &tb);          /* called on error paths too */
 		done = fut_call(f, &N_DONE, "done", NULL);
-		if (done && !PyObject_IsTrue(done))
+		/* the app's loop's future: done() may return junk whose truth
+		 * raises (-1 was taken for done, its error dropped unreported:
+		 * issue 35, review 2) */
+		is_done = done ? PyObject_IsTrue(done) : -1;
+		if (is_done == 0)
 			rc = exc ? fut_call(f, &N_SET_EXCEPTION, "set_exception", exc)
 			         : fut_call(f, &N_SET_RESULT, "set_result", value ? value : Py_None);
 		else
-			rc = done ? Py_NewRef(Py_None) : NULL;
+			rc = is_done > 0 ? Py_NewRef(Py_None) : NULL;
 		if (!rc)
 			PyErr_WriteUnraisable(f);
 		Py_XDECREF(rc);

@@ -269,6 +269,12 @@ static PyObject *py_ws_open(PyObject *mod, PyObject *noarg)
 	return PyLong_FromLong(ws_open);
 }
 
+/* Whether call is in all_calls (unlink_call: its connection's drop, its dealloc). */
+static int call_linked(const WsCall *call)
+{
+	return call->prev || all_calls == call;
+}
+
 /* Every WebSocket of the calling loop thread of server ends with close
  * 1001 (going away): the drain's deadline (worker/loop.py going_away). */
 static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
@@ -294,6 +300,7 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 		if (!c || c->srv != s || c->pos != pos || c->closed || call->finished)
 			continue;
 		Py_INCREF(call);
+		Py_XINCREF(next);
 		if (call->state == ST_OPEN) {
 			ws_finish(call, 1001, "", 0);
 			if (ws_close_out(call, 1001, "going away", 10) < 0)
@@ -304,8 +311,23 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 			ws_finish(call, 1006, "", 0);
 			ws_http_answer(c, 503, "Service Unavailable");
 		}
-		next = call->next;                     /* (unlinked if its close was at once) */
-		Py_DECREF(call);
+		/* a close at once (a 503 with nothing unread, a send that
+		 * failed) unlinked call, its next NULL: not the list's end
+		 * (issue 35, review 2: the WebSockets behind it were never told
+		 * 1001). A linked call is alive (its connection holds it), so
+		 * the one to go on with is read before our references go. */
+		{
+			WsCall *held = next;
+
+			if (call_linked(call))
+				next = call->next;
+			else if (!held || call_linked(held))
+				next = held;
+			else
+				next = all_calls;              /* both unlinked: from the start (finished ones skipped) */
+			Py_DECREF(call);
+			Py_XDECREF(held);
+		}
 	}
 	return PyLong_FromLong(n);
 }

@@ -15,7 +15,10 @@
  *   - any input (a pong, a message, a ping, a fragment) is life: it
  *     re-arms the interval. With ws_ping_timeout 0, pings are sent
  *     (to keep proxies' and NATs' idle timers from cutting the
- *     connection) and nothing is timed out.
+ *     connection) and nothing is timed out;
+ *   - while the server itself does not read (in_full: the app behind,
+ *     its queue and the input buffer full), no ping is sent or timed
+ *     out: the client's answer would wait unread (issue 35, review 2).
  *
  * Where the clock lives: the connection's one timer (conn_timers.c), two
  * kinds, TIMER_PING (the interval) and TIMER_PONG (the timeout), each of
@@ -64,6 +67,16 @@ int asgi_ws_timer(HttpConn *c, int kind)
 	if (!call || !Py_IS_TYPE(c->call, &WsCallType) || call->state != ST_OPEN ||
 	    call->close_sent || c->closing)
 		return 0;
+	if (c->in_full) {
+		/* we stopped reading (the app is behind: its queue and the
+		 * input buffer full): the client's answer would wait unread
+		 * in the kernel, so nothing it does can count as life; a live
+		 * client was closed 1011 and its messages lost (issue 35,
+		 * review 2). The interval again: reading resumes once the
+		 * app receives, and what waited is life then. */
+		timer_arm(c, TIMER_PING);
+		return 0;
+	}
 	if (kind == TIMER_PING) {
 		n = ++pings;
 		payload[0] = (uint8_t)(n >> 24);
