@@ -120,6 +120,9 @@ def rewrite(argv: list[str]) -> tuple[list[str], list[str]]:
                 i += 1 if eq else 2
                 continue
         flag = _BY_NAME.get(name)
+        if name == "--ws-per-message-deflate" and not eq and (
+                i + 1 >= len(argv) or argv[i + 1].lower() not in TRUE + FALSE):
+            flag = None                   # ours, a flag with no value: as it is
         if flag is None or word == "--":
             if word == "--":
                 out.extend(argv[i:])

@@ -173,3 +173,29 @@ def test_gunicorns_zero_limits_are_unlimited(master, tmp_path):
                   f"Connection: close\r\n\r\n".encode())
         got = b"".join(iter(lambda: s.recv(65536), b""))
     assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"20001"), got[:200]
+
+
+def test_our_own_flag_of_the_same_name_is_ours():
+    """--ws-per-message-deflate is ours (no value) and uvicorn's (true or
+    false): ours was read as uvicorn's and took the next word as its value
+    (`'--chdir': true or false`, found by the WebSocket tests)."""
+    from sockherd.master.cli_compat import rewrite
+
+    ours = ["run", "a:app", "--ws-per-message-deflate", "--chdir", "x"]
+    assert rewrite(ours)[0] == ours
+    assert rewrite(["run", "a:app", "--ws-per-message-deflate"])[0] == \
+        ["run", "a:app", "--ws-per-message-deflate"]
+    assert rewrite(["run", "a:app", "--ws-per-message-deflate", "False"])[0] == \
+        ["run", "a:app", "--no-ws-per-message-deflate"]
+    assert rewrite(["run", "a:app", "--ws-per-message-deflate=true"])[0] == \
+        ["run", "a:app", "--ws-per-message-deflate"]
+
+
+def test_no_other_flag_of_theirs_is_one_of_ours():
+    """A flag both servers name is read as ours unless handled above."""
+    from sockherd.master.cli_compat import FLAGS
+    from sockherd.master.settings_table import SETTINGS
+
+    ours = {f for s in SETTINGS for f in s.flags}
+    ours |= {"--no-" + f[2:] for f in ours if f.startswith("--")}
+    assert {n for f in FLAGS for n in f.names} & ours == {"--ws-per-message-deflate"}
