@@ -71,6 +71,7 @@ class Loop(LoopTurn):
         self._stopping = False
         self._draining_now = False
         self._standby_now = False            # standby(): not accepting, not draining
+        self._step = None                    # _drain_step or _standby_step: each turn runs it
         self._threads: list[threading.Thread] = []
         self._accept_paused_until = 0.0
         self.gate = Gate(self)               # listeners polled or not (worker/gate.py)

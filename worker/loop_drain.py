@@ -37,6 +37,7 @@ class LoopDrain(LoopQueued):
             self._delete_listeners(self.control, drain=True)
             self._take_queued()
         self._draining_now = True
+        self._step = self._drain_step
         self._draining.set()
         for th in self.loop_threads:
             self.table.wake(th.tid)
@@ -91,6 +92,7 @@ class LoopDrain(LoopQueued):
         if self.draining or on == self._standby_now:
             return
         self._standby_now = on
+        self._step = self._standby_step if on else None
         if self.engine is not None:
             self.engine.draining = on            # Connection: close while standing by
         if on:

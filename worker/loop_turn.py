@@ -79,10 +79,9 @@ class LoopTurn(LoopDrain, LoopTimers):
                 timeout = wait
             if self.gate.reasons:
                 timeout = _sooner(timeout, self.gate.tick(th))
-            if self._draining_now:
-                timeout = _sooner(timeout, self._drain_step(th, me))
-            elif self._standby_now:
-                timeout = _sooner(timeout, self._standby_step(th, me))
+            # the drain's or the standby's step (None: neither; one read a turn)
+            if self._step is not None:
+                timeout = _sooner(timeout, self._step(th, me))
             if heap:
                 timeout = _sooner(timeout, _ms_until(heap[0][0]))
             if engine is not None:
