@@ -20,7 +20,8 @@ from test_worker_replaced_when_a_loop_thread_ends import get, load
 
 pytestmark = pytest.mark.timeout(180)
 
-KINDS = ["Assignment", "Ready", "FailedBeforeReady", "Heartbeat", "Retiring", "Drain", "Stop",
+KINDS = ["Assignment", "Ready", "FailedBeforeReady", "Heartbeat", "Retiring", "Drain", "Standby",
+         "Stop",
          "StatsRequest", "StatsReply", "Error", "HandoffRequest", "HandoffListeners",
          "HandoffConfirm"]
 
@@ -42,6 +43,7 @@ def sample(kind):
         "Heartbeat": lambda: m.Heartbeat(seq=1, sent_at=now),
         "Retiring": lambda: m.Retiring(requests=1),
         "Drain": lambda: m.Drain(deadline=now),
+        "Standby": lambda: m.Standby(on=True),
         "Stop": lambda: m.Stop(),
         "StatsRequest": lambda: m.StatsRequest(request_id=7),
         "StatsReply": lambda: m.StatsReply(request_id=123456, stats={"x": 1}),
