@@ -211,6 +211,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return EXIT_SETTINGS
     settings = traced.settings
     set_raw_env(settings)                 # before the hooks and the workers import anything
+    if settings.umask:
+        os.umask(int(settings.umask.removeprefix("0o"), 8))    # the workers inherit it
     from sockherd.master import logs
     from sockherd.worker.logfiles import LogFileError
     try:

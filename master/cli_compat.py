@@ -50,9 +50,6 @@ FLAGS = (
     _warn(("--no-sendfile",), "gunicorn", False, HARMLESS["sendfile"]),
     _warn(("--worker-connections",), "gunicorn", True, HARMLESS["worker_connections"]),
     _refuse(("-D", "--daemon"), "gunicorn", False, UNSUPPORTED["daemon"]),
-    _refuse(("-m", "--umask"), "gunicorn", True,
-            "not supported yet: unix sockets take --unix-mode; the app's files, the "
-            "umask the master was started with"),
     _refuse(("--paste", "--paster"), "gunicorn", True, "name the WSGI callable (MODULE:APP)"),
     _refuse(("--statsd-host",), "gunicorn", True, UNSUPPORTED["statsd_host"]),
     _refuse(("--log-syslog",), "gunicorn", False, "log to stderr or --error-logfile"),

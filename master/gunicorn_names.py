@@ -55,7 +55,7 @@ HARMLESS = {
 UNSUPPORTED = {
     "reload_engine": "", "spew": "",
     "daemon": "run it under systemd, a container runtime or a supervisor instead",
-    "umask": "", "initgroups": "", "pythonpath_append": "",
+    "initgroups": "", "pythonpath_append": "",
     "header_map": "", "strip_header_spaces": "", "permit_obsolete_folding": "",
     "permit_unconventional_http_method": "", "permit_unconventional_http_version": "",
     "casefold_http_method": "",
@@ -103,6 +103,8 @@ def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict,
             warnings.append(f"{source}: gunicorn's worker_class = {value!r}: served as "
                             f"interface = \"asgi\" (the engine is the ASGI server)")
             out.setdefault("interface", "asgi")
+        elif name == "umask" and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = oct(value)                 # gunicorn's int (0o027): our octal text
         elif name in known:
             out[name] = value
         elif name == "accesslog":

@@ -188,6 +188,12 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="USER", section="workers"),
     Setting("group", ("--group",), str, "", "group the workers run as", metavar="GROUP",
             section="workers"),
+    # gunicorn's umask (an int in its config, `-m 0o027` or octal digits on its command line)
+    Setting("umask", ("-m", "--umask"), str, "",
+            "the file mode mask of the master and its workers (octal: 022, 0o027), set at the "
+            "start: the files the app writes; unix sockets take unix_mode whatever it is; "
+            "empty: the one the master was started with (gunicorn's umask)",
+            msgspec.Meta(pattern=r"^((0o|0)?[0-7]{1,4})?$"), "MASK", section="workers"),
     # liveness: a stopped (SIGSTOP) or wedged worker is killed within
     # heartbeat_timeout, its connections with it, and respawned (issue 19
     # §10: at 25 s / 75 s one held its connections for over a minute). 15 s

@@ -199,3 +199,32 @@ def test_no_other_flag_of_theirs_is_one_of_ours():
     ours = {f for s in SETTINGS for f in s.flags}
     ours |= {"--no-" + f[2:] for f in ours if f.startswith("--")}
     assert {n for f in FLAGS for n in f.names} & ours == {"--ws-per-message-deflate"}
+
+
+UMASK_APP = """
+import os
+
+def app(environ, start_response):
+    path = environ["QUERY_STRING"]
+    open(path, "w").close()
+    body = oct(os.stat(path).st_mode & 0o777).encode()
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+"""
+
+
+@pytest.mark.parametrize("how", ["flag", "conf"])
+def test_umask_is_the_workers_file_mode_mask(master, tmp_path, how):
+    """gunicorn's -m/--umask and `umask = 0o027`: refused before; now the
+    files the app writes get it (and unix sockets keep --unix-mode)."""
+    (tmp_path / "mapp.py").write_text(UMASK_APP)
+    if how == "flag":
+        m = master("mapp:app", "-w", "1", "-m", "027", ready=1)
+    else:
+        (tmp_path / "gunicorn.conf.py").write_text("umask = 0o027\nworkers = 1\n")
+        m = master("-c", "gunicorn.conf.py", "mapp:app", ready=1)
+    with socket.create_connection(("127.0.0.1", m.port), timeout=10) as s:
+        s.sendall(f"GET /?{tmp_path / 'made'} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                  .encode())
+        got = b"".join(iter(lambda: s.recv(65536), b""))
+    assert got.endswith(b"0o640"), got
