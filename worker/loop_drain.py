@@ -79,7 +79,7 @@ class LoopDrain(LoopQueued):
         return _sooner(straggling, idle)
 
     # ---- standing by (a reload's previous generation on probation) ----------------------
-    def standby(self, on: bool) -> None:
+    def standby(self, on: bool, idle_grace: float | None = None) -> None:
         """on: accepting stops (the gate's STANDBY: the listeners kept, not
         polled, so the new generation alone takes new connections), each
         response says Connection: close and a connection idle for the grace
@@ -91,6 +91,8 @@ class LoopDrain(LoopQueued):
         if self.draining or on == self._standby_now:
             return
         self._standby_now = on
+        if idle_grace is not None:
+            self.idle_grace = idle_grace         # the settings' (drain() sets it too)
         if self.engine is not None:
             self.engine.draining = on            # Connection: close while standing by
         if on:
