@@ -127,6 +127,11 @@ def rewrite(argv: list[str]) -> tuple[list[str], list[str]]:
             out.append(word)
             i += 1
             continue
+        if name == "--ws-per-message-deflate" and not eq and (
+                i + 1 >= len(argv) or argv[i + 1].lower() not in TRUE + FALSE):
+            out.append(word)         # ours, a plain switch (uvicorn's has a true/false)
+            i += 1
+            continue
         value = None
         if flag.value:
             if eq:
