@@ -42,3 +42,24 @@ def test_our_own_ws_per_message_deflate_flag_and_uvicorns(tmp_path, argv, on):
     want = "true" if on else "false"
     assert any(line.split("#")[0].split() == ["ws_per_message_deflate", "=", want]
                for line in p.stdout.splitlines()), p.stdout
+
+
+ASGI = "async def app(scope, receive, send):\n    pass\n"
+
+
+@pytest.mark.parametrize("argv, interface", [
+    (["-kuvicorn.workers.UvicornWorker"], "asgi"),     # argparse's (gunicorn's) attached form
+    (["-k=uvicorn.workers.UvicornWorker"], "asgi"),
+    (["-k", "uvicorn.workers.UvicornWorker"], "asgi"),
+    (["--worker-class=uvicorn_worker.UvicornWorker"], "asgi"),
+    (["-kgthread"], "auto"),
+])
+def test_gunicorns_k_in_each_of_its_forms(tmp_path, argv, interface):
+    """-kCLASS and -k=CLASS (argparse reads them as -k CLASS, so gunicorn
+    does) were passed as they were and refused: "invalid enum value
+    'uvicorn.workers.UvicornWorker' (allowed: sync, gthread)". Fixed."""
+    (tmp_path / "aapp.py").write_text(ASGI)
+    p = check(tmp_path, *argv, "aapp:app")
+    assert p.returncode == 0, p.stderr
+    assert any(line.split("#")[0].split() == ["interface", "=", f'"{interface}"']
+               for line in p.stdout.splitlines()), p.stdout
