@@ -107,8 +107,10 @@ def rewrite(argv: list[str]) -> tuple[list[str], list[str]]:
     while i < len(argv):
         word = argv[i]
         name, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
-        if name in ("-k", "--worker-class") and i + 1 < len(argv) or name == "--worker-class" \
-                and eq:
+        if word.startswith("-k") and len(word) > 2:
+            # argparse's (so gunicorn's) attached forms: -kCLASS, -k=CLASS
+            name, eq, inline = "-k", "=", word[3:] if word[2] == "=" else word[2:]
+        if name in ("-k", "--worker-class") and (eq or i + 1 < len(argv)):
             kind = inline if eq else argv[i + 1]
             if kind in ASGI_WORKERS:
                 warnings.append(f"gunicorn's {name} {kind}: served as --interface asgi "

@@ -112,10 +112,12 @@ def masters(dirs: list[str]) -> list[str]:
             try:
                 before = os.lstat(path)
             except OSError:
+                if reexecuting(path):               # an upgrade's re-exec: soon again
+                    found.append(f"ipc://{path}")
                 continue
             if not stat.S_ISSOCK(before.st_mode):
                 continue
-            if _live(path):
+            if _live(path) or reexecuting(path):
                 found.append(f"ipc://{path}")
             elif before.st_uid == os.geteuid():
                 _remove_stale(path, before)
@@ -131,6 +133,7 @@ def _remove_stale(path: str, before: os.stat_result) -> None:
             return
         os.unlink(path)
         where = os.path.dirname(path)
+        _unmark_reexec(path)                     # one of a master that died re-executing
         events = os.path.join(where, "events")
         if os.path.exists(events) and not _live(events):
             os.unlink(events)
@@ -140,9 +143,56 @@ def _remove_stale(path: str, before: os.stat_result) -> None:
         pass
 
 
-def live_endpoint(endpoint: str) -> bool:
-    """Whether an ipc:// endpoint has a master listening (tcp: assumed)."""
-    return not endpoint.startswith("ipc://") or _live(endpoint[len("ipc://"):])
+REEXEC = "reexec"            # beside the control socket while its master re-executes
+
+
+def _mark_reexec(control_path: str) -> None:
+    try:
+        with open(os.path.join(os.path.dirname(control_path), REEXEC), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass
+
+
+def _unmark_reexec(control_path: str) -> None:
+    try:
+        os.unlink(os.path.join(os.path.dirname(control_path), REEXEC))
+    except OSError:
+        pass
+
+
+def reexecuting(control_path: str) -> bool:
+    """Whether the master of the control socket at control_path is in an
+    upgrade's re-exec (its endpoint closed until the new image binds it):
+    its REEXEC file names a process that runs."""
+    try:
+        with open(os.path.join(os.path.dirname(control_path), REEXEC)) as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_endpoint(endpoint: str, wait: float = 0.0) -> bool:
+    """Whether an ipc:// endpoint has a master listening (tcp: assumed);
+    one re-executing (an upgrade) is waited for, up to `wait` seconds."""
+    if not endpoint.startswith("ipc://"):
+        return True
+    path = endpoint[len("ipc://"):]
+    deadline = time.monotonic() + wait
+    while not _live(path):
+        if not reexecuting(path) or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def endpoint_of(values) -> str | None:
@@ -284,6 +334,7 @@ class ControlServer:
         if self.endpoint.startswith("ipc://"):
             for ep in (self.endpoint, self.events_at):
                 os.chmod(ep[len("ipc://"):], 0o600)
+            _unmark_reexec(self.endpoint[len("ipc://"):])   # an upgrade's new image: here
         self.router, self.pub, self._retry_at = router, pub, None
         log.info("control: %s (events: %s)", self.endpoint, self.events_at)
 
@@ -422,7 +473,13 @@ class ControlServer:
         image, and so must every other one owed (a deferred `show proc`) or
         still unread: each gets "ask again" (review: they never got any).
         Then the sockets are closed and the context terminated, which waits
-        for what they still send (up to their linger, 1 s)."""
+        for what they still send (up to their linger, 1 s). The endpoint's
+        directory says meanwhile that we re-execute (REEXEC: our pid), so
+        that `sockherd ctl` waits for the new image's endpoint instead of
+        saying "no master running" (issue 36 review); the new image's
+        _open removes it."""
+        if self.endpoint.startswith("ipc://"):
+            _mark_reexec(self.endpoint[len("ipc://"):])
         why = proto.REEXECUTING
         for r in list(self.outstanding):
             r.fail(why)

@@ -73,7 +73,7 @@ def request(endpoint: str, command: str, args: dict | None = None, *, timeout: f
     """The result of one command; CtlError on an error reply or no answer."""
     from sockherd.master.control import live_endpoint
 
-    if not live_endpoint(endpoint):
+    if not live_endpoint(endpoint, wait=timeout):
         # a socket file nobody listens on (or none): ZeroMQ would wait the
         # whole timeout for a master that is not there
         raise CtlError(f"no master running at {endpoint}", timeout=True)

@@ -220,7 +220,7 @@ def serve_channel(ch: Channel, loop: Loop, cfg: dict, sig_r: socket.socket,
             elif isinstance(msg, Standby):
                 log.info("%s (the master asked)", "standing by: not accepting, kept-alive "
                          "clients let go" if msg.on else "accepting again")
-                loop.standby(msg.on)
+                loop.standby(msg.on, grace)
             elif isinstance(msg, StatsRequest):
                 _reply(ch, StatsReply(request_id=msg.request_id,
                                       stats=report.answer(loop, msg.what, msg.fd)))

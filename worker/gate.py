@@ -35,6 +35,7 @@ EMFILE, CAP, BALANCE = "emfile", "cap", "balance"
 STARTUP = "startup"        # an ASGI app's lifespan startup is not over (worker/bootstrap.py)
 STANDBY = "standby"        # a reload's previous generation on probation (loop_drain.py)
 STANDBY_CHECK = 0.05       # s between two looks at the accept queue while standing by
+STANDBY_LOOKS = 8          # looks after standing by began in which a queue is ours to take
 TICK_SLACK = 0.05          # s after which any loop thread runs a late balance check
 
 
@@ -53,6 +54,7 @@ class Gate:
         self._ticker = -1                 # tid of the thread that runs the check
         self._standby_check = 0.0         # standby_tick's next look
         self._standby_strikes = 0
+        self._standby_looks = 0           # looks since standing by began
 
     # ---- polling on and off ----------------------------------------------------------
     def off(self, th, reason: str) -> None:
@@ -90,6 +92,7 @@ class Gate:
     def standby_off(self, th) -> None:
         """Polling off for a standby; its check (standby_tick) starts."""
         self._standby_strikes = 0
+        self._standby_looks = 0
         self._standby_check = time.monotonic() + STANDBY_CHECK
         self.off(th, STANDBY)
 
@@ -106,15 +109,25 @@ class Gate:
         polled EXCLUSIVE: the others are not woken for it). Queued over two
         checks, nobody takes it: we poll again until the queue is empty (it
         is answered by this generation, with Connection: close). A unix
-        socket's queue cannot be seen: never. The poll timeout in ms."""
+        socket's queue cannot be seen: never. The poll timeout in ms.
+
+        Only in the first STANDBY_LOOKS looks (issue 36 review): a wake-up
+        is lost only at the transition; later our pollers are not on the
+        listener, every arrival wakes the new generation's, and a queue
+        that stays is theirs (busy, at their cap): taking it would have the
+        old code answer connections made long after the commit. -1 once
+        the looks are over and polling is off."""
+        if STANDBY in self.reasons and self._standby_looks >= STANDBY_LOOKS:
+            return -1
         now = time.monotonic()
         if now < self._standby_check:
             return max(1, int((self._standby_check - now) * 1000))
         self._standby_check = now + STANDBY_CHECK
+        self._standby_looks += 1
         queued = self._accept_queue() or 0
         if STANDBY in self.reasons:
             self._standby_strikes = self._standby_strikes + 1 if queued else 0
-            if self._standby_strikes >= 2:
+            if self._standby_strikes >= 2 and self._standby_looks < STANDBY_LOOKS:
                 self.on(th, STANDBY)
         elif not queued:
             self._standby_strikes = 0

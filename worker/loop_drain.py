@@ -80,7 +80,7 @@ class LoopDrain(LoopQueued):
         return _sooner(straggling, idle)
 
     # ---- standing by (a reload's previous generation on probation) ----------------------
-    def standby(self, on: bool) -> None:
+    def standby(self, on: bool, idle_grace: float | None = None) -> None:
         """on: accepting stops (the gate's STANDBY: the listeners kept, not
         polled, so the new generation alone takes new connections), each
         response says Connection: close and a connection idle for the grace
@@ -93,6 +93,8 @@ class LoopDrain(LoopQueued):
             return
         self._standby_now = on
         self._step = self._standby_step if on else None
+        if idle_grace is not None:
+            self.idle_grace = idle_grace         # the settings' (drain() sets it too)
         if self.engine is not None:
             self.engine.draining = on            # Connection: close while standing by
         if on:
