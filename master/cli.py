@@ -347,7 +347,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     elif state is None:
         from sockherd.master.control import check_free
         try:
-            check_free(settings)             # another master's endpoint: refused
+            # another master's endpoint: refused (named after systemd's sockets
+            # when the settings bind nothing of their own)
+            check_free(settings, [lst.descriptor.address for lst in inherited])
             listeners = inherited + bind_all(settings)
         except (BindError, OSError, ValueError) as exc:
             for lst in inherited:

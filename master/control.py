@@ -55,17 +55,19 @@ EVENTS_HWM = 1000            # events queued per subscriber (a few hundred bytes
 SUBSCRIPTION_MAX = 4096      # bytes of one message a subscriber sends us (its topic)
 
 
-def runtime_dir(values) -> str:
+def runtime_dir(values, addresses=()) -> str:
     """The runtime directory the settings (a Settings or its dict) name:
     runtime_dir, else this master's own directory in the default place
     (instance_key), so that masters of other apps never share one."""
     return _get(values, "runtime_dir") or os.path.join(default_runtime_dirs()[0],
-                                                       instance_key(values))
+                                                       instance_key(values, addresses))
 
 
-def instance_key(values) -> str:
+def instance_key(values, addresses=()) -> str:
     """The name of a master's own runtime directory: proc_name, else its
-    bind addresses, as a file name. What cannot be one (a `/` of a unix
+    bind addresses, else (no bind, or only fd:// and systemd: entries: the
+    sockets systemd passed) the addresses of the sockets it serves, as a
+    file name (issue 36 review: two socket-activated apps were one key). What cannot be one (a `/` of a unix
     path, a `:` ZeroMQ would read) becomes `_`, and then a hash of the
     whole keeps two names apart that differ only there. The same settings
     give the same key: a takeover's new instance finds the old one's
@@ -73,7 +75,10 @@ def instance_key(values) -> str:
     import hashlib
     import re
 
-    name = _get(values, "proc_name") or "+".join(_get(values, "bind") or ()) or "master"
+    binds = list(_get(values, "bind") or ())
+    if addresses and all(b.startswith(("fd://", "systemd:")) for b in binds):
+        binds = [str(a) for a in addresses]
+    name = _get(values, "proc_name") or "+".join(binds) or "master"
     safe = re.sub(r"[^A-Za-z0-9._+-]", "_", name)[:32]    # a socket path's room is 107 bytes
     if safe != name or safe.startswith("."):
         safe = f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
@@ -195,12 +200,12 @@ def live_endpoint(endpoint: str, wait: float = 0.0) -> bool:
     return True
 
 
-def endpoint_of(values) -> str | None:
+def endpoint_of(values, addresses=()) -> str | None:
     """The control endpoint of settings (a Settings or its dict); None: off."""
     chosen = _get(values, "control")
     if chosen == "off":
         return None
-    return chosen or f"ipc://{os.path.join(runtime_dir(values), 'control')}"
+    return chosen or f"ipc://{os.path.join(runtime_dir(values, addresses), 'control')}"
 
 
 def events_endpoint(control: str) -> str:
@@ -227,11 +232,12 @@ def _get(values, key: str):
     return values.get(key, "") if isinstance(values, dict) else getattr(values, key, "")
 
 
-def check_free(values) -> None:
+def check_free(values, addresses=()) -> None:
     """OSError naming what to do if the control endpoint of the settings
     is an ipc path another running master serves (`sockherd run` without
-    --takeover, before it binds its listeners)."""
-    endpoint = endpoint_of(values)
+    --takeover, before it binds its listeners; addresses: the sockets
+    systemd passed, instance_key's)."""
+    endpoint = endpoint_of(values, addresses)
     if endpoint is None or not endpoint.startswith("ipc://"):
         return                      # off, or tcp: a bind that fails says so itself
     for ep in (endpoint, events_endpoint(endpoint)):
@@ -603,7 +609,7 @@ def _curve_keys(settings) -> tuple[bytes, bytes]:
 def attach(sup) -> None:
     """Called by `sockherd run` before the loop starts: serve the control
     endpoint of the settings (none if `off`). Raises ValueError or OSError."""
-    endpoint = endpoint_of(sup.settings)
+    endpoint = endpoint_of(sup.settings, [lst.descriptor.address for lst in sup.listeners])
     if endpoint is None:
         return
     server = ControlServer(sup, endpoint)

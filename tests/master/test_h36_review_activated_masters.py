@@ -42,9 +42,6 @@ def activated(host, tmp_path: Path, name: str, sock: socket.socket, *args: str) 
     return Master(proc, log)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36 review: two socket-activated masters with no "
-                   "name and no runtime_dir get one instance_key ('master'): the second is "
-                   "refused as served by another running master")
 @pytest.mark.parametrize("args", [(), ("-b", "fd://3")])
 def test_two_socket_activated_apps_run_side_by_side(host, tmp_path, args):
     (tmp_path / "app.py").write_text(APP)
