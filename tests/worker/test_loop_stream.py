@@ -255,8 +255,16 @@ def test_reading_pauses_past_the_high_water_mark_and_resumes(serve):
             seen.append(conn.pending)
 
     _, addr = serve(Echo2, 2)
-    payload = os.urandom(12 << 20)
-    with socket.create_connection(addr, timeout=10) as c:
+    # more than every buffer between the two can hold: loopback autotunes a
+    # receive buffer to 6 MiB and a send buffer to 4 MiB, so the server's two
+    # and the client's (kept small) hold ~10.5 MiB; 12 MiB was sent whole
+    # once in CI (2026-12-03) without the server ever pausing
+    payload = os.urandom(32 << 20)
+    with socket.socket() as c:
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 << 10)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 128 << 10)
+        c.settimeout(10)
+        c.connect(addr)
         c.setblocking(False)
         sent = 0
         deadline = time.monotonic() + 20
