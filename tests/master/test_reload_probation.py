@@ -191,7 +191,13 @@ def test_after_the_commit_only_the_new_code_answers(master, tmp_path):
         assert "on probation for 30s" in out, out
         assert time.monotonic() - started < 20            # not the probation's 30 s
         m.wait_log(r"\[worker \d+\] INFO standing by: not accepting", count=2)
-        # fresh connections from now on: v2 alone, 100 of 100
+        # the one window in which the old code may still take a connection:
+        # a wake-up its poller got just as it stopped, rescued within the
+        # standby's first looks (worker/gate.py standby_tick); past it, fresh
+        # connections are v2 alone, 100 of 100
+        from sockherd.worker.gate import STANDBY_CHECK, STANDBY_LOOKS
+        window_end = time.monotonic() + STANDBY_LOOKS * STANDBY_CHECK + 0.1
+        wait_for(lambda: time.monotonic() > window_end, 5, "the rescue window over")
         fresh = [get(m.port).split()[0] for _ in range(100)]
         assert fresh == ["v2"] * 100, fresh
         # the clients' kept-alive connections moved over too (idle grace 0.3 s)
