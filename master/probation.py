@@ -24,7 +24,9 @@ respawned workers are READY; deleting its listeners (a drain) cannot be
 undone (the fds are DEL'ed from every epoll and closed, seed 004). What
 standing by costs: both generations' memory for the window; a connection
 whose wake-up reached an old poller just as it stopped is answered by the
-old code (worker/gate.py standby_tick), once. The contract's "old workers
+old code (worker/gate.py standby_tick: it polls for one 50 ms look, within
+the standby's first 0.4 s, so what arrives in that look is the old code's
+too); past that window every new connection is the new generation's. The contract's "old workers
 drain only once every new worker is READY" still holds; they drain later.
 
 One unplanned exit is enough to roll back: the previous generation is known
