@@ -146,12 +146,13 @@ def _by_bind(live: list[str], binds: list[str]) -> str:
         return address
 
     want = {plain(b) for b in binds}
-    hits = [ep for ep in live if want <= {plain(x) for x in _listeners(ep)}]
+    listening = {ep: _listeners(ep) for ep in live}       # one status a master
+    hits = [ep for ep in live if want <= {plain(x) for x in listening[ep]}]
     if len(hits) == 1:
         return hits[0]
     if not hits:
         raise CtlError(f"no master running listens on {', '.join(sorted(want))} (running: "
-                       + ("; ".join(f"{ep} ({', '.join(_listeners(ep))})" for ep in live)
+                       + ("; ".join(f"{ep} ({', '.join(listening[ep])})" for ep in live)
                           or "none") + ")", timeout=True)
     raise CtlError(f"several masters listen on {', '.join(sorted(want))}: {', '.join(hits)}",
                    usage=True)

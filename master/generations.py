@@ -355,11 +355,9 @@ class Generations:
             return True
         if slot.replacing is not None:
             self.replaced(slot)
-            if self.kept(slot):
-                self.host.standby(slot, True)
             return True
-        if self.kept(slot):
-            self.host.standby(slot, True)     # respawned while its generation stands by
+        # (a kept generation's worker is never respawned nor replaced during
+        # the probation, on_exit: no READY of one needs a Standby here)
         return False
 
     def on_failure(self, slot: Slot, why: str, outcome: Outcome | None = None) -> bool:
