@@ -5,7 +5,7 @@ A gunicorn config moves over unchanged when every name it sets either is a
 setting of ours (the same name and meaning: bind, workers, threads,
 max_requests, limit_request_line...), is declared as an alias of one
 (settings_table.py `aliases`: graceful_timeout, keepalive, loglevel, wsgi_app), is
-translated below (accesslog, errorlog, logconfig_json; a dict of
+translated below (accesslog, errorlog, logconfig_json, logconfig_dict; a dict of
 secure_scheme_headers; cert_reqs given as ssl.CERT_*), or does nothing here that it would
 do there (HARMLESS: a warning, the value dropped). Any other gunicorn
 setting is refused naming it, with what to do instead: silently ignoring
@@ -60,7 +60,6 @@ UNSUPPORTED = {
     "permit_unconventional_http_method": "", "permit_unconventional_http_version": "",
     "casefold_http_method": "",
     "logger_class": "", "logconfig": "use log_config (a dictConfig file, TOML or JSON)",
-    "logconfig_dict": "use log_config (a dictConfig file, TOML or JSON)",
     "syslog": "", "syslog_addr": "", "syslog_prefix": "", "syslog_facility": "",
     "statsd_host": "use --metrics (Prometheus) instead", "dogstatsd_tags": "",
     "statsd_prefix": "",
@@ -115,8 +114,12 @@ def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict,
             if value:
                 out["error_logfile"] = value
         elif name == "logconfig_json":
-            if value:
+            if value and not isinstance(data.get("logconfig_dict"), dict):
                 out["log_config"] = value          # a dictConfig JSON file: ours reads it
+        elif name == "logconfig_dict":
+            if value:                              # gunicorn's: it wins over logconfig_json
+                out["log_config"] = value
+                warnings += _gunicorn_loggers(value, source)
         elif name in HARMLESS:
             if value:
                 shown = f"hook {name}()" if callable(value) else f"{name} = {value!r}"
@@ -131,6 +134,20 @@ def translate(data: dict[str, Any], source: str, known: set[str]) -> tuple[dict,
     return out, warnings
 
 
+def _gunicorn_loggers(table: Any, source: str) -> list[str]:
+    """A warning for each of gunicorn's own loggers the table configures:
+    nothing logs to them here (our lines are sockherd.master's and
+    sockherd.worker's, under the root logger; the access log is the
+    access_logfile's)."""
+    loggers = table.get("loggers") if isinstance(table, dict) else None
+    if not isinstance(loggers, dict):
+        return []
+    return [f"{source}: logconfig_dict's logger {name!r} gets nothing here: sockherd logs "
+            f"as 'sockherd.master' and 'sockherd.worker' (under the root logger), and "
+            f"writes the access log itself (access_logfile)"
+            for name in loggers if isinstance(name, str) and name.startswith("gunicorn")]
+
+
 def is_gunicorn_name(name: str) -> bool:
     return name in HARMLESS or name in UNSUPPORTED or name in HOOKS \
-        or name in ("accesslog", "errorlog", "logconfig_json")
+        or name in ("accesslog", "errorlog", "logconfig_json", "logconfig_dict")

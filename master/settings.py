@@ -242,6 +242,8 @@ def _check_together(s: Any) -> None:
         raise SettingsError("ws_max_size = 0 (no limit) with ws_per_message_deflate: a "
                             "compressed message could inflate without bound (a 255 KiB one to "
                             "256 MiB); give ws_max_size a bound (default 16 MiB)")
+    if isinstance(s.log_config, dict):
+        _check_plain(s.log_config, "log_config", 0)
     for pair in s.raw_env:
         key, eq, _ = pair.partition("=")
         if not eq or not key or "\0" in pair:
@@ -249,6 +251,33 @@ def _check_together(s: Any) -> None:
     if s.heartbeat_timeout <= s.heartbeat_interval:
         raise SettingsError(f"heartbeat_timeout = {s.heartbeat_timeout}: must exceed "
                             f"heartbeat_interval ({s.heartbeat_interval})")
+
+
+PLAIN = (str, int, float, bool, type(None))
+# a dictConfig table nests four levels (handlers.NAME.KEY: a list or a
+# table); the worker's message allows a config some twenty more (ipc)
+PLAIN_DEPTH = 12
+
+
+def _check_plain(value: Any, where: str, depth: int) -> None:
+    """A log_config table reaches each worker as data (ipc: msgpack), so
+    only plain values: what gunicorn's logconfig_dict may hold as live
+    objects (a stream, a class) is spelled as dictConfig's strings here."""
+    if depth > PLAIN_DEPTH:
+        raise SettingsError(f"{where}: nested deeper than {PLAIN_DEPTH} levels")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise SettingsError(f"{where}: key {k!r} is not a string")
+            _check_plain(v, f"{where}.{k}", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]", depth + 1)
+    elif not isinstance(value, PLAIN):
+        raise SettingsError(
+            f"{where} = {value!r}: a {type(value).__name__}, but the table reaches each worker "
+            f"as data: strings, numbers, booleans, lists and tables only (a stream is "
+            f"'ext://sys.stderr', a class or factory its dotted name as a string)")
 
 
 def docs_markdown() -> str:

@@ -388,9 +388,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_format", ("--log-format",), Literal["text", "json"], "text",
             "`json`: one JSON object per line in both logs, with stable keys (docs/guide.md, Logs)",
             section="logging"),
-    Setting("log_config", ("--log-config",), str, "",
-            "a logging.config.dictConfig file (`.toml`, else JSON) applied after the defaults, "
-            "in the master and every worker", metavar="FILE", section="logging"),
+    Setting("log_config", ("--log-config",), str | dict[str, Any], "",
+            "a logging.config.dictConfig file (`.toml`, else JSON), or in a settings file the "
+            "dictConfig table itself (gunicorn's `logconfig_dict`), applied after the "
+            "defaults, in the master and every worker", metavar="FILE", section="logging"),
     Setting("runtime_dir", ("--runtime-dir",), str, "",
             "where the control sockets live (created 0700); empty: a directory of this "
             "master's own, named after proc_name (else its bind addresses), in "

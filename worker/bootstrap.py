@@ -243,7 +243,7 @@ def _logging(cfg: dict) -> None:
         logfiles.OPENED.append(logfiles.LogFile.adopt(path, "error_logfile", 2))
     try:
         logfiles.configure(f"worker {os.getpid()}", str(cfg.get("log_level", "info")),
-                           str(cfg.get("log_format", "text")), str(cfg.get("log_config", "")))
+                           str(cfg.get("log_format", "text")), cfg.get("log_config") or "")
     except logfiles.LogFileError as exc:
         raise BootstrapError(str(exc)) from None
 

@@ -147,10 +147,12 @@ def iso_time(t: float) -> str:
         + time.strftime("%z", time.localtime(t))
 
 
-def configure(process: str, level: str, log_format: str = "text", log_config: str = "") -> None:
+def configure(process: str, level: str, log_format: str = "text",
+              log_config: str | dict = "") -> None:
     """The root logger for this process ('master' or 'worker PID'):
     stderr (fd 2: the error log), text or JSON; then log_config's
-    dictConfig on top when set. Raises LogFileError for a bad file."""
+    dictConfig on top when set: a file's path, or the table itself.
+    Raises LogFileError for a bad file or table."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter(process.split()[0]))
@@ -163,10 +165,13 @@ def configure(process: str, level: str, log_format: str = "text", log_config: st
     root.addHandler(handler)
     root.setLevel(level.upper())
     if log_config:
+        table = isinstance(log_config, dict)
+        doc = with_defaults(dict(log_config)) if table else read_dict_config(log_config)
         try:
-            logging.config.dictConfig(read_dict_config(log_config))
+            logging.config.dictConfig(doc)
         except (ValueError, TypeError, AttributeError, ImportError) as exc:
-            raise LogFileError(f"log_config = {log_config!r}: {exc}") from None
+            said = "log_config (a table)" if table else f"log_config = {log_config!r}"
+            raise LogFileError(f"{said}: {exc}") from None
 
 
 def read_dict_config(path: str) -> dict:
@@ -184,6 +189,12 @@ def read_dict_config(path: str) -> dict:
                            f"{'TOML' if path.endswith('.toml') else 'JSON'}: {exc}") from None
     if not isinstance(doc, dict):
         raise LogFileError(f"log_config = {path!r}: a table of dictConfig keys expected")
+    return with_defaults(doc)
+
+
+def with_defaults(doc: dict) -> dict:
+    """dictConfig's two keys a config most often leaves out, as gunicorn
+    fills them: version 1, and the loggers configured before kept."""
     doc.setdefault("version", 1)
     doc.setdefault("disable_existing_loggers", False)
     return doc

@@ -35,7 +35,7 @@ def test_a_failing_slot_backs_off_and_the_master_stays(master, tmp_path):
     (tmp_path / "flaky.py").write_text(FLAKY)
     mport = free_port()
     m = master("flaky:app", "-w", "1", "--metrics", f"127.0.0.1:{mport}", ready=1)
-    assert ready(mport)[0] == 200
+    wait_for(lambda: ready(mport)[0] == 200, 10, "/-/ready to answer 200")
     (tmp_path / "broken").write_text("")
     os.kill(children(m.proc.pid)[0], signal.SIGKILL)
     # 0.5, 1, 2, 4 s, then 8 s: past the 5 failures that used to end it

@@ -30,7 +30,9 @@ import os
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return
-    body = ("%s %s" % (os.environ.get("FOO", "-"), os.getppid())).encode()
+    mask = os.umask(0o22)
+    os.umask(mask)
+    body = ("%s %s umask %03o" % (os.environ.get("FOO", "-"), os.getppid(), mask)).encode()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -74,7 +76,7 @@ def test_uvicorns_command_line_serves(master, tmp_path):
                "--timeout-keep-alive", "5", "--ws-per-message-deflate", "false", bind=None,
                ready=1)
     assert get_tcp(port).startswith(b"- %d" % m.proc.pid)
-    assert get_unix(uds).split(b"\r\n\r\n", 1)[1] == b"- %d" % m.proc.pid
+    assert get_unix(uds).split(b"\r\n\r\n", 1)[1].startswith(b"- %d umask " % m.proc.pid)
 
 
 def test_gunicorns_flags_run_with_a_word_each(master, tmp_path):
@@ -124,6 +126,17 @@ workers = 1
 bind = "127.0.0.1:0"
 raw_env = ["FOO=from-conf"]
 preload_app = True
+umask = 0o027
+limit_request_line = 0
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"generic": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(message)s",
+                               "datefmt": "[%Y-%m-%d %H:%M:%S %z]"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "generic",
+                             "stream": "ext://sys.stderr"}},
+    "root": {"level": "INFO", "handlers": ["console"]},
+}
 """
 
 
@@ -132,8 +145,10 @@ def test_a_uvicorn_worker_conf_with_raw_env_runs_and_warns_once(master, tmp_path
     (tmp_path / "gunicorn.conf.py").write_text(CONF)
     m = master("-c", "gunicorn.conf.py", "uapp:app", bind=None, ready=None)
     port = int(m.wait_log(r"listening on 127\.0\.0\.1:(\d+)")[0])
-    m.wait_log(r"worker 1\.0: ready")
-    assert get_tcp(port).startswith(b"from-conf ")
+    # logconfig_dict's format, in the master and in the worker
+    m.wait_log(r"\[\d+\] \[INFO\] worker 1\.0: ready")
+    got = get_tcp(port)
+    assert got.startswith(b"from-conf ") and got.endswith(b" umask 027"), got
     warned = "gunicorn's preload_app = True is ignored"
     assert m.text().count(warned) == 1
     for gen in (2, 3):

@@ -92,7 +92,7 @@ def test_ctl_answers_and_a_killed_worker_is_respawned_with_the_fd_table_full(mas
     m = master("metricsapp:app", "-w", "2", "--metrics", f"127.0.0.1:{mport}", nofile=NOFILE)
     m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics")
     pid = m.proc.pid
-    assert _ready(mport)[0] == 200
+    wait_for(lambda: _ready(mport)[0] == 200, 10, "/-/ready to answer 200")
     squeeze = Squeeze(mport, 2 * NOFILE)       # more than the table can hold
     try:
         peak = 0

@@ -19,7 +19,7 @@ import pytest
 
 from test_metrics import write_app
 from test_reload import free_port
-from test_run import master  # noqa: F401 (fixture)
+from test_run import master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +54,9 @@ def _start(master, tmp_path):
     mport = free_port()
     m = master("metricsapp:app", "-w", "1", "--metrics", f"127.0.0.1:{mport}", ready=1)
     m.wait_log(rf"metrics on http://127\.0\.0\.1:{mport}/metrics")
-    assert _ready(mport)[0] == 200
+    # the worker's ready line comes just before the master counts the
+    # generation as serving (channels.on_ready): readiness follows it
+    wait_for(lambda: _ready(mport)[0] == 200, 10, "/-/ready to answer 200")
     return m, mport
 
 

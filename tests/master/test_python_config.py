@@ -107,8 +107,6 @@ def test_python_file_errors_name_the_file_never_toml(appdir):
     ("ssl_version = 2", "gunicorn's ssl_version is not supported by sockherd: use "
                         "ssl_min_version"),
     ("daemon = True", "gunicorn's daemon is not supported by sockherd: run it under systemd"),
-    ("logconfig_dict = {'version': 1}", "gunicorn's logconfig_dict is not supported by "
-                                        "sockherd: use log_config"),
     ("def ssl_context(conf, default):\n    pass", "gunicorn's ssl_context is not supported"),
 ])
 def test_unsupported_gunicorn_setting_is_refused_by_name(appdir, line, message):
