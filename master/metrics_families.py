@@ -5,8 +5,9 @@ it, gathering the tree afresh at each scrape).
 from __future__ import annotations
 
 from prometheus_client.core import (
-    CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily,
 )
+from prometheus_client.utils import floatToGoString
 
 ROLES = ("starting", "serving", "replacing", "previous", "draining", "stopping")
 WORKER_LABELS = ("generation", "worker", "pid")
@@ -99,6 +100,11 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
     refused = CounterMetricFamily("sockherd_http_rejected",
                                   "requests the engine refused itself (its own 400, 408, 413, "
                                   "414, 431, 500, 505), by reason", labels=WORKER_LABELS + ("reason",))
+    durations = HistogramMetricFamily(
+        "sockherd_worker_request_duration_seconds",
+        "the app's requests by duration, from the app's call to the end of its response (the "
+        "client gone before included; the engine's own refusals not), with prometheus_client's "
+        "default buckets", labels=WORKER_LABELS)
     threads: dict[str, CounterMetricFamily] = {}
     for w in tree["workers"]:
         labels = [str(w["generation"]), w["worker"], str(w["pid"])]
@@ -125,6 +131,9 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                 refused.add_metric(labels + [why], n)
             for outcome, n in tls_outcomes(stats.get("tls")):
                 tls.add_metric(labels + [outcome], n)
+            hist = histogram(stats.get("durations"))
+            if hist is not None:
+                durations.add_metric(labels, *hist)
         for th in w.get("threads") or ():
             tl = labels + [str(th["tid"]), str(th["tgid"])]
             for name, value in th.items():
@@ -137,8 +146,21 @@ def families(tree: dict | None, complete: bool, restarts: dict[str, int]):
                         "(`sockherd ctl show activity`)", labels=THREAD_LABELS)
                 fam.add_metric(tl, value)
     yield from (info, answered, uptime, conns, websockets, requests, responses, pauses, alive,
-                refused, tls)
+                refused, tls, durations)
     yield from threads.values()
+
+
+def histogram(d: dict | None) -> tuple[list[tuple[str, int]], float] | None:
+    """A worker's duration counts (worker/report.py: per bucket) as
+    prometheus_client's buckets (cumulative, +Inf last) and sum; None
+    when it has none (or a shape no engine of ours gives)."""
+    if not d or len(d.get("counts", ())) != len(d.get("bounds", ())) + 1:
+        return None
+    buckets, total = [], 0
+    for bound, n in zip([*d["bounds"], None], d["counts"]):
+        total += n
+        buckets.append(("+Inf" if bound is None else floatToGoString(bound), total))
+    return buckets, d["sum"]
 
 
 def tls_outcomes(counts: dict | None) -> list[tuple[str, int]]:

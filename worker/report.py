@@ -36,6 +36,9 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         "responses": responses,
         # requests the engine refused itself (400, 408, 413...), by reason
         "refused": engine.refused if engine is not None else None,
+        # the app's requests by duration: ((bound, count)..., sum), the
+        # counts per bucket, not cumulative (the master's family adds them)
+        "durations": _durations(engine),
         "connections": loop.open_connections,
         # issue 23: ASGI WebSockets accepted and not closed (asgi_ws.c)
         "websockets": loop.websockets_open,
@@ -52,6 +55,15 @@ def answer(loop, what: str, fd: int = -1) -> dict:
         # and max_connections reached (worker/loop.py)
         "accept_pauses": {"emfile": loop.paused_emfile, "max_connections": loop.paused_cap},
     }
+
+
+def _durations(engine) -> dict | None:
+    if engine is None:
+        return None
+    buckets, total = engine.durations
+    # +Inf is no msgpack/JSON number a status page can show: its bound is None
+    return {"bounds": [b for b, _ in buckets[:-1]], "counts": [n for _, n in buckets],
+            "sum": total}
 
 
 def _tls(engine) -> dict | None:

@@ -126,7 +126,7 @@ AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 	call->f.keep = hp_keep_alive(hp) && !s->draining;
 	call->f.head_only = hp->ll.method == HTTP_HEAD;
 	call->f.length = -1;
-	call->since = s->access != Py_None ? mono_now() : 0.0;
+	call->since = mono_now();          /* the access log's and the histogram's start */
 	asgi_ext_call(call);                       /* what the scope advertised; no file yet */
 	PyObject_GC_Track(call);
 	if (!call->aio) {

@@ -107,6 +107,7 @@ void asgi_account(AsgiCall *call)
 		return;
 	call->counted = 1;
 	srv_count(s, call->head_sent ? call->f.code : 0);
+	srv_time(s, call->since);
 	if (s->access != Py_None) {
 		rc = PyObject_CallFunction(s->access, "OiKd", call->scope,
 		                           call->head_sent ? call->f.code : 0, call->f.sent, call->since);

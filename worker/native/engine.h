@@ -12,6 +12,13 @@
 
 struct h1_app;             /* h1.h */
 
+/* The request-duration histogram's bounds, seconds: prometheus_client's
+ * default buckets, the ones the common exporters use, so a dashboard's
+ * quantiles read the same; Server.durations gives them with the counts */
+#define DURATION_BUCKETS 14
+#define DURATION_BOUNDS {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, \
+                         1.0, 2.5, 5.0, 7.5, 10.0}
+
 struct srv_thread {
 	struct fdc_thread *th;
 	PyObject *obj;                     /* the fdcore.Thread object */
@@ -107,6 +114,11 @@ struct Server {
 	int dispatch;                      /* connections shared by their group (dispatch.c) */
 	unsigned long long requests;       /* answered: the app's, and our refusals */
 	unsigned long long responses[6];   /* by status class: [0] other, [1] 1xx .. [5] 5xx */
+	/* the app's requests by duration (srv_time): [i] those of at most
+	 * DURATION_BOUNDS[i] seconds and more than the bound before, the
+	 * last one those above every bound; and their seconds' sum */
+	unsigned long long durations[DURATION_BUCKETS + 1];
+	double duration_sum;
 	unsigned long long retire_at;      /* max_requests (with jitter); 0: never */
 	PyObject *on_retire;               /* called once when requests reach retire_at */
 	unsigned long long refused[REFUSALS];  /* requests the engine refused, by refusal_kind() */
@@ -178,6 +190,23 @@ PyObject *proxy_info(const struct pp_result *r);
 /* The refusal log: fn(peer, status, reason, count) at most a line a
  * second (conn_report.c); status 0: a connection closed before any request. */
 void srv_log_refusal(Server *s, PyObject *peer, int status, const char *reason);
+
+/* One request of the app's ended (its response sent, failed or its client
+ * gone), begun at `started` (mono_now() as the app was called): the
+ * duration histogram's count. Two clock reads a request (vDSO, no
+ * syscall) and at most 14 comparisons, always on: the histogram has no
+ * switch. Caller: a loop thread, GIL held (s->durations is the GIL's). */
+static inline void srv_time(Server *s, double started)
+{
+	static const double bounds[DURATION_BUCKETS] = DURATION_BOUNDS;
+	double d = mono_now() - started;
+	int i = 0;
+
+	while (i < DURATION_BUCKETS && d > bounds[i])
+		i++;
+	s->durations[i]++;
+	s->duration_sum += d;
+}
 
 /* the responses[] index of a status code (0: other, or no response) */
 static inline int status_class(int code) { return code >= 100 && code < 600 ? code / 100 : 0; }

@@ -192,6 +192,30 @@ static PyObject *get_responses(Server *s, void *c)
 	                     "5xx", s->responses[5], "other", s->responses[0]);
 }
 
+/* ((bound, count)..., (inf, count), sum): non-cumulative counts, one read
+ * under the GIL, so the counts and the sum are of the same requests */
+static PyObject *get_durations(Server *s, void *c)
+{
+	static const double bounds[DURATION_BUCKETS] = DURATION_BOUNDS;
+	PyObject *buckets = PyTuple_New(DURATION_BUCKETS + 1), *out;
+
+	(void)c;
+	if (!buckets)
+		return NULL;
+	for (int i = 0; i <= DURATION_BUCKETS; i++) {
+		PyObject *b = Py_BuildValue("(dK)", i < DURATION_BUCKETS ? bounds[i] : Py_HUGE_VAL,
+		                            s->durations[i]);
+
+		if (!b) {
+			Py_DECREF(buckets);
+			return NULL;
+		}
+		PyTuple_SET_ITEM(buckets, i, b);
+	}
+	out = Py_BuildValue("(Nd)", buckets, s->duration_sum);
+	return out;
+}
+
 static PyObject *get_refused(Server *s, void *c)
 {
 	static const char *names[REFUSALS] = REFUSAL_NAMES;
@@ -229,6 +253,9 @@ PyGetSetDef Server_getset[] = {
 	 "the app's interface: 'wsgi' or 'asgi' (set before the first connection)", NULL},
 	{"responses", (getter)get_responses, NULL, "responses by status class", NULL},
 	{"refused", (getter)get_refused, NULL, "requests the engine refused, by reason", NULL},
+	{"durations", (getter)get_durations, NULL,
+	 "the app's requests by duration: (((bound, count)..., (inf, count)), seconds' sum), "
+	 "each count those above the bound before", NULL},
 	{"proxy_refused", (getter)get_proxy_refused, NULL,
 	 "connections closed over their PROXY protocol header (conn_proxy.c)", NULL},
 	{NULL},

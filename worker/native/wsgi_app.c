@@ -270,8 +270,10 @@ static int respond_end(HttpConn *c, Respond *r, int rc)
 	if (s->access != Py_None)
 		access_log(s, env, r, started);
 	out = r->f.keep;
-	if (count >= 0)
+	if (count >= 0) {
 		srv_count(s, count ? r->f.code : 0);
+		srv_time(s, started);
+	}
 	if (s->on_retire && s->requests >= s->retire_at) {
 		/* max_requests: the worker asks to be replaced, once (>=: a
 		 * limit set after that many requests, or passed by refusals,
@@ -302,7 +304,7 @@ int respond(HttpConn *c, PyObject *env, int can_park)
 
 	if (!r)
 		return -1;
-	r->since = s->access != Py_None ? mono_now() : 0.0;
+	r->since = mono_now();             /* the access log's and the histogram's start */
 	r->env = Py_NewRef(env);
 	Py_XSETREF(c->response, (PyObject *)Py_NewRef(r));
 	result = PyObject_CallFunctionObjArgs(s->app, env, (PyObject *)r, NULL);
