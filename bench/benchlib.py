@@ -453,6 +453,8 @@ class ReloadClient:
         import threading
 
         self.newpids: list[tuple[int, float]] = []
+        self.lastsent: dict[int, float] = {}   # pid -> the latest request it answered began
+        self.lastconn: dict[int, float] = {}   # pid -> the latest new connection it answered
         self.fails: list[tuple[str, float, str]] = []
         self.result: dict | None = None
         target = f"{addr}:{port}" if addr else str(port)
@@ -474,6 +476,10 @@ class ReloadClient:
             with self.lock:
                 if f[0] == "newpid":
                     self.newpids.append((int(f[1]), float(f[2])))
+                elif f[0] == "lastsent":
+                    self.lastsent[int(f[1])] = float(f[2])
+                    if len(f) > 3:
+                        self.lastconn[int(f[1])] = float(f[3])
                 elif f[0] == "fail":
                     self.fails.append((f[1], float(f[2]), " ".join(f[3:])))
                 elif f[0] == "RESULT":

@@ -19,7 +19,10 @@
  *
  * A response is complete at its Content-Length (or at EOF without one). The
  * body of `GET /` starts with `pid=N` (the process that answered); the first
- * time a pid answers, the client prints `newpid PID T`.
+ * time a pid answers, the client prints `newpid PID T`; at the end, for
+ * each pid, `lastsent PID T C`: when the latest request it answered
+ * started (T), and the latest connection whose first request it answered
+ * (C: when its connect() began).
  *
  * Failures, by kind, each printed as `fail KIND T TYPE REUSED GOT ERRNO`:
  *   refused   connect() refused (ECONNREFUSED)
@@ -77,6 +80,7 @@ struct conn {
 	int fd;
 	long served;            /* responses completed on this fd */
 	double t_start;         /* the current request was started */
+	double t_conn;          /* its connection's connect() began */
 	double t_next;          /* S_WAIT: when to start the next request */
 	size_t wr_off;
 	char head[HEAD_MAX];
@@ -90,6 +94,7 @@ struct conn {
 	char body[32];          /* the first bytes of the body (pid=N) */
 	int blen;
 	pid_t last_pid;
+	int last_idx;           /* last_pid's index in seen[] */
 };
 
 static int port, epfd;
@@ -105,6 +110,8 @@ static long ok, ok_type[3], long_total, server_close, connects;
 static double first_ok, last_ok, max_stall, stall_end, max_lat;
 
 static pid_t seen[65536];
+static double seen_sent[65536];     /* the latest start of a request seen[i] answered */
+static double seen_conn[65536];     /* the latest connect() of a connection it answered first */
 static int nseen;
 
 static double now(void)
@@ -195,6 +202,7 @@ static void start_request(struct conn *c)
 	a.sin_addr = server;
 	c->fd = fd;
 	c->served = 0;
+	c->t_conn = now();
 	connects++;
 	struct epoll_event e = { .events = EPOLLOUT, .data.ptr = c };
 	epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e);
@@ -206,22 +214,41 @@ static void start_request(struct conn *c)
 	fail(c, errno == ECONNREFUSED ? K_REFUSED : K_OTHER, errno);
 }
 
+/* The pid of a short request's answer: `newpid` the first time it is seen;
+ * and the latest start of a request it answered (seen_sent, printed at
+ * the end as `lastsent`: after a reload, every request started after the
+ * old processes' latest one was answered by new code) */
 static void note_pid(struct conn *c)
 {
 	if (c->blen < 5 || memcmp(c->body, "pid=", 4) != 0)
 		return;
 	c->body[c->blen < (int)sizeof c->body ? c->blen : (int)sizeof c->body - 1] = 0;
 	pid_t pid = (pid_t)atol(c->body + 4);
-	if (pid <= 0 || pid == c->last_pid)
+	if (pid <= 0)
 		return;
-	c->last_pid = pid;
-	for (int i = 0; i < nseen; i++)
-		if (seen[i] == pid)
-			return;
-	if (nseen < (int)(sizeof seen / sizeof seen[0]))
-		seen[nseen++] = pid;
-	printf("newpid %d %.6f\n", (int)pid, now());
-	fflush(stdout);
+	if (pid != c->last_pid) {
+		c->last_pid = pid;
+		c->last_idx = -1;
+		for (int i = 0; i < nseen; i++)
+			if (seen[i] == pid)
+				c->last_idx = i;
+		if (c->last_idx < 0) {
+			if (nseen >= (int)(sizeof seen / sizeof seen[0])) {
+				c->last_pid = 0;        /* no slot: looked up again next time */
+				return;
+			}
+			c->last_idx = nseen;
+			seen[nseen] = pid;
+			seen_sent[nseen] = seen_conn[nseen] = 0;
+			nseen++;
+			printf("newpid %d %.6f\n", (int)pid, now());
+			fflush(stdout);
+		}
+	}
+	if (c->t_start > seen_sent[c->last_idx])
+		seen_sent[c->last_idx] = c->t_start;
+	if (c->served == 1 && c->t_conn > seen_conn[c->last_idx])
+		seen_conn[c->last_idx] = c->t_conn;  /* the first answer on a new connection */
 }
 
 static void complete(struct conn *c)
@@ -464,6 +491,8 @@ int main(int argc, char **argv)
 		max_stall = t - last_ok;
 		stall_end = t;
 	}
+	for (int i = 0; i < nseen; i++)
+		printf("lastsent %d %.6f %.6f\n", (int)seen[i], seen_sent[i], seen_conn[i]);
 	printf("RESULT ok=%ld ok_close=%ld ok_ka=%ld ok_long=%ld long_total=%ld", ok,
 	       ok_type[T_CLOSE], ok_type[T_KA], ok_type[T_LONG], long_total);
 	for (int i = 0; i < NKINDS; i++)

@@ -19,7 +19,9 @@ failure of its own kind), other. Stall: the longest time without any
 completed 2xx response. Every long request must be answered 200.
 
 Reloads: one every --interval s, never before the previous one completed
-(sockherd: the master logged `reload: generation N serving`; a peer: as
+(sockherd: the master logged `reload: generation N serving`, which with
+the default reload_probation of 10 s is 10 s after the commit: a HUP during
+a probation waits for its end, so a sockherd reload takes that long; a peer: as
 many never-seen-before pids as it has worker processes answered; at most
 --reload-deadline s, then the reload counts as not completed and the next
 one goes). Each server gets the same number of reloads.
@@ -225,7 +227,7 @@ def after_signal(fails, signals) -> dict:
 
 
 # ---- one server ---------------------------------------------------------------------------------
-SERVING_RE = re.compile(r"reload: generation (\d+) serving \(ready in ([\d.]+)s\)")
+SERVING_RE = re.compile(r"reload: generation (\d+) serving \(ready in ([\d.]+)s[,)]")
 REFUSED_RE = re.compile(r"reload refused|upgrade failed|upgrade refused")
 BAD_RE = re.compile(r"reload refused|upgrade failed|upgrade refused|failed before ready|"
                     r"gave up|no heartbeat|killed|Traceback|CRITICAL")
@@ -354,6 +356,7 @@ def _run_server(procs: B.Procs, tmp: str, name: str, a, started: list) -> dict:
     finally:
         if client.p.poll() is None:
             client.p.kill()
+    only_new(row, client)
     row["alive"] = p.poll() is None
     row["git_end"] = git_state()
     if not row["alive"]:
@@ -450,6 +453,7 @@ def run_takeovers(procs: B.Procs, tmp: str, a) -> dict:
         alive = cur.poll() is None
         for p in started:
             end_tree(procs, p)
+    only_new(row, client)
     row["alive"] = alive
     row["git_end"] = git_state()
     row.update(res)
@@ -462,6 +466,24 @@ def run_takeovers(procs: B.Procs, tmp: str, a) -> dict:
     row["reload_refused"] = len(bad)
     row["log_tail"] = B.read_text(logs[-1]).splitlines()[-30:]
     return row
+
+
+def only_new(row: dict, client) -> None:
+    """Each reload's `only_new_s`: from its signal to the latest new
+    connection (its connect() began) whose first request a process that
+    answered before the signal still answered: every connection made
+    after it got new code (0: none after the signal). And
+    `only_new_any_s`, the same over every request, a kept-alive
+    connection's next one too (its client may send one more on a
+    connection of the old generation before it reads Connection: close).
+    The long request is left out: finishing one begun before is what a
+    graceful reload owes."""
+    first = dict(client.newpids)                      # pid -> when it first answered
+    for rec, (t0, _sig) in zip(row["per_reload"], row["signals"]):
+        olds = [pid for pid, t in first.items() if t < t0]
+        for key, last in (("only_new_s", client.lastconn), ("only_new_any_s", client.lastsent)):
+            rec[key] = max((last[p] - t0 for p in olds if last.get(p, 0.0) >= t0),
+                           default=0.0)
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -502,12 +524,14 @@ def report(rows: list[dict], a, notes: list[str], head: str) -> str:
     out.append("")
     heads = ["server", "reloads (upgrades)", "requests ok", "failures", *KINDS, "per million",
              "longest stall ms", "long ok/total", "reload->serving ms p50/max",
-             "ready in (log) ms p50/max", "incomplete", "server_close"]
+             "reload->new connections only new code ms p50/max",
+             "reload->every request new code ms p50/max", "ready in (log) ms p50/max", "incomplete",
+             "server_close"]
     body = []
     for r in rows:
         if "ok" not in r:
             body.append([r["server"], "-", "-", "ERROR", *["-"] * len(KINDS), "-", "-", "-",
-                         "-", "-", "-", "-"])
+                         "-", "-", "-", "-", "-", "-"])
             continue
         n = r["reloads"] + r["upgrades"] + r["takeovers"]
         rel = f"{n} ({r['upgrades']})" if r["upgrades"] else (
@@ -517,7 +541,8 @@ def report(rows: list[dict], a, notes: list[str], head: str) -> str:
             r["server"], rel, r["ok"], r["failures"], *[r[k] for k in KINDS],
             f"{r['failures'] * 1e6 / total:.1f}" if total else "-",
             f"{r['max_stall_us'] / 1000:.0f}", f"{r['ok_long']}/{r['long_total']}",
-            by_signal(r, "serving_s"), by_signal(r, "ready_s"),
+            by_signal(r, "serving_s"), by_signal(r, "only_new_s"), by_signal(r, "only_new_any_s"),
+            by_signal(r, "ready_s"),
             r["incomplete"], r["server_close"]])
     out.append(B.table(heads, body))
     out.append("")
@@ -526,7 +551,11 @@ def report(rows: list[dict], a, notes: list[str], head: str) -> str:
     out.append("Per row: requests ok = 2xx responses (connection-per-request / keep-alive / long); "
                "per million = failures per million requests attempted; longest stall = longest "
                "time with no 2xx response completed; reload->serving = signal to the first "
-               "answer of a new process; ready in = sockherd master's `reload: generation N "
+               "answer of a new process; reload->new connections only new code = signal to the latest "
+               "connection made (connect() began) whose first request an old process answered "
+               "(every connection made later got new code); reload->every request new code = "
+               "the same over every request, a kept-alive connection's next ones too (the long "
+               "request left out in both); ready in = sockherd master's `reload: generation N "
                "serving (ready in X s)`; incomplete = reloads not completed within the "
                "deadline; server_close = keep-alive connections the server ended with "
                "`Connection: close` (not failures).")

@@ -35,7 +35,7 @@ EMFILE, CAP, BALANCE = "emfile", "cap", "balance"
 STARTUP = "startup"        # an ASGI app's lifespan startup is not over (worker/bootstrap.py)
 STANDBY = "standby"        # a reload's previous generation on probation (loop_drain.py)
 STANDBY_CHECK = 0.05       # s between two looks at the accept queue while standing by
-STANDBY_LOOKS = 8          # looks after standing by began in which a queue is ours to take
+STANDBY_LOOKS = 8          # the rescue window: STANDBY_LOOKS * STANDBY_CHECK s after it began
 TICK_SLACK = 0.05          # s after which any loop thread runs a late balance check
 
 
@@ -55,6 +55,7 @@ class Gate:
         self._standby_check = 0.0         # standby_tick's next look
         self._standby_strikes = 0
         self._standby_looks = 0           # looks since standing by began
+        self._standby_until = 0.0         # the end of its rescue window
 
     # ---- polling on and off ----------------------------------------------------------
     def off(self, th, reason: str) -> None:
@@ -89,11 +90,16 @@ class Gate:
             self.board.slots[self.index] = len(self.loop.conns)
 
     # ---- standing by (worker/loop_drain.py standby) -------------------------------------
-    def standby_off(self, th) -> None:
-        """Polling off for a standby; its check (standby_tick) starts."""
+    def standby_off(self, th, rescue: bool = True) -> None:
+        """Polling off for a standby; its check (standby_tick) starts.
+        rescue False: no rescue window (a worker of one loop thread: the
+        thread turning polling off is the only poller, awake, and accepts
+        whatever its poll already reported; no wake-up can be lost)."""
         self._standby_strikes = 0
         self._standby_looks = 0
-        self._standby_check = time.monotonic() + STANDBY_CHECK
+        now = time.monotonic()
+        self._standby_check = now + STANDBY_CHECK
+        self._standby_until = now + (STANDBY_LOOKS * STANDBY_CHECK if rescue else 0.0)
         self.off(th, STANDBY)
 
     def standby_on(self, th) -> None:
@@ -101,6 +107,13 @@ class Gate:
         the board."""
         self.on(th, STANDBY)
         self.publish()
+
+    def stood_by(self) -> bool:
+        """Standing by with every rescue look over: none of our pollers has
+        been on the listeners since, so no wake-up can be lost with us and
+        whatever is queued is the new generation's (a drain then takes
+        none of it: loop_drain.py). A plain read, from any thread."""
+        return STANDBY in self.reasons and time.monotonic() >= self._standby_until
 
     def standby_tick(self, th) -> int:
         """While standing by, every STANDBY_CHECK s: a connection whose
@@ -112,15 +125,19 @@ class Gate:
         in that look). A unix socket's queue cannot be seen: never. The
         poll timeout in ms.
 
-        Only in the first STANDBY_LOOKS looks (issue 36 review): a wake-up
-        is lost only at the transition; later our pollers are not on the
-        listener, every arrival wakes the new generation's, and a queue
-        that stays is theirs (busy, at their cap): taking it would have the
-        old code answer connections made long after the commit. -1 once
-        the looks are over and polling is off."""
-        if STANDBY in self.reasons and self._standby_looks >= STANDBY_LOOKS:
-            return -1
+        Only within the window's STANDBY_LOOKS * STANDBY_CHECK s after the
+        standby began (issue 36 review), in time, not in looks: a wake-up
+        is lost only at the transition (an EPOLLEXCLUSIVE wake-up goes to a
+        poller with a thread waiting in it; one of ours busy in the app
+        took none); later our pollers are not on the listener, every
+        arrival wakes the new generation's, and a queue that stays is
+        theirs (busy, at their cap). Counted in looks, a thread that was 3
+        s in a slow app took its looks after it, and the old code answered
+        connections made 1.5 s after the commit (reload_under_load). -1
+        once the window is over and polling is off."""
         now = time.monotonic()
+        if STANDBY in self.reasons and now >= self._standby_until:
+            return -1
         if now < self._standby_check:
             return max(1, int((self._standby_check - now) * 1000))
         self._standby_check = now + STANDBY_CHECK
@@ -134,7 +151,7 @@ class Gate:
             return int(STANDBY_CHECK * 1000)
         queued = self._accept_queue() or 0
         self._standby_strikes = self._standby_strikes + 1 if queued else 0
-        if self._standby_strikes >= 2 and self._standby_looks < STANDBY_LOOKS:
+        if self._standby_strikes >= 2 and now < self._standby_until:
             self.on(th, STANDBY)
         return int(STANDBY_CHECK * 1000)
 

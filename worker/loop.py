@@ -71,6 +71,7 @@ class Loop(LoopTurn):
         self._stopping = False
         self._draining_now = False
         self._standby_now = False            # standby(): not accepting, not draining
+        self._sweep = True                   # drain(): empty our listeners' queues (loop_drain.py)
         self._step = None                    # _drain_step or _standby_step: each turn runs it
         self._threads: list[threading.Thread] = []
         self._accept_paused_until = 0.0

@@ -248,6 +248,8 @@ static int push(AsgiCall *call)
 			break;
 		}
 		c->wrote += (unsigned long long)n;
+		if (c->srv->draining)
+			c->last_active = mono_now();   /* the drain's idle grace: conn_io.c */
 		call->f.sent += (unsigned long long)n;
 		call->file_left -= (unsigned long long)n;
 		turn -= (size_t)n;

@@ -333,6 +333,13 @@ int hconn_flush(HttpConn *c)
 	}
 	c->ostart += (size_t)n;
 	c->wrote += (unsigned long long)n;
+	if (n > 0 && c->srv->draining)
+		/* a drain's (or a standby's) idle grace counts from the last
+		 * byte out too: an answer written after a slow app call (owed,
+		 * or a thread's only one in its app) is when the client sends
+		 * its next request, and closing it then as idle since its
+		 * request came was a keep-alive race (reload_under_load) */
+		c->last_active = mono_now();
 	if (c->ostart == c->olen) {
 		/* nothing kept for an idle connection (memory per connection) */
 		PyMem_Free(c->out);

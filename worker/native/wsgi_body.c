@@ -151,6 +151,8 @@ int push_tail(Respond *r)
 			return -1;
 		}
 		c->wrote += (unsigned long long)w;
+		if (c->srv->draining)
+			c->last_active = mono_now();   /* the drain's idle grace: conn_io.c */
 		took = (size_t)w < out ? (size_t)w : out;
 		if (took)
 			hconn_taken(c, took);
@@ -334,6 +336,8 @@ int push_file(Respond *r)
 			break;
 		}
 		c->wrote += (unsigned long long)n;
+		if (c->srv->draining)
+			c->last_active = mono_now();   /* the drain's idle grace: conn_io.c */
 		r->f.sent += (unsigned long long)n;
 		r->file_left -= (unsigned long long)n;
 	}
