@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("-b", "--bind", action="append", metavar="ADDRESS",
                      help="the master listening on ADDRESS (repeatable), of those running "
                           "on this host (`sockherd ctl list` shows them)")
+    ctl.add_argument("--pid", metavar="PID|PIDFILE",
+                     help="the master of this pid, or of the pid its pidfile (`-p`) holds, "
+                          "of those running on this host")
     ctl.add_argument("--endpoint", metavar="ENDPOINT",
                      help="the control endpoint (ipc:// or tcp://); default: the settings'")
     ctl.add_argument("--curve-server-key", metavar="FILE",

@@ -99,7 +99,8 @@ def _endpoint(ns) -> str:
     one (--runtime-dir, -c FILE, the environment's runtime_dir or
     control); else the masters running on this host (each in its own
     directory of the default places, master/control.py masters()): with
-    -b ADDR the one listening there, else the only one. Several are
+    -b ADDR the one listening there, with --pid the one of that pid (or
+    pidfile), else the only one. Several are
     listed (a usage error), never one picked silently; none is "no master
     running" at once."""
     from sockherd.master import settings as S
@@ -112,12 +113,15 @@ def _endpoint(ns) -> str:
     found = endpoint_of(settings)
     if found is None:
         raise CtlError("the settings say control = off: no control endpoint")
-    if (settings.runtime_dir or settings.control) and not ns.bind:
+    pid = getattr(ns, "pid", None)
+    if (settings.runtime_dir or settings.control) and not ns.bind and not pid:
         return found
     dirs = default_runtime_dirs()
     live = masters(dirs)
-    if ns.config and found in live and not ns.bind:
+    if ns.config and found in live and not ns.bind and not pid:
         return found                    # the one the config file describes
+    if pid:
+        return _by_pid(live, _pid_of(pid))
     if ns.bind:
         return _by_bind(live, ns.bind)
     if len(live) == 1:
@@ -136,6 +140,36 @@ def _listeners(endpoint: str) -> list[str]:
         return list(request(endpoint, "status", timeout=2.0).get("listeners", []))
     except CtlError:
         return []
+
+
+def _pid_of(given: str) -> int:
+    """--pid: a number, or a pidfile's path (what `run -p` writes)."""
+    if given.isdigit():
+        return int(given)
+    try:
+        with open(given) as f:
+            text = f.read(64).strip()
+    except OSError as exc:
+        raise CtlError(f"--pid {given}: cannot read it: {exc.strerror}", usage=True) from None
+    if not text.isdigit():
+        raise CtlError(f"--pid {given}: no pid in it ({text[:20]!r})", usage=True)
+    return int(text)
+
+
+def _by_pid(live: list[str], pid: int) -> str:
+    """The one master of live whose pid is pid."""
+    pids = {}
+    for ep in live:
+        try:
+            pids[ep] = request(ep, "status", timeout=2.0).get("pid")
+        except CtlError:
+            pids[ep] = None
+    hits = [ep for ep, p in pids.items() if p == pid]
+    if hits:
+        return hits[0]
+    raise CtlError(f"no master running has pid {pid} (running: "
+                   + ("; ".join(f"{ep} (pid {p})" for ep, p in pids.items()) or "none") + ")",
+                   timeout=True)
 
 
 def _by_bind(live: list[str], binds: list[str]) -> str:

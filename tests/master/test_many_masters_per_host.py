@@ -78,7 +78,7 @@ def ctl(host, *words: str) -> subprocess.CompletedProcess:
 def test_two_apps_run_side_by_side_and_ctl_reaches_each(host, tmp_path):
     a_bind, b_bind = f"unix:{host.short}/a.sock", f"unix:{host.short}/b.sock"
     a = host(a_bind)
-    b = host(b_bind, "-n", "billing")
+    b = host(b_bind, "-n", "billing", "-p", str(host.short / "billing.pid"))
     assert a.proc.poll() is None and b.proc.poll() is None
     dirs = sorted(p.name for p in host.place.iterdir())
     assert "billing" in dirs and len(dirs) == 2, dirs
@@ -93,6 +93,13 @@ def test_two_apps_run_side_by_side_and_ctl_reaches_each(host, tmp_path):
         got = ctl(host, "-b", bind, "status", "--json")
         assert got.returncode == 0, got.stderr
         assert json.loads(got.stdout)["pid"] == m.proc.pid
+        # or by its pid, or its pidfile's
+        for which in [str(m.proc.pid)] + ([str(host.short / "billing.pid")] if m is b else []):
+            got = ctl(host, "--pid", which, "status", "--json")
+            assert got.returncode == 0, got.stderr
+            assert json.loads(got.stdout)["pid"] == m.proc.pid
+    nobody = ctl(host, "--pid", "1", "status")
+    assert nobody.returncode == 3 and "no master running has pid 1" in nobody.stderr, nobody
     # proc_name names the titles too
     with open(f"/proc/{b.proc.pid}/cmdline", "rb") as f:
         assert f.read().startswith(b"sockherd: master [billing]")
