@@ -103,7 +103,8 @@ def default_runtime_dirs() -> list[str]:
 def masters(dirs: list[str]) -> list[str]:
     """The live control endpoints in dirs: DIR/control (a master whose
     runtime_dir is DIR) and DIR/*/control (the default place's own
-    directories), in that order. A socket nobody listens on (its master
+    directories), in that order. Masters elsewhere (an explicit
+    --runtime-dir) are elsewhere()'s: listed and named, never picked. A socket nobody listens on (its master
     exited without removing it: killed) is removed with its events socket,
     if it is ours and still the same file after the probe."""
     found = []
@@ -576,6 +577,44 @@ def _private_dir(path: str) -> None:
 
 
 _ACCEPTCON = 0x10000              # /proc/net/unix's Flags of a listening socket
+
+
+def _listening_paths() -> set[bytes]:
+    """The paths of this network namespace's listening unix sockets
+    (/proc/net/unix), read once."""
+    out = set()
+    try:
+        with open("/proc/net/unix", "rb") as f:
+            next(f, None)
+            for line in f:
+                cols = line.split(None, 7)
+                if len(cols) == 8 and int(cols[3], 16) & _ACCEPTCON:
+                    out.add(cols[7].rstrip(b"\n"))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def elsewhere(known: list[str]) -> list[str]:
+    """Live masters outside the default places (an explicit runtime_dir):
+    a listening socket named `control` with a listening `events` beside
+    it (what every master binds) that this user can reach, not among
+    known. Found in /proc/net/unix, so without a connection."""
+    listening = _listening_paths()
+    found = []
+    for raw in sorted(listening):
+        if not raw.endswith(b"/control") or raw[:-len(b"control")] + b"events" not in listening:
+            continue
+        path = os.fsdecode(raw)
+        endpoint = f"ipc://{path}"
+        if endpoint in known:
+            continue
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                found.append(endpoint)
+        except OSError:
+            continue                       # another user's (its dir is 0700), or gone
+    return found
 
 
 def _listed(path: str) -> bool:

@@ -104,7 +104,7 @@ def _endpoint(ns) -> str:
     listed (a usage error), never one picked silently; none is "no master
     running" at once."""
     from sockherd.master import settings as S
-    from sockherd.master.control import default_runtime_dirs, endpoint_of, masters
+    from sockherd.master.control import default_runtime_dirs, elsewhere, endpoint_of, masters
 
     if ns.endpoint:
         return ns.endpoint
@@ -120,14 +120,25 @@ def _endpoint(ns) -> str:
     live = masters(dirs)
     if ns.config and found in live and not ns.bind and not pid:
         return found                    # the one the config file describes
-    if pid:
-        return _by_pid(live, _pid_of(pid))
-    if ns.bind:
-        return _by_bind(live, ns.bind)
+    if pid or ns.bind:
+        # named: the default places' masters first, then those elsewhere
+        # (an explicit --runtime-dir, control.elsewhere) if none matched
+        pick = (lambda eps: _by_pid(eps, _pid_of(pid))) if pid else \
+            (lambda eps: _by_bind(eps, ns.bind))
+        try:
+            return pick(live)
+        except CtlError as exc:
+            others = elsewhere(live)
+            if not exc.timeout or not others:
+                raise
+            return pick(live + others)
     if len(live) == 1:
         return live[0]
     if not live:
-        raise CtlError(f"no master running (none in {', '.join(dirs)})", timeout=True)
+        others = elsewhere(live)
+        hint = ("; running with a --runtime-dir of their own: " + ", ".join(others)
+                + " (say which with -b ADDRESS, --pid or --runtime-dir DIR)") if others else ""
+        raise CtlError(f"no master running (none in {', '.join(dirs)}){hint}", timeout=True)
     raise CtlError("several masters run: " + "; ".join(
         f"{ep} ({', '.join(_listeners(ep)) or '?'})" for ep in live)
         + ": say which with -b ADDRESS (one it listens on), --endpoint ENDPOINT or "
@@ -194,9 +205,10 @@ def _by_bind(live: list[str], binds: list[str]) -> str:
 
 def list_masters() -> int:
     """`sockherd ctl list`: the masters running on this host, one a line."""
-    from sockherd.master.control import default_runtime_dirs, masters
+    from sockherd.master.control import default_runtime_dirs, elsewhere, masters
 
     live = masters(default_runtime_dirs())
+    live += elsewhere(live)               # an explicit --runtime-dir's too
     for ep in live:
         try:
             st = request(ep, "status", timeout=2.0)

@@ -133,3 +133,26 @@ def test_a_second_master_of_the_same_binds_is_refused(host, tmp_path):
     second = host(bind, ready=False)
     assert second.proc.wait(timeout=60) == 1
     assert "is served by another running master" in second.text()
+
+
+def test_a_master_with_its_own_runtime_dir_is_found_when_named(host, tmp_path):
+    """Issue 36 §1: `ctl status` could not find a master started with
+    --runtime-dir. Outside the default places it is found (in
+    /proc/net/unix, no connection) when named by -b or --pid, listed by
+    `ctl list`, and a flagless ctl that finds none in the default places
+    says where it runs (never picks it: which one is the operator's)."""
+    bind = f"unix:{host.short}/own.sock"
+    own = host.short / "own-run"
+    m = host(bind, "--runtime-dir", str(own))
+    for words in (("-b", bind), ("--pid", str(m.proc.pid))):
+        got = ctl(host, *words, "status", "--json")
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["pid"] == m.proc.pid
+    listed = ctl(host, "list")
+    assert listed.returncode == 0 and f"pid {m.proc.pid} " in listed.stdout, listed
+    assert f"ipc://{own}/control" in listed.stdout
+    flagless = ctl(host, "status")
+    assert flagless.returncode == 3, flagless
+    assert "no master running" in flagless.stderr
+    assert "running with a --runtime-dir of their own: " in flagless.stderr
+    assert f"ipc://{own}/control" in flagless.stderr, flagless.stderr
