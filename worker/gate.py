@@ -56,6 +56,7 @@ class Gate:
         self._standby_strikes = 0
         self._standby_looks = 0           # looks since standing by began
         self._standby_until = 0.0         # the end of its rescue window
+        self._standby_began = False       # standby_off ran (the transition is made)
 
     # ---- polling on and off ----------------------------------------------------------
     def off(self, th, reason: str) -> None:
@@ -100,11 +101,13 @@ class Gate:
         now = time.monotonic()
         self._standby_check = now + STANDBY_CHECK
         self._standby_until = now + (STANDBY_LOOKS * STANDBY_CHECK if rescue else 0.0)
+        self._standby_began = True
         self.off(th, STANDBY)
 
     def standby_on(self, th) -> None:
         """The standby is over (a rollback): polling on, our count back on
         the board."""
+        self._standby_began = False
         self.on(th, STANDBY)
         self.publish()
 
@@ -136,6 +139,12 @@ class Gate:
         connections made 1.5 s after the commit (reload_under_load). -1
         once the window is over and polling is off."""
         now = time.monotonic()
+        if not self._standby_began:
+            # the transition is standby_off's alone (loop_drain.py
+            # _standby_gate: its rescue decided there); a tick before it
+            # that turned polling off unmarked let a late gate half take
+            # connections made seconds after the standby (review 4)
+            return int(STANDBY_CHECK * 1000)
         if STANDBY in self.reasons and now >= self._standby_until:
             return -1
         if now < self._standby_check:

@@ -72,6 +72,9 @@ class Loop(LoopTurn):
         self._draining_now = False
         self._standby_now = False            # standby(): not accepting, not draining
         self._sweep = True                   # drain(): empty our listeners' queues (loop_drain.py)
+        # standby(): its number, the one whose gate half a loop thread made
+        self._standby_lock = threading.Lock()
+        self._standby_seq = self._standby_made = 0
         self._step = None                    # _drain_step or _standby_step: each turn runs it
         self._threads: list[threading.Thread] = []
         self._accept_paused_until = 0.0

@@ -105,35 +105,48 @@ class LoopDrain(LoopQueued):
             self.engine.draining = on            # Connection: close while standing by
         if on:
             self.gate.leave_board()              # the new workers do not wait for us
-        # a thread not in the app, if one is: the gate's half soon (a
-        # thread 3 s in a slow app held it back that long)
-        alive = [i for i in range(len(self.loop_threads)) if i not in self.ended] or [0]
-        me = next((i for i in alive if not self.relief.busy[i]), alive[0])
-        self._mail[me].append((self._standby_gate, (on,)))
+        # the gate's half to every loop thread: the first to turn makes the
+        # transition, the others find it made (a single thread chosen
+        # could be in a slow app call: the half ran when it ended, late)
+        with self._standby_lock:
+            self._standby_seq += 1
+            seq = self._standby_seq
+        for i in range(len(self.loop_threads)):
+            if i not in self.ended:
+                self._mail[i].append((self._standby_gate, (on, seq)))
         for th in self.loop_threads:
             self.table.wake(th.tid)
 
-    def _standby_gate(self, on: bool) -> None:
-        """The gate's half of standby(), on a loop thread (its verbs need
-        one's context)."""
+    def _standby_gate(self, on: bool, seq: int) -> None:
+        """The gate's half of standby() number seq, on a loop thread (its
+        verbs need one's context): made once, by the first thread to get
+        here; a later standby() (seq) supersedes it."""
         th = self.local.th
-        if on and self._standby_now:
-            # a wake-up is lost only to a sibling asleep in its poll as
-            # polling goes off (gate.standby_tick): none with one thread.
-            # With siblings, the HTTP engine takes what is queued at this
-            # instant, once (connections made before we stood by; one
-            # whose wake-up a sibling lost is among them); a stream
-            # protocol keeps the gate's rescue window instead. Under load
-            # that window's "queued over two checks" was nearly always
-            # true: old code answered connections made 0.5 s after the
-            # commit (reload_under_load, --threads 4)
-            siblings = len(self.loop_threads) > 1
-            self.gate.standby_off(th, rescue=siblings and self.engine is None)
-            if siblings and self.engine is not None:
-                for lfd in list(self.listeners):
-                    self._accept_native(th, lfd, self.accept_batch, False)
-        elif not on and not self._standby_now:
+        with self._standby_lock:
+            if seq != self._standby_seq or self._standby_made == seq \
+                    or on != self._standby_now:
+                return
+            self._standby_made = seq
+            me = self._pos[th.tid]
+            # a sibling that may be asleep in its poll now (not in the app)
+            awake = any(not self.relief.busy[i] for i in range(len(self.loop_threads))
+                        if i != me and i not in self.ended)
+        if not on:
             self.gate.standby_on(th)
+            return
+        # a wake-up is lost only to a sibling asleep in its poll as polling
+        # goes off (gate.standby_tick): none with one thread, nor when the
+        # others are all in the app. Then the HTTP engine takes what is
+        # queued at this instant, once (connections made before we stood
+        # by; one whose wake-up a sibling lost is among them); a stream
+        # protocol keeps the gate's rescue window instead. Under load that
+        # window's "queued over two checks" was nearly always true: old
+        # code answered connections made 0.5 s after the commit
+        # (reload_under_load, --threads 4)
+        self.gate.standby_off(th, rescue=awake and self.engine is None)
+        if awake and self.engine is not None:
+            for lfd in list(self.listeners):
+                self._accept_native(th, lfd, self.accept_batch, False)
 
     def _standby_step(self, th, me: int) -> int:
         """A standing-by thread's turn: its connections idle for the grace
