@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from test_run import master, wait_for  # noqa: F401 (fixture)
+from test_standby_switch_under_load import _answer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,23 +67,6 @@ def write(path: Path, version: str, long: float = 0.0, short: float = 0.0) -> Pa
     (path / "holdapp.py").write_text(APP.format(version=version, marks=str(marks),
                                                 long=long, short=short))
     return marks
-
-
-def _answer(s: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(4096)
-        if not chunk:
-            return b""
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    n = int(re.search(rb"Content-Length: (\d+)", head, re.I).group(1))
-    while len(body) < n:
-        chunk = s.recv(4096)
-        if not chunk:
-            return b""
-        body += chunk
-    return head + b"\r\n\r\n" + body
 
 
 def _get(port: int, target: str = "/", timeout: float = 20) -> tuple[float, str]:
