@@ -24,7 +24,6 @@ hard_stop_after although its output keeps moving last_active.
 """
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
