@@ -111,6 +111,10 @@ class Gate:
         self.on(th, STANDBY)
         self.publish()
 
+    def rescuing(self) -> bool:
+        """A rescue look is on (standby_tick polled again for one look)."""
+        return self._standby_began and STANDBY not in self.reasons
+
     def stood_by(self) -> bool:
         """Standing by with every rescue look over: none of our pollers has
         been on the listeners since, so no wake-up can be lost with us and
