@@ -398,7 +398,10 @@ static void write_owed(struct fdc_thread *th, struct sconn *c, int fd)
 
 	while (atomic_load(&c->owe)) {
 		uint64_t owe = atomic_load(&c->owe);
-		ssize_t n = write(fd, zeros, owe < sizeof(zeros) ? owe : sizeof(zeros));
+		/* MSG_NOSIGNAL: a peer gone (a mutant's lost report) is a FAIL
+		 * below, not a SIGPIPE that kills the run without a report */
+		ssize_t n = send(fd, zeros, owe < sizeof(zeros) ? owe : sizeof(zeros),
+		                 MSG_NOSIGNAL);
 
 		if (n > 0) {
 			atomic_store(&c->owe, owe - (uint64_t)n);
