@@ -54,7 +54,6 @@ class Gate:
         self._ticker = -1                 # tid of the thread that runs the check
         self._standby_check = 0.0         # standby_tick's next look
         self._standby_strikes = 0
-        self._standby_looks = 0           # looks since standing by began
         self._standby_until = 0.0         # the end of its rescue window
         self._standby_began = False       # standby_off ran (the transition is made)
 
@@ -97,7 +96,6 @@ class Gate:
         thread turning polling off is the only poller, awake, and accepts
         whatever its poll already reported; no wake-up can be lost)."""
         self._standby_strikes = 0
-        self._standby_looks = 0
         now = time.monotonic()
         self._standby_check = now + STANDBY_CHECK
         self._standby_until = now + (STANDBY_LOOKS * STANDBY_CHECK if rescue else 0.0)
@@ -154,7 +152,6 @@ class Gate:
         if now < self._standby_check:
             return max(1, int((self._standby_check - now) * 1000))
         self._standby_check = now + STANDBY_CHECK
-        self._standby_looks += 1
         if STANDBY not in self.reasons:
             # polled for one look (a rescue): off again whatever is queued
             # now; under load the queue is rarely empty, and waiting for an
