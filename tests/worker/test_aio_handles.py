@@ -104,19 +104,22 @@ def test_debug_mode_runs_asyncios_own_methods_and_back(serve_asgi):
         loop = asyncio.get_running_loop()
         kinds = [type(loop.call_soon(lambda: None)).__module__]
         fired = []
-        loop.call_later(0.003, fired.append, "ours")     # in the heap across the switch
+        # deadlines from one reading of the clock: two call_later()s a
+        # preemption apart swapped their order on a loaded CI machine
+        t0 = loop.time()
+        loop.call_at(t0 + 0.030, fired.append, "ours")   # in the heap across the switch
         loop.set_debug(True)
         try:
             kinds.append(type(loop.call_soon(lambda: None)).__module__)
             # asyncio's TimerHandle pushed into a heap holding ours: they
             # compare both ways (found in review: a TypeError before)
-            loop.call_later(0.002, fired.append, "asyncio's")
+            loop.call_at(t0 + 0.020, fired.append, "asyncio's")
             await asyncio.sleep(0.001)              # iterations of asyncio's _run_once
             assert "_run_once" not in vars(loop)
         finally:
             loop.set_debug(False)
         kinds.append(type(loop.call_soon(lambda: None)).__module__)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(max(0.0, t0 + 0.040 - loop.time()))
         return " ".join(kinds) + " " + ",".join(fired)
 
     _, addr = serve_asgi(answer(work))
