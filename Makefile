@@ -31,7 +31,7 @@ PIPI    = PIP_CONSTRAINT=$(CURDIR)/$(LOCK) $(1)/python -m pip install -q -c $(LO
 CACHE  ?= /var/cache/sockherd
 PY313  := $(CACHE)/cpython-3.13/bin/python3.13
 VENV13 := .venv313
-SOURCES := $(LOCK) pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h worker/aio_native/*.c ipc/native/*.c)
+SOURCES := $(LOCK) pyproject.toml setup.py fdcore/_build.py $(wildcard fdcore/*.c fdcore/*.h worker/native/*.c worker/native/*.h worker/native/*/*.c worker/native/*/*.h worker/native/*/*/*.c worker/native/*/*/*.h worker/native/layers.py worker/aio_native/*.c ipc/native/*.c)
 DEBS   := libcap-dev gcc python3-dev python3-venv systemd node-llhttp libssl-dev zlib1g-dev
 # only for `make test`: the status page's browser test (tests/master/
 # test_status_page.py) drives a headless Chromium through chromedriver; the

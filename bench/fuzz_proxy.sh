@@ -1,6 +1,6 @@
 #!/bin/sh
 # The PROXY protocol fuzz target (tests/worker/test_proxy_protocol_fuzz.py:
-# worker/native/proxy_proto.c against the strict Python reference
+# worker/native/parse/proxy_proto.c against the strict Python reference
 # tests/worker/proxy_reference.py, on generated, mutated and garbage
 # headers, every prefix, every mode: same verdict, same header length, same
 # addresses and TLVs), run for longer than the suite's bounded run.

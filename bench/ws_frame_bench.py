@@ -1,6 +1,6 @@
 """The frame codec decision of issue 23, measured: how fast client frames
 (masked, as clients must send them) are parsed into messages by the
-native codec (worker/native/ws_frame.c, through WsParser) and by the two
+native codec (worker/native/proto/ws/ws_frame.c, through WsParser) and by the two
 maintained Python codecs an ASGI server could use instead: wsproto's
 FrameProtocol (uvicorn's --ws wsproto) and websockets' Frame.parse
 (uvicorn's default --ws websockets), each with its text decoded as UTF-8;

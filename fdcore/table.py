@@ -213,7 +213,7 @@ class Table:
     def c_api(self) -> dict[str, int]:
         """The addresses of fdcore's C functions (C_API) and of this table,
         for a C extension that drives this same implementation without
-        cffi (worker/native/conn.h, struct fdc_api). The table must outlive
+        cffi (worker/native/conn/conn.h, struct fdc_api). The table must outlive
         their use."""
         api = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name))) for name in C_API}
         api["table"] = int(ffi.cast("uintptr_t", self.ptr))

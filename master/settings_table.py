@@ -137,7 +137,7 @@ SETTINGS: tuple[Setting, ...] = (
             msgspec.Meta(pattern=r"^0?[0-7]{3}$"), "MODE", section="listeners"),
     Setting("unix_owner", ("--unix-owner",), str, "", "`user[:group]` owning bound unix sockets",
             metavar="USER[:GROUP]", section="listeners"),
-    # HAProxy's PROXY protocol (worker/proxy.py, worker/native/conn_proxy.c)
+    # HAProxy's PROXY protocol (worker/proxy.py, worker/native/conn/conn_proxy.c)
     Setting("proxy_protocol", ("--proxy-protocol",), Literal["off", "v1", "v2", "auto"], "off",
             "the PROXY protocol header a proxy in front sends ahead of each connection (HTTP "
             "and stream): `v1` (text), `v2` (binary, with TLVs), `auto` (either, told by its "
@@ -150,7 +150,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the peers that send PROXY protocol headers: addresses or CIDRs, `unix` "
             "(unix-socket peers), `*` (all; repeatable, or comma-separated); the default: a "
             "proxy on the same host", metavar="CIDR", section="listeners"),
-    # TLS in the engine (worker/native/conn_tls.c); gunicorn's names for the first five
+    # TLS in the engine (worker/native/conn/conn_tls.c); gunicorn's names for the first five
     Setting("certfile", ("--certfile",), str, "",
             "TLS: the server's certificate (PEM, the chain after it); set, every `bind` "
             "serves HTTPS, or only the ones marked `tls://` if any `bind` is marked (WSGI, "
@@ -272,7 +272,7 @@ SETTINGS: tuple[Setting, ...] = (
             "connections of a thread stuck this long in one handler move to an idle thread",
             _seconds(0.001, 3600), "S", section="workers"),
     # gunicorn's names and defaults; every byte before the body counts
-    # toward one of them (worker/native/httpparse.h)
+    # toward one of them (worker/native/parse/httpparse.h)
     Setting("limit_request_line", ("--limit-request-line",), int, 4094,
             "longest request line, CRLF excluded, empty lines before it included (longer: 414); "
             "0 (gunicorn's unlimited): the most we take, 1 MiB",
@@ -349,7 +349,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("root_path", ("--root-path",), str, "",
             "SCRIPT_NAME: the path prefix the app is mounted at (e.g. /app)",
             msgspec.Meta(pattern=r"^$|^/.*[^/]$"), "PATH", section="http"),
-    # behind a proxy (issue 24 §1; worker/forwarded.py, worker/native/forwarded.h):
+    # behind a proxy (issue 24 §1; worker/forwarded.py, worker/native/conn/forwarded.h):
     # gunicorn's and uvicorn's names, defaults and list spelling
     Setting("forwarded_allow_ips", ("--forwarded-allow-ips",), list[str], ["127.0.0.1", "::1"],
             "peers trusted to say who the client is (X-Forwarded-For, Forwarded) and its "

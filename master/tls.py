@@ -86,7 +86,7 @@ def ticket_secret(rotation: int) -> tuple[bytes, int]:
 # (anything else in the file, a root-only secret included, is not shipped),
 # and refuses a file that has none. They travel hex-encoded in the
 # assignment (as the ticket secret does); the engine loads them from memory
-# (worker/native/conn_tls_load.c).
+# (worker/native/conn/conn_tls_load.c).
 TLS_FILES = "tls_files"                # the assignment's key (not a setting)
 
 _CERTS = (b"CERTIFICATE", b"TRUSTED CERTIFICATE", b"X509 CERTIFICATE")

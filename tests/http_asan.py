@@ -11,6 +11,7 @@ extension is compiled once per test run and shared by all of them
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +23,7 @@ from shared_builds import digest
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "worker" / "native"
+LAYERS = runpy.run_path(str(NATIVE / "layers.py"))      # a folder a layer
 LLHTTP = Path("/usr/share/llhttp")
 FLAGS = ("-DLLHTTP_STRICT_MODE=1", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
          "-fvisibility=hidden", "-fno-sanitize-recover=all", "-g", "-O1", "-std=gnu11",
@@ -33,11 +35,11 @@ SWAPPED = "sanitizer build in place:"
 
 def sources() -> list[Path]:
     """Every file of the extension, as setup.py builds it."""
-    return [*sorted(NATIVE.glob("*.c")), LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
+    return [*LAYERS["sources"](), LLHTTP / "api.c", LLHTTP / "http.c", LLHTTP / "llhttp.c"]
 
 
 def build_key() -> str:
-    headers = [*sorted(NATIVE.glob("*.h")), *sorted((ROOT / "fdcore").glob("*.h"))]
+    headers = [*LAYERS["headers"](), *sorted((ROOT / "fdcore").glob("*.h"))]
     return digest(FLAGS, [*sources(), *headers])
 
 
@@ -47,13 +49,16 @@ def build(so: Path) -> Path:
     workers that need the build wait for it meanwhile), then the link."""
     objs = so.parent / f"{so.name}.o"
     objs.mkdir(exist_ok=True)
-    includes = [f"-I{NATIVE}", f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
+    includes = [f"-I{ROOT / 'fdcore'}", "-I/usr/share/include/llhttp",
                 f"-I{sysconfig.get_paths()['include']}"]
 
     def compile_one(i_src):
         i, src = i_src
         obj = objs / f"{i:02d}-{src.stem}.o"
-        subprocess.run(["gcc", *FLAGS, *includes, "-c", str(src), "-o", str(obj)],
+        # each layer with its own include directories, as setup.py builds it
+        layer = ([f"-I{d}" for d in LAYERS["include_dirs"](LAYERS["folder_of"](src))]
+                 if src.is_relative_to(NATIVE) else [])
+        subprocess.run(["gcc", *FLAGS, *layer, *includes, "-c", str(src), "-o", str(obj)],
                        check=True, timeout=600)
         return str(obj)
 

@@ -29,7 +29,7 @@ An app may close its fd while it is still registered (a socket with a
 pending loop.sock_recv(); asyncio itself tolerates it: epoll forgets a
 closed fd). The kernel may then give that number to a new connection: the
 engine forgets the stale entry it finds there (disowned: never closed by
-the table) and takes the connection (worker/native/engine_accept.c; before,
+the table) and takes the connection (worker/native/engine/engine_accept.c; before,
 every connection given the number was closed unanswered). The app's key of
 the old fd is still in this selector: every table verb of it goes through
 engine.app_fd, which acts only while the number's owner is still that
@@ -44,7 +44,7 @@ it, so a request whose app never waits completes in the same iteration
 A SystemExit or KeyboardInterrupt that an app task raises goes through
 asyncio (Task.__step re-raises them after recording them on the task)
 and out of run_forever: the task is done and its request answered by its
-done callback (worker/native/asgi_app.c), so the loop runs again. Only
+done callback (worker/native/app/asgi/asgi_app.c), so the loop runs again. Only
 an error out of the turn itself (ours) ends the loop thread.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ _IN, _OUT, _ERR, _HUP, _RDHUP = 0x100, 0x400, 0x800, 0x1000, 0x2000
 _READABLE = _IN | _ERR | _HUP | _RDHUP
 _WRITABLE = _OUT | _ERR | _HUP
 
-# engine.app_fd's verbs (worker/native/engine_accept.c)
+# engine.app_fd's verbs (worker/native/engine/engine_accept.c)
 _DELETE, _WANT_RECV, _STOP_RECV, _WANT_SEND, _STOP_SEND = range(5)
 
 _MAX_WAIT_MS = 3_600_000          # as worker/loop_core.py's: poll's timeout is 32-bit

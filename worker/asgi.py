@@ -9,9 +9,9 @@ the thread's own fdcore poller (worker/aio.py). What stays here: the
 settings, the scope keys every request shares, the access log and the
 logging of an app's errors.
 
-Extensions (worker/native/asgi_ext.c): http.response.pathsend (sendfile
+Extensions (worker/native/app/asgi/asgi_ext.c): http.response.pathsend (sendfile
 from the loop) in every scope, http.response.trailers when the client
-sent TE: trailers. WebSocket scopes are served too (worker/native/asgi_ws.c,
+sent TE: trailers. WebSocket scopes are served too (worker/native/app/asgi/asgi_ws.c,
 docs/websocket.md).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def make_handler(app, cfg: dict, state: dict | None = None):
     `app` with the settings cfg. state: the lifespan state, shallow-copied
     into each request's scope["state"] (None: no "state" key)."""
     limits = _Limits(cfg)
-    # issue 23: WebSockets (worker/native/asgi_ws.c): a message's bound
+    # issue 23: WebSockets (worker/native/app/asgi/asgi_ws.c): a message's bound
     ws_settings(int(cfg.get("ws_max_size", 16 << 20)),
                 bool(cfg.get("ws_per_message_deflate", False)))
 
@@ -52,7 +52,7 @@ def make_handler(app, cfg: dict, state: dict | None = None):
 
 async def run_call(app, scope, receive, send, done):
     """One request's app, as its task runs it: done(exception or None) at
-    its end (worker/native/asgi_app.c answers what is missing and logs).
+    its end (worker/native/app/asgi/asgi_app.c answers what is missing and logs).
     Every BaseException of the app ends here (SystemExit, KeyboardInterrupt
     included: a loop thread never ends for the app). A GeneratorExit is
     ours to let through only when this coroutine is being closed (its loop

@@ -3,7 +3,7 @@ secure_scheme_headers and forwarder_headers read once (`parse`: the master
 checks them before anything binds, master/settings.py), and handed to a
 worker's native engine (`install`), which decides per connection whether
 its peer is trusted and, for a trusted one only, reads the forwarding
-fields of each request (worker/native/forwarded.h says how and what it
+fields of each request (worker/native/conn/forwarded.h says how and what it
 costs).
 
 Each list item may itself be comma-separated: `--forwarded-allow-ips
@@ -23,9 +23,9 @@ log = logging.getLogger("sockherd.forwarded")
 DEFAULT_ALLOW = ["127.0.0.1", "::1"]
 # gunicorn's secure_scheme_headers default
 DEFAULT_SCHEME = ["X-Forwarded-Protocol=ssl", "X-Forwarded-Proto=https", "X-Forwarded-Ssl=on"]
-# forwarder_headers: the field, its bit in worker/native/forwarded.h
+# forwarder_headers: the field, its bit in worker/native/conn/forwarded.h
 FORWARDER = {"x-forwarded-host": 1, "x-forwarded-port": 2, "x-forwarded-prefix": 4}
-MAX_SCHEME = 8                       # worker/native/fwd_fields.c: seen.scheme_last
+MAX_SCHEME = 8                       # worker/native/proto/http1/fwd_fields.c: seen.scheme_last
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 

@@ -107,7 +107,7 @@ class Loop(LoopTurn):
         self.idle_grace = 1.0
         self.errors: list[BaseException] = []
         # loop threads that ended (positions), by a bug of ours or a kill:
-        # what the app raises never ends one (worker/native/wsgi_app.c). The
+        # what the app raises never ends one (worker/native/app/wsgi/wsgi_app.c). The
         # worker's main thread watches failed_fd: it drains and exits, so
         # the master replaces the worker (channel_service.py); `errors` says why
         self.ended: set[int] = set()
@@ -126,7 +126,7 @@ class Loop(LoopTurn):
         self._posted_lock = threading.Lock()   # who takes a posted fd: its adopter or
                                                # refuse_posted at the deadline, never both
         self._adopting = 0                  # posted fds claimed, not in conns yet
-        # the wsgi interface's native engine (worker/native/engine.c): it
+        # the wsgi interface's native engine (worker/native/engine/engine.c): it
         # runs the connections' side of each turn; None for a stream handler
         make_engine = getattr(handler_class, "make_engine", None)
         self.engine = make_engine(self) if make_engine is not None else None

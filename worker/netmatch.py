@@ -8,7 +8,7 @@ peer) or `unix` (peers of unix-socket listeners; `unix:` too, any case);
 each item may itself be comma-separated (`--forwarded-allow-ips
 10.0.0.1,10.0.0.2` is gunicorn's and uvicorn's spelling). A v4-mapped
 network is kept as its IPv4 one, since a dual-stack socket's v4-mapped
-peer is compared as IPv4 (here and in worker/native/netmatch.c, which
+peer is compared as IPv4 (here and in worker/native/parse/netmatch.c, which
 matches the engine's connections against the same networks). An IPv6
 link-local entry may name its zone (`fe80::1%eth0`, or `%4`, the
 interface's index): it then allows that address on that interface only,

@@ -1,7 +1,7 @@
 """The PROXY protocol in the worker: who may send a header (proxy_allow_from)
 and the stream interface's use of the native parser.
 
-The header itself is parsed in native code (worker/native/proxy_proto.c):
+The header itself is parsed in native code (worker/native/parse/proxy_proto.c):
 for HTTP inside the engine's connection layer (conn_proxy.c), for the
 stream interface by stream.Connection (the module's proxy_parse), the same
 parser either way. This module imports no native code: the master checks

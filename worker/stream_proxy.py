@@ -1,7 +1,7 @@
 """A PROXY protocol header ahead of a stream handler's bytes: read into its
 own buffer while the handler waits (on_connect comes once it is in, within
 header_timeout), checked by the engine's own parser
-(worker/native/proxy_proto.c) under the listener's policy
+(worker/native/parse/proxy_proto.c) under the listener's policy
 (worker/proxy.py), then the bytes after it handed to the handler.
 Connection (worker/stream.py) is built on StreamProxyHeader; it calls
 StreamCore (stream_core.py) only."""
@@ -20,7 +20,7 @@ class StreamProxyHeader(StreamCore):
 
     def _proxy_read(self) -> None:
         """One read into the header's buffer, then the parser's verdict (the
-        engine's own parser, worker/native/proxy_proto.c)."""
+        engine's own parser, worker/native/parse/proxy_proto.c)."""
         data = self._read_once()
         if data is None:
             return

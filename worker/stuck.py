@@ -6,7 +6,7 @@ thread, which never runs one: a hung handler (a call that never returns, an
 endless loop) went unnoticed, its connection and its thread lost for good.
 
 What is watched: each loop thread's busy stamp (worker/relief.py's list,
-written by the engine, worker/native/engine.c and dispatch.c, when it enters
+written by the engine, worker/native/engine/engine.c and dispatch.c, when it enters
 a connection's handler, and by the Python loop for stream handlers; 0.0 out
 of them; for an ASGI app by the loop thread's asyncio iteration around the
 ready callbacks it runs, worker/aio_native/runner.c, so that a loop blocked

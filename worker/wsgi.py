@@ -68,7 +68,7 @@ class _Limits:
         self.multithread = int(cfg.get("threads", 1)) > 1
         self.forwarded = forwarded.from_config(cfg)     # trusted proxies (worker/forwarded.py)
         self.timeout = float(cfg.get("timeout", 0.0))
-        self.tls = tls_args(cfg)                        # TLS (worker/native/conn_tls.c)
+        self.tls = tls_args(cfg)                        # TLS (worker/native/conn/conn_tls.c)
 
 
 def make_handler(app, cfg: dict):
@@ -91,7 +91,7 @@ def make_engine(loop, app, lim: "_Limits") -> Server:
 
     relief = loop.relief
     # several loop threads in a group: each connection is shared by them,
-    # a request goes to an idle one (worker/native/dispatch.c); the relief
+    # a request goes to an idle one (worker/native/engine/dispatch.c); the relief
     # (a watchdog that moves connections off a stuck thread) is not needed
     groups = [th.tgid for th in loop.loop_threads]
     dispatch = any(groups.count(g) > 1 for g in set(groups))
@@ -365,7 +365,7 @@ class _Streaming:
                 if conn.closed:                  # the write failed: reset, EPIPE
                     raise ClientGone("the client went away")
             # TLS: the session may hold bytes the socket no longer has,
-            # so its read comes before any wait (worker/native/conn_tls.c)
+            # so its read comes before any wait (worker/native/conn/conn_tls.c)
             data = conn.recv(65536) if conn.tls else None
             if data is None:
                 try:

@@ -1,4 +1,4 @@
-"""Review of "a turn's answers written together" (worker/native/h1_conn.c:
+"""Review of "a turn's answers written together" (worker/native/proto/http1/h1_conn.c:
 owe, h1_owed_run; engine.c Server_turn): an ASGI answer that ends less
 than 0.5 ms after its loop thread's previous one is queued on the
 thread's list and written at the next turn, not in its send().

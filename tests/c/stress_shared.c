@@ -1,7 +1,7 @@
 /* "shared" scenario: connections shared by every thread of a group
  * (fdc_insert_shared: EPOLLIN | EPOLLEXCLUSIVE | EPOLLET in each of their
  * pollers, EPOLLOUT too in the inserter's, registrations never narrowed),
- * handled the way worker/native/dispatch.c does, under threads that are
+ * handled the way worker/native/engine/dispatch.c does, under threads that are
  * preempted anywhere (issue 21).
  *
  * A few slots per thread, each holding one socketpair end inserted with

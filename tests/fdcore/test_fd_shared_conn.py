@@ -4,7 +4,7 @@ through the Python binding, on real socketpairs and real epoll instances.
 A connection inserted with Thread.insert_shared is registered EPOLLIN |
 EPOLLEXCLUSIVE | EPOLLET in the poller of every thread of its mask, the
 inserting thread's first and with EPOLLOUT besides; a direction change
-re-registers nothing (tests/fdcore/test_fd_shared_direction.py). What worker/native/dispatch.c relies on, step by
+re-registers nothing (tests/fdcore/test_fd_shared_direction.py). What worker/native/engine/dispatch.c relies on, step by
 step: the registrations (the kernel's own interest lists); the refusal of a
 mask without the caller; who gets an arrival when the inserter sleeps, or
 does not poll; no sibling woken by a direction change; a delete while a

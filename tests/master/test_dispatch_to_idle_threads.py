@@ -1,7 +1,7 @@
 """Issue 21: requests go to idle threads of the group. A connection stays
 with the thread that accepted it only while that thread is free: a request
 that arrives while its thread is inside the app runs on an idle sibling at
-once (worker/native/dispatch.c), pipelined order is kept, new connections
+once (worker/native/engine/dispatch.c), pipelined order is kept, new connections
 reach idle threads, and one slow endpoint never delays a fast one.
 
 Measured before the change (relief after takeover_after, 0.5 s): the second

@@ -1,7 +1,7 @@
 """`sockherd run mod:app --interface asgi` as a real master with real
 workers on loopback (issue 22 §2, §3): an ASGI app served, at --threads 2 each
 request's task on the loop thread that owns its connection (the rule of
-worker/native/asgi_app.c: a connection with a running task is only
+worker/native/app/asgi/asgi_app.c: a connection with a running task is only
 touched by its task's thread), and nothing the app does ends a loop
 thread (the worker that answered stays the same process, the log has no
 thread end)."""

@@ -1,5 +1,5 @@
 """What a full TLS handshake makes a worker do (issue 24 §2, the
-new-connection rate against granian; worker/native/conn_tls.c,
+new-connection rate against granian; worker/native/conn/conn_tls.c,
 Server_set_tls): work that is the same for every connection is done once
 per context, not per handshake, and what the client gets is unchanged.
 

@@ -7,7 +7,7 @@ stayed good as long as the master ran, and whoever obtained the keys
 could decrypt every session ever resumed with them (no forward secrecy).
 
 Now, every `ssl_ticket_key_rotation` seconds, the master's secret is
-ratcheted one way and new keys derived (worker/native/conn_tls_tickets.c):
+ratcheted one way and new keys derived (worker/native/conn/conn_tls_tickets.c):
 the current key issues, the previous one still decrypts. So a ticket
 resumes across one rotation (on either worker: both count the epochs on
 the host's monotonic clock, as the test does here to place its

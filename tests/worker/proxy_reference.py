@@ -1,6 +1,6 @@
 """A strict reference parser of the PROXY protocol, versions 1 and 2, written
 from HAProxy's doc/proxy-protocol.txt and sockherd's stated policy, with no
-code in common with worker/native/proxy_proto.c (addresses through Python's
+code in common with worker/native/parse/proxy_proto.c (addresses through Python's
 ipaddress, not inet_pton): the oracle of test_proxy_protocol_fuzz.py and
 bench/fuzz_proxy.sh.
 

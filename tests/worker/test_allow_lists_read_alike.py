@@ -1,6 +1,6 @@
 """forwarded_allow_ips and proxy_allow_from are the same kind of list
 (addresses, CIDR networks, `*`, `unix`; comma-separated items) and are
-read and matched one way (worker/netmatch.py, worker/native/netmatch.c).
+read and matched one way (worker/netmatch.py, worker/native/parse/netmatch.c).
 
 Findings reproduced (the duplicates review: each setting had its own
 parser and its own native matcher, and they had drifted):

@@ -1,4 +1,4 @@
-"""The threads rule of the ASGI adapter (worker/native/asgi_app.c): a
+"""The threads rule of the ASGI adapter (worker/native/app/asgi/asgi_app.c): a
 connection whose task runs is only touched by its task's thread, so an
 ASGI Server never shares its connections among a group's threads (no
 per-request dispatch, refused if asked) and the relief never moves one.

@@ -1,5 +1,5 @@
 """http.response.start's headers as the codec takes them
-(worker/native/h1_head_asgi.c): every byte of a field name is checked
+(worker/native/proto/http1/h1_head_asgi.c): every byte of a field name is checked
 against RFC 9110's tchar and every byte of a value against its CTL rule
 (HTAB allowed, DEL not), whatever its place in the value (the check goes
 eight bytes at a time); the fields the server acts on are told by name

@@ -1,4 +1,4 @@
-"""The spill queue of per-request dispatch (worker/native/dispatch.c): the
+"""The spill queue of per-request dispatch (worker/native/engine/dispatch.c): the
 rest of a loop thread's batch that ran past SPILL_AFTER (2 ms: the app
 blocks) is queued on the engine for the group. On an in-process worker of
 one group of two loop threads, real sockets: both threads are first held

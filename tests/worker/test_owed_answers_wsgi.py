@@ -1,5 +1,5 @@
 """Review of "a turn's answers written together" on WSGI --threads 1
-(worker/native/h1_conn.c: owe): an answer that ends < 0.5 ms after the
+(worker/native/proto/http1/h1_conn.c: owe): an answer that ends < 0.5 ms after the
 thread's previous one is queued and written at the turn's end. A request
 whose body goes to the slow path (larger than body_buffer: wsgi.py's
 serve_slow) makes the loop thread wait on its client's upload, inside the

@@ -1,4 +1,4 @@
-"""The PROXY protocol's native code (worker/native/proxy_proto.c, the
+"""The PROXY protocol's native code (worker/native/parse/proxy_proto.c, the
 connection layer's step in conn_proxy.c) under AddressSanitizer + UBSan:
 the fuzz target against its reference (test_proxy_protocol_fuzz.py,
 FUZZ_PROXY_EXAMPLES examples, 300 unless set: bench/fuzz_proxy.sh --asan

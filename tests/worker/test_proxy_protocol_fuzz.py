@@ -1,4 +1,4 @@
-"""The PROXY protocol parser (worker/native/proxy_proto.c) against a strict
+"""The PROXY protocol parser (worker/native/parse/proxy_proto.c) against a strict
 Python reference (proxy_reference.py) on generated headers, mutated ones
 and garbage: for every input and every prefix of it, both give the same
 verdict (a header, more bytes needed, refused), the same header length

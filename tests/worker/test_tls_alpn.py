@@ -1,4 +1,4 @@
-"""ALPN (issue 35 §22; worker/native/conn_tls_ctx.c alpn_select), on a
+"""ALPN (issue 35 §22; worker/native/conn/conn_tls_ctx.c alpn_select), on a
 real engine on loopback with Python's ssl and openssl s_client as clients.
 
 Finding reproduced: a client whose ALPN offer did not contain http/1.1

@@ -1,4 +1,4 @@
-"""TLS in the engine (worker/native/conn_tls.c and its hooks in the
+"""TLS in the engine (worker/native/conn/conn_tls.c and its hooks in the
 connection layer and the adapters) under AddressSanitizer + UBSan: the
 TLS socket tests (WSGI, ASGI, wss, curl, openssl s_client, the slow
 reader, renegotiation, PROXY then TLS, the handshake's misbehaving

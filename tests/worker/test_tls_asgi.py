@@ -1,4 +1,4 @@
-"""TLS under the ASGI interface (issue 24 §2; worker/native/conn_tls.c):
+"""TLS under the ASGI interface (issue 24 §2; worker/native/conn/conn_tls.c):
 the scope's scheme (https, wss) and the `tls` extension (server_cert,
 client_cert_chain, client_cert_name, client_cert_error, tls_version,
 cipher_suite), a large response and upload through an app's send and

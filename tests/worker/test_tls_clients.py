@@ -1,5 +1,5 @@
 """TLS with other real clients and clients that push the non-blocking
-OpenSSL traps (issue 24 §2; worker/native/conn_tls.c): curl and
+OpenSSL traps (issue 24 §2; worker/native/conn/conn_tls.c): curl and
 `openssl s_client`, a reader with a tiny receive window taking a 10 MB
 answer slowly (every write meets WANT_WRITE many times, and a retry must
 offer the same bytes), a renegotiation request (refused:

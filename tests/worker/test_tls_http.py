@@ -1,4 +1,4 @@
-"""TLS in the engine (issue 24 §2; worker/native/conn_tls.c): a real
+"""TLS in the engine (issue 24 §2; worker/native/conn/conn_tls.c): a real
 engine on loopback with certfile set, certificates made at test time
 (trustme), Python's ssl as the client: the handshake and what the app is
 told (HTTPS, wsgi.url_scheme, SSL_* keys), keep-alive, pipelining, large

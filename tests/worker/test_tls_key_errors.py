@@ -1,5 +1,5 @@
 """A TLS file the engine cannot read names the file and the reason
-(issue 35 §26; worker/native/conn_tls_load.c), on a real engine.
+(issue 35 §26; worker/native/conn/conn_tls_load.c), on a real engine.
 
 Finding reproduced: a key the worker could not open (a root-only one
 after the `--user` switch) failed with OpenSSL's bare "system lib". The

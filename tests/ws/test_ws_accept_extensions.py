@@ -1,5 +1,5 @@
 """An app's own Sec-WebSocket-Extensions in websocket.accept's headers
-(worker/native/asgi_ws_send.c, drop_extensions): the server's answer wins,
+(worker/native/app/asgi/asgi_ws_send.c, drop_extensions): the server's answer wins,
 the app's field is dropped with a warning on the worker's logger, the 101
 carries one Sec-WebSocket-Extensions at most (the server's), the app's
 other headers go out as given.

@@ -1,4 +1,4 @@
-"""permessage-deflate (RFC 7692, worker/native/ws_deflate.c) on the native
+"""permessage-deflate (RFC 7692, worker/native/proto/ws/ws_deflate.c) on the native
 engine, in process (the serve_asgi fixture: a real Loop on loopback), so
 test_ws_asan.py runs the inflate and deflate paths under the sanitizers:
 the negotiation's answer, websockets' client (compression="deflate")

@@ -1,5 +1,5 @@
 """permessage-deflate's negotiation (RFC 7692 section 7.1) as
-worker/native/ws_deflate.c decides it, no I/O: the Sec-WebSocket-Extensions
+worker/native/proto/ws/ws_deflate.c decides it, no I/O: the Sec-WebSocket-Extensions
 values of a handshake (one per header field, in order) in, the 101's value
 out (None: nothing accepted). Offers are tried in the client's order; one
 with an unknown, duplicate, or invalid parameter is declined and the next

@@ -1,4 +1,4 @@
-"""The ASGI websocket scope on the native engine (worker/native/asgi_ws.c),
+"""The ASGI websocket scope on the native engine (worker/native/app/asgi/asgi_ws.c),
 in process: a real Loop over a real fdcore Table on loopback (the
 serve_asgi fixture), a raw client (wsclient.py) for every case a
 well-behaved client never sends, websockets' sync client for the rest.

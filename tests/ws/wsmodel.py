@@ -1,6 +1,6 @@
 """A straightforward RFC 6455 model of what a server must make of a
 client's byte stream: the reference the native frame codec
-(worker/native/ws_frame.c, its Python face WsParser) is compared with,
+(worker/native/proto/ws/ws_frame.c, its Python face WsParser) is compared with,
 frame by frame and message by message (test_ws_frame_fuzz.py).
 
 Written for clarity, not speed: whole-input parsing, every check in the

@@ -9,6 +9,7 @@
  *
  * May call: every layer's types and method tables, nothing else.
  */
+#include "assembly.h"
 #include "wsgi.h"
 #include "asgi.h"
 #include "ws.h"                    /* issue 23: the WebSocket codec and adapter */

@@ -14,7 +14,7 @@
  * May call: everything below it (it is above every layer); it only names
  * the layers' entry points in the tables and sets the engine up.
  */
-#include "engine.h"
+#include "assembly.h"
 #include "h1.h"
 #include "wsgi.h"
 #include "asgi.h"

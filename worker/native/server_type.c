@@ -10,7 +10,7 @@
  *
  * May call: everything below it; server.c's tables and attributes by name.
  */
-#include "engine.h"
+#include "assembly.h"
 #include "h1.h"
 #include "conn_tls.h"
 

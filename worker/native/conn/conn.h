@@ -5,21 +5,15 @@
  * through the table of callbacks below (struct conn_ops), one per Server,
  * which the Server's assembly (server.c) fills.
  *
- * The layers, bottom up (each file may call the ones below it, and the
- * layer above only through a table of callbacks):
- *
- *   connection   netmatch.c  proxy_proto.c  fwd_trust.c  conn_timers.c  conn_io.c  conn_report.c
- *                conn_events.c  conn_proxy.c  conn_tls.c  conn_tls_info.c  conn_tls_ctx.c  conn_type.c
- *                dispatch.c  engine_accept.c  engine.c
- *                (conn.h, netmatch.h, engine.h, forwarded.h) -> above only through struct conn_ops
- *   HTTP/1 codec httpscan.c  httplist.c  httpparse.c  h1_parser.c  fwd_fields.c  h1_head.c
- *                h1_response.c  h1_timers.c  h1_conn.c  (h1.h)    -> above only through struct h1_app
- *   WSGI adapter wsgi_environ.c  wsgi_forwarded.c  wsgi_respond.c  wsgi_body.c  wsgi_app.c
- *                (wsgi.h)
- *   ASGI adapter asgi_forwarded.c  asgi_scope.c  asgi_end.c  asgi_call.c  asgi_app.c
- *                (asgi.h)
- *   assembly     server.c (which tables), server_type.c (the Server type), httpmodule.c
- *                (the module)
+ * The layers are folders of worker/native, bottom up (layers.py says
+ * which stands on which; docs/ARCHITECTURE.md draws them): parse/ (byte
+ * parsers and matchers), conn/ (this one), engine/ (the loop turn, accept,
+ * dispatch), proto/http1/ and proto/ws/ (the codecs), app/wsgi/ and
+ * app/asgi/ (the adapters), and the assembly at the root. A file sees only
+ * its own folder's and the lower folders' headers (the build's include
+ * directories) and calls only their functions (tests/worker/
+ * test_native_layers.py); a layer reaches the one above it only through a
+ * table of callbacks (struct conn_ops, struct h1_app) the assembly fills.
  *
  * Threading: every function here runs with the GIL held, and the GIL is
  * what serialises the loop threads' use of these objects (a connection is
@@ -65,7 +59,7 @@ struct fdc_api {
 	int (*dump)(struct fdc_table *, int, struct fdc_fdinfo *);
 };
 
-typedef struct Server Server;      /* engine.h */
+typedef struct Server Server;      /* server.h */
 typedef struct HttpConn HttpConn;
 /* the layers above's objects, opaque here: the codec's parser (h1.h) and
  * the adapter's response (wsgi.h) */
@@ -143,7 +137,7 @@ struct HttpConn {
 	int inside;
 	uint32_t missed;                   /* FDC_POLL_* bits of reports it missed */
 	int missed_timer;                  /* a due timer's kind, -1 none */
-	/* its entry in its group's spill queue (dispatch.c, engine.h: struct
+	/* its entry in its group's spill queue (dispatch.c, server.h: struct
 	 * runq), once at most: the queue's loop thread + 1 (0: not queued),
 	 * the links, the events of the reports merged into it */
 	int queued;

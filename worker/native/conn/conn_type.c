@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "engine.h"
+#include "server.h"
 #include "conn_tls.h"
 #include <structmember.h>
 

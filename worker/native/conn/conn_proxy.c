@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "engine.h"
+#include "server.h"
 #include "proxy_proto.h"
 
 /* ---- what a header tells -------------------------------------------------------------------- */

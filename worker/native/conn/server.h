@@ -1,10 +1,15 @@
-/* The engine of one worker (engine.c: the loop turn; engine_accept.c:
- * accept, take; its Python type: server.c), the top of the connection
- * layer: which loop threads poll which connections, the spill queue of
- * dispatch.c, and the counts every layer adds to.
+/* The Server: the one object of a worker that the engine's state hangs
+ * from (its Python type: server_type.c, the assembly): which loop threads
+ * poll which connections, the group queues of engine/dispatch.c, the
+ * settings, and the counts every layer adds to. Here, in the connection
+ * layer, because every connection function reads it (its fdcore table,
+ * its threads, its tables of the layers above). It still holds settings
+ * of the layers above by value (the codec's limits, parse/httpparse.h;
+ * the adapters' objects): what only one layer reads is to move into that
+ * layer's own struct (issue 37, step 2).
  */
-#ifndef SOCKHERD_ENGINE_H
-#define SOCKHERD_ENGINE_H
+#ifndef SOCKHERD_SERVER_H
+#define SOCKHERD_SERVER_H
 
 #include "conn.h"
 #include "httpparse.h"     /* struct hp_limits: the codec's settings, held here */
@@ -171,15 +176,7 @@ struct Server {
 	PyObject *peer_host;
 };
 
-extern PyTypeObject ServerType;            /* server_type.c */
-extern PyMethodDef server_methods[];       /* engine.c */
-extern PyMethodDef server_accept_methods[]; /* engine_accept.c: accept, take, serve_accepted */
-extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
-/* server.c: a new Server's tables (WSGI over HTTP/1) and the type's
- * attributes, named by the type (server_type.c) */
-extern const struct conn_ops h1_conn_ops;
-extern const struct h1_app wsgi_h1_app;
-extern PyGetSetDef Server_getset[];
+extern PyTypeObject ServerType;            /* server_type.c (the assembly) */
 extern PyMethodDef server_proxy_methods[]; /* conn_proxy.c: set_proxy */
 extern PyMethodDef proxy_module_methods[]; /* conn_proxy.c: proxy_parse, proxy_signature */
 
@@ -218,58 +215,13 @@ static inline void srv_count(Server *s, int code)
 	s->responses[status_class(code)]++;
 	s->requests++;
 }
-/* engine.c: loop thread pos entered a handler at `when` (0: left them):
- * the busy list's stamp (the relief's, the request timeout's), when given */
-/* The relief's (and the timeout's) stamp of loop thread pos: when it
- * entered the app (0.0: it left), in s->busy; nothing without it. Inline:
- * dispatch.c stamps the threads it hands a request to, below engine.c. */
-static inline int engine_stamp(Server *s, int pos, double when)
-{
-	PyObject *f;
 
-	if (s->busy == Py_None)
-		return 0;
-	f = PyFloat_FromDouble(when);
-	return f ? PyList_SetItem(s->busy, pos, f) : -1;
-}
-/* Loop thread pos, now the calling OS thread's (see bind), or NULL.
- * Inline: engine.c's turn and engine_accept.c's accept and take each
- * bind through it, and neither file calls the other. */
-static inline struct srv_thread *as_thread(Server *s, int pos)
-{
-	if (pos < 0 || pos >= s->nthreads) {
-		PyErr_SetString(PyExc_IndexError, "no such loop thread");
-		return NULL;
-	}
-	srv_bind(s, pos);
-	return &s->thr[pos];
-}
+/* dispatch.c: a batch that ran past this long hands the rest of its reports
+ * to the group's queue (engine.h); conn_io.c reads it too */
+#define SPILL_AFTER 0.002
 
 /* conn_timers.c: ms until the thread's next deadline, or -1 */
 int timers_timeout(struct srv_thread *t, double now);
-/* dispatch.c: one report or due timer for a group-shared connection */
-int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
-/* dispatch.c: the group's queue: a batch that ran past SPILL_AFTER, or
- * any poll while the group has queued work, hands its reports to it
- * (spill), run oldest first by every thread of the group after its poll
- * (run_spilled); free_spilled at the engine's end. */
-#define SPILL_AFTER 0.002
-void dispatch_spill(Server *s, HttpConn *c, uint32_t events);
-void dispatch_wake_idle(Server *s, int pos);
-int dispatch_run_spilled(Server *s, int pos);
-void dispatch_free_spilled(Server *s);
-
-/* The queue of loop thread pos's group. */
-static inline struct runq *srv_runq(Server *s, int pos)
-{
-	return &s->thr[s->thr[pos].lead].rq;
-}
-
-/* Whether work of pos's group is queued (its poll must not sleep then). */
-static inline int dispatch_has_spilled(Server *s, int pos)
-{
-	return srv_runq(s, pos)->head != NULL;
-}
 
 /* Takes queued c off its group's queue, in O(1); the queue's reference
  * is the caller's now. The GIL's. Here, not in dispatch.c, since
@@ -293,4 +245,4 @@ static inline void runq_unlink(Server *s, HttpConn *c)
 }
 
 
-#endif /* SOCKHERD_ENGINE_H */
+#endif /* SOCKHERD_SERVER_H */

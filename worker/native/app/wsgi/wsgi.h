@@ -99,4 +99,9 @@ PyObject *build_environ(Parser *p, PyObject *base);
 /* the adapter's method on RequestParser (next_request) */
 extern PyMethodDef wsgi_parser_methods[];
 
+/* wsgi_forwarded.c: a trusted request's forwarding fields put where the
+ * app looks (c trusted); 0 or -1 */
+int fwd_environ(HttpConn *c, PyObject *env);
+int wsgi_fwd_make_keys(void);
+
 #endif /* SOCKHERD_WSGI_H */

@@ -167,4 +167,9 @@ PyObject *asgi_build_scope(HttpConn *c);
  * that size); NULL with an exception. */
 PyObject *asgi_scope_base(PyObject *base);
 
+/* asgi_forwarded.c: a trusted request's forwarding fields put where the
+ * app looks (c trusted); 0 or -1 */
+int fwd_scope(HttpConn *c, PyObject *scope);
+int asgi_fwd_make_keys(void);
+
 #endif /* SOCKHERD_ASGI_H */

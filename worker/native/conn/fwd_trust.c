@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "engine.h"
+#include "server.h"
 
 /* ---- the rules ------------------------------------------------------------------------------- */
 

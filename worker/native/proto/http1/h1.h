@@ -244,4 +244,30 @@ void hconn_refuse(HttpConn *c, int status, const char *reason);
 /* the connection's methods the codec adds (refuse) */
 extern PyMethodDef h1_conn_methods[];
 
+/* ---- trusted proxy headers: what a trusted request's fields say (the
+ * rules and the trust: conn/forwarded.h) ---- */
+/* What a trusted request's fields say, pointers into its head. */
+struct fwd_found {
+	int family;                        /* the client's address: AF_INET(6), 0 none */
+	unsigned char addr[16];
+	int port;                          /* its port, 0 unknown */
+	int https;                         /* -1 not said, 0 http, 1 https */
+	const char *host;                  /* host[:port] (FWD_HOST), NULL none */
+	size_t host_len;
+	int server_port;                   /* X-Forwarded-Port (FWD_PORT), -1 none */
+	const char *prefix;                /* X-Forwarded-Prefix (FWD_PREFIX), no trailing '/' */
+	size_t prefix_len;
+};
+
+/* ---- fwd_fields.c (codec) ---- */
+/* The forwarding fields of c's parsed head, c trusted: 1 if any says
+ * something (f filled), 0 if none, -1 with a Python error (only the log
+ * callable's). */
+int fwd_read(HttpConn *c, struct fwd_found *f);
+/* f's client address as a str (inet_ntop's canonical form: never the
+ * bytes as sent) */
+PyObject *fwd_addr_str(const struct fwd_found *f);
+/* d[key] = f's prefix + d[key] (missing: ""); 0 or -1 */
+int fwd_prepend(PyObject *d, PyObject *key, const struct fwd_found *f);
+
 #endif /* SOCKHERD_H1_H */

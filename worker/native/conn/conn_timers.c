@@ -11,7 +11,7 @@
  */
 #include <time.h>
 
-#include "engine.h"
+#include "server.h"
 
 double mono_now(void)
 {

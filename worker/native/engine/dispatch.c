@@ -31,7 +31,7 @@
  * drain step closes the connection once idle. Timers stay in the list they
  * were armed in; whichever thread fires one handles it as an event.
  *
- * The group's queue (struct runq, engine.h), for fairness when the app blocks.
+ * The group's queue (struct runq, conn/server.h), for fairness when the app blocks.
  * With every thread busy, an arrival lands in the ready list of each
  * poller it passes, and a copy stays there, at its old place, after
  * another thread served it: the connection's NEXT request is then taken
@@ -119,7 +119,7 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
  * busy group sees copies of it: without this the queue grew to 1,500
  * entries for 32 connections and a request waited behind them for a
  * second). O(1) either way: the entry is c itself (its qevents, linked
- * into its group's queue, engine.h: struct runq), found through c, never
+ * into its group's queue, conn/server.h: struct runq), found through c, never
  * by a scan. The GIL's. */
 void dispatch_spill(Server *s, HttpConn *c, uint32_t events)
 {

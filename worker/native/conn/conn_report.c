@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine.h"
+#include "server.h"
 
 /* ---- the refusal log ------------------------------------------------------------------------- */
 

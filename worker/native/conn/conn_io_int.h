@@ -5,7 +5,7 @@
 #ifndef SOCKHERD_CONN_IO_INT_H
 #define SOCKHERD_CONN_IO_INT_H
 
-#include "engine.h"
+#include "server.h"
 
 /* conn_io.c: a lingering connection's input read and dropped (its end
  * closes it) */

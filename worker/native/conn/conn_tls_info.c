@@ -10,7 +10,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
-#include "engine.h"
+#include "server.h"
 #include "conn_tls.h"
 #include "conn_tls_int.h"
 

@@ -8,7 +8,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "engine.h"
+#include "server.h"
 #include "conn_tls.h"
 #include "conn_tls_int.h"
 

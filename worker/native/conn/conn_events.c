@@ -7,7 +7,7 @@
  *
  * May call: conn_io.c, conn_timers.c; above only through struct conn_ops.
  */
-#include "engine.h"
+#include "server.h"
 #include "conn_io_int.h"
 
 /* ---- events ---------------------------------------------------------------------------------- */

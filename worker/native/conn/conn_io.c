@@ -26,7 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "server.h"
 #include "conn_io_int.h"
 
 static _Thread_local Server *tls_srv;
