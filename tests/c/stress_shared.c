@@ -96,7 +96,7 @@ struct slot {
 	double out_since;       /* last progress of a response owed, or idle */
 };
 
-/* Per fd number, the incarnation's connection state (dispatch.c's HttpConn
+/* Per fd number, the incarnation's connection state (dispatch.c's struct conn
  * fields). Reset by the inserter before the insert; touched by handlers
  * only while they hold a running bit (which pins the incarnation). */
 struct sconn {

@@ -7,7 +7,7 @@ Reproduces the dropped request of test_http_framing_fuzz.py's [2] variant
 runs failed with the CI's signature, a `Connection: close` request sent
 in one piece that the app never saw, hypothesis's FlakyFailure): the
 accepting thread reads a new connection once before registering it with
-its siblings (hconn_read_first) and serves what it read only once it is
+its siblings (conn_read_first) and serves what it read only once it is
 done with the listener (serve_accepted, from Python, which may let the
 GIL go). A sibling woken meanwhile by the client's FIN read the end of
 input and closed the connection over the request unserved in its buffer:

@@ -70,13 +70,13 @@ def test_cap_reopens_when_a_connection_ends_on_an_app_thread(serve, monkeypatch)
     assert not unraisable, unraisable[:3]
 
 
-# Was: a strict xfail (the loop thread blocked in hconn_flush_wait while a
+# Was: a strict xfail (the loop thread blocked in conn_flush_wait while a
 # slow reader drained the HIGH_WATER..LOW_WATER span); fixed by issue 21:
 # the generator is parked on its connection and resumed by the loop.
 def test_a_slow_reader_of_a_streamed_response_does_not_stall_the_worker(serve):
     """Review finding: a client that reads a streamed (generator) response
     slowly but steadily, never idle for body_timeout, holds the worker's
-    only loop thread inside hconn_flush_wait for as long as it likes (each
+    only loop thread inside conn_flush_wait for as long as it likes (each
     bit of progress moves the deadline): a few such clients stall a
     default worker (threads=1) outright. Another client's plain request
     must still be answered promptly."""

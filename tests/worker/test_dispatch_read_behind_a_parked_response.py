@@ -12,7 +12,7 @@ inside the app; a second request sent meanwhile is reported to A alone,
 with POLLIN (reading is still on): A records it for B (dispatch.c: B is
 inside). B's response parks (its body past the output buffer) and reading
 stops, so B's replay of A's report met a connection that does not read and
-conn_io.c's hconn_on_events dropped it. fdcore kept no edge (recv was
+conn_io.c's conn_on_events dropped it. fdcore kept no edge (recv was
 ACTIVE when the report came), B's own poller had no copy of the arrival (it
 stopped at A), and a body the kernel took without ever refusing bytes (its
 buffers large) brought no POLLOUT edge from the kernel after reading

@@ -6,7 +6,7 @@ inside the app, so the requests sent then reach every poller of the group
 (the kernel offers an exclusive report to each poller with no sleeper) and
 the first thread let go takes them in one batch.
 
-Review finding (issue 21 review, dispatch_spill / hconn_close_now): a
+Review finding (issue 21 review, dispatch_spill / conn_close_now): a
 queued entry held its connection until a loop thread ran it; one still
 queued when the loop stopped (each run of the queue ends once it ran past
 SPILL_AFTER) was never run, and as a connection references its

@@ -126,8 +126,8 @@ def test_partial_head_after_a_split_head_still_gets_408(serve):
 # A connection that is `closing` (close_soft, conn_io.c) with output
 # still pending waits for the output to drain; nothing bounds that wait:
 # read_and_serve returns before arming any timer once closing (l. 452),
-# hconn_on_timeout's keep-alive branch itself turns into close_soft, and
-# respond()'s ClientGone from hconn_flush_wait ("the client does not read",
+# conn_on_timeout's keep-alive branch itself turns into close_soft, and
+# respond()'s ClientGone from conn_flush_wait ("the client does not read",
 # l. 292) does not close the connection either (wsgi_app.c respond() only
 # clears it; serve_ready then close_soft's). A client that stops reading
 # keeps the connection and up to HIGH_WATER+ bytes of output for ever, and
@@ -280,7 +280,7 @@ def test_pipelined_responses_in_order_with_mixed_framing(serve):
 # ---- the keep-alive timer runs while the response is still going out -----------------------
 # read_and_serve arms TIMER_KEEPALIVE right after serving (h1_conn.c),
 # while output may still be pending (a response under HIGH_WATER that the
-# kernel did not take at once); POLL_OUT progress (hconn_flush) never moves
+# kernel did not take at once); POLL_OUT progress (conn_flush) never moves
 # it. A client reading a response for longer than keepalive_timeout gets the
 # connection closed after it, without Connection: close: its next request
 # on that connection is lost.
@@ -319,11 +319,11 @@ def test_keepalive_timer_does_not_run_while_the_response_is_being_read(serve):
 # ---- the WSGI write() from a thread that is not a loop thread ------------------------------
 # HttpConn.write posts to the owner's mailbox from a non-loop thread
 # (conn_io.c), but Respond.write (the write callable start_response
-# returns, wsgi_respond.c) goes straight to hconn_send/hconn_flush. When
-# the client is gone, hconn_flush's fail() -> hconn_close_now() refuses
+# returns, wsgi_respond.c) goes straight to conn_send/conn_flush. When
+# the client is gone, conn_flush's fail() -> conn_close_now() refuses
 # ("a connection closed outside its loop's threads", conn_io.c) and
 # only reports it as unraisable: the connection stays open, every later
-# write() fails the same way, and hconn_flush_wait spins (poll returns at
+# write() fails the same way, and conn_flush_wait spins (poll returns at
 # once on the reset socket, the failed close leaves c->closed 0) until
 # body_timeout, logging an unraisable error per turn.
 
@@ -498,7 +498,7 @@ def test_refused_upload_is_not_drained_when_the_connection_closes(serve):
 
 
 # ---- a client that reads, slowly, is cut after body_timeout ---------------------------------------
-# hconn_flush_wait (conn_io.c) has one deadline for the whole wait,
+# conn_flush_wait (conn_io.c) has one deadline for the whole wait,
 # from its start: a client that keeps reading, but drains the HIGH_WATER ->
 # LOW_WATER span (~1 MiB) slower than body_timeout, gets ClientGone and a
 # cut response. flush_now's doc (l. 565-568) says "did not read for timeout

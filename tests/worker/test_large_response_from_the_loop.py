@@ -1,6 +1,6 @@
 """A large response goes out from the loop, never from a loop thread waiting
 for a slow client (issue 21: "a client that never reads a large response
-holds its thread the same way": respond.c waited in hconn_flush_wait, up to
+holds its thread the same way": respond.c waited in conn_flush_wait, up to
 body_timeout, and every other connection of that thread waited with it).
 
 The body as a list of bytes, a generator of 64 KiB blocks (with a
@@ -225,7 +225,7 @@ def test_a_client_that_never_reads_does_not_hold_the_loop_thread(server, path):
     idle = non_reader(server.port, path)
     began = time.monotonic()
     try:
-        # today: socket.timeout, the loop thread waits in hconn_flush_wait
+        # today: socket.timeout, the loop thread waits in conn_flush_wait
         assert get(server.port, "/", timeout=1.0) == b"hello"
         wait_for(lambda: get(server.port, "/conns") == b"1", BODY_TIMEOUT + 8,
                  "the non-reader's connection to close")

@@ -1,6 +1,6 @@
 """Adversarial review of the native engine's counting and take() changes
 (diff from 69269fd: engine.c Server.take / retire_after / requests and
-responses[] with status_class(); hconn_refuse counting (h1_timers.c); wsgi_app.c
+responses[] with status_class(); conn_refuse counting (h1_timers.c); wsgi_app.c
 r->code and the count at the end of respond()).
 
 The FINDING tests fail on the code as reviewed; the GUARD tests pin what
@@ -109,8 +109,8 @@ def status_lines(out: bytes) -> list[int]:
 # ==== findings ==========================================================================
 
 # ---- F1: a bad request body is counted twice ---------------------------------------------
-# wsgi_app.c respond(), BadBody branch: `hconn_refuse(c, status, reason)`,
-# and h1_conn.c hconn_refuse (h1_timers.c since the split) does `responses[status_class(status)]++`; then
+# wsgi_app.c respond(), BadBody branch: `conn_refuse(c, status, reason)`,
+# and h1_conn.c conn_refuse (h1_timers.c since the split) does `responses[status_class(status)]++`; then
 # respond() falls through to the common tail, which counts the same
 # request again: `s->responses[status_class(r->code)]++` with r->code the
 # app's status (200 here) or 0 ("other") if it had not called
@@ -146,7 +146,7 @@ def test_bad_chunked_body_is_counted_once_as_4xx(serve_wsgi, app):
 
 
 # ---- F2: refusals are in responses[] but not in requests ----------------------------------
-# h1_conn.c hconn_refuse (h1_timers.c since the split) counts `responses[...]++` and nothing else; requests
+# h1_conn.c conn_refuse (h1_timers.c since the split) counts `responses[...]++` and nothing else; requests
 # is only bumped at the end of wsgi_app.c respond(). The engine counts requests
 # "answered (every response framed)", and master/metrics.py exports both
 # (sockherd_worker_requests, sockherd_worker_responses): after a pipeline

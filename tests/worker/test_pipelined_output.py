@@ -74,7 +74,7 @@ def test_own_response_goes_out_while_its_unread_body_is_drained(serve):
 
 
 def test_body_timeout_closes_after_what_was_owed_is_sent(serve):
-    """Defect: when the pipelined POST's body timed out, hconn_close_now
+    """Defect: when the pipelined POST's body timed out, conn_close_now
     threw away the GET's response still buffered (the client did not read
     yet): the client got a truncated answer. Now the connection closes
     after the owed bytes are sent (bounded by the send timeout)."""

@@ -11,7 +11,7 @@ extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
 /* server.c: a new Server's tables (WSGI over HTTP/1) and the type's
  * attributes, named by the type (server_type.c) */
 extern const struct conn_ops h1_conn_ops;
-extern const struct h1_app wsgi_h1_app;
+extern const struct app_ops wsgi_app_ops;
 extern PyGetSetDef Server_getset[];
 
 #endif /* SOCKHERD_ASSEMBLY_H */

@@ -23,7 +23,7 @@ PyObject *HttpError, *ClientGone, *BadBody;
  * readied: each layer keeps its methods with its code, and no layer below
  * names a function of the one above. */
 #define JOINED_MAX 24
-static PyMethodDef conn_methods[JOINED_MAX], parser_methods_all[JOINED_MAX],
+static PyMethodDef conn_methods_all[JOINED_MAX], parser_methods_all[JOINED_MAX],
                    server_methods_all[JOINED_MAX], module_methods[JOINED_MAX];
 
 static int join_methods(PyMethodDef *out, const PyMethodDef *const *parts, int nparts)
@@ -49,7 +49,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__http(void)
 {
-	const PyMethodDef *conn_parts[] = {hconn_methods, h1_conn_methods, wsgi_conn_methods};
+	const PyMethodDef *conn_parts[] = {conn_methods, h1_conn_methods, wsgi_conn_methods};
 	const PyMethodDef *parser_parts[] = {parser_methods, wsgi_parser_methods};
 	const PyMethodDef *server_parts[] = {server_methods, server_accept_methods, server_asgi_methods,
 	                                     fwd_server_methods, server_proxy_methods, server_tls_methods};
@@ -58,16 +58,16 @@ PyMODINIT_FUNC PyInit__http(void)
 	                                     asgi_ws_module_methods};
 	PyObject *m;
 
-	if (join_methods(conn_methods, conn_parts, 3) < 0 ||
+	if (join_methods(conn_methods_all, conn_parts, 3) < 0 ||
 	    join_methods(parser_methods_all, parser_parts, 2) < 0 ||
 	    join_methods(server_methods_all, server_parts, 6) < 0 ||
 	    join_methods(module_methods, module_parts, 4) < 0)
 		return NULL;
-	HttpConnType.tp_methods = conn_methods;
+	ConnType.tp_methods = conn_methods_all;
 	ParserType.tp_methods = parser_methods_all;
 	ServerType.tp_methods = server_methods_all;
 	if (PyType_Ready(&ParserType) < 0 || PyType_Ready(&ServerType) < 0 ||
-	    PyType_Ready(&HttpConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
+	    PyType_Ready(&ConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
 	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0 ||
 	    PyType_Ready(&WsParserType) < 0 || PyType_Ready(&WsCallType) < 0)  /* issue 23 */
 		return NULL;
@@ -102,7 +102,7 @@ PyMODINIT_FUNC PyInit__http(void)
 	    PyModule_AddObjectRef(m, "BadBody", BadBody) < 0 ||
 	    PyModule_AddObjectRef(m, "RequestParser", (PyObject *)&ParserType) < 0 ||
 	    PyModule_AddObjectRef(m, "Server", (PyObject *)&ServerType) < 0 ||
-	    PyModule_AddObjectRef(m, "HttpConn", (PyObject *)&HttpConnType) < 0 ||
+	    PyModule_AddObjectRef(m, "HttpConn", (PyObject *)&ConnType) < 0 ||
 	    PyModule_AddObjectRef(m, "Respond", (PyObject *)&RespondType) < 0) {
 		Py_DECREF(m);
 		return NULL;

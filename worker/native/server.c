@@ -3,7 +3,7 @@
  * protocol, and picks here the tables through which each layer reaches
  * the one above it. Today: HTTP/1 (h1_conn.c) under the connection layer,
  * WSGI (wsgi_app.c) under the codec; an ASGI adapter adds its own struct
- * h1_app beside wsgi_h1_app, and a Server built for it picks that one.
+ * app_ops beside wsgi_app_ops, and a Server built for it picks that one.
  *
  * This file holds the tables and what picks them (interface, dispatch),
  * with the Server's other attributes (its counts, draining) and set_aio;
@@ -40,7 +40,7 @@ const struct conn_ops h1_conn_ops = {
 };
 
 /* What the HTTP/1 codec calls above it: the WSGI adapter */
-const struct h1_app wsgi_h1_app = {
+const struct app_ops wsgi_app_ops = {
 	.request = wsgi_request,
 	.serve = wsgi_serve,
 	.resume = respond_resume,
@@ -66,7 +66,7 @@ static const struct conn_ops h1_asgi_conn_ops = {
 	.write_owed = h1_owed_run,
 };
 
-static const struct h1_app asgi_h1_app = {
+static const struct app_ops asgi_app_ops = {
 	.request = asgi_request,
 	/* issue 23: an upgrade to WebSocket is asgi_ws.c's, each of these
 	 * hands the rest to asgi_app.c's asgi_serve / _resume / _input */
@@ -114,7 +114,7 @@ static int set_dispatch(Server *s, PyObject *v, void *c)
 		PyErr_SetString(PyExc_RuntimeError, "dispatch is set before the first connection");
 		return -1;
 	}
-	if (on && s->app_ops == &asgi_h1_app) {
+	if (on && s->app_ops == &asgi_app_ops) {
 		PyErr_SetString(PyExc_ValueError, "an ASGI Server does not dispatch (asgi_app.c)");
 		return -1;
 	}
@@ -131,7 +131,7 @@ static int set_dispatch(Server *s, PyObject *v, void *c)
 static PyObject *get_interface(Server *s, void *c)
 {
 	(void)c;
-	return PyUnicode_FromString(s->app_ops == &asgi_h1_app ? "asgi" : "wsgi");
+	return PyUnicode_FromString(s->app_ops == &asgi_app_ops ? "asgi" : "wsgi");
 }
 
 /* "wsgi" (the default) or "asgi": which adapter serves the app, set
@@ -159,11 +159,11 @@ static int set_interface(Server *s, PyObject *v, void *c)
 			return -1;
 		Py_XSETREF(s->scope_base, base);
 		s->ops = &h1_asgi_conn_ops;
-		s->app_ops = &asgi_h1_app;
+		s->app_ops = &asgi_app_ops;
 	}
 	else if (PyUnicode_CompareWithASCIIString(v, "wsgi") == 0) {
 		s->ops = &h1_conn_ops;
-		s->app_ops = &wsgi_h1_app;
+		s->app_ops = &wsgi_app_ops;
 	}
 	else {
 		PyErr_Format(PyExc_ValueError, "interface %R: 'wsgi' or 'asgi'", v);

@@ -56,7 +56,7 @@ static int Server_init(Server *s, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	s->ops = &h1_conn_ops;
-	s->app_ops = &wsgi_h1_app;
+	s->app_ops = &wsgi_app_ops;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "$OO!OiIOO!OOOOOOOOOO(IIIK)UO!dddnddd", names, &loop,
 	                                 &PyDict_Type, &api, &threads, &maxfd, &kind, &app,
 	                                 &PyDict_Type, &base, &slow, &access, &report, &sendfile, &fw,
@@ -196,7 +196,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 		/* the connections whose answers are queued (h1_conn.c, owe): each
 		 * holds a reference to this Server, so a cycle the collector must
 		 * see (a stopped engine's list is never written again) */
-		for (HttpConn *c = s->thr[i].owed; c; c = c->owed_next)
+		for (struct conn *c = s->thr[i].owed; c; c = c->owed_next)
 			Py_VISIT(c);
 	}
 	Py_VISIT(s->file_wrapper);
@@ -220,7 +220,7 @@ static int Server_traverse(Server *s, visitproc visit, void *arg)
 	Py_VISIT(s->on_retire);
 	Py_VISIT(s->on_refusal);
 	for (int i = 0; s->thr && i < s->nthreads; i++)
-		for (HttpConn *c = s->thr[i].rq.head; c; c = c->qnext)
+		for (struct conn *c = s->thr[i].rq.head; c; c = c->qnext)
 			Py_VISIT(c);
 	return 0;
 }

@@ -13,7 +13,7 @@
  * its own folder's and the lower folders' headers (the build's include
  * directories) and calls only their functions (tests/worker/
  * test_native_layers.py); a layer reaches the one above it only through a
- * table of callbacks (struct conn_ops, struct h1_app) the assembly fills.
+ * table of callbacks (struct conn_ops, struct app_ops) the assembly fills.
  *
  * Threading: every function here runs with the GIL held, and the GIL is
  * what serialises the loop threads' use of these objects (a connection is
@@ -60,7 +60,7 @@ struct fdc_api {
 };
 
 typedef struct Server Server;      /* server.h */
-typedef struct HttpConn HttpConn;
+struct conn;
 /* the layers above's objects, opaque here: the codec's parser (h1.h) and
  * the adapter's response (wsgi.h) */
 typedef struct Parser Parser;
@@ -85,7 +85,7 @@ enum { TIMER_HEADER = 0, TIMER_KEEPALIVE = 1, TIMER_LINGER = 2, TIMER_SEND = 3, 
 #define LINGER_SECONDS 5.0
 
 struct timer_list {
-	HttpConn *head, *tail;
+	struct conn *head, *tail;
 };
 
 #define HIGH_WATER (1u << 20)      /* pending output that blocks write(), or parks a body */
@@ -96,7 +96,7 @@ struct timer_list {
  * held are the codec's, response and parked the adapter's: this layer
  * only clears them when the connection closes (held, response), asks the
  * table about them (parked) and shows them to Python. */
-struct HttpConn {
+struct conn {
 	PyObject_HEAD
 	Server *srv;
 	int fd;
@@ -110,7 +110,7 @@ struct HttpConn {
 	         serving : 1, head_clock : 1, lingering : 1, peer_eof : 1,
 	         in_kept : 1,                  /* conn_io.c: input left while not reading */
 	         in_full : 1,                  /* the protocol takes no more input now (call) */
-	         trusted : 1,                  /* its peer may send forwarding fields (conn_peer) */
+	         trusted : 1,                  /* its peer may send forwarding fields (conn_trust_peer) */
 	         /* the layer above has more output than the buffer, which it
 	          * sends itself once the buffer is out (an ASGI pathsend's
 	          * file, by sendfile): owed, like the buffer (POLLOUT wanted,
@@ -126,9 +126,9 @@ struct HttpConn {
 	double last_active;
 	double due;                        /* timer: deadline, its list and links */
 	int tkind, tpos;
-	HttpConn *tprev, *tnext;
+	struct conn *tprev, *tnext;
 	/* (SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT): WSGI's, made
-	 * on its first request (hconn_addr), NULL before (ASGI never needs it) */
+	 * on its first request (conn_addr), NULL before (ASGI never needs it) */
 	PyObject *addr;
 	PyObject *peer, *local;
 	PyObject *response;                /* the Respond of the request being served */
@@ -141,7 +141,7 @@ struct HttpConn {
 	 * runq), once at most: the queue's loop thread + 1 (0: not queued),
 	 * the links, the events of the reports merged into it */
 	int queued;
-	HttpConn *qprev, *qnext;
+	struct conn *qprev, *qnext;
 	/* issue 21: a response whose body goes out from the loop (wsgi_body.c,
 	 * respond_resume): held here between POLLOUT events; the next
 	 * pipelined request waits for it, reading is off meanwhile */
@@ -183,12 +183,12 @@ struct HttpConn {
 	struct ssl_st *ssl;
 	char *tls_pre;
 	size_t tls_pre_start, tls_pre_len, tls_pre_cap;
-	HttpConn *tls_next;
-	HttpConn *owed_next;               /* its thread's owed list (h1_conn.c: owe) */
+	struct conn *tls_next;
+	struct conn *owed_next;               /* its thread's owed list (h1_conn.c: owe) */
 	PyObject *tls_env;
 };
 
-extern PyTypeObject HttpConnType;
+extern PyTypeObject ConnType;
 
 /* ---- what this layer calls above it: one table per Server ----
  * Each entry runs on the connection's loop thread, GIL held; the int ones
@@ -196,34 +196,34 @@ extern PyTypeObject HttpConnType;
  * contains it: logged, the connection closed). */
 struct conn_ops {
 	/* a new connection: its protocol state (c->parser) */
-	int (*open)(HttpConn *c);
+	int (*open)(struct conn *c);
 	/* the fd is readable (or hung up): read, answer what came */
-	int (*readable)(HttpConn *c);
+	int (*readable)(struct conn *c);
 	/* A group-shared connection just accepted (dispatch): its first read
 	 * is made before any sibling's poller holds it (what is there at the
 	 * registration would wake every idle sibling), 1 if that read brought
 	 * something to serve (bytes, or the end of input), 0 nothing, -1 a
-	 * Python error; closed if the read failed. Then hconn_on_events(c,
+	 * Python error; closed if the read failed. Then conn_on_events(c,
 	 * EV_FIRST) serves what it read (serve_first). */
-	int (*read_first)(HttpConn *c);
-	int (*serve_first)(HttpConn *c);
+	int (*read_first)(struct conn *c);
+	int (*serve_first)(struct conn *c);
 	/* the fd is writable and a response is parked on c: its turn */
-	int (*resume)(HttpConn *c);
+	int (*resume)(struct conn *c);
 	/* a timer of the protocol's kinds (header, keep-alive, body) is due */
-	int (*timeout)(HttpConn *c, int kind);
+	int (*timeout)(struct conn *c, int kind);
 	/* output went out (or all of it): the timer for what c waits for now */
-	void (*rearm)(HttpConn *c);
+	void (*rearm)(struct conn *c);
 	/* the protocol has input it did not finish (an upload, a buffered
 	 * request): a close lingers */
-	int (*unread)(HttpConn *c);
+	int (*unread)(struct conn *c);
 	/* bytes a parked response still owes (at least 1) */
-	size_t (*owed)(HttpConn *c);
+	size_t (*owed)(struct conn *c);
 	/* c closed under its parked response (taken off c already): its end */
 	void (*abandon)(Respond *r);
 	/* c closed under its adapter's call (taken off c already, the
 	 * reference passed): the app learns that its client is gone. NULL
 	 * for an adapter that makes no calls (WSGI). */
-	void (*drop)(HttpConn *c, PyObject *call);
+	void (*drop)(struct conn *c, PyObject *call);
 	/* the answers the protocol queued for loop thread pos's next turn
 	 * (srv_thread.owed), written: called by the turn before its poll and
 	 * at its end, only while the list is not empty (the HTTP/1 codec's
@@ -238,56 +238,56 @@ struct conn_ops {
  * (it sends, closes, logs through it), and conn_io.c reaches it only for
  * a connection with a session (c->ssl), through its Server's table. */
 struct tls_ops {
-	ssize_t (*read)(HttpConn *c, char *buf, size_t room);
-	ssize_t (*write)(HttpConn *c, const char *buf, size_t n);
-	void (*free)(HttpConn *c);
-	int (*buffered)(const HttpConn *c);
-	void (*replay)(HttpConn *c);
-	void (*close_notify)(HttpConn *c);
+	ssize_t (*read)(struct conn *c, char *buf, size_t room);
+	ssize_t (*write)(struct conn *c, const char *buf, size_t n);
+	void (*free)(struct conn *c);
+	int (*buffered)(const struct conn *c);
+	void (*replay)(struct conn *c);
+	void (*close_notify)(struct conn *c);
 };
 
 /* ---- conn_timers.c ---- */
 double mono_now(void);
-void timer_arm(HttpConn *c, int kind);
+void timer_arm(struct conn *c, int kind);
 /* c's timer of kind due at due (not a fixed time from now) */
-void timer_arm_at(HttpConn *c, int kind, double due);
-void timer_cancel(HttpConn *c);
+void timer_arm_at(struct conn *c, int kind, double due);
+void timer_cancel(struct conn *c);
 
 /* ---- conn_io.c ---- */
 /* The loop thread the calling OS thread is (Server.bind / turn), or -1;
  * srv_bind makes it pos of s (s NULL: none). */
 int srv_current(Server *s);
 void srv_bind(Server *s, int pos);
-int hconn_close_now(HttpConn *c);
+int conn_close_now(struct conn *c);
 /* Closes once the buffered output is sent. */
-void hconn_close_soft(HttpConn *c);
+void conn_close_soft(struct conn *c);
 /* Brings the fd's ACTIVE directions in line with what we want. */
-void hconn_sync(HttpConn *c);
+void conn_sync(struct conn *c);
 /* Appends to the output; flushes what the kernel takes when `now`. */
-int hconn_send(HttpConn *c, const char *data, size_t n, int now);
-int hconn_flush(HttpConn *c);
+int conn_send(struct conn *c, const char *data, size_t n, int now);
+int conn_flush(struct conn *c);
 /* n bytes of the pending output went out (written with more, by wsgi_body.c). */
-void hconn_taken(HttpConn *c, size_t n);
+void conn_taken(struct conn *c, size_t n);
 /* Closes at once (reset, EPIPE): the client is gone. */
-void hconn_fail(HttpConn *c);
+void conn_fail(struct conn *c);
 /* Sends output until at most `below` bytes wait, blocking in poll (GIL
  * released) while the client takes some at least every timeout seconds;
  * -1 with ClientGone set on failure. */
-int hconn_flush_wait(HttpConn *c, double timeout, size_t below);
+int conn_flush_wait(struct conn *c, double timeout, size_t below);
 /* One read(2) of at most room bytes into buf: > 0 bytes read, 0 nothing
  * to do now (EAGAIN; or the connection failed, closed then), -2 end of
  * input (EOF). */
-ssize_t hconn_read(HttpConn *c, char *buf, size_t room);
+ssize_t conn_read(struct conn *c, char *buf, size_t room);
 /* The read met EAGAIN: fdcore's READY_R off (the calling loop thread's). */
-void hconn_cant_recv(HttpConn *c);
+void conn_cant_recv(struct conn *c);
 /* A growable buffer: buf[start .. len) used, room for `more` after len. */
 int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more);
 
 /* ---- conn_events.c ---- */
 /* The handler of one poll report, under the running bit. 0 or -1 (a
  * Python error that must end the loop thread: not an app's). */
-int hconn_on_events(HttpConn *c, uint32_t events);
-int hconn_on_timeout(HttpConn *c, int kind);
+int conn_on_events(struct conn *c, uint32_t events);
+int conn_on_timeout(struct conn *c, int kind);
 #define EV_FIRST 0x80000000u               /* not an fdcore bit: see conn_ops.read_first */
 
 /* ---- conn_report.c ---- */
@@ -296,30 +296,30 @@ int hconn_on_timeout(HttpConn *c, int kind);
 void report_exc(Server *s, PyObject *env, const char *what);
 /* An error out of c's handler that is not the app's: logged, c closed;
  * the loop thread serves on. */
-void contain(HttpConn *c);
+void contain(struct conn *c);
 
-static inline size_t hconn_pending(const HttpConn *c) { return c->olen - c->ostart; }
+static inline size_t conn_pending(const struct conn *c) { return c->olen - c->ostart; }
 
 /* Input is read unless output waits: past HIGH_WATER, or a parked body
  * (the requests behind it wait for it; what they send waits in the
  * socket, bounded by its buffer), or a close. */
-static inline int hconn_reading(const HttpConn *c)
+static inline int conn_reading(const struct conn *c)
 {
 	return c->lingering || (!c->paused_out && !c->closing && !c->parked && !c->in_full);
 }
 
 /* Output is owed: bytes buffered, a parked body's rest, or the layer
  * above's own (out_more). */
-static inline int hconn_owed(const HttpConn *c)
+static inline int conn_owed(const struct conn *c)
 {
-	return hconn_pending(c) || c->parked || c->out_more;
+	return conn_pending(c) || c->parked || c->out_more;
 }
 
 /* The client's address as the layers above must show it ((host, port),
  * a unix peer's "" or path, None when unknown): the socket's peer, or the
  * source a trusted PROXY protocol header named. REMOTE_ADDR and
  * REMOTE_PORT are c->addr's last two, from the same source. */
-static inline PyObject *hconn_peer(const HttpConn *c) { return c->peer; }
+static inline PyObject *conn_peer(const struct conn *c) { return c->peer; }
 
 /* d[key] = v, taking v's reference (released whatever happens): 0, or -1
  * with an error set, also when v is NULL (its maker failed). The
@@ -339,33 +339,33 @@ static inline int dict_put(PyObject *d, const char *key, PyObject *v)
 /* Sends a file's bytes from *off (count at most): sendfile(2), or under
  * TLS pread into the output and encrypted there. > 0 bytes taken, 0 the
  * file ended, -1 with errno (EAGAIN: the kernel is full). */
-ssize_t hconn_sendfile(HttpConn *c, int ffd, off_t *off, size_t count);
+ssize_t conn_sendfile(struct conn *c, int ffd, off_t *off, size_t count);
 
 /* ---- conn_proxy.c ---- */
 /* c->addr, made from c->local and c->peer the first time (a borrowed
  * reference), NULL with an error. */
-PyObject *hconn_addr(HttpConn *c);
+PyObject *conn_addr(struct conn *c);
 /* The header ahead of buf[0 .. len) (the codec's buffered input; eof: no
  * more will come). Returns the header's bytes, which the caller drops
  * from its buffer; while c->proxy_wait stays set more bytes are needed;
  * a bad header, or one from a peer not allowed, closes c (logged). -1: a
  * Python error. */
-ssize_t hconn_proxy(HttpConn *c, const char *buf, size_t len, int eof);
+ssize_t conn_proxy_read(struct conn *c, const char *buf, size_t len, int eof);
 /* header_timeout passed with the header not whole: c closes (logged). */
-void hconn_proxy_timeout(HttpConn *c);
+void conn_proxy_timeout(struct conn *c);
 
 /* ---- conn_type.c ---- */
-HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie);
+struct conn *conn_new(Server *s, int pos, int fd, uint64_t cookie);
 
 /* The peer address the trusted-proxy rules judge (forwarded.h): set from
  * getpeername at accept; a layer that learns the client's own address
  * before the first request (the PROXY protocol) calls it again with that
  * one. Sets c->trusted; costs a few compares, nothing with no rules. */
 struct sockaddr;
-void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len);
+void conn_trust_peer(struct conn *c, const struct sockaddr *sa, unsigned len);
 /* the connection type's own methods, joined with the layers' above by the
  * module before the type is readied (httpmodule.c) */
-extern PyMethodDef hconn_methods[];
+extern PyMethodDef conn_methods[];
 
 
 #endif /* SOCKHERD_CONN_H */

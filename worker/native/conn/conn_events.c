@@ -1,5 +1,5 @@
 /* The connection layer's dispatch of one connection's poll report and
- * timers (hconn_on_events, hconn_on_timeout): the TLS step's directions
+ * timers (conn_on_events, conn_on_timeout): the TLS step's directions
  * mapped, output flushed, a parked body's turn, a lingering close's input
  * dropped, and the protocol's read through the Server's struct conn_ops
  * (conn.h), the only way up. The fd, the output and the input are
@@ -16,7 +16,7 @@
 
 /* A group-shared connection (dispatch.c) is polled edge-triggered: input
  * is announced once, so input met while c does not read (a parked body,
- * output past HIGH_WATER: hconn_reading) is remembered here, and
+ * output past HIGH_WATER: conn_reading) is remembered here, and
  * sync_dirs replays it as a report (c->missed) once reading is back on.
  * fdcore keeps such an edge itself only when recv was not ACTIVE as the
  * report came (FDC_KEPT_R); a report taken while it still was (a sibling
@@ -26,13 +26,13 @@
  * (the kernel repeats an EPOLLIN only in a report of its own, and a body
  * the kernel takes without refusing bytes brings none). A replay that
  * finds nothing costs one read (EAGAIN). */
-static void keep_input(HttpConn *c)
+static void keep_input(struct conn *c)
 {
-	if (c->srv->dispatch && !c->closed && !hconn_reading(c))
+	if (c->srv->dispatch && !c->closed && !conn_reading(c))
 		c->in_kept = 1;
 }
 
-int hconn_on_events(HttpConn *c, uint32_t events)
+int conn_on_events(struct conn *c, uint32_t events)
 {
 	int rc;
 
@@ -48,11 +48,11 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 			events |= FDC_POLL_OUT;
 	}
 	if (events & FDC_POLL_ERR) {             /* with POLL_CTL: not registered */
-		hconn_fail(c);
+		conn_fail(c);
 		return 0;
 	}
-	if ((events & FDC_POLL_OUT) && hconn_pending(c))
-		hconn_flush(c);
+	if ((events & FDC_POLL_OUT) && conn_pending(c))
+		conn_flush(c);
 	/* a call's send() may wait for the output to drain: its turn, and
 	 * the input is read below as for any report (its body, its end) */
 	if (c->call && !c->closed && (events & FDC_POLL_OUT) && c->srv->ops->resume(c) < 0)
@@ -69,7 +69,7 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 			before = c->wrote;
 			rc = c->srv->ops->resume(c);
 		} while (rc == 0 && c->srv->dispatch && c->parked && !c->closed &&
-		         !hconn_pending(c) && c->wrote != before);
+		         !conn_pending(c) && c->wrote != before);
 		return rc;
 	}
 	if (c->lingering) {
@@ -79,7 +79,7 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	}
 	if (!(events & EV_INPUT) || c->closed)
 		return 0;
-	if (!hconn_reading(c)) {
+	if (!conn_reading(c)) {
 		keep_input(c);
 		return 0;
 	}
@@ -89,7 +89,7 @@ int hconn_on_events(HttpConn *c, uint32_t events)
 	return rc;
 }
 
-int hconn_on_timeout(HttpConn *c, int kind)
+int conn_on_timeout(struct conn *c, int kind)
 {
 	if (c->closed || c->serving)
 		return 0;
@@ -97,7 +97,7 @@ int hconn_on_timeout(HttpConn *c, int kind)
 		/* lingering: it had its time to read the answer; send: it took
 		 * nothing of its output for body_timeout (and a soft close would
 		 * wait for that output forever) */
-		hconn_fail(c);
+		conn_fail(c);
 		return 0;
 	}
 	return c->srv->ops->timeout(c, kind);     /* header, keep-alive, body: the protocol's */

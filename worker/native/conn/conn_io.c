@@ -81,7 +81,7 @@ int buf_reserve(char **buf, size_t *start, size_t *len, size_t *cap, size_t more
  * call (its poll runs only between requests), and the GIL orders the two
  * threads' C code, so the owner's context is used by one thread at a
  * time. Else NULL: the caller posts to the owner, or does nothing. */
-static struct fdc_thread *ctx(HttpConn *c)
+static struct fdc_thread *ctx(struct conn *c)
 {
 	int cur = srv_current(c->srv);
 
@@ -98,7 +98,7 @@ static struct fdc_thread *ctx(HttpConn *c)
  * (each run ends past SPILL_AFTER) left them for good, and the engine with
  * them (c references its engine from an object the garbage collector does
  * not track). The GIL's; the caller holds a reference to c of its own. */
-static void unqueue(Server *s, HttpConn *c)
+static void unqueue(Server *s, struct conn *c)
 {
 	if (!c->queued)
 		return;
@@ -107,11 +107,11 @@ static void unqueue(Server *s, HttpConn *c)
 }
 
 /* Brings the fd's ACTIVE directions in line with what we want. */
-static void sync_dirs(HttpConn *c)
+static void sync_dirs(struct conn *c)
 {
 	struct fdc_api *api = &c->srv->api;
 	struct fdc_thread *th = ctx(c);
-	size_t pending = hconn_pending(c);
+	size_t pending = conn_pending(c);
 	int want, rd;
 
 	if (c->closed || !th)
@@ -121,12 +121,12 @@ static void sync_dirs(HttpConn *c)
 	else if (!c->paused_out && pending > HIGH_WATER)
 		c->paused_out = 1;
 	/* a TLS read waits for room to send its handshake's flight */
-	want = hconn_owed(c) || c->tls_rw;
+	want = conn_owed(c) || c->tls_rw;
 	if (want != c->want_send) {
 		c->want_send = (unsigned)want;
 		(want ? api->want_send : api->stop_send)(th, c->fd);
 	}
-	rd = hconn_reading(c) || c->tls_wr;    /* a TLS write may wait for input */
+	rd = conn_reading(c) || c->tls_wr;    /* a TLS write may wait for input */
 	if (rd && !c->recv_on && c->ssl && c->srv->tls->buffered(c))
 		c->srv->tls->replay(c);                      /* held by the session: no report will come */
 	if (rd && c->in_kept) {
@@ -141,7 +141,7 @@ static void sync_dirs(HttpConn *c)
 	}
 }
 
-int hconn_close_now(HttpConn *c)
+int conn_close_now(struct conn *c)
 {
 	Server *s = c->srv;
 	struct fdc_thread *th;
@@ -197,20 +197,20 @@ int hconn_close_now(HttpConn *c)
 	return 0;
 }
 
-static void fail(HttpConn *c)
+static void fail(struct conn *c)
 {
-	if (hconn_close_now(c) < 0)
+	if (conn_close_now(c) < 0)
 		PyErr_WriteUnraisable((PyObject *)c);
 }
 
-void hconn_fail(HttpConn *c)
+void conn_fail(struct conn *c)
 {
 	fail(c);
 }
 
 /* Whether the client may still be sending: an upload not read whole, a
  * request (part of one) buffered, or bytes waiting in the socket. */
-static int may_send_more(HttpConn *c)
+static int may_send_more(struct conn *c)
 {
 	int avail = 0;
 
@@ -224,7 +224,7 @@ static int may_send_more(HttpConn *c)
 /* All output sent and the connection ends: at once, or, if the client may
  * still be sending, after a lingering close: our FIN now (shutdown), its
  * bytes read and dropped until it closes too or LINGER_SECONDS pass. */
-static void end(HttpConn *c)
+static void end(struct conn *c)
 {
 	if (c->ssl)
 		c->srv->tls->close_notify(c);
@@ -238,20 +238,20 @@ static void end(HttpConn *c)
 }
 
 /* Closes once the buffered output is sent. */
-static void close_soft(HttpConn *c)
+static void close_soft(struct conn *c)
 {
 	if (c->closed)
 		return;
 	c->closing = 1;
 	Py_CLEAR(c->held);                         /* a held request is never served now */
-	if (!hconn_owed(c))
+	if (!conn_owed(c))
 		end(c);
 	else
 		sync_dirs(c);
 }
 
 /* A lingering connection's input: dropped; its end closes it. */
-void discard(HttpConn *c)
+void discard(struct conn *c)
 {
 	char sink[16384];
 
@@ -273,24 +273,24 @@ void discard(HttpConn *c)
 
 /* The timer for what the connection waits for now: the protocol's call
  * (a head's clock, keep-alive, a held body), made after output went out. */
-static void rearm(HttpConn *c)
+static void rearm(struct conn *c)
 {
 	c->srv->ops->rearm(c);
 }
 
-void hconn_close_soft(HttpConn *c)
+void conn_close_soft(struct conn *c)
 {
 	close_soft(c);
 }
 
-void hconn_sync(HttpConn *c)
+void conn_sync(struct conn *c)
 {
 	sync_dirs(c);
 }
 
 /* ---- output ------------------------------------------------------------------------------- */
 
-int hconn_send(HttpConn *c, const char *data, size_t n, int now)
+int conn_send(struct conn *c, const char *data, size_t n, int now)
 {
 	if (c->closed)
 		return 0;
@@ -300,14 +300,14 @@ int hconn_send(HttpConn *c, const char *data, size_t n, int now)
 		memcpy(c->out + c->olen, data, n);
 		c->olen += n;
 	}
-	return now ? hconn_flush(c) : 0;
+	return now ? conn_flush(c) : 0;
 }
 
 /* One write of what is pending. 0, or the connection is closed (failed);
  * never a Python error. */
-int hconn_flush(HttpConn *c)
+int conn_flush(struct conn *c)
 {
-	size_t pending = hconn_pending(c);
+	size_t pending = conn_pending(c);
 	ssize_t n;
 
 	if (c->closed || !pending)
@@ -345,7 +345,7 @@ int hconn_flush(HttpConn *c)
 		PyMem_Free(c->out);
 		c->out = NULL;
 		c->ostart = c->olen = c->ocap = 0;
-		if (c->closing && !hconn_owed(c)) {
+		if (c->closing && !conn_owed(c)) {
 			end(c);
 			return 0;
 		}
@@ -357,7 +357,7 @@ int hconn_flush(HttpConn *c)
 	return 0;
 }
 
-void hconn_taken(HttpConn *c, size_t n)
+void conn_taken(struct conn *c, size_t n)
 {
 	c->ostart += n;
 	if (c->ostart == c->olen) {
@@ -367,20 +367,20 @@ void hconn_taken(HttpConn *c, size_t n)
 	}
 }
 
-int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
+int conn_flush_wait(struct conn *c, double timeout, size_t below)
 {
 	double deadline = mono_now() + timeout;
 
-	while (!c->closed && hconn_pending(c) > below) {
+	while (!c->closed && conn_pending(c) > below) {
 		struct pollfd pfd = {.fd = c->fd, .events = POLLOUT | (c->tls_wr ? POLLIN : 0)};
-		size_t before = hconn_pending(c);
+		size_t before = conn_pending(c);
 		double left;
 		int rc;
 
-		hconn_flush(c);
-		if (!c->closed && hconn_pending(c) < before)
+		conn_flush(c);
+		if (!c->closed && conn_pending(c) < before)
 			deadline = mono_now() + timeout;   /* progress: the client reads, slowly maybe */
-		if (c->closed || hconn_pending(c) <= below)
+		if (c->closed || conn_pending(c) <= below)
 			break;
 		left = deadline - mono_now();
 		if (left <= 0) {
@@ -403,7 +403,7 @@ int hconn_flush_wait(HttpConn *c, double timeout, size_t below)
 	return 0;
 }
 
-ssize_t hconn_sendfile(HttpConn *c, int ffd, off_t *off, size_t count)
+ssize_t conn_sendfile(struct conn *c, int ffd, off_t *off, size_t count)
 {
 	ssize_t n;
 
@@ -425,13 +425,13 @@ ssize_t hconn_sendfile(HttpConn *c, int ffd, off_t *off, size_t count)
 		return n;
 	c->olen += (size_t)n;
 	*off += n;
-	hconn_flush(c);
+	conn_flush(c);
 	return n;
 }
 
 /* ---- input ---------------------------------------------------------------------------------- */
 
-void hconn_cant_recv(HttpConn *c)
+void conn_cant_recv(struct conn *c)
 {
 	struct fdc_thread *th = ctx(c);
 
@@ -439,7 +439,7 @@ void hconn_cant_recv(HttpConn *c)
 		c->srv->api.cant_recv(th, c->fd);
 }
 
-ssize_t hconn_read(HttpConn *c, char *buf, size_t room)
+ssize_t conn_read(struct conn *c, char *buf, size_t room)
 {
 	ssize_t n;
 

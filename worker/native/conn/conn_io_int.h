@@ -9,6 +9,6 @@
 
 /* conn_io.c: a lingering connection's input read and dropped (its end
  * closes it) */
-void discard(HttpConn *c);
+void discard(struct conn *c);
 
 #endif /* SOCKHERD_CONN_IO_INT_H */

@@ -12,7 +12,7 @@
  * refusal log (log_refusals' fn with status 0), at most a line a second.
  *
  * The codec drives it (h1_conn.c): the bytes of its read buffer go
- * through hconn_proxy until the header is whole, which takes only the
+ * through conn_proxy_read until the header is whole, which takes only the
  * header's bytes; what follows stays in the buffer for the codec. The
  * header's time is the head's: the header timer armed at accept runs on.
  *
@@ -110,7 +110,7 @@ fail:
  * relays from a unix-socket frontend) still means the bytes after it are
  * a client's, not the proxy's: that client is unknown (AF_UNSPEC), which
  * only "*" trusts. */
-static void judge(HttpConn *c, const struct pp_result *r)
+static void judge(struct conn *c, const struct pp_result *r)
 {
 	struct sockaddr_storage ss;
 	unsigned len = sizeof(sa_family_t);
@@ -131,11 +131,11 @@ static void judge(HttpConn *c, const struct pp_result *r)
 		in6->sin6_port = htons(r->sport);
 		len = sizeof(*in6);
 	}
-	conn_peer(c, (const struct sockaddr *)&ss, len);
+	conn_trust_peer(c, (const struct sockaddr *)&ss, len);
 }
 
 /* (conn.h) here, below conn_type.c, as this file's apply needs it */
-PyObject *hconn_addr(HttpConn *c)
+PyObject *conn_addr(struct conn *c)
 {
 	PyObject *lp, *rp;
 
@@ -144,7 +144,7 @@ PyObject *hconn_addr(HttpConn *c)
 	/* a TCP connection's: its (host, port) tuples (addresses, or the
 	 * PROXY protocol's source), the ports as str */
 	if (!PyTuple_Check(c->local) || !PyTuple_Check(c->peer)) {
-		PyErr_SetString(PyExc_SystemError, "hconn_addr: a connection without TCP addresses");
+		PyErr_SetString(PyExc_SystemError, "conn_addr: a connection without TCP addresses");
 		return NULL;
 	}
 	lp = c->local == c->srv->local_obj ? Py_NewRef(c->srv->local_port)
@@ -160,7 +160,7 @@ PyObject *hconn_addr(HttpConn *c)
 
 /* The header's IP addresses become c's peer (REMOTE_ADDR, REMOTE_PORT,
  * the ASGI client); the socket's own peer stays in c->proxy["peer"]. */
-static int apply(HttpConn *c, const struct pp_result *r)
+static int apply(struct conn *c, const struct pp_result *r)
 {
 	PyObject *info = proxy_info(r), *src, *addr, *ra, *rp;
 
@@ -188,7 +188,7 @@ static int apply(HttpConn *c, const struct pp_result *r)
 	rp = PyUnicode_FromFormat("%d", (int)r->sport);
 	/* the socket's addresses first (made on demand, conn_type.c): its
 	 * SERVER_NAME and SERVER_PORT are kept */
-	if (!rp || !hconn_addr(c)) {
+	if (!rp || !conn_addr(c)) {
 		Py_DECREF(ra);
 		Py_XDECREF(rp);
 		return -1;
@@ -203,16 +203,16 @@ static int apply(HttpConn *c, const struct pp_result *r)
 	return 0;
 }
 
-static void refuse(HttpConn *c, const char *reason)
+static void refuse(struct conn *c, const char *reason)
 {
 	c->srv->proxy_refused++;
 	srv_log_refusal(c->srv, c->peer, 0, reason);
 	c->proxy_wait = 0;
-	if (hconn_close_now(c) < 0)
+	if (conn_close_now(c) < 0)
 		PyErr_WriteUnraisable((PyObject *)c);
 }
 
-ssize_t hconn_proxy(HttpConn *c, const char *buf, size_t len, int eof)
+ssize_t conn_proxy_read(struct conn *c, const char *buf, size_t len, int eof)
 {
 	struct pp_result r;
 	int rc;
@@ -241,7 +241,7 @@ ssize_t hconn_proxy(HttpConn *c, const char *buf, size_t len, int eof)
 	return rc;
 }
 
-void hconn_proxy_timeout(HttpConn *c)
+void conn_proxy_timeout(struct conn *c)
 {
 	refuse(c, "no whole PROXY protocol header within header_timeout");
 }

@@ -129,9 +129,9 @@ void report_exc(Server *s, PyObject *env, const char *what)
  * is not the app's (those are answered in wsgi_app.c): ours, or no memory.
  * Logged, and that connection closes; the loop thread serves on: a loop
  * thread never ends while its worker serves (DESIGN §5, issue 18 §1). */
-void contain(HttpConn *c)
+void contain(struct conn *c)
 {
 	report_exc(c->srv, NULL, "a connection's handler");
-	if (!c->closed && hconn_close_now(c) < 0)
+	if (!c->closed && conn_close_now(c) < 0)
 		report_exc(c->srv, NULL, "closing a failed connection");
 }

@@ -24,12 +24,12 @@ double mono_now(void)
 
 /* ---- timers ------------------------------------------------------------------------------------ */
 
-static struct timer_list *list_of(HttpConn *c)
+static struct timer_list *list_of(struct conn *c)
 {
 	return &c->srv->thr[c->tpos].timers[c->tkind];
 }
 
-void timer_cancel(HttpConn *c)
+void timer_cancel(struct conn *c)
 {
 	struct timer_list *l;
 
@@ -50,11 +50,11 @@ void timer_cancel(HttpConn *c)
 
 /* kind >= 0: a new deadline from now. kind -1: c->tkind and c->due are
  * set already (a takeover): into the owner's list at its place. */
-void timer_arm(HttpConn *c, int kind)
+void timer_arm(struct conn *c, int kind)
 {
 	Server *s = c->srv;
 	struct timer_list *l;
-	HttpConn *after;
+	struct conn *after;
 
 	if (kind >= 0) {
 		double dur = kind == TIMER_HEADER ? s->header_timeout
@@ -90,7 +90,7 @@ void timer_arm(HttpConn *c, int kind)
  * by what arrived, a ping's from the last input): c's timer of kind due
  * at due. A due later than the list's tail goes at its end (O(1)); an
  * earlier one walks back from the tail to its place. */
-void timer_arm_at(HttpConn *c, int kind, double due)
+void timer_arm_at(struct conn *c, int kind, double due)
 {
 	if (c->tkind == kind && c->due == due)
 		return;
@@ -106,7 +106,7 @@ int timers_timeout(struct srv_thread *t, double now)
 	double next = -1;
 
 	for (int k = 0; k < TIMER_KINDS; k++) {
-		HttpConn *h = t->timers[k].head;
+		struct conn *h = t->timers[k].head;
 		if (h && (next < 0 || h->due < next))
 			next = h->due;
 	}

@@ -11,7 +11,7 @@
  *     write may need to read (a renegotiation: refused here with
  *     SSL_OP_NO_RENEGOTIATION, but the mapping is kept): SSL_read's
  *     WANT_WRITE sets tls_rw, which wants POLLOUT and turns a POLLOUT
- *     into a read (conn_events.c, hconn_on_events); SSL_write's WANT_READ
+ *     into a read (conn_events.c, conn_on_events); SSL_write's WANT_READ
  *     sets tls_wr, which wants POLLIN and turns input into a flush.
  *   - SSL holds bytes the socket no longer has (decrypted, or records
  *     read ahead: SSL_has_pending):
@@ -21,7 +21,7 @@
  *     read at its thread's next turn (tls_replay, engine.c).
  *   - A write retried after WANT_WRITE must offer the same bytes again
  *     (at least as many): every TLS write goes through the connection's
- *     output buffer (conn_io.c hconn_flush), which only grows at its end
+ *     output buffer (conn_io.c conn_flush), which only grows at its end
  *     and moves its start past what was taken, so a retry always starts
  *     with the same bytes; SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER lets the
  *     buffer move (realloc), SSL_MODE_ENABLE_PARTIAL_WRITE returns after
@@ -40,7 +40,7 @@
  *
  * Above conn_io.c and conn_proxy.c in the connection layer, which reach
  * it through the Server's struct tls_ops (conn.h). May call: conn_io.c
- * (close, send, fdcore's directions through hconn_sync, the refusal
+ * (close, send, fdcore's directions through conn_sync, the refusal
  * log), conn_proxy.c (the header). The queued reads run in engine.c's
  * turn (tls_replay_run).
  */
@@ -63,7 +63,7 @@
 
 static BIO_METHOD *bio_method;
 
-static void pre_drop(HttpConn *c)
+static void pre_drop(struct conn *c)
 {
 	PyMem_Free(c->tls_pre);
 	c->tls_pre = NULL;
@@ -72,7 +72,7 @@ static void pre_drop(HttpConn *c)
 
 static int bio_read(BIO *b, char *out, int n)
 {
-	HttpConn *c = BIO_get_data(b);
+	struct conn *c = BIO_get_data(b);
 	size_t left = c->tls_pre_len - c->tls_pre_start;
 	ssize_t r;
 
@@ -101,7 +101,7 @@ static int bio_read(BIO *b, char *out, int n)
 
 static int bio_write(BIO *b, const char *in, int n)
 {
-	HttpConn *c = BIO_get_data(b);
+	struct conn *c = BIO_get_data(b);
 	ssize_t w;
 
 	BIO_clear_retry_flags(b);
@@ -137,7 +137,7 @@ int bio_setup(void)
 
 /* ---- one connection ------------------------------------------------------------------------ */
 
-int tls_open(HttpConn *c)
+int tls_open(struct conn *c)
 {
 	SSL *ssl;
 	BIO *bio;
@@ -164,7 +164,7 @@ int tls_open(HttpConn *c)
 	return 0;
 }
 
-void tls_free(HttpConn *c)
+void tls_free(struct conn *c)
 {
 	if (c->ssl) {
 		/* Every close passes here: a handshake begun (its first byte
@@ -184,7 +184,7 @@ void tls_free(HttpConn *c)
 	Py_CLEAR(c->tls_env);
 }
 
-/* The close's side (tls_ops.free, hconn_close_now: the fd still open, its
+/* The close's side (tls_ops.free, conn_close_now: the fd still open, its
  * delete deferred): a connection whose first byte was never looked at may
  * have one waiting. A client that sent its ClientHello and reset at once
  * can have its reset reported (POLLERR) before the loop read a byte, and
@@ -196,7 +196,7 @@ void tls_free(HttpConn *c)
  * client landed in an outcome or in none depending on whether the loop
  * read before the reset came (docs/ARCHITECTURE.md, "Handshake outcomes"). Not at
  * a dealloc (tls_free alone): the fd may be another connection's by then. */
-static void tls_close(HttpConn *c)
+static void tls_close(struct conn *c)
 {
 	unsigned char first;
 	ssize_t n;
@@ -217,7 +217,7 @@ static void tls_close(HttpConn *c)
 	tls_free(c);
 }
 
-int tls_buffered(const HttpConn *c)
+int tls_buffered(const struct conn *c)
 {
 	/* has_pending: decrypted bytes, and records read ahead (a whole one
 	 * or a part: a part costs one read that finds nothing) */
@@ -226,7 +226,7 @@ int tls_buffered(const HttpConn *c)
 
 /* Plain HTTP sent to a TLS port: nginx's answer, in clear, and a close
  * (the request's bytes dropped; its rest is read by the lingering close). */
-static void plain_http(HttpConn *c)
+static void plain_http(struct conn *c)
 {
 	static const char body[] = "400 Bad Request: The plain HTTP request was sent to HTTPS port\n";
 	char head[256];
@@ -237,24 +237,24 @@ static void plain_http(HttpConn *c)
 	c->tls_done = 1;                           /* its outcome: not abandoned (tls_free) */
 	srv_log_refusal(c->srv, c->peer, 400, "plain HTTP sent to a TLS port");
 	tls_free(c);
-	if (hconn_send(c, head, (size_t)n, 0) < 0 || hconn_send(c, body, sizeof(body) - 1, 0) < 0)
+	if (conn_send(c, head, (size_t)n, 0) < 0 || conn_send(c, body, sizeof(body) - 1, 0) < 0)
 		PyErr_Clear();                         /* no memory: the close says enough */
-	hconn_close_soft(c);
-	hconn_flush(c);
+	conn_close_soft(c);
+	conn_flush(c);
 }
 
 /* What comes before the session: the PROXY header (its step consumes the
  * bytes it needs from tls_pre), then the first byte. 1: the SSL's turn,
  * 0: nothing now (more bytes needed, or c closed), -2 the end of input,
  * -1 a Python error. */
-static int pre_step(HttpConn *c)
+static int pre_step(struct conn *c)
 {
 	for (;;) {
 		size_t have = c->tls_pre_len - c->tls_pre_start;
 		ssize_t n;
 
 		if (have && c->proxy_wait) {
-			ssize_t used = hconn_proxy(c, c->tls_pre + c->tls_pre_start, have, 0);
+			ssize_t used = conn_proxy_read(c, c->tls_pre + c->tls_pre_start, have, 0);
 
 			if (used < 0)
 				return -1;
@@ -283,15 +283,15 @@ static int pre_step(HttpConn *c)
 			continue;
 		}
 		if (n < 0 && errno == EAGAIN) {
-			hconn_cant_recv(c);
+			conn_cant_recv(c);
 			return 0;
 		}
 		if (n < 0) {
-			hconn_fail(c);
+			conn_fail(c);
 			return 0;
 		}
 		/* the end before the session: a header cut short is refused */
-		if (c->proxy_wait && hconn_proxy(c, c->tls_pre + c->tls_pre_start, have, 1) < 0)
+		if (c->proxy_wait && conn_proxy_read(c, c->tls_pre + c->tls_pre_start, have, 1) < 0)
 			return -1;
 		return c->closed ? 0 : -2;
 	}
@@ -303,7 +303,7 @@ static int pre_step(HttpConn *c)
  * abandoned by the close (tls_free), not logged: a port scan, a TCP
  * health check or a load tool stopping does that, and nginx logs it at
  * info, not as an error. */
-static void failed(HttpConn *c)
+static void failed(struct conn *c)
 {
 	unsigned long e = ERR_peek_last_error();
 	const char *why = e ? ERR_reason_error_string(e) : NULL;
@@ -316,10 +316,10 @@ static void failed(HttpConn *c)
 		srv_log_refusal(c->srv, c->peer, 0, reason);
 	}
 	ERR_clear_error();
-	hconn_fail(c);
+	conn_fail(c);
 }
 
-ssize_t tls_read(HttpConn *c, char *buf, size_t room)
+ssize_t tls_read(struct conn *c, char *buf, size_t room)
 {
 	size_t got = 0;
 	int e = SSL_ERROR_NONE;
@@ -355,7 +355,7 @@ ssize_t tls_read(HttpConn *c, char *buf, size_t room)
 	}
 	if (c->tls_rw != (e == SSL_ERROR_WANT_WRITE)) {
 		c->tls_rw = e == SSL_ERROR_WANT_WRITE;  /* the handshake's flight waits for room */
-		hconn_sync(c);
+		conn_sync(c);
 	}
 	switch (e) {
 	case SSL_ERROR_NONE:                        /* the room is full */
@@ -363,7 +363,7 @@ ssize_t tls_read(HttpConn *c, char *buf, size_t room)
 		break;
 	case SSL_ERROR_WANT_READ:
 		if (c->tls_eagain)
-			hconn_cant_recv(c);
+			conn_cant_recv(c);
 		break;
 	case SSL_ERROR_ZERO_RETURN:                 /* the client's close_notify */
 		ERR_clear_error();
@@ -392,7 +392,7 @@ ssize_t tls_read(HttpConn *c, char *buf, size_t room)
 	return (ssize_t)got;
 }
 
-ssize_t tls_write(HttpConn *c, const char *buf, size_t n)
+ssize_t tls_write(struct conn *c, const char *buf, size_t n)
 {
 	size_t took = 0;
 	int wr = 0;
@@ -425,7 +425,7 @@ ssize_t tls_write(HttpConn *c, const char *buf, size_t n)
 
 /* Our close_notify ahead of the FIN (best effort: what the kernel takes
  * now), so a client can tell our end from a cut. */
-void tls_close_notify(HttpConn *c)
+void tls_close_notify(struct conn *c)
 {
 	if (c->ssl && SSL_is_init_finished(c->ssl) && !(SSL_get_shutdown(c->ssl) & SSL_SENT_SHUTDOWN))
 		SSL_shutdown(c->ssl);
@@ -434,7 +434,7 @@ void tls_close_notify(HttpConn *c)
 
 /* ---- input held in the session: read at the owner's next turn --------------------------------- */
 
-void tls_replay(HttpConn *c)
+void tls_replay(struct conn *c)
 {
 	Server *s = c->srv;
 	struct srv_thread *t = &s->thr[c->pos];
@@ -443,7 +443,7 @@ void tls_replay(HttpConn *c)
 		return;
 	c->tls_queued = 1;
 	c->tls_next = t->tls_replay;
-	t->tls_replay = (HttpConn *)Py_NewRef(c);
+	t->tls_replay = (struct conn *)Py_NewRef(c);
 	if (srv_current(s) != c->pos)
 		s->api.wake(s->table, t->tid);
 }
@@ -453,7 +453,7 @@ void tls_replay_free(Server *s)
 {
 	for (int i = 0; s->thr && i < s->nthreads; i++)
 		while (s->thr[i].tls_replay) {
-			HttpConn *c = s->thr[i].tls_replay;
+			struct conn *c = s->thr[i].tls_replay;
 
 			s->thr[i].tls_replay = c->tls_next;
 			c->tls_next = NULL;

@@ -70,7 +70,7 @@ static PyObject *verify_str(SSL *ssl, X509 *peer)
 	return PyUnicode_FromFormat("FAILED:%s", X509_verify_cert_error_string(rc));
 }
 
-PyObject *tls_environ(HttpConn *c)
+PyObject *tls_environ(struct conn *c)
 {
 	const char *sni;
 	PyObject *d;
@@ -112,7 +112,7 @@ PyObject *tls_environ(HttpConn *c)
 	return d;
 }
 
-PyObject *tls_scope(HttpConn *c)
+PyObject *tls_scope(struct conn *c)
 {
 	STACK_OF(X509) *chain = SSL_get_peer_cert_chain(c->ssl);
 	X509 *peer = SSL_get1_peer_certificate(c->ssl);

@@ -93,7 +93,7 @@ static PyObject *shared_peer_host(Server *s, const struct sockaddr_storage *peer
 
 /* SERVER_NAME, SERVER_PORT, REMOTE_ADDR, REMOTE_PORT, and peer / local
  * as Python's socket gives them ((host, port), or the unix path). */
-static int addresses(HttpConn *c)
+static int addresses(struct conn *c)
 {
 	struct sockaddr_storage local, peer;
 	socklen_t ll = sizeof(local), pl = sizeof(peer);
@@ -109,7 +109,7 @@ static int addresses(HttpConn *c)
 		c->proxy_wait = c->srv->proxy_mode != 0;   /* not trusted: no peer to trust */
 		return c->addr ? 0 : -1;
 	}
-	conn_peer(c, (const struct sockaddr *)&peer, pl);
+	conn_trust_peer(c, (const struct sockaddr *)&peer, pl);
 	if (local.ss_family == AF_INET || local.ss_family == AF_INET6) {
 		PyObject *ph = shared_peer_host(c->srv, &peer);
 
@@ -117,7 +117,7 @@ static int addresses(HttpConn *c)
 			Py_XDECREF(ph);
 			return -1;
 		}
-		/* c->addr: made from these by hconn_addr when asked (WSGI) */
+		/* c->addr: made from these by conn_addr when asked (WSGI) */
 		c->local = Py_NewRef(c->srv->local_obj);
 		c->peer = Py_BuildValue("(Oi)", ph, port_of(&peer));
 		Py_DECREF(ph);
@@ -141,13 +141,13 @@ static int addresses(HttpConn *c)
 	return c->local && c->peer ? 0 : -1;
 }
 
-HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
+struct conn *conn_new(Server *s, int pos, int fd, uint64_t cookie)
 {
-	HttpConn *c = PyObject_New(HttpConn, &HttpConnType);
+	struct conn *c = PyObject_New(struct conn, &ConnType);
 
 	if (!c)
 		return NULL;
-	memset((char *)c + sizeof(PyObject), 0, sizeof(HttpConn) - sizeof(PyObject));
+	memset((char *)c + sizeof(PyObject), 0, sizeof(struct conn) - sizeof(PyObject));
 	c->srv = (Server *)Py_NewRef(s);
 	c->fd = fd;
 	c->pos = pos;
@@ -167,7 +167,7 @@ HttpConn *hconn_new(Server *s, int pos, int fd, uint64_t cookie)
 
 /* ---- the Python side -------------------------------------------------------------------------- */
 
-static void HttpConn_dealloc(HttpConn *c)
+static void Conn_dealloc(struct conn *c)
 {
 	tls_free(c);
 	PyMem_Free(c->out);
@@ -186,7 +186,7 @@ static void HttpConn_dealloc(HttpConn *c)
 }
 
 /* From a thread that is not a loop thread: run it on the owner's. */
-static PyObject *post(HttpConn *c, const char *method, PyObject *arg)
+static PyObject *post(struct conn *c, const char *method, PyObject *arg)
 {
 	PyObject *fn = PyObject_GetAttrString((PyObject *)c, method), *r;
 
@@ -197,7 +197,7 @@ static PyObject *post(HttpConn *c, const char *method, PyObject *arg)
 	return r;
 }
 
-static PyObject *HttpConn_write(HttpConn *c, PyObject *data)
+static PyObject *Conn_write(struct conn *c, PyObject *data)
 {
 	Py_buffer b;
 
@@ -218,28 +218,28 @@ static PyObject *HttpConn_write(HttpConn *c, PyObject *data)
 	}
 	if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0)
 		return NULL;
-	int rc = hconn_send(c, b.buf, (size_t)b.len, 1);
+	int rc = conn_send(c, b.buf, (size_t)b.len, 1);
 	PyBuffer_Release(&b);
 	if (rc < 0)
 		return NULL;
 	Py_RETURN_NONE;
 }
 
-static PyObject *HttpConn_close(HttpConn *c, PyObject *noarg)
+static PyObject *Conn_close(struct conn *c, PyObject *noarg)
 {
 	(void)noarg;
 	if (c->closed)
 		Py_RETURN_NONE;
 	if (srv_current(c->srv) < 0)
 		return post(c, "close", NULL);
-	hconn_close_soft(c);
+	conn_close_soft(c);
 	Py_RETURN_NONE;
 }
 
-static PyObject *HttpConn_close_now(HttpConn *c, PyObject *noarg)
+static PyObject *Conn_close_now(struct conn *c, PyObject *noarg)
 {
 	(void)noarg;
-	if (hconn_close_now(c) < 0)
+	if (conn_close_now(c) < 0)
 		return NULL;
 	Py_RETURN_NONE;
 }
@@ -250,14 +250,14 @@ PyDoc_STRVAR(flush_now_doc,
 "connection's while the app runs). Raises ClientGone if the client went\n"
 "away or did not read for timeout seconds.");
 
-static PyObject *HttpConn_flush_now(HttpConn *c, PyObject *args)
+static PyObject *Conn_flush_now(struct conn *c, PyObject *args)
 {
 	double timeout;
 	Py_ssize_t below = 0;
 
 	if (!PyArg_ParseTuple(args, "d|n:flush_now", &timeout, &below))
 		return NULL;
-	if (hconn_flush_wait(c, timeout, (size_t)(below < 0 ? 0 : below)) < 0)
+	if (conn_flush_wait(c, timeout, (size_t)(below < 0 ? 0 : below)) < 0)
 		return NULL;
 	Py_RETURN_NONE;
 }
@@ -265,7 +265,7 @@ static PyObject *HttpConn_flush_now(HttpConn *c, PyObject *args)
 /* recv(n): the slow path's read of a body (wsgi.py), through the
  * connection's reads (TLS: decrypted; the session may hold bytes the
  * socket no longer has, so it is called before any wait for the socket). */
-static PyObject *HttpConn_recv(HttpConn *c, PyObject *arg)
+static PyObject *Conn_recv(struct conn *c, PyObject *arg)
 {
 	Py_ssize_t n = PyLong_AsSsize_t(arg);
 	PyObject *b;
@@ -282,7 +282,7 @@ static PyObject *HttpConn_recv(HttpConn *c, PyObject *arg)
 	}
 	if (!(b = PyBytes_FromStringAndSize(NULL, n)))
 		return NULL;
-	got = hconn_read(c, PyBytes_AS_STRING(b), (size_t)n);
+	got = conn_read(c, PyBytes_AS_STRING(b), (size_t)n);
 	if (got == -1) {
 		Py_DECREF(b);
 		return NULL;
@@ -300,10 +300,10 @@ static PyObject *HttpConn_recv(HttpConn *c, PyObject *arg)
 	return b;
 }
 
-static PyObject *HttpConn_flush(HttpConn *c, PyObject *noarg)
+static PyObject *Conn_flush(struct conn *c, PyObject *noarg)
 {
 	(void)noarg;
-	hconn_flush(c);
+	conn_flush(c);
 	Py_RETURN_NONE;
 }
 
@@ -312,7 +312,7 @@ PyDoc_STRVAR(adopted_by_doc,
 "stopped): it owns it from now on, timer included. Work was waiting on\n"
 "it: that is activity (a drain must not take it for idle).");
 
-static PyObject *HttpConn_adopted_by(HttpConn *c, PyObject *th)
+static PyObject *Conn_adopted_by(struct conn *c, PyObject *th)
 {
 	Server *s = c->srv;
 	int pos = -1;
@@ -337,56 +337,56 @@ static PyObject *HttpConn_adopted_by(HttpConn *c, PyObject *th)
 		c->due = due;
 		timer_arm(c, -1);        /* same deadline, the new owner's list */
 	}
-	hconn_sync(c);
+	conn_sync(c);
 	Py_RETURN_NONE;
 }
 
 /* the connection's own methods: the codec's and the adapter's follow them
  * in the type (httpmodule.c) */
-PyMethodDef hconn_methods[] = {
-	{"write", (PyCFunction)HttpConn_write, METH_O, "write(data): sends, buffering the rest."},
-	{"close", (PyCFunction)HttpConn_close, METH_NOARGS, "Closes once the output is sent."},
-	{"_close_now", (PyCFunction)HttpConn_close_now, METH_NOARGS, "Closes at once."},
-	{"flush_now", (PyCFunction)HttpConn_flush_now, METH_VARARGS, flush_now_doc},
-	{"flush", (PyCFunction)HttpConn_flush, METH_NOARGS,
+PyMethodDef conn_methods[] = {
+	{"write", (PyCFunction)Conn_write, METH_O, "write(data): sends, buffering the rest."},
+	{"close", (PyCFunction)Conn_close, METH_NOARGS, "Closes once the output is sent."},
+	{"_close_now", (PyCFunction)Conn_close_now, METH_NOARGS, "Closes at once."},
+	{"flush_now", (PyCFunction)Conn_flush_now, METH_VARARGS, flush_now_doc},
+	{"flush", (PyCFunction)Conn_flush, METH_NOARGS,
 	 "flush(): one write of the buffered output, what the kernel takes (no wait)."},
-	{"adopted_by", (PyCFunction)HttpConn_adopted_by, METH_O, adopted_by_doc},
-	{"recv", (PyCFunction)HttpConn_recv, METH_O,
+	{"adopted_by", (PyCFunction)Conn_adopted_by, METH_O, adopted_by_doc},
+	{"recv", (PyCFunction)Conn_recv, METH_O,
 	 "recv(n): at most n bytes read (decrypted under TLS); b'' the end, None nothing now."},
 	{NULL},
 };
 
-static PyObject *get_pending(HttpConn *c, void *x)
+static PyObject *get_pending(struct conn *c, void *x)
 {
 	(void)x;
-	return PyLong_FromSize_t(hconn_pending(c) + (c->parked ? c->srv->ops->owed(c) : 0));
+	return PyLong_FromSize_t(conn_pending(c) + (c->parked ? c->srv->ops->owed(c) : 0));
 }
 
-static PyObject *get_tls(HttpConn *c, void *x)
+static PyObject *get_tls(struct conn *c, void *x)
 {
 	(void)x;
 	return PyBool_FromLong(c->ssl != NULL);
 }
 
-static PyObject *get_closed(HttpConn *c, void *x)
+static PyObject *get_closed(struct conn *c, void *x)
 {
 	(void)x;
 	return PyBool_FromLong(c->closed);
 }
 
-static PyObject *get_loop(HttpConn *c, void *x)
+static PyObject *get_loop(struct conn *c, void *x)
 {
 	(void)x;
 	return Py_NewRef(c->srv->loop);
 }
 
-static PyObject *get_last_active(HttpConn *c, void *x)
+static PyObject *get_last_active(struct conn *c, void *x)
 {
 	(void)x;
 	return PyFloat_FromDouble(c->last_active);
 }
 
-static int set_last_active(HttpConn *c, PyObject *v, void *x)
+static int set_last_active(struct conn *c, PyObject *v, void *x)
 {
 	double d = v ? PyFloat_AsDouble(v) : -1.0;
 
@@ -397,20 +397,20 @@ static int set_last_active(HttpConn *c, PyObject *v, void *x)
 	return 0;
 }
 
-static PyObject *get_response(HttpConn *c, void *x)
+static PyObject *get_response(struct conn *c, void *x)
 {
 	(void)x;
 	return Py_NewRef(c->response ? c->response : Py_None);
 }
 
-static PyObject *get_buffering(HttpConn *c, void *x)
+static PyObject *get_buffering(struct conn *c, void *x)
 {
 	(void)x;
 	/* a call runs (ASGI): not idle either, whatever its last event */
 	return PyBool_FromLong(c->held != NULL || c->call != NULL);
 }
 
-static PyGetSetDef HttpConn_getset[] = {
+static PyGetSetDef Conn_getset[] = {
 	{"buffering", (getter)get_buffering, NULL,
 	 "a request's body is being read before its app runs, or its ASGI app runs (not idle)", NULL},
 	{"pending", (getter)get_pending, NULL,
@@ -424,26 +424,26 @@ static PyGetSetDef HttpConn_getset[] = {
 	{NULL},
 };
 
-static PyMemberDef HttpConn_members[] = {
-	{"fd", T_INT, offsetof(HttpConn, fd), READONLY, "the connection's fd"},
-	{"cookie", T_ULONGLONG, offsetof(HttpConn, cookie), READONLY, "its owner cookie in the table"},
-	{"th", T_OBJECT, offsetof(HttpConn, th), READONLY, "the owner loop thread's fdcore.Thread"},
-	{"parser", T_OBJECT, offsetof(HttpConn, parser), READONLY, "its RequestParser"},
-	{"peer", T_OBJECT, offsetof(HttpConn, peer), READONLY, "the client's address"},
-	{"local", T_OBJECT, offsetof(HttpConn, local), READONLY, "our address"},
-	{"proxy", T_OBJECT, offsetof(HttpConn, proxy), READONLY,
+static PyMemberDef Conn_members[] = {
+	{"fd", T_INT, offsetof(struct conn, fd), READONLY, "the connection's fd"},
+	{"cookie", T_ULONGLONG, offsetof(struct conn, cookie), READONLY, "its owner cookie in the table"},
+	{"th", T_OBJECT, offsetof(struct conn, th), READONLY, "the owner loop thread's fdcore.Thread"},
+	{"parser", T_OBJECT, offsetof(struct conn, parser), READONLY, "its RequestParser"},
+	{"peer", T_OBJECT, offsetof(struct conn, peer), READONLY, "the client's address"},
+	{"local", T_OBJECT, offsetof(struct conn, local), READONLY, "our address"},
+	{"proxy", T_OBJECT, offsetof(struct conn, proxy), READONLY,
 	 "what a PROXY protocol header told (a dict), or None"},
 	{NULL},
 };
 
-PyTypeObject HttpConnType = {
+PyTypeObject ConnType = {
 	PyVarObject_HEAD_INIT(NULL, 0)
 	.tp_name = "sockherd.worker._http.HttpConn",
 	.tp_doc = "One HTTP/1.1 connection of the native engine.",
-	.tp_basicsize = sizeof(HttpConn),
+	.tp_basicsize = sizeof(struct conn),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_dealloc = (destructor)HttpConn_dealloc,
-	/* .tp_methods: hconn_methods and the layers' above, joined (httpmodule.c) */
-	.tp_getset = HttpConn_getset,
-	.tp_members = HttpConn_members,
+	.tp_dealloc = (destructor)Conn_dealloc,
+	/* .tp_methods: conn_methods and the layers' above, joined (httpmodule.c) */
+	.tp_getset = Conn_getset,
+	.tp_members = Conn_members,
 };

@@ -4,7 +4,7 @@
  * forwarder_headers names them, X-Forwarded-Host / -Port / -Prefix mean.
  *
  * Two moments, two costs:
- *  - at accept (conn_type.c's conn_peer), once per connection: is the
+ *  - at accept (conn_type.c's conn_trust_peer), once per connection: is the
  *    peer in the allow list? (fwd_trusts, fwd_trust.c: a few prefix
  *    compares). The answer is the connection's `trusted` bit. With the
  *    setting empty it is never set.
@@ -51,7 +51,7 @@ struct fwd_rules {
 };
 
 
-typedef struct HttpConn HttpConn;
+struct conn;
 
 /* ---- fwd_trust.c (connection layer) ---- */
 /* Whether the rules trust a peer of this address (netmatch_peer on the

@@ -1,6 +1,6 @@
 /* Trusted proxy headers, the connection layer's part: the rules
  * (Server.set_forwarded) and whether a peer's address is trusted
- * (fwd_trusts, once per connection: conn_type.c's conn_peer). forwarded.h
+ * (fwd_trusts, once per connection: conn_type.c's conn_trust_peer). forwarded.h
  * says when each part runs and what it costs; fwd_fields.c reads a trusted
  * request's fields.
  *
@@ -110,7 +110,7 @@ PyMethodDef fwd_server_methods[] = {
 /* c's trust for its peer sa (at accept: conn_type.c; again for the client
  * a PROXY header names: conn_proxy.c). Here, below both, so that neither
  * calls up the layers. */
-void conn_peer(HttpConn *c, const struct sockaddr *sa, unsigned len)
+void conn_trust_peer(struct conn *c, const struct sockaddr *sa, unsigned len)
 {
 	c->trusted = fwd_trusts(&c->srv->fwd, sa, len) != 0;
 }

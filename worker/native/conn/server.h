@@ -15,7 +15,7 @@
 #include "httpparse.h"     /* struct hp_limits: the codec's settings, held here */
 #include "forwarded.h"     /* struct fwd_rules: the trusted proxies */
 
-struct h1_app;             /* h1.h */
+struct app_ops;             /* h1.h */
 
 /* The request-duration histogram's bounds, seconds: prometheus_client's
  * default buckets, the ones the common exporters use, so a dashboard's
@@ -41,17 +41,17 @@ struct srv_thread {
 	 * connections whose reports wait, oldest first (each holds a strong
 	 * reference), linked through their qprev/qnext */
 	struct runq {
-		HttpConn *head, *tail;
+		struct conn *head, *tail;
 	} rq;
 	/* conn_tls.c: the connections of this thread whose session holds
 	 * input no report will announce, read at its next turn (each holds a
 	 * strong reference, linked through tls_next) */
-	HttpConn *tls_replay;
+	struct conn *tls_replay;
 	/* h1_conn.c: the connections whose answers, ended under load, are
 	 * written together at the turn's end or before its next poll (owe;
 	 * each holds a strong reference, linked through owed_next), and when
 	 * the first of them was queued */
-	HttpConn *owed;
+	struct conn *owed;
 	double owed_since, owed_last;      /* and when the last answer ended */
 	/* set by accept() and take() for their call: the listener is a plain
 	 * one beside TLS ones (per-bind TLS), so tls_open makes no session */
@@ -87,12 +87,12 @@ struct Server {
 	PyObject_HEAD
 	/* the layers above, as this Server's assembly chose them (server.c) */
 	const struct conn_ops *ops;
-	const struct h1_app *app_ops;
+	const struct app_ops *app_ops;
 	struct fdc_api api;
 	struct fdc_table *table;
 	int nthreads;
 	struct srv_thread *thr;
-	HttpConn **conns;                  /* by fd: the open connections (strong refs) */
+	struct conn **conns;                  /* by fd: the open connections (strong refs) */
 	int maxfd;
 	long count;                        /* open connections */
 	uint64_t next_cookie;
@@ -227,7 +227,7 @@ int timers_timeout(struct srv_thread *t, double now);
  * is the caller's now. The GIL's. Here, not in dispatch.c, since
  * conn_io.c's close takes a closing connection off too (it calls nothing
  * above it). */
-static inline void runq_unlink(Server *s, HttpConn *c)
+static inline void runq_unlink(Server *s, struct conn *c)
 {
 	struct runq *q = &s->thr[c->queued - 1].rq;
 

@@ -58,7 +58,7 @@
 #include "engine.h"
 
 /* c's handler thread is pos from now (the GIL's: c is not inside another). */
-static void own(HttpConn *c, int pos)
+static void own(struct conn *c, int pos)
 {
 	Server *s = c->srv;
 
@@ -72,7 +72,7 @@ static void own(HttpConn *c, int pos)
  * loop thread pos, which holds a running bit on c's fd, then whatever other
  * threads recorded for c meanwhile. Returns 0, or -1 with the Python error
  * of a handler that is not the app's (the caller contains it). */
-int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
+int dispatch_run(struct conn *c, int pos, uint32_t events, int kind)
 {
 	int rc = 0;
 
@@ -90,9 +90,9 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
 		if (c->closed)
 			break;
 		if (events)
-			rc = hconn_on_events(c, events);
+			rc = conn_on_events(c, events);
 		else if (kind >= 0)
-			rc = hconn_on_timeout(c, kind);
+			rc = conn_on_timeout(c, kind);
 		if (rc < 0 || c->closed)
 			break;
 		events = c->missed;
@@ -121,7 +121,7 @@ int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind)
  * second). O(1) either way: the entry is c itself (its qevents, linked
  * into its group's queue, conn/server.h: struct runq), found through c, never
  * by a scan. The GIL's. */
-void dispatch_spill(Server *s, HttpConn *c, uint32_t events)
+void dispatch_spill(Server *s, struct conn *c, uint32_t events)
 {
 	struct runq *q;
 
@@ -140,7 +140,7 @@ void dispatch_spill(Server *s, HttpConn *c, uint32_t events)
 		q->tail->qnext = c;
 	else
 		q->head = c;
-	q->tail = (HttpConn *)Py_NewRef(c);
+	q->tail = (struct conn *)Py_NewRef(c);
 }
 
 /* Wakes one sibling of pos asleep in its poll, if any (the others are
@@ -168,7 +168,7 @@ int dispatch_run_spilled(Server *s, int pos)
 	struct srv_thread *t = &s->thr[pos];
 	struct runq *q = srv_runq(s, pos);
 	double start = 0;
-	HttpConn *c;
+	struct conn *c;
 
 	while ((c = q->head)) {
 		uint32_t gen, events = c->qevents;
@@ -205,7 +205,7 @@ int dispatch_run_spilled(Server *s, int pos)
 void dispatch_free_spilled(Server *s)
 {
 	for (int i = 0; s->thr && i < s->nthreads; i++) {
-		HttpConn *c;
+		struct conn *c;
 
 		while ((c = s->thr[i].rq.head)) {
 			runq_unlink(s, c);

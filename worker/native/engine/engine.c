@@ -36,23 +36,23 @@ static int fire_timers(Server *s, int pos)
 {
 	struct srv_thread *t = &s->thr[pos];
 	double now = mono_now();
-	HttpConn *due[64];
+	struct conn *due[64];
 	int kinds[64];
 	double dues[64];
 	int n = 0;
 
 	for (int k = 0; k < TIMER_KINDS; k++) {
-		HttpConn *h;
+		struct conn *h;
 
 		while (n < 64 && (h = t->timers[k].head) && h->due <= now) {
 			kinds[n] = k;
 			dues[n] = h->due;
 			timer_cancel(h);
-			due[n++] = (HttpConn *)Py_NewRef(h);
+			due[n++] = (struct conn *)Py_NewRef(h);
 		}
 	}
 	for (int i = 0; i < n; i++) {
-		HttpConn *c = due[i];
+		struct conn *c = due[i];
 		uint32_t gen;
 		int fired = 0;
 
@@ -61,7 +61,7 @@ static int fire_timers(Server *s, int pos)
 		    s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
 			if (!c->closed && (s->dispatch || c->pos == pos)) {
 				if ((s->dispatch ? dispatch_run(c, pos, 0, kinds[i])
-				                 : hconn_on_timeout(c, kinds[i])) < 0)
+				                 : conn_on_timeout(c, kinds[i])) < 0)
 					contain(c);
 				fired = 1;
 			}
@@ -103,7 +103,7 @@ PyDoc_STRVAR(turn_doc,
 static int tls_replay_run(Server *s, int pos)
 {
 	struct srv_thread *t = &s->thr[pos];
-	HttpConn *c, *next = t->tls_replay;
+	struct conn *c, *next = t->tls_replay;
 	int ran = 0;
 
 	t->tls_replay = NULL;
@@ -116,7 +116,7 @@ static int tls_replay_run(Server *s, int pos)
 		if (!c->closed && c->fd < s->maxfd && s->conns[c->fd] == c &&
 		    (s->dispatch || c->pos == pos) && s->api.enter(t->th, c->fd, &gen) == FDC_DONE) {
 			if ((s->dispatch ? dispatch_run(c, pos, FDC_POLL_IN, -1)
-			                 : hconn_on_events(c, FDC_POLL_IN)) < 0)
+			                 : conn_on_events(c, FDC_POLL_IN)) < 0)
 				contain(c);
 			s->api.leave(t->th, c->fd, gen);
 			ran++;
@@ -230,7 +230,7 @@ static PyObject *Server_turn(Server *s, PyObject *const *args, Py_ssize_t nargs)
 
 	for (int i = 0; i < n; i++) {
 		struct fdc_event *ev = &t->ev[i];
-		HttpConn *c = NULL;
+		struct conn *c = NULL;
 
 		if (ev->kind != s->kind_conn) {
 			PyObject *e = event_obj(s, ev);
@@ -271,14 +271,14 @@ static PyObject *Server_turn(Server *s, PyObject *const *args, Py_ssize_t nargs)
 
 			if (s->api.enter(t->th, ev->fd, &gen) == FDC_DONE) {
 				if (gen == ev->gen && c->pos == pos && !c->closed &&
-				    hconn_on_events(c, ev->events) < 0)
+				    conn_on_events(c, ev->events) < 0)
 					contain(c);
 				s->api.leave(t->th, ev->fd, gen);
 			}
 		}
 		else {
 			if ((s->dispatch ? dispatch_run(c, pos, ev->events, -1)
-			                 : hconn_on_events(c, ev->events)) < 0)
+			                 : conn_on_events(c, ev->events)) < 0)
 				contain(c);
 			s->api.leave(t->th, ev->fd, ev->gen);
 		}

@@ -38,12 +38,12 @@ static inline struct srv_thread *as_thread(Server *s, int pos)
 }
 
 /* dispatch.c: one report or due timer for a group-shared connection */
-int dispatch_run(HttpConn *c, int pos, uint32_t events, int kind);
+int dispatch_run(struct conn *c, int pos, uint32_t events, int kind);
 /* dispatch.c: the group's queue: a batch that ran past SPILL_AFTER, or
  * any poll while the group has queued work, hands its reports to it
  * (spill), run oldest first by every thread of the group after its poll
  * (run_spilled); free_spilled at the engine's end. */
-void dispatch_spill(Server *s, HttpConn *c, uint32_t events);
+void dispatch_spill(Server *s, struct conn *c, uint32_t events);
 void dispatch_wake_idle(Server *s, int pos);
 int dispatch_run_spilled(Server *s, int pos);
 void dispatch_free_spilled(Server *s);

@@ -48,7 +48,7 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 {
 	int one = 1, first = 0;
 	uint64_t cookie = s->next_cookie++;
-	HttpConn *c;
+	struct conn *c;
 	PyObject *key;
 
 	/* not for a unix socket: EOPNOTSUPP, harmless */
@@ -67,7 +67,7 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 		 * instant it is registered, so the connection is made first,
 		 * and no Python runs (no GIL hand-off) from the registration to
 		 * its entry in conns */
-		c = hconn_new(s, pos, fd, cookie);
+		c = conn_new(s, pos, fd, cookie);
 		if (!c) {
 			close(fd);
 			return -1;
@@ -108,7 +108,7 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 			close(fd);
 			return 0;
 		}
-		c = hconn_new(s, pos, fd, cookie);
+		c = conn_new(s, pos, fd, cookie);
 		if (!c) {
 			s->api.delete(t->th, fd);
 			return -1;
@@ -125,7 +125,7 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
 	key = PyLong_FromLong(fd);
 	if (!key || PyDict_SetItem(s->conns_dict, key, (PyObject *)c) < 0) {
 		Py_XDECREF(key);
-		hconn_close_now(c);
+		conn_close_now(c);
 		return -1;
 	}
 	Py_DECREF(key);
@@ -136,7 +136,7 @@ static int take_fd(Server *s, struct srv_thread *t, int pos, int fd)
  * is served now, as a report (dispatch.c), under the fd's running bit. */
 static int serve_first(Server *s, struct srv_thread *t, int pos, int fd)
 {
-	HttpConn *c = fd < s->maxfd ? s->conns[fd] : NULL;
+	struct conn *c = fd < s->maxfd ? s->conns[fd] : NULL;
 	uint32_t gen;
 
 	if (!c || c->inside != pos)
@@ -207,7 +207,7 @@ static PyObject *Server_accept(Server *s, PyObject *args)
 	for (int i = 0; i < n; i++) {
 		int rc;
 
-		t->plain = plain;                       /* read by tls_open (hconn_new) */
+		t->plain = plain;                       /* read by tls_open (conn_new) */
 		rc = take_fd(s, t, pos, fds[i]);
 		t->plain = 0;
 		if (rc < 0) {

@@ -4,8 +4,8 @@
  * messages checked and framed by the codec), the call's end and counts
  * (asgi_end.c), and the call run as a task of the owner loop thread's
  * asyncio loop (worker/aio.py), its errors (asgi_app.c). It sits on the HTTP/1 codec, which
- * calls it only through the struct h1_app the Server's assembly fills
- * (server.c: asgi_h1_app); it calls the codec (h1.h) and the connection
+ * calls it only through the struct app_ops the Server's assembly fills
+ * (server.c: asgi_app_ops); it calls the codec (h1.h) and the connection
  * layer (conn.h) directly.
  *
  * A request's call outlives the codec's serve: the task runs in the
@@ -24,7 +24,7 @@
 typedef struct AsgiCall {
 	PyObject_HEAD
 	Server *srv;
-	HttpConn *conn;                    /* NULL once detached: ended, or the client gone */
+	struct conn *conn;                    /* NULL once detached: ended, or the client gone */
 	struct h1_frame f;                 /* the codec's framing of the response */
 	PyObject *scope;
 	PyObject *aio;                     /* the owner loop thread's asyncio loop */
@@ -55,13 +55,13 @@ extern PyTypeObject AsgiCallType, AsgiReadyType;
 extern PyObject *ClientDisconnected;
 
 /* ---- asgi_call.c: the call and its receive / send ---- */
-AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope);
+AsgiCall *asgi_call_new(struct conn *c, PyObject *scope);
 /* A new call's app started as a task of aio (the owner loop's) with
  * done_def bound to call as its done() (NULL: call itself is callable as
  * done(), a WebSocket call); c holds call from then on.
  * RESPOND_PARKED, or -1 (c does not hold call; nothing ran). Used by the
  * HTTP calls and the WebSocket ones (asgi_ws.c). */
-int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
+int asgi_start_task(struct conn *c, PyObject *call, PyObject *scope, PyObject *aio,
                     PyMethodDef *done_def);
 /* An awaitable done at once with value (a new reference). */
 PyObject *asgi_ready(PyObject *value);
@@ -88,7 +88,7 @@ void asgi_end(AsgiCall *call, int keep);
  * connection; c (a new reference; NULL if detached already), which the
  * caller goes on with (asgi_end: h1_call_done; a file's end inside the
  * codec's resume: the resume itself, asgi_file_resume). */
-HttpConn *asgi_detach(AsgiCall *call);
+struct conn *asgi_detach(AsgiCall *call);
 /* Counted and logged, once (the response, or what there is of it). */
 void asgi_account(AsgiCall *call);
 /* Sets *fut's result (or exception exc), if it is still pending; *fut
@@ -110,7 +110,7 @@ int asgi_waiting(PyObject **fut);
 int asgi_ext_make(void);                        /* its constants (module init) */
 /* scope["extensions"] for c's request: pathsend always, trailers when
  * the client accepts them (HTTP/1.1, TE: trailers). 0 or -1. */
-int asgi_ext_scope(HttpConn *c, PyObject *scope);
+int asgi_ext_scope(struct conn *c, PyObject *scope);
 /* A new call: what its scope advertised. */
 void asgi_ext_call(AsgiCall *call);
 /* http.response.start's `trailers` (length: the app's Content-Length or
@@ -149,19 +149,19 @@ static inline void asgi_file_close(AsgiCall *call)
 }
 
 /* ---- asgi_app.c: serving ---- */
-/* struct h1_app's entries and the connection layer's drop */
-PyObject *asgi_request(HttpConn *c);
-int asgi_serve(HttpConn *c, PyObject *scope, int whole);
-int asgi_resume(HttpConn *c);
-int asgi_input(HttpConn *c);
-void asgi_drop(HttpConn *c, PyObject *call);
+/* struct app_ops's entries and the connection layer's drop */
+PyObject *asgi_request(struct conn *c);
+int asgi_serve(struct conn *c, PyObject *scope, int whole);
+int asgi_resume(struct conn *c);
+int asgi_input(struct conn *c);
+void asgi_drop(struct conn *c, PyObject *call);
 void asgi_abandon(Respond *r);
-size_t asgi_owed(HttpConn *c);
+size_t asgi_owed(struct conn *c);
 
 /* ---- asgi_scope.c ---- */
 /* The scope of the head c's parser holds: a copy of the Server's base
  * (type, asgi, scheme, root_path, state) with the request's keys. */
-PyObject *asgi_build_scope(HttpConn *c);
+PyObject *asgi_build_scope(struct conn *c);
 /* The base as the Server keeps it for ASGI (server.c, set_interface): a
  * new dict with base's items and room for a whole scope (the copies keep
  * that size); NULL with an exception. */
@@ -169,7 +169,7 @@ PyObject *asgi_scope_base(PyObject *base);
 
 /* asgi_forwarded.c: a trusted request's forwarding fields put where the
  * app looks (c trusted); 0 or -1 */
-int fwd_scope(HttpConn *c, PyObject *scope);
+int fwd_scope(struct conn *c, PyObject *scope);
 int asgi_fwd_make_keys(void);
 
 #endif /* SOCKHERD_ASGI_H */

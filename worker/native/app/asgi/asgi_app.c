@@ -1,5 +1,5 @@
 /* The ASGI adapter's entry points: a request head made a scope and its
- * app started as a task (struct h1_app: asgi_request, asgi_serve), the
+ * app started as a task (struct app_ops: asgi_request, asgi_serve), the
  * task's end (asgi_done), what ends every response (asgi_end: the counts,
  * the access log, the codec going on), and the connection's side: input
  * for a waiting receive (asgi_input), output drained for a waiting send
@@ -34,7 +34,7 @@ static PyObject *P_500;                    /* the 500's status line and field, m
 
 /* ---- the codec's calls: a request, served ----------------------------------------------------- */
 
-PyObject *asgi_request(HttpConn *c)
+PyObject *asgi_request(struct conn *c)
 {
 	PyObject *scope = asgi_build_scope(c);
 
@@ -47,7 +47,7 @@ PyObject *asgi_request(HttpConn *c)
  * 500 if its head did not go out, else the connection closes. */
 static void app_failed(AsgiCall *call, const char *what)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	report_exc(call->srv, call->scope, what);
 	if (!c || call->gone || call->ended)
@@ -56,7 +56,7 @@ static void app_failed(AsgiCall *call, const char *what)
 		call->f.keep = 0;
 		asgi_account(call);
 		Py_INCREF(c);                          /* the close drops the call's */
-		hconn_close_now(c);                    /* mid-body: the client sees a cut */
+		conn_close_now(c);                    /* mid-body: the client sees a cut */
 		Py_DECREF(c);
 		return;
 	}
@@ -85,7 +85,7 @@ static PyMethodDef done_def = {"asgi_done", (PyCFunction)asgi_done, METH_O,
  * calls done(exception or None): no done callback, which cost a handle
  * and one more loop iteration per request, and every BaseException of
  * the app ends there, not in asyncio's run loop. */
-int asgi_serve(HttpConn *c, PyObject *scope, int whole)
+int asgi_serve(struct conn *c, PyObject *scope, int whole)
 {
 	AsgiCall *call = asgi_call_new(c, scope);
 	int rc;
@@ -134,7 +134,7 @@ static PyObject *asgi_done(AsgiCall *call, PyObject *exc)
 
 /* ---- the connection's side ------------------------------------------------------------------------ */
 
-int asgi_resume(HttpConn *c)
+int asgi_resume(struct conn *c)
 {
 	AsgiCall *call = (AsgiCall *)c->call;
 	int rc;
@@ -145,12 +145,12 @@ int asgi_resume(HttpConn *c)
 		Py_DECREF(call);
 		return rc;
 	}
-	if (call && call->tx && hconn_pending(c) < LOW_WATER)
+	if (call && call->tx && conn_pending(c) < LOW_WATER)
 		asgi_resolve(&call->tx, Py_None, NULL);
 	return RESPOND_PARKED;
 }
 
-int asgi_input(HttpConn *c)
+int asgi_input(struct conn *c)
 {
 	AsgiCall *call = (AsgiCall *)c->call;
 	PyObject *msg = NULL;
@@ -183,7 +183,7 @@ int asgi_input(HttpConn *c)
 	return 0;
 }
 
-void asgi_drop(HttpConn *c, PyObject *obj)
+void asgi_drop(struct conn *c, PyObject *obj)
 {
 	AsgiCall *call = (AsgiCall *)obj;
 	PyObject *msg;
@@ -208,7 +208,7 @@ void asgi_abandon(Respond *r)
 	Py_XDECREF((PyObject *)r);
 }
 
-size_t asgi_owed(HttpConn *c)
+size_t asgi_owed(struct conn *c)
 {
 	(void)c;
 	return 0;

@@ -109,7 +109,7 @@ static PyObject *new_future(AsgiCall *call)
 
 /* ---- the call ---------------------------------------------------------------------------------- */
 
-AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
+AsgiCall *asgi_call_new(struct conn *c, PyObject *scope)
 {
 	Server *s = c->srv;
 	struct hp_parser *hp = c->parser->hp;
@@ -119,7 +119,7 @@ AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
 		return NULL;
 	memset((char *)call + sizeof(PyObject), 0, sizeof(AsgiCall) - sizeof(PyObject));
 	call->srv = (Server *)Py_NewRef(s);
-	call->conn = (HttpConn *)Py_NewRef(c);
+	call->conn = (struct conn *)Py_NewRef(c);
 	call->scope = Py_NewRef(scope);
 	call->aio = Py_XNewRef(s->thr[c->pos].aio);
 	call->f.http11 = hp->ll.http_minor == 1;
@@ -147,7 +147,7 @@ AsgiCall *asgi_call_new(HttpConn *c, PyObject *scope)
  * behind it wait. -1 with an error: nothing runs, the coroutine is
  * closed (no "never awaited" warning) and c no longer holds the call.
  * The caller's reference to call stays its own either way. */
-int asgi_start_task(HttpConn *c, PyObject *call, PyObject *scope, PyObject *aio,
+int asgi_start_task(struct conn *c, PyObject *call, PyObject *scope, PyObject *aio,
                     PyMethodDef *done_def)
 {
 	Server *s = c->srv;
@@ -238,7 +238,7 @@ static void Call_dealloc(AsgiCall *call)
  * output and fd are that thread's alone). */
 static int owner_thread(AsgiCall *call, const char *what)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	if (c && srv_current(c->srv) != c->pos) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI %s from a thread that is not the connection's "
@@ -252,7 +252,7 @@ static int owner_thread(AsgiCall *call, const char *what)
 
 static PyObject *receive(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	Parser *p;
 	PyObject *msg;
 
@@ -289,7 +289,7 @@ static PyObject *receive(AsgiCall *call)
 		/* it waits for our word before it sends the body: asked for now */
 		p->expect_continue = 0;
 		if (!call->head_sent && call->f.http11 &&
-		    hconn_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, 1) < 0)
+		    conn_send(c, "HTTP/1.1 100 Continue\r\n\r\n", 25, 1) < 0)
 			return NULL;
 	}
 	call->rx = new_future(call);
@@ -311,7 +311,7 @@ disconnect:
 /* The bytes of one http.response.body (view; more: more_body), framed
  * into c's output: the head first if it is still held, the end of the
  * response if it is the last. */
-static PyObject *body_bytes(AsgiCall *call, HttpConn *c, Py_buffer *view, int more)
+static PyObject *body_bytes(AsgiCall *call, struct conn *c, Py_buffer *view, int more)
 {
 	if (!call->head_sent) {
 		/* the whole body in this message: its length is known (but
@@ -330,12 +330,12 @@ static PyObject *body_bytes(AsgiCall *call, HttpConn *c, Py_buffer *view, int mo
 		asgi_end(call, call->f.keep);          /* sends what is owed */
 		return asgi_ready(Py_None);
 	}
-	hconn_flush(c);                            /* streaming: each part as it comes */
+	conn_flush(c);                            /* streaming: each part as it comes */
 	if (c->closed || call->gone) {
 		PyErr_SetString(ClientDisconnected, "the client went away");
 		return NULL;
 	}
-	if (hconn_pending(c) > HIGH_WATER) {
+	if (conn_pending(c) > HIGH_WATER) {
 		/* past the high water mark: the app waits until the client
 		 * takes it below the low one (asgi_resume) */
 		call->tx = new_future(call);
@@ -401,7 +401,7 @@ static PyObject *start(AsgiCall *call, PyObject *msg)
 
 static PyObject *body(AsgiCall *call, PyObject *msg)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	PyObject *data, *more_obj, *r = NULL;
 	Py_buffer view = {0};
 	int more;
@@ -499,7 +499,7 @@ static PyObject *send(AsgiCall *call, PyObject *msg)
  * there (a failed write, a refusal) drops the call's reference to it */
 static PyObject *Call_receive(AsgiCall *call, PyObject *noarg)
 {
-	HttpConn *c = (HttpConn *)Py_XNewRef(call->conn);
+	struct conn *c = (struct conn *)Py_XNewRef(call->conn);
 	PyObject *r = receive(call);
 
 	(void)noarg;
@@ -513,7 +513,7 @@ static PyObject *Call_receive(AsgiCall *call, PyObject *noarg)
  * response of the connection (issue 35, point 5) */
 static PyObject *Call_send(AsgiCall *call, PyObject *msg)
 {
-	HttpConn *c;
+	struct conn *c;
 	PyObject *r;
 
 	if (call->sending) {
@@ -521,7 +521,7 @@ static PyObject *Call_send(AsgiCall *call, PyObject *msg)
 		             "is in progress (called from the code that send() runs)", msg);
 		return NULL;
 	}
-	c = (HttpConn *)Py_XNewRef(call->conn);
+	c = (struct conn *)Py_XNewRef(call->conn);
 	call->sending = 1;
 	r = send(call, msg);
 	call->sending = 0;

@@ -127,9 +127,9 @@ void asgi_account(AsgiCall *call)
 	}
 }
 
-HttpConn *asgi_detach(AsgiCall *call)
+struct conn *asgi_detach(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	PyObject *msg;
 
 	if (call->ended || !c)
@@ -195,7 +195,7 @@ static void step_in(PyObject *ctx)
 
 void asgi_end(AsgiCall *call, int keep)
 {
-	HttpConn *c = asgi_detach(call);
+	struct conn *c = asgi_detach(call);
 	PyObject *ctx = NULL;
 
 	if (!c)

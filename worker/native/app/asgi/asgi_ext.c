@@ -70,7 +70,7 @@ int asgi_ext_make(void)
 /* Whether the TE fields of c's head (all of them, a comma-separated
  * list each) name the "trailers" t-coding (RFC 9110 10.1.4), on HTTP/1.1:
  * an HTTP/1.0 body is never chunked, so it cannot carry them. */
-static int te_trailers(HttpConn *c)
+static int te_trailers(struct conn *c)
 {
 	struct hp_parser *hp = c->parser->hp;
 
@@ -87,7 +87,7 @@ static int set_new(PyObject *d, PyObject *key, PyObject *v)
 	return rc;
 }
 
-int asgi_ext_scope(HttpConn *c, PyObject *scope)
+int asgi_ext_scope(struct conn *c, PyObject *scope)
 {
 	/* each request its own dicts (an app that writes to them must not
 	 * reach the next request); added to the extensions the scope has
@@ -141,17 +141,17 @@ int asgi_ext_start(AsgiCall *call, PyObject *msg, long long length)
 
 int asgi_ext_body_end(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	call->body_end = 1;
 	if (h1_end_chunks(c, &call->f) < 0)
 		return -1;
-	return hconn_flush(c);                     /* the body's end is the client's now */
+	return conn_flush(c);                     /* the body's end is the client's now */
 }
 
 int asgi_trailers(AsgiCall *call, PyObject *msg)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	PyObject *headers, *more_obj, *block;
 	int more, rc;
 
@@ -188,7 +188,7 @@ int asgi_trailers(AsgiCall *call, PyObject *msg)
 	if (!more)
 		asgi_end(call, call->f.keep);          /* the response is whole: what is owed goes */
 	else
-		hconn_flush(c);
+		conn_flush(c);
 	return 0;
 }
 
@@ -202,7 +202,7 @@ int asgi_trailers(AsgiCall *call, PyObject *msg)
  * the connection closes after it, at once if its chunk cannot end. */
 static int push(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	size_t turn = FILE_TURN_MAX;
 	int rc = 0;
 
@@ -212,11 +212,11 @@ static int push(AsgiCall *call)
 	while (!c->closed) {
 		ssize_t n;
 
-		if (hconn_pending(c)) {
-			hconn_flush(c);                    /* the head first, in order */
+		if (conn_pending(c)) {
+			conn_flush(c);                    /* the head first, in order */
 			if (c->closed)
 				break;
-			if (hconn_pending(c)) {
+			if (conn_pending(c)) {
 				rc = RESPOND_PARKED;
 				break;
 			}
@@ -227,7 +227,7 @@ static int push(AsgiCall *call)
 			rc = RESPOND_PARKED;
 			break;
 		}
-		n = hconn_sendfile(c, call->file_fd, &call->file_off,
+		n = conn_sendfile(c, call->file_fd, &call->file_off,
 		             call->file_left < turn ? (size_t)call->file_left : turn);
 		if (n < 0) {
 			if (errno == EINTR)
@@ -236,7 +236,7 @@ static int push(AsgiCall *call)
 				rc = RESPOND_PARKED;
 				break;
 			}
-			hconn_fail(c);                     /* reset, EPIPE: the client is gone */
+			conn_fail(c);                     /* reset, EPIPE: the client is gone */
 			break;
 		}
 		if (n == 0) {
@@ -244,7 +244,7 @@ static int push(AsgiCall *call)
 			call->f.keep = 0;
 			call->file_left = 0;
 			if (call->f.chunked)
-				hconn_fail(c);                 /* a chunk cut short cannot end */
+				conn_fail(c);                 /* a chunk cut short cannot end */
 			break;
 		}
 		c->wrote += (unsigned long long)n;
@@ -261,7 +261,7 @@ static int push(AsgiCall *call)
 	c->out_more = call->file_left > 0;
 	/* the send timer: armed by the flush that emptied the buffer (owed:
 	 * out_more), re-armed on progress by the codec's resume (c->wrote) */
-	hconn_sync(c);
+	conn_sync(c);
 	return rc;
 }
 
@@ -270,7 +270,7 @@ static int push(AsgiCall *call)
  * -1 with an error. */
 static int file_done(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	asgi_file_close(call);
 	if (h1_span_end(c, &call->f, call->file_span) < 0)
@@ -322,7 +322,7 @@ static int open_file(PyObject *msg, struct stat *st)
 
 int asgi_pathsend(AsgiCall *call, PyObject *msg)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	struct stat st;
 	long long span;
 	int fd, rc;
@@ -366,7 +366,7 @@ int asgi_pathsend(AsgiCall *call, PyObject *msg)
 
 int asgi_file_resume(AsgiCall *call)
 {
-	HttpConn *c;
+	struct conn *c;
 	int rc, keep;
 
 	if (call->file_fd < 0 || !call->conn)
@@ -402,7 +402,7 @@ int asgi_file_resume(AsgiCall *call)
  * send() is refused with ClientDisconnected). */
 static void body_failed(AsgiCall *call, int late)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	PyObject *msg;
 	int answer;
 
@@ -435,7 +435,7 @@ void asgi_body_error(AsgiCall *call)
 
 void asgi_body_late(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	if (!c)
 		return;

@@ -23,7 +23,7 @@ int asgi_fwd_make_keys(void)
 	return 0;
 }
 
-int fwd_scope(HttpConn *c, PyObject *scope)
+int fwd_scope(struct conn *c, PyObject *scope)
 {
 	struct fwd_found f;
 	int rc = fwd_read(c, &f);

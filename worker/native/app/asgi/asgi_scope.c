@@ -72,7 +72,7 @@ static PyObject *request_message(PyObject *body, int more)
 
 PyObject *asgi_take_body(AsgiCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	Parser *p = c->parser;
 	size_t avail;
 	PyObject *body;
@@ -305,7 +305,7 @@ PyObject *asgi_scope_base(PyObject *base)
 	return d;
 }
 
-PyObject *asgi_build_scope(HttpConn *c)
+PyObject *asgi_build_scope(struct conn *c)
 {
 	Server *s = c->srv;
 	Parser *p = c->parser;
@@ -362,8 +362,8 @@ PyObject *asgi_build_scope(HttpConn *c)
 		goto fail;
 	/* addresses: (host, port) tuples for TCP; a unix socket has no
 	 * client address and its path as the server's */
-	if (PyTuple_Check(hconn_peer(c)) && PyTuple_Check(c->local)) {
-		if (PyDict_SetItem(scope, K_CLIENT, hconn_peer(c)) < 0 ||
+	if (PyTuple_Check(conn_peer(c)) && PyTuple_Check(c->local)) {
+		if (PyDict_SetItem(scope, K_CLIENT, conn_peer(c)) < 0 ||
 		    PyDict_SetItem(scope, K_SERVER, c->local) < 0)
 			goto fail;
 	}

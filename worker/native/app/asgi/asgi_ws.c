@@ -194,10 +194,10 @@ out:
 	return rc;
 }
 
-/* struct h1_app's serve for an ASGI Server: an upgrade to WebSocket is
+/* struct app_ops's serve for an ASGI Server: an upgrade to WebSocket is
  * this file's (checked, then its app started as a task, as asgi_serve
  * does for http), any other request asgi_app.c's. */
-int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
+int asgi_ws_serve(struct conn *c, PyObject *scope, int whole)
 {
 	Server *s = c->srv;
 	const struct hp_parser *hp = c->parser->hp;
@@ -212,12 +212,12 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 	key = field(hp, "sec-websocket-key", &klen);
 	ver = field(hp, "sec-websocket-version", &vlen);
 	if (!key || !key_ok(key, klen)) {
-		hconn_refuse(c, 400, key ? "Sec-WebSocket-Key is not the base64 of 16 bytes"
+		conn_refuse(c, 400, key ? "Sec-WebSocket-Key is not the base64 of 16 bytes"
 		                         : "a WebSocket handshake without Sec-WebSocket-Key");
 		return RESPOND_CLOSE;
 	}
 	if (!ver) {
-		hconn_refuse(c, 400, "a WebSocket handshake without Sec-WebSocket-Version");
+		conn_refuse(c, 400, "a WebSocket handshake without Sec-WebSocket-Version");
 		return RESPOND_CLOSE;
 	}
 	if (vlen != 2 || memcmp(ver, "13", 2)) {
@@ -231,7 +231,7 @@ int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole)
 		return -1;
 	memset((char *)call + sizeof(PyObject), 0, sizeof(WsCall) - sizeof(PyObject));
 	call->srv = (Server *)Py_NewRef(s);
-	call->conn = (HttpConn *)Py_NewRef(c);
+	call->conn = (struct conn *)Py_NewRef(c);
 	call->scope = Py_NewRef(scope);
 	call->aio = Py_XNewRef(s->thr[c->pos].aio);
 	memcpy(call->key, key, 24);
@@ -294,7 +294,7 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 		return NULL;
 	}
 	for (WsCall *call = all_calls, *next; call; call = next) {
-		HttpConn *c = call->conn;
+		struct conn *c = call->conn;
 
 		next = call->next;
 		if (!c || c->srv != s || c->pos != pos || c->closed || call->finished)

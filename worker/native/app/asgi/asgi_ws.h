@@ -31,7 +31,7 @@ enum { ST_WAIT = 0, ST_OPEN, ST_DENY, ST_DONE };
 typedef struct WsCall {
 	PyObject_HEAD
 	Server *srv;
-	HttpConn *conn;                    /* NULL once the connection closed */
+	struct conn *conn;                    /* NULL once the connection closed */
 	PyObject *scope, *aio, *rx, *tx;
 	PyObject *queue;                   /* messages for receive(), in order; NULL: none
 	                                    * (an idle WebSocket holds no list: issue 23) */
@@ -65,7 +65,7 @@ extern PyObject *K_TYPE, *K_TEXT, *K_BYTES, *K_CODE, *K_REASON, *V_CONNECT, *V_R
  * (its fd and output are that thread's alone). */
 static inline int ws_owner_thread(WsCall *call, const char *what)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	if (c && srv_current(c->srv) != c->pos) {
 		PyErr_Format(PyExc_RuntimeError, "ASGI %s from a thread that is not the WebSocket's "
@@ -98,11 +98,11 @@ void ws_deliver(WsCall *call);
 /* websocket.disconnect with code queued, once: the WebSocket is closed. */
 void ws_finish(WsCall *call, int code, const char *reason, size_t rlen);
 /* One server frame into c's output (not flushed); op may carry RSV1 (0x40). */
-int ws_frame_out(HttpConn *c, int op, const char *data, size_t n);
+int ws_frame_out(struct conn *c, int op, const char *data, size_t n);
 /* Our close frame (code 0: none), the connection closed once it is out. */
 int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen);
 /* An HTTP answer of ours (status, reason and extra lines in head) and the close. */
-void ws_http_answer(HttpConn *c, int status, const char *head);
+void ws_http_answer(struct conn *c, int status, const char *head);
 /* The buffered input parsed into messages while there is room. 0 or -1. */
 int ws_pump(WsCall *call);
 
@@ -112,7 +112,7 @@ void ws_ping_start(WsCall *call);
 /* Input came (c->last_active, the event's clock): the ping's interval
  * from then, if the ping timer runs (not while output waits: the send
  * timer's). Inline: it runs per read. */
-static inline void ws_ping_input(HttpConn *c)
+static inline void ws_ping_input(struct conn *c)
 {
 	if (c->tkind == TIMER_PING || c->tkind == TIMER_PONG)
 		timer_arm_at(c, TIMER_PING, c->last_active + c->srv->ws_ping_interval);

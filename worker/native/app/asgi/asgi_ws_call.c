@@ -4,7 +4,7 @@
  * app's end (what it left unsaid is said: a close, a 403, a cut), the
  * type's life (every live call linked for the drain's going away, and
  * counted in ws_open once accepted), and the connection's side as struct
- * h1_app and struct conn_ops see it: input, drained output, a lingering
+ * app_ops and struct conn_ops see it: input, drained output, a lingering
  * close, the connection closed under the call.
  *
  * Apart from the upgrade (asgi_ws.c): the handshake is checked once, a
@@ -76,7 +76,7 @@ static PyObject *ws_receive(WsCall *call, PyObject *noarg)
  * cut short ends the connection. */
 static PyObject *ws_done(WsCall *call, PyObject *exc)
 {
-	HttpConn *c = (HttpConn *)Py_XNewRef(call->conn);
+	struct conn *c = (struct conn *)Py_XNewRef(call->conn);
 
 	call->ended = 1;
 	if (exc != Py_None) {
@@ -105,7 +105,7 @@ static PyObject *ws_done(WsCall *call, PyObject *exc)
 		else if (call->state == ST_DENY) {
 			ws_finish(call, 1006, "", 0);
 			if (call->head_sent)
-				hconn_close_now(c);            /* mid-body: the client sees a cut */
+				conn_close_now(c);            /* mid-body: the client sees a cut */
 			else
 				ws_http_answer(c, 500, "Internal Server Error");
 		}
@@ -205,8 +205,8 @@ PyTypeObject WsCallType = {
 
 /* ---- the connection's side ------------------------------------------------------------------- */
 
-/* struct h1_app's input: frames for a WebSocket's receive, else http's */
-int asgi_ws_input(HttpConn *c)
+/* struct app_ops's input: frames for a WebSocket's receive, else http's */
+int asgi_ws_input(struct conn *c)
 {
 	WsCall *call = (WsCall *)c->call;
 
@@ -221,21 +221,21 @@ int asgi_ws_input(HttpConn *c)
 	return 0;
 }
 
-/* struct h1_app's resume: the output drained, a waiting send goes on */
-int asgi_ws_resume(HttpConn *c)
+/* struct app_ops's resume: the output drained, a waiting send goes on */
+int asgi_ws_resume(struct conn *c)
 {
 	WsCall *call = (WsCall *)c->call;
 
 	if (!call || !Py_IS_TYPE(c->call, &WsCallType))
 		return asgi_resume(c);
-	if (call->tx && hconn_pending(c) < LOW_WATER)
+	if (call->tx && conn_pending(c) < LOW_WATER)
 		asgi_resolve(&call->tx, Py_None, NULL);
 	return RESPOND_PARKED;
 }
 
 /* struct conn_ops's unread: a WebSocket that sent its close frame first
  * awaits the client's (close_out says why); else the codec's answer. */
-int asgi_ws_unread(HttpConn *c)
+int asgi_ws_unread(struct conn *c)
 {
 	WsCall *call = (WsCall *)c->call;
 
@@ -246,7 +246,7 @@ int asgi_ws_unread(HttpConn *c)
 }
 
 /* struct conn_ops's drop: the connection closed under the call */
-void asgi_ws_drop(HttpConn *c, PyObject *obj)
+void asgi_ws_drop(struct conn *c, PyObject *obj)
 {
 	WsCall *call = (WsCall *)obj;
 

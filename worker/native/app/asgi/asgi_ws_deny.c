@@ -65,7 +65,7 @@ PyObject *ws_deny_start(WsCall *call, PyObject *msg)
  * message; the freed body's buffer went out (issue 35, point 2). */
 PyObject *ws_deny_body(WsCall *call, PyObject *msg)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	PyObject *data = ws_field(msg, K_BODY), *more_o = NULL, *r = NULL;
 	Py_buffer view = {0};
 	int more = 0;
@@ -100,9 +100,9 @@ PyObject *ws_deny_body(WsCall *call, PyObject *msg)
 			goto out;
 		srv_count(c->srv, call->f->code);
 		ws_finish(call, 1006, "", 0);
-		hconn_close_soft(c);
+		conn_close_soft(c);
 	}
-	hconn_flush(c);
+	conn_flush(c);
 	r = asgi_ready(Py_None);
 out:
 	PyBuffer_Release(&view);

@@ -205,14 +205,14 @@ void ws_finish(WsCall *call, int code, const char *reason, size_t rlen)
 /* ---- output ------------------------------------------------------------------------------------ */
 
 /* One server frame into the output (not flushed). */
-int ws_frame_out(HttpConn *c, int op, const char *data, size_t n)
+int ws_frame_out(struct conn *c, int op, const char *data, size_t n)
 {
 	uint8_t head[10];
 	size_t hn = ws_frame_head(head, op, n);
 
-	if (hconn_send(c, (const char *)head, hn, 0) < 0)
+	if (conn_send(c, (const char *)head, hn, 0) < 0)
 		return -1;
-	return hconn_send(c, data, n, 0);
+	return conn_send(c, data, n, 0);
 }
 
 /* Our close frame (code 0: none), then the connection closes once it is
@@ -224,7 +224,7 @@ int ws_frame_out(HttpConn *c, int op, const char *data, size_t n)
  * drain's test: clients cut with no close frame). */
 int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	char payload[125];
 
 	if (!c || call->close_sent)
@@ -238,14 +238,14 @@ int ws_close_out(WsCall *call, int code, const char *reason, size_t rlen)
 	if (ws_frame_out(c, WS_OP_CLOSE, payload, code ? rlen + 2 : 0) < 0)
 		return -1;
 	Py_INCREF(c);                              /* the close may drop the call's */
-	hconn_close_soft(c);
-	hconn_flush(c);
+	conn_close_soft(c);
+	conn_flush(c);
 	Py_DECREF(c);
 	return 0;
 }
 
 /* An HTTP answer of ours (a refusal before the app, its 403) and the close. */
-void ws_http_answer(HttpConn *c, int status, const char *head)
+void ws_http_answer(struct conn *c, int status, const char *head)
 {
 	const char *date;
 	size_t dn;
@@ -256,10 +256,10 @@ void ws_http_answer(HttpConn *c, int status, const char *head)
 	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\n%.*sContent-Length: 0\r\n"
 	             "Connection: close\r\n\r\n", status, head, (int)dn, date);
 	srv_count(c->srv, status);
-	if (hconn_send(c, buf, (size_t)n, 0) < 0)
+	if (conn_send(c, buf, (size_t)n, 0) < 0)
 		PyErr_Clear();                         /* no memory: the close says enough */
-	hconn_close_soft(c);
-	hconn_flush(c);
+	conn_close_soft(c);
+	conn_flush(c);
 }
 
 /* ---- input: frames ------------------------------------------------------------------------------ */
@@ -269,7 +269,7 @@ void ws_http_answer(HttpConn *c, int status, const char *head)
  * client's close, and a protocol error with its code. 0 or -1 (memory). */
 int ws_pump(WsCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	Parser *p;
 	int rc = 0;
 
@@ -350,7 +350,7 @@ int ws_pump(WsCall *call)
 		if (p->start == p->len)
 			ws_trim(&call->wp);                /* the codec's buffers too */
 		h1_input_room(c);                      /* taken: reading may go on */
-		hconn_flush(c);                        /* the pongs */
+		conn_flush(c);                        /* the pongs */
 	}
 out:
 	Py_DECREF(c);

@@ -46,18 +46,18 @@ static uint32_t pings;                          /* the payloads' counter (GIL-pr
  * if the server pings. */
 void ws_ping_start(WsCall *call)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 
 	if (!c || c->closed || c->srv->ws_ping_interval <= 0)
 		return;
 	c->call_ping = 1;
-	if (!hconn_owed(c) && c->tkind < 0)
+	if (!conn_owed(c) && c->tkind < 0)
 		timer_arm(c, TIMER_PING);
 }
 
-/* struct h1_app's timer for an ASGI Server: a WebSocket's ping is due
+/* struct app_ops's timer for an ASGI Server: a WebSocket's ping is due
  * (PING), or the one sent is unanswered (PONG). */
-int asgi_ws_timer(HttpConn *c, int kind)
+int asgi_ws_timer(struct conn *c, int kind)
 {
 	WsCall *call = (WsCall *)c->call;
 	Server *s = c->srv;
@@ -88,7 +88,7 @@ int asgi_ws_timer(HttpConn *c, int kind)
 		/* armed before the flush: the flush's h1_rearm keeps it (or the
 		 * send timer replaces it while the ping cannot go out) */
 		timer_arm(c, s->ws_ping_timeout > 0 ? TIMER_PONG : TIMER_PING);
-		hconn_flush(c);
+		conn_flush(c);
 		return 0;
 	}
 	/* nothing came since our ping: the peer is presumed gone */
@@ -102,8 +102,8 @@ int asgi_ws_timer(HttpConn *c, int kind)
 		if (ws_frame_out(c, WS_OP_CLOSE, close, sizeof(close) - 1) < 0)
 			PyErr_Clear();                     /* no memory: the close says enough */
 	}
-	hconn_flush(c);
-	if (hconn_close_now(c) < 0)
+	conn_flush(c);
+	if (conn_close_now(c) < 0)
 		PyErr_WriteUnraisable((PyObject *)c);
 	Py_DECREF(call);
 	Py_DECREF(c);

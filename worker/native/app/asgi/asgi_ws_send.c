@@ -62,21 +62,21 @@ static PyObject *accept_key(WsCall *call)
 }
 
 /* The 101's Sec-WebSocket-Extensions: the permessage-deflate we took. */
-static int pmd_answer(HttpConn *c, const struct ws_pmd *pmd)
+static int pmd_answer(struct conn *c, const struct ws_pmd *pmd)
 {
 	char v[WS_PMD_ANSWER_MAX];
 	size_t n = ws_pmd_answer(pmd, v);
 
-	if (hconn_send(c, "Sec-WebSocket-Extensions: ", 26, 0) < 0 || hconn_send(c, v, n, 0) < 0)
+	if (conn_send(c, "Sec-WebSocket-Extensions: ", 26, 0) < 0 || conn_send(c, v, n, 0) < 0)
 		return -1;
-	return hconn_send(c, "\r\n", 2, 0);
+	return conn_send(c, "\r\n", 2, 0);
 }
 
 /* One message out as one frame: compressed (RSV1) when permessage-deflate
  * was negotiated and it is at least WS_DEFLATE_MIN bytes (below, deflate's
  * few bytes of framing rarely pay: RFC 7692 lets each message choose). */
 #define WS_DEFLATE_MIN 64
-static int message_out(WsCall *call, HttpConn *c, int op, const char *s, size_t n)
+static int message_out(WsCall *call, struct conn *c, int op, const char *s, size_t n)
 {
 	uint8_t *z;
 	size_t zn;
@@ -136,7 +136,7 @@ static void drop_extensions(WsCall *call, PyObject *value)
  * bytes, a SIGSEGV (issue 35, point 1). */
 static PyObject *do_accept(WsCall *call, PyObject *msg)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	PyObject *sub = NULL, *headers = NULL, *block = NULL, *dropped = NULL, *key = NULL, *r = NULL;
 	static const char head[] = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
 	                           "Connection: Upgrade\r\nSec-WebSocket-Accept: ";
@@ -174,14 +174,14 @@ static PyObject *do_accept(WsCall *call, PyObject *msg)
 		goto out;
 	}
 	http_date(&date, &dn);
-	if (hconn_send(c, head, sizeof(head) - 1, 0) < 0 ||
-	    hconn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
-	    hconn_send(c, "\r\n", 2, 0) < 0 || hconn_send(c, date, dn, 0) < 0 ||
-	    (subs && (hconn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
-	              hconn_send(c, subs, (size_t)subn, 0) < 0 || hconn_send(c, "\r\n", 2, 0) < 0)) ||
+	if (conn_send(c, head, sizeof(head) - 1, 0) < 0 ||
+	    conn_send(c, PyBytes_AS_STRING(key), 28, 0) < 0 ||
+	    conn_send(c, "\r\n", 2, 0) < 0 || conn_send(c, date, dn, 0) < 0 ||
+	    (subs && (conn_send(c, "Sec-WebSocket-Protocol: ", 24, 0) < 0 ||
+	              conn_send(c, subs, (size_t)subn, 0) < 0 || conn_send(c, "\r\n", 2, 0) < 0)) ||
 	    (call->wp.pmd && pmd_answer(c, &call->wp.pmd->neg) < 0) ||
-	    hconn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0 ||
-	    hconn_send(c, "\r\n", 2, 1) < 0)
+	    conn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0 ||
+	    conn_send(c, "\r\n", 2, 1) < 0)
 		goto out;
 	srv_count(c->srv, 101);
 	call->state = ST_OPEN;
@@ -214,7 +214,7 @@ out:
  * empties the message (issue 35, point 2). */
 static PyObject *do_send(WsCall *call, PyObject *msg)
 {
-	HttpConn *c = call->conn;
+	struct conn *c = call->conn;
 	/* the interned keys: PyDict_GetItemString made, hashed and freed a
 	 * str per lookup, ~2k instructions of a 1 KiB echo's ~35k */
 	PyObject *text = ws_field(msg, K_TEXT), *data = NULL, *r = NULL;
@@ -259,12 +259,12 @@ static PyObject *do_send(WsCall *call, PyObject *msg)
 	}
 	if (rc < 0)
 		goto out;
-	hconn_flush(c);
+	conn_flush(c);
 	if (c->closed || !call->conn) {
 		PyErr_SetString(ClientDisconnected, "the client went away");
 		goto out;
 	}
-	if (hconn_pending(c) > HIGH_WATER) {
+	if (conn_pending(c) > HIGH_WATER) {
 		/* the app waits until the client takes it below LOW_WATER (resume) */
 		call->tx = PyObject_CallMethod(call->aio, "create_future", NULL);
 		r = Py_XNewRef(call->tx);
@@ -332,7 +332,7 @@ out:
 static PyObject *send_one(WsCall *call, PyObject *msg)
 {
 	PyObject *type = asgi_send_type(msg), *r;
-	HttpConn *c;
+	struct conn *c;
 
 	if (!type)
 		return NULL;
@@ -345,7 +345,7 @@ static PyObject *send_one(WsCall *call, PyObject *msg)
 		             "WebSocket waits", msg);
 		return NULL;
 	}
-	c = (HttpConn *)Py_XNewRef(call->conn);
+	c = (struct conn *)Py_XNewRef(call->conn);
 	if (!c || c->closed) {
 		Py_XDECREF(c);
 		if (PyUnicode_CompareWithASCIIString(type, "websocket.close") == 0)

@@ -3,9 +3,9 @@
  * framed bytes (wsgi_app.c), start_response and write() (wsgi_respond.c),
  * and the body the app returned sent, from the loop past HIGH_WATER
  * (wsgi_body.c). It sits on the HTTP/1 codec, which calls it only through
- * the struct h1_app the Server's assembly fills (server.c: wsgi_h1_app);
+ * the struct app_ops the Server's assembly fills (server.c: wsgi_app_ops);
  * it calls the codec (h1.h) and the connection layer (conn.h) directly.
- * An ASGI adapter would sit beside it, with its own struct h1_app.
+ * An ASGI adapter would sit beside it, with its own struct app_ops.
  */
 #ifndef SOCKHERD_WSGI_H
 #define SOCKHERD_WSGI_H
@@ -15,7 +15,7 @@
 /* ---- the response (wsgi_respond.c) ---- */
 struct Respond {
 	PyObject_HEAD
-	HttpConn *conn;
+	struct conn *conn;
 	struct h1_frame f;                 /* the codec's framing of this response */
 	unsigned headers_sent : 1, started : 1, finished : 1;
 	PyObject *status, *first;          /* first: the held first chunk */
@@ -42,7 +42,7 @@ struct Respond {
 
 extern PyTypeObject RespondType;
 
-Respond *respond_new(HttpConn *c, int http11, int keep, int head_only);
+Respond *respond_new(struct conn *c, int http11, int keep, int head_only);
 /* start_response(status, headers, exc_info=None) -> write */
 PyObject *Respond_call(Respond *r, PyObject *args, PyObject *kw);
 /* write(data): the app's write callable, and each chunk of its iterable;
@@ -61,18 +61,18 @@ int finish(Respond *r, int wait);
  * can_park: the caller is the connection's loop turn, which can send the
  * rest of a large body from the loop (RESPOND_PARKED); else (the slow
  * path) a body past HIGH_WATER waits for the client here, as write() does. */
-int respond(HttpConn *c, PyObject *env, int can_park);
+int respond(struct conn *c, PyObject *env, int can_park);
 /* The parked response's turn, on the connection's loop thread, the output
  * below LOW_WATER: its tail sent, its iterator resumed. RESPOND_PARKED
  * again, or the response ended (parked cleared): RESPOND_KEEP or
  * RESPOND_CLOSE as respond() says; -1 with an error that is not the app's. */
-int respond_resume(HttpConn *c);
+int respond_resume(struct conn *c);
 /* The connection closed under a parked response: its iterable's close(),
  * the access log, the counts (once). Takes the reference. */
 void respond_abandon(Respond *r);
-/* struct h1_app's request and serve (see h1.h) */
-PyObject *wsgi_request(HttpConn *c);
-int wsgi_serve(HttpConn *c, PyObject *env, int whole);
+/* struct app_ops's request and serve (see h1.h) */
+PyObject *wsgi_request(struct conn *c);
+int wsgi_serve(struct conn *c, PyObject *env, int whole);
 /* the adapter's method on the connection (respond) */
 extern PyMethodDef wsgi_conn_methods[];
 
@@ -88,7 +88,7 @@ int push_file(Respond *r);
 int iterate(Respond *r, int can_park);
 /* Bytes a parked response still owes (at least 1: an iterator's are unknown). */
 size_t respond_owed(const Respond *r);
-size_t wsgi_owed(HttpConn *c);                  /* struct conn_ops's owed */
+size_t wsgi_owed(struct conn *c);                  /* struct conn_ops's owed */
 
 /* ---- the environ (wsgi_environ.c) ---- */
 /* interned environ keys, made once (make_keys) */
@@ -101,7 +101,7 @@ extern PyMethodDef wsgi_parser_methods[];
 
 /* wsgi_forwarded.c: a trusted request's forwarding fields put where the
  * app looks (c trusted); 0 or -1 */
-int fwd_environ(HttpConn *c, PyObject *env);
+int fwd_environ(struct conn *c, PyObject *env);
 int wsgi_fwd_make_keys(void);
 
 #endif /* SOCKHERD_WSGI_H */

@@ -1,5 +1,5 @@
 /* The WSGI adapter's entry points: a request head made an environ and
- * served (struct h1_app: wsgi_request, wsgi_serve), the app run and its
+ * served (struct app_ops: wsgi_request, wsgi_serve), the app run and its
  * answer framed (respond), a parked body's turn and end (respond_resume,
  * respond_abandon), and what ends every response: the app's errors
  * answered or logged, close() of its iterable, the access log, the counts.
@@ -45,10 +45,10 @@ static int set_proxy_keys(PyObject *info, PyObject *env)
 	return 0;
 }
 
-static int set_addr(HttpConn *c, PyObject *env)
+static int set_addr(struct conn *c, PyObject *env)
 {
 	PyObject *keys[] = {K_SERVER_NAME, K_SERVER_PORT, K_REMOTE_ADDR, K_REMOTE_PORT};
-	PyObject *addr = hconn_addr(c);
+	PyObject *addr = conn_addr(c);
 
 	if (!addr)
 		return -1;
@@ -65,8 +65,8 @@ static int set_addr(HttpConn *c, PyObject *env)
 }
 
 /* A parsed head's environ, with the connection's addresses: struct
- * h1_app's request. */
-PyObject *wsgi_request(HttpConn *c)
+ * app_ops's request. */
+PyObject *wsgi_request(struct conn *c)
 {
 	PyObject *env = build_environ(c->parser, c->srv->base);
 
@@ -84,7 +84,7 @@ PyObject *wsgi_request(HttpConn *c)
 }
 
 /* A request whose body is all here (or that has none), start to end. */
-static int serve_whole(HttpConn *c, PyObject *env)
+static int serve_whole(struct conn *c, PyObject *env)
 {
 	Parser *p = c->parser;
 	PyObject *body, *input;
@@ -109,7 +109,7 @@ static int serve_whole(HttpConn *c, PyObject *env)
 
 /* The rest of the body still to come, or a 100 Continue owed: wsgi.py's
  * slow path streams it (serve_slow(conn, env) -> keep). */
-static int serve_streaming(HttpConn *c, PyObject *env)
+static int serve_streaming(struct conn *c, PyObject *env)
 {
 	PyObject *r = PyObject_CallFunctionObjArgs(c->srv->slow, (PyObject *)c, env, NULL);
 	int keep;
@@ -121,8 +121,8 @@ static int serve_streaming(HttpConn *c, PyObject *env)
 	return keep;
 }
 
-/* struct h1_app's serve: the app for env, its body whole or still coming */
-int wsgi_serve(HttpConn *c, PyObject *env, int whole)
+/* struct app_ops's serve: the app for env, its body whole or still coming */
+int wsgi_serve(struct conn *c, PyObject *env, int whole)
 {
 	return whole ? serve_whole(c, env) : serve_streaming(c, env);
 }
@@ -163,7 +163,7 @@ static void access_log(Server *s, PyObject *env, Respond *r, double started)
 	Py_XDECREF(rc);
 }
 
-static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, int head_only)
+static int internal_error(struct conn *c, PyObject *env, Respond **rp, int http11, int head_only)
 {
 	static const char body[] = "Internal Server Error\n";
 	Respond *r = respond_new(c, http11, 0, head_only);
@@ -199,7 +199,7 @@ static int internal_error(HttpConn *c, PyObject *env, Respond **rp, int http11, 
  * iterable (once: PEP 3333), the access log, the counts. rc < 0: with the
  * error set. Takes r's reference; returns whether the connection may
  * serve on (as respond()). */
-static int respond_end(HttpConn *c, Respond *r, int rc)
+static int respond_end(struct conn *c, Respond *r, int rc)
 {
 	Server *s = c->srv;
 	PyObject *env = r->env, *result = r->result;     /* ours from here */
@@ -214,7 +214,7 @@ static int respond_end(HttpConn *c, Respond *r, int rc)
 	Py_CLEAR(r->tail);
 	if (rc < 0) {
 		if (PyErr_ExceptionMatches(ClientGone)) {
-			/* gone, or not reading: closed already (hconn_flush_wait), what
+			/* gone, or not reading: closed already (conn_flush_wait), what
 			 * is buffered goes nowhere. Still open: a request body that did
 			 * not come; the answers owed before it (pipelined) still go
 			 * out, then the connection closes (keep = 0 below; the send
@@ -244,7 +244,7 @@ static int respond_end(HttpConn *c, Respond *r, int rc)
 				}
 			}
 			if (!r->headers_sent) {
-				hconn_refuse(c, status, reason);    /* the app let it through: ours to say */
+				conn_refuse(c, status, reason);    /* the app let it through: ours to say */
 				count = -1;                         /* counted by the refusal */
 			}
 			Py_XDECREF(a);
@@ -292,7 +292,7 @@ static int respond_end(HttpConn *c, Respond *r, int rc)
 	return out;
 }
 
-int respond(HttpConn *c, PyObject *env, int can_park)
+int respond(struct conn *c, PyObject *env, int can_park)
 {
 	Server *s = c->srv;
 	struct hp_parser *hp = c->parser->hp;
@@ -328,7 +328,7 @@ int respond(HttpConn *c, PyObject *env, int can_park)
 	return respond_end(c, r, rc);
 }
 
-int respond_resume(HttpConn *c)
+int respond_resume(struct conn *c)
 {
 	Respond *r = c->parked;
 	int rc;
@@ -338,7 +338,7 @@ int respond_resume(HttpConn *c)
 		rc = push_tail(r);
 	else if (r->file_fd >= 0)
 		rc = push_file(r);
-	else if (hconn_pending(c) >= LOW_WATER)
+	else if (conn_pending(c) >= LOW_WATER)
 		rc = RESPOND_PARKED;
 	else
 		rc = iterate(r, 1);                  /* the app's code again, contained below */
@@ -371,7 +371,7 @@ PyDoc_STRVAR(respond_doc,
 "respond(env) -> bool: runs the app for env (wsgi.input set by the caller)\n"
 "and frames its response; False if the connection must close.");
 
-static PyObject *HttpConn_respond(HttpConn *c, PyObject *env)
+static PyObject *Conn_respond(struct conn *c, PyObject *env)
 {
 	int keep;
 
@@ -388,6 +388,6 @@ static PyObject *HttpConn_respond(HttpConn *c, PyObject *env)
 }
 
 PyMethodDef wsgi_conn_methods[] = {
-	{"respond", (PyCFunction)HttpConn_respond, METH_O, respond_doc},
+	{"respond", (PyCFunction)Conn_respond, METH_O, respond_doc},
 	{NULL},
 };

@@ -52,7 +52,7 @@ static int tail_end(Respond *r)
  * The same results as push_tail's. */
 static int push_tail_tls(Respond *r)
 {
-	HttpConn *c = r->conn;
+	struct conn *c = r->conn;
 	PyObject *t = r->tail;
 	Py_ssize_t n = PyTuple_GET_SIZE(t);
 
@@ -60,7 +60,7 @@ static int push_tail_tls(Respond *r)
 		PyObject *b = PyTuple_GET_ITEM(t, r->tail_i);
 		size_t len = (size_t)PyBytes_GET_SIZE(b) - r->tail_off;
 		unsigned long long room = (unsigned long long)r->f.length - r->f.sent;
-		size_t pending = hconn_pending(c);
+		size_t pending = conn_pending(c);
 
 		if (c->closed) {
 			PyErr_SetString(ClientGone, "the client went away");
@@ -69,7 +69,7 @@ static int push_tail_tls(Respond *r)
 		if (pending >= TLS_STAGE) {
 			unsigned long long before = c->wrote;
 
-			hconn_flush(c);
+			conn_flush(c);
 			if (!c->closed && c->wrote == before)
 				return RESPOND_PARKED;        /* the kernel is full: its POLLOUT resumes */
 			continue;
@@ -78,7 +78,7 @@ static int push_tail_tls(Respond *r)
 			len = TLS_STAGE - pending;
 		if (len > room)
 			len = (size_t)room;
-		if (len && hconn_send(c, PyBytes_AS_STRING(b) + r->tail_off, len, 0) < 0)
+		if (len && conn_send(c, PyBytes_AS_STRING(b) + r->tail_off, len, 0) < 0)
 			return -1;
 		r->f.sent += len;
 		r->tail_off += len;
@@ -87,7 +87,7 @@ static int push_tail_tls(Respond *r)
 			r->tail_off = 0;
 		}
 	}
-	hconn_flush(c);
+	conn_flush(c);
 	if (c->closed) {
 		PyErr_SetString(ClientGone, "the client went away");
 		return -1;
@@ -101,7 +101,7 @@ static int push_tail_tls(Respond *r)
  * when the kernel is full, -1 with ClientGone (closed: reset, EPIPE). */
 int push_tail(Respond *r)
 {
-	HttpConn *c = r->conn;
+	struct conn *c = r->conn;
 	PyObject *t = r->tail;
 	Py_ssize_t n = PyTuple_GET_SIZE(t);
 
@@ -110,7 +110,7 @@ int push_tail(Respond *r)
 	for (;;) {
 		struct iovec iov[TAIL_IOV];
 		int k = 0;
-		size_t out = hconn_pending(c), asked = out, took, body;
+		size_t out = conn_pending(c), asked = out, took, body;
 		/* emit_head set a length: the list's total, or the app's own */
 		unsigned long long room = r->f.sent < (unsigned long long)r->f.length
 		                          ? (unsigned long long)r->f.length - r->f.sent : 0;
@@ -146,7 +146,7 @@ int push_tail(Respond *r)
 				continue;
 			if (errno == EAGAIN)
 				return RESPOND_PARKED;
-			hconn_fail(c);
+			conn_fail(c);
 			PyErr_SetString(ClientGone, "the client went away");
 			return -1;
 		}
@@ -155,7 +155,7 @@ int push_tail(Respond *r)
 			c->last_active = mono_now();   /* the drain's idle grace: conn_io.c */
 		took = (size_t)w < out ? (size_t)w : out;
 		if (took)
-			hconn_taken(c, took);
+			conn_taken(c, took);
 		body = (size_t)w - took;
 		r->f.sent += body;
 		while (body) {
@@ -193,7 +193,7 @@ size_t respond_owed(const Respond *r)
  * HIGH_WATER (can_park), as the tail. 0, RESPOND_PARKED or -1. */
 int body_sequence(Respond *r, PyObject *seq, int can_park)
 {
-	HttpConn *c = r->conn;
+	struct conn *c = r->conn;
 	Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
 	PyObject **items = PySequence_Fast_ITEMS(seq);
 	long long total = 0;
@@ -211,7 +211,7 @@ int body_sequence(Respond *r, PyObject *seq, int can_park)
 	if (h1_head(r->conn, &r->f, total) < 0)
 		return -1;
 	if (can_park && total && !r->f.head_only && !r->f.bodiless &&
-	    hconn_pending(c) + (unsigned long long)total > HIGH_WATER) {
+	    conn_pending(c) + (unsigned long long)total > HIGH_WATER) {
 		/* a tuple of the same objects (no byte copied): the app's other
 		 * threads may change its list while the loop sends it */
 		r->tail = PySequence_Tuple(seq);
@@ -246,13 +246,13 @@ one_by_one:
  * included: next() is its code). */
 int iterate(Respond *r, int can_park)
 {
-	HttpConn *c = r->conn;
+	struct conn *c = r->conn;
 	PyObject *item;
 
 	for (;;) {
 		int rc = 0, whole = 0;
 
-		if (can_park && hconn_pending(c) > HIGH_WATER)
+		if (can_park && conn_pending(c) > HIGH_WATER)
 			return RESPOND_PARKED;
 		if (!(item = PyIter_Next(r->it)))
 			break;
@@ -303,7 +303,7 @@ int body_iterable(Respond *r, PyObject *result, int can_park)
  * kernel is full, -1 with ClientGone (closed). */
 int push_file(Respond *r)
 {
-	HttpConn *c = r->conn;
+	struct conn *c = r->conn;
 
 	for (;;) {
 		ssize_t n;
@@ -312,23 +312,23 @@ int push_file(Respond *r)
 			PyErr_SetString(ClientGone, "the client went away");
 			return -1;
 		}
-		if (hconn_pending(c)) {
-			hconn_flush(c);                      /* the head first, in order */
+		if (conn_pending(c)) {
+			conn_flush(c);                      /* the head first, in order */
 			if (c->closed)
 				continue;
-			if (hconn_pending(c))
+			if (conn_pending(c))
 				return RESPOND_PARKED;
 		}
 		if (!r->file_left)
 			break;
-		n = hconn_sendfile(c, r->file_fd, &r->file_off,
+		n = conn_sendfile(c, r->file_fd, &r->file_off,
 		             r->file_left > (1u << 30) ? (size_t)1 << 30 : (size_t)r->file_left);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
 			if (errno == EAGAIN)
 				return RESPOND_PARKED;
-			hconn_fail(c);
+			conn_fail(c);
 			continue;
 		}
 		if (n == 0) {
@@ -398,7 +398,7 @@ int body_file(Respond *r, PyObject *result, int can_park)
 }
 
 
-size_t wsgi_owed(HttpConn *c)
+size_t wsgi_owed(struct conn *c)
 {
 	return respond_owed(c->parked);
 }

@@ -68,7 +68,7 @@ static int drop(PyObject *env, PyObject *key)
 	return has > 0 ? PyDict_DelItem(env, key) : has;
 }
 
-int fwd_environ(HttpConn *c, PyObject *env)
+int fwd_environ(struct conn *c, PyObject *env)
 {
 	struct fwd_found f;
 	int rc = fwd_read(c, &f), https;

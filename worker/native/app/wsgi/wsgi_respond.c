@@ -110,13 +110,13 @@ int finish(Respond *r, int wait)
 
 /* ---- the type ------------------------------------------------------------------------------- */
 
-Respond *respond_new(HttpConn *c, int http11, int keep, int head_only)
+Respond *respond_new(struct conn *c, int http11, int keep, int head_only)
 {
 	Respond *r = PyObject_New(Respond, &RespondType);
 
 	if (!r)
 		return NULL;
-	r->conn = (HttpConn *)Py_NewRef(c);
+	r->conn = (struct conn *)Py_NewRef(c);
 	r->f.http11 = http11;
 	r->f.keep = keep;
 	r->f.head_only = head_only;

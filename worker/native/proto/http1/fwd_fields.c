@@ -51,7 +51,7 @@ static void value_of(const struct hp_parser *hp, int i, const char **s, size_t *
 }
 
 /* An ignored value: reported to the log callable (peer, field, value). */
-static int malformed(HttpConn *c, const char *field, const char *v, size_t n)
+static int malformed(struct conn *c, const char *field, const char *v, size_t n)
 {
 	PyObject *log = c->srv->fwd.log, *r;
 
@@ -65,7 +65,7 @@ static int malformed(HttpConn *c, const char *field, const char *v, size_t n)
 /* The rightmost untrusted node of a list walked from the right: the
  * X-Forwarded-For fields (last field first, each right to left). 1 found,
  * 0 none or malformed (reported), -1 error. */
-static int walk_xff(HttpConn *c, const struct hp_parser *hp, struct fwd_node *out)
+static int walk_xff(struct conn *c, const struct hp_parser *hp, struct fwd_node *out)
 {
 	const struct fwd_rules *r = &c->srv->fwd;
 	int found = 0;
@@ -108,7 +108,7 @@ static int walk_xff(HttpConn *c, const struct hp_parser *hp, struct fwd_node *ou
  * malformed element, or one past FWD_MAX_ELEMENTS, is where the list ends
  * for us: the client is then the leftmost good element's (as when every
  * hop is trusted). 1 found (*chosen, *node), 0 none, -1 error. */
-static int walk_forwarded(HttpConn *c, const struct hp_parser *hp, struct fwd_element *chosen,
+static int walk_forwarded(struct conn *c, const struct hp_parser *hp, struct fwd_element *chosen,
                           struct fwd_node *node)
 {
 	const struct fwd_rules *r = &c->srv->fwd;
@@ -158,7 +158,7 @@ static int proto_of(const char *s, size_t n)
 
 /* secure_scheme_headers: 1 / 0 as they agree, -1 none present or they
  * disagree (gunicorn refuses the request then; we ignore them), -2 error */
-static int scheme_headers(HttpConn *c, const struct hp_parser *hp, const struct seen *seen)
+static int scheme_headers(struct conn *c, const struct hp_parser *hp, const struct seen *seen)
 {
 	const struct fwd_rules *r = &c->srv->fwd;
 	int https = -1;
@@ -182,7 +182,7 @@ static int scheme_headers(HttpConn *c, const struct hp_parser *hp, const struct 
 	return https;
 }
 
-int fwd_read(HttpConn *c, struct fwd_found *f)
+int fwd_read(struct conn *c, struct fwd_found *f)
 {
 	const struct fwd_rules *r = &c->srv->fwd;
 	const struct hp_parser *hp = ((Parser *)c->parser)->hp;

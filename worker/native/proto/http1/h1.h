@@ -9,7 +9,7 @@
  *
  * It sits on the connection layer (conn.h), which calls it through the
  * struct conn_ops the Server's assembly fills with the h1_* entries below;
- * it calls the app adapter above it only through struct h1_app (the
+ * it calls the app adapter above it only through struct app_ops (the
  * adapter's request object, serving it, a parked response's turn and
  * end). A WebSocket codec would sit beside it, with its own conn_ops.
  */
@@ -113,27 +113,27 @@ int head_cached(PyObject *status, PyObject *headers, PyObject **prefix, long lon
 void http_date(const char **line, size_t *len);
 /* The head into c's output: f's prefix, Date, Server, and the framing we
  * choose; known is the body's length if known, else -1. */
-int h1_head(HttpConn *c, struct h1_frame *f, long long known);
+int h1_head(struct conn *c, struct h1_frame *f, long long known);
 /* Body bytes after the head, framed; `now`: try the socket at once;
  * `wait`: past HIGH_WATER, wait here for the client to read, else the
  * caller parks the body. -1 with ClientGone if c closed. */
-int h1_send_body(HttpConn *c, struct h1_frame *f, const char *data, size_t n, int now, int wait);
+int h1_send_body(struct conn *c, struct h1_frame *f, const char *data, size_t n, int now, int wait);
 /* The body's end: the last chunk, and a short body ends keep-alive. */
-int h1_end_body(HttpConn *c, struct h1_frame *f);
+int h1_end_body(struct conn *c, struct h1_frame *f);
 /* A body part of n bytes the adapter sends itself after the output (a
  * file, by sendfile): how many of them may go (none for HEAD/204/304, no
  * more than an announced length leaves: fewer ends keep-alive, as
  * h1_send_body's cut), with a chunked body's chunk-size line for them in
  * the output; -1 with an error. The adapter adds what goes out to f->sent
  * and ends the span with h1_span_end ("\r\n" of a chunk). */
-long long h1_span_begin(HttpConn *c, struct h1_frame *f, unsigned long long n);
-int h1_span_end(HttpConn *c, struct h1_frame *f, unsigned long long n);
+long long h1_span_begin(struct conn *c, struct h1_frame *f, unsigned long long n);
+int h1_span_end(struct conn *c, struct h1_frame *f, unsigned long long n);
 /* Trailers (RFC 9112 7.1.2): the body's end when a trailer section
  * follows, "0\r\n" of a chunked body (nothing for a body that is not
  * chunked: HEAD, 204, 304); then the fields (h1_trailer_block's), the
  * section's end with the last of them. */
-int h1_end_chunks(HttpConn *c, struct h1_frame *f);
-int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last);
+int h1_end_chunks(struct conn *c, struct h1_frame *f);
+int h1_trailers(struct conn *c, struct h1_frame *f, PyObject *block, int last);
 /* An ASGI http.response.trailers' headers checked as a head's fields are,
  * and refused where a trailer must not carry them (framing, routing,
  * connection and content fields: RFC 9110 6.5.1): *block gets the
@@ -172,33 +172,33 @@ static inline size_t h1_put_dec(char *w, unsigned long long v)
  * parked on it (c->parked): the rest of its body goes out from the loop,
  * through resume, before the next request is served. */
 enum { RESPOND_CLOSE = 0, RESPOND_KEEP = 1, RESPOND_PARKED = 2 };
-struct h1_app {
+struct app_ops {
 	/* a head was parsed (c->parser): the interface's request object
 	 * (WSGI: its environ), or NULL with an error that is not the app's */
-	PyObject *(*request)(HttpConn *c);
+	PyObject *(*request)(struct conn *c);
 	/* runs the app for req: its body is whole in the parser (whole), or
 	 * still coming (the adapter streams it). RESPOND_*, -1 with an error
 	 * that is not the app's */
-	int (*serve)(HttpConn *c, PyObject *req, int whole);
+	int (*serve)(struct conn *c, PyObject *req, int whole);
 	/* the parked response's turn, output below LOW_WATER: as serve */
-	int (*resume)(HttpConn *c);
+	int (*resume)(struct conn *c);
 	/* c closed under its parked response (taken off c): its end */
 	void (*abandon)(Respond *r);
 	/* input came (bytes, or the end of input: c->peer_eof) while the
 	 * adapter's call runs (c->call), or the body it waits for is late
 	 * (c->parser->body_late): a receive waiting for it may be answered.
 	 * NULL for an adapter without calls. 0 or -1. */
-	int (*input)(HttpConn *c);
+	int (*input)(struct conn *c);
 	/* a call's own timer is due (TIMER_PING, TIMER_PONG: c->call_ping,
 	 * an open WebSocket's). NULL for an adapter without one. 0 or -1. */
-	int (*timer)(HttpConn *c, int kind);
+	int (*timer)(struct conn *c, int kind);
 };
 
 /* The adapter's call on c ended (its response whole, c->call taken off):
  * the request is finished (keep: it may serve another), the requests
  * that waited behind it served, what is owed sent. 0 or -1 (not the
  * app's error). The owner loop thread, outside any handler of c. */
-int h1_call_done(HttpConn *c, int keep);
+int h1_call_done(struct conn *c, int keep);
 /* The answers loop thread pos owes (queued under load by h1_call_done
  * and serve_read: h1_conn.c, owe): written, each connection's timer and
  * directions set (Server_turn, before its poll and at its end). 1 if a
@@ -211,36 +211,36 @@ void h1_owed_free(Server *s);
 /* The part of h1_call_done that forgets the call (its input bound, its
  * body's deadline), for an adapter that ends a call inside a resume
  * (h1_resume goes on with the connection itself). */
-void h1_call_detached(HttpConn *c);
+void h1_call_detached(struct conn *c);
 /* The adapter took input of its call: reading goes on if the bound of
  * what a call may leave buffered (CALL_INPUT_MAX) allows. */
-void h1_input_room(HttpConn *c);
+void h1_input_room(struct conn *c);
 #define CALL_INPUT_MAX (256u << 10)
 /* The adapter's call waits for body bytes (waiting), or no longer: the
  * body timer runs while it does (p->body_due, the held body's rule); past
  * it, the codec sets p->body_late and calls the adapter's input. */
-void h1_body_wait(HttpConn *c, int waiting);
+void h1_body_wait(struct conn *c, int waiting);
 /* A streamed body came too late: counted and logged as the engine's
  * body_timeout refusal; answer: a 408 and the connection closes after it
  * (nothing of the response went out), else it closes now. */
-void h1_body_late(HttpConn *c, int answer);
+void h1_body_late(struct conn *c, int answer);
 /* A streamed body the client got wrong (the parser's HP_ERROR: its
  * framing, past limit_request_body): the parser's status and reason, as
  * h1_body_late (answer: the refusal, else counted, logged, closed now). */
-void h1_body_refuse(HttpConn *c, int answer);
+void h1_body_refuse(struct conn *c, int answer);
 
 /* ---- one connection's requests (h1_conn.c; h1_timeout, h1_rearm and the
  * refusals: h1_timers.c): struct conn_ops's entries ---- */
-int h1_open(HttpConn *c);
-int h1_readable(HttpConn *c);
-int h1_read_first(HttpConn *c);
-int h1_serve_first(HttpConn *c);
-int h1_resume(HttpConn *c);
-int h1_timeout(HttpConn *c, int kind);
-void h1_rearm(HttpConn *c);
-int h1_unread(HttpConn *c);
+int h1_open(struct conn *c);
+int h1_readable(struct conn *c);
+int h1_read_first(struct conn *c);
+int h1_serve_first(struct conn *c);
+int h1_resume(struct conn *c);
+int h1_timeout(struct conn *c, int kind);
+void h1_rearm(struct conn *c);
+int h1_unread(struct conn *c);
 /* Answers an error (a refusal the engine counts) and closes. */
-void hconn_refuse(HttpConn *c, int status, const char *reason);
+void conn_refuse(struct conn *c, int status, const char *reason);
 /* the connection's methods the codec adds (refuse) */
 extern PyMethodDef h1_conn_methods[];
 
@@ -263,7 +263,7 @@ struct fwd_found {
 /* The forwarding fields of c's parsed head, c trusted: 1 if any says
  * something (f filled), 0 if none, -1 with a Python error (only the log
  * callable's). */
-int fwd_read(HttpConn *c, struct fwd_found *f);
+int fwd_read(struct conn *c, struct fwd_found *f);
 /* f's client address as a str (inet_ntop's canonical form: never the
  * bytes as sent) */
 PyObject *fwd_addr_str(const struct fwd_found *f);

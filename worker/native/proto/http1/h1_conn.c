@@ -23,7 +23,7 @@
  *
  * May call: h1_timers.c, h1_parser.c, h1_response.c (the Date line), the
  * connection layer (conn_io.c, conn_timers.c); the adapter only through
- * struct h1_app (c->srv->app_ops).
+ * struct app_ops (c->srv->app_ops).
  */
 #include <string.h>
 
@@ -39,7 +39,7 @@
  * loop, before the app runs: a Content-Length within body_buffer (decided
  * at the head), or a chunked body while what is buffered of it is below
  * body_buffer. Else the slow path streams it. */
-static int body_fits(HttpConn *c)
+static int body_fits(struct conn *c)
 {
 	Parser *p = c->parser;
 	size_t room = c->srv->body_buffer;
@@ -55,7 +55,7 @@ static int body_fits(HttpConn *c)
 /* Holds env (taken) while the loop reads its body: the body timer starts
  * now, and a client that waits for a 100 Continue is told to send, here
  * and now, as nginx does (RFC 9110 10.1.1: not an HTTP/1.0 client's). */
-static void hold(HttpConn *c, PyObject *env)
+static void hold(struct conn *c, PyObject *env)
 {
 	static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
 	Parser *p = c->parser;
@@ -64,14 +64,14 @@ static void hold(HttpConn *c, PyObject *env)
 	timer_arm(c, TIMER_BODY);
 	if (p->expect_continue) {
 		p->expect_continue = 0;                /* said: the slow path must not say it again */
-		if (p->hp->ll.http_minor && hconn_send(c, cont, sizeof(cont) - 1, 0) < 0)
+		if (p->hp->ll.http_minor && conn_send(c, cont, sizeof(cont) - 1, 0) < 0)
 			PyErr_Clear();                     /* no memory: the client sends after its wait */
 	}
 }
 
 /* Answers every complete request head buffered, in order. 0, or -1 for
  * an error that is not the app's. */
-static int serve_ready(HttpConn *c)
+static int serve_ready(struct conn *c)
 {
 	Parser *p = c->parser;
 
@@ -98,7 +98,7 @@ static int serve_ready(HttpConn *c)
 				if (!PyErr_ExceptionMatches(HttpError))
 					return -1;
 				PyErr_Clear();
-				hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request");
+				conn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request");
 				return 0;
 			}
 			/* the adapter's request object (an environ, with the addresses) */
@@ -120,7 +120,7 @@ static int serve_ready(HttpConn *c)
 		}
 		if (p->hp->state == HP_ERROR) {
 			Py_DECREF(env);
-			hconn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request");
+			conn_refuse(c, p->hp->status, p->hp->reason ? p->hp->reason : "bad request");
 			return 0;
 		}
 		if (p->hp->state == HP_BODY && body_fits(c)) {
@@ -160,7 +160,7 @@ static int serve_ready(HttpConn *c)
 			return 0;
 		}
 		if (!keep) {
-			hconn_close_soft(c);
+			conn_close_soft(c);
 			return 0;
 		}
 	}
@@ -171,22 +171,22 @@ static int serve_ready(HttpConn *c)
  * for what the connection waits for now and its directions. since: the
  * bytes written before a parked body's turn; without progress since then
  * its send timer runs on (NULL: re-armed whatever the write took). */
-static void after_serving(HttpConn *c, const unsigned long long *since)
+static void after_serving(struct conn *c, const unsigned long long *since)
 {
 	if (c->closed)
 		return;
-	hconn_flush(c);
+	conn_flush(c);
 	if (c->closed)
 		return;
 	if (!since || c->wrote != *since || c->tkind != TIMER_SEND)
 		h1_rearm(c);
-	hconn_sync(c);
+	conn_sync(c);
 }
 
 /* The parked body's turn (a POLLOUT): more of it, and once it ended, the
  * requests that waited behind it. 0, or -1 for an error that is not the
  * app's. */
-int h1_resume(HttpConn *c)
+int h1_resume(struct conn *c)
 {
 	unsigned long long wrote = c->wrote;
 	int keep;
@@ -207,7 +207,7 @@ int h1_resume(HttpConn *c)
 		if (keep)
 			keep = parser_finish(c->parser);
 		if (!keep || c->closing)
-			hconn_close_soft(c);
+			conn_close_soft(c);
 		else if (serve_ready(c) < 0)
 			return -1;
 	}
@@ -242,13 +242,13 @@ int h1_resume(HttpConn *c)
 
 /* c's answer queued on its thread's list: 1, or 0 to write it now (as
  * every answer was written before; the list, if any, went first). */
-static int owe(HttpConn *c)
+static int owe(struct conn *c)
 {
 	Server *s = c->srv;
 	struct srv_thread *t = &s->thr[c->pos];
 	double now, last;
 
-	if (c->closed || s->dispatch || !hconn_pending(c))
+	if (c->closed || s->dispatch || !conn_pending(c))
 		return 0;
 	now = mono_now();
 	last = t->owed_last;
@@ -264,12 +264,12 @@ static int owe(HttpConn *c)
 		t->owed_since = now;
 	c->owed_queued = 1;
 	c->owed_next = t->owed;
-	t->owed = (HttpConn *)Py_NewRef(c);
+	t->owed = (struct conn *)Py_NewRef(c);
 	return 1;
 }
 
 /* The requests a read completed, answered; one write of what they said. */
-static int serve_read(HttpConn *c)
+static int serve_read(struct conn *c)
 {
 	if (serve_ready(c) < 0)
 		return -1;
@@ -283,7 +283,7 @@ static int serve_read(HttpConn *c)
  * adapter told (its receive may wait for it), and reading stops while
  * more than CALL_INPUT_MAX waits unread (a client pipelining ahead of a
  * slow app, an upload the app does not read). */
-static int call_input(HttpConn *c)
+static int call_input(struct conn *c)
 {
 	if (parser_pump_body(c->parser) < 0)
 		return -1;
@@ -291,18 +291,18 @@ static int call_input(HttpConn *c)
 	return c->srv->app_ops->input ? c->srv->app_ops->input(c) : 0;
 }
 
-void h1_input_room(HttpConn *c)
+void h1_input_room(struct conn *c)
 {
 	Parser *p = c->parser;
 	int full = c->call && (p->len - p->start) + (p->blen - p->bstart) > CALL_INPUT_MAX;
 
 	if (full != c->in_full) {
 		c->in_full = (unsigned)full;
-		hconn_sync(c);
+		conn_sync(c);
 	}
 }
 
-void h1_call_detached(HttpConn *c)
+void h1_call_detached(struct conn *c)
 {
 	Parser *p = c->parser;
 
@@ -314,7 +314,7 @@ void h1_call_detached(HttpConn *c)
 int h1_owed_run(Server *s, int pos)
 {
 	struct srv_thread *t = &s->thr[pos];
-	HttpConn *c, *next = t->owed;
+	struct conn *c, *next = t->owed;
 	int closed = 0;
 
 	t->owed = NULL;
@@ -347,7 +347,7 @@ void h1_owed_free(Server *s)
 {
 	for (int i = 0; s->thr && i < s->nthreads; i++)
 		while (s->thr[i].owed) {
-			HttpConn *c = s->thr[i].owed;
+			struct conn *c = s->thr[i].owed;
 
 			s->thr[i].owed = c->owed_next;
 			c->owed_next = NULL;
@@ -356,7 +356,7 @@ void h1_owed_free(Server *s)
 		}
 }
 
-int h1_call_done(HttpConn *c, int keep)
+int h1_call_done(struct conn *c, int keep)
 {
 	if (c->closed)
 		return 0;
@@ -364,7 +364,7 @@ int h1_call_done(HttpConn *c, int keep)
 	if (keep)
 		keep = parser_finish(c->parser);       /* 0 if the app left body unread */
 	if (!keep || c->closing)
-		hconn_close_soft(c);
+		conn_close_soft(c);
 	else if (serve_ready(c) < 0)
 		return -1;
 	if (owe(c))
@@ -376,7 +376,7 @@ int h1_call_done(HttpConn *c, int keep)
 /* One read into the parser: > 0 bytes read, 0 nothing to do now (EAGAIN;
  * or the connection failed, closed then), -2 end of input (EOF), -1 a
  * Python error. *filled: the read took all the room it was given. */
-static ssize_t read_some(HttpConn *c, int *filled)
+static ssize_t read_some(struct conn *c, int *filled)
 {
 	Parser *p = c->parser;
 	ssize_t n;
@@ -395,7 +395,7 @@ static ssize_t read_some(HttpConn *c, int *filled)
 		if (room > left)
 			room = left > READ_ROOM ? left : READ_ROOM;
 	}
-	n = hconn_read(c, p->pending + p->len, room);
+	n = conn_read(c, p->pending + p->len, room);
 	if (n <= 0)
 		return n;
 	p->len += (size_t)n;
@@ -412,14 +412,14 @@ static ssize_t read_some(HttpConn *c, int *filled)
  * leave the buffer, what follows them stays for the requests. 1: go on to
  * the requests, 0: not now (the header is not whole, or c closed over a
  * bad one), -1 a Python error. eof: no byte will follow. */
-static int proxy_step(HttpConn *c, int eof)
+static int proxy_step(struct conn *c, int eof)
 {
 	Parser *p = c->parser;
 	ssize_t used;
 
 	if (!c->proxy_wait)
 		return 1;
-	used = hconn_proxy(c, p->pending + p->start, p->len - p->start, eof);
+	used = conn_proxy_read(c, p->pending + p->start, p->len - p->start, eof);
 	if (used < 0)
 		return -1;
 	p->start += (size_t)used;
@@ -434,7 +434,7 @@ static int proxy_step(HttpConn *c, int eof)
  * (dispatch.c) is polled edge-triggered: after a read that filled its
  * room, bytes may wait that no new report will announce, so it reads
  * again while it may. */
-int h1_readable(HttpConn *c)
+int h1_readable(struct conn *c)
 {
 	int filled;
 
@@ -448,7 +448,7 @@ int h1_readable(HttpConn *c)
 
 			if (go <= 0) {
 				if (go == 0 && n == -2 && !c->closed)
-					hconn_close_soft(c);       /* EOF before a header: nothing to serve */
+					conn_close_soft(c);       /* EOF before a header: nothing to serve */
 				return go;
 			}
 		}
@@ -456,7 +456,7 @@ int h1_readable(HttpConn *c)
 			c->peer_eof = 1;
 			if (c->call && call_input(c) < 0)  /* its app learns of the end */
 				return -1;
-			hconn_close_soft(c);           /* EOF: what is owed goes out first */
+			conn_close_soft(c);           /* EOF: what is owed goes out first */
 			return 0;
 		}
 		if (n > 0 && c->call && call_input(c) < 0)
@@ -465,11 +465,11 @@ int h1_readable(HttpConn *c)
 			return n == 0 ? 0 : -1;
 	/* TLS: the session may hold what the room did not take, which no
 	 * report announces (conn_tls.c) */
-	} while (filled && (c->srv->dispatch || tls_buffered(c)) && !c->closed && hconn_reading(c));
+	} while (filled && (c->srv->dispatch || tls_buffered(c)) && !c->closed && conn_reading(c));
 	return 0;
 }
 
-int h1_read_first(HttpConn *c)
+int h1_read_first(struct conn *c)
 {
 	int filled;
 	ssize_t n = read_some(c, &filled);
@@ -483,7 +483,7 @@ int h1_read_first(HttpConn *c)
 	return n != 0;
 }
 
-int h1_serve_first(HttpConn *c)
+int h1_serve_first(struct conn *c)
 {
 	if (c->closed)
 		return 0;
@@ -492,12 +492,12 @@ int h1_serve_first(HttpConn *c)
 
 		if (go <= 0) {
 			if (go == 0 && c->peer_eof && !c->closed)
-				hconn_close_soft(c);
+				conn_close_soft(c);
 			return go;
 		}
 	}
 	if (c->peer_eof) {
-		hconn_close_soft(c);
+		conn_close_soft(c);
 		return 0;
 	}
 	return serve_read(c);
@@ -505,7 +505,7 @@ int h1_serve_first(HttpConn *c)
 
 /* Whether the client may still be sending, as far as the parser knows: an
  * upload not read whole, a request (part of one) buffered. */
-int h1_unread(HttpConn *c)
+int h1_unread(struct conn *c)
 {
 	Parser *p = c->parser;
 
@@ -513,7 +513,7 @@ int h1_unread(HttpConn *c)
 }
 
 /* A new connection's parser, with the Server's limits. */
-int h1_open(HttpConn *c)
+int h1_open(struct conn *c)
 {
 	c->parser = parser_new(&c->srv->lim, c->srv->script_name);
 	return c->parser ? 0 : -1;

@@ -9,7 +9,7 @@
 
 /* h1_timers.c: a held request's body, or one a call streams, moved on by
  * n bytes: its deadline moves back n / min_body_rate seconds */
-void body_progress(HttpConn *c, size_t n);
-void call_body_progress(HttpConn *c, size_t n);
+void body_progress(struct conn *c, size_t n);
+void call_body_progress(struct conn *c, size_t n);
 
 #endif /* SOCKHERD_H1_CONN_INT_H */

@@ -62,14 +62,14 @@ void http_date(const char **s, size_t *n)
 }
 /* ---- framing --------------------------------------------------------------------------- */
 
-static int emit(HttpConn *c, const char *s, size_t n)
+static int emit(struct conn *c, const char *s, size_t n)
 {
-	return hconn_send(c, s, n, 0);
+	return conn_send(c, s, n, 0);
 }
 
 /* The head: the app's status line and fields, Date, Server, and the
  * framing we choose; known is the body's length if known, else -1. */
-int h1_head(HttpConn *c, struct h1_frame *f, long long known)
+int h1_head(struct conn *c, struct h1_frame *f, long long known)
 {
 	Server *s = c->srv;
 	const char *d;
@@ -125,7 +125,7 @@ int h1_head(HttpConn *c, struct h1_frame *f, long long known)
  * app: the client sees each chunk as it comes); `wait`: past HIGH_WATER,
  * wait here for the client to read (write(), the slow path), else the
  * caller parks the body (respond, iterate). */
-int h1_send_body(HttpConn *c, struct h1_frame *f, const char *data, size_t n, int now, int wait)
+int h1_send_body(struct conn *c, struct h1_frame *f, const char *data, size_t n, int now, int wait)
 {
 	char line[24];
 
@@ -134,7 +134,7 @@ int h1_send_body(HttpConn *c, struct h1_frame *f, const char *data, size_t n, in
 		return -1;
 	}
 	if (f->head_only || f->bodiless || !n)
-		return now ? hconn_flush(c) : 0;         /* the head, at least, goes now */
+		return now ? conn_flush(c) : 0;         /* the head, at least, goes now */
 	if (f->length >= 0 && (f->sent >= (unsigned long long)f->length ||
 	                       n > (unsigned long long)f->length - f->sent)) {
 		/* never past what we announced; sent may be past it already (it
@@ -145,26 +145,26 @@ int h1_send_body(HttpConn *c, struct h1_frame *f, const char *data, size_t n, in
 		    ? 0 : (size_t)((unsigned long long)f->length - f->sent);
 		f->keep = 0;
 		if (!n)
-			return now ? hconn_flush(c) : 0;
+			return now ? conn_flush(c) : 0;
 	}
 	f->sent += n;
 	if (f->chunked) {
-		if (hconn_send(c, line, (size_t)snprintf(line, sizeof(line), "%zx\r\n", n), 0) < 0 ||
-		    hconn_send(c, data, n, 0) < 0 || hconn_send(c, "\r\n", 2, now) < 0)
+		if (conn_send(c, line, (size_t)snprintf(line, sizeof(line), "%zx\r\n", n), 0) < 0 ||
+		    conn_send(c, data, n, 0) < 0 || conn_send(c, "\r\n", 2, now) < 0)
 			return -1;
 	}
-	else if (hconn_send(c, data, n, now) < 0)
+	else if (conn_send(c, data, n, now) < 0)
 		return -1;
-	if (wait && hconn_pending(c) > HIGH_WATER)
-		return hconn_flush_wait(c, c->srv->body_timeout, LOW_WATER);
+	if (wait && conn_pending(c) > HIGH_WATER)
+		return conn_flush_wait(c, c->srv->body_timeout, LOW_WATER);
 	return 0;
 }
 
 /* The end of the body (the adapter's finish): the last chunk of a
  * chunked one, and a body shorter than announced closes the connection. */
-int h1_end_body(HttpConn *c, struct h1_frame *f)
+int h1_end_body(struct conn *c, struct h1_frame *f)
 {
-	if (f->chunked && hconn_send(c, "0\r\n\r\n", 5, 0) < 0)
+	if (f->chunked && conn_send(c, "0\r\n\r\n", 5, 0) < 0)
 		return -1;
 	if (f->length >= 0 && f->sent < (unsigned long long)f->length && !f->head_only &&
 	    !f->bodiless)
@@ -174,7 +174,7 @@ int h1_end_body(HttpConn *c, struct h1_frame *f)
 
 /* ---- a span the adapter sends itself, trailers ---------------------------------------- */
 
-long long h1_span_begin(HttpConn *c, struct h1_frame *f, unsigned long long n)
+long long h1_span_begin(struct conn *c, struct h1_frame *f, unsigned long long n)
 {
 	char line[24];
 
@@ -188,26 +188,26 @@ long long h1_span_begin(HttpConn *c, struct h1_frame *f, unsigned long long n)
 		f->keep = 0;
 	}
 	if (n && f->chunked &&
-	    hconn_send(c, line, (size_t)snprintf(line, sizeof(line), "%llx\r\n", n), 0) < 0)
+	    conn_send(c, line, (size_t)snprintf(line, sizeof(line), "%llx\r\n", n), 0) < 0)
 		return -1;
 	return (long long)n;
 }
 
-int h1_span_end(HttpConn *c, struct h1_frame *f, unsigned long long n)
+int h1_span_end(struct conn *c, struct h1_frame *f, unsigned long long n)
 {
-	return n && f->chunked ? hconn_send(c, "\r\n", 2, 0) : 0;
+	return n && f->chunked ? conn_send(c, "\r\n", 2, 0) : 0;
 }
 
-int h1_end_chunks(HttpConn *c, struct h1_frame *f)
+int h1_end_chunks(struct conn *c, struct h1_frame *f)
 {
-	return f->chunked ? hconn_send(c, "0\r\n", 3, 0) : 0;
+	return f->chunked ? conn_send(c, "0\r\n", 3, 0) : 0;
 }
 
-int h1_trailers(HttpConn *c, struct h1_frame *f, PyObject *block, int last)
+int h1_trailers(struct conn *c, struct h1_frame *f, PyObject *block, int last)
 {
 	if (!f->chunked)
 		return 0;                            /* no body on the wire, no trailers */
-	if (hconn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0)
+	if (conn_send(c, PyBytes_AS_STRING(block), (size_t)PyBytes_GET_SIZE(block), 0) < 0)
 		return -1;
-	return last ? hconn_send(c, "\r\n", 2, 0) : 0;
+	return last ? conn_send(c, "\r\n", 2, 0) : 0;
 }

@@ -35,12 +35,12 @@ static const char *REASONS(int status)
  * some output went out: the client to take pending output (send), the
  * rest of a head (its clock runs from the first of its bytes: not re-armed
  * by the next ones), or the next request (keep-alive). */
-void h1_rearm(HttpConn *c)
+void h1_rearm(struct conn *c)
 {
 	/* held: the body timer runs from the head on, whatever goes out */
 	if (c->closed || c->serving || c->lingering || c->held)
 		return;
-	if (hconn_owed(c)) {
+	if (conn_owed(c)) {
 		c->head_clock = 0;                 /* a head's clock starts again after */
 		timer_arm(c, TIMER_SEND);
 		return;
@@ -76,15 +76,15 @@ void h1_rearm(HttpConn *c)
 
 /* A refusal counted by kind, and logged (srv_log_refusal: at most a line
  * a second per worker, a flood of bad requests must not flood the log). */
-static void note_refusal(HttpConn *c, int status, int kind, const char *reason)
+static void note_refusal(struct conn *c, int status, int kind, const char *reason)
 {
 	c->srv->refused[kind]++;
 	srv_log_refusal(c->srv, c->peer, status, reason);
 }
 
-/* hconn_refuse, counted under `kind` (refusal_kind() of the status, or
+/* conn_refuse, counted under `kind` (refusal_kind() of the status, or
  * one the status does not tell apart) */
-static void refuse_as(HttpConn *c, int status, int kind, const char *reason)
+static void refuse_as(struct conn *c, int status, int kind, const char *reason)
 {
 	char buf[1100];
 	char body[600];
@@ -99,13 +99,13 @@ static void refuse_as(HttpConn *c, int status, int kind, const char *reason)
 	                  "Connection: close\r\n\r\n%s", status, REASONS(status), (int)dn, date, bn,
 	                  body);
 
-	if (hconn_send(c, buf, (size_t)hn, 0) < 0)
+	if (conn_send(c, buf, (size_t)hn, 0) < 0)
 		PyErr_Clear();                         /* no memory: the close says enough */
-	hconn_close_soft(c);
-	hconn_flush(c);
+	conn_close_soft(c);
+	conn_flush(c);
 }
 
-void hconn_refuse(HttpConn *c, int status, const char *reason)
+void conn_refuse(struct conn *c, int status, const char *reason)
 {
 	refuse_as(c, status, refusal_kind(status), reason);
 }
@@ -114,7 +114,7 @@ void hconn_refuse(HttpConn *c, int status, const char *reason)
  * slow path counts them): its deadline moves back n / min_body_rate
  * seconds, so a client sending at that rate or faster is never cut, one
  * trickling a byte at a time is (the slow path's rule). */
-void body_progress(HttpConn *c, size_t n)
+void body_progress(struct conn *c, size_t n)
 {
 	double rate = c->srv->min_body_rate;
 	double due;
@@ -127,7 +127,7 @@ void body_progress(HttpConn *c, size_t n)
 
 /* The same rule for a body an adapter's call streams: its deadline moves
  * back with what arrives, whether the call waits for it now or not. */
-void call_body_progress(HttpConn *c, size_t n)
+void call_body_progress(struct conn *c, size_t n)
 {
 	Parser *p = c->parser;
 	double rate = c->srv->min_body_rate;
@@ -139,7 +139,7 @@ void call_body_progress(HttpConn *c, size_t n)
 		arm_at(c, TIMER_BODY, p->body_due);
 }
 
-void h1_body_wait(HttpConn *c, int waiting)
+void h1_body_wait(struct conn *c, int waiting)
 {
 	Parser *p = c->parser;
 
@@ -159,7 +159,7 @@ void h1_body_wait(HttpConn *c, int waiting)
  * connection closed after it) if nothing of the response went out, else
  * counted and logged all the same (what the client did wrong is said in
  * the log if it cannot be said to the client) and the connection ends. */
-static void body_refuse(HttpConn *c, int answer, int status, int kind, const char *reason)
+static void body_refuse(struct conn *c, int answer, int status, int kind, const char *reason)
 {
 	if (c->closed)
 		return;
@@ -168,15 +168,15 @@ static void body_refuse(HttpConn *c, int answer, int status, int kind, const cha
 		return;
 	}
 	note_refusal(c, status, kind, reason);
-	hconn_close_now(c);
+	conn_close_now(c);
 }
 
-void h1_body_late(HttpConn *c, int answer)
+void h1_body_late(struct conn *c, int answer)
 {
 	body_refuse(c, answer, 408, REFUSAL_BODY_TIMEOUT, "the request body did not arrive in time");
 }
 
-void h1_body_refuse(HttpConn *c, int answer)
+void h1_body_refuse(struct conn *c, int answer)
 {
 	struct hp_parser *hp = c->parser->hp;
 	int status = hp->status ? hp->status : 400;
@@ -188,12 +188,12 @@ void h1_body_refuse(HttpConn *c, int answer)
 /* A timer of the protocol's kinds is due (conn_io.c took the send and
  * linger ones): a body that did not come in time, a head that did not,
  * or an idle keep-alive connection. */
-int h1_timeout(HttpConn *c, int kind)
+int h1_timeout(struct conn *c, int kind)
 {
 	if (kind == TIMER_PING || kind == TIMER_PONG)
 		return c->call && c->srv->app_ops->timer ? c->srv->app_ops->timer(c, kind) : 0;
 	if (c->proxy_wait) {
-		hconn_proxy_timeout(c);                /* not HTTP yet: no 408, a close */
+		conn_proxy_timeout(c);                /* not HTTP yet: no 408, a close */
 		return 0;
 	}
 	if (kind == TIMER_BODY && c->call) {
@@ -209,27 +209,27 @@ int h1_timeout(HttpConn *c, int kind)
 		return 0;
 	}
 	if (parser_head_started(c->parser))
-		hconn_refuse(c, 408, "the request head did not arrive in time");
+		conn_refuse(c, 408, "the request head did not arrive in time");
 	else
-		hconn_close_soft(c);                   /* idle keep-alive: nothing to say */
+		conn_close_soft(c);                   /* idle keep-alive: nothing to say */
 	return 0;
 }
 
 /* ---- the Python side: the codec's method on the connection ------------------------------------ */
 
-static PyObject *HttpConn_refuse(HttpConn *c, PyObject *args)
+static PyObject *Conn_refuse(struct conn *c, PyObject *args)
 {
 	int status;
 	const char *reason;
 
 	if (!PyArg_ParseTuple(args, "is:refuse", &status, &reason))
 		return NULL;
-	hconn_refuse(c, status, reason);
+	conn_refuse(c, status, reason);
 	Py_RETURN_NONE;
 }
 
 PyMethodDef h1_conn_methods[] = {
-	{"refuse", (PyCFunction)HttpConn_refuse, METH_VARARGS,
+	{"refuse", (PyCFunction)Conn_refuse, METH_VARARGS,
 	 "refuse(status, reason): answers the error and closes."},
 	{NULL},
 };

@@ -166,13 +166,13 @@ int asgi_ws_make_keys(void);
  * tables (server.c) take these in place of asgi_app.c's: each hands what
  * is not a WebSocket's to it ---- */
 #ifdef SOCKHERD_H1_H
-int asgi_ws_serve(HttpConn *c, PyObject *scope, int whole);
-int asgi_ws_input(HttpConn *c);
-int asgi_ws_resume(HttpConn *c);
-void asgi_ws_drop(HttpConn *c, PyObject *call);
-int asgi_ws_unread(HttpConn *c);
-/* struct h1_app's timer: a WebSocket's ping due, or its answer late (asgi_ws_ping.c) */
-int asgi_ws_timer(HttpConn *c, int kind);
+int asgi_ws_serve(struct conn *c, PyObject *scope, int whole);
+int asgi_ws_input(struct conn *c);
+int asgi_ws_resume(struct conn *c);
+void asgi_ws_drop(struct conn *c, PyObject *call);
+int asgi_ws_unread(struct conn *c);
+/* struct app_ops's timer: a WebSocket's ping due, or its answer late (asgi_ws_ping.c) */
+int asgi_ws_timer(struct conn *c, int kind);
 #endif
 
 #endif /* SOCKHERD_WS_H */
