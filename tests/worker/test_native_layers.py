@@ -121,10 +121,12 @@ def _sources() -> list[Path]:
     return LAYERS["sources"]() + sorted(AIO.glob("*.c"))
 
 
-def _calls(tmp_path: Path, planted: dict[str, Path] | None = None) -> dict[str, dict[str, set[str]]]:
+def _calls(tmp_path: Path, planted: dict[str, Path] | None = None,
+           defined_out: dict[str, str] | None = None) -> dict[str, dict[str, set[str]]]:
     """file -> {other file -> the functions of it that file calls}; every
     file compiled with its layer's include directories only. `planted`:
-    extra objects, by the file name they stand for."""
+    extra objects, by the file name they stand for; `defined_out` gets
+    function -> the file defining it."""
     defined: dict[str, str] = {}
     undefined: dict[str, set[str]] = {}
     objects = {}
@@ -139,6 +141,8 @@ def _calls(tmp_path: Path, planted: dict[str, Path] | None = None) -> dict[str, 
         syms, missing = _symbols(obj)
         defined.update({sym: name for sym in syms if name not in (planted or {})})
         undefined[name] = missing
+    if defined_out is not None:
+        defined_out.update(defined)
     calls: dict[str, dict[str, set[str]]] = {}
     for name, syms in undefined.items():
         for sym in syms:
@@ -213,7 +217,8 @@ def test_no_file_calls_a_file_above_it(tmp_path):
     assert _compile(planted_src, planted_obj, []).returncode == 0
     FOLDER["planted_up"], POS["planted_up"] = "conn", len(FILE_ORDER["conn"])
     try:
-        calls = _calls(tmp_path, {"planted_up": planted_obj})
+        defined: dict[str, str] = {}
+        calls = _calls(tmp_path, {"planted_up": planted_obj}, defined)
         found = _upward(calls)
     finally:
         del FOLDER["planted_up"], POS["planted_up"]
@@ -243,6 +248,31 @@ def test_no_file_calls_a_file_above_it(tmp_path):
         callees = {FOLDER[c] for c in calls.get(name, {})}
         assert not callees or (callees <= {"aio"}) == (FOLDER[name] == "aio"), (name, callees)
     assert "handles" in calls.get("runner", {})
+    # the tables through which a layer reaches the one above: a struct
+    # conn_ops holds the codec's functions only (never an adapter's, as
+    # it once held WSGI's and ASGI's), a struct app_ops the adapter's
+    tables = _tables((NATIVE / "server.c").read_text())
+    assert {"h1_conn_ops", "wsgi_app_ops", "asgi_app_ops"} <= set(tables), sorted(tables)
+    for table, (kind, fns) in tables.items():
+        layers = {FOLDER[defined[fn]] for fn in fns}
+        want = {"proto/http1"} if kind == "conn_ops" else {"app/wsgi", "app/asgi"}
+        assert layers and len(layers) == 1 and layers <= want, (table, kind, layers)
+
+
+def _tables(text: str) -> dict[str, tuple[str, set[str]]]:
+    """The tables a C file fills: name -> (struct, the functions named)."""
+    found = {}
+    for m in re.finditer(r"struct (conn_ops|app_ops) (\w+) = \{(.*?)\n\};", text, re.S):
+        fns = set(re.findall(r"\.\w+ = (\w+)", re.sub(r"/\*.*?\*/", "", m.group(3), flags=re.S)))
+        found[m.group(2)] = (m.group(1), fns)
+    return found
+
+
+def test_the_tables_are_read_where_the_layers_fill_them():
+    """_tables() sees a table that names an adapter's function in the
+    connection layer's table (the shape this rule forbids)."""
+    planted = "static const struct conn_ops bad = {\n\t.open = h1_open,\n\t.owed = wsgi_owed, /* x */\n};\n"
+    assert _tables(planted) == {"bad": ("conn_ops", {"h1_open", "wsgi_owed"})}
 
 
 def test_layer_headers_include_nothing_above_them():

@@ -12,7 +12,7 @@
 #include "assembly.h"
 #include "wsgi.h"
 #include "asgi.h"
-#include "ws.h"                    /* issue 23: the WebSocket codec and adapter */
+#include "asgi_ws.h"               /* issue 23: the WebSocket codec (ws.h) and adapter */
 #include "conn_tls.h"
 
 PyObject *HttpError, *ClientGone, *BadBody;

@@ -18,24 +18,24 @@
 #include "h1.h"
 #include "wsgi.h"
 #include "asgi.h"
-#include "ws.h"                    /* issue 23: the WebSocket adapter's entries */
+#include "asgi_ws.h"               /* issue 23: the WebSocket adapter's entries */
 
 /* What the connection layer calls above it: the HTTP/1 codec's request
  * loop, and the adapter's parked response (its bytes owed, its end) */
-#define H1_CONN_OPS \
-	.open = h1_open, \
-	.readable = h1_readable, \
-	.read_first = h1_read_first, \
-	.serve_first = h1_serve_first, \
-	.resume = h1_resume, \
-	.timeout = h1_timeout, \
-	.rearm = h1_rearm, \
-	.unread = h1_unread
-
+/* What the connection layer calls above it: the HTTP/1 codec's entries
+ * only, the same for every interface (the codec reaches the adapter
+ * through the Server's app_ops) */
 const struct conn_ops h1_conn_ops = {
-	H1_CONN_OPS,
-	.owed = wsgi_owed,
-	.abandon = respond_abandon,
+	.open = h1_open,
+	.readable = h1_readable,
+	.read_first = h1_read_first,
+	.serve_first = h1_serve_first,
+	.resume = h1_resume,
+	.timeout = h1_timeout,
+	.rearm = h1_rearm,
+	.unread = h1_unread,
+	.owed = h1_owed,
+	.closed = h1_closed,
 	.write_owed = h1_owed_run,
 };
 
@@ -45,35 +45,20 @@ const struct app_ops wsgi_app_ops = {
 	.serve = wsgi_serve,
 	.resume = respond_resume,
 	.abandon = respond_abandon,
+	.owed = wsgi_owed,
 };
 
-/* What an ASGI Server's codec calls above it: the ASGI adapter, whose
- * calls outlive serve (asgi.h) */
-static const struct conn_ops h1_asgi_conn_ops = {
-	/* H1_CONN_OPS but unread: issue 23, a WebSocket awaiting the client's
-	 * close frame lingers (asgi_ws.c), else h1_unread */
-	.open = h1_open,
-	.readable = h1_readable,
-	.read_first = h1_read_first,
-	.serve_first = h1_serve_first,
-	.resume = h1_resume,
-	.timeout = h1_timeout,
-	.rearm = h1_rearm,
-	.unread = asgi_ws_unread,
-	.owed = asgi_owed,
-	.abandon = asgi_abandon,
-	.drop = asgi_ws_drop,                      /* issue 23: asgi_drop unless a WebSocket's */
-	.write_owed = h1_owed_run,
-};
-
+/* ... or the ASGI adapter, whose calls outlive serve (asgi.h) and which
+ * never parks a response (its bodies go out from send) */
 static const struct app_ops asgi_app_ops = {
 	.request = asgi_request,
 	/* issue 23: an upgrade to WebSocket is asgi_ws.c's, each of these
-	 * hands the rest to asgi_app.c's asgi_serve / _resume / _input */
+	 * hands the rest to asgi_app.c's asgi_serve / _resume / _input / _drop */
 	.serve = asgi_ws_serve,
 	.resume = asgi_ws_resume,
-	.abandon = asgi_abandon,
 	.input = asgi_ws_input,
+	.drop = asgi_ws_drop,
+	.lingers = asgi_ws_lingers,                /* a close handshake awaited */
 	.timer = asgi_ws_timer,                    /* issue 35, point 27: the ping */
 };
 
@@ -158,7 +143,7 @@ static int set_interface(Server *s, PyObject *v, void *c)
 		if (!base)
 			return -1;
 		Py_XSETREF(s->scope_base, base);
-		s->ops = &h1_asgi_conn_ops;
+		s->ops = &h1_conn_ops;
 		s->app_ops = &asgi_app_ops;
 	}
 	else if (PyUnicode_CompareWithASCIIString(v, "wsgi") == 0) {

@@ -214,16 +214,16 @@ struct conn_ops {
 	/* output went out (or all of it): the timer for what c waits for now */
 	void (*rearm)(struct conn *c);
 	/* the protocol has input it did not finish (an upload, a buffered
-	 * request): a close lingers */
+	 * request, a close handshake it awaits): a close lingers */
 	int (*unread)(struct conn *c);
 	/* bytes a parked response still owes (at least 1) */
 	size_t (*owed)(struct conn *c);
-	/* c closed under its parked response (taken off c already): its end */
-	void (*abandon)(Respond *r);
-	/* c closed under its adapter's call (taken off c already, the
-	 * reference passed): the app learns that its client is gone. NULL
-	 * for an adapter that makes no calls (WSGI). */
-	void (*drop)(struct conn *c, PyObject *call);
+	/* c closed (c->closed set) under what the layers above still held of
+	 * it, taken off c already and each reference passed (NULL: none):
+	 * the parked response (its end: the access log, the counts), the
+	 * call (the app learns that its client is gone). Either may run app
+	 * code; the caller holds c. */
+	void (*closed)(struct conn *c, Respond *parked, PyObject *call);
 	/* the answers the protocol queued for loop thread pos's next turn
 	 * (srv_thread.owed), written: called by the turn before its poll and
 	 * at its end, only while the list is not empty (the HTTP/1 codec's

@@ -185,14 +185,8 @@ int conn_close_now(struct conn *c)
 		s->count--;
 		Py_DECREF(c);
 	}
-	if (parked)
-		s->ops->abandon(parked);   /* close() (once), the access log, the counts; holds c */
-	if (call) {
-		if (s->ops->drop)
-			s->ops->drop(c, call); /* the app's receive says disconnect; holds c */
-		else
-			Py_DECREF(call);
-	}
+	if (parked || call)
+		s->ops->closed(c, parked, call);   /* the layers above's end of them; holds c */
 	unqueue(s, c);                 /* last: the caller holds c by a reference of its own */
 	return 0;
 }

@@ -149,14 +149,12 @@ static inline void asgi_file_close(AsgiCall *call)
 }
 
 /* ---- asgi_app.c: serving ---- */
-/* struct app_ops's entries and the connection layer's drop */
+/* struct app_ops's entries (through asgi_ws.c's for a WebSocket's) */
 PyObject *asgi_request(struct conn *c);
 int asgi_serve(struct conn *c, PyObject *scope, int whole);
 int asgi_resume(struct conn *c);
 int asgi_input(struct conn *c);
 void asgi_drop(struct conn *c, PyObject *call);
-void asgi_abandon(Respond *r);
-size_t asgi_owed(struct conn *c);
 
 /* ---- asgi_scope.c ---- */
 /* The scope of the head c's parser holds: a copy of the Server's base

@@ -202,18 +202,6 @@ void asgi_drop(struct conn *c, PyObject *obj)
 	Py_DECREF(obj);                            /* the connection's reference */
 }
 
-/* nothing is ever parked by this adapter (its bodies go out from send) */
-void asgi_abandon(Respond *r)
-{
-	Py_XDECREF((PyObject *)r);
-}
-
-size_t asgi_owed(struct conn *c)
-{
-	(void)c;
-	return 0;
-}
-
 int asgi_make_app(void)
 {
 	P_500 = PyBytes_FromString("HTTP/1.1 500 Internal Server Error\r\n"

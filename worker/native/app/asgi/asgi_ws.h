@@ -141,4 +141,26 @@ static inline PyObject *ws_field(PyObject *msg, PyObject *key)
 PyObject *ws_deny_start(WsCall *call, PyObject *msg);
 PyObject *ws_deny_body(WsCall *call, PyObject *msg);
 
+/* ---- the Python side ---- */
+extern PyTypeObject WsCallType;
+/* the module's functions: the open WebSockets' count and their going
+ * away (asgi_ws.c) */
+extern PyMethodDef asgi_ws_module_methods[];
+/* module init: the adapter's interned keys */
+int asgi_ws_make_keys(void);
+
+/* ---- asgi_ws.c (serve), asgi_ws_call.c (the rest): the ASGI Server's
+ * table (server.c) takes these in place of asgi_app.c's: each hands what
+ * is not a WebSocket's to it ---- */
+int asgi_ws_serve(struct conn *c, PyObject *scope, int whole);
+int asgi_ws_input(struct conn *c);
+int asgi_ws_resume(struct conn *c);
+/* struct app_ops's drop: the connection closed under the call */
+void asgi_ws_drop(struct conn *c, PyObject *call);
+/* struct app_ops's lingers: a WebSocket that sent its close frame first
+ * awaits the client's */
+int asgi_ws_lingers(struct conn *c);
+/* struct app_ops's timer: a WebSocket's ping due, or its answer late (asgi_ws_ping.c) */
+int asgi_ws_timer(struct conn *c, int kind);
+
 #endif /* SOCKHERD_ASGI_WS_H */

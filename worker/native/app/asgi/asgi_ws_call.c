@@ -233,19 +233,17 @@ int asgi_ws_resume(struct conn *c)
 	return RESPOND_PARKED;
 }
 
-/* struct conn_ops's unread: a WebSocket that sent its close frame first
- * awaits the client's (close_out says why); else the codec's answer. */
-int asgi_ws_unread(struct conn *c)
+/* struct app_ops's lingers: a WebSocket that sent its close frame first
+ * awaits the client's (close_out says why): a close reads on meanwhile. */
+int asgi_ws_lingers(struct conn *c)
 {
 	WsCall *call = (WsCall *)c->call;
 
-	if (call && Py_IS_TYPE(c->call, &WsCallType) && call->state != ST_WAIT &&
-	    call->close_sent && !call->close_rcvd)
-		return 1;
-	return h1_unread(c);
+	return call && Py_IS_TYPE(c->call, &WsCallType) && call->state != ST_WAIT &&
+	       call->close_sent && !call->close_rcvd;
 }
 
-/* struct conn_ops's drop: the connection closed under the call */
+/* struct app_ops's drop: the connection closed under the call */
 void asgi_ws_drop(struct conn *c, PyObject *obj)
 {
 	WsCall *call = (WsCall *)obj;

@@ -217,7 +217,7 @@ int ws_frame_out(struct conn *c, int op, const char *data, size_t n)
 
 /* Our close frame (code 0: none), then the connection closes once it is
  * out. If the close is ours (the client's did not come), the client
- * still owes its answer: the connection lingers (asgi_ws_unread), our FIN
+ * still owes its answer: the connection lingers (asgi_ws_lingers), our FIN
  * right behind the frame, its answer read and dropped until its FIN; a
  * close() at once would meet that answer with a reset, and a reset can
  * destroy our close frame before the client reads it (found by the

@@ -182,8 +182,19 @@ struct app_ops {
 	int (*serve)(struct conn *c, PyObject *req, int whole);
 	/* the parked response's turn, output below LOW_WATER: as serve */
 	int (*resume)(struct conn *c);
-	/* c closed under its parked response (taken off c): its end */
+	/* c closed under its parked response (taken off c, the reference
+	 * passed): its end. Bytes a parked response still owes (at least 1).
+	 * NULL both for an adapter that never parks (ASGI: its bodies go out
+	 * from send) */
 	void (*abandon)(Respond *r);
+	size_t (*owed)(struct conn *c);
+	/* c closed under the adapter's call (taken off c, the reference
+	 * passed): the app learns that its client is gone. NULL for an
+	 * adapter that makes no calls (WSGI). */
+	void (*drop)(struct conn *c, PyObject *call);
+	/* whether the call awaits input of its own that a close must read on
+	 * for (a WebSocket's close handshake). NULL: none. */
+	int (*lingers)(struct conn *c);
 	/* input came (bytes, or the end of input: c->peer_eof) while the
 	 * adapter's call runs (c->call), or the body it waits for is late
 	 * (c->parser->body_late): a receive waiting for it may be answered.
@@ -239,6 +250,8 @@ int h1_resume(struct conn *c);
 int h1_timeout(struct conn *c, int kind);
 void h1_rearm(struct conn *c);
 int h1_unread(struct conn *c);
+size_t h1_owed(struct conn *c);
+void h1_closed(struct conn *c, Respond *parked, PyObject *call);
 /* Answers an error (a refusal the engine counts) and closes. */
 void conn_refuse(struct conn *c, int status, const char *reason);
 /* the connection's methods the codec adds (refuse) */

@@ -35,6 +35,18 @@
 
 /* ---- input: requests ------------------------------------------------------------------------ */
 
+/* A parked response's end, by the adapter that parked it (r's reference
+ * passed). */
+static void abandon(struct conn *c, Respond *r)
+{
+	const struct app_ops *app = c->srv->app_ops;
+
+	if (app->abandon)
+		app->abandon(r);
+	else
+		Py_DECREF((PyObject *)r);
+}
+
 /* Whether the rest of the current request's body is read here, in the
  * loop, before the app runs: a Content-Length within body_buffer (decided
  * at the head), or a chunked body while what is buffered of it is below
@@ -155,7 +167,7 @@ static int serve_ready(struct conn *c)
 				Respond *r = c->parked;
 
 				c->parked = NULL;
-				c->srv->app_ops->abandon(r);
+				abandon(c, r);
 			}
 			return 0;
 		}
@@ -200,7 +212,7 @@ int h1_resume(struct conn *c)
 		Respond *r = c->parked;                /* closed under it while it ran */
 
 		c->parked = NULL;
-		c->srv->app_ops->abandon(r);
+		abandon(c, r);
 		return 0;
 	}
 	if (!c->closed && keep != RESPOND_PARKED) {
@@ -508,8 +520,37 @@ int h1_serve_first(struct conn *c)
 int h1_unread(struct conn *c)
 {
 	Parser *p = c->parser;
+	const struct app_ops *app = c->srv->app_ops;
 
+	if (c->call && app->lingers && app->lingers(c))
+		return 1;
 	return p->hp->state == HP_BODY || p->len > p->start;
+}
+
+/* struct conn_ops's owed: what the adapter's parked response owes. */
+size_t h1_owed(struct conn *c)
+{
+	const struct app_ops *app = c->srv->app_ops;
+
+	return app->owed ? app->owed(c) : 0;
+}
+
+
+/* struct conn_ops's closed: c closed under what the adapter held of it
+ * (each reference passed): the parked response ends, the call learns its
+ * client is gone. */
+void h1_closed(struct conn *c, Respond *parked, PyObject *call)
+{
+	const struct app_ops *app = c->srv->app_ops;
+
+	if (parked)
+		abandon(c, parked);   /* close() (once), the access log, the counts; holds c */
+	if (call) {
+		if (app->drop)
+			app->drop(c, call);   /* the app's receive says disconnect; holds c */
+		else
+			Py_DECREF(call);
+	}
 }
 
 /* A new connection's parser, with the Server's limits. */

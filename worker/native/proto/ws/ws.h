@@ -152,27 +152,11 @@ int ws_deflate_msg(struct ws_pmd_state *pmd, const uint8_t *data, size_t n, uint
 /* p's permessage-deflate state freed (zlib's streams with it); p->pmd NULL. */
 void ws_pmd_free(struct ws_parser *p);
 
-/* ---- the Python side (ws_py.c, asgi_ws_call.c, asgi_ws.c): for files that include Python.h ---- */
+/* ---- the Python side (ws_py.c): for files that include Python.h ---- */
 #ifdef Py_PYTHON_H
-extern PyTypeObject WsParserType, WsCallType;
-/* the module's functions: ws_frame (ws_py.c), the open WebSockets'
- * count and their going away (asgi_ws.c) */
-extern PyMethodDef ws_module_methods[], asgi_ws_module_methods[];
-/* module init: the adapter's interned keys */
-int asgi_ws_make_keys(void);
-#endif
-
-/* ---- asgi_ws.c (serve), asgi_ws_call.c (the rest): the ASGI Server's
- * tables (server.c) take these in place of asgi_app.c's: each hands what
- * is not a WebSocket's to it ---- */
-#ifdef SOCKHERD_H1_H
-int asgi_ws_serve(struct conn *c, PyObject *scope, int whole);
-int asgi_ws_input(struct conn *c);
-int asgi_ws_resume(struct conn *c);
-void asgi_ws_drop(struct conn *c, PyObject *call);
-int asgi_ws_unread(struct conn *c);
-/* struct app_ops's timer: a WebSocket's ping due, or its answer late (asgi_ws_ping.c) */
-int asgi_ws_timer(struct conn *c, int kind);
+extern PyTypeObject WsParserType;
+/* the module's functions: ws_frame (ws_py.c) */
+extern PyMethodDef ws_module_methods[];
 #endif
 
 #endif /* SOCKHERD_WS_H */
