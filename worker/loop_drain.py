@@ -35,7 +35,16 @@ class LoopDrain(LoopQueued):
         # the old code answer connections made after the commit (bench
         # reload_under_load: old code answered 10 s after the HUP, at the
         # probation's end); otherwise what a wake-up of ours left is ours
-        self._sweep = not self.gate.stood_by()
+        # a standby whose gate half no loop thread made yet (the only one,
+        # or every one, in the app since: none of ours is asleep in a poll,
+        # no wake-up can be lost with us) stood by too: its queue is the
+        # new generation's; swept, it waited behind the slow call (old code
+        # answering 1.5 s after the new's first, or a 503). The engine keeps
+        # no busy stamps for a single thread: not asleep, or it had made it
+        alive = [i for i in range(len(self.loop_threads)) if i not in self.ended]
+        pending = self._standby_now and self._standby_made != self._standby_seq and (
+            len(alive) == 1 or all(self.relief.busy[i] for i in alive))
+        self._sweep = not (self.gate.stood_by() or pending)
         if self.engine is not None:
             self.engine.draining = True          # responses carry Connection: close
         self.gate.leave_board()
