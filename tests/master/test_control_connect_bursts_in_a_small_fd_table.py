@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from test_control_review import _ask
+from test_control_odd_and_concurrent_requests import _ask
 from test_run import gone, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(180)

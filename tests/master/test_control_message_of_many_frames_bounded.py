@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from test_control_envelope_bounded import RawDealer, _idle_master, _quiet, _status_kb
-from test_control_review import _ask
+from test_control_odd_and_concurrent_requests import _ask
 from test_run import master  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(180)

@@ -7,7 +7,7 @@ import json
 import pytest
 import zmq
 
-from test_control_review import Client, _ask
+from test_control_odd_and_concurrent_requests import Client, _ask
 from test_run import master  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from test_control_review import Client, _ask
+from test_control_odd_and_concurrent_requests import Client, _ask
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)

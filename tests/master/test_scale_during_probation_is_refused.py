@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_control_review import Client, _ask
+from test_control_odd_and_concurrent_requests import Client, _ask
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from test_control_review import Client
+from test_control_odd_and_concurrent_requests import Client
 from test_run import master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from test_control_review import Client
+from test_control_odd_and_concurrent_requests import Client
 from test_run import children, gone, master, wait_for  # noqa: F401 (fixture)
 from test_worker_replaced_when_a_loop_thread_ends import get
 

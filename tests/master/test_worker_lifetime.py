@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_reload_review import write_slow_app
+from test_reload_upgrade_takeover_races import write_slow_app
 from test_run import master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from test_control_review import Client
+from test_control_odd_and_concurrent_requests import Client
 from test_run import master, wait_for  # noqa: F401 (fixture)
 from test_worker_replaced_when_a_loop_thread_ends import get
 

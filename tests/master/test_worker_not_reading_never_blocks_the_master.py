@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from test_control_review import Client
+from test_control_odd_and_concurrent_requests import Client
 from test_run import children, master, wait_for  # noqa: F401 (fixture)
 from test_worker_half_frame_never_blocks_the_master import _status_latency
 

@@ -143,7 +143,7 @@ def test_a_heap_worth_purging_is_purged_as_asyncio_purges_it(serve_asgi):
     """Past 100 timers, over half cancelled: the runner purges the heap
     itself (runner.c purge, asyncio's rule) instead of handing that
     iteration to asyncio's _run_once, whose ready callbacks went unstamped
-    (issue 35 review of point 7: test_h35_review_timeout_purge.py). The
+    (issue 35 review of point 7: test_timeout_in_asyncio_purge_pass.py). The
     live timers fire in order, the cancelled ones are unscheduled and gone
     from the heap, the count is 0 again."""
     async def work(scope):

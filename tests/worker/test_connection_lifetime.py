@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from test_engine_review import recv_until
-from test_http_review import serve, wait_for  # noqa: F401
+from test_engine_connection_lifecycle import recv_until
+from test_http_parser_and_wsgi_framing import serve, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,7 +80,7 @@ def test_a_slow_reader_of_a_streamed_response_does_not_stall_the_worker(serve):
     bit of progress moves the deadline): a few such clients stall a
     default worker (threads=1) outright. Another client's plain request
     must still be answered promptly."""
-    from test_engine_review import shrink_sndbuf, small_rcvbuf_client
+    from test_engine_connection_lifecycle import shrink_sndbuf, small_rcvbuf_client
 
     def app(environ, start_response):
         if environ["PATH_INFO"] == "/other":

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,7 +26,7 @@ import pytest
 from sockherd.fdcore import Table
 from sockherd.worker.loop import Loop
 from sockherd.worker.wsgi import make_handler
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sockherd.fdcore import Table
 from sockherd.worker.loop import Loop
 from sockherd.worker.wsgi import make_handler
-from test_engine_review import closed_within
+from test_engine_connection_lifecycle import closed_within
 from test_http_parser import BAD, STREAM
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from test_engine_review import recv_until
-from test_http_review import serve  # noqa: F401
+from test_engine_connection_lifecycle import recv_until
+from test_http_parser_and_wsgi_framing import serve  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,9 +1,9 @@
 """The native HTTP extension under AddressSanitizer + UBSan: it is compiled
 again with the sanitizers (same sources, llhttp's included), and
 test_http_parser.py (its strictness cases, the split-anywhere and garbage
-hypothesis fuzzing), test_http_review.py (the adversarial review's cases),
-test_http_smuggling.py and test_http_limits.py (the raw line scanner's
-refusals and limits, over real sockets),
+hypothesis fuzzing), test_http_parser_and_wsgi_framing.py (the adversarial
+review's cases), test_http_smuggling.py and test_http_limits.py (the raw
+line scanner's refusals and limits, over real sockets),
 test_wsgi.py (the whole engine: loop turns, connections, responses,
 over real sockets), test_parked_response_body.py (a body sent from the loop:
 its tail, its resumed iterator, its end however it comes),
@@ -55,8 +55,8 @@ def build_asan(tmp_path) -> dict:
 # side (one child over all of them was the suite's longest test by far):
 # each part is a child interpreter of its own on the same build.
 PARTS = {
-    "parser": ["test_http_parser.py", "test_http_review.py", "test_http_smuggling.py",
-               "test_http_limits.py"],
+    "parser": ["test_http_parser.py", "test_http_parser_and_wsgi_framing.py",
+               "test_http_smuggling.py", "test_http_limits.py"],
     "fuzz": ["test_engine_fuzz.py", "test_http_framing_fuzz.py", "test_http_framing_known.py",
              "test_http_pipeline_eof.py"],
     "engine": ["test_wsgi.py", "test_app_containment.py", "test_parked_response_body.py",

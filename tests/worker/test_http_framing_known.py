@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from http_reference import frame
-from test_engine_review import closed_within
+from test_engine_connection_lifecycle import closed_within
 from test_http_framing_fuzz import Echo, check_parser, check_server, parser_frames
 
 pytestmark = pytest.mark.timeout(60)

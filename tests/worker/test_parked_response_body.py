@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
-from test_engine_review import shrink_sndbuf
-from test_http_review import wait_for
+from test_engine_connection_lifecycle import shrink_sndbuf
+from test_http_parser_and_wsgi_framing import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from test_http_review import _owner_conn, wait_for
+from test_http_parser_and_wsgi_framing import _owner_conn, wait_for
 from test_response_streaming import read_until
 
 pytestmark = pytest.mark.timeout(60)

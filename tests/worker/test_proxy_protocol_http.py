@@ -17,7 +17,7 @@ import time
 import pytest
 
 import proxy_reference as ref
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,7 @@ import pytest
 
 import proxy_reference as ref
 from sockherd.worker.proxy import Policy
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 from test_proxy_protocol_http import closed_lines, exchange
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 from test_tls_http import app
 from tls_support import make_pki, read_response, tls_connect
 

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 from test_tls_http import app, handshake_bytes, pki  # noqa: F401 (fixture)
 from tls_support import read_response, tls_connect
 

@@ -21,7 +21,7 @@ import warnings
 
 import pytest
 
-from test_http_review import wait_for
+from test_http_parser_and_wsgi_framing import wait_for
 from tls_support import make_pki, read_response, tls_connect
 
 pytestmark = pytest.mark.timeout(90)

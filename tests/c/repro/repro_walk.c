@@ -1,7 +1,7 @@
 /* Deterministic reproduction of issue 6, bug 2: a shared-list walker carried
  * past an update by a removed and re-added entry must walk again.
  *
- * The interleaving of tests/fdcore/test_fd_review.py
+ * The interleaving of tests/fdcore/test_fd_last_runner_walk_report_disown.py
  * (test_bug2_walker_carried_past_an_update_walks_again), driven with real
  * pthreads and the core's step hook (fdc_set_hook):
  *   group of 3 threads: W (tid 0) walks, R (tid 1) removes, S (tid 2) makes

@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 # the in-process server fixture and small helpers: the HTTP review's
-from test_http_review import hello, serve, wait_for  # noqa: E402,F401
+from test_http_parser_and_wsgi_framing import hello, serve, wait_for  # noqa: E402,F401
 from test_wsgi import raw  # noqa: E402
 
 

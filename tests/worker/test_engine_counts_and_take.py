@@ -19,8 +19,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from test_engine_review import closed_within, recv_until  # noqa: E402
-from test_http_review import wait_for  # noqa: E402
+from test_engine_connection_lifecycle import closed_within, recv_until  # noqa: E402
+from test_http_parser_and_wsgi_framing import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import websockets.sync.client as wsc
 
-from test_h36_review_standby import commit
+from test_standby_busy_successor_idle_grace import commit
 from test_run import master, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,7 +72,7 @@ def test_thread_groups_and_unix_sockets_stand_by(master, tmp_path, bind):
     """A standing-by worker of 4 loop threads in 2 groups: no thread of it
     takes a connection after the commit; nor on a unix socket (no queue
     to look at there)."""
-    from test_h36_review_standby import get as tcp_get, write
+    from test_standby_busy_successor_idle_grace import get as tcp_get, write
     write(tmp_path, "v1")
     path = str(tmp_path / "s.sock")
     args = ["slowver:app", "-w", "2", "--threads", "4", "--thread-groups", "2",
