@@ -7,6 +7,7 @@
 
 #include "engine.h"
 
+extern PyTypeObject ServerType;            /* server_type.c */
 extern PyMethodDef server_asgi_methods[];  /* server.c: set_aio */
 /* server.c: a new Server's tables (WSGI over HTTP/1) and the type's
  * attributes, named by the type (server_type.c) */

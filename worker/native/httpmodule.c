@@ -15,7 +15,6 @@
 #include "asgi_ws.h"               /* issue 23: the WebSocket codec (ws.h) and adapter */
 #include "conn_tls.h"
 
-PyObject *HttpError, *ClientGone, *BadBody;
 
 /* The methods of a type several layers add to (the connection: its own,
  * the codec's refuse, the adapter's respond; RequestParser: the codec's,
@@ -66,6 +65,7 @@ PyMODINIT_FUNC PyInit__http(void)
 	ConnType.tp_methods = conn_methods_all;
 	ParserType.tp_methods = parser_methods_all;
 	ServerType.tp_methods = server_methods_all;
+	server_type = &ServerType;                /* the layers' type checks (server.h) */
 	if (PyType_Ready(&ParserType) < 0 || PyType_Ready(&ServerType) < 0 ||
 	    PyType_Ready(&ConnType) < 0 || PyType_Ready(&RespondType) < 0 ||
 	    PyType_Ready(&AsgiCallType) < 0 || PyType_Ready(&AsgiReadyType) < 0 ||

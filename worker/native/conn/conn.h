@@ -33,8 +33,9 @@
 
 #include "fd.h"        /* fdcore's types only: its code is reached via struct fdc_api */
 
-/* the module's exceptions (httpmodule.c); the connection layer raises ClientGone */
-extern PyObject *HttpError, *ClientGone, *BadBody;
+/* the module's exception the connection layer raises (conn_io.c holds it;
+ * the module's init, httpmodule.c, makes it) */
+extern PyObject *ClientGone;
 
 /* ---- fdcore, reached through function pointers ----
  * The one fdcore implementation is the cffi module's (sockherd.fdcore);

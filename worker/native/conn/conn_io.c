@@ -29,6 +29,9 @@
 #include "server.h"
 #include "conn_io_int.h"
 
+/* the client went away (conn.h): made by the module's init (httpmodule.c) */
+PyObject *ClientGone;
+
 static _Thread_local Server *tls_srv;
 static _Thread_local int tls_pos = -1;
 

@@ -40,13 +40,39 @@ void tls_replay(struct conn *c);
 void tls_replay_free(Server *s);
 /* Our close_notify, ahead of the connection's FIN. */
 void tls_close_notify(struct conn *c);
-/* The environ keys of c's TLS session (SSL_PROTOCOL, SSL_CIPHER,
- * SSL_CLIENT_*: nginx's and Apache's names), a dict built once per
- * connection; borrowed, NULL with a Python error. */
-PyObject *tls_environ(struct conn *c);
-/* The ASGI "tls" extension's dict for c (a new one per call), or NULL
- * with a Python error. */
-PyObject *tls_scope(struct conn *c);
+/* ---- what c's TLS session says (conn_tls_info.c), in no interface's
+ * names: the adapters show it as theirs (the environ's SSL_* keys, the
+ * ASGI "tls" extension). c->ssl set; loop thread, GIL held. ---- */
+struct tls_facts {
+	const char *protocol;              /* "TLSv1.3" (OpenSSL's name) */
+	const char *cipher;                /* the cipher's OpenSSL name */
+	int resumed;                       /* a resumed session */
+	const char *sni;                   /* the server name as the client sent it (any
+	                                    * bytes but NUL; OpenSSL's), NULL none */
+	int version;                       /* the protocol's number (0x0304: TLS 1.3) */
+	int cipher_id;                     /* the cipher suite's IANA number */
+};
+void tls_facts(struct conn *c, struct tls_facts *f);
+/* The client's certificate: 1 with p filled (new references: subject and
+ * issuer as RFC 2253 text, nginx's $ssl_client_s_dn; the serial in hex;
+ * the certificate in PEM), 0 it sent none (p's NULL), -1 a Python error. */
+struct tls_peer {
+	PyObject *subject, *issuer, *serial, *pem;
+};
+int tls_peer(struct conn *c, struct tls_peer *p);
+void tls_peer_clear(struct tls_peer *p);
+/* The client certificate's subject alone (as tls_peer's), None without
+ * one (*has_peer says which), NULL with a Python error: what a scope
+ * built per request needs, without the rest's cost. */
+PyObject *tls_peer_subject(struct conn *c, int *has_peer);
+/* The client's verification as nginx words it: "SUCCESS", "NONE" (no
+ * certificate: has_peer 0) or "FAILED:reason"; a new str or NULL. */
+PyObject *tls_verify_text(struct conn *c, int has_peer);
+/* Why the client's certificate failed verification (a str), or None. */
+PyObject *tls_verify_error(struct conn *c, int has_peer);
+/* The client's certificates in PEM, its own first, then the chain it
+ * sent (a new list; empty without one), or NULL with a Python error. */
+PyObject *tls_peer_chain(struct conn *c);
 
 extern PyMethodDef server_tls_methods[];   /* Server.set_tls */
 extern const struct tls_ops tls_ops;       /* conn.h: what conn_io.c calls */

@@ -1,8 +1,10 @@
-/* What a connection's TLS session tells the app (the connection layer's
- * TLS step, conn_tls.c, holds the session): the WSGI environ's keys
- * (nginx's and Apache's names) and the ASGI "tls" extension's dict, and
- * a certificate as PEM for the context's server_cert (conn_tls_ctx.c).
- * OpenSSL's error queue is left empty after every call here.
+/* What a connection's TLS session says (the connection layer's TLS step,
+ * conn_tls.c, holds the session), in no interface's names: the facts the
+ * adapters show as theirs (app/wsgi/wsgi_tls.c: the environ's SSL_* keys,
+ * app/asgi/asgi_tls.c: the "tls" extension), and a certificate as PEM for
+ * the context's server_cert (conn_tls_ctx.c). OpenSSL's error queue is
+ * left empty after every call here. Callers: the connection's loop
+ * thread, GIL held, c->ssl set.
  */
 #include <string.h>
 
@@ -58,75 +60,89 @@ static PyObject *serial_str(X509 *x)
 	return v;
 }
 
-/* SUCCESS, NONE (no certificate), or FAILED:reason (nginx's values) */
-static PyObject *verify_str(SSL *ssl, X509 *peer)
+void tls_facts(struct conn *c, struct tls_facts *f)
 {
-	long rc = SSL_get_verify_result(ssl);
+	f->protocol = SSL_get_version(c->ssl);
+	f->cipher = SSL_get_cipher_name(c->ssl);
+	f->resumed = SSL_session_reused(c->ssl);
+	f->sni = SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name);
+	f->version = SSL_version(c->ssl);
+	f->cipher_id = SSL_CIPHER_get_protocol_id(SSL_get_current_cipher(c->ssl));
+}
 
+int tls_peer(struct conn *c, struct tls_peer *p)
+{
+	X509 *peer = SSL_get1_peer_certificate(c->ssl);
+	int rc;
+
+	p->subject = p->issuer = p->serial = p->pem = NULL;
 	if (!peer)
+		return 0;
+	rc = !(p->subject = name_str(X509_get_subject_name(peer))) ||
+	     !(p->issuer = name_str(X509_get_issuer_name(peer))) ||
+	     !(p->serial = serial_str(peer)) || !(p->pem = pem_str(peer));
+	X509_free(peer);
+	ERR_clear_error();
+	if (rc) {
+		tls_peer_clear(p);
+		return -1;
+	}
+	return 1;
+}
+
+PyObject *tls_peer_subject(struct conn *c, int *has_peer)
+{
+	X509 *peer = SSL_get1_peer_certificate(c->ssl);
+	PyObject *v;
+
+	*has_peer = peer != NULL;
+	if (!peer)
+		Py_RETURN_NONE;
+	v = name_str(X509_get_subject_name(peer));
+	X509_free(peer);
+	ERR_clear_error();
+	return v;
+}
+
+void tls_peer_clear(struct tls_peer *p)
+{
+	Py_CLEAR(p->subject);
+	Py_CLEAR(p->issuer);
+	Py_CLEAR(p->serial);
+	Py_CLEAR(p->pem);
+}
+
+PyObject *tls_verify_text(struct conn *c, int has_peer)
+{
+	long rc = SSL_get_verify_result(c->ssl);
+
+	if (!has_peer)
 		return PyUnicode_FromString("NONE");
 	if (rc == X509_V_OK)
 		return PyUnicode_FromString("SUCCESS");
 	return PyUnicode_FromFormat("FAILED:%s", X509_verify_cert_error_string(rc));
 }
 
-PyObject *tls_environ(struct conn *c)
+PyObject *tls_verify_error(struct conn *c, int has_peer)
 {
-	const char *sni;
-	PyObject *d;
-	X509 *peer;
-	int rc;
+	long vr = SSL_get_verify_result(c->ssl);
 
-	if (c->tls_env)
-		return c->tls_env;
-	if (!(d = PyDict_New()))
-		return NULL;
-	peer = SSL_get1_peer_certificate(c->ssl);
-	rc = dict_put(d, "HTTPS", PyUnicode_FromString("on")) < 0 ||
-	     dict_put(d, "wsgi.url_scheme", PyUnicode_FromString("https")) < 0 ||
-	     dict_put(d, "SSL_PROTOCOL", PyUnicode_FromString(SSL_get_version(c->ssl))) < 0 ||
-	     dict_put(d, "SSL_CIPHER", PyUnicode_FromString(SSL_get_cipher_name(c->ssl))) < 0 ||
-	     dict_put(d, "SSL_SESSION_RESUMED",
-	         PyUnicode_FromString(SSL_session_reused(c->ssl) ? "Resumed" : "Initial")) < 0 ||
-	     dict_put(d, "SSL_CLIENT_VERIFY", verify_str(c->ssl, peer)) < 0;
-	/* the SNI as the client sent it, any bytes (OpenSSL checks only that
-	 * it has no NUL): latin-1, PEP 3333's decoding of the environ's
-	 * strings, which no byte fails (UTF-8 failed on a name that is not,
-	 * and every request of the connection with it: issue 35 §19) */
-	sni = SSL_get_servername(c->ssl, TLSEXT_NAMETYPE_host_name);
-	if (!rc && sni)
-		rc = dict_put(d, "SSL_TLS_SNI",
-		              PyUnicode_DecodeLatin1(sni, (Py_ssize_t)strlen(sni), NULL)) < 0;
-	if (!rc && peer)
-		rc = dict_put(d, "SSL_CLIENT_S_DN", name_str(X509_get_subject_name(peer))) < 0 ||
-		     dict_put(d, "SSL_CLIENT_I_DN", name_str(X509_get_issuer_name(peer))) < 0 ||
-		     dict_put(d, "SSL_CLIENT_M_SERIAL", serial_str(peer)) < 0 ||
-		     dict_put(d, "SSL_CLIENT_CERT", pem_str(peer)) < 0;
-	X509_free(peer);
-	ERR_clear_error();
-	if (rc) {
-		Py_DECREF(d);
-		return NULL;
-	}
-	c->tls_env = d;
-	return d;
+	if (has_peer && vr != X509_V_OK)
+		return PyUnicode_FromString(X509_verify_cert_error_string(vr));
+	Py_RETURN_NONE;
 }
 
-PyObject *tls_scope(struct conn *c)
+PyObject *tls_peer_chain(struct conn *c)
 {
 	STACK_OF(X509) *chain = SSL_get_peer_cert_chain(c->ssl);
 	X509 *peer = SSL_get1_peer_certificate(c->ssl);
-	PyObject *d = PyDict_New(), *list = PyList_New(0);
-	long vr = SSL_get_verify_result(c->ssl);
-	int rc = !d || !list;
+	PyObject *list = PyList_New(0), *v;
+	int rc = !list;
 
 	/* the client's certificate first, then its chain (a server's chain
 	 * leaves the peer's own out of SSL_get_peer_cert_chain) */
-	if (!rc && peer)
-		rc = dict_put(d, "client_cert_name", name_str(X509_get_subject_name(peer))) < 0;
 	if (!rc && peer) {
-		PyObject *v = pem_str(peer);
-
+		v = pem_str(peer);
 		rc = !v || PyList_Append(list, v) < 0;
 		Py_XDECREF(v);
 		for (int i = 0; !rc && chain && i < sk_X509_num(chain); i++) {
@@ -139,24 +155,11 @@ PyObject *tls_scope(struct conn *c)
 			Py_XDECREF(v);
 		}
 	}
-	if (!rc && !peer)
-		rc = PyDict_SetItemString(d, "client_cert_name", Py_None) < 0;
-	if (!rc)
-		rc = PyDict_SetItemString(d, "client_cert_chain", list) < 0 ||
-		     PyDict_SetItemString(d, "server_cert", c->srv->tls_server_pem
-		                          ? c->srv->tls_server_pem : Py_None) < 0 ||
-		     (peer && vr != X509_V_OK
-		      ? dict_put(d, "client_cert_error", PyUnicode_FromString(X509_verify_cert_error_string(vr)))
-		      : PyDict_SetItemString(d, "client_cert_error", Py_None)) < 0 ||
-		     dict_put(d, "tls_version", PyLong_FromLong(SSL_version(c->ssl))) < 0 ||
-		     dict_put(d, "cipher_suite", PyLong_FromLong(
-		         SSL_CIPHER_get_protocol_id(SSL_get_current_cipher(c->ssl)))) < 0;
 	X509_free(peer);
-	Py_XDECREF(list);
 	ERR_clear_error();
 	if (rc) {
-		Py_XDECREF(d);
+		Py_XDECREF(list);
 		return NULL;
 	}
-	return d;
+	return list;
 }

@@ -17,6 +17,9 @@
 
 #include "server.h"
 #include "conn_tls.h"
+
+/* server.h: the Server's type, set by the module's init */
+PyTypeObject *server_type;
 #include <structmember.h>
 
 /* ---- addresses ----------------------------------------------------------------- */

@@ -176,7 +176,10 @@ struct Server {
 	PyObject *peer_host;
 };
 
-extern PyTypeObject ServerType;            /* server_type.c (the assembly) */
+/* The Server's type, for the layers' type checks: server_type.c (the
+ * assembly, above every layer) defines it and the module's init sets this
+ * (conn_type.c holds it) */
+extern PyTypeObject *server_type;
 extern PyMethodDef server_proxy_methods[]; /* conn_proxy.c: set_proxy */
 extern PyMethodDef proxy_module_methods[]; /* conn_proxy.c: proxy_parse, proxy_signature */
 

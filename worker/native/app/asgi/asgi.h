@@ -170,4 +170,8 @@ PyObject *asgi_scope_base(PyObject *base);
 int fwd_scope(struct conn *c, PyObject *scope);
 int asgi_fwd_make_keys(void);
 
+/* asgi_tls.c: the "tls" extension's dict for c (a new one per call), or
+ * NULL with a Python error. */
+PyObject *asgi_tls_scope(struct conn *c);
+
 #endif /* SOCKHERD_ASGI_H */

@@ -22,7 +22,6 @@
 #include "asgi.h"
 #include "pycompat.h"
 
-PyObject *ClientDisconnected;
 
 /* the message keys send() reads, interned once: a C string key made a str
  * and hashed at every lookup cost a hello 4.4k of its 55k instructions

@@ -9,6 +9,10 @@
  */
 #include "asgi.h"
 
+/* asgi.h; made by the module's init (httpmodule.c). Here, in the first
+ * of the adapter's files that raise it */
+PyObject *ClientDisconnected;
+
 /* ---- futures ---------------------------------------------------------------------------------- */
 
 /* A future's method called by an interned name through vectorcall: no

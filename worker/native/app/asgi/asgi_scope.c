@@ -19,7 +19,6 @@
 #include <string.h>
 
 #include "asgi.h"
-#include "conn_tls.h"
 
 static PyObject *K_TYPE, *K_ASGI, *K_HTTP_VERSION, *K_METHOD, *K_PATH, *K_RAW_PATH, *K_QUERY,
                 *K_HEADERS, *K_CLIENT, *K_SERVER, *K_STATE, *V_11, *V_10, *K_BODY, *K_MORE,
@@ -378,7 +377,7 @@ PyObject *asgi_build_scope(struct conn *c)
 		goto fail;
 	/* the extensions: a PROXY protocol header's dict (conn_proxy.c), the
 	 * "proxy" one, a copy per request (the ssl dict inside is shared);
-	 * TLS's "tls" one (conn_tls.c) */
+	 * TLS's "tls" one (asgi_tls.c) */
 	if (c->proxy || c->ssl) {
 		PyObject *ext = PyDict_New();
 
@@ -388,7 +387,7 @@ PyObject *asgi_build_scope(struct conn *c)
 			goto fail;
 		}
 		if (c->ssl) {
-			PyObject *tls = tls_scope(c);
+			PyObject *tls = asgi_tls_scope(c);
 			int rc = tls ? PyDict_SetItemString(ext, "tls", tls) : -1;
 
 			Py_XDECREF(tls);

@@ -283,7 +283,7 @@ static PyObject *py_ws_going_away(PyObject *mod, PyObject *server)
 	int pos, n = 0;
 
 	(void)mod;
-	if (!PyObject_TypeCheck(server, &ServerType)) {
+	if (!PyObject_TypeCheck(server, server_type)) {
 		PyErr_SetString(PyExc_TypeError, "ws_going_away(server)");
 		return NULL;
 	}

@@ -12,6 +12,10 @@
  */
 #include "asgi_ws.h"
 
+/* the message keys of send() and of the denial (asgi_ws.h), interned by
+ * asgi_ws_send.c's ws_send_make_keys */
+PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
+
 /* websocket.http.response.start: the denial response's head, framed.
  * status and headers held (the headers' lookup, their __iter__: the
  * app's code). */

@@ -18,8 +18,8 @@ static PyObject *sha1, *b64;
 
 /* ---- send --------------------------------------------------------------------------------------- */
 
-/* the message keys send() reads beyond asgi_ws_frames.c's, interned once */
-PyObject *K_SUBPROTOCOL, *K_HEADERS, *K_BODY, *K_MORE_BODY, *K_STATUS;
+/* the message keys send() reads beyond asgi_ws_frames.c's, interned once
+ * (held by asgi_ws_deny.c, below this file, which reads them too) */
 
 int ws_send_make_keys(void)
 {

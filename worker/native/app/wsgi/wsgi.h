@@ -104,4 +104,13 @@ extern PyMethodDef wsgi_parser_methods[];
 int fwd_environ(struct conn *c, PyObject *env);
 int wsgi_fwd_make_keys(void);
 
+/* sockherd.worker._http.BadBody: the request body could not be read
+ * (wsgi_app.c holds it; the module's init makes it) */
+extern PyObject *BadBody;
+
+/* wsgi_tls.c: the environ keys of c's TLS session (SSL_PROTOCOL,
+ * SSL_CIPHER, SSL_CLIENT_*: nginx's and Apache's names), a dict built once
+ * per connection (c->tls_env); borrowed, NULL with a Python error. */
+PyObject *wsgi_tls_environ(struct conn *c);
+
 #endif /* SOCKHERD_WSGI_H */

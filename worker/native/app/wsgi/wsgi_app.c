@@ -14,7 +14,9 @@
 #include <string.h>
 
 #include "wsgi.h"
-#include "conn_tls.h"
+
+/* a request body that cannot be read (wsgi.h): made by the module's init */
+PyObject *BadBody;
 
 /* ---- the codec's calls: a request, served -------------------------------------------------- */
 
@@ -71,9 +73,9 @@ PyObject *wsgi_request(struct conn *c)
 	PyObject *env = build_environ(c->parser, c->srv->base);
 
 	/* a trusted proxy's fields (forwarded.h): only its connections look */
-	/* TLS: HTTPS, the scheme and the session's SSL_* keys (conn_tls.c),
+	/* TLS: HTTPS, the scheme and the session's SSL_* keys (wsgi_tls.c),
 	 * before a trusted proxy's fields, which may say more */
-	PyObject *tls = env && c->ssl ? tls_environ(c) : NULL;     /* NULL: an error set */
+	PyObject *tls = env && c->ssl ? wsgi_tls_environ(c) : NULL;     /* NULL: an error set */
 
 	if (env && (set_addr(c, env) < 0 || (c->ssl && (!tls || PyDict_Update(env, tls) < 0)) ||
 	            (c->trusted && fwd_environ(c, env) < 0))) {

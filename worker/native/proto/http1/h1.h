@@ -68,6 +68,9 @@ int parser_head_started(const Parser *p);
  * codec's timers, unread, pump) sees no request, what would parse again
  * sees none may follow. The input buffer stays (the new protocol's). */
 void parser_release(Parser *p);
+/* sockherd.worker._http.HttpError(status, reason): a request to refuse
+ * (h1_parser.c holds it; the module's init makes it) */
+extern PyObject *HttpError;
 PyObject *parser_refusal(Parser *p);         /* sets HttpError, returns NULL */
 
 /* ---- the response (h1_head.c, h1_head_asgi.c: the head checked;

@@ -16,6 +16,9 @@
 
 #include "h1.h"
 
+/* a request refused (h1.h): made by the module's init (httpmodule.c) */
+PyObject *HttpError;
+
 /* parser_release's: the state an upgraded connection's parser shows
  * (a finished request that was an upgrade), read-only by design: what
  * would write to it (parser_head, parser_finish, a re-init) checks first */
